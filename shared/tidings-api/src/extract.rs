@@ -1,0 +1,133 @@
+//! Extractors: the tenant from the API key, JSON bodies whose errors name the field, and
+//! pagination.
+
+use axum::extract::{FromRef, FromRequest, FromRequestParts, Request};
+use axum::http::StatusCode;
+use axum::http::request::Parts;
+use bytes::Bytes;
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use tidings_core::{TenantId, tenants};
+
+use crate::problem::{ApiError, Problem};
+use crate::state::AppState;
+
+/// The tenant whose API key came with the request.
+#[derive(Clone, Debug)]
+pub struct Tenant(pub TenantId);
+
+impl<S> FromRequestParts<S> for Tenant
+where
+    AppState: FromRef<S>,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let state = AppState::from_ref(state);
+        let key = parts
+            .headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+            .map(str::trim)
+            .ok_or_else(Problem::unauthorized)?;
+        match tenants::authenticate(&state.deps, key).await? {
+            Some(t) => Ok(Tenant(t)),
+            None => Err(Problem::unauthorized().into()),
+        }
+    }
+}
+
+/// A JSON body. Malformed JSON or a wrong type is 400 naming the field's path.
+pub struct Body<T>(pub T);
+
+/// The largest body accepted.
+pub const MAX_BODY: usize = 1 << 20;
+
+impl<S, T> FromRequest<S> for Body<T>
+where
+    T: DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let bytes = Bytes::from_request(req, state)
+            .await
+            .map_err(|e| Problem::new(StatusCode::BAD_REQUEST, "bad_body", e.body_text()))?;
+        if bytes.len() > MAX_BODY {
+            return Err(Problem::new(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", "the body is larger than 1 MiB").into());
+        }
+        parse_json(&bytes).map(Body)
+    }
+}
+
+/// Parses JSON, naming the path of the field at fault.
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let de = &mut serde_json::Deserializer::from_slice(bytes);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let field = if path == "." { None } else { Some(path) };
+        let code = if inner.is_syntax() || inner.is_eof() { "malformed_json" } else { "invalid_body" };
+        let mut p = Problem::new(StatusCode::BAD_REQUEST, code, inner.to_string());
+        if let Some(field) = field {
+            p = p.with_field(field);
+        }
+        ApiError::from(p)
+    })
+}
+
+/// `?limit=&cursor=`: default 50, at most 500.
+#[derive(Debug, Default, Deserialize)]
+pub struct PageParams {
+    pub limit: Option<usize>,
+    pub cursor: Option<String>,
+}
+
+impl PageParams {
+    pub fn limit(&self) -> Result<usize, ApiError> {
+        match self.limit {
+            None => Ok(50),
+            Some(n) if (1..=500).contains(&n) => Ok(n),
+            Some(_) => Err(Problem::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_field", "limit must be 1 to 500").with_field("limit").into()),
+        }
+    }
+}
+
+/// A query string whose errors are problem documents.
+pub struct QueryParams<T>(pub T);
+
+impl<S, T> FromRequestParts<S> for QueryParams<T>
+where
+    T: DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        axum::extract::Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|q| QueryParams(q.0))
+            .map_err(|e| Problem::new(StatusCode::BAD_REQUEST, "invalid_query", e.body_text()).into())
+    }
+}
+
+/// Path parameters whose errors are problem documents.
+pub struct PathParams<T>(pub T);
+
+impl<S, T> FromRequestParts<S> for PathParams<T>
+where
+    T: DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        axum::extract::Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|p| PathParams(p.0))
+            .map_err(|e| Problem::new(StatusCode::BAD_REQUEST, "invalid_path", e.body_text()).into())
+    }
+}

@@ -1,0 +1,10 @@
+//! The Tidings HTTP API (`../shared/API.md`): one axum router, served by `lambda_http` in the
+//! `api` Lambda function and by `axum::serve` in `tidings serve`.
+
+pub mod extract;
+pub mod problem;
+pub mod routes;
+pub mod state;
+
+pub use routes::app;
+pub use state::{AppState, DevControl};

@@ -1,0 +1,97 @@
+//! Errors as RFC 9457 problem documents, with a stable `code`. Internal details never reach
+//! the client; they are logged with their cause chain.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use tidings_core::CoreError;
+use tracing::error;
+
+#[derive(Debug, Serialize)]
+pub struct Problem {
+    #[serde(rename = "type")]
+    pub type_: String,
+    pub title: String,
+    pub status: u16,
+    pub code: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    /// The request field at fault (400 and 422).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+}
+
+impl Problem {
+    pub fn new(status: StatusCode, code: &str, detail: impl Into<String>) -> Self {
+        Self {
+            type_: format!("https://tidings.dev/problems/{code}"),
+            title: status.canonical_reason().unwrap_or("Error").to_owned(),
+            status: status.as_u16(),
+            code: code.to_owned(),
+            detail: Some(detail.into()),
+            field: None,
+        }
+    }
+
+    pub fn with_field(mut self, field: impl Into<String>) -> Self {
+        self.field = Some(field.into());
+        self
+    }
+
+    pub fn not_found(what: &str) -> Self {
+        Problem::new(StatusCode::NOT_FOUND, "not_found", format!("{what} not found"))
+    }
+
+    pub fn unauthorized() -> Self {
+        Problem::new(StatusCode::UNAUTHORIZED, "unauthorized", "a valid API key is required: Authorization: Bearer <key>")
+    }
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let body = serde_json::to_vec(&self).unwrap_or_default();
+        let mut res = (status, body).into_response();
+        res.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        res
+    }
+}
+
+/// The error type of every handler.
+#[derive(Debug)]
+pub struct ApiError(pub Box<Problem>);
+
+impl From<Problem> for ApiError {
+    fn from(p: Problem) -> Self {
+        ApiError(Box::new(p))
+    }
+}
+
+impl From<CoreError> for ApiError {
+    fn from(e: CoreError) -> Self {
+        let p = match &e {
+            CoreError::Invalid { field, detail } => {
+                Problem::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_field", format!("{field}: {detail}")).with_field(field.clone())
+            }
+            CoreError::NotFound { what } => Problem::not_found(what),
+            CoreError::Conflict { code, detail } => Problem::new(StatusCode::CONFLICT, code, detail.clone()),
+            e if e.is_retryable() => {
+                error!(error = %e, "store or queue unavailable");
+                Problem::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "temporarily unavailable, try again")
+            }
+            e => {
+                error!(error = %e, source = ?std::error::Error::source(e), "internal error");
+                Problem::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error")
+            }
+        };
+        ApiError(Box::new(p))
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        self.0.into_response()
+    }
+}
+
+pub type ApiResult<T> = Result<T, ApiError>;

@@ -1,0 +1,36 @@
+//! The routes, one module per resource.
+
+use axum::Router;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::get;
+
+use crate::problem::Problem;
+use crate::state::AppState;
+
+mod dev;
+mod inbox;
+mod notifications;
+mod ops;
+mod templates;
+mod users;
+
+/// The whole API.
+pub fn app(state: AppState) -> Router {
+    let mut router = Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .merge(users::router())
+        .merge(templates::router())
+        .merge(notifications::router())
+        .merge(inbox::router())
+        .merge(ops::router());
+    if state.dev.is_some() {
+        router = router.merge(dev::router());
+    }
+    router
+        .fallback(|| async { Problem::new(StatusCode::NOT_FOUND, "no_route", "no such route") })
+        .method_not_allowed_fallback(|| async {
+            Problem::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "method not allowed on this route").into_response()
+        })
+        .with_state(state)
+}

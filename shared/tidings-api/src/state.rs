@@ -1,0 +1,29 @@
+//! What every handler can reach.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use tidings_core::Deps;
+use tidings_core::dev::DevProviders;
+use tidings_core::ports::ManualClock;
+
+/// Local-development hooks, present only under `tidings serve` (never in Lambda).
+#[async_trait]
+pub trait DevControl: Send + Sync {
+    fn providers(&self) -> &DevProviders;
+    /// The manual clock, when the server runs with `--manual-clock`.
+    fn manual_clock(&self) -> Option<&ManualClock>;
+    /// Runs a scheduled job now and waits for it: `Ok(None)` when no job has that name.
+    async fn run_schedule(&self, name: &str) -> Result<Option<serde_json::Value>, String>;
+    /// Signals the runtime that the clock moved, so due work is processed at once.
+    fn clock_moved(&self) {}
+}
+
+
+#[derive(Clone)]
+pub struct AppState {
+    pub deps: Deps,
+    /// The queues this deployment uses (for `/v1/ops/queues`).
+    pub queue_names: Arc<Vec<String>>,
+    pub dev: Option<Arc<dyn DevControl>>,
+}

@@ -1,0 +1,179 @@
+//! The AWS backend's configuration: read once from the environment.
+//!
+//! The endpoint is never configured here: the SDK reads the standard `AWS_ENDPOINT_URL` (and
+//! `AWS_REGION`, credentials, ...) itself, so the same code talks to AWS, LocalStack or moto.
+
+use std::collections::BTreeMap;
+
+/// How [`crate::SqsQueues::redrive`] moves a DLQ back to its queue.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RedriveMode {
+    /// SQS `StartMessageMoveTask` (what the console's "redrive" does). The default.
+    #[default]
+    MessageMoveTask,
+    /// Receive from the DLQ, send to the queue, delete from the DLQ, until the DLQ is empty.
+    /// For emulators (moto) that lack `StartMessageMoveTask`.
+    ReceiveAndResend,
+}
+
+impl RedriveMode {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.trim() {
+            "message-move-task" => Some(RedriveMode::MessageMoveTask),
+            "receive-and-resend" => Some(RedriveMode::ReceiveAndResend),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RedriveMode::MessageMoveTask => "message-move-task",
+            RedriveMode::ReceiveAndResend => "receive-and-resend",
+        }
+    }
+}
+
+/// A configuration value that could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{var}: {reason}")]
+    Invalid { var: &'static str, reason: String },
+}
+
+/// Everything the AWS backend reads from the environment (once).
+///
+/// | variable | default | meaning |
+/// |---|---|---|
+/// | `TIDINGS_TABLE` | `tidings` | the DynamoDB table |
+/// | `TIDINGS_QUEUE_PREFIX` | `tidings-` | logical queue `q` is `{prefix}q`, its DLQ `{prefix}q-dlq` |
+/// | `TIDINGS_QUEUE_URL_<NAME>` | none | explicit URL of logical queue `<name>` (upper case, `-` as `_`; `..._DLQ` for its DLQ) |
+/// | `TIDINGS_EMAIL_FROM` | `no-reply@tidings.local` | SES sender |
+/// | `TIDINGS_REDRIVE_MODE` | `message-move-task` | or `receive-and-resend` (moto) |
+/// | `TIDINGS_MAX_RECEIVES` | `5` | `maxReceiveCount` of the redrive policies [`crate::bootstrap`] creates |
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AwsConfig {
+    pub table: String,
+    pub queue_prefix: String,
+    /// Explicit queue URLs by real queue name suffix: key `requests-high` or `requests-high-dlq`.
+    pub queue_urls: BTreeMap<String, String>,
+    pub email_from: String,
+    pub redrive_mode: RedriveMode,
+    pub max_receives: u32,
+}
+
+impl Default for AwsConfig {
+    fn default() -> Self {
+        Self {
+            table: "tidings".into(),
+            queue_prefix: "tidings-".into(),
+            queue_urls: BTreeMap::new(),
+            email_from: "no-reply@tidings.local".into(),
+            redrive_mode: RedriveMode::MessageMoveTask,
+            max_receives: 5,
+        }
+    }
+}
+
+const QUEUE_URL_PREFIX: &str = "TIDINGS_QUEUE_URL_";
+
+impl AwsConfig {
+    /// Reads the process environment.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_vars(std::env::vars())
+    }
+
+    /// Reads the given variables (for tests).
+    pub fn from_vars<I, K, V>(vars: I) -> Result<Self, ConfigError>
+    where
+        I: IntoIterator<Item = (K, V)>,
+        K: AsRef<str>,
+        V: AsRef<str>,
+    {
+        let mut config = AwsConfig::default();
+        for (k, v) in vars {
+            let (k, v) = (k.as_ref(), v.as_ref());
+            match k {
+                "TIDINGS_TABLE" if !v.is_empty() => config.table = v.to_string(),
+                "TIDINGS_QUEUE_PREFIX" => config.queue_prefix = v.to_string(),
+                "TIDINGS_EMAIL_FROM" if !v.is_empty() => config.email_from = v.to_string(),
+                "TIDINGS_REDRIVE_MODE" if !v.is_empty() => {
+                    config.redrive_mode = RedriveMode::parse(v).ok_or_else(|| ConfigError::Invalid {
+                        var: "TIDINGS_REDRIVE_MODE",
+                        reason: format!("{v:?} is neither message-move-task nor receive-and-resend"),
+                    })?;
+                }
+                "TIDINGS_MAX_RECEIVES" if !v.is_empty() => {
+                    config.max_receives = match v.trim().parse::<u32>() {
+                        Ok(n) if (1..=1000).contains(&n) => n,
+                        _ => {
+                            return Err(ConfigError::Invalid {
+                                var: "TIDINGS_MAX_RECEIVES",
+                                reason: format!("{v:?} is not a number from 1 to 1000"),
+                            });
+                        }
+                    };
+                }
+                _ => {
+                    if let Some(name) = k.strip_prefix(QUEUE_URL_PREFIX)
+                        && !v.is_empty()
+                    {
+                        config.queue_urls.insert(name.to_ascii_lowercase().replace('_', "-"), v.to_string());
+                    }
+                }
+            }
+        }
+        Ok(config)
+    }
+
+    /// The real name of a logical queue.
+    pub fn queue_name(&self, logical: &str) -> String {
+        format!("{}{logical}", self.queue_prefix)
+    }
+
+    /// The real name of a logical queue's DLQ.
+    pub fn dlq_name(&self, logical: &str) -> String {
+        format!("{}{logical}-dlq", self.queue_prefix)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults() {
+        let c = AwsConfig::from_vars(Vec::<(String, String)>::new()).unwrap();
+        assert_eq!(c, AwsConfig::default());
+        assert_eq!(c.queue_name("requests-high"), "tidings-requests-high");
+        assert_eq!(c.dlq_name("requests-high"), "tidings-requests-high-dlq");
+    }
+
+    #[test]
+    fn reads_vars() {
+        let c = AwsConfig::from_vars([
+            ("TIDINGS_TABLE", "t1"),
+            ("TIDINGS_QUEUE_PREFIX", "x-"),
+            ("TIDINGS_QUEUE_URL_REQUESTS_HIGH", "http://q/1"),
+            ("TIDINGS_QUEUE_URL_REQUESTS_HIGH_DLQ", "http://q/2"),
+            ("TIDINGS_EMAIL_FROM", "a@b.c"),
+            ("TIDINGS_REDRIVE_MODE", "receive-and-resend"),
+            ("TIDINGS_MAX_RECEIVES", "2"),
+            ("UNRELATED", "1"),
+        ])
+        .unwrap();
+        assert_eq!(c.table, "t1");
+        assert_eq!(c.queue_name("a"), "x-a");
+        assert_eq!(c.queue_urls.get("requests-high").map(String::as_str), Some("http://q/1"));
+        assert_eq!(c.queue_urls.get("requests-high-dlq").map(String::as_str), Some("http://q/2"));
+        assert_eq!(c.email_from, "a@b.c");
+        assert_eq!(c.redrive_mode, RedriveMode::ReceiveAndResend);
+        assert_eq!(c.max_receives, 2);
+    }
+
+    #[test]
+    fn rejects_bad_values() {
+        assert!(AwsConfig::from_vars([("TIDINGS_REDRIVE_MODE", "sideways")]).is_err());
+        assert!(AwsConfig::from_vars([("TIDINGS_MAX_RECEIVES", "0")]).is_err());
+        assert!(AwsConfig::from_vars([("TIDINGS_MAX_RECEIVES", "x")]).is_err());
+    }
+}

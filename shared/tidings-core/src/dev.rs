@@ -1,0 +1,208 @@
+//! Local development: providers that record what they accepted and can be told to fail
+//! (`PUT /dev/providers/{channel}`), on either backend. Never wired into Lambda.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{CoreError, CoreResult};
+use crate::ids::new_id;
+use crate::keys::DEV_SENDS_PK;
+use crate::ports::{
+    Channel, Clock, Cond, Item, Key, OutboundMessage, PermanentCode, Provider, ProviderError, ProviderReceipt, QueryOpts, Table,
+    attrs_of,
+};
+
+/// How a dev provider behaves.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultMode {
+    #[default]
+    Ok,
+    Fail5xx,
+    Throttle429,
+    Timeout,
+    Permanent,
+}
+
+/// The body of `PUT /dev/providers/{channel}`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FaultConfig {
+    pub mode: FaultMode,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_s: Option<u64>,
+    /// Fail only the next n sends, then behave as `ok`. Absent: fail every send.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fail_first_n: Option<u32>,
+}
+
+/// One accepted send, as `GET /dev/deliveries` lists it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RecordedSend {
+    pub channel: Channel,
+    pub tenant: String,
+    pub user_id: String,
+    pub to: String,
+    #[serde(default)]
+    pub subject: Option<String>,
+    pub body: String,
+    pub notification_id: String,
+    pub attempt: u32,
+    pub at: String,
+    #[serde(default)]
+    pub provider_message_id: String,
+    #[serde(default)]
+    pub headers: Vec<(String, String)>,
+}
+
+/// A provider that accepts everything (the embedded backend's stand-in for SES and SNS).
+#[derive(Debug, Default)]
+pub struct NullProvider;
+
+#[async_trait]
+impl Provider for NullProvider {
+    fn name(&self) -> &str {
+        "null"
+    }
+    async fn send(&self, _message: &OutboundMessage) -> Result<ProviderReceipt, ProviderError> {
+        Ok(ProviderReceipt { provider_message_id: new_id() })
+    }
+}
+
+struct FaultState {
+    config: FaultConfig,
+    failed: u32,
+}
+
+/// Wraps a provider: injects the configured fault, and records every accepted send durably in
+/// the table (so the record survives a restart like everything else).
+pub struct DevProvider {
+    channel: Channel,
+    inner: Arc<dyn Provider>,
+    table: Arc<dyn Table>,
+    clock: Arc<dyn Clock>,
+    state: Mutex<FaultState>,
+}
+
+impl DevProvider {
+    pub fn new(channel: Channel, inner: Arc<dyn Provider>, table: Arc<dyn Table>, clock: Arc<dyn Clock>) -> Self {
+        Self { channel, inner, table, clock, state: Mutex::new(FaultState { config: FaultConfig::default(), failed: 0 }) }
+    }
+
+    pub fn configure(&self, config: FaultConfig) {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.config = config;
+        s.failed = 0;
+    }
+
+    pub fn config(&self) -> FaultConfig {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).config.clone()
+    }
+
+    /// The fault to inject for this send, if any.
+    fn next_fault(&self) -> Option<(FaultMode, Option<u64>)> {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if s.config.mode == FaultMode::Ok {
+            return None;
+        }
+        if let Some(n) = s.config.fail_first_n
+            && s.failed >= n
+        {
+            return None;
+        }
+        s.failed += 1;
+        Some((s.config.mode, s.config.retry_after_s))
+    }
+}
+
+#[async_trait]
+impl Provider for DevProvider {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    async fn send(&self, message: &OutboundMessage) -> Result<ProviderReceipt, ProviderError> {
+        if let Some((mode, retry_after_s)) = self.next_fault() {
+            return Err(match mode {
+                FaultMode::Ok => return Err(ProviderError::transient("unreachable")),
+                FaultMode::Fail5xx => ProviderError::transient("provider answered 503"),
+                FaultMode::Throttle429 => ProviderError::Transient {
+                    reason: "provider answered 429".into(),
+                    retry_after: retry_after_s.map(Duration::from_secs),
+                },
+                FaultMode::Timeout => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    ProviderError::transient("timeout")
+                }
+                FaultMode::Permanent => {
+                    ProviderError::Permanent { reason: "provider rejected the address".into(), code: PermanentCode::BadAddress }
+                }
+            });
+        }
+        let receipt = self.inner.send(message).await?;
+        let now = self.clock.now();
+        let record = RecordedSend {
+            channel: self.channel,
+            tenant: message.tenant.clone(),
+            user_id: message.user_id.clone(),
+            to: message.to.clone(),
+            subject: message.subject.clone(),
+            body: message.body.clone(),
+            notification_id: message.notification_id.clone(),
+            attempt: message.attempt,
+            at: now.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            provider_message_id: receipt.provider_message_id.clone(),
+            headers: message.headers.clone(),
+        };
+        // Ordered by a sequence that survives restarts and clock jumps: wall time + id.
+        let sk = format!("{:015}#{}", now.timestamp_millis().max(0), new_id());
+        let attrs = attrs_of(&record).map_err(|e| ProviderError::transient(format!("recording failed: {e}")))?;
+        self.table
+            .put(Item::new(Key::new(DEV_SENDS_PK, sk), attrs), Cond::Always)
+            .await
+            .map_err(|e| ProviderError::transient(format!("recording failed: {e}")))?;
+        Ok(receipt)
+    }
+}
+
+/// The dev providers of the three external channels.
+#[derive(Clone)]
+pub struct DevProviders {
+    pub email: Arc<DevProvider>,
+    pub sms: Arc<DevProvider>,
+    pub push: Arc<DevProvider>,
+}
+
+impl DevProviders {
+    pub fn get(&self, channel: Channel) -> Option<&Arc<DevProvider>> {
+        match channel {
+            Channel::Email => Some(&self.email),
+            Channel::Sms => Some(&self.sms),
+            Channel::Push => Some(&self.push),
+            Channel::Inapp => None,
+        }
+    }
+}
+
+/// Accepted sends, oldest first, optionally for one user and/or channel.
+pub async fn list_sends(table: &dyn Table, user_id: Option<&str>, channel: Option<Channel>) -> CoreResult<Vec<RecordedSend>> {
+    let mut out = Vec::new();
+    let mut cursor = None;
+    loop {
+        let page = table.query(DEV_SENDS_PK, "", QueryOpts { limit: 1000, cursor, descending: false }).await?;
+        for item in &page.items {
+            let s: RecordedSend = item.parse().map_err(CoreError::from)?;
+            if user_id.is_some_and(|u| u != s.user_id) || channel.is_some_and(|c| c != s.channel) {
+                continue;
+            }
+            out.push(s);
+        }
+        cursor = page.next_cursor;
+        if cursor.is_none() {
+            return Ok(out);
+        }
+    }
+}

@@ -1,0 +1,41 @@
+//! The core's error: every failure a use-case can report, with what the API answers for it.
+
+use crate::ports::{QueueError, StoreError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum CoreError {
+    /// Well-formed but invalid input (422), naming the field.
+    #[error("{field}: {detail}")]
+    Invalid { field: String, detail: String },
+    /// The object does not exist for this tenant (404).
+    #[error("{what} not found")]
+    NotFound { what: &'static str },
+    /// The request conflicts with the state (409), with a stable machine-readable code.
+    #[error("{detail}")]
+    Conflict { code: &'static str, detail: String },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+}
+
+impl CoreError {
+    pub fn invalid(field: impl Into<String>, detail: impl Into<String>) -> Self {
+        CoreError::Invalid { field: field.into(), detail: detail.into() }
+    }
+
+    pub fn conflict(code: &'static str, detail: impl Into<String>) -> Self {
+        CoreError::Conflict { code, detail: detail.into() }
+    }
+
+    /// Whether trying again later may succeed.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            CoreError::Store(e) => e.is_retryable(),
+            CoreError::Queue(e) => e.is_retryable(),
+            _ => false,
+        }
+    }
+}
+
+pub type CoreResult<T> = Result<T, CoreError>;

@@ -1,0 +1,218 @@
+//! The notification use-cases behind the HTTP API: accept (idempotent), read, cancel.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use super::model::{Delivery, DeliveryStatus, Notification, NotificationRequest, NotificationStatus};
+use crate::deps::Deps;
+use crate::error::{CoreError, CoreResult};
+use crate::ids::{TenantId, check_id, new_id};
+use crate::keys;
+use crate::ports::{Cond, Item, QueryOpts, StoreError, Update, Write, attrs_of};
+
+/// The answer to an accepted request.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Accepted {
+    pub notification_id: String,
+    pub status: NotificationStatus,
+    /// False when this is the answer to a repeated request.
+    #[serde(skip)]
+    pub created: bool,
+}
+
+#[derive(Clone, Debug, serde::Deserialize, Serialize)]
+struct IdempotencyRecord {
+    body_hash: String,
+    notification_id: String,
+    created_at: String,
+}
+
+/// Hash of the request as parsed (so whitespace and key order do not matter).
+fn body_hash(req: &NotificationRequest) -> CoreResult<String> {
+    let canonical = serde_json::to_vec(req).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    Ok(hex::encode(Sha256::digest(&canonical)))
+}
+
+/// Accepts a notification: one transaction writes the idempotency record and the notification
+/// item. The notification item is the outbox entry: its change-stream record makes the relay
+/// queue it, so "accepted but never queued" cannot happen.
+pub async fn accept(deps: &Deps, t: &TenantId, req: NotificationRequest) -> CoreResult<Accepted> {
+    req.validate()?;
+    let hash = body_hash(&req)?;
+    let now = deps.clock.now();
+    let notification = Notification {
+        notification_id: new_id(),
+        status: NotificationStatus::Accepted,
+        priority: req.priority(),
+        request: req,
+        body_hash: hash.clone(),
+        created_at: now.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        created_ms: now.timestamp_millis(),
+        orchestrated: false,
+    };
+    let mut writes = Vec::with_capacity(2);
+    let idem_key = notification.request.idempotency_key.as_deref().map(|k| keys::idempotency(t, "notification", k));
+    if let Some(key) = &idem_key {
+        let record = IdempotencyRecord {
+            body_hash: hash.clone(),
+            notification_id: notification.notification_id.clone(),
+            created_at: notification.created_at.clone(),
+        };
+        writes.push(Write::Put { item: Item::new(key.clone(), attrs_of(&record)?), cond: Cond::NotExists });
+    }
+    writes.push(Write::Put {
+        item: Item::new(keys::notification(t, &notification.notification_id), attrs_of(&notification)?),
+        cond: Cond::NotExists,
+    });
+    match deps.table.transact(writes).await {
+        Ok(()) => Ok(Accepted { notification_id: notification.notification_id, status: notification.status, created: true }),
+        Err(StoreError::ConditionFailed { index: 0 }) if idem_key.is_some() => {
+            let Some(key) = idem_key else { return Err(StoreError::Conflict.into()) };
+            let Some(existing) = deps.table.get(&key).await? else {
+                // Written and gone again cannot happen (records are kept); a retry will settle it.
+                return Err(StoreError::Conflict.into());
+            };
+            let existing: IdempotencyRecord = existing.parse()?;
+            if existing.body_hash != hash {
+                return Err(CoreError::conflict(
+                    "idempotency_conflict",
+                    "this idempotency_key was used with a different request body",
+                ));
+            }
+            let status = match get_notification(deps, t, &existing.notification_id).await? {
+                Some(view) => view.status,
+                None => NotificationStatus::Accepted,
+            };
+            Ok(Accepted { notification_id: existing.notification_id, status, created: false })
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Counts of a notification's deliveries, as `GET /v1/notifications/{id}` shows them.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Counts {
+    pub queued: u64,
+    pub sent: u64,
+    pub delivered: u64,
+    pub failed: u64,
+    pub suppressed: u64,
+    pub dead: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct NotificationView {
+    pub notification_id: String,
+    pub status: NotificationStatus,
+    pub category: super::model::Category,
+    pub priority: super::model::Priority,
+    pub template_id: String,
+    pub created_at: String,
+    pub counts: Counts,
+}
+
+pub async fn load(deps: &Deps, t: &TenantId, id: &str) -> CoreResult<Option<Notification>> {
+    match deps.table.get(&keys::notification(t, id)).await? {
+        Some(item) => Ok(Some(item.parse()?)),
+        None => Ok(None),
+    }
+}
+
+pub async fn get_notification(deps: &Deps, t: &TenantId, id: &str) -> CoreResult<Option<NotificationView>> {
+    check_id("notification_id", id)?;
+    let Some(n) = load(deps, t, id).await? else { return Ok(None) };
+    let mut counts = Counts::default();
+    let mut cursor = None;
+    loop {
+        let page = deps
+            .table
+            .query(&keys::notification_pk(t, id), "D#", QueryOpts { limit: 1000, cursor, descending: false })
+            .await?;
+        for item in &page.items {
+            let d: Delivery = item.parse()?;
+            match d.status {
+                DeliveryStatus::Pending | DeliveryStatus::Sending => counts.queued += 1,
+                DeliveryStatus::Sent => counts.sent += 1,
+                DeliveryStatus::Delivered | DeliveryStatus::Opened | DeliveryStatus::Clicked => counts.delivered += 1,
+                DeliveryStatus::Failed => counts.failed += 1,
+                DeliveryStatus::Suppressed => counts.suppressed += 1,
+                DeliveryStatus::Dead => counts.dead += 1,
+            }
+        }
+        cursor = page.next_cursor;
+        if cursor.is_none() {
+            break;
+        }
+    }
+    let status = match n.status {
+        NotificationStatus::Processing if n.orchestrated && counts.queued == 0 => NotificationStatus::Completed,
+        other => other,
+    };
+    Ok(Some(NotificationView {
+        notification_id: n.notification_id,
+        status,
+        category: n.request.category,
+        priority: n.priority,
+        template_id: n.request.template_id,
+        created_at: n.created_at,
+        counts,
+    }))
+}
+
+/// One page of a notification's deliveries.
+#[derive(Clone, Debug, Serialize)]
+pub struct DeliveryPage {
+    pub items: Vec<Delivery>,
+    pub next_cursor: Option<String>,
+}
+
+pub async fn list_deliveries(
+    deps: &Deps,
+    t: &TenantId,
+    id: &str,
+    limit: usize,
+    cursor: Option<String>,
+) -> CoreResult<Option<DeliveryPage>> {
+    check_id("notification_id", id)?;
+    if deps.table.get(&keys::notification(t, id)).await?.is_none() {
+        return Ok(None);
+    }
+    let page = deps.table.query(&keys::notification_pk(t, id), "D#", QueryOpts { limit, cursor, descending: false }).await?;
+    let items = page.items.iter().map(Item::parse).collect::<Result<Vec<Delivery>, _>>()?;
+    Ok(Some(DeliveryPage { items, next_cursor: page.next_cursor }))
+}
+
+/// Cancels what has not been sent yet: the orchestrator and the channel workers check the
+/// status before each send.
+pub async fn cancel(deps: &Deps, t: &TenantId, id: &str) -> CoreResult<NotificationView> {
+    check_id("notification_id", id)?;
+    let key = keys::notification(t, id);
+    let cond = Cond::And(vec![
+        Cond::Exists,
+        Cond::is_in("status", ["accepted", "scheduled", "processing"]),
+    ]);
+    match deps.table.update(&key, vec![Update::set("status", "cancelled")], cond).await {
+        Ok(_) => {}
+        Err(StoreError::ConditionFailed { .. }) => {
+            let Some(view) = get_notification(deps, t, id).await? else {
+                return Err(CoreError::NotFound { what: "notification" });
+            };
+            if view.status != NotificationStatus::Cancelled {
+                return Err(CoreError::conflict("invalid_state", format!("notification is {:?}", view.status).to_lowercase()));
+            }
+        }
+        Err(e) => return Err(e.into()),
+    }
+    get_notification(deps, t, id).await?.ok_or(CoreError::NotFound { what: "notification" })
+}
+
+/// Counts by status of a list of deliveries (used by tests and the console).
+pub fn tally(deliveries: &[Delivery]) -> BTreeMap<&'static str, u64> {
+    let mut m = BTreeMap::new();
+    for d in deliveries {
+        *m.entry(d.status.as_str()).or_insert(0) += 1;
+    }
+    m
+}

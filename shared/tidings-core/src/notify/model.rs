@@ -1,0 +1,259 @@
+//! Notifications and deliveries: the records and the request.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::error::{CoreError, CoreResult};
+use crate::ids::check_id;
+use crate::ports::Channel;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Category {
+    Transactional,
+    Marketing,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Priority {
+    High,
+    Normal,
+    Low,
+}
+
+impl Priority {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::High => "high",
+            Priority::Normal => "normal",
+            Priority::Low => "low",
+        }
+    }
+    /// The request queue of this priority.
+    pub fn request_queue(self) -> &'static str {
+        match self {
+            Priority::High => "requests-high",
+            Priority::Normal => "requests-normal",
+            Priority::Low => "requests-low",
+        }
+    }
+    /// Channel queues have two lanes: high, and the rest.
+    pub fn lane(self) -> &'static str {
+        match self {
+            Priority::High => "high",
+            Priority::Normal | Priority::Low => "low",
+        }
+    }
+}
+
+/// The queue a channel task goes to.
+pub fn channel_queue(channel: Channel, priority: Priority) -> String {
+    format!("{}-{}", channel.as_str(), priority.lane())
+}
+
+/// Every queue the notification path uses (the runtime and `bootstrap` declare them).
+pub const NOTIFY_QUEUES: [&str; 9] = [
+    "requests-high",
+    "requests-normal",
+    "requests-low",
+    "email-high",
+    "email-low",
+    "sms-high",
+    "sms-low",
+    "push-high",
+    "push-low",
+];
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Recipients {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_ids: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub segment: Option<String>,
+}
+
+/// The body of `POST /v1/notifications`, as sent.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NotificationRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+    pub recipients: Recipients,
+    pub template_id: String,
+    #[serde(default = "empty_object")]
+    pub params: Value,
+    pub category: Category,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channels: Option<Vec<Channel>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<Priority>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub send_at: Option<chrono::DateTime<chrono::Utc>>,
+    #[serde(default)]
+    pub local_time: bool,
+}
+
+fn empty_object() -> Value {
+    Value::Object(Default::default())
+}
+
+/// Most users in one `user_ids` list; larger audiences are segments (campaigns).
+pub const MAX_USER_IDS: usize = 1000;
+
+impl NotificationRequest {
+    pub fn validate(&self) -> CoreResult<()> {
+        if let Some(key) = &self.idempotency_key
+            && (key.is_empty() || key.len() > 200 || key.chars().any(|c| c.is_control() || c == '#'))
+        {
+            return Err(CoreError::invalid("idempotency_key", "must be 1 to 200 characters, without # or control characters"));
+        }
+        check_id("template_id", &self.template_id)?;
+        if !self.params.is_object() {
+            return Err(CoreError::invalid("params", "must be an object"));
+        }
+        match (&self.recipients.user_ids, &self.recipients.segment) {
+            (Some(ids), None) => {
+                if ids.is_empty() || ids.len() > MAX_USER_IDS {
+                    return Err(CoreError::invalid("recipients.user_ids", format!("must list 1 to {MAX_USER_IDS} users")));
+                }
+                for (i, id) in ids.iter().enumerate() {
+                    check_id(&format!("recipients.user_ids[{i}]"), id)?;
+                }
+            }
+            (None, Some(_)) => {
+                return Err(CoreError::invalid("recipients.segment", "segment campaigns are not available yet; list user_ids"));
+            }
+            _ => return Err(CoreError::invalid("recipients", "give exactly one of user_ids or segment")),
+        }
+        if let Some(channels) = &self.channels
+            && channels.is_empty()
+        {
+            return Err(CoreError::invalid("channels", "must not be empty (omit it to use preferences)"));
+        }
+        if self.send_at.is_some() || self.local_time {
+            return Err(CoreError::invalid("send_at", "scheduled sends are not available yet"));
+        }
+        Ok(())
+    }
+
+    pub fn priority(&self) -> Priority {
+        self.priority.unwrap_or(match self.category {
+            Category::Transactional => Priority::High,
+            Category::Marketing => Priority::Low,
+        })
+    }
+
+    /// The recipients' user ids, without duplicates, in the order given.
+    pub fn user_ids(&self) -> Vec<String> {
+        let mut seen = std::collections::HashSet::new();
+        self.recipients.user_ids.iter().flatten().filter(|u| seen.insert(u.as_str())).cloned().collect()
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NotificationStatus {
+    Accepted,
+    Scheduled,
+    Processing,
+    Completed,
+    Cancelled,
+}
+
+/// The notification item: the API's write, which is also the outbox entry.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Notification {
+    pub notification_id: String,
+    pub status: NotificationStatus,
+    pub request: NotificationRequest,
+    pub priority: Priority,
+    pub body_hash: String,
+    pub created_at: String,
+    pub created_ms: i64,
+    /// Set once every delivery has been created and queued.
+    #[serde(default)]
+    pub orchestrated: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeliveryStatus {
+    Pending,
+    Sending,
+    Sent,
+    Delivered,
+    Opened,
+    Clicked,
+    Failed,
+    Suppressed,
+    Dead,
+}
+
+impl DeliveryStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeliveryStatus::Pending => "pending",
+            DeliveryStatus::Sending => "sending",
+            DeliveryStatus::Sent => "sent",
+            DeliveryStatus::Delivered => "delivered",
+            DeliveryStatus::Opened => "opened",
+            DeliveryStatus::Clicked => "clicked",
+            DeliveryStatus::Failed => "failed",
+            DeliveryStatus::Suppressed => "suppressed",
+            DeliveryStatus::Dead => "dead",
+        }
+    }
+    /// Still on its way (counts as `queued`).
+    pub fn is_open(self) -> bool {
+        matches!(self, DeliveryStatus::Pending | DeliveryStatus::Sending)
+    }
+}
+
+/// One delivery: `(notification, user, channel)`, the deduplication key of the send.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Delivery {
+    pub user_id: String,
+    pub channel: Channel,
+    pub status: DeliveryStatus,
+    #[serde(default)]
+    pub attempts: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sent_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_failed_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_until_ms: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_message_id: Option<String>,
+    pub category: Category,
+    pub updated_at: String,
+}
+
+/// The request queue message: which notification to orchestrate.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RequestMessage {
+    pub tenant: String,
+    pub notification_id: String,
+}
+
+/// The channel queue message: one rendered send.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChannelTask {
+    pub tenant: String,
+    pub notification_id: String,
+    pub user_id: String,
+    pub channel: Channel,
+    pub category: Category,
+    pub to: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
+    pub body: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub headers: Vec<(String, String)>,
+}

@@ -1,0 +1,116 @@
+//! Channel providers: email (SES), SMS and push (SNS), or the embedded fakes.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+/// A delivery channel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Channel {
+    Email,
+    Sms,
+    Push,
+    Inapp,
+}
+
+impl Channel {
+    pub const ALL: [Channel; 4] = [Channel::Email, Channel::Sms, Channel::Push, Channel::Inapp];
+    /// The channels that go through an external provider and a channel queue.
+    pub const EXTERNAL: [Channel; 3] = [Channel::Email, Channel::Sms, Channel::Push];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Channel::Email => "email",
+            Channel::Sms => "sms",
+            Channel::Push => "push",
+            Channel::Inapp => "inapp",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "email" => Some(Channel::Email),
+            "sms" => Some(Channel::Sms),
+            "push" => Some(Channel::Push),
+            "inapp" => Some(Channel::Inapp),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Channel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A rendered message for one recipient on one channel.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OutboundMessage {
+    pub channel: Channel,
+    /// Email address, E.164 phone number, or push endpoint / device token.
+    pub to: String,
+    /// Email subject or push title.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
+    pub body: String,
+    /// Extra email headers (`List-Unsubscribe`, ...).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub headers: Vec<(String, String)>,
+    /// The delivery key: passed to providers that accept an idempotency key, and used as the
+    /// push collapse id / tag so that a duplicate collapses on the device.
+    pub idempotency_key: String,
+    /// For the fake providers' record (never logged): tenant, notification and user.
+    #[serde(default)]
+    pub tenant: String,
+    #[serde(default)]
+    pub notification_id: String,
+    #[serde(default)]
+    pub user_id: String,
+    #[serde(default)]
+    pub attempt: u32,
+}
+
+/// What a provider answered when it accepted a message.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProviderReceipt {
+    pub provider_message_id: String,
+}
+
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum ProviderError {
+    /// Timeouts, 5xx, 429: try again later, no sooner than `retry_after` when given.
+    #[error("transient provider error: {reason}")]
+    Transient { reason: String, retry_after: Option<Duration> },
+    /// Bad address, invalid token, rejected content: never retried.
+    #[error("permanent provider error: {reason}")]
+    Permanent { reason: String, code: PermanentCode },
+}
+
+/// Why a provider refused a message for good.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PermanentCode {
+    BadAddress,
+    /// The push token is gone (APNs 410, FCM UNREGISTERED, SNS EndpointDisabled).
+    InvalidToken,
+    Rejected,
+}
+
+impl ProviderError {
+    pub fn transient(reason: impl Into<String>) -> Self {
+        ProviderError::Transient { reason: reason.into(), retry_after: None }
+    }
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, ProviderError::Transient { .. })
+    }
+}
+
+#[async_trait]
+pub trait Provider: Send + Sync + 'static {
+    /// A short name for logs and metrics (`ses`, `sns-sms`, `fake-email`).
+    fn name(&self) -> &str;
+    async fn send(&self, message: &OutboundMessage) -> Result<ProviderReceipt, ProviderError>;
+}

@@ -1,0 +1,189 @@
+//! The embedded backend: Tidings' table, change stream and queues in one SQLite file, in
+//! process, with the same semantics as DynamoDB + DynamoDB Streams + SQS (the conformance suite
+//! in `tidings-conformance` holds both backends to them).
+//!
+//! # Durability
+//!
+//! The file is opened in WAL mode with `synchronous=NORMAL`: a call that returned `Ok` has its
+//! transaction in the write-ahead log, so it survives the process being killed (`kill -9`) and
+//! restarted. A power loss or an operating-system crash may lose the last few transactions
+//! (never corrupt the file); that is the trade WAL + `NORMAL` makes for speed.
+//!
+//! # Concurrency
+//!
+//! One `rusqlite::Connection` behind a mutex; every piece of database work runs inside
+//! `tokio::task::spawn_blocking`, so the async runtime is never blocked. Writes are serialised,
+//! so transactions never conflict ([`StoreError::Conflict`] is never returned); conditions are
+//! evaluated with [`Cond::holds`] inside a `BEGIN IMMEDIATE` transaction.
+//!
+//! # Layout
+//!
+//! - `items(pk, sk, attrs JSON)`: the table;
+//! - `changes(seq, pk, sk, old JSON, new JSON)`: the change stream, appended in the same SQLite
+//!   transaction as the write it records;
+//! - `feed_checkpoints(consumer, seq)`: durable positions of [`EmbeddedChangeFeed`] consumers;
+//! - `queues(name, max_receives)` and `messages(...)`: the queues and their DLQs.
+//!
+//! [`Cond::holds`]: tidings_core::ports::Cond::holds
+
+mod feed;
+mod queues;
+mod table;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex, RwLock};
+
+use rusqlite::Connection;
+use tidings_core::ports::{Clock, StoreError, SystemClock};
+use tokio::sync::Notify;
+
+pub use feed::EmbeddedChangeFeed;
+pub use queues::QueueConfig;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS items (
+    pk TEXT NOT NULL,
+    sk TEXT NOT NULL,
+    attrs TEXT NOT NULL,
+    PRIMARY KEY (pk, sk)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS changes (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    pk TEXT NOT NULL,
+    sk TEXT NOT NULL,
+    old TEXT,
+    new TEXT
+);
+CREATE TABLE IF NOT EXISTS feed_checkpoints (
+    consumer TEXT PRIMARY KEY,
+    seq INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS queues (
+    name TEXT PRIMARY KEY,
+    max_receives INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS messages (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    queue TEXT NOT NULL,
+    body TEXT NOT NULL,
+    visible_at_ms INTEGER NOT NULL,
+    receive_count INTEGER NOT NULL,
+    sent_at_ms INTEGER NOT NULL,
+    receipt TEXT
+);
+CREATE INDEX IF NOT EXISTS messages_by_queue ON messages (queue, visible_at_ms);
+CREATE UNIQUE INDEX IF NOT EXISTS messages_by_receipt ON messages (receipt);
+";
+
+/// The shared state behind every handle.
+pub(crate) struct Inner {
+    pub(crate) conn: Mutex<Connection>,
+    pub(crate) clock: Arc<dyn Clock>,
+    /// Signalled after every commit that appended change records.
+    pub(crate) changes: Notify,
+    /// Signalled after sends, visibility changes and redrives.
+    pub(crate) messages: Notify,
+    /// Declared queues by name (a DLQ is declared with its queue, with no redrive of its own).
+    pub(crate) queues: RwLock<HashMap<String, queues::QueueSpec>>,
+}
+
+/// The embedded store: a [`Table`](tidings_core::ports::Table), a source of
+/// [`EmbeddedChangeFeed`]s and [`Queues`](tidings_core::ports::Queues), all in one SQLite file.
+/// Cheap to clone: clones share one connection.
+#[derive(Clone)]
+pub struct EmbeddedStore {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for EmbeddedStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmbeddedStore").finish_non_exhaustive()
+    }
+}
+
+impl EmbeddedStore {
+    /// Opens (creating when absent) the store in the file at `path`, on the system clock.
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        Self::open_with_clock(path, Arc::new(SystemClock))
+    }
+
+    /// Opens the store at `path`; queue delays and visibility follow `clock`.
+    pub fn open_with_clock(path: &Path, clock: Arc<dyn Clock>) -> Result<Self, StoreError> {
+        let conn = Connection::open(path).map_err(db_err)?;
+        // WAL + NORMAL: committed transactions survive a crash of the process.
+        let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0)).map_err(db_err)?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(StoreError::Unavailable(format!("could not enable WAL (journal_mode={mode})")));
+        }
+        conn.pragma_update(None, "synchronous", "NORMAL").map_err(db_err)?;
+        Self::setup(conn, clock)
+    }
+
+    /// A store in memory (for tests), on the system clock. Nothing survives the process.
+    pub fn in_memory() -> Result<Self, StoreError> {
+        Self::in_memory_with_clock(Arc::new(SystemClock))
+    }
+
+    /// A store in memory whose queues follow `clock`.
+    pub fn in_memory_with_clock(clock: Arc<dyn Clock>) -> Result<Self, StoreError> {
+        let conn = Connection::open_in_memory().map_err(db_err)?;
+        Self::setup(conn, clock)
+    }
+
+    fn setup(conn: Connection, clock: Arc<dyn Clock>) -> Result<Self, StoreError> {
+        conn.busy_timeout(std::time::Duration::from_secs(5)).map_err(db_err)?;
+        conn.execute_batch(SCHEMA).map_err(db_err)?;
+        let declared = queues::load_declared(&conn).map_err(db_err)?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                conn: Mutex::new(conn),
+                clock,
+                changes: Notify::new(),
+                messages: Notify::new(),
+                queues: RwLock::new(declared),
+            }),
+        })
+    }
+
+    /// The clock the queues follow.
+    pub fn clock(&self) -> Arc<dyn Clock> {
+        self.inner.clock.clone()
+    }
+
+    /// Runs `f` on the connection in a blocking thread.
+    pub(crate) async fn with_conn<T, E, F>(&self, f: F) -> Result<T, E>
+    where
+        T: Send + 'static,
+        E: Send + 'static + From<JoinFailed>,
+        F: FnOnce(&mut Connection, &Inner) -> Result<T, E> + Send + 'static,
+    {
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut conn = inner.conn.lock().unwrap_or_else(|p| p.into_inner());
+            f(&mut conn, &inner)
+        })
+        .await
+        .map_err(|e| E::from(JoinFailed(e.to_string())))?
+    }
+}
+
+/// A blocking task that did not finish (panicked or cancelled).
+pub(crate) struct JoinFailed(pub(crate) String);
+
+impl From<JoinFailed> for StoreError {
+    fn from(e: JoinFailed) -> Self {
+        StoreError::Unavailable(format!("database task failed: {}", e.0))
+    }
+}
+
+impl From<JoinFailed> for tidings_core::ports::QueueError {
+    fn from(e: JoinFailed) -> Self {
+        tidings_core::ports::QueueError::Unavailable(format!("database task failed: {}", e.0))
+    }
+}
+
+pub(crate) fn db_err(e: rusqlite::Error) -> StoreError {
+    StoreError::Unavailable(format!("sqlite: {e}"))
+}

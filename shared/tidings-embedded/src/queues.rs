@@ -1,0 +1,407 @@
+//! `impl Queues for EmbeddedStore`: SQS semantics over the `messages` table.
+//!
+//! - Time (delays, visibility, ages) follows the store's [`Clock`](tidings_core::ports::Clock),
+//!   so it may be a manual clock; the `wait` of a receive (long polling) is real time.
+//! - Each declared queue `name` has a DLQ `name-dlq`, itself a queue that can be received from
+//!   (it has no DLQ of its own). A message received `max_receives` times moves to the DLQ at
+//!   the next receive instead of being returned, as SQS's redrive policy does.
+//! - Limits as SQS: at most 10 messages per receive, a delay of at most 15 minutes, a
+//!   visibility of at most 12 hours, a long-poll wait of at most 20 seconds, bodies of 1 byte
+//!   to 256 KiB.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rusqlite::{Connection, TransactionBehavior, params};
+use tidings_core::ports::queue::MAX_DELAY;
+use tidings_core::ports::{OutMessage, QueueError, QueueStats, Queues, Received};
+
+use crate::EmbeddedStore;
+
+/// The most messages one receive returns (SQS's limit).
+const MAX_RECEIVE: usize = 10;
+/// The longest visibility timeout (SQS's limit).
+const MAX_VISIBILITY: Duration = Duration::from_secs(12 * 60 * 60);
+/// The longest long-poll wait (SQS's limit).
+const MAX_WAIT: Duration = Duration::from_secs(20);
+/// The largest body (SQS's limit).
+const MAX_BODY_BYTES: usize = 256 * 1024;
+/// How often a long poll looks again even without a signal (messages become visible as time
+/// passes, and a manual clock moves without telling anyone).
+const POLL_EVERY: Duration = Duration::from_millis(50);
+
+/// A queue to declare: its logical name and how many receives a message gets before it moves
+/// to the DLQ `{name}-dlq` (SQS's `maxReceiveCount`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueueConfig {
+    pub name: String,
+    pub max_receives: u32,
+}
+
+impl QueueConfig {
+    pub fn new(name: impl Into<String>, max_receives: u32) -> Self {
+        Self { name: name.into(), max_receives }
+    }
+
+    /// The name of this queue's DLQ.
+    pub fn dlq_name(&self) -> String {
+        dlq_name(&self.name)
+    }
+}
+
+fn dlq_name(queue: &str) -> String {
+    format!("{queue}-dlq")
+}
+
+/// What the store knows of a declared queue.
+#[derive(Clone, Debug)]
+pub(crate) struct QueueSpec {
+    /// `(max_receives, dlq name)`; `None` for a DLQ.
+    redrive: Option<(u32, String)>,
+}
+
+fn specs_for(name: &str, max_receives: u32) -> [(String, QueueSpec); 2] {
+    [
+        (name.to_owned(), QueueSpec { redrive: Some((max_receives, dlq_name(name))) }),
+        (dlq_name(name), QueueSpec { redrive: None }),
+    ]
+}
+
+pub(crate) fn load_declared(conn: &Connection) -> rusqlite::Result<HashMap<String, QueueSpec>> {
+    let mut stmt = conn.prepare("SELECT name, max_receives FROM queues")?;
+    let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, u32>(1)?)))?;
+    let mut map = HashMap::new();
+    for row in rows {
+        let (name, max) = row?;
+        map.extend(specs_for(&name, max));
+    }
+    Ok(map)
+}
+
+fn q_err(e: rusqlite::Error) -> QueueError {
+    QueueError::Unavailable(format!("sqlite: {e}"))
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn new_id() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+impl EmbeddedStore {
+    /// Declares a queue and its DLQ `{name}-dlq` (idempotent; a new `max_receives` replaces
+    /// the old). Declarations are stored: a reopened store knows its queues.
+    pub fn declare_queue(&self, config: QueueConfig) -> Result<(), QueueError> {
+        if config.name.is_empty() || config.name.ends_with("-dlq") {
+            return Err(QueueError::Invalid(format!("bad queue name {:?}", config.name)));
+        }
+        if !(1..=1000).contains(&config.max_receives) {
+            return Err(QueueError::Invalid(format!("max_receives {} (1 to 1000)", config.max_receives)));
+        }
+        {
+            let conn = self.inner.conn.lock().unwrap_or_else(|p| p.into_inner());
+            conn.execute(
+                "INSERT INTO queues (name, max_receives) VALUES (?1, ?2)
+                 ON CONFLICT (name) DO UPDATE SET max_receives = excluded.max_receives",
+                params![config.name, config.max_receives],
+            )
+            .map_err(q_err)?;
+        }
+        let mut queues = self.inner.queues.write().unwrap_or_else(|p| p.into_inner());
+        queues.extend(specs_for(&config.name, config.max_receives));
+        Ok(())
+    }
+
+    /// The names of the declared queues (DLQs included), sorted.
+    pub fn queue_names(&self) -> Vec<String> {
+        let queues = self.inner.queues.read().unwrap_or_else(|p| p.into_inner());
+        let mut names: Vec<String> = queues.keys().cloned().collect();
+        names.sort();
+        names
+    }
+
+    fn spec(&self, queue: &str) -> Result<QueueSpec, QueueError> {
+        let queues = self.inner.queues.read().unwrap_or_else(|p| p.into_inner());
+        queues.get(queue).cloned().ok_or_else(|| QueueError::UnknownQueue(queue.to_owned()))
+    }
+
+    fn dlq_of(&self, queue: &str) -> Result<String, QueueError> {
+        match self.spec(queue)?.redrive {
+            Some((_, dlq)) => Ok(dlq),
+            None => Err(QueueError::Invalid(format!("{queue} is a DLQ and has no DLQ of its own"))),
+        }
+    }
+
+    /// One receive attempt, without waiting.
+    async fn receive_now(
+        &self,
+        queue: &str,
+        spec: &QueueSpec,
+        max: usize,
+        visibility: Duration,
+    ) -> Result<Vec<Received>, QueueError> {
+        let queue = queue.to_owned();
+        let redrive = spec.redrive.clone();
+        let (got, moved) = self
+            .with_conn(move |conn, inner| {
+                let now = inner.clock.now_ms();
+                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(q_err)?;
+                let mut got = Vec::new();
+                let mut moved = 0usize;
+                // Keyset over (sent_at_ms, seq): oldest first, each candidate looked at once.
+                let mut last: (i64, i64) = (i64::MIN, i64::MIN);
+                'outer: loop {
+                    let candidates: Vec<(i64, String, String, u32, i64)> = {
+                        let mut stmt = tx
+                            .prepare_cached(
+                                "SELECT seq, id, body, receive_count, sent_at_ms FROM messages
+                                 WHERE queue = ?1 AND visible_at_ms <= ?2
+                                   AND (sent_at_ms > ?3 OR (sent_at_ms = ?3 AND seq > ?4))
+                                 ORDER BY sent_at_ms, seq LIMIT 64",
+                            )
+                            .map_err(q_err)?;
+                        let rows = stmt
+                            .query_map(params![queue, now, last.0, last.1], |r| {
+                                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+                            })
+                            .map_err(q_err)?;
+                        rows.collect::<Result<_, _>>().map_err(q_err)?
+                    };
+                    if candidates.is_empty() {
+                        break;
+                    }
+                    for (seq, id, body, count, sent_at_ms) in candidates {
+                        last = (sent_at_ms, seq);
+                        if let Some((max_receives, dlq)) = &redrive
+                            && count >= *max_receives
+                        {
+                            tx.execute(
+                                "UPDATE messages SET queue = ?1, visible_at_ms = ?2, receipt = NULL WHERE seq = ?3",
+                                params![dlq, now, seq],
+                            )
+                            .map_err(q_err)?;
+                            moved += 1;
+                            continue;
+                        }
+                        let receipt = new_id();
+                        let count = count.saturating_add(1);
+                        tx.execute(
+                            "UPDATE messages SET receive_count = ?1, receipt = ?2, visible_at_ms = ?3 WHERE seq = ?4",
+                            params![count, receipt, now.saturating_add(ms(visibility)), seq],
+                        )
+                        .map_err(q_err)?;
+                        got.push(Received { message_id: id, receipt, body, receive_count: count, sent_at_ms });
+                        if got.len() >= max {
+                            break 'outer;
+                        }
+                    }
+                }
+                tx.commit().map_err(q_err)?;
+                Ok::<_, QueueError>((got, moved))
+            })
+            .await?;
+        if moved > 0 {
+            tracing::debug!(moved, "messages moved to a dead-letter queue");
+        }
+        Ok(got)
+    }
+}
+
+#[async_trait]
+impl Queues for EmbeddedStore {
+    async fn send_batch(&self, queue: &str, messages: Vec<OutMessage>) -> Result<(), QueueError> {
+        self.spec(queue)?;
+        for m in &messages {
+            if m.delay > MAX_DELAY {
+                return Err(QueueError::Invalid(format!("delay {:?} is over 15 minutes", m.delay)));
+            }
+            if m.body.is_empty() || m.body.len() > MAX_BODY_BYTES {
+                return Err(QueueError::Invalid(format!("body of {} bytes (1 to {MAX_BODY_BYTES})", m.body.len())));
+            }
+        }
+        if messages.is_empty() {
+            return Ok(());
+        }
+        let queue = queue.to_owned();
+        self.with_conn(move |conn, inner| {
+            let now = inner.clock.now_ms();
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(q_err)?;
+            {
+                let mut stmt = tx
+                    .prepare_cached(
+                        "INSERT INTO messages (id, queue, body, visible_at_ms, receive_count, sent_at_ms, receipt)
+                         VALUES (?1, ?2, ?3, ?4, 0, ?5, NULL)",
+                    )
+                    .map_err(q_err)?;
+                for m in messages {
+                    stmt.execute(params![new_id(), queue, m.body, now.saturating_add(ms(m.delay)), now])
+                        .map_err(q_err)?;
+                }
+            }
+            tx.commit().map_err(q_err)
+        })
+        .await?;
+        self.inner.messages.notify_waiters();
+        Ok(())
+    }
+
+    async fn receive(
+        &self,
+        queue: &str,
+        max: usize,
+        visibility: Duration,
+        wait: Duration,
+    ) -> Result<Vec<Received>, QueueError> {
+        let spec = self.spec(queue)?;
+        if visibility > MAX_VISIBILITY {
+            return Err(QueueError::Invalid(format!("visibility {visibility:?} is over 12 hours")));
+        }
+        if wait > MAX_WAIT {
+            return Err(QueueError::Invalid(format!("wait {wait:?} is over 20 seconds")));
+        }
+        let max = max.clamp(1, MAX_RECEIVE);
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let notified = self.inner.messages.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let got = self.receive_now(queue, &spec, max, visibility).await?;
+            let now = tokio::time::Instant::now();
+            if !got.is_empty() || now >= deadline {
+                return Ok(got);
+            }
+            let nap = POLL_EVERY.min(deadline - now);
+            tokio::select! {
+                _ = &mut notified => {}
+                _ = tokio::time::sleep(nap) => {}
+            }
+        }
+    }
+
+    async fn change_visibility(&self, queue: &str, receipt: &str, visibility: Duration) -> Result<(), QueueError> {
+        self.spec(queue)?;
+        if visibility > MAX_VISIBILITY {
+            return Err(QueueError::Invalid(format!("visibility {visibility:?} is over 12 hours")));
+        }
+        let (queue, receipt) = (queue.to_owned(), receipt.to_owned());
+        let n = self
+            .with_conn(move |conn, inner| {
+                let at = inner.clock.now_ms().saturating_add(ms(visibility));
+                conn.execute(
+                    "UPDATE messages SET visible_at_ms = ?1 WHERE queue = ?2 AND receipt = ?3",
+                    params![at, queue, receipt],
+                )
+                .map_err(q_err)
+            })
+            .await?;
+        if n == 0 {
+            return Err(QueueError::StaleReceipt);
+        }
+        self.inner.messages.notify_waiters();
+        Ok(())
+    }
+
+    async fn delete(&self, queue: &str, receipt: &str) -> Result<(), QueueError> {
+        self.spec(queue)?;
+        let (queue, receipt) = (queue.to_owned(), receipt.to_owned());
+        let n = self
+            .with_conn(move |conn, _| {
+                conn.execute("DELETE FROM messages WHERE queue = ?1 AND receipt = ?2", params![queue, receipt])
+                    .map_err(q_err)
+            })
+            .await?;
+        if n == 0 { Err(QueueError::StaleReceipt) } else { Ok(()) }
+    }
+
+    async fn stats(&self, queue: &str) -> Result<QueueStats, QueueError> {
+        let spec = self.spec(queue)?;
+        let dlq = spec.redrive.map(|(_, dlq)| dlq);
+        let name = queue.to_owned();
+        self.with_conn(move |conn, inner| {
+            let now = inner.clock.now_ms();
+            let (visible, in_flight, delayed, oldest): (i64, i64, i64, Option<i64>) = conn
+                .query_row(
+                    "SELECT
+                        COALESCE(SUM(visible_at_ms <= ?2), 0),
+                        COALESCE(SUM(visible_at_ms > ?2 AND receive_count > 0), 0),
+                        COALESCE(SUM(visible_at_ms > ?2 AND receive_count = 0), 0),
+                        MIN(sent_at_ms)
+                     FROM messages WHERE queue = ?1",
+                    params![name, now],
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+                )
+                .map_err(q_err)?;
+            let dlq_depth: i64 = match &dlq {
+                Some(dlq) => conn
+                    .query_row("SELECT COUNT(*) FROM messages WHERE queue = ?1", params![dlq], |r| r.get(0))
+                    .map_err(q_err)?,
+                None => 0,
+            };
+            let count = |n: i64| u64::try_from(n).unwrap_or(0);
+            Ok(QueueStats {
+                name,
+                visible: count(visible),
+                in_flight: count(in_flight),
+                delayed: count(delayed),
+                oldest_age_s: oldest.map_or(0, |t| count(now.saturating_sub(t) / 1000)),
+                dlq_depth: count(dlq_depth),
+            })
+        })
+        .await
+    }
+
+    async fn redrive(&self, queue: &str) -> Result<u64, QueueError> {
+        let dlq = self.dlq_of(queue)?;
+        let queue = queue.to_owned();
+        let n = self
+            .with_conn(move |conn, inner| {
+                let now = inner.clock.now_ms();
+                conn.execute(
+                    "UPDATE messages SET queue = ?1, receive_count = 0, visible_at_ms = ?2, receipt = NULL
+                     WHERE queue = ?3",
+                    params![queue, now, dlq],
+                )
+                .map_err(q_err)
+            })
+            .await?;
+        if n > 0 {
+            self.inner.messages.notify_waiters();
+        }
+        Ok(n as u64)
+    }
+
+    async fn peek_dlq(&self, queue: &str, max: usize) -> Result<Vec<Received>, QueueError> {
+        let dlq = self.dlq_of(queue)?;
+        let limit = i64::try_from(max).unwrap_or(i64::MAX);
+        self.with_conn(move |conn, _| {
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT id, body, receive_count, sent_at_ms FROM messages WHERE queue = ?1
+                     ORDER BY sent_at_ms, seq LIMIT ?2",
+                )
+                .map_err(q_err)?;
+            let rows = stmt
+                .query_map(params![dlq, limit], |r| {
+                    Ok(Received {
+                        message_id: r.get(0)?,
+                        // Peeking does not receive: there is no receipt to delete with.
+                        receipt: String::new(),
+                        body: r.get(1)?,
+                        receive_count: r.get(2)?,
+                        sent_at_ms: r.get(3)?,
+                    })
+                })
+                .map_err(q_err)?;
+            rows.collect::<Result<Vec<_>, _>>().map_err(q_err)
+        })
+        .await
+    }
+
+    async fn send_to_dlq(&self, queue: &str, body: String) -> Result<(), QueueError> {
+        let dlq = self.dlq_of(queue)?;
+        self.send_batch(&dlq, vec![OutMessage::new(body)]).await
+    }
+}

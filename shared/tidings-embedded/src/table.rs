@@ -1,0 +1,310 @@
+//! `impl Table for EmbeddedStore`, and the change records its writes append.
+
+use std::collections::HashSet;
+
+use async_trait::async_trait;
+use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
+use serde_json::Value;
+use tidings_core::ports::table::MAX_TRANSACTION_WRITES;
+use tidings_core::ports::{Attrs, Cond, Item, Key, Page, QueryOpts, StoreError, Table, Update, Write};
+
+use crate::{EmbeddedStore, db_err};
+
+/// DynamoDB's largest item (400 KB), enforced so that both backends accept the same items.
+pub(crate) const MAX_ITEM_BYTES: usize = 400 * 1024;
+/// The default page size of a query.
+const DEFAULT_LIMIT: usize = 100;
+/// The largest page size of a query.
+const MAX_LIMIT: usize = 1000;
+
+#[async_trait]
+impl Table for EmbeddedStore {
+    async fn get(&self, key: &Key) -> Result<Option<Item>, StoreError> {
+        let key = key.clone();
+        self.with_conn(move |conn, _| {
+            Ok(read_attrs(conn, &key)?.map(|attrs| Item::new(key, attrs)))
+        })
+        .await
+    }
+
+    async fn put(&self, item: Item, cond: Cond) -> Result<(), StoreError> {
+        self.write_all(vec![Write::Put { item, cond }]).await.map(|_| ())
+    }
+
+    async fn update(&self, key: &Key, updates: Vec<Update>, cond: Cond) -> Result<Item, StoreError> {
+        let key = key.clone();
+        let mut after = self.write_all(vec![Write::Update { key: key.clone(), updates, cond }]).await?;
+        match after.pop().flatten() {
+            Some(attrs) => Ok(Item::new(key, attrs)),
+            None => Err(StoreError::Corrupt(format!("{}/{}: update left no item", key.pk, key.sk))),
+        }
+    }
+
+    async fn delete(&self, key: &Key, cond: Cond) -> Result<(), StoreError> {
+        self.write_all(vec![Write::Delete { key: key.clone(), cond }]).await.map(|_| ())
+    }
+
+    async fn transact(&self, writes: Vec<Write>) -> Result<(), StoreError> {
+        if writes.is_empty() {
+            return Err(StoreError::Invalid("a transaction needs at least one write".into()));
+        }
+        if writes.len() > MAX_TRANSACTION_WRITES {
+            return Err(StoreError::Invalid(format!(
+                "{} writes in one transaction (at most {MAX_TRANSACTION_WRITES})",
+                writes.len()
+            )));
+        }
+        let mut seen = HashSet::new();
+        for w in &writes {
+            if !seen.insert(w.key()) {
+                let k = w.key();
+                return Err(StoreError::Invalid(format!("two writes on {}/{} in one transaction", k.pk, k.sk)));
+            }
+        }
+        self.write_all(writes).await.map(|_| ())
+    }
+
+    async fn query(&self, pk: &str, sk_prefix: &str, opts: QueryOpts) -> Result<Page, StoreError> {
+        let limit = match opts.limit {
+            0 => DEFAULT_LIMIT,
+            n => n.min(MAX_LIMIT),
+        };
+        let after = match &opts.cursor {
+            None => None,
+            Some(c) => Some(decode_cursor(c)?),
+        };
+        let pk = pk.to_owned();
+        let prefix = sk_prefix.to_owned();
+        let descending = opts.descending;
+        self.with_conn(move |conn, _| query_page(conn, &pk, &prefix, after.as_deref(), descending, limit)).await
+    }
+}
+
+impl EmbeddedStore {
+    /// Applies the writes in one SQLite transaction; returns each write's item after it (`None`
+    /// for deletes, checks and absent items).
+    async fn write_all(&self, writes: Vec<Write>) -> Result<Vec<Option<Attrs>>, StoreError> {
+        for w in &writes {
+            validate(w)?;
+        }
+        let (after, appended) = self
+            .with_conn(move |conn, _| {
+                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(db_err)?;
+                let mut after = Vec::with_capacity(writes.len());
+                let mut appended = false;
+                for (index, write) in writes.into_iter().enumerate() {
+                    let (new, changed) = apply_write(&tx, write, index)?;
+                    appended |= changed;
+                    after.push(new);
+                }
+                // Dropping `tx` on an error above rolls everything back.
+                tx.commit().map_err(db_err)?;
+                Ok::<_, StoreError>((after, appended))
+            })
+            .await?;
+        if appended {
+            self.inner.changes.notify_waiters();
+        }
+        Ok(after)
+    }
+}
+
+/// Rejects what DynamoDB would reject before looking at any item.
+fn validate(write: &Write) -> Result<(), StoreError> {
+    let key = write.key();
+    if key.pk.is_empty() {
+        return Err(StoreError::Invalid("empty partition key".into()));
+    }
+    if let Write::Put { item, .. } = write {
+        check_size(&item.key, &item.attrs)?;
+    }
+    Ok(())
+}
+
+fn check_size(key: &Key, attrs: &Attrs) -> Result<(), StoreError> {
+    let size = key.pk.len() + key.sk.len() + serde_json::to_string(attrs).map(|s| s.len()).unwrap_or(0);
+    if size > MAX_ITEM_BYTES {
+        return Err(StoreError::Invalid(format!("item {}/{} is {size} bytes (at most {MAX_ITEM_BYTES})", key.pk, key.sk)));
+    }
+    Ok(())
+}
+
+/// Null attributes are not stored (see [`Attrs`]).
+fn strip_nulls(attrs: &mut Attrs) {
+    attrs.retain(|_, v| !v.is_null());
+}
+
+/// Applies one write inside the transaction. Returns the item after it and whether a change
+/// record was appended.
+fn apply_write(tx: &Transaction<'_>, write: Write, index: usize) -> Result<(Option<Attrs>, bool), StoreError> {
+    let key = write.key().clone();
+    let old = read_attrs(tx, &key)?;
+    let cond = match &write {
+        Write::Put { cond, .. } | Write::Update { cond, .. } | Write::Delete { cond, .. } | Write::Check { cond, .. } => {
+            cond
+        }
+    };
+    if !cond.holds(old.as_ref()) {
+        return Err(StoreError::ConditionFailed { index });
+    }
+    let new = match write {
+        Write::Check { .. } => return Ok((old, false)),
+        Write::Put { mut item, .. } => {
+            strip_nulls(&mut item.attrs);
+            Some(item.attrs)
+        }
+        Write::Update { updates, .. } => {
+            let mut attrs = old.clone().unwrap_or_default();
+            Update::apply_all(&updates, &mut attrs);
+            strip_nulls(&mut attrs);
+            check_size(&key, &attrs)?;
+            Some(attrs)
+        }
+        Write::Delete { .. } => None,
+    };
+    if old == new {
+        // Unchanged (or a delete of a missing item): nothing written, no change record, as in
+        // DynamoDB Streams.
+        return Ok((new, false));
+    }
+    match &new {
+        Some(attrs) => {
+            tx.execute(
+                "INSERT INTO items (pk, sk, attrs) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (pk, sk) DO UPDATE SET attrs = excluded.attrs",
+                params![key.pk, key.sk, to_json(attrs)?],
+            )
+            .map_err(db_err)?;
+        }
+        None => {
+            tx.execute("DELETE FROM items WHERE pk = ?1 AND sk = ?2", params![key.pk, key.sk]).map_err(db_err)?;
+        }
+    }
+    let old_json = old.as_ref().map(to_json).transpose()?;
+    let new_json = new.as_ref().map(to_json).transpose()?;
+    tx.execute(
+        "INSERT INTO changes (pk, sk, old, new) VALUES (?1, ?2, ?3, ?4)",
+        params![key.pk, key.sk, old_json, new_json],
+    )
+    .map_err(db_err)?;
+    Ok((new, true))
+}
+
+pub(crate) fn to_json(attrs: &Attrs) -> Result<String, StoreError> {
+    serde_json::to_string(attrs).map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
+pub(crate) fn parse_attrs(what: &str, json: &str) -> Result<Attrs, StoreError> {
+    match serde_json::from_str::<Value>(json) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err(StoreError::Corrupt(format!("{what}: not an object"))),
+        Err(e) => Err(StoreError::Corrupt(format!("{what}: {e}"))),
+    }
+}
+
+fn read_attrs(conn: &Connection, key: &Key) -> Result<Option<Attrs>, StoreError> {
+    let json: Option<String> = conn
+        .query_row("SELECT attrs FROM items WHERE pk = ?1 AND sk = ?2", params![key.pk, key.sk], |r| r.get(0))
+        .optional()
+        .map_err(db_err)?;
+    json.map(|j| parse_attrs(&format!("{}/{}", key.pk, key.sk), &j)).transpose()
+}
+
+/// The smallest string greater than every string that starts with `prefix` (`None` when the
+/// prefix is empty or only of `char::MAX`). SQLite compares TEXT with memcmp over UTF-8, which
+/// orders like code points, so `prefix <= sk < upper` is exactly "sk starts with prefix".
+fn prefix_upper_bound(prefix: &str) -> Option<String> {
+    let mut chars: Vec<char> = prefix.chars().collect();
+    while let Some(last) = chars.pop() {
+        let mut next = last as u32 + 1;
+        if (0xD800..=0xDFFF).contains(&next) {
+            next = 0xE000;
+        }
+        if let Some(c) = char::from_u32(next) {
+            chars.push(c);
+            return Some(chars.into_iter().collect());
+        }
+    }
+    None
+}
+
+fn encode_cursor(sk: &str) -> String {
+    hex::encode(sk.as_bytes())
+}
+
+fn decode_cursor(cursor: &str) -> Result<String, StoreError> {
+    hex::decode(cursor)
+        .ok()
+        .and_then(|b| String::from_utf8(b).ok())
+        .ok_or_else(|| StoreError::Invalid(format!("bad query cursor {cursor:?}")))
+}
+
+fn query_page(
+    conn: &Connection,
+    pk: &str,
+    prefix: &str,
+    after: Option<&str>,
+    descending: bool,
+    limit: usize,
+) -> Result<Page, StoreError> {
+    let upper = prefix_upper_bound(prefix);
+    let mut sql = String::from("SELECT sk, attrs FROM items WHERE pk = ?1 AND sk >= ?2");
+    let mut args: Vec<rusqlite::types::Value> = vec![pk.to_owned().into(), prefix.to_owned().into()];
+    if let Some(upper) = upper {
+        args.push(upper.into());
+        sql.push_str(&format!(" AND sk < ?{}", args.len()));
+    }
+    if let Some(after) = after {
+        args.push(after.to_owned().into());
+        let op = if descending { "<" } else { ">" };
+        sql.push_str(&format!(" AND sk {op} ?{}", args.len()));
+    }
+    sql.push_str(if descending { " ORDER BY sk DESC" } else { " ORDER BY sk ASC" });
+    // One more than asked, to know whether there is a next page.
+    args.push(i64::try_from(limit + 1).unwrap_or(i64::MAX).into());
+    sql.push_str(&format!(" LIMIT ?{}", args.len()));
+
+    let mut stmt = conn.prepare_cached(&sql).map_err(db_err)?;
+    let rows = stmt
+        .query_map(rusqlite::params_from_iter(args), |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
+        .map_err(db_err)?;
+    let mut items = Vec::new();
+    let mut more = false;
+    for row in rows {
+        let (sk, json) = row.map_err(db_err)?;
+        if !sk.starts_with(prefix) {
+            continue;
+        }
+        if items.len() == limit {
+            more = true;
+            break;
+        }
+        let attrs = parse_attrs(&format!("{pk}/{sk}"), &json)?;
+        items.push(Item::new(Key::new(pk, sk), attrs));
+    }
+    let next_cursor = if more { items.last().map(|i| encode_cursor(&i.key.sk)) } else { None };
+    Ok(Page { items, next_cursor })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+
+    #[test]
+    fn upper_bound_is_exact() {
+        assert_eq!(prefix_upper_bound(""), None);
+        assert_eq!(prefix_upper_bound("a#1").as_deref(), Some("a#2"));
+        assert_eq!(prefix_upper_bound("a\u{D7FF}").as_deref(), Some("a\u{E000}"));
+        assert_eq!(prefix_upper_bound("a\u{10FFFF}").as_deref(), Some("b"));
+        assert_eq!(prefix_upper_bound("\u{10FFFF}"), None);
+    }
+
+    #[test]
+    fn cursor_round_trips() {
+        for sk in ["", "a#1", "ü/ß", "x y%_"] {
+            assert_eq!(decode_cursor(&encode_cursor(sk)).unwrap(), sk);
+        }
+        assert!(decode_cursor("zz").is_err());
+    }
+}
