@@ -16,13 +16,12 @@ pub(crate) enum Kind {
     Construction,
 }
 
-/// A classified SDK error: its kind, the service's error code (if any), the HTTP status, the
-/// `Retry-After` header and a message with the whole source chain.
+/// A classified SDK error: its kind, the service's error code (if any), the
+/// the `Retry-After` header and a message with the whole source chain.
 #[derive(Clone, Debug)]
 pub(crate) struct Classified {
     pub kind: Kind,
     pub code: Option<String>,
-    pub status: Option<u16>,
     pub retry_after: Option<Duration>,
     pub message: String,
 }
@@ -79,7 +78,6 @@ where
             Classified {
                 kind: if transient { Kind::Transient } else { Kind::Service },
                 code,
-                status: Some(status),
                 retry_after,
                 message,
             }
@@ -88,14 +86,14 @@ where
             let status = ctx.raw().status().as_u16();
             // An answer that could not be parsed: a 5xx page from a proxy, usually.
             let kind = if status >= 500 || status == 429 || status < 400 { Kind::Transient } else { Kind::Service };
-            Classified { kind, code: None, status: Some(status), retry_after: None, message }
+            Classified { kind, code: None, retry_after: None, message }
         }
         SdkError::TimeoutError(_) | SdkError::DispatchFailure(_) => {
-            Classified { kind: Kind::Transient, code: None, status: None, retry_after: None, message }
+            Classified { kind: Kind::Transient, code: None, retry_after: None, message }
         }
         SdkError::ConstructionFailure(_) => {
-            Classified { kind: Kind::Construction, code: None, status: None, retry_after: None, message }
+            Classified { kind: Kind::Construction, code: None, retry_after: None, message }
         }
-        _ => Classified { kind: Kind::Transient, code: None, status: None, retry_after: None, message },
+        _ => Classified { kind: Kind::Transient, code: None, retry_after: None, message },
     }
 }

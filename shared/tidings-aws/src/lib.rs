@@ -1,1 +1,111 @@
-//! tidings-aws
+//! The AWS backend: the core's ports on DynamoDB (and its stream), SQS, SES and SNS, through
+//! the official SDK.
+//!
+//! Configuration comes from the environment once ([`AwsConfig`]); the endpoint is the SDK's
+//! own `AWS_ENDPOINT_URL`, so the same code runs against AWS, LocalStack or moto.
+
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
+
+mod bootstrap;
+mod config;
+mod error;
+mod providers;
+mod queues;
+mod stream;
+mod table;
+
+#[cfg(test)]
+mod mock_tests;
+
+pub use bootstrap::{BootstrapError, bootstrap};
+pub use config::{AwsConfig, ConfigError, RedriveMode};
+pub use providers::{SesEmail, SnsPush, SnsSms};
+pub use queues::SqsQueues;
+pub use stream::{DynamoChangeFeed, attrs_from_stream_image, change_record_from_stream, key_from_stream_image};
+pub use table::{DynamoTable, ExprBuilder, item_from_dynamo, item_to_dynamo, value_to_dynamo};
+
+use aws_config::{BehaviorVersion, SdkConfig};
+
+/// The SDK clients, built once, and the configuration. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct AwsBackend {
+    config: AwsConfig,
+    dynamo: aws_sdk_dynamodb::Client,
+    streams: aws_sdk_dynamodbstreams::Client,
+    sqs: aws_sdk_sqs::Client,
+    sns: aws_sdk_sns::Client,
+    ses: aws_sdk_sesv2::Client,
+}
+
+impl AwsBackend {
+    /// Reads [`AwsConfig`] and the SDK's configuration (region, credentials, `AWS_ENDPOINT_URL`)
+    /// from the environment.
+    pub async fn from_env() -> Result<Self, ConfigError> {
+        let config = AwsConfig::from_env()?;
+        Ok(Self::from_config(config).await)
+    }
+
+    /// The given configuration, with the SDK's configuration from the environment.
+    pub async fn from_config(config: AwsConfig) -> Self {
+        let sdk = aws_config::load_defaults(BehaviorVersion::latest()).await;
+        Self::from_sdk_config(&sdk, config)
+    }
+
+    /// The given configurations (for tests and custom setups).
+    pub fn from_sdk_config(sdk: &SdkConfig, config: AwsConfig) -> Self {
+        Self {
+            config,
+            dynamo: aws_sdk_dynamodb::Client::new(sdk),
+            streams: aws_sdk_dynamodbstreams::Client::new(sdk),
+            sqs: aws_sdk_sqs::Client::new(sdk),
+            sns: aws_sdk_sns::Client::new(sdk),
+            ses: aws_sdk_sesv2::Client::new(sdk),
+        }
+    }
+
+    pub fn config(&self) -> &AwsConfig {
+        &self.config
+    }
+
+    /// The table named by the configuration.
+    pub fn table(&self) -> DynamoTable {
+        DynamoTable::new(self.dynamo.clone(), self.config.table.clone())
+    }
+
+    /// A reader of the table's stream (for the local runtime).
+    pub fn change_feed(&self) -> DynamoChangeFeed {
+        DynamoChangeFeed::new(self.dynamo.clone(), self.streams.clone(), self.config.table.clone())
+    }
+
+    pub fn queues(&self) -> SqsQueues {
+        SqsQueues::new(self.sqs.clone(), &self.config)
+    }
+
+    pub fn email(&self) -> SesEmail {
+        SesEmail::new(self.ses.clone(), self.config.email_from.clone())
+    }
+
+    pub fn sms(&self) -> SnsSms {
+        SnsSms::new(self.sns.clone())
+    }
+
+    pub fn push(&self) -> SnsPush {
+        SnsPush::new(self.sns.clone())
+    }
+
+    pub fn dynamo_client(&self) -> &aws_sdk_dynamodb::Client {
+        &self.dynamo
+    }
+    pub fn streams_client(&self) -> &aws_sdk_dynamodbstreams::Client {
+        &self.streams
+    }
+    pub fn sqs_client(&self) -> &aws_sdk_sqs::Client {
+        &self.sqs
+    }
+    pub fn sns_client(&self) -> &aws_sdk_sns::Client {
+        &self.sns
+    }
+    pub fn ses_client(&self) -> &aws_sdk_sesv2::Client {
+        &self.ses
+    }
+}

@@ -24,3 +24,68 @@ pub struct Rejected {
     pub receive_count: u32,
     pub original_body: String,
 }
+
+use crate::ports::{QueueError, Queues, Received};
+
+/// Applies an outcome to the queue: a retry sets the message's visibility to its delay, a
+/// rejection puts it on the DLQ with the reason. `delete_done`: the local runtime deletes
+/// finished messages itself; on Lambda the event source mapping does.
+///
+/// Returns whether the message counts as processed (false: a batch item failure).
+pub async fn settle(
+    queues: &dyn Queues,
+    queue: &str,
+    message: &Received,
+    outcome: &Outcome,
+    now: chrono::DateTime<chrono::Utc>,
+    delete_done: bool,
+) -> Result<bool, QueueError> {
+    match outcome {
+        Outcome::Done => {
+            if delete_done {
+                match queues.delete(queue, &message.receipt).await {
+                    Ok(()) | Err(QueueError::StaleReceipt) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(true)
+        }
+        Outcome::Retry(delay) => {
+            match queues.change_visibility(queue, &message.receipt, *delay).await {
+                Ok(()) | Err(QueueError::StaleReceipt) => {}
+                Err(e) => return Err(e),
+            }
+            Ok(false)
+        }
+        Outcome::Reject(reason) => {
+            tracing::warn!(queue, message_id = %message.message_id, %reason, "rejected message sent to the DLQ");
+            let rejected = Rejected {
+                rejected: reason.clone(),
+                queue: queue.to_owned(),
+                at: now.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+                receive_count: message.receive_count,
+                original_body: message.body.clone(),
+            };
+            let body = serde_json::to_string(&rejected).map_err(|e| QueueError::Invalid(e.to_string()))?;
+            queues.send_to_dlq(queue, body).await?;
+            if delete_done {
+                match queues.delete(queue, &message.receipt).await {
+                    Ok(()) | Err(QueueError::StaleReceipt) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(true)
+        }
+    }
+}
+
+/// Routes a message to the handler of its queue.
+pub async fn dispatch(deps: &crate::Deps, queue: &str, message: &Received) -> Outcome {
+    if queue.starts_with("requests-") {
+        crate::notify::orchestrator::handle_request_message(deps, message).await
+    } else if ["email-", "sms-", "push-"].iter().any(|p| queue.starts_with(p)) {
+        crate::notify::worker::handle_channel_message(deps, message).await
+    } else {
+        Outcome::Reject(format!("no handler for queue {queue}"))
+    }
+}

@@ -1,1 +1,146 @@
-//! tidings-lambda
+//! Lambda event shapes to and from the core. The Lambda functions call these, and so does the
+//! local runtime, which builds the same `SqsEvent` / `DynamoDbEvent` values from what the
+//! embedded backend or the emulator returns: one code path in both places.
+
+use aws_lambda_events::dynamodb::{Event as DynamoDbEvent, EventRecord};
+use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent, SqsMessage};
+use aws_lambda_events::streams::{DynamoDbBatchItemFailure, DynamoDbEventResponse};
+use serde_json::Value;
+use tidings_core::Deps;
+use tidings_core::messages::{dispatch, settle};
+use tidings_core::notify::relay;
+use tidings_core::ports::{Attrs, ChangeRecord, Key, Received};
+use tracing::{error, warn};
+
+/// The logical queue name of an SQS ARN or URL: the last path segment without the deployment
+/// prefix (`arn:aws:sqs:eu-west-1:1:tidings-email-high` → `email-high`).
+pub fn logical_queue_name(source: &str, prefix: &str) -> String {
+    let last = source.rsplit([':', '/']).next().unwrap_or(source);
+    last.strip_prefix(prefix).unwrap_or(last).to_owned()
+}
+
+/// The core's view of an SQS record.
+pub fn received_of(m: &SqsMessage) -> Received {
+    let attr = |name: &str| m.attributes.get(name).cloned().unwrap_or_default();
+    Received {
+        message_id: m.message_id.clone().unwrap_or_default(),
+        receipt: m.receipt_handle.clone().unwrap_or_default(),
+        body: m.body.clone().unwrap_or_default(),
+        receive_count: attr("ApproximateReceiveCount").parse().unwrap_or(1),
+        sent_at_ms: attr("SentTimestamp").parse().unwrap_or(0),
+    }
+}
+
+/// An SQS record for a received message (used by the local runtime).
+pub fn sqs_message_of(r: &Received, queue_arn: &str) -> SqsMessage {
+    let mut m = SqsMessage::default();
+    m.message_id = Some(r.message_id.clone());
+    m.receipt_handle = Some(r.receipt.clone());
+    m.body = Some(r.body.clone());
+    m.attributes.insert("ApproximateReceiveCount".into(), r.receive_count.to_string());
+    m.attributes.insert("SentTimestamp".into(), r.sent_at_ms.to_string());
+    m.event_source = Some("aws:sqs".into());
+    m.event_source_arn = Some(queue_arn.to_owned());
+    m
+}
+
+/// Handles an SQS batch for the queue `queue`: each message is dispatched to its handler; a
+/// retry sets the message's visibility to its backoff and is reported in `batchItemFailures`;
+/// a malformed message goes to the DLQ with its reason and the batch goes on.
+pub async fn handle_sqs_event(deps: &Deps, queue: &str, event: SqsEvent) -> SqsBatchResponse {
+    let mut response = SqsBatchResponse::default();
+    for record in &event.records {
+        let message = received_of(record);
+        let outcome = dispatch(deps, queue, &message).await;
+        let processed = match settle(deps.queues.as_ref(), queue, &message, &outcome, deps.clock.now(), false).await {
+            Ok(p) => p,
+            Err(e) => {
+                warn!(error = %e, queue, "could not settle a message; it will come back");
+                false
+            }
+        };
+        if !processed {
+            let mut failure = BatchItemFailure::default();
+            failure.item_identifier = message.message_id.clone();
+            response.batch_item_failures.push(failure);
+        }
+    }
+    response
+}
+
+/// Converts a DynamoDB stream image to attributes, splitting out the key.
+fn image_of(item: &serde_dynamo::Item) -> Result<(Option<Key>, Attrs), serde_dynamo::Error> {
+    if item.is_empty() {
+        return Ok((None, Attrs::new()));
+    }
+    let mut attrs: Attrs = serde_dynamo::from_item(item.clone())?;
+    let pk = attrs.remove("pk");
+    let sk = attrs.remove("sk");
+    let key = match (pk, sk) {
+        (Some(Value::String(pk)), Some(Value::String(sk))) => Some(Key { pk, sk }),
+        _ => None,
+    };
+    Ok((key, attrs))
+}
+
+/// The core's view of a stream record; `None` for records that are not Tidings items.
+pub fn change_record_of(r: &EventRecord) -> Option<ChangeRecord> {
+    let (key, _) = image_of(&r.change.keys).ok()?;
+    let key = key?;
+    let (_, old) = image_of(&r.change.old_image).ok()?;
+    let (_, new) = image_of(&r.change.new_image).ok()?;
+    let is_remove = r.event_name == "REMOVE";
+    let is_insert = r.event_name == "INSERT";
+    Some(ChangeRecord {
+        seq: r.change.sequence_number.clone().unwrap_or_default(),
+        key,
+        old: if is_insert || r.change.old_image.is_empty() { None } else { Some(old) },
+        new: if is_remove || r.change.new_image.is_empty() { None } else { Some(new) },
+    })
+}
+
+/// A stream record for a change (used by the local runtime).
+pub fn event_record_of(c: &ChangeRecord) -> Result<EventRecord, serde_dynamo::Error> {
+    let with_key = |attrs: &Attrs| -> Result<serde_dynamo::Item, serde_dynamo::Error> {
+        let mut a = attrs.clone();
+        a.insert("pk".into(), Value::String(c.key.pk.clone()));
+        a.insert("sk".into(), Value::String(c.key.sk.clone()));
+        serde_dynamo::to_item(a)
+    };
+    let mut keys = Attrs::new();
+    keys.insert("pk".into(), Value::String(c.key.pk.clone()));
+    keys.insert("sk".into(), Value::String(c.key.sk.clone()));
+    let mut r = EventRecord::default();
+    r.event_name = match (&c.old, &c.new) {
+        (None, Some(_)) => "INSERT",
+        (Some(_), None) => "REMOVE",
+        _ => "MODIFY",
+    }
+    .into();
+    r.event_source = Some("aws:dynamodb".into());
+    r.change.keys = serde_dynamo::to_item(keys)?;
+    r.change.sequence_number = Some(c.seq.clone());
+    if let Some(old) = &c.old {
+        r.change.old_image = with_key(old)?;
+    }
+    if let Some(new) = &c.new {
+        r.change.new_image = with_key(new)?;
+    }
+    Ok(r)
+}
+
+/// Handles a DynamoDB stream batch (the outbox relay). On failure the batch is reported from
+/// its first record, so the event source mapping retries it (and bisects it).
+pub async fn handle_stream_event(deps: &Deps, event: DynamoDbEvent) -> DynamoDbEventResponse {
+    let records: Vec<ChangeRecord> = event.records.iter().filter_map(change_record_of).collect();
+    let mut response = DynamoDbEventResponse::default();
+    if let Err(e) = relay::handle_changes(deps, &records).await {
+        error!(error = %e, "relay failed; the batch will be retried");
+        if let Some(first) = event.records.first() {
+            let mut failure = DynamoDbBatchItemFailure::default();
+            failure.item_identifier = first.change.sequence_number.clone();
+            response.batch_item_failures.push(failure);
+        }
+    }
+    response
+}

@@ -1,1 +1,123 @@
-fn main() {}
+//! `tidings`: the whole system in one process (`serve`), operations (`ops`) and benchmarks.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+mod backend;
+mod runtime;
+mod schedules;
+mod serve;
+
+#[derive(Parser)]
+#[command(name = "tidings", version, about = "Notifications and inventory consistency for online shops")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum BackendKind {
+    /// In-process and durable: SQLite in --data-dir, fake providers.
+    Embedded,
+    /// DynamoDB, SQS, SES and SNS of the account or emulator in the environment (AWS_ENDPOINT_URL).
+    Aws,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Runs the API, the relay, the workers and the schedules in one process.
+    Serve(ServeArgs),
+    /// Operations on a running deployment's data.
+    Ops {
+        #[command(subcommand)]
+        command: OpsCommand,
+        #[command(flatten)]
+        backend: BackendArgs,
+    },
+}
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct BackendArgs {
+    /// Where the embedded backend keeps its data.
+    #[arg(long, default_value = ".tidings", env = "TIDINGS_DATA_DIR")]
+    pub data_dir: PathBuf,
+    #[arg(long, value_enum, default_value = "embedded", env = "TIDINGS_BACKEND")]
+    pub backend: BackendKind,
+    /// Create the tables and queues that template.yaml declares, where missing (emulators).
+    #[arg(long)]
+    pub bootstrap: bool,
+}
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct ServeArgs {
+    #[arg(long, default_value = "127.0.0.1:8080", env = "TIDINGS_ADDR")]
+    pub addr: SocketAddr,
+    #[command(flatten)]
+    pub backend: BackendArgs,
+    /// Time moves only by POST /dev/clock/advance.
+    #[arg(long)]
+    pub manual_clock: bool,
+}
+
+#[derive(Subcommand)]
+enum OpsCommand {
+    /// Dead-letter queues.
+    Dlq {
+        #[command(subcommand)]
+        command: DlqCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum DlqCommand {
+    /// Depth of every queue and its DLQ, and the first dead letters of each.
+    List,
+    /// Moves a queue's dead letters back to it.
+    Redrive { queue: String },
+}
+
+fn init_tracing() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("TIDINGS_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let json = std::env::var("TIDINGS_LOG_FORMAT").is_ok_and(|v| v == "json");
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.compact().init();
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    init_tracing();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(args) => serve::serve(args).await,
+        Command::Ops { command: OpsCommand::Dlq { command }, backend } => {
+            let clock = std::sync::Arc::new(tidings_core::ports::SystemClock);
+            let b = backend::Backend::open(&backend, clock).await?;
+            match command {
+                DlqCommand::List => {
+                    for name in &b.queue_names {
+                        let stats = b.deps.queues.stats(name).await?;
+                        println!("{}", serde_json::to_string(&stats)?);
+                        for m in b.deps.queues.peek_dlq(name, 10).await? {
+                            println!("  dead letter {} (received {} times): {}", m.message_id, m.receive_count, m.body);
+                        }
+                    }
+                }
+                DlqCommand::Redrive { queue } => {
+                    if !b.queue_names.contains(&queue) {
+                        anyhow::bail!("unknown queue {queue}; known: {}", b.queue_names.join(", "));
+                    }
+                    let moved = b.deps.queues.redrive(&queue).await?;
+                    println!("moved {moved} message(s) from {queue}-dlq back to {queue}");
+                }
+            }
+            Ok(())
+        }
+    }
+}

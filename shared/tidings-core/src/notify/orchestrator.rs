@@ -39,7 +39,7 @@ pub async fn handle_request_message(deps: &Deps, message: &Received) -> Outcome 
     }
 }
 
-#[instrument(skip(deps), fields(tenant = %t))]
+#[instrument(skip(deps, t), fields(tenant = %t))]
 pub async fn orchestrate(deps: &Deps, t: &TenantId, notification_id: &str) -> CoreResult<()> {
     let Some(n) = load(deps, t, notification_id).await? else {
         warn!("notification not found; nothing to do");

@@ -41,7 +41,7 @@ fn now_str(deps: &Deps) -> String {
     deps.clock.now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
-#[instrument(skip(deps, task), fields(tenant = %t, notification_id = %task.notification_id, channel = %task.channel))]
+#[instrument(skip(deps, t, task), fields(tenant = %t, notification_id = %task.notification_id, channel = %task.channel))]
 async fn deliver(deps: &Deps, t: &TenantId, task: &ChannelTask, receive_count: u32) -> CoreResult<Outcome> {
     let key = keys::delivery(t, &task.notification_id, &task.user_id, task.channel);
     let now_ms = deps.clock.now_ms();

@@ -1,0 +1,214 @@
+//! Channel providers on AWS: [`SesEmail`] (SES v2), [`SnsSms`] and [`SnsPush`] (SNS).
+//!
+//! Errors are classified once: throttling, 429, 5xx, timeouts and connection failures are
+//! transient (with the `Retry-After` header when the answer carried one); invalid parameters,
+//! rejected messages and disabled endpoints are permanent.
+
+use async_trait::async_trait;
+use aws_sdk_sesv2::config::http::HttpResponse;
+use aws_sdk_sesv2::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_sesv2::operation::send_email::SendEmailError;
+use aws_sdk_sesv2::types::{Body, Content, Destination, EmailContent, Message, MessageHeader};
+use aws_sdk_sns::operation::publish::PublishError;
+use aws_sdk_sns::types::MessageAttributeValue;
+use tidings_core::ports::{OutboundMessage, PermanentCode, Provider, ProviderError, ProviderReceipt};
+
+use crate::error::{Classified, Kind, classify};
+
+fn transient(c: Classified) -> ProviderError {
+    ProviderError::Transient { reason: c.message, retry_after: c.retry_after }
+}
+
+fn permanent(reason: String, code: PermanentCode) -> ProviderError {
+    ProviderError::Permanent { reason, code }
+}
+
+/// Anything not recognised: transient when the classification says so, else rejected.
+fn fallback(c: Classified) -> ProviderError {
+    match c.kind {
+        Kind::Transient => transient(c),
+        Kind::Service | Kind::Construction => permanent(c.message, PermanentCode::Rejected),
+    }
+}
+
+fn ses_error(err: SdkError<SendEmailError, HttpResponse>) -> ProviderError {
+    let c = classify(&err);
+    if c.is_transient() {
+        return transient(c);
+    }
+    match err.as_service_error() {
+        Some(SendEmailError::TooManyRequestsException(_))
+        | Some(SendEmailError::LimitExceededException(_))
+        | Some(SendEmailError::SendingPausedException(_)) => transient(c),
+        Some(SendEmailError::MessageRejected(_))
+        | Some(SendEmailError::MailFromDomainNotVerifiedException(_))
+        | Some(SendEmailError::AccountSuspendedException(_))
+        | Some(SendEmailError::NotFoundException(_)) => permanent(c.message, PermanentCode::Rejected),
+        Some(SendEmailError::BadRequestException(e)) => {
+            let m = e.meta().message().unwrap_or_default().to_ascii_lowercase();
+            let code = if m.contains("address") || m.contains("destination") || m.contains("recipient") {
+                PermanentCode::BadAddress
+            } else {
+                PermanentCode::Rejected
+            };
+            permanent(c.message, code)
+        }
+        _ => match c.code() {
+            "MessageRejected" | "InvalidParameterValue" | "ValidationException" => {
+                permanent(c.message, PermanentCode::Rejected)
+            }
+            _ => fallback(c),
+        },
+    }
+}
+
+/// How a publish error reads for one channel (`push`: a disabled or deleted endpoint is an
+/// invalid token).
+fn sns_error(err: SdkError<PublishError, HttpResponse>, push: bool) -> ProviderError {
+    let c = classify(&err);
+    if c.is_transient() {
+        return transient(c);
+    }
+    let gone = if push { PermanentCode::InvalidToken } else { PermanentCode::BadAddress };
+    match err.as_service_error() {
+        Some(PublishError::EndpointDisabledException(_)) => permanent(c.message, PermanentCode::InvalidToken),
+        Some(PublishError::NotFoundException(_)) => permanent(c.message, gone),
+        Some(PublishError::InvalidParameterException(_))
+        | Some(PublishError::InvalidParameterValueException(_))
+        | Some(PublishError::ValidationException(_)) => {
+            let code = if push { PermanentCode::InvalidToken } else { PermanentCode::BadAddress };
+            permanent(c.message, code)
+        }
+        Some(PublishError::InternalErrorException(_)) | Some(PublishError::KmsThrottlingException(_)) => transient(c),
+        Some(PublishError::PlatformApplicationDisabledException(_))
+        | Some(PublishError::AuthorizationErrorException(_))
+        | Some(PublishError::InvalidSecurityException(_)) => permanent(c.message, PermanentCode::Rejected),
+        _ => match c.code() {
+            "EndpointDisabled" => permanent(c.message, PermanentCode::InvalidToken),
+            "NotFound" => permanent(c.message, gone),
+            "InvalidParameter" | "ParameterValueInvalid" => permanent(c.message, gone),
+            "Throttled" | "ThrottledException" => transient(c),
+            _ => fallback(c),
+        },
+    }
+}
+
+fn build_error(e: impl std::fmt::Display) -> ProviderError {
+    permanent(format!("message could not be built: {e}"), PermanentCode::Rejected)
+}
+
+/// Email through SES v2 `SendEmail` (simple content: subject, text body, extra headers).
+#[derive(Clone, Debug)]
+pub struct SesEmail {
+    client: aws_sdk_sesv2::Client,
+    from: String,
+}
+
+impl SesEmail {
+    pub fn new(client: aws_sdk_sesv2::Client, from: impl Into<String>) -> Self {
+        Self { client, from: from.into() }
+    }
+}
+
+#[async_trait]
+impl Provider for SesEmail {
+    fn name(&self) -> &str {
+        "ses"
+    }
+
+    async fn send(&self, message: &OutboundMessage) -> Result<ProviderReceipt, ProviderError> {
+        let utf8 = |s: &str| Content::builder().data(s).charset("UTF-8").build().map_err(build_error);
+        let headers = message
+            .headers
+            .iter()
+            .map(|(n, v)| MessageHeader::builder().name(n).value(v).build().map_err(build_error))
+            .collect::<Result<Vec<_>, _>>()?;
+        let simple = Message::builder()
+            .subject(utf8(message.subject.as_deref().unwrap_or_default())?)
+            .body(Body::builder().text(utf8(&message.body)?).build())
+            .set_headers(if headers.is_empty() { None } else { Some(headers) })
+            .build();
+        let out = self
+            .client
+            .send_email()
+            .from_email_address(&self.from)
+            .destination(Destination::builder().to_addresses(&message.to).build())
+            .content(EmailContent::builder().simple(simple).build())
+            .send()
+            .await
+            .map_err(ses_error)?;
+        Ok(ProviderReceipt { provider_message_id: out.message_id.unwrap_or_default() })
+    }
+}
+
+/// SMS through SNS `Publish` with a phone number.
+#[derive(Clone, Debug)]
+pub struct SnsSms {
+    client: aws_sdk_sns::Client,
+}
+
+impl SnsSms {
+    pub fn new(client: aws_sdk_sns::Client) -> Self {
+        Self { client }
+    }
+}
+
+#[async_trait]
+impl Provider for SnsSms {
+    fn name(&self) -> &str {
+        "sns-sms"
+    }
+
+    async fn send(&self, message: &OutboundMessage) -> Result<ProviderReceipt, ProviderError> {
+        let sms_type = MessageAttributeValue::builder()
+            .data_type("String")
+            .string_value("Transactional")
+            .build()
+            .map_err(build_error)?;
+        let out = self
+            .client
+            .publish()
+            .phone_number(&message.to)
+            .message(&message.body)
+            .message_attributes("AWS.SNS.SMS.SMSType", sms_type)
+            .send()
+            .await
+            .map_err(|e| sns_error(e, false))?;
+        Ok(ProviderReceipt { provider_message_id: out.message_id.unwrap_or_default() })
+    }
+}
+
+/// Push through SNS `Publish` to a platform endpoint (`to` is the endpoint ARN). The delivery
+/// key is the APNs collapse id, so that a duplicate collapses on the device.
+#[derive(Clone, Debug)]
+pub struct SnsPush {
+    client: aws_sdk_sns::Client,
+}
+
+impl SnsPush {
+    pub fn new(client: aws_sdk_sns::Client) -> Self {
+        Self { client }
+    }
+}
+
+#[async_trait]
+impl Provider for SnsPush {
+    fn name(&self) -> &str {
+        "sns-push"
+    }
+
+    async fn send(&self, message: &OutboundMessage) -> Result<ProviderReceipt, ProviderError> {
+        let mut req = self.client.publish().target_arn(&message.to).message(&message.body);
+        // APNs takes at most 64 bytes.
+        if !message.idempotency_key.is_empty() && message.idempotency_key.len() <= 64 {
+            let collapse = MessageAttributeValue::builder()
+                .data_type("String")
+                .string_value(&message.idempotency_key)
+                .build()
+                .map_err(build_error)?;
+            req = req.message_attributes("AWS.SNS.MOBILE.APNS.COLLAPSE_ID", collapse);
+        }
+        let out = req.send().await.map_err(|e| sns_error(e, true))?;
+        Ok(ProviderReceipt { provider_message_id: out.message_id.unwrap_or_default() })
+    }
+}

@@ -1,0 +1,70 @@
+//! The inventory's key layout, in one place (the table-wide convention is in
+//! [`crate::keys`]: every tenant-owned key starts with `T#{tenant}#`).
+//!
+//! | item | pk | sk |
+//! |---|---|---|
+//! | SKU stock (header; the counters too when unsharded) | `T#t#SKU#{sku}` | `STOCK` |
+//! | stock shard `i` of a sharded SKU | `T#t#SKU#{sku}#S{i}` | `CELL` |
+//! | ledger entry | `T#t#LEDGER#{sku}` | `E#{entry_id}` (UUID v7: oldest first) |
+//! | SKU catalogue (what reconciliation walks) | `T#t#SKUS` | `{sku}` |
+//! | order | `T#t#ORDER#{order_id}` | `ORDER` |
+//! | reconciliation finding, for review | `T#t#INVREVIEW` | `{at_ms:015}#{sku}#{shard}` |
+//! | adjustment idempotency record | `T#t#IDEM#adjustment#{key}` | `IDEM` ([`crate::keys::idempotency`]) |
+//! | tenants that hold inventory | `INV#TENANTS` | `{tenant}` |
+//!
+//! Shards live in partitions of their own (`...#S{i}`), not as sort keys under the SKU's
+//! partition: DynamoDB's per-partition write limit (about 1,000 writes/s) is what sharding
+//! spreads out, so the shards must not share a partition.
+
+use crate::ids::TenantId;
+use crate::ports::Key;
+
+/// The sort key of a SKU's stock item; the back-in-stock stream consumer filters on it.
+pub const STOCK_SK: &str = "STOCK";
+/// The sort key of a stock shard.
+pub const CELL_SK: &str = "CELL";
+/// The partition listing every tenant that has warmed up a SKU (for the scheduled reconcile).
+pub const TENANTS_PK: &str = "INV#TENANTS";
+/// Prefix of ledger entry sort keys.
+pub const LEDGER_PREFIX: &str = "E#";
+
+pub fn stock(t: &TenantId, sku: &str) -> Key {
+    Key::new(format!("T#{t}#SKU#{sku}"), STOCK_SK)
+}
+
+pub fn shard(t: &TenantId, sku: &str, index: u32) -> Key {
+    Key::new(format!("T#{t}#SKU#{sku}#S{index}"), CELL_SK)
+}
+
+pub fn ledger_pk(t: &TenantId, sku: &str) -> String {
+    format!("T#{t}#LEDGER#{sku}")
+}
+
+pub fn ledger_entry(t: &TenantId, sku: &str, entry_id: &str) -> Key {
+    Key::new(ledger_pk(t, sku), format!("{LEDGER_PREFIX}{entry_id}"))
+}
+
+pub fn catalogue_pk(t: &TenantId) -> String {
+    format!("T#{t}#SKUS")
+}
+
+pub fn catalogue_entry(t: &TenantId, sku: &str) -> Key {
+    Key::new(catalogue_pk(t), sku)
+}
+
+pub fn order(t: &TenantId, order_id: &str) -> Key {
+    Key::new(format!("T#{t}#ORDER#{order_id}"), "ORDER")
+}
+
+pub fn review_pk(t: &TenantId) -> String {
+    format!("T#{t}#INVREVIEW")
+}
+
+pub fn review_entry(t: &TenantId, at_ms: i64, sku: &str, shard: Option<u32>) -> Key {
+    let shard = shard.map_or_else(|| "-".to_owned(), |s| s.to_string());
+    Key::new(review_pk(t), format!("{:015}#{sku}#{shard}", at_ms.max(0)))
+}
+
+pub fn tenant_entry(t: &TenantId) -> Key {
+    Key::new(TENANTS_PK, t.as_str())
+}

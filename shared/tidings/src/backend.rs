@@ -1,0 +1,92 @@
+//! Builds the ports of the chosen backend: the embedded one (SQLite, fake providers) or, with
+//! the `aws` feature, DynamoDB / SQS / SES / SNS of the environment's account or emulator.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use tidings_core::dev::{DevProvider, DevProviders, NullProvider};
+use tidings_core::notify::model::NOTIFY_QUEUES;
+use tidings_core::ports::{Channel, ChangeFeed, Clock, Provider, Queues, Table};
+use tidings_core::{CoreConfig, Deps, Providers};
+
+use crate::{BackendArgs, BackendKind};
+
+/// Every queue of the system.
+pub fn all_queues() -> Vec<String> {
+    NOTIFY_QUEUES.iter().map(|q| (*q).to_owned()).collect()
+}
+
+pub struct Backend {
+    pub deps: Deps,
+    pub feed: Arc<dyn ChangeFeed>,
+    pub dev: DevProviders,
+    pub queue_names: Vec<String>,
+    /// The ARN-like source name of a queue, for the SQS events the runtime builds.
+    pub queue_arn_prefix: String,
+}
+
+fn dev_providers(
+    inner: [Arc<dyn Provider>; 3],
+    table: &Arc<dyn Table>,
+    clock: &Arc<dyn Clock>,
+) -> DevProviders {
+    let [email, sms, push] = inner;
+    let wrap = |c, p| Arc::new(DevProvider::new(c, p, table.clone(), clock.clone()));
+    DevProviders { email: wrap(Channel::Email, email), sms: wrap(Channel::Sms, sms), push: wrap(Channel::Push, push) }
+}
+
+impl Backend {
+    pub async fn open(args: &BackendArgs, clock: Arc<dyn Clock>) -> anyhow::Result<Self> {
+        let config = Arc::new(CoreConfig::from_env());
+        match args.backend {
+            BackendKind::Embedded => Self::embedded(args, clock, config),
+            BackendKind::Aws => Self::aws(args, clock, config).await,
+        }
+    }
+
+    fn embedded(args: &BackendArgs, clock: Arc<dyn Clock>, config: Arc<CoreConfig>) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(&args.data_dir).with_context(|| format!("creating {}", args.data_dir.display()))?;
+        let path = args.data_dir.join("tidings.db");
+        let store = tidings_embedded::EmbeddedStore::open_with_clock(&path, clock.clone())
+            .with_context(|| format!("opening {}", path.display()))?;
+        let queue_names = all_queues();
+        for q in &queue_names {
+            store.declare_queue(tidings_embedded::QueueConfig::new(q.clone(), config.max_receives))?;
+        }
+        let feed: Arc<dyn ChangeFeed> = Arc::new(store.change_feed("relay"));
+        let table: Arc<dyn Table> = Arc::new(store.clone());
+        let queues: Arc<dyn Queues> = Arc::new(store);
+        let null = || -> Arc<dyn Provider> { Arc::new(NullProvider) };
+        let dev = dev_providers([null(), null(), null()], &table, &clock);
+        let providers = Providers { email: dev.email.clone(), sms: dev.sms.clone(), push: dev.push.clone() };
+        Ok(Self {
+            deps: Deps { table, queues, clock, providers, config },
+            feed,
+            dev,
+            queue_names,
+            queue_arn_prefix: "arn:tidings:embedded:local:0:".into(),
+        })
+    }
+
+    #[cfg(not(feature = "aws"))]
+    async fn aws(_args: &BackendArgs, _clock: Arc<dyn Clock>, _config: Arc<CoreConfig>) -> anyhow::Result<Self> {
+        anyhow::bail!(
+            "this build has no AWS backend: build with `--features aws` (cargo run --release --features aws --bin tidings -- serve --backend aws)"
+        )
+    }
+
+    #[cfg(feature = "aws")]
+    async fn aws(args: &BackendArgs, clock: Arc<dyn Clock>, config: Arc<CoreConfig>) -> anyhow::Result<Self> {
+        let b = tidings_aws::wiring::AwsPorts::from_env(args.bootstrap, &all_queues()).await?;
+        let table = b.table.clone();
+        let dev = dev_providers([b.email.clone(), b.sms.clone(), b.push.clone()], &table, &clock);
+        let providers = Providers { email: dev.email.clone(), sms: dev.sms.clone(), push: dev.push.clone() };
+        Ok(Self {
+            deps: Deps { table, queues: b.queues.clone(), clock, providers, config },
+            feed: b.feed.clone(),
+            dev,
+            queue_names: all_queues(),
+            queue_arn_prefix: b.queue_arn_prefix.clone(),
+        })
+    }
+}
