@@ -349,8 +349,15 @@ fn sigkill_child_writer() {
         for i in 0.. {
             store
                 .transact(vec![
-                    Write::Put { item: Item::new(Key::new("k", format!("{i:06}")), attrs(json!({"i": i}))), cond: Cond::NotExists },
-                    Write::Update { key: Key::new("counter", "c"), updates: vec![Update::add("n", 1)], cond: Cond::Always },
+                    Write::Put {
+                        item: Item::new(Key::new("k", format!("{i:06}")), attrs(json!({"i": i}))),
+                        cond: Cond::NotExists,
+                    },
+                    Write::Update {
+                        key: Key::new("counter", "c"),
+                        updates: vec![Update::add("n", 1)],
+                        cond: Cond::Always,
+                    },
                 ])
                 .await
                 .unwrap();

@@ -16,8 +16,8 @@ pub(crate) enum Kind {
     Construction,
 }
 
-/// A classified SDK error: its kind, the service's error code (if any), the
-/// the `Retry-After` header and a message with the whole source chain.
+/// A classified SDK error: its kind, the service's error code (if any), the `Retry-After`
+/// header and a message with the whole source chain.
 #[derive(Clone, Debug)]
 pub(crate) struct Classified {
     pub kind: Kind,

@@ -274,6 +274,16 @@ impl DynamoChangeFeed {
             let got = page.records().len();
             for record in page.records() {
                 let change = change_record_from_stream(record)?;
+                if change.old.is_some() && change.old == change.new {
+                    // A write that changed nothing: DynamoDB Streams never records one, some
+                    // emulators do. Skipped, and committed at once when nothing is pending
+                    // before it.
+                    if position == shard.committed {
+                        shard.committed = Some(change.seq.clone());
+                    }
+                    position = Some(change.seq);
+                    continue;
+                }
                 position = Some(change.seq.clone());
                 delivered.insert(change.seq.clone(), id.to_string());
                 out.push(change);

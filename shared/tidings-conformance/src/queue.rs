@@ -39,7 +39,13 @@ fn secs(n: u64) -> Duration {
 
 /// Receives (long polling up to 1 s at a time) until a message with this body arrives or the
 /// deadline passes. Messages with other bodies are returned to the queue at once.
-async fn receive_body(q: &dyn Queues, queue: &str, body: &str, visibility: Duration, within: Duration) -> Option<Received> {
+async fn receive_body(
+    q: &dyn Queues,
+    queue: &str,
+    body: &str,
+    visibility: Duration,
+    within: Duration,
+) -> Option<Received> {
     let until = Instant::now() + within;
     while Instant::now() < until {
         let got = q.receive(queue, 10, visibility, secs(1)).await.unwrap();
@@ -83,7 +89,12 @@ async fn delete_all(q: &dyn Queues, queue: &str, got: &[Received]) {
 }
 
 /// Polls `stats` until `check` holds (SQS's counts are approximate and lag).
-async fn stats_until(q: &dyn Queues, queue: &str, what: &str, check: impl Fn(&tidings_core::ports::QueueStats) -> bool) {
+async fn stats_until(
+    q: &dyn Queues,
+    queue: &str,
+    what: &str,
+    check: impl Fn(&tidings_core::ports::QueueStats) -> bool,
+) {
     let until = Instant::now() + DEADLINE;
     loop {
         let s = q.stats(queue).await.unwrap();
@@ -127,10 +138,7 @@ pub async fn queue_send_receive_delete(q: &dyn Queues, queue: &str) {
 }
 
 fn chrono_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
 
 /// Sends 25 messages in one call (backends split into batches of 10) and receives each once.
@@ -183,24 +191,31 @@ pub async fn queue_visibility_timeout(q: &dyn Queues, queue: &str) {
     q.delete(queue, &second.receipt).await.unwrap();
 }
 
-/// `change_visibility` to 0 makes a message visible at once; to a longer time hides it.
+/// `change_visibility` shortens or extends the visibility of a received message; 0 makes it
+/// visible at once. (Each case stays within `max_receives` = 2 receives.)
 pub async fn queue_change_visibility(q: &dyn Queues, queue: &str) {
     let body = format!("{}:cv", run_id());
     q.send_batch(queue, vec![OutMessage::new(body.clone())]).await.unwrap();
     let first = receive_body(q, queue, &body, LONG, DEADLINE).await.expect("received");
-    q.change_visibility(queue, &first.receipt, Duration::ZERO).await.unwrap();
-    let second = receive_body(q, queue, &body, LONG, secs(5)).await.expect("visible at once after change_visibility(0)");
+    let hidden = q.receive(queue, 10, LONG, secs(1)).await.unwrap();
+    assert!(hidden.iter().all(|m| m.body != body), "hidden for 30 s");
+    // Shorten to 1 s: back soon.
+    let changed = Instant::now();
+    q.change_visibility(queue, &first.receipt, secs(1)).await.unwrap();
+    let second = receive_body(q, queue, &body, LONG, DEADLINE).await.expect("back after change_visibility(1 s)");
+    assert!(changed.elapsed() >= Duration::from_millis(900), "not before the new visibility ran out");
     assert_eq!(second.receive_count, 2);
 
-    // Extend it: hidden for 30 s instead of coming back.
+    // Extend: hidden instead of coming back.
     q.change_visibility(queue, &second.receipt, LONG).await.unwrap();
     let hidden = q.receive(queue, 10, LONG, secs(1)).await.unwrap();
     assert!(hidden.iter().all(|m| m.body != body), "hidden after change_visibility(30 s)");
-    // Shorten it to 1 s: back soon.
-    q.change_visibility(queue, &second.receipt, secs(1)).await.unwrap();
-    let third = receive_body(q, queue, &body, LONG, DEADLINE).await.expect("back after change_visibility(1 s)");
-    assert_eq!(third.receive_count, 3);
-    q.delete(queue, &third.receipt).await.unwrap();
+    // 0: visible at once (shown by stats, as a third receive would move it to the DLQ).
+    q.change_visibility(queue, &second.receipt, Duration::ZERO).await.unwrap();
+    stats_until(q, queue, "the message visible again", |s| s.visible == 1 && s.in_flight == 0).await;
+    // The receipt is still the latest: it deletes.
+    q.delete(queue, &second.receipt).await.unwrap();
+    stats_until(q, queue, "an empty queue", |s| s.visible == 0 && s.in_flight == 0 && s.dlq_depth == 0).await;
 }
 
 /// The receipt of an earlier receive cannot delete (or hide) a message received since: the
@@ -224,10 +239,9 @@ pub async fn queue_stale_receipt(q: &dyn Queues, queue: &str) {
     // The message is still there, and still hidden by the second receive.
     let hidden = q.receive(queue, 10, LONG, secs(1)).await.unwrap();
     assert!(hidden.iter().all(|m| m.body != body), "a stale receipt did not make the message visible");
-    q.change_visibility(queue, &second.receipt, Duration::ZERO).await.expect("the current receipt works");
-    let third = receive_body(q, queue, &body, LONG, DEADLINE).await.expect("the message was not deleted by the stale receipt");
-    assert_eq!(third.receive_count, 3);
-    q.delete(queue, &third.receipt).await.unwrap();
+    stats_until(q, queue, "the message still in flight", |s| s.in_flight == 1 && s.visible == 0).await;
+    q.delete(queue, &second.receipt).await.expect("the current receipt deletes");
+    stats_until(q, queue, "an empty queue", |s| s.in_flight == 0 && s.visible == 0 && s.dlq_depth == 0).await;
     // Now the second receipt is stale too.
     match q.delete(queue, &second.receipt).await {
         Ok(()) | Err(QueueError::StaleReceipt) => {}
@@ -259,7 +273,8 @@ pub async fn queue_max_receives_then_dlq(q: &dyn Queues, queue: &str) {
     // Peeking does not remove.
     let peeked = q.peek_dlq(queue, 10).await.unwrap();
     assert!(peeked.iter().any(|m| m.body == body), "still on the DLQ after peeking");
-    stats_until(q, queue, "dlq_depth 1 and an empty queue", |s| s.dlq_depth == 1 && s.visible == 0 && s.in_flight == 0).await;
+    stats_until(q, queue, "dlq_depth 1 and an empty queue", |s| s.dlq_depth == 1 && s.visible == 0 && s.in_flight == 0)
+        .await;
 
     // Clean up: back to the queue and delete.
     assert_eq!(q.redrive(queue).await.unwrap(), 1, "one message redriven");
@@ -311,9 +326,12 @@ pub async fn queue_stats(q: &dyn Queues, queue: &str) {
     assert_eq!((s.visible, s.in_flight, s.delayed, s.dlq_depth), (0, 0, 0, 0), "the queue starts empty: {s:?}");
     let (a, b, c) = (format!("{run}:a"), format!("{run}:b"), format!("{run}:c"));
     let sent = Instant::now();
-    q.send_batch(queue, vec![OutMessage::new(a.clone()), OutMessage::new(b.clone()), OutMessage::delayed(c.clone(), secs(3))])
-        .await
-        .unwrap();
+    q.send_batch(
+        queue,
+        vec![OutMessage::new(a.clone()), OutMessage::new(b.clone()), OutMessage::delayed(c.clone(), secs(3))],
+    )
+    .await
+    .unwrap();
     let one = q.receive(queue, 1, LONG, secs(1)).await.unwrap();
     assert_eq!(one.len(), 1, "receive honours max = 1");
     assert_ne!(one[0].body, c, "the delayed message is not received");

@@ -115,7 +115,11 @@ pub async fn update_upsert_and_add(t: &dyn Table) {
     let k = key(&pk, "counter");
 
     let after = t
-        .update(&k, vec![Update::add("n", 5), Update::set("name", "c"), Update::SetIfAbsent("since".into(), json!(1))], Cond::Always)
+        .update(
+            &k,
+            vec![Update::add("n", 5), Update::set("name", "c"), Update::SetIfAbsent("since".into(), json!(1))],
+            Cond::Always,
+        )
         .await
         .unwrap();
     assert_eq!(after.key, k);
@@ -123,7 +127,11 @@ pub async fn update_upsert_and_add(t: &dyn Table) {
     assert_eq!(get_attrs(t, &k).await, Some(Value::Object(after.attrs)), "update returns what is stored");
 
     let after = t
-        .update(&k, vec![Update::add("n", -2), Update::SetIfAbsent("since".into(), json!(2)), Update::add("other", 3)], Cond::Always)
+        .update(
+            &k,
+            vec![Update::add("n", -2), Update::SetIfAbsent("since".into(), json!(2)), Update::add("other", 3)],
+            Cond::Always,
+        )
         .await
         .unwrap();
     assert_eq!(
@@ -132,12 +140,17 @@ pub async fn update_upsert_and_add(t: &dyn Table) {
         "Add subtracts, SetIfAbsent keeps, Add on a missing attribute starts from 0"
     );
 
-    let after = t.update(&k, vec![Update::Remove("other".into()), Update::set("name", "d")], Cond::ge("n", 3)).await.unwrap();
+    let after =
+        t.update(&k, vec![Update::Remove("other".into()), Update::set("name", "d")], Cond::ge("n", 3)).await.unwrap();
     assert_eq!(Value::Object(after.attrs), json!({"n": 3, "name": "d", "since": 1}), "Remove and Set");
 
     // Guarded decrement: n >= 4 does not hold.
     assert_condition_failed(t.update(&k, vec![Update::add("n", -4)], Cond::ge("n", 4)).await, 0, "guarded decrement");
-    assert_eq!(get_attrs(t, &k).await, Some(json!({"n": 3, "name": "d", "since": 1})), "a failed update changes nothing");
+    assert_eq!(
+        get_attrs(t, &k).await,
+        Some(json!({"n": 3, "name": "d", "since": 1})),
+        "a failed update changes nothing"
+    );
 
     // A create-only update on an existing item, and an update requiring existence on a missing one.
     assert_condition_failed(t.update(&k, vec![Update::add("n", 1)], Cond::NotExists).await, 0, "create-only update");
@@ -257,7 +270,10 @@ pub async fn transact_reports_failing_index(t: &dyn Table) {
 
     for failing in 0..4 {
         let writes = vec![
-            Write::Put { item: item(&pk, "new", json!({"x": 1})), cond: if failing == 0 { Cond::Exists } else { Cond::NotExists } },
+            Write::Put {
+                item: item(&pk, "new", json!({"x": 1})),
+                cond: if failing == 0 { Cond::Exists } else { Cond::NotExists },
+            },
             Write::Update {
                 key: key(&pk, "a"),
                 updates: vec![Update::add("n", 10)],
@@ -325,7 +341,11 @@ pub async fn transactions_all_or_nothing(t: Arc<dyn Table>) {
             for attempt in 0..50u64 {
                 let r = t
                     .transact(vec![
-                        Write::Update { key: counter.clone(), updates: vec![Update::add("n", -1)], cond: Cond::ge("n", 1) },
+                        Write::Update {
+                            key: counter.clone(),
+                            updates: vec![Update::add("n", -1)],
+                            cond: Cond::ge("n", 1),
+                        },
                         Write::Put { item: claim.clone(), cond: Cond::NotExists },
                     ])
                     .await;
@@ -359,8 +379,9 @@ pub async fn transactions_all_or_nothing(t: Arc<dyn Table>) {
 /// one key.
 pub async fn transact_rejects_invalid(t: &dyn Table) {
     let pk = format!("tx-bad-{}", run_id());
-    let too_many: Vec<Write> =
-        (0..101).map(|i| Write::Put { item: item(&pk, &format!("i{i:03}"), json!({"i": i})), cond: Cond::Always }).collect();
+    let too_many: Vec<Write> = (0..101)
+        .map(|i| Write::Put { item: item(&pk, &format!("i{i:03}"), json!({"i": i})), cond: Cond::Always })
+        .collect();
     assert!(matches!(t.transact(too_many).await, Err(StoreError::Invalid(_))), "101 writes are rejected as Invalid");
     assert_eq!(t.get(&key(&pk, "i000")).await.unwrap(), None, "nothing of a rejected transaction is written");
 
@@ -372,8 +393,9 @@ pub async fn transact_rejects_invalid(t: &dyn Table) {
     assert_eq!(t.get(&key(&pk, "same")).await.unwrap(), None, "nothing written");
 
     // 100 writes are fine.
-    let hundred: Vec<Write> =
-        (0..100).map(|i| Write::Put { item: item(&pk, &format!("h{i:03}"), json!({"i": i})), cond: Cond::Always }).collect();
+    let hundred: Vec<Write> = (0..100)
+        .map(|i| Write::Put { item: item(&pk, &format!("h{i:03}"), json!({"i": i})), cond: Cond::Always })
+        .collect();
     t.transact(hundred).await.unwrap();
     assert_eq!(collect_all(t, &pk, "h", false, 1000).await.len(), 100, "a 100-write transaction applies");
 }

@@ -44,6 +44,8 @@ pub struct CoreConfig {
     pub signing_key: Vec<u8>,
     /// Public base URL for links in messages.
     pub public_url: String,
+    /// How long unpaid orders hold stock, per category (`TIDINGS_HOLD_TIMES`).
+    pub hold_times: crate::inventory::HoldTimes,
 }
 
 impl Default for CoreConfig {
@@ -57,6 +59,7 @@ impl Default for CoreConfig {
             visibility: Duration::from_secs(60),
             signing_key: Vec::new(),
             public_url: "http://127.0.0.1:8080".into(),
+            hold_times: crate::inventory::HoldTimes::default(),
         }
     }
 }
@@ -92,6 +95,7 @@ impl CoreConfig {
         if let Ok(v) = std::env::var("TIDINGS_PUBLIC_URL") {
             c.public_url = v;
         }
+        c.hold_times = crate::inventory::HoldTimes::from_env();
         c
     }
 }

@@ -21,7 +21,9 @@ use crate::ports::{
 pub enum FaultMode {
     #[default]
     Ok,
+    #[serde(rename = "fail_5xx")]
     Fail5xx,
+    #[serde(rename = "throttle_429")]
     Throttle429,
     Timeout,
     Permanent,

@@ -6,6 +6,7 @@ pub mod dev;
 pub mod error;
 pub mod ids;
 pub mod inbox;
+pub mod inventory;
 pub mod keys;
 pub mod messages;
 pub mod notify;
@@ -13,6 +14,7 @@ pub mod ports;
 pub mod retry;
 pub mod templates;
 pub mod tenants;
+pub mod timers;
 pub mod users;
 
 pub use deps::{CoreConfig, Deps, Providers};

@@ -95,33 +95,51 @@ impl Template {
         Ok(())
     }
 
-    /// The content for a locale: exact match, then the language alone (`zh` for `zh-CN`),
-    /// then the template's default.
-    pub fn content_for(&self, locale: Option<&str>) -> (&str, &LocaleContent) {
+    /// The locales to try for a reader's locale, best first: exact match, then the language
+    /// alone (`zh` for `zh-CN`), then the template's default.
+    fn candidates(&self, locale: Option<&str>) -> Vec<(&str, &LocaleContent)> {
+        let mut out: Vec<(&str, &LocaleContent)> = Vec::new();
         if let Some(l) = locale {
             if let Some((k, c)) = self.locales.get_key_value(l) {
-                return (k, c);
+                out.push((k, c));
             }
             let lang = l.split(['-', '_']).next().unwrap_or(l);
             if let Some((k, c)) = self.locales.iter().find(|(k, _)| k.split(['-', '_']).next() == Some(lang)) {
-                return (k, c);
+                out.push((k, c));
             }
         }
-        match self.locales.get_key_value(&self.default_locale) {
-            Some((k, c)) => (k, c),
-            None => (&self.default_locale, EMPTY_CONTENT),
+        if let Some((k, c)) = self.locales.get_key_value(&self.default_locale) {
+            out.push((k, c));
         }
+        out
+    }
+
+    /// The content for a locale (see `candidates`).
+    pub fn content_for(&self, locale: Option<&str>) -> (&str, &LocaleContent) {
+        self.candidates(locale).into_iter().next().unwrap_or((&self.default_locale, EMPTY_CONTENT))
+    }
+
+    /// Whether some candidate locale has content for the channel.
+    pub fn has_channel(&self, channel: Channel, locale: Option<&str>) -> bool {
+        self.candidates(locale).iter().any(|(_, c)| body_of(c, channel).is_some())
     }
 
     pub fn render(&self, channel: Channel, locale: Option<&str>, params: &Value) -> Result<Rendered, TemplateError> {
-        let (locale, c) = self.content_for(locale);
-        let (subject, body, html) = match channel {
-            Channel::Email => (c.email_subject.as_deref(), c.email_body.as_deref(), true),
-            Channel::Sms => (None, c.sms.as_deref(), false),
-            Channel::Push => (c.push_title.as_deref(), c.push_body.as_deref(), false),
-            Channel::Inapp => (c.inapp_title.as_deref(), c.inapp_body.as_deref(), false),
+        // The first locale that has this channel's content: a template translated for email
+        // only still sends in-app messages, in its default language.
+        let (locale, c) = self
+            .candidates(locale)
+            .into_iter()
+            .find(|(_, c)| body_of(c, channel).is_some())
+            .ok_or(TemplateError::NoContent(channel))?;
+        let html = channel == Channel::Email;
+        let subject = match channel {
+            Channel::Email => c.email_subject.as_deref(),
+            Channel::Push => c.push_title.as_deref(),
+            Channel::Inapp => c.inapp_title.as_deref(),
+            Channel::Sms => None,
         };
-        let body = body.ok_or(TemplateError::NoContent(channel))?;
+        let body = body_of(c, channel).ok_or(TemplateError::NoContent(channel))?;
         let env = environment();
         let render = |name: &str, text: &str| -> Result<String, TemplateError> {
             let mut env = env.clone();
@@ -132,6 +150,15 @@ impl Template {
         let subject = subject.map(|s| render("subject.txt", s)).transpose()?;
         let body = render(if html { "body.html" } else { "body.txt" }, body)?;
         Ok(Rendered { subject, body, locale: locale.to_owned() })
+    }
+}
+
+fn body_of(c: &LocaleContent, channel: Channel) -> Option<&str> {
+    match channel {
+        Channel::Email => c.email_body.as_deref(),
+        Channel::Sms => c.sms.as_deref(),
+        Channel::Push => c.push_body.as_deref(),
+        Channel::Inapp => c.inapp_body.as_deref(),
     }
 }
 
@@ -228,6 +255,14 @@ mod tests {
         assert!(matches!(&email, Ok(r) if r.body == "<p>Hi &lt;script&gt;</p>"), "{email:?}");
         assert!(matches!(&email, Ok(r) if r.subject.as_deref() == Some("Order <b> shipped")));
         assert_eq!(t.render(Channel::Sms, Some("en"), &p).map(|r| r.body), Ok("Order <b> shipped".into()));
+    }
+
+    #[test]
+    fn a_channel_missing_in_the_locale_falls_back_to_the_default() {
+        let mut t = tpl();
+        t.locales.get_mut("en").unwrap().inapp_body = Some("Order {{ order_id }}".into());
+        let r = t.render(Channel::Inapp, Some("zh-CN"), &json!({"order_id": "1"}));
+        assert_eq!(r.map(|r| (r.locale, r.body)), Ok(("en".into(), "Order 1".into())));
     }
 
     #[test]

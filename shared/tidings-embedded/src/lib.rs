@@ -16,6 +16,25 @@
 //! so transactions never conflict ([`StoreError::Conflict`] is never returned); conditions are
 //! evaluated with [`Cond::holds`] inside a `BEGIN IMMEDIATE` transaction.
 //!
+//! # Use
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::sync::Arc;
+//! use tidings_core::ports::{ChangeFeed, Queues, Table};
+//! use tidings_embedded::{EmbeddedStore, QueueConfig};
+//!
+//! let store = EmbeddedStore::open(std::path::Path::new("tidings.db"))?;
+//! store.declare_queue(QueueConfig::new("email-high", 5))?; // and its DLQ email-high-dlq
+//! let table: Arc<dyn Table> = Arc::new(store.clone());
+//! let queues: Arc<dyn Queues> = Arc::new(store.clone());
+//! let feed: Arc<dyn ChangeFeed> = Arc::new(store.change_feed("outbox-relay"));
+//! # Ok(()) }
+//! ```
+//!
+//! `Table` and `Queues` both have a `delete`: on the concrete type, write
+//! `Queues::delete(&store, ..)` or `Table::delete(&store, ..)`.
+//!
 //! # Layout
 //!
 //! - `items(pk, sk, attrs JSON)`: the table;
@@ -105,6 +124,8 @@ impl std::fmt::Debug for EmbeddedStore {
 
 impl EmbeddedStore {
     /// Opens (creating when absent) the store in the file at `path`, on the system clock.
+    /// WAL mode, `synchronous=NORMAL`: what a call committed survives `kill -9` (see the crate
+    /// docs).
     pub fn open(path: &Path) -> Result<Self, StoreError> {
         Self::open_with_clock(path, Arc::new(SystemClock))
     }

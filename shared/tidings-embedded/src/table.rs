@@ -21,10 +21,7 @@ const MAX_LIMIT: usize = 1000;
 impl Table for EmbeddedStore {
     async fn get(&self, key: &Key) -> Result<Option<Item>, StoreError> {
         let key = key.clone();
-        self.with_conn(move |conn, _| {
-            Ok(read_attrs(conn, &key)?.map(|attrs| Item::new(key, attrs)))
-        })
-        .await
+        self.with_conn(move |conn, _| Ok(read_attrs(conn, &key)?.map(|attrs| Item::new(key, attrs)))).await
     }
 
     async fn put(&self, item: Item, cond: Cond) -> Result<(), StoreError> {
@@ -124,7 +121,10 @@ fn validate(write: &Write) -> Result<(), StoreError> {
 fn check_size(key: &Key, attrs: &Attrs) -> Result<(), StoreError> {
     let size = key.pk.len() + key.sk.len() + serde_json::to_string(attrs).map(|s| s.len()).unwrap_or(0);
     if size > MAX_ITEM_BYTES {
-        return Err(StoreError::Invalid(format!("item {}/{} is {size} bytes (at most {MAX_ITEM_BYTES})", key.pk, key.sk)));
+        return Err(StoreError::Invalid(format!(
+            "item {}/{} is {size} bytes (at most {MAX_ITEM_BYTES})",
+            key.pk, key.sk
+        )));
     }
     Ok(())
 }
@@ -140,9 +140,10 @@ fn apply_write(tx: &Transaction<'_>, write: Write, index: usize) -> Result<(Opti
     let key = write.key().clone();
     let old = read_attrs(tx, &key)?;
     let cond = match &write {
-        Write::Put { cond, .. } | Write::Update { cond, .. } | Write::Delete { cond, .. } | Write::Check { cond, .. } => {
-            cond
-        }
+        Write::Put { cond, .. }
+        | Write::Update { cond, .. }
+        | Write::Delete { cond, .. }
+        | Write::Check { cond, .. } => cond,
     };
     if !cond.holds(old.as_ref()) {
         return Err(StoreError::ConditionFailed { index });

@@ -7,8 +7,8 @@ use tidings_core::Deps;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-/// The names of the jobs, for errors and the console.
-pub const SCHEDULES: &[&str] = &[];
+
+
 
 /// Runs one job now: `Ok(None)` when there is no job of that name.
 pub async fn run(_deps: &Deps, name: &str) -> Result<Option<serde_json::Value>, String> {

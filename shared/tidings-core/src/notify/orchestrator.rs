@@ -93,15 +93,15 @@ fn channels_for(n: &Notification, user: Option<&User>, template: Option<&Templat
         return seen;
     }
     let Some(template) = template else { return vec![Channel::Inapp] };
-    let (_, content) = template.content_for(user.and_then(|u| u.locale.as_deref()));
+    let locale = user.and_then(|u| u.locale.as_deref());
     let mut out = Vec::new();
-    if user.is_some_and(|u| u.email.is_some()) && content.email_body.is_some() {
+    if user.is_some_and(|u| u.email.is_some()) && template.has_channel(Channel::Email, locale) {
         out.push(Channel::Email);
     }
-    if user.is_some_and(|u| u.phone.is_some()) && content.sms.is_some() {
+    if user.is_some_and(|u| u.phone.is_some()) && template.has_channel(Channel::Sms, locale) {
         out.push(Channel::Sms);
     }
-    if content.inapp_body.is_some() {
+    if template.has_channel(Channel::Inapp, locale) {
         out.push(Channel::Inapp);
     }
     out

@@ -1,0 +1,399 @@
+//! The shop's words as records: stock counters, shards, ledger entries, orders and holds.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::CoreError;
+
+/// The three counters of a SKU (or of one of its shards). `available` can be sold now,
+/// `reserved` is held by PENDING orders, `sold` was paid for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counters {
+    pub available: i64,
+    pub reserved: i64,
+    pub sold: i64,
+}
+
+impl Counters {
+    pub const fn new(available: i64, reserved: i64, sold: i64) -> Self {
+        Self { available, reserved, sold }
+    }
+
+    pub fn plus(self, other: Counters) -> Counters {
+        Counters {
+            available: self.available.saturating_add(other.available),
+            reserved: self.reserved.saturating_add(other.reserved),
+            sold: self.sold.saturating_add(other.sold),
+        }
+    }
+
+    /// A reservation of `qty`: available → reserved.
+    pub const fn reserve(qty: i64) -> Counters {
+        Counters::new(-qty, qty, 0)
+    }
+
+    /// A sale of held units: reserved → sold.
+    pub const fn sell(qty: i64) -> Counters {
+        Counters::new(0, -qty, qty)
+    }
+
+    /// A release of held units: reserved → available.
+    pub const fn release(qty: i64) -> Counters {
+        Counters::new(qty, -qty, 0)
+    }
+}
+
+/// The SKU's stock item (`STOCK`). Unsharded, it carries the counters itself; sharded
+/// (`shards >= 2`), the counters live in the shard items and this item keeps the rest.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct SkuRecord {
+    pub sku_id: String,
+    /// 0 or 1: unsharded; N >= 2: N shard items.
+    #[serde(default)]
+    pub shards: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub category: Option<String>,
+    /// Incremented in the same transaction whenever the SKU's available goes from 0 to more.
+    #[serde(default)]
+    pub restock_round: i64,
+    pub created_at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub available: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserved: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sold: Option<i64>,
+    /// Bumped by every change of the counters (reconciliation uses it to see a quiet moment).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<i64>,
+}
+
+impl SkuRecord {
+    pub fn is_sharded(&self) -> bool {
+        self.shards >= 2
+    }
+
+    /// How many counter cells the SKU has (1 when unsharded).
+    pub fn cell_count(&self) -> u32 {
+        if self.is_sharded() { self.shards } else { 1 }
+    }
+}
+
+/// One shard of a sharded SKU.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct ShardRecord {
+    pub sku_id: String,
+    pub shard: u32,
+    pub available: i64,
+    pub reserved: i64,
+    pub sold: i64,
+    pub version: i64,
+}
+
+/// What `GET /v1/inventory/{sku_id}` answers.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StockView {
+    pub sku_id: String,
+    pub available: i64,
+    pub reserved: i64,
+    pub sold: i64,
+    pub restock_round: i64,
+    pub shards: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub category: Option<String>,
+}
+
+impl StockView {
+    pub fn counters(&self) -> Counters {
+        Counters::new(self.available, self.reserved, self.sold)
+    }
+}
+
+/// What made a ledger entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LedgerKind {
+    WarmUp,
+    Adjustment,
+    Reserve,
+    Sell,
+    Release,
+}
+
+/// Where an adjustment's stock came from or went to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AdjustmentSource {
+    PurchaseOrder,
+    Return,
+    Transfer,
+    Manual,
+    Damage,
+}
+
+impl AdjustmentSource {
+    pub fn parse(value: &str) -> Result<Self, CoreError> {
+        match value {
+            "purchase_order" => Ok(Self::PurchaseOrder),
+            "return" => Ok(Self::Return),
+            "transfer" => Ok(Self::Transfer),
+            "manual" => Ok(Self::Manual),
+            "damage" => Ok(Self::Damage),
+            _ => Err(CoreError::invalid("source", "must be purchase_order, return, transfer, manual or damage")),
+        }
+    }
+}
+
+/// The part of a ledger entry that touched one shard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardDelta {
+    pub shard: u32,
+    pub available: i64,
+    pub reserved: i64,
+    pub sold: i64,
+}
+
+/// One line of the stock ledger (seed 002 `stock_flow`): written in the same transaction as
+/// the counter change it records, so the sums of an SKU's deltas always equal its counters.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LedgerEntry {
+    pub entry_id: String,
+    pub sku_id: String,
+    pub delta_available: i64,
+    pub delta_reserved: i64,
+    pub delta_sold: i64,
+    pub kind: LedgerKind,
+    #[serde(rename = "ref")]
+    pub reference: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<AdjustmentSource>,
+    /// For releases: `cancel` or `expiry`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Per-shard split, for sharded SKUs only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shards: Vec<ShardDelta>,
+    pub at: String,
+}
+
+impl LedgerEntry {
+    pub fn delta(&self) -> Counters {
+        Counters::new(self.delta_available, self.delta_reserved, self.delta_sold)
+    }
+
+    /// The entry's deltas per counter cell (cell 0 for an unsharded SKU).
+    pub fn cell_deltas(&self) -> Vec<(u32, Counters)> {
+        if self.shards.is_empty() {
+            return vec![(0, self.delta())];
+        }
+        self.shards.iter().map(|s| (s.shard, Counters::new(s.available, s.reserved, s.sold))).collect()
+    }
+}
+
+/// An order's state: PENDING holds stock, PAID sold it, CANCELLED released it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum OrderStatus {
+    Pending,
+    Paid,
+    Cancelled,
+}
+
+impl OrderStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OrderStatus::Pending => "PENDING",
+            OrderStatus::Paid => "PAID",
+            OrderStatus::Cancelled => "CANCELLED",
+        }
+    }
+}
+
+/// Units of one order line held in one counter cell.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Allocation {
+    pub shard: u32,
+    pub qty: i64,
+}
+
+/// One line of an order, with where its hold sits.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OrderItem {
+    pub sku_id: String,
+    pub qty: i64,
+    /// The cells the units are held in (one entry, shard 0, when unsharded).
+    #[serde(default)]
+    pub allocations: Vec<Allocation>,
+}
+
+/// The stored order.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Order {
+    pub order_id: String,
+    pub user_id: String,
+    pub status: OrderStatus,
+    pub items: Vec<OrderItem>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub category: Option<String>,
+    pub hold_seconds: i64,
+    pub created_at: String,
+    pub expires_at: String,
+    pub expires_ms: i64,
+    pub request_hash: String,
+    pub updated_at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paid_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancelled_at: Option<String>,
+    /// `cancel` or `expiry`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancel_reason: Option<String>,
+}
+
+/// One line of an order as the API shows it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OrderLineView {
+    pub sku_id: String,
+    pub qty: i64,
+}
+
+/// What `GET /v1/orders/{order_id}` answers.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OrderView {
+    pub order_id: String,
+    pub user_id: String,
+    pub status: OrderStatus,
+    pub items: Vec<OrderLineView>,
+    pub hold_seconds: i64,
+    pub created_at: String,
+    pub expires_at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paid_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancelled_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancel_reason: Option<String>,
+}
+
+impl From<&Order> for OrderView {
+    fn from(o: &Order) -> Self {
+        OrderView {
+            order_id: o.order_id.clone(),
+            user_id: o.user_id.clone(),
+            status: o.status,
+            items: o.items.iter().map(|i| OrderLineView { sku_id: i.sku_id.clone(), qty: i.qty }).collect(),
+            hold_seconds: o.hold_seconds,
+            created_at: o.created_at.clone(),
+            expires_at: o.expires_at.clone(),
+            paid_at: o.paid_at.clone(),
+            cancelled_at: o.cancelled_at.clone(),
+            cancel_reason: o.cancel_reason.clone(),
+        }
+    }
+}
+
+/// The body of `PUT /v1/inventory/{sku_id}`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WarmUpRequest {
+    pub on_hand: i64,
+    /// Shard the counter over this many items (2..=16) for a hot SKU; absent or 1: one item.
+    #[serde(default)]
+    pub shards: Option<u32>,
+    /// The SKU's category, which chooses its hold time (e.g. `promotion`).
+    #[serde(default)]
+    pub category: Option<String>,
+}
+
+/// The body of `POST /v1/inventory/{sku_id}/adjustments`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdjustmentRequest {
+    pub delta: i64,
+    pub source: String,
+    pub idempotency_key: String,
+}
+
+/// One line of `POST /v1/orders`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OrderLine {
+    pub sku_id: String,
+    pub qty: i64,
+}
+
+/// The body of `POST /v1/orders`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OrderRequest {
+    pub order_id: String,
+    pub user_id: String,
+    pub items: Vec<OrderLine>,
+    #[serde(default)]
+    pub hold_seconds: Option<i64>,
+    /// Overrides the SKUs' categories for the hold time.
+    #[serde(default)]
+    pub category: Option<String>,
+}
+
+/// How long an unpaid order holds its stock, per category (seed 002, 坑4: "promotion items 15
+/// minutes, ordinary ones 30; one hard-coded global value wrongly kills slow payers").
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HoldTimes {
+    pub default: Duration,
+    pub by_category: BTreeMap<String, Duration>,
+}
+
+impl Default for HoldTimes {
+    fn default() -> Self {
+        Self {
+            default: Duration::from_secs(30 * 60),
+            by_category: BTreeMap::from([("promotion".to_owned(), Duration::from_secs(15 * 60))]),
+        }
+    }
+}
+
+impl HoldTimes {
+    /// Parses `default=1800,promotion=900` (seconds per category; `default` for the rest).
+    pub fn parse(spec: &str) -> Result<Self, CoreError> {
+        let mut out = HoldTimes { default: HoldTimes::default().default, by_category: BTreeMap::new() };
+        for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let Some((name, secs)) = part.split_once('=') else {
+                return Err(CoreError::invalid("hold_times", format!("{part:?} is not category=seconds")));
+            };
+            let secs: u64 = secs
+                .trim()
+                .parse()
+                .ok()
+                .filter(|s| (1..=MAX_HOLD_SECONDS as u64).contains(s))
+                .ok_or_else(|| CoreError::invalid("hold_times", format!("{part:?}: seconds must be 1 to {MAX_HOLD_SECONDS}")))?;
+            let name = name.trim();
+            if name == "default" {
+                out.default = Duration::from_secs(secs);
+            } else {
+                out.by_category.insert(name.to_owned(), Duration::from_secs(secs));
+            }
+        }
+        Ok(out)
+    }
+
+    /// `TIDINGS_HOLD_TIMES`, else the defaults (an unreadable value is logged and ignored).
+    pub fn from_env() -> Self {
+        match std::env::var("TIDINGS_HOLD_TIMES") {
+            Ok(spec) => HoldTimes::parse(&spec).unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "TIDINGS_HOLD_TIMES ignored");
+                HoldTimes::default()
+            }),
+            Err(_) => HoldTimes::default(),
+        }
+    }
+
+    pub fn for_category(&self, category: Option<&str>) -> Duration {
+        category.and_then(|c| self.by_category.get(c)).copied().unwrap_or(self.default)
+    }
+}
+
+/// The longest hold an order may ask for (7 days).
+pub const MAX_HOLD_SECONDS: i64 = 7 * 24 * 3600;

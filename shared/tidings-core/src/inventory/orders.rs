@@ -1,0 +1,395 @@
+//! Orders and their holds: place (reserve every line in one transaction), pay, cancel, expire.
+//!
+//! Every state change is one transaction conditioned on the order being `PENDING`, so when
+//! pay, cancel and expiry race on one order exactly one of them commits, and a hold is released
+//! at most once (seed 002 §3 and §5: PENDING → PAID / CANCELLED, each through the ledger).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use rand::Rng;
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use tracing::warn;
+
+use super::keys;
+use super::model::{Allocation, Counters, LedgerKind, Order, OrderItem, OrderRequest, OrderStatus, OrderView, SkuRecord, MAX_HOLD_SECONDS};
+use super::stock::{MAX_ATTEMPTS, StockChange, insufficient, now_text, read_cells, read_record, take_from};
+use crate::deps::Deps;
+use crate::error::{CoreError, CoreResult};
+use crate::ids::{TenantId, check_id};
+use crate::ports::table::MAX_TRANSACTION_WRITES;
+use crate::ports::{CmpOp, Cond, Item, StoreError, Update, Write, attrs_of};
+use crate::timers::{self, TimerTask};
+
+/// The most units of one SKU in one order line.
+pub const MAX_QTY: i64 = 1_000_000;
+/// The most distinct SKUs in one order: placing it is one transaction of at most 100 writes
+/// (DynamoDB's limit): the order, its expiry timer, and per unsharded SKU its counter and its
+/// ledger entry: 2 + 2 × 49 = 100. Sharded SKUs cost more (see
+/// [`StockChange::release_budget`]), which is checked once their shard counts are known.
+pub const MAX_ORDER_SKUS: usize = (MAX_TRANSACTION_WRITES - 2) / 2;
+
+/// The answer to `POST /v1/orders`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PlacedOrder {
+    #[serde(flatten)]
+    pub order: OrderView,
+    /// False when this answers a repeated request (the order was already placed).
+    #[serde(skip)]
+    pub created: bool,
+}
+
+fn validate(req: &OrderRequest) -> CoreResult<()> {
+    check_id("order_id", &req.order_id)?;
+    check_id("user_id", &req.user_id)?;
+    if req.items.is_empty() {
+        return Err(CoreError::invalid("items", "an order needs at least one item"));
+    }
+    if req.items.len() > MAX_ORDER_SKUS {
+        return Err(CoreError::invalid("items", format!("at most {MAX_ORDER_SKUS} distinct SKUs per order")));
+    }
+    let mut seen = std::collections::HashSet::new();
+    for (i, line) in req.items.iter().enumerate() {
+        check_id(&format!("items[{i}].sku_id"), &line.sku_id)?;
+        if !(1..=MAX_QTY).contains(&line.qty) {
+            return Err(CoreError::invalid(format!("items[{i}].qty"), format!("must be 1 to {MAX_QTY}")));
+        }
+        if !seen.insert(line.sku_id.as_str()) {
+            return Err(CoreError::invalid(format!("items[{i}].sku_id"), "each SKU may appear once"));
+        }
+    }
+    if let Some(s) = req.hold_seconds
+        && !(1..=MAX_HOLD_SECONDS).contains(&s)
+    {
+        return Err(CoreError::invalid("hold_seconds", format!("must be 1 to {MAX_HOLD_SECONDS}")));
+    }
+    if let Some(c) = &req.category {
+        check_id("category", c)?;
+    }
+    Ok(())
+}
+
+fn request_hash(req: &OrderRequest) -> CoreResult<String> {
+    let canonical = serde_json::to_vec(req).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    Ok(hex::encode(Sha256::digest(&canonical)))
+}
+
+/// The hold time (seed 002, 坑4): `hold_seconds` if given, else the order's category, else the
+/// shortest hold among its SKUs' categories (scarce promotion stock is not held for long).
+fn hold_for(deps: &Deps, req: &OrderRequest, records: &[SkuRecord]) -> Duration {
+    if let Some(s) = req.hold_seconds {
+        return Duration::from_secs(s.unsigned_abs());
+    }
+    let holds = &deps.config.hold_times;
+    if let Some(c) = &req.category {
+        return holds.for_category(Some(c));
+    }
+    records.iter().map(|r| holds.for_category(r.category.as_deref())).min().unwrap_or(holds.default)
+}
+
+pub(crate) async fn load_order(deps: &Deps, t: &TenantId, order_id: &str) -> CoreResult<Option<Order>> {
+    match deps.table.get(&keys::order(t, order_id)).await? {
+        Some(item) => Ok(Some(item.parse()?)),
+        None => Ok(None),
+    }
+}
+
+pub async fn get_order(deps: &Deps, t: &TenantId, order_id: &str) -> CoreResult<Option<OrderView>> {
+    check_id("order_id", order_id)?;
+    Ok(load_order(deps, t, order_id).await?.as_ref().map(OrderView::from))
+}
+
+fn replay(existing: &Order, hash: &str) -> CoreResult<PlacedOrder> {
+    if existing.request_hash != hash {
+        return Err(CoreError::conflict("idempotency_conflict", "this order_id was used with a different order"));
+    }
+    Ok(PlacedOrder { order: OrderView::from(existing), created: false })
+}
+
+/// Where a line's units are held: the one cell of an unsharded SKU, a random shard of a sharded
+/// one (spreading the writes of a hot SKU); re-planned from a read when that shard was short.
+fn first_plan(record: &SkuRecord, qty: i64) -> BTreeMap<u32, i64> {
+    if !record.is_sharded() {
+        return BTreeMap::from([(0, qty)]);
+    }
+    BTreeMap::from([(rand::rng().random_range(0..record.shards), qty)])
+}
+
+/// Re-plans a line after its reservation failed: a shard holding all of it (at random), else a
+/// split over the fullest shards, else the SKU is short.
+async fn replan(deps: &Deps, t: &TenantId, record: &SkuRecord, qty: i64) -> CoreResult<BTreeMap<u32, i64>> {
+    let cells = read_cells(deps, t, record).await?;
+    let total: i64 = cells.iter().map(|c| c.counters.available).sum();
+    if total < qty {
+        return Err(insufficient(&record.sku_id, total, qty));
+    }
+    let whole: Vec<u32> = cells.iter().filter(|c| c.counters.available >= qty).map(|c| c.index).collect();
+    if !whole.is_empty() {
+        let pick = whole[rand::rng().random_range(0..whole.len())];
+        return Ok(BTreeMap::from([(pick, qty)]));
+    }
+    take_from(&cells, qty).ok_or_else(|| insufficient(&record.sku_id, total, qty))
+}
+
+/// Places an order: one transaction puts the order (if absent), reserves every line with a
+/// condition `available >= qty` on each counter it touches (seed 002, 坑1: never read-then-
+/// write), writes one ledger entry per SKU (坑2) and the durable expiry timer. Short on any
+/// SKU: 409 `insufficient_stock` naming it, and nothing is held. The same order again: the
+/// order as it is, nothing held twice.
+pub async fn place_order(deps: &Deps, t: &TenantId, req: &OrderRequest) -> CoreResult<PlacedOrder> {
+    validate(req)?;
+    let hash = request_hash(req)?;
+    if let Some(existing) = load_order(deps, t, &req.order_id).await? {
+        return replay(&existing, &hash);
+    }
+    let reads = req.items.iter().map(|l| read_record(deps, t, &l.sku_id));
+    let mut records = Vec::with_capacity(req.items.len());
+    for (i, got) in futures::future::join_all(reads).await.into_iter().enumerate() {
+        records.push(got?.ok_or_else(|| CoreError::invalid(format!("items[{i}].sku_id"), "unknown sku"))?);
+    }
+    let budget: usize = 2 + records.iter().map(StockChange::release_budget).sum::<usize>();
+    if budget > MAX_TRANSACTION_WRITES {
+        return Err(CoreError::invalid(
+            "items",
+            format!("too many SKUs (or shards) for one transaction: {budget} writes, at most {MAX_TRANSACTION_WRITES}"),
+        ));
+    }
+    let hold = hold_for(deps, req, &records);
+    let now = deps.clock.now();
+    let expires = now + chrono::Duration::from_std(hold).unwrap_or(chrono::Duration::MAX);
+    let mut plans: Vec<BTreeMap<u32, i64>> = records.iter().zip(&req.items).map(|(r, l)| first_plan(r, l.qty)).collect();
+    let task = TimerTask::OrderExpire { tenant: t.as_str().to_owned(), order_id: req.order_id.clone() };
+    let timer = timers::durable_timer(deps, expires, &task).await?;
+    for _ in 0..MAX_ATTEMPTS {
+        let at = now_text(deps);
+        let order = Order {
+            order_id: req.order_id.clone(),
+            user_id: req.user_id.clone(),
+            status: OrderStatus::Pending,
+            items: req
+                .items
+                .iter()
+                .zip(&plans)
+                .map(|(l, p)| OrderItem {
+                    sku_id: l.sku_id.clone(),
+                    qty: l.qty,
+                    allocations: p.iter().map(|(&shard, &qty)| Allocation { shard, qty }).collect(),
+                })
+                .collect(),
+            category: req.category.clone(),
+            hold_seconds: i64::try_from(hold.as_secs()).unwrap_or(MAX_HOLD_SECONDS),
+            created_at: at.clone(),
+            expires_at: expires.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            expires_ms: expires.timestamp_millis(),
+            request_hash: hash.clone(),
+            updated_at: at.clone(),
+            paid_at: None,
+            cancelled_at: None,
+            cancel_reason: None,
+        };
+        let mut writes = vec![Write::Put { item: Item::new(keys::order(t, &req.order_id), attrs_of(&order)?), cond: Cond::NotExists }];
+        let mut owner: Vec<Option<usize>> = vec![None];
+        for (i, (record, plan)) in records.iter().zip(&plans).enumerate() {
+            let change = StockChange {
+                tenant: t,
+                record,
+                observed: None,
+                deltas: plan.iter().map(|(&cell, &qty)| (cell, Counters::reserve(qty))).collect(),
+                kind: LedgerKind::Reserve,
+                reference: format!("order:{}", req.order_id),
+                source: None,
+                reason: None,
+                at: at.clone(),
+            };
+            let w = change.writes()?;
+            owner.extend(std::iter::repeat_n(Some(i), w.len()));
+            writes.extend(w);
+        }
+        writes.push(timer.clone());
+        match deps.table.transact(writes).await {
+            Ok(()) => {
+                send_expiry_message(deps, expires, &task).await;
+                return Ok(PlacedOrder { order: OrderView::from(&order), created: true });
+            }
+            Err(StoreError::ConditionFailed { index: 0 }) => {
+                let existing = load_order(deps, t, &req.order_id).await?.ok_or(StoreError::Conflict)?;
+                return replay(&existing, &hash);
+            }
+            Err(StoreError::ConditionFailed { index }) => {
+                let Some(Some(i)) = owner.get(index).copied() else { return Err(StoreError::ConditionFailed { index }.into()) };
+                plans[i] = replan(deps, t, &records[i], req.items[i].qty).await?;
+            }
+            Err(StoreError::Conflict) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(StoreError::Conflict.into())
+}
+
+/// A short hold also gets a delayed message on the timers queue, so it expires on time; the
+/// durable timer written with the order is the backstop if this send fails (logged only).
+async fn send_expiry_message(deps: &Deps, expires: chrono::DateTime<chrono::Utc>, task: &TimerTask) {
+    if !timers::fits_queue_delay(deps, expires) {
+        return;
+    }
+    if let Err(e) = timers::schedule(deps, expires, task.clone()).await {
+        warn!(error = %e, "expiry message not sent; the durable timer will expire the hold");
+    }
+}
+
+/// What a state change of an order did.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Settlement {
+    /// This call changed the order.
+    Settled(Order),
+    /// The order was already in the asked state (cancel of a cancelled order).
+    Already(Order),
+    /// Expiry only: the hold is still running until `expires_ms`.
+    NotDue { expires_ms: i64 },
+    /// Expiry only: the order is no longer PENDING; nothing to do.
+    NotPending(Order),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Transition {
+    Pay,
+    Cancel,
+    Expire,
+}
+
+fn invalid_state(order: &Order) -> CoreError {
+    CoreError::conflict("invalid_state", format!("order {} is {}", order.order_id, order.status.as_str()))
+}
+
+/// Pays a PENDING order whose hold has not expired: reserved → sold, one transaction.
+pub async fn pay(deps: &Deps, t: &TenantId, order_id: &str) -> CoreResult<OrderView> {
+    match settle(deps, t, order_id, Transition::Pay).await? {
+        Settlement::Settled(o) => Ok(OrderView::from(&o)),
+        Settlement::Already(o) | Settlement::NotPending(o) => Err(invalid_state(&o)),
+        Settlement::NotDue { .. } => Err(StoreError::Invalid("pay cannot be not due".into()).into()),
+    }
+}
+
+/// Cancels a PENDING order and releases its hold (reserved → available); a cancelled order
+/// answers as it is; a paid one is 409 `invalid_state`.
+pub async fn cancel(deps: &Deps, t: &TenantId, order_id: &str) -> CoreResult<OrderView> {
+    match settle(deps, t, order_id, Transition::Cancel).await? {
+        Settlement::Settled(o) | Settlement::Already(o) => Ok(OrderView::from(&o)),
+        Settlement::NotPending(o) => Err(invalid_state(&o)),
+        Settlement::NotDue { .. } => Err(StoreError::Invalid("cancel cannot be not due".into()).into()),
+    }
+}
+
+/// Expires a PENDING order whose hold ran out: CANCELLED with reason `expiry`, hold released.
+/// Safe to call any number of times, at any time (the timer may fire twice or early).
+pub async fn expire_order(deps: &Deps, t: &TenantId, order_id: &str) -> CoreResult<Settlement> {
+    check_id("order_id", order_id)?;
+    match settle(deps, t, order_id, Transition::Expire).await {
+        Err(CoreError::NotFound { .. }) => Ok(Settlement::NotPending(missing_order(order_id))),
+        other => other,
+    }
+}
+
+/// A stand-in for an order that does not exist (an expiry timer outliving its order).
+fn missing_order(order_id: &str) -> Order {
+    Order {
+        order_id: order_id.to_owned(),
+        user_id: String::new(),
+        status: OrderStatus::Cancelled,
+        items: Vec::new(),
+        category: None,
+        hold_seconds: 0,
+        created_at: String::new(),
+        expires_at: String::new(),
+        expires_ms: 0,
+        request_hash: String::new(),
+        updated_at: String::new(),
+        paid_at: None,
+        cancelled_at: None,
+        cancel_reason: None,
+    }
+}
+
+/// The one place an order leaves PENDING.
+async fn settle(deps: &Deps, t: &TenantId, order_id: &str, transition: Transition) -> CoreResult<Settlement> {
+    check_id("order_id", order_id)?;
+    let key = keys::order(t, order_id);
+    let mut records: BTreeMap<String, SkuRecord> = BTreeMap::new();
+    for _ in 0..MAX_ATTEMPTS {
+        let Some(mut order) = load_order(deps, t, order_id).await? else { return Err(CoreError::NotFound { what: "order" }) };
+        let now_ms = deps.clock.now_ms();
+        match (transition, order.status) {
+            (_, OrderStatus::Pending) => {}
+            (Transition::Cancel, OrderStatus::Cancelled) => return Ok(Settlement::Already(order)),
+            _ => return Ok(Settlement::NotPending(order)),
+        }
+        let time_cond = match transition {
+            Transition::Pay if now_ms >= order.expires_ms => {
+                return Err(CoreError::conflict("hold_expired", format!("order {order_id}'s hold expired at {}", order.expires_at)));
+            }
+            Transition::Expire if now_ms < order.expires_ms => return Ok(Settlement::NotDue { expires_ms: order.expires_ms }),
+            Transition::Pay => Some(Cond::Cmp("expires_ms".into(), CmpOp::Gt, now_ms.into())),
+            Transition::Expire => Some(Cond::Cmp("expires_ms".into(), CmpOp::Le, now_ms.into())),
+            Transition::Cancel => None,
+        };
+        let at = now_text(deps);
+        let mut updates = vec![Update::set("updated_at", at.clone())];
+        let (status, kind, reason) = match transition {
+            Transition::Pay => {
+                updates.push(Update::set("paid_at", at.clone()));
+                order.paid_at = Some(at.clone());
+                (OrderStatus::Paid, LedgerKind::Sell, None)
+            }
+            Transition::Cancel | Transition::Expire => {
+                let reason = if transition == Transition::Cancel { "cancel" } else { "expiry" };
+                updates.push(Update::set("cancelled_at", at.clone()));
+                updates.push(Update::set("cancel_reason", reason));
+                order.cancelled_at = Some(at.clone());
+                order.cancel_reason = Some(reason.to_owned());
+                (OrderStatus::Cancelled, LedgerKind::Release, Some(reason.to_owned()))
+            }
+        };
+        updates.push(Update::set("status", status.as_str()));
+        let mut conds = vec![Cond::eq("status", OrderStatus::Pending.as_str())];
+        conds.extend(time_cond);
+        let mut writes = vec![Write::Update { key: key.clone(), updates, cond: Cond::And(conds) }];
+        for item in &order.items {
+            if !records.contains_key(&item.sku_id) {
+                let record = read_record(deps, t, &item.sku_id).await?.ok_or_else(|| {
+                    StoreError::Corrupt(format!("order {order_id} holds unknown sku {}", item.sku_id))
+                })?;
+                records.insert(item.sku_id.clone(), record);
+            }
+            let Some(record) = records.get(&item.sku_id) else { continue };
+            let observed = if kind == LedgerKind::Release { Some(read_cells(deps, t, record).await?) } else { None };
+            let change = StockChange {
+                tenant: t,
+                record,
+                observed: observed.as_deref(),
+                deltas: item
+                    .allocations
+                    .iter()
+                    .map(|a| (a.shard, if kind == LedgerKind::Sell { Counters::sell(a.qty) } else { Counters::release(a.qty) }))
+                    .collect(),
+                kind,
+                reference: format!("order:{order_id}"),
+                source: None,
+                reason: reason.clone(),
+                at: at.clone(),
+            };
+            writes.extend(change.writes()?);
+        }
+        match deps.table.transact(writes).await {
+            Ok(()) => {
+                order.status = status;
+                order.updated_at = at;
+                return Ok(Settlement::Settled(order));
+            }
+            // The order or a counter moved since it was read: read again and decide again.
+            Err(StoreError::ConditionFailed { .. } | StoreError::Conflict) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(StoreError::Conflict.into())
+}

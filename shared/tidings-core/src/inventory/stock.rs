@@ -1,0 +1,473 @@
+//! Stock: warm-up, adjustments, reads, and [`StockChange`], the one way any counter moves.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use super::keys;
+use super::model::{
+    AdjustmentRequest, AdjustmentSource, Counters, LedgerEntry, LedgerKind, ShardDelta, ShardRecord, SkuRecord, StockView,
+    WarmUpRequest,
+};
+use crate::deps::Deps;
+use crate::error::{CoreError, CoreResult};
+use crate::ids::{TenantId, check_id, new_id};
+use crate::ports::{Cond, Item, Key, QueryOpts, StoreError, Update, Write, attrs_of};
+
+/// The most shards a hot SKU may have (each sharded SKU in an order costs `shards + 2` writes
+/// of DynamoDB's 100 per transaction when its hold is released).
+pub const MAX_SHARDS: u32 = 16;
+/// The largest stock figure accepted (on hand, or an adjustment's delta).
+pub const MAX_UNITS: i64 = 1_000_000_000_000;
+/// How often a change is re-planned after a condition on a stale observation failed.
+pub(crate) const MAX_ATTEMPTS: usize = 16;
+
+pub(crate) fn now_text(deps: &Deps) -> String {
+    deps.clock.now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+/// One counter cell of a SKU: the stock item itself when unsharded, else one shard item.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Cell {
+    pub index: u32,
+    pub key: Key,
+    pub counters: Counters,
+    pub version: i64,
+}
+
+/// A SKU as read: its stock item and (when asked for) its cells.
+#[derive(Clone, Debug)]
+pub(crate) struct Sku {
+    pub record: SkuRecord,
+    pub cells: Vec<Cell>,
+}
+
+impl Sku {
+    pub fn total(&self) -> Counters {
+        self.cells.iter().fold(Counters::default(), |acc, c| acc.plus(c.counters))
+    }
+
+    pub fn view(&self) -> StockView {
+        let total = self.total();
+        StockView {
+            sku_id: self.record.sku_id.clone(),
+            available: total.available,
+            reserved: total.reserved,
+            sold: total.sold,
+            restock_round: self.record.restock_round,
+            shards: self.record.cell_count(),
+            category: self.record.category.clone(),
+        }
+    }
+}
+
+/// The key of cell `index` of a SKU.
+pub(crate) fn cell_key(t: &TenantId, record: &SkuRecord, index: u32) -> Key {
+    if record.is_sharded() { keys::shard(t, &record.sku_id, index) } else { keys::stock(t, &record.sku_id) }
+}
+
+pub(crate) async fn read_record(deps: &Deps, t: &TenantId, sku_id: &str) -> CoreResult<Option<SkuRecord>> {
+    match deps.table.get(&keys::stock(t, sku_id)).await? {
+        Some(item) => Ok(Some(item.parse()?)),
+        None => Ok(None),
+    }
+}
+
+/// Reads a SKU with the current value of every cell.
+pub(crate) async fn read_sku(deps: &Deps, t: &TenantId, sku_id: &str) -> CoreResult<Option<Sku>> {
+    let Some(record) = read_record(deps, t, sku_id).await? else { return Ok(None) };
+    let cells = read_cells(deps, t, &record).await?;
+    Ok(Some(Sku { record, cells }))
+}
+
+pub(crate) async fn read_cells(deps: &Deps, t: &TenantId, record: &SkuRecord) -> CoreResult<Vec<Cell>> {
+    if !record.is_sharded() {
+        let key = keys::stock(t, &record.sku_id);
+        // Read again: the caller's record may be older than this moment.
+        let Some(item) = deps.table.get(&key).await? else { return Err(CoreError::NotFound { what: "sku" }) };
+        let r: SkuRecord = item.parse()?;
+        let counters = Counters::new(r.available.unwrap_or(0), r.reserved.unwrap_or(0), r.sold.unwrap_or(0));
+        return Ok(vec![Cell { index: 0, key, counters, version: r.version.unwrap_or(0) }]);
+    }
+    let reads = (0..record.shards).map(|i| {
+        let key = keys::shard(t, &record.sku_id, i);
+        async move { (i, key.clone(), deps.table.get(&key).await) }
+    });
+    let mut cells = Vec::with_capacity(record.shards as usize);
+    for (index, key, got) in futures::future::join_all(reads).await {
+        let Some(item) = got? else {
+            return Err(StoreError::Corrupt(format!("{}/{}: shard missing", key.pk, key.sk)).into());
+        };
+        let s: ShardRecord = item.parse()?;
+        cells.push(Cell { index, key, counters: Counters::new(s.available, s.reserved, s.sold), version: s.version });
+    }
+    Ok(cells)
+}
+
+/// One change to one SKU's counters, as a list of transaction writes: every touched cell is
+/// updated by increments (`Add`, never a `Set` of a computed value: seed 002, 坑3), each
+/// decrement is guarded by a `>=` condition (never below zero: 坑1), the ledger entry goes in
+/// the same transaction (坑2), and a change that lifts available from 0 increments
+/// `restock_round` in that transaction too.
+pub(crate) struct StockChange<'a> {
+    pub tenant: &'a TenantId,
+    pub record: &'a SkuRecord,
+    /// The cells as last read, needed when available grows (to know whether it was 0).
+    pub observed: Option<&'a [Cell]>,
+    pub deltas: BTreeMap<u32, Counters>,
+    pub kind: LedgerKind,
+    pub reference: String,
+    pub source: Option<AdjustmentSource>,
+    pub reason: Option<String>,
+    pub at: String,
+}
+
+impl StockChange<'_> {
+    pub fn total(&self) -> Counters {
+        self.deltas.values().fold(Counters::default(), |acc, d| acc.plus(*d))
+    }
+
+    /// The most writes a release of this SKU can take (see [`MAX_SHARDS`]).
+    pub fn release_budget(record: &SkuRecord) -> usize {
+        if record.is_sharded() { record.shards as usize + 2 } else { 2 }
+    }
+
+    pub fn ledger_entry(&self) -> LedgerEntry {
+        let total = self.total();
+        let shards = if self.record.is_sharded() {
+            self.deltas
+                .iter()
+                .map(|(&shard, d)| ShardDelta { shard, available: d.available, reserved: d.reserved, sold: d.sold })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        LedgerEntry {
+            entry_id: new_id(),
+            sku_id: self.record.sku_id.clone(),
+            delta_available: total.available,
+            delta_reserved: total.reserved,
+            delta_sold: total.sold,
+            kind: self.kind,
+            reference: self.reference.clone(),
+            source: self.source,
+            reason: self.reason.clone(),
+            shards,
+            at: self.at.clone(),
+        }
+    }
+
+    /// The writes of this change. Whether the restock round moves is decided from the
+    /// observation and made true by conditions: "was 0" holds only if every cell still has 0
+    /// available when the transaction commits, "was not 0" only if the chosen cell still has
+    /// some. A stale observation fails the transaction, and the caller reads and tries again.
+    pub fn writes(&self) -> CoreResult<Vec<Write>> {
+        let mut cells: BTreeMap<u32, (Vec<Update>, Vec<Cond>)> = BTreeMap::new();
+        for (&index, d) in &self.deltas {
+            let (updates, conds) = cells.entry(index).or_default();
+            conds.push(Cond::Exists);
+            for (name, delta) in [("available", d.available), ("reserved", d.reserved), ("sold", d.sold)] {
+                if delta != 0 {
+                    updates.push(Update::add(name, delta));
+                }
+                if delta < 0 {
+                    conds.push(Cond::ge(name, -delta));
+                }
+            }
+            updates.push(Update::add("version", 1));
+            updates.push(Update::set("updated_at", self.at.clone()));
+        }
+        let mut restock = false;
+        if self.total().available > 0 {
+            let observed = self.observed.ok_or_else(|| StoreError::Invalid("stock grows without an observation".into()))?;
+            let was_empty = observed.iter().all(|c| c.counters.available <= 0);
+            if was_empty {
+                restock = true;
+                for c in observed {
+                    cells.entry(c.index).or_default().1.push(Cond::eq("available", 0));
+                }
+            } else {
+                let touched = observed.iter().find(|c| c.counters.available > 0 && self.deltas.contains_key(&c.index));
+                let witness = touched.or_else(|| observed.iter().find(|c| c.counters.available > 0));
+                if let Some(c) = witness {
+                    cells.entry(c.index).or_default().1.push(Cond::ge("available", 1));
+                }
+            }
+        }
+        let mut writes = Vec::with_capacity(cells.len() + 2);
+        let stock_key = keys::stock(self.tenant, &self.record.sku_id);
+        for (index, (mut updates, conds)) in cells {
+            let key = cell_key(self.tenant, self.record, index);
+            if restock && key == stock_key {
+                updates.push(Update::add("restock_round", 1));
+            }
+            let cond = Cond::And(conds);
+            writes.push(if updates.is_empty() { Write::Check { key, cond } } else { Write::Update { key, updates, cond } });
+        }
+        if restock && self.record.is_sharded() {
+            writes.push(Write::Update {
+                key: stock_key,
+                updates: vec![Update::add("restock_round", 1), Update::set("updated_at", self.at.clone())],
+                cond: Cond::Exists,
+            });
+        }
+        let entry = self.ledger_entry();
+        writes.push(Write::Put {
+            item: Item::new(keys::ledger_entry(self.tenant, &self.record.sku_id, &entry.entry_id), attrs_of(&entry)?),
+            cond: Cond::NotExists,
+        });
+        Ok(writes)
+    }
+}
+
+/// Splits `units` over `n` cells as evenly as possible (cells that would get 0 are left out).
+pub(crate) fn spread(units: i64, n: u32) -> BTreeMap<u32, i64> {
+    let n = n.max(1);
+    let base = units / i64::from(n);
+    let rest = units % i64::from(n);
+    (0..n)
+        .map(|i| (i, base + i64::from(i64::from(i) < rest)))
+        .filter(|(_, u)| *u != 0)
+        .collect()
+}
+
+/// Takes `units` from the cells with the most available first; `None` when they hold too few.
+pub(crate) fn take_from(cells: &[Cell], units: i64) -> Option<BTreeMap<u32, i64>> {
+    let mut by_most: Vec<&Cell> = cells.iter().filter(|c| c.counters.available > 0).collect();
+    by_most.sort_by_key(|c| std::cmp::Reverse(c.counters.available));
+    let mut left = units;
+    let mut out = BTreeMap::new();
+    for c in by_most {
+        if left == 0 {
+            break;
+        }
+        let take = left.min(c.counters.available);
+        out.insert(c.index, take);
+        left -= take;
+    }
+    (left == 0).then_some(out)
+}
+
+fn check_category(category: Option<&str>) -> CoreResult<()> {
+    match category {
+        Some(c) => check_id("category", c),
+        None => Ok(()),
+    }
+}
+
+/// Warm-up (seed 002 §5): creates the SKU with `on_hand` available, once. A repeat never
+/// overwrites, so an adjustment made since is never lost; it answers the stock as it is and
+/// `false`. The stock item, its shards, the `warm_up` ledger entry and the catalogue entry are
+/// one transaction.
+pub async fn warm_up(deps: &Deps, t: &TenantId, sku_id: &str, req: &WarmUpRequest) -> CoreResult<(StockView, bool)> {
+    check_id("sku_id", sku_id)?;
+    if !(0..=MAX_UNITS).contains(&req.on_hand) {
+        return Err(CoreError::invalid("on_hand", format!("must be 0 to {MAX_UNITS}")));
+    }
+    let shards = req.shards.unwrap_or(1);
+    if !(1..=MAX_SHARDS).contains(&shards) {
+        return Err(CoreError::invalid("shards", format!("must be 1 to {MAX_SHARDS}")));
+    }
+    check_category(req.category.as_deref())?;
+    let at = now_text(deps);
+    let sharded = shards >= 2;
+    let record = SkuRecord {
+        sku_id: sku_id.to_owned(),
+        shards: if sharded { shards } else { 0 },
+        category: req.category.clone(),
+        restock_round: 0,
+        created_at: at.clone(),
+        available: (!sharded).then_some(req.on_hand),
+        reserved: (!sharded).then_some(0),
+        sold: (!sharded).then_some(0),
+        version: (!sharded).then_some(1),
+    };
+    let mut writes = vec![Write::Put { item: Item::new(keys::stock(t, sku_id), attrs_of(&record)?), cond: Cond::NotExists }];
+    let split = spread(req.on_hand, record.cell_count());
+    if sharded {
+        for shard in 0..shards {
+            let available = split.get(&shard).copied().unwrap_or(0);
+            let s = ShardRecord { sku_id: sku_id.to_owned(), shard, available, reserved: 0, sold: 0, version: 1 };
+            writes.push(Write::Put { item: Item::new(keys::shard(t, sku_id, shard), attrs_of(&s)?), cond: Cond::NotExists });
+        }
+    }
+    let change = StockChange {
+        tenant: t,
+        record: &record,
+        observed: None,
+        deltas: split.iter().map(|(&i, &u)| (i, Counters::new(u, 0, 0))).collect(),
+        kind: LedgerKind::WarmUp,
+        reference: format!("warm_up:{sku_id}"),
+        source: None,
+        reason: None,
+        at: at.clone(),
+    };
+    let entry = change.ledger_entry();
+    writes.push(Write::Put {
+        item: Item::new(keys::ledger_entry(t, sku_id, &entry.entry_id), attrs_of(&entry)?),
+        cond: Cond::NotExists,
+    });
+    let mut listed = serde_json::Map::new();
+    listed.insert("sku_id".into(), Value::from(sku_id));
+    writes.push(Write::Put { item: Item::new(keys::catalogue_entry(t, sku_id), listed), cond: Cond::Always });
+    let mut tenant = serde_json::Map::new();
+    tenant.insert("tenant".into(), Value::from(t.as_str()));
+    writes.push(Write::Put { item: Item::new(keys::tenant_entry(t), tenant), cond: Cond::Always });
+    match deps.table.transact(writes).await {
+        Ok(()) => {}
+        Err(StoreError::ConditionFailed { .. }) => {
+            let sku = read_sku(deps, t, sku_id).await?.ok_or(CoreError::NotFound { what: "sku" })?;
+            return Ok((sku.view(), false));
+        }
+        Err(e) => return Err(e.into()),
+    }
+    let sku = read_sku(deps, t, sku_id).await?.ok_or(CoreError::NotFound { what: "sku" })?;
+    Ok((sku.view(), true))
+}
+
+/// The current stock of a SKU (summed over its shards).
+pub async fn get_stock(deps: &Deps, t: &TenantId, sku_id: &str) -> CoreResult<Option<StockView>> {
+    check_id("sku_id", sku_id)?;
+    Ok(read_sku(deps, t, sku_id).await?.map(|s| s.view()))
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct AdjustmentRecord {
+    body_hash: String,
+    sku_id: String,
+    created_at: String,
+}
+
+fn adjustment_hash(sku_id: &str, req: &AdjustmentRequest) -> String {
+    let canonical = format!("{sku_id}\n{}\n{}\n{}", req.delta, req.source, req.idempotency_key);
+    hex::encode(Sha256::digest(canonical.as_bytes()))
+}
+
+/// An adjustment (purchase order, return, transfer, manual, damage), applied once per
+/// idempotency key: the idempotency record is a write of the same transaction. Available never
+/// goes below 0: a decrease larger than what is available is refused (409 `insufficient_stock`).
+pub async fn adjust(deps: &Deps, t: &TenantId, sku_id: &str, req: &AdjustmentRequest) -> CoreResult<StockView> {
+    check_id("sku_id", sku_id)?;
+    check_id("idempotency_key", &req.idempotency_key)?;
+    let source = AdjustmentSource::parse(&req.source)?;
+    if req.delta == 0 || req.delta.abs() > MAX_UNITS {
+        return Err(CoreError::invalid("delta", format!("must be non-zero and at most {MAX_UNITS} either way")));
+    }
+    let hash = adjustment_hash(sku_id, req);
+    let idem_key = crate::keys::idempotency(t, "adjustment", &req.idempotency_key);
+    for _ in 0..MAX_ATTEMPTS {
+        let Some(sku) = read_sku(deps, t, sku_id).await? else { return Err(CoreError::NotFound { what: "sku" }) };
+        let units: BTreeMap<u32, i64> = if req.delta > 0 {
+            spread(req.delta, sku.record.cell_count())
+        } else {
+            take_from(&sku.cells, -req.delta).map(|m| m.into_iter().map(|(i, u)| (i, -u)).collect()).ok_or_else(|| {
+                insufficient(sku_id, sku.total().available, -req.delta)
+            })?
+        };
+        let at = now_text(deps);
+        let change = StockChange {
+            tenant: t,
+            record: &sku.record,
+            observed: Some(&sku.cells),
+            deltas: units.into_iter().map(|(i, u)| (i, Counters::new(u, 0, 0))).collect(),
+            kind: LedgerKind::Adjustment,
+            reference: format!("{}:{}", req.source, req.idempotency_key),
+            source: Some(source),
+            reason: None,
+            at: at.clone(),
+        };
+        let record = AdjustmentRecord { body_hash: hash.clone(), sku_id: sku_id.to_owned(), created_at: at };
+        let mut writes = vec![Write::Put { item: Item::new(idem_key.clone(), attrs_of(&record)?), cond: Cond::NotExists }];
+        writes.extend(change.writes()?);
+        match deps.table.transact(writes).await {
+            Ok(()) => return get_stock(deps, t, sku_id).await?.ok_or(CoreError::NotFound { what: "sku" }),
+            Err(StoreError::ConditionFailed { index: 0 }) => return replayed_adjustment(deps, t, sku_id, &idem_key, &hash).await,
+            // The stock moved since it was read: read again and re-plan.
+            Err(StoreError::ConditionFailed { .. } | StoreError::Conflict) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(StoreError::Conflict.into())
+}
+
+async fn replayed_adjustment(deps: &Deps, t: &TenantId, sku_id: &str, idem_key: &Key, hash: &str) -> CoreResult<StockView> {
+    let Some(item) = deps.table.get(idem_key).await? else { return Err(StoreError::Conflict.into()) };
+    let record: AdjustmentRecord = item.parse()?;
+    if record.body_hash != hash {
+        return Err(CoreError::conflict("idempotency_conflict", "this idempotency_key was used with a different adjustment"));
+    }
+    get_stock(deps, t, sku_id).await?.ok_or(CoreError::NotFound { what: "sku" })
+}
+
+pub(crate) fn insufficient(sku_id: &str, available: i64, requested: i64) -> CoreError {
+    CoreError::conflict(
+        "insufficient_stock",
+        format!("insufficient stock for sku {sku_id}: {available} available, {requested} requested"),
+    )
+}
+
+/// One page of a SKU's ledger, oldest first.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct LedgerPage {
+    pub items: Vec<LedgerEntry>,
+    pub next_cursor: Option<String>,
+}
+
+pub async fn ledger(deps: &Deps, t: &TenantId, sku_id: &str, limit: usize, cursor: Option<String>) -> CoreResult<Option<LedgerPage>> {
+    check_id("sku_id", sku_id)?;
+    if read_record(deps, t, sku_id).await?.is_none() {
+        return Ok(None);
+    }
+    let opts = QueryOpts { limit, cursor, descending: false };
+    let page = deps.table.query(&keys::ledger_pk(t, sku_id), keys::LEDGER_PREFIX, opts).await.map_err(|e| match e {
+        StoreError::Invalid(_) => CoreError::invalid("cursor", "not a cursor this list gave"),
+        e => e.into(),
+    })?;
+    let items = page.items.iter().map(Item::parse).collect::<Result<Vec<LedgerEntry>, _>>()?;
+    Ok(Some(LedgerPage { items, next_cursor: page.next_cursor }))
+}
+
+/// Every ledger entry of a SKU (for reconciliation and tests).
+pub async fn all_ledger_entries(deps: &Deps, t: &TenantId, sku_id: &str) -> CoreResult<Vec<LedgerEntry>> {
+    let mut out = Vec::new();
+    let mut cursor = None;
+    loop {
+        let opts = QueryOpts { limit: 1000, cursor, descending: false };
+        let page = deps.table.query(&keys::ledger_pk(t, sku_id), keys::LEDGER_PREFIX, opts).await?;
+        for item in &page.items {
+            out.push(item.parse()?);
+        }
+        cursor = page.next_cursor;
+        if cursor.is_none() {
+            return Ok(out);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+
+    fn cell(index: u32, available: i64) -> Cell {
+        Cell { index, key: Key::new("p", index.to_string()), counters: Counters::new(available, 0, 0), version: 0 }
+    }
+
+    #[test]
+    fn spreads_evenly() {
+        assert_eq!(spread(10, 4), BTreeMap::from([(0, 3), (1, 3), (2, 2), (3, 2)]));
+        assert_eq!(spread(2, 4), BTreeMap::from([(0, 1), (1, 1)]));
+        assert_eq!(spread(5, 1), BTreeMap::from([(0, 5)]));
+        assert!(spread(0, 3).is_empty());
+    }
+
+    #[test]
+    fn takes_from_the_fullest_cells() {
+        let cells = [cell(0, 1), cell(1, 5), cell(2, 0)];
+        assert_eq!(take_from(&cells, 6), Some(BTreeMap::from([(1, 5), (0, 1)])));
+        assert_eq!(take_from(&cells, 3), Some(BTreeMap::from([(1, 3)])));
+        assert_eq!(take_from(&cells, 7), None);
+    }
+}

@@ -1,0 +1,262 @@
+//! The conformance suite (`tidings-conformance`) against the AWS backend, on the endpoint of
+//! `AWS_ENDPOINT_URL` (moto from `infra/moto.sh`, LocalStack, or AWS itself).
+//!
+//! ```sh
+//! infra/moto.sh start
+//! env $(infra/moto.sh env) cargo test -p tidings-tests --test conformance_aws
+//! ```
+//!
+//! Without `AWS_ENDPOINT_URL`, or with an endpoint that does not answer, every test FAILS with
+//! a message saying so: nothing is skipped. Each test bootstraps its own table
+//! (`tidings-conf-<run>-<test>`) and the queues it uses (`tidings-conf-<run>-conf-a`, ... with
+//! `maxReceiveCount` 2), and deletes them at the end.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use serde_json::json;
+use tidings_aws::{AwsBackend, AwsConfig, RedriveMode, bootstrap};
+use tidings_conformance::{CONFORMANCE_QUEUES, MAX_RECEIVES, attrs, queue, run_id, stream, table};
+use tidings_core::ports::{ChangeFeed, Cond, Item, Key, OutMessage, Queues, Table, Update, Write};
+
+/// One id for the whole test process, so that names never clash with an earlier run.
+fn process_run() -> &'static str {
+    static RUN: OnceLock<String> = OnceLock::new();
+    RUN.get_or_init(|| run_id()[..8].to_string())
+}
+
+/// The endpoint, or a loud failure.
+fn endpoint() -> String {
+    match std::env::var("AWS_ENDPOINT_URL") {
+        Ok(url) if !url.trim().is_empty() => url,
+        _ => panic!(
+            "AWS_ENDPOINT_URL is not set: the AWS conformance tests need an emulator (or AWS). \
+             Start one with `infra/moto.sh start` and run \
+             `env $(infra/moto.sh env) cargo test -p tidings-tests --test conformance_aws`."
+        ),
+    }
+}
+
+/// A backend on a fresh table and the given conformance queues, bootstrapped.
+struct Env {
+    backend: AwsBackend,
+}
+
+impl Env {
+    async fn new(test: &str, queues: &[&str]) -> Env {
+        let url = endpoint();
+        let mut config = AwsConfig::from_env().expect("the TIDINGS_* environment");
+        config.table = format!("tidings-conf-{}-{test}", process_run());
+        config.queue_prefix = format!("tidings-conf-{}-", process_run());
+        config.queue_urls.clear();
+        config.max_receives = MAX_RECEIVES;
+        // Receive-and-resend works on every SQS (moto has no StartMessageMoveTask); an explicit
+        // TIDINGS_REDRIVE_MODE wins.
+        if std::env::var_os("TIDINGS_REDRIVE_MODE").is_none() {
+            config.redrive_mode = RedriveMode::ReceiveAndResend;
+        }
+        let backend = AwsBackend::from_config(config).await;
+        let reachable = tokio::time::timeout(
+            Duration::from_secs(20),
+            backend.dynamo_client().list_tables().limit(1).send(),
+        )
+        .await;
+        match reachable {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => panic!(
+                "AWS_ENDPOINT_URL={url} does not answer DynamoDB ({}). Is the emulator running \
+                 (`infra/moto.sh start`) and are AWS_REGION / AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY set \
+                 (`infra/moto.sh env`)?",
+                aws_sdk_error(&e)
+            ),
+            Err(_) => panic!("AWS_ENDPOINT_URL={url} did not answer within 20 s"),
+        }
+        bootstrap(&backend, queues).await.unwrap_or_else(|e| panic!("bootstrap on {url}: {e}"));
+        Env { backend }
+    }
+
+    fn table(&self) -> tidings_aws::DynamoTable {
+        self.backend.table()
+    }
+
+    /// Best effort: the table and the queues of this test go away.
+    async fn cleanup(self, queues: &[&str]) {
+        let c = self.backend.config().clone();
+        let _ = self.backend.dynamo_client().delete_table().table_name(&c.table).send().await;
+        for q in queues {
+            for name in [c.queue_name(q), c.dlq_name(q)] {
+                if let Ok(out) = self.backend.sqs_client().get_queue_url().queue_name(&name).send().await
+                    && let Some(url) = out.queue_url
+                {
+                    let _ = self.backend.sqs_client().delete_queue().queue_url(url).send().await;
+                }
+            }
+        }
+    }
+}
+
+fn aws_sdk_error(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(inner) = source {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        source = inner.source();
+    }
+    s
+}
+
+macro_rules! table_case {
+    ($name:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            let env = Env::new(stringify!($name), &[]).await;
+            table::$name(&env.table()).await;
+            env.cleanup(&[]).await;
+        }
+    };
+}
+
+macro_rules! stream_case {
+    ($name:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            let env = Env::new(stringify!($name), &[]).await;
+            let feed = env.backend.change_feed();
+            stream::$name(&env.table(), &feed).await;
+            env.cleanup(&[]).await;
+        }
+    };
+}
+
+macro_rules! queue_case {
+    ($name:ident, $queue:literal) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            let env = Env::new(stringify!($name), &[$queue]).await;
+            queue::$name(&env.backend.queues(), $queue).await;
+            env.cleanup(&[$queue]).await;
+        }
+    };
+}
+
+table_case!(item_round_trip);
+table_case!(null_attributes_are_not_stored);
+table_case!(conditional_put_conflict);
+table_case!(update_upsert_and_add);
+table_case!(conditions_semantics);
+table_case!(transact_reports_failing_index);
+table_case!(transact_rejects_invalid);
+table_case!(query_prefix_and_pagination);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn transactions_all_or_nothing() {
+    let env = Env::new("transactions_all_or_nothing", &[]).await;
+    table::transactions_all_or_nothing(Arc::new(env.table())).await;
+    env.cleanup(&[]).await;
+}
+
+stream_case!(change_stream_delivers_every_committed_write_in_order);
+stream_case!(change_stream_skips_unchanged_writes);
+stream_case!(change_stream_resumes_after_commit);
+
+queue_case!(queue_send_receive_delete, "conf-a");
+queue_case!(queue_send_many, "conf-b");
+queue_case!(queue_delay, "conf-c");
+queue_case!(queue_visibility_timeout, "conf-d");
+queue_case!(queue_change_visibility, "conf-e");
+queue_case!(queue_stale_receipt, "conf-f");
+queue_case!(queue_max_receives_then_dlq, "conf-g");
+queue_case!(queue_redrive, "conf-h");
+queue_case!(queue_stats, "conf-i");
+queue_case!(queue_long_poll, "conf-j");
+
+/// The table cases concurrently on one shared table, then the queue cases through
+/// `queue::ALL` concurrently, as a harness sharing one backend would run them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn whole_suite_on_one_shared_backend() {
+    let env = Env::new("shared", &CONFORMANCE_QUEUES).await;
+    let t = env.table();
+    let s = &t;
+    tokio::join!(
+        table::item_round_trip(s),
+        table::conditional_put_conflict(s),
+        table::update_upsert_and_add(s),
+        table::conditions_semantics(s),
+        table::transact_reports_failing_index(s),
+        table::transact_rejects_invalid(s),
+        table::query_prefix_and_pagination(s),
+        table::transactions_all_or_nothing(Arc::new(env.table())),
+    );
+    let feed = env.backend.change_feed();
+    stream::change_stream_delivers_every_committed_write_in_order(s, &feed).await;
+    let queues = env.backend.queues();
+    let mut cases = Vec::new();
+    for (_, name, case) in queue::ALL {
+        cases.push(case(&queues, name));
+    }
+    futures::future::join_all(cases).await;
+    env.cleanup(&CONFORMANCE_QUEUES).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// What only the AWS backend has.
+
+/// A new feed on a table starts from the oldest record the stream keeps (TRIM_HORIZON), and
+/// many records arrive in batches no larger than asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aws_feed_reads_from_trim_horizon_in_bounded_batches() {
+    let env = Env::new("feed_trim_horizon", &[]).await;
+    let t = env.table();
+    for i in 0..25 {
+        t.put(Item::new(Key::new("p", format!("k{i:02}")), attrs(json!({"i": i}))), Cond::Always).await.unwrap();
+    }
+    let feed = env.backend.change_feed();
+    let mut seen = Vec::new();
+    let until = tokio::time::Instant::now() + Duration::from_secs(30);
+    while seen.len() < 25 && tokio::time::Instant::now() < until {
+        let batch = feed.next_batch(7).await.unwrap();
+        assert!(batch.len() <= 7, "a batch holds at most max records ({})", batch.len());
+        feed.commit(&batch).await.unwrap();
+        seen.extend(batch.into_iter().map(|r| r.key.sk));
+    }
+    let expected: Vec<String> = (0..25).map(|i| format!("k{i:02}")).collect();
+    assert_eq!(seen, expected, "every write once, in commit order");
+    env.cleanup(&[]).await;
+}
+
+/// Bootstrap is idempotent and keeps the redrive policy; the stats of a fresh queue are zero.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aws_bootstrap_is_idempotent() {
+    let env = Env::new("bootstrap_twice", &["conf-a"]).await;
+    bootstrap(&env.backend, &["conf-a"]).await.unwrap();
+    let queues = env.backend.queues();
+    let s = queues.stats("conf-a").await.unwrap();
+    assert_eq!((s.visible, s.in_flight, s.delayed, s.dlq_depth), (0, 0, 0, 0));
+    let url = queues.queue_url("conf-a").await.unwrap();
+    let attrs = env
+        .backend
+        .sqs_client()
+        .get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(aws_sdk_sqs::types::QueueAttributeName::RedrivePolicy)
+        .send()
+        .await
+        .unwrap();
+    let policy = attrs
+        .attributes()
+        .and_then(|a| a.get(&aws_sdk_sqs::types::QueueAttributeName::RedrivePolicy))
+        .cloned()
+        .unwrap_or_default();
+    assert!(policy.contains("conf-a-dlq") && policy.contains('2'), "redrive policy {policy}");
+    // The table answers, with its stream.
+    let t = env.table();
+    t.transact(vec![Write::Update { key: Key::new("b", "c"), updates: vec![Update::add("n", 1)], cond: Cond::Always }])
+        .await
+        .unwrap();
+    assert_eq!(t.get(&Key::new("b", "c")).await.unwrap().unwrap().i64("n"), Some(1));
+    queues.send_batch("conf-a", vec![OutMessage::new("x")]).await.unwrap();
+    env.cleanup(&["conf-a"]).await;
+}

@@ -1,0 +1,290 @@
+//! The notification slice, end to end.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::server::{Backend, Options, Server};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+async fn setup(s: &Server) -> anyhow::Result<()> {
+    for (id, body) in [
+        ("u1", json!({"email": "alice@example.com", "phone": "+8613800001234", "locale": "zh-CN"})),
+        ("u2", json!({"email": "bob@example.com", "phone": "+14155550100"})),
+    ] {
+        let (st, _) = s.call("PUT", &format!("/v1/users/{id}"), Some(body)).await?;
+        assert_eq!(st, 200);
+    }
+    let (st, v) = s
+        .call(
+            "PUT",
+            "/v1/templates/order_shipped",
+            Some(json!({
+                "default_locale": "en",
+                "locales": {
+                    "en": {"email_subject": "Order {{ order_id }} shipped", "email_body": "Your order {{ order_id }} is on its way",
+                           "sms": "Order {{ order_id }} shipped", "inapp_title": "Shipped", "inapp_body": "Order {{ order_id }} shipped"},
+                    "zh-CN": {"email_subject": "订单 {{ order_id }} 已发货", "email_body": "您的订单 {{ order_id }} 已发货", "sms": "订单 {{ order_id }} 已发货"}
+                }
+            })),
+        )
+        .await?;
+    assert_eq!(st, 200, "{v}");
+    Ok(())
+}
+
+fn request(key: &str, users: &[&str], channels: &[&str], order_id: &str) -> Value {
+    json!({
+        "idempotency_key": key,
+        "recipients": {"user_ids": users},
+        "template_id": "order_shipped",
+        "params": {"order_id": order_id},
+        "category": "transactional",
+        "channels": channels,
+    })
+}
+
+async fn send(s: &Server, body: Value) -> anyhow::Result<String> {
+    let (st, v) = s.call("POST", "/v1/notifications", Some(body)).await?;
+    assert_eq!(st, 202, "{v}");
+    Ok(v["notification_id"].as_str().unwrap().to_owned())
+}
+
+async fn deliveries(s: &Server, id: &str) -> anyhow::Result<Vec<Value>> {
+    let (st, v) = s.call("GET", &format!("/v1/notifications/{id}/deliveries?limit=500"), None).await?;
+    assert_eq!(st, 200, "{v}");
+    Ok(v["items"].as_array().cloned().unwrap_or_default())
+}
+
+async fn wait_sends(s: &Server, id: &str, n: usize) -> anyhow::Result<Vec<Value>> {
+    s.eventually(WAIT, &format!("{n} sends of {id}"), || async {
+        let sends = s.sends(id).await?;
+        Ok((sends.len() >= n).then_some(sends))
+    })
+    .await
+}
+
+async fn wait_delivery_status(s: &Server, id: &str, status: &str) -> anyhow::Result<Value> {
+    s.eventually(WAIT, &format!("a delivery of {id} to be {status}"), || async {
+        let d = deliveries(s, id).await?;
+        Ok(d.into_iter().find(|d| d["status"] == status))
+    })
+    .await
+}
+
+pub async fn two_users_on_email_and_sms_get_exactly_four_sends(backend: Backend) -> anyhow::Result<()> {
+    let s = Server::start(backend, Options::default()).await?;
+    setup(&s).await?;
+    let body = request("order-123-shipped", &["u1", "u2"], &["email", "sms"], "123");
+    let id = send(&s, body.clone()).await?;
+    let sends = wait_sends(&s, &id, 4).await?;
+    let mut pairs: Vec<(String, String)> =
+        sends.iter().map(|x| (x["user_id"].as_str().unwrap().to_owned(), x["channel"].as_str().unwrap().to_owned())).collect();
+    pairs.sort();
+    assert_eq!(
+        pairs,
+        vec![("u1".into(), "email".into()), ("u1".into(), "sms".into()), ("u2".into(), "email".into()), ("u2".into(), "sms".into())]
+    );
+    // Locale: u1 reads Chinese, u2 the default.
+    let u1_sms = sends.iter().find(|x| x["user_id"] == "u1" && x["channel"] == "sms").unwrap();
+    assert_eq!(u1_sms["body"], "订单 123 已发货");
+    assert_eq!(u1_sms["to"], "+8613800001234");
+
+    // The same request again: the same id, nothing more sent.
+    let again = send(&s, body.clone()).await?;
+    assert_eq!(again, id);
+    // Another body with the same key: 409.
+    let (st, v) = s.call("POST", "/v1/notifications", Some(request("order-123-shipped", &["u1"], &["email"], "999"))).await?;
+    assert_eq!(st, 409, "{v}");
+    assert_eq!(v["code"], "idempotency_conflict");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(s.sends(&id).await?.len(), 4, "a repeated request must not send again");
+
+    let (st, v) = s.call("GET", &format!("/v1/notifications/{id}"), None).await?;
+    assert_eq!(st, 200);
+    assert_eq!(v["counts"]["sent"], 4, "{v}");
+    assert_eq!(v["status"], "completed", "{v}");
+    Ok(())
+}
+
+pub async fn transient_failures_back_off_then_send_once(backend: Backend) -> anyhow::Result<()> {
+    let s = Server::start(backend, Options::default()).await?;
+    setup(&s).await?;
+    let (st, _) = s.call("PUT", "/dev/providers/email", Some(json!({"mode": "fail_5xx", "fail_first_n": 2}))).await?;
+    assert_eq!(st, 200);
+    let id = send(&s, request("k-5xx", &["u2"], &["email"], "5")).await?;
+    let d = wait_delivery_status(&s, &id, "sent").await?;
+    assert_eq!(d["attempts"], 3, "two failures then a success: {d}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let sends = s.sends(&id).await?;
+    assert_eq!(sends.len(), 1, "sent exactly once: {sends:?}");
+    assert_eq!(sends[0]["attempt"], 3);
+    Ok(())
+}
+
+pub async fn permanent_failure_is_not_retried(backend: Backend) -> anyhow::Result<()> {
+    let s = Server::start(backend, Options::default()).await?;
+    setup(&s).await?;
+    s.call("PUT", "/dev/providers/sms", Some(json!({"mode": "permanent"}))).await?;
+    let id = send(&s, request("k-perm", &["u2"], &["sms"], "6")).await?;
+    let d = wait_delivery_status(&s, &id, "failed").await?;
+    assert_eq!(d["attempts"], 1, "{d}");
+    assert!(d["last_error"].as_str().unwrap().contains("rejected"), "{d}");
+    // Heal the provider: a retry would now succeed, so any retry would show.
+    s.call("PUT", "/dev/providers/sms", Some(json!({"mode": "ok"}))).await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let d = deliveries(&s, &id).await?;
+    assert_eq!(d[0]["status"], "failed");
+    assert_eq!(d[0]["attempts"], 1);
+    assert!(s.sends(&id).await?.is_empty());
+    Ok(())
+}
+
+pub async fn dead_letters_are_redriven_and_delivered_once(backend: Backend) -> anyhow::Result<()> {
+    let mut opts = Options::default();
+    opts.env.push(("TIDINGS_MAX_RECEIVES", "2".into()));
+    let s = Server::start(backend, opts).await?;
+    setup(&s).await?;
+    s.call("PUT", "/dev/providers/email", Some(json!({"mode": "fail_5xx"}))).await?;
+    let id = send(&s, request("k-dlq", &["u1"], &["email"], "7")).await?;
+    let d = wait_delivery_status(&s, &id, "dead").await?;
+    assert_eq!(d["attempts"], 2, "{d}");
+    let dlq_depth = s
+        .eventually(WAIT, "the message to reach email-high's DLQ", || async {
+            let (_, v) = s.call("GET", "/v1/ops/queues", None).await?;
+            let q = v["queues"].as_array().unwrap().iter().find(|q| q["name"] == "email-high").cloned().unwrap();
+            Ok((q["dlq_depth"].as_u64().unwrap_or(0) >= 1).then_some(q["dlq_depth"].as_u64().unwrap_or(0)))
+        })
+        .await?;
+    assert_eq!(dlq_depth, 1);
+    assert!(s.sends(&id).await?.is_empty());
+
+    s.call("PUT", "/dev/providers/email", Some(json!({"mode": "ok"}))).await?;
+    let (st, v) = s.call("POST", "/v1/ops/dlq/email-high/redrive", None).await?;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["moved"], 1);
+    wait_delivery_status(&s, &id, "sent").await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(s.sends(&id).await?.len(), 1, "a redriven message is delivered once");
+    Ok(())
+}
+
+pub async fn accepted_work_survives_kill_9(backend: Backend) -> anyhow::Result<()> {
+    let mut s = Server::start(backend, Options::default()).await?;
+    setup(&s).await?;
+    // The provider fails until the crash, so the work is accepted but not delivered.
+    s.call("PUT", "/dev/providers/email", Some(json!({"mode": "fail_5xx"}))).await?;
+    let id = send(&s, request("k-crash", &["u1", "u2"], &["email"], "8")).await?;
+    s.eventually(WAIT, "a failed attempt", || async {
+        Ok(deliveries(&s, &id).await?.iter().any(|d| d["attempts"].as_u64().unwrap_or(0) >= 1).then_some(()))
+    })
+    .await?;
+    s.kill9_and_restart().await?; // the provider comes back healthy
+    let sends = wait_sends(&s, &id, 2).await?;
+    assert_eq!(sends.len(), 2);
+    let (_, v) = s.call("GET", &format!("/v1/notifications/{id}"), None).await?;
+    assert_eq!(v["counts"]["sent"], 2, "{v}");
+    Ok(())
+}
+
+pub async fn inapp_goes_to_the_inbox(backend: Backend) -> anyhow::Result<()> {
+    let s = Server::start(backend, Options::default()).await?;
+    setup(&s).await?;
+    let id = send(&s, request("k-inapp", &["u2"], &["inapp"], "9")).await?;
+    let inbox = s
+        .eventually(WAIT, "the inbox message", || async {
+            let (_, v) = s.call("GET", "/v1/users/u2/inbox", None).await?;
+            Ok((v["items"].as_array().is_some_and(|a| !a.is_empty())).then_some(v))
+        })
+        .await?;
+    assert_eq!(inbox["unread_count"], 1);
+    assert_eq!(inbox["items"][0]["title"], "Shipped");
+    assert_eq!(inbox["items"][0]["body"], "Order 9 shipped");
+    let mid = inbox["items"][0]["message_id"].as_str().unwrap().to_owned();
+    let (st, v) = s.call("POST", &format!("/v1/users/u2/inbox/{mid}/read"), None).await?;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["unread_count"], 0);
+    // Reading twice does not drive the count below zero.
+    let (_, v) = s.call("POST", &format!("/v1/users/u2/inbox/{mid}/read"), None).await?;
+    assert_eq!(v["unread_count"], 0);
+    let (_, v) = s.call("GET", &format!("/v1/notifications/{id}"), None).await?;
+    assert_eq!(v["counts"]["sent"], 1);
+    Ok(())
+}
+
+pub async fn bad_input_gets_problem_documents(backend: Backend) -> anyhow::Result<()> {
+    let s = Server::start(backend, Options::default()).await?;
+    let key = s.key.clone();
+    let (st, ct, body) = s.raw("POST", "/v1/notifications", "{not json", Some(&key)).await?;
+    assert_eq!(st, 400, "{body}");
+    assert_eq!(ct, "application/problem+json");
+    let v: Value = serde_json::from_str(&body)?;
+    assert_eq!(v["code"], "malformed_json");
+
+    let (st, _, body) = s
+        .raw("POST", "/v1/notifications", r#"{"recipients":{"user_ids":"u1"},"template_id":"t","category":"transactional"}"#, Some(&key))
+        .await?;
+    assert_eq!(st, 400, "{body}");
+    let v: Value = serde_json::from_str(&body)?;
+    assert_eq!(v["field"], "recipients.user_ids", "{v}");
+
+    let (st, _, body) = s
+        .raw("POST", "/v1/notifications", r#"{"recipients":{"user_ids":["a#b"]},"template_id":"t","category":"transactional"}"#, Some(&key))
+        .await?;
+    assert_eq!(st, 422, "{body}");
+    let v: Value = serde_json::from_str(&body)?;
+    assert_eq!(v["field"], "recipients.user_ids[0]", "{v}");
+
+    let (st, _, body) = s.raw("PUT", "/v1/users/u9", r#"{"timezone":"Mars/Olympus"}"#, Some(&key)).await?;
+    assert_eq!(st, 422, "{body}");
+    assert!(body.contains("\"field\":\"timezone\""), "{body}");
+
+    let (st, _, _) = s.raw("GET", "/v1/users/u1", "", None).await?;
+    assert_eq!(st, 401);
+    let (st, _, _) = s.raw("GET", "/v1/users/u1", "", Some("wrong-key")).await?;
+    assert_eq!(st, 401);
+    let (st, _, body) = s.raw("GET", "/v1/notifications/does-not-exist", "", Some(&key)).await?;
+    assert_eq!(st, 404, "{body}");
+    Ok(())
+}
+
+pub async fn tenants_are_isolated(backend: Backend) -> anyhow::Result<()> {
+    let s = Server::start(backend, Options::default()).await?;
+    setup(&s).await?;
+    let id = send(&s, request("k-iso", &["u1"], &["inapp"], "10")).await?;
+    let other = s.other_tenant_key();
+    let (st, _) = s.call_as(&other, "GET", &format!("/v1/notifications/{id}"), None).await?;
+    assert_eq!(st, 404, "another tenant's notification is absent");
+    let (st, _) = s.call_as(&other, "GET", &format!("/v1/notifications/{id}/deliveries"), None).await?;
+    assert_eq!(st, 404);
+    let (st, _) = s.call_as(&other, "POST", &format!("/v1/notifications/{id}/cancel"), None).await?;
+    assert_eq!(st, 404);
+    let (st, _) = s.call_as(&other, "GET", "/v1/users/u1", None).await?;
+    assert_eq!(st, 404);
+    let (st, _) = s.call_as(&other, "GET", "/v1/templates/order_shipped", None).await?;
+    assert_eq!(st, 404);
+    // The same idempotency key in another tenant is another request.
+    let (st, v) = s.call_as(&other, "POST", "/v1/notifications", Some(request("k-iso", &["u1"], &["inapp"], "11"))).await?;
+    assert_eq!(st, 202, "{v}");
+    assert_ne!(v["notification_id"], id.as_str());
+    wait_delivery_status(&s, &id, "sent").await?;
+    let (_, inbox) = s.call_as(&other, "GET", "/v1/users/u1/inbox", None).await?;
+    assert!(inbox["items"].as_array().unwrap().iter().all(|m| m["body"] != "Order 10 shipped"), "{inbox}");
+    Ok(())
+}
+
+pub async fn missing_placeholder_fails_without_retry(backend: Backend) -> anyhow::Result<()> {
+    let s = Server::start(backend, Options::default()).await?;
+    setup(&s).await?;
+    let body = json!({
+        "recipients": {"user_ids": ["u2"]}, "template_id": "order_shipped", "params": {},
+        "category": "transactional", "channels": ["sms"],
+    });
+    let id = send(&s, body).await?;
+    let d = wait_delivery_status(&s, &id, "failed").await?;
+    assert!(d["last_error"].as_str().unwrap().starts_with("template_error"), "{d}");
+    assert_eq!(d["attempts"], 0);
+    assert!(s.sends(&id).await?.is_empty());
+    Ok(())
+}

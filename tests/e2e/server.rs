@@ -1,0 +1,203 @@
+//! Spawns `tidings serve` as a real process (so a test can `kill -9` it) on either backend.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Embedded,
+    Aws,
+}
+
+/// The `tidings` binary: `TIDINGS_BIN`, else the workspace's debug build (built with
+/// `--features aws` by `make test`).
+fn binary() -> anyhow::Result<PathBuf> {
+    if let Ok(p) = std::env::var("TIDINGS_BIN") {
+        return Ok(PathBuf::from(p));
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let p = root.join("target/debug/tidings");
+    if !p.exists() {
+        bail!("{} is missing: run `cargo build -p tidings --features aws` first (make test does)", p.display());
+    }
+    Ok(p)
+}
+
+/// Where the AWS backend's emulator is. Fails loudly when it is not configured: a test that
+/// needs the emulator never skips.
+pub fn emulator() -> String {
+    match std::env::var("AWS_ENDPOINT_URL") {
+        Ok(url) if !url.is_empty() => url,
+        _ => panic!("AWS_ENDPOINT_URL is not set: start the emulator (make test does: infra/moto.sh start)"),
+    }
+}
+
+pub struct Server {
+    pub base: String,
+    pub key: String,
+    child: Option<Child>,
+    pub backend: Backend,
+    data_dir: PathBuf,
+    _tmp: std::sync::Arc<tempfile::TempDir>,
+    env: Vec<(String, String)>,
+    pub http: reqwest::Client,
+}
+
+pub struct Options {
+    pub env: Vec<(&'static str, String)>,
+    pub manual_clock: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self { env: vec![("TIDINGS_RETRY_BASE_MS", "200".into()), ("TIDINGS_RETRY_CAP_MS", "1000".into())], manual_clock: false }
+    }
+}
+
+impl Server {
+    pub async fn start(backend: Backend, opts: Options) -> anyhow::Result<Self> {
+        let tmp = std::sync::Arc::new(tempfile::tempdir()?);
+        let run = format!("e2e{:08x}", rand::random::<u32>());
+        let mut env: Vec<(String, String)> = opts.env.iter().map(|(k, v)| ((*k).to_owned(), v.clone())).collect();
+        env.push(("TIDINGS_API_KEYS".into(), format!("acme:key-acme-{run},globex:key-globex-{run}")));
+        if backend == Backend::Aws {
+            emulator();
+            env.push(("TIDINGS_TABLE".into(), format!("{run}-table")));
+            env.push(("TIDINGS_QUEUE_PREFIX".into(), format!("{run}-")));
+            env.push(("TIDINGS_REDRIVE_MODE".into(), "receive-and-resend".into()));
+        }
+        let mut s = Self {
+            base: String::new(),
+            key: format!("key-acme-{run}"),
+            child: None,
+            backend,
+            data_dir: tmp.path().join("data"),
+            _tmp: tmp,
+            env,
+            http: reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?,
+        };
+        s.spawn(opts.manual_clock).await?;
+        Ok(s)
+    }
+
+    pub fn other_tenant_key(&self) -> String {
+        self.key.replace("key-acme-", "key-globex-")
+    }
+
+    async fn spawn(&mut self, manual_clock: bool) -> anyhow::Result<()> {
+        let mut cmd = Command::new(binary()?);
+        cmd.arg("serve").arg("--addr").arg("127.0.0.1:0").arg("--data-dir").arg(&self.data_dir);
+        cmd.arg("--backend").arg(match self.backend {
+            Backend::Embedded => "embedded",
+            Backend::Aws => "aws",
+        });
+        if self.backend == Backend::Aws {
+            cmd.arg("--bootstrap");
+        }
+        if manual_clock {
+            cmd.arg("--manual-clock");
+        }
+        cmd.envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        cmd.env("TIDINGS_LOG", std::env::var("TIDINGS_LOG").unwrap_or_else(|_| "warn".into()));
+        cmd.stdout(Stdio::piped()).stderr(Stdio::inherit()).kill_on_drop(true);
+        let mut child = cmd.spawn().context("spawning tidings serve")?;
+        let stdout = child.stdout.take().context("no stdout")?;
+        let mut lines = BufReader::new(stdout).lines();
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let base = loop {
+            let line = tokio::time::timeout_at(deadline.into(), lines.next_line())
+                .await
+                .context("tidings serve did not start in time")??
+                .context("tidings serve exited before listening")?;
+            if let Some(rest) = line.split("listening on ").nth(1) {
+                break rest.split_whitespace().next().unwrap_or_default().to_owned();
+            }
+        };
+        // Keep draining stdout so the child never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        self.base = base;
+        self.child = Some(child);
+        self.wait_healthy().await
+    }
+
+    async fn wait_healthy(&self) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Ok(r) = self.http.get(format!("{}/healthz", self.base)).send().await
+                && r.status().is_success()
+            {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        bail!("server not healthy")
+    }
+
+    /// `kill -9`, then start again on the same data.
+    pub async fn kill9_and_restart(&mut self) -> anyhow::Result<()> {
+        if let Some(mut child) = self.child.take() {
+            child.start_kill()?; // SIGKILL
+            child.wait().await?;
+        }
+        self.spawn(false).await
+    }
+
+    pub async fn call(&self, method: &str, path: &str, body: Option<Value>) -> anyhow::Result<(u16, Value)> {
+        self.call_as(&self.key, method, path, body).await
+    }
+
+    pub async fn call_as(&self, key: &str, method: &str, path: &str, body: Option<Value>) -> anyhow::Result<(u16, Value)> {
+        let url = format!("{}{}", self.base, path);
+        let mut req = self.http.request(method.parse()?, url).header("authorization", format!("Bearer {key}"));
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let res = req.send().await?;
+        let status = res.status().as_u16();
+        let text = res.text().await?;
+        let value = if text.is_empty() { Value::Null } else { serde_json::from_str(&text).unwrap_or(Value::String(text)) };
+        Ok((status, value))
+    }
+
+    pub async fn raw(&self, method: &str, path: &str, body: &str, key: Option<&str>) -> anyhow::Result<(u16, String, String)> {
+        let mut req = self.http.request(method.parse()?, format!("{}{}", self.base, path)).body(body.to_owned());
+        if let Some(k) = key {
+            req = req.header("authorization", format!("Bearer {k}"));
+        }
+        req = req.header("content-type", "application/json");
+        let res = req.send().await?;
+        let status = res.status().as_u16();
+        let ct = res.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+        Ok((status, ct, res.text().await?))
+    }
+
+    /// Accepted sends for this tenant's notification, as the fake providers recorded them.
+    pub async fn sends(&self, notification_id: &str) -> anyhow::Result<Vec<Value>> {
+        let (_, v) = self.call("GET", "/dev/deliveries", None).await?;
+        Ok(v.as_array().cloned().unwrap_or_default().into_iter().filter(|s| s["notification_id"] == notification_id).collect())
+    }
+
+    /// Polls until `check` returns Some, or fails after `within`.
+    pub async fn eventually<T, F, Fut>(&self, within: Duration, what: &str, mut check: F) -> anyhow::Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = anyhow::Result<Option<T>>>,
+    {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(v) = check().await? {
+                return Ok(v);
+            }
+            if Instant::now() > deadline {
+                bail!("timed out waiting for: {what}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
