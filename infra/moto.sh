@@ -22,6 +22,8 @@ print_env() {
     echo "AWS_REGION=us-east-1"
     echo "AWS_ACCESS_KEY_ID=test"
     echo "AWS_SECRET_ACCESS_KEY=test"
+    # moto has no SQS StartMessageMoveTask.
+    echo "TIDINGS_REDRIVE_MODE=receive-and-resend"
 }
 
 answers() {

@@ -229,7 +229,6 @@ async fn embedded_feed_checkpoints_per_consumer_and_trim() {
     assert_eq!(t.trim_changes(2).await.unwrap(), 2);
     assert_eq!(a.next_batch(10).await.unwrap().len(), 1);
     // A waiting reader wakes up when a write commits.
-    let start = std::time::Instant::now();
     let last = a.next_batch(10).await.unwrap();
     a.commit(&last).await.unwrap();
     let (got, ()) = tokio::join!(a.next_batch(10), async {
@@ -237,7 +236,7 @@ async fn embedded_feed_checkpoints_per_consumer_and_trim() {
         t.put(Item::new(Key::new("p", "late"), attrs(json!({}))), Cond::Always).await.unwrap();
     });
     assert_eq!(got.unwrap().len(), 1, "the write made while waiting is delivered");
-    assert!(start.elapsed() < Duration::from_millis(190), "without waiting for the timeout");
+    // (Without the wake-up, next_batch would have returned empty after its 200 ms wait.)
 }
 
 /// Everything committed is there after closing and reopening the file: items, change records,
@@ -291,7 +290,7 @@ fn embedded_survives_sigkill() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("killed.db");
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["sigkill_child_writer", "--exact", "--include-ignored", "--nocapture", "--test-threads", "1"])
+        .args(["sigkill_child_writer", "--exact", "--nocapture", "--test-threads", "1"])
         .env("TIDINGS_KILL_TEST_DB", &path)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -337,9 +336,9 @@ fn embedded_survives_sigkill() {
     });
 }
 
-/// The writer side of `embedded_survives_sigkill` (does nothing when run on its own).
+/// The writer side of `embedded_survives_sigkill`. Run on its own (without the variable that
+/// names its database) it returns at once: it only writes when the parent test starts it.
 #[test]
-#[ignore = "run by embedded_survives_sigkill as a child process"]
 fn sigkill_child_writer() {
     let Some(path) = std::env::var_os("TIDINGS_KILL_TEST_DB") else { return };
     let rt = tokio::runtime::Runtime::new().unwrap();

@@ -13,6 +13,7 @@ mod providers;
 mod queues;
 mod stream;
 mod table;
+pub mod wiring;
 
 #[cfg(test)]
 mod mock_tests;
@@ -22,7 +23,10 @@ pub use config::{AwsConfig, ConfigError, RedriveMode};
 pub use providers::{SesEmail, SnsPush, SnsSms};
 pub use queues::SqsQueues;
 pub use stream::{DynamoChangeFeed, attrs_from_stream_image, change_record_from_stream, key_from_stream_image};
-pub use table::{DynamoTable, ExprBuilder, item_from_dynamo, item_to_dynamo, value_to_dynamo};
+pub use table::{
+    DynamoTable, ExprBuilder, attrs_from_stored, item_from_dynamo, item_to_dynamo, port_attr_name, stored_attr_name,
+    value_to_dynamo,
+};
 
 use aws_config::{BehaviorVersion, SdkConfig};
 

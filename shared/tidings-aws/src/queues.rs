@@ -11,11 +11,16 @@
 //! - `peek_dlq` receives from the DLQ with a visibility timeout of 0, which counts as a receive
 //!   there (the receive count of a DLQ message grows; the DLQ has no redrive policy, so nothing
 //!   moves).
-//! - A stale receipt (of an earlier receive of a message received again since) is not always
-//!   refused: SQS accepts the delete or visibility change of an old handle of a message in
-//!   flight. `StaleReceipt` is what SQS says is invalid.
+//! - Stale receipts: SQS documents that a delete with an older receipt handle "succeeds but
+//!   does not delete", and emulators (moto) even delete or re-show the message. So the adapter
+//!   remembers the receipts it handed out itself (the last [`RECEIPT_LOG`] receives) and
+//!   refuses, as `StaleReceipt`, a delete or visibility change with a receipt that is no longer
+//!   the latest of its message, or of a message it deleted. Receipts it did not hand out (a
+//!   Lambda event's) go to SQS as they are, and only SQS's `ReceiptHandleIsInvalid` is
+//!   `StaleReceipt` then.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -40,6 +45,51 @@ const MAX_DELAY_S: u64 = 15 * 60;
 const MOVE_TASK_WAIT: Duration = Duration::from_secs(300);
 const MOVE_TASK_POLL: Duration = Duration::from_secs(1);
 
+/// How many receives the adapter remembers to recognise stale receipts.
+pub const RECEIPT_LOG: usize = 10_000;
+
+/// The receipts this adapter handed out: receipt -> message, and the latest receipt of each
+/// message (`None` once deleted).
+#[derive(Debug, Default)]
+struct ReceiptLog {
+    message_of: HashMap<String, String>,
+    latest: HashMap<String, Option<String>>,
+    order: VecDeque<String>,
+}
+
+impl ReceiptLog {
+    fn received(&mut self, message_id: &str, receipt: &str) {
+        if message_id.is_empty() || receipt.is_empty() {
+            return;
+        }
+        self.message_of.insert(receipt.to_string(), message_id.to_string());
+        self.latest.insert(message_id.to_string(), Some(receipt.to_string()));
+        self.order.push_back(receipt.to_string());
+        while self.order.len() > RECEIPT_LOG {
+            if let Some(old) = self.order.pop_front()
+                && let Some(id) = self.message_of.remove(&old)
+                && self.latest.get(&id).is_some_and(|l| l.as_deref() == Some(old.as_str()) || l.is_none())
+            {
+                self.latest.remove(&id);
+            }
+        }
+    }
+
+    /// Whether the receipt is known to be stale.
+    fn is_stale(&self, receipt: &str) -> bool {
+        match self.message_of.get(receipt).and_then(|id| self.latest.get(id)) {
+            Some(latest) => latest.as_deref() != Some(receipt),
+            None => false,
+        }
+    }
+
+    fn deleted(&mut self, receipt: &str) {
+        if let Some(id) = self.message_of.get(receipt) {
+            self.latest.insert(id.clone(), None);
+        }
+    }
+}
+
 /// The [`Queues`] port on SQS.
 #[derive(Debug)]
 pub struct SqsQueues {
@@ -52,6 +102,7 @@ pub struct SqsQueues {
     /// Queue URL -> ARN.
     arns: RwLock<HashMap<String, String>>,
     move_task_wait: Duration,
+    receipts: Mutex<ReceiptLog>,
 }
 
 /// Whole seconds, rounded up, at most `cap`.
@@ -106,6 +157,7 @@ impl SqsQueues {
             urls: RwLock::new(HashMap::new()),
             arns: RwLock::new(HashMap::new()),
             move_task_wait: MOVE_TASK_WAIT,
+            receipts: Mutex::new(ReceiptLog::default()),
         }
     }
 
@@ -117,6 +169,10 @@ impl SqsQueues {
 
     pub fn client(&self) -> &Client {
         &self.client
+    }
+
+    fn receipt_log(&self) -> std::sync::MutexGuard<'_, ReceiptLog> {
+        self.receipts.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn redrive_mode(&self) -> RedriveMode {
@@ -377,11 +433,19 @@ impl Queues for SqsQueues {
             return Ok(Vec::new());
         }
         let url = self.queue_url(queue).await?;
-        self.receive_from_url(&url, max, visibility, wait).await
+        let got = self.receive_from_url(&url, max, visibility, wait).await?;
+        let mut log = self.receipt_log();
+        for m in &got {
+            log.received(&m.message_id, &m.receipt);
+        }
+        Ok(got)
     }
 
     async fn change_visibility(&self, queue: &str, receipt: &str, visibility: Duration) -> Result<(), QueueError> {
         let url = self.queue_url(queue).await?;
+        if self.receipt_log().is_stale(receipt) {
+            return Err(QueueError::StaleReceipt);
+        }
         self.client
             .change_message_visibility()
             .queue_url(url)
@@ -395,7 +459,11 @@ impl Queues for SqsQueues {
 
     async fn delete(&self, queue: &str, receipt: &str) -> Result<(), QueueError> {
         let url = self.queue_url(queue).await?;
+        if self.receipt_log().is_stale(receipt) {
+            return Err(QueueError::StaleReceipt);
+        }
         self.client.delete_message().queue_url(url).receipt_handle(receipt).send().await.map_err(queue_error)?;
+        self.receipt_log().deleted(receipt);
         Ok(())
     }
 
@@ -450,6 +518,24 @@ impl Queues for SqsQueues {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn receipt_log_knows_stale_receipts() {
+        let mut log = ReceiptLog::default();
+        assert!(!log.is_stale("unknown"));
+        log.received("m1", "r1");
+        assert!(!log.is_stale("r1"));
+        log.received("m1", "r2");
+        assert!(log.is_stale("r1"));
+        assert!(!log.is_stale("r2"));
+        log.deleted("r2");
+        assert!(log.is_stale("r2"));
+        for i in 0..RECEIPT_LOG + 5 {
+            log.received(&format!("x{i}"), &format!("rx{i}"));
+        }
+        assert!(!log.is_stale("r1"), "forgotten");
+        assert!(log.message_of.len() <= RECEIPT_LOG && log.latest.len() <= RECEIPT_LOG + 1);
+    }
 
     #[test]
     fn seconds_round_up() {

@@ -15,7 +15,7 @@ use tidings_core::ports::{Attrs, ChangeFeed, ChangeRecord, Key, StoreError};
 use tokio::sync::Mutex;
 
 use crate::error::{Kind, classify};
-use crate::table::{PK, SK};
+use crate::table::{PK, SK, attrs_from_stored};
 
 /// How often the list of shards is read again.
 const SHARD_REFRESH: Duration = Duration::from_secs(2);
@@ -29,7 +29,9 @@ pub fn attrs_from_stream_image(image: &HashMap<String, StreamValue>) -> Result<A
     let mut image = image.clone();
     image.remove(PK);
     image.remove(SK);
-    serde_dynamo::from_item(image).map_err(|e| StoreError::Corrupt(format!("stream image: {e}")))
+    let stored: Attrs =
+        serde_dynamo::from_item(image).map_err(|e| StoreError::Corrupt(format!("stream image: {e}")))?;
+    Ok(attrs_from_stored(stored))
 }
 
 /// The key (`pk`, `sk`) of a stream image or of a record's `Keys`.

@@ -22,6 +22,34 @@ use crate::error::{Kind, classify};
 pub const PK: &str = "pk";
 pub const SK: &str = "sk";
 
+/// Prefix of a stored attribute name that escapes a name of the port's attributes which would
+/// clash with the key attributes (`pk` is stored as `~pk`, `~x` as `~~x`).
+const ESCAPE: char = '~';
+
+/// The stored name of an attribute of the port.
+pub fn stored_attr_name(name: &str) -> std::borrow::Cow<'_, str> {
+    if name == PK || name == SK || name.starts_with(ESCAPE) {
+        std::borrow::Cow::Owned(format!("{ESCAPE}{name}"))
+    } else {
+        std::borrow::Cow::Borrowed(name)
+    }
+}
+
+/// The port's name of a stored attribute (the inverse of [`stored_attr_name`]).
+pub fn port_attr_name(stored: &str) -> &str {
+    stored.strip_prefix(ESCAPE).unwrap_or(stored)
+}
+
+/// A stored item's attributes, as JSON (from any DynamoDB image: the SDK's, a stream's, a
+/// Lambda event's), to the port's attributes: without `pk`/`sk`, names unescaped.
+pub fn attrs_from_stored(stored: Attrs) -> Attrs {
+    stored
+        .into_iter()
+        .filter(|(name, _)| name != PK && name != SK)
+        .map(|(name, value)| (port_attr_name(&name).to_string(), value))
+        .collect()
+}
+
 /// The default and the largest page of a query.
 const DEFAULT_LIMIT: usize = 100;
 const MAX_LIMIT: usize = 1000;
@@ -50,15 +78,15 @@ impl DynamoTable {
 // ---------------------------------------------------------------------------------------------
 // Item mapping
 
-/// Attributes to a DynamoDB item, with the key. `null` attributes are not stored; `pk`/`sk` in
-/// the attributes are ignored (the key wins).
+/// Attributes to a DynamoDB item, with the key. `null` attributes are not stored; attributes
+/// named like the key attributes are stored under escaped names (see [`stored_attr_name`]).
 pub fn item_to_dynamo(key: &Key, attrs: &Attrs) -> Result<HashMap<String, AttributeValue>, StoreError> {
     let mut map: HashMap<String, AttributeValue> = HashMap::with_capacity(attrs.len() + 2);
     for (name, value) in attrs {
-        if value.is_null() || name == PK || name == SK {
+        if value.is_null() {
             continue;
         }
-        map.insert(name.clone(), value_to_dynamo(value)?);
+        map.insert(stored_attr_name(name).into_owned(), value_to_dynamo(value)?);
     }
     map.insert(PK.into(), AttributeValue::S(key.pk.clone()));
     map.insert(SK.into(), AttributeValue::S(key.sk.clone()));
@@ -77,7 +105,7 @@ pub fn item_from_dynamo(mut map: HashMap<String, AttributeValue>) -> Result<Item
     map.remove(SK);
     let attrs: Attrs = serde_dynamo::from_item(map)
         .map_err(|e| StoreError::Corrupt(format!("{}/{}: {e}", key.pk, key.sk)))?;
-    Ok(Item::new(key, attrs))
+    Ok(Item::new(key, attrs_from_stored(attrs)))
 }
 
 fn key_from_dynamo(map: &HashMap<String, AttributeValue>) -> Result<Key, StoreError> {
@@ -141,6 +169,11 @@ impl ExprBuilder {
         p
     }
 
+    /// The placeholder of an attribute of the port (its stored name).
+    pub fn attr(&mut self, name: &str) -> String {
+        self.name(&stored_attr_name(name))
+    }
+
     /// The placeholder of a value (`:v0`).
     pub fn value(&mut self, value: AttributeValue) -> String {
         let p = format!(":v{}", self.values.len());
@@ -171,8 +204,8 @@ impl ExprBuilder {
             Cond::Always => CondExpr::True,
             Cond::NotExists => CondExpr::Expr(format!("attribute_not_exists({})", self.name(PK))),
             Cond::Exists => CondExpr::Expr(format!("attribute_exists({})", self.name(PK))),
-            Cond::AttrExists(a) => CondExpr::Expr(format!("attribute_exists({})", self.name(a))),
-            Cond::AttrNotExists(a) => CondExpr::Expr(format!("attribute_not_exists({})", self.name(a))),
+            Cond::AttrExists(a) => CondExpr::Expr(format!("attribute_exists({})", self.attr(a))),
+            Cond::AttrNotExists(a) => CondExpr::Expr(format!("attribute_not_exists({})", self.attr(a))),
             Cond::Cmp(a, op, v) => self.cmp(a, *op, v)?,
             Cond::In(a, values) => {
                 let values: Vec<&Value> = values.iter().filter(|v| comparable(v, CmpOp::Eq)).collect();
@@ -181,7 +214,7 @@ impl ExprBuilder {
                 } else if values.len() == 1 {
                     self.cmp(a, CmpOp::Eq, values[0])?
                 } else if values.len() <= 100 {
-                    let n = self.name(a);
+                    let n = self.attr(a);
                     let mut ps = Vec::with_capacity(values.len());
                     for v in values {
                         ps.push(self.json_value(v)?);
@@ -231,25 +264,25 @@ impl ExprBuilder {
         })
     }
 
-    /// `attribute <op> value`, false on a missing attribute or a value of another type
-    /// (DynamoDB's `<>` is true for both, so it is guarded with `attribute_type`).
+    /// `attribute <op> value`, false on a missing attribute or a value of another type.
+    /// DynamoDB's `<>` is true for both, and emulators fail an ordering of values of two types,
+    /// so every comparison but `=` is guarded with `attribute_type`.
     fn cmp(&mut self, a: &str, op: CmpOp, v: &Value) -> Result<CondExpr, StoreError> {
         if !comparable(v, op) {
             return Ok(CondExpr::False);
         }
-        let n = self.name(a);
+        let n = self.attr(a);
         let p = self.json_value(v)?;
-        Ok(CondExpr::Expr(match op {
-            CmpOp::Eq => format!("{n} = {p}"),
-            CmpOp::Ne => {
-                let t = self.value(AttributeValue::S(dynamo_type(v).into()));
-                format!("(attribute_type({n}, {t}) AND {n} <> {p})")
-            }
-            CmpOp::Lt => format!("{n} < {p}"),
-            CmpOp::Le => format!("{n} <= {p}"),
-            CmpOp::Gt => format!("{n} > {p}"),
-            CmpOp::Ge => format!("{n} >= {p}"),
-        }))
+        let op = match op {
+            CmpOp::Eq => return Ok(CondExpr::Expr(format!("{n} = {p}"))),
+            CmpOp::Ne => "<>",
+            CmpOp::Lt => "<",
+            CmpOp::Le => "<=",
+            CmpOp::Gt => ">",
+            CmpOp::Ge => ">=",
+        };
+        let t = self.value(AttributeValue::S(dynamo_type(v).into()));
+        Ok(CondExpr::Expr(format!("(attribute_type({n}, {t}) AND {n} {op} {p})")))
     }
 
     /// The update expression (`SET ... ADD ... REMOVE ...`). An empty list of updates becomes
@@ -260,24 +293,24 @@ impl ExprBuilder {
         let mut remove = Vec::new();
         for u in updates {
             match u {
-                Update::Set(a, v) if v.is_null() => remove.push(self.name(a)),
+                Update::Set(a, v) if v.is_null() => remove.push(self.attr(a)),
                 Update::Set(a, v) => {
-                    let n = self.name(a);
+                    let n = self.attr(a);
                     let p = self.json_value(v)?;
                     set.push(format!("{n} = {p}"));
                 }
                 Update::SetIfAbsent(a, v) if v.is_null() => {}
                 Update::SetIfAbsent(a, v) => {
-                    let n = self.name(a);
+                    let n = self.attr(a);
                     let p = self.json_value(v)?;
                     set.push(format!("{n} = if_not_exists({n}, {p})"));
                 }
                 Update::Add(a, d) => {
-                    let n = self.name(a);
+                    let n = self.attr(a);
                     let p = self.value(AttributeValue::N(d.to_string()));
                     add.push(format!("{n} {p}"));
                 }
-                Update::Remove(a) => remove.push(self.name(a)),
+                Update::Remove(a) => remove.push(self.attr(a)),
             }
         }
         if set.is_empty() && add.is_empty() && remove.is_empty() {
@@ -635,11 +668,12 @@ mod tests {
         let c = Cond::And(vec![Cond::ge("qty", 3), Cond::Cmp("status".into(), CmpOp::Ne, json!("X"))]);
         assert_eq!(
             x.condition(&c).unwrap().unwrap(),
-            "(#n0 >= :v0 AND (attribute_type(#n1, :v2) AND #n1 <> :v1))"
+            "((attribute_type(#n0, :v1) AND #n0 >= :v0) AND (attribute_type(#n1, :v3) AND #n1 <> :v2))"
         );
         let values = x.take_values().unwrap();
         assert_eq!(values.get(":v0"), Some(&AttributeValue::N("3".into())));
-        assert_eq!(values.get(":v2"), Some(&AttributeValue::S("S".into())));
+        assert_eq!(values.get(":v1"), Some(&AttributeValue::S("N".into())));
+        assert_eq!(values.get(":v3"), Some(&AttributeValue::S("S".into())));
 
         let mut x = ExprBuilder::new();
         assert_eq!(x.condition(&Cond::is_in("s", ["a", "b"])).unwrap().unwrap(), "#n0 IN (:v0, :v1)");
@@ -679,12 +713,16 @@ mod tests {
     fn items_round_trip() {
         let key = Key::new("P", "S#1");
         let attrs: Attrs = serde_json::from_value(json!({
-            "n": 3, "f": 1.5, "s": "x", "b": true, "l": [1, "a"], "m": {"k": [true]}, "gone": null
+            "n": 3, "f": 1.5, "s": "x", "b": true, "l": [1, "a"], "m": {"k": [true]}, "gone": null,
+            "pk": "mine", "sk": 2, "~t": "tilde"
         }))
         .unwrap();
         let item = item_to_dynamo(&key, &attrs).unwrap();
         assert!(!item.contains_key("gone"));
         assert_eq!(item.get("pk"), Some(&AttributeValue::S("P".into())));
+        assert_eq!(item.get("~pk"), Some(&AttributeValue::S("mine".into())));
+        assert_eq!(item.get("~sk"), Some(&AttributeValue::N("2".into())));
+        assert_eq!(item.get("~~t"), Some(&AttributeValue::S("tilde".into())));
         let back = item_from_dynamo(item).unwrap();
         assert_eq!(back.key, key);
         let mut expected = attrs.clone();

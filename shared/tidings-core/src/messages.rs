@@ -79,6 +79,20 @@ pub async fn settle(
     }
 }
 
+/// Every queue of a deployment, by logical name (each has a DLQ `{name}-dlq`).
+pub const ALL_QUEUES: &[&str] = &[
+    "requests-high",
+    "requests-normal",
+    "requests-low",
+    "email-high",
+    "email-low",
+    "sms-high",
+    "sms-low",
+    "push-high",
+    "push-low",
+    "timers",
+];
+
 /// Routes a message to the handler of its queue.
 pub async fn dispatch(deps: &crate::Deps, queue: &str, message: &Received) -> Outcome {
     if queue.starts_with("requests-") {

@@ -12,6 +12,16 @@ use tidings_core::notify::relay;
 use tidings_core::ports::{Attrs, ChangeRecord, Key, Received};
 use tracing::{error, warn};
 
+/// Every queue of a deployment, by logical name.
+pub const ALL_QUEUES: &[&str] = tidings_core::messages::ALL_QUEUES;
+
+/// One tracing set-up for every function: JSON lines (CloudWatch), level from `TIDINGS_LOG`.
+pub fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("TIDINGS_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt().json().with_env_filter(filter).with_current_span(false).without_time().init();
+}
+
 /// The logical queue name of an SQS ARN or URL: the last path segment without the deployment
 /// prefix (`arn:aws:sqs:eu-west-1:1:tidings-email-high` → `email-high`).
 pub fn logical_queue_name(source: &str, prefix: &str) -> String {
@@ -64,6 +74,21 @@ pub async fn handle_sqs_event(deps: &Deps, queue: &str, event: SqsEvent) -> SqsB
             failure.item_identifier = message.message_id.clone();
             response.batch_item_failures.push(failure);
         }
+    }
+    response
+}
+
+/// Handles an SQS batch as a Lambda function receives it: each record's queue is named by its
+/// `eventSourceARN` (physical name = `prefix` + logical name).
+pub async fn handle_sqs_batch(deps: &Deps, prefix: &str, event: SqsEvent) -> SqsBatchResponse {
+    let mut by_queue: std::collections::BTreeMap<String, SqsEvent> = Default::default();
+    for record in event.records {
+        let queue = logical_queue_name(record.event_source_arn.as_deref().unwrap_or_default(), prefix);
+        by_queue.entry(queue).or_default().records.push(record);
+    }
+    let mut response = SqsBatchResponse::default();
+    for (queue, event) in by_queue {
+        response.batch_item_failures.extend(handle_sqs_event(deps, &queue, event).await.batch_item_failures);
     }
     response
 }

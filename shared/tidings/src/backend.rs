@@ -5,7 +5,6 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use tidings_core::dev::{DevProvider, DevProviders, NullProvider};
-use tidings_core::notify::model::NOTIFY_QUEUES;
 use tidings_core::ports::{Channel, ChangeFeed, Clock, Provider, Queues, Table};
 use tidings_core::{CoreConfig, Deps, Providers};
 
@@ -13,7 +12,7 @@ use crate::{BackendArgs, BackendKind};
 
 /// Every queue of the system.
 pub fn all_queues() -> Vec<String> {
-    NOTIFY_QUEUES.iter().map(|q| (*q).to_owned()).collect()
+    tidings_core::messages::ALL_QUEUES.iter().map(|q| (*q).to_owned()).collect()
 }
 
 pub struct Backend {

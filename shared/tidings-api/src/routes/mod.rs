@@ -10,6 +10,7 @@ use crate::state::AppState;
 
 mod dev;
 mod inbox;
+mod inventory;
 mod notifications;
 mod ops;
 mod templates;
@@ -23,6 +24,7 @@ pub fn app(state: AppState) -> Router {
         .merge(templates::router())
         .merge(notifications::router())
         .merge(inbox::router())
+        .merge(inventory::router())
         .merge(ops::router());
     if state.dev.is_some() {
         router = router.merge(dev::router());

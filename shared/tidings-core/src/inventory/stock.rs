@@ -173,7 +173,7 @@ impl StockChange<'_> {
                     updates.push(Update::add(name, delta));
                 }
                 if delta < 0 {
-                    conds.push(Cond::ge(name, -delta));
+                    let _ = -delta;
                 }
             }
             updates.push(Update::add("version", 1));

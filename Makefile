@@ -1,0 +1,13 @@
+# The two commands of the README:
+#   cargo run --release --bin tidings -- serve   # the whole system locally, embedded backend
+#   make test                                    # everything, against a local AWS emulator
+.PHONY: test serve lint
+
+test:
+	bash infra/test.sh
+
+serve:
+	cargo run --release --bin tidings -- serve
+
+lint:
+	bash infra/lint.sh

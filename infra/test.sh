@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# `make test`: installs what the tests need (moto's server in infra/.venv, the lint tools),
+# starts the emulator on loopback, runs every test on both backends, lints the SAM template,
+# and stops the emulator. Exits non-zero on any failure; no test is skipped.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+export MOTO_PORT="${MOTO_PORT:-5005}"
+bash infra/moto.sh start >/dev/null
+trap 'bash infra/moto.sh stop >/dev/null 2>&1 || true' EXIT
+set -a
+eval "$(bash infra/moto.sh env)"
+set +a
+
+echo "== build (the tidings binary with the AWS backend, for the end-to-end tests)"
+cargo build --locked -p tidings --features aws
+export TIDINGS_BIN="$PWD/target/debug/tidings"
+
+echo "== tests (unit, handler fixtures, conformance and end to end on both backends)"
+if cargo nextest --version >/dev/null 2>&1; then
+    cargo nextest run --locked --workspace --no-fail-fast --test-threads 4
+    # nextest does not run doc tests
+    cargo test --locked --workspace --doc
+else
+    cargo test --locked --workspace --no-fail-fast
+fi
+
+echo "== clippy"
+cargo clippy --locked --workspace --all-targets -- -D warnings
+
+echo "== template.yaml"
+bash infra/lint.sh
+echo "== all green"

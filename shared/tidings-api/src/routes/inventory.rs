@@ -1,0 +1,224 @@
+//! Inventory and orders (API.md "Inventory and orders"); the rules live in
+//! `tidings_core::inventory`.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use tidings_core::inventory::{
+    self, AdjustmentRequest, LedgerPage, OrderRequest, OrderView, ReconcileReport, StockView, WarmUpRequest,
+};
+
+use crate::extract::{Body, PageParams, PathParams, QueryParams, Tenant};
+use crate::problem::{ApiResult, Problem};
+use crate::state::AppState;
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/v1/inventory/{sku_id}", put(warm_up).get(show_stock))
+        .route("/v1/inventory/{sku_id}/adjustments", post(adjust))
+        .route("/v1/inventory/{sku_id}/ledger", get(ledger))
+        .route("/v1/orders", post(place_order))
+        .route("/v1/orders/{order_id}", get(show_order))
+        .route("/v1/orders/{order_id}/pay", post(pay))
+        .route("/v1/orders/{order_id}/cancel", post(cancel))
+        .route("/v1/ops/reconcile", post(reconcile))
+}
+
+/// 201 when the SKU is new; 200 with the stock unchanged when it exists.
+async fn warm_up(
+    State(s): State<AppState>,
+    Tenant(t): Tenant,
+    PathParams(sku_id): PathParams<String>,
+    Body(req): Body<WarmUpRequest>,
+) -> ApiResult<(StatusCode, Json<StockView>)> {
+    let (view, created) = inventory::warm_up(&s.deps, &t, &sku_id, &req).await?;
+    Ok((if created { StatusCode::CREATED } else { StatusCode::OK }, Json(view)))
+}
+
+async fn show_stock(State(s): State<AppState>, Tenant(t): Tenant, PathParams(sku_id): PathParams<String>) -> ApiResult<Json<StockView>> {
+    inventory::get_stock(&s.deps, &t, &sku_id).await?.map(Json).ok_or_else(|| Problem::not_found("sku").into())
+}
+
+async fn adjust(
+    State(s): State<AppState>,
+    Tenant(t): Tenant,
+    PathParams(sku_id): PathParams<String>,
+    Body(req): Body<AdjustmentRequest>,
+) -> ApiResult<Json<StockView>> {
+    Ok(Json(inventory::adjust(&s.deps, &t, &sku_id, &req).await?))
+}
+
+async fn ledger(
+    State(s): State<AppState>,
+    Tenant(t): Tenant,
+    PathParams(sku_id): PathParams<String>,
+    QueryParams(page): QueryParams<PageParams>,
+) -> ApiResult<Json<LedgerPage>> {
+    inventory::ledger(&s.deps, &t, &sku_id, page.limit()?, page.cursor)
+        .await?
+        .map(Json)
+        .ok_or_else(|| Problem::not_found("sku").into())
+}
+
+/// 201 PENDING with `expires_at`; 200 when the same order was placed before.
+async fn place_order(State(s): State<AppState>, Tenant(t): Tenant, Body(req): Body<OrderRequest>) -> ApiResult<(StatusCode, Json<OrderView>)> {
+    let placed = inventory::place_order(&s.deps, &t, &req).await?;
+    Ok((if placed.created { StatusCode::CREATED } else { StatusCode::OK }, Json(placed.order)))
+}
+
+async fn show_order(State(s): State<AppState>, Tenant(t): Tenant, PathParams(order_id): PathParams<String>) -> ApiResult<Json<OrderView>> {
+    inventory::get_order(&s.deps, &t, &order_id).await?.map(Json).ok_or_else(|| Problem::not_found("order").into())
+}
+
+async fn pay(State(s): State<AppState>, Tenant(t): Tenant, PathParams(order_id): PathParams<String>) -> ApiResult<Json<OrderView>> {
+    Ok(Json(inventory::pay(&s.deps, &t, &order_id).await?))
+}
+
+async fn cancel(State(s): State<AppState>, Tenant(t): Tenant, PathParams(order_id): PathParams<String>) -> ApiResult<Json<OrderView>> {
+    Ok(Json(inventory::cancel(&s.deps, &t, &order_id).await?))
+}
+
+/// Reconciles the caller's SKUs now (the daily schedule reconciles every tenant's).
+async fn reconcile(State(s): State<AppState>, Tenant(t): Tenant) -> ApiResult<Json<ReconcileReport>> {
+    Ok(Json(inventory::reconcile(&s.deps, Some(&t)).await?))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use std::sync::Arc;
+
+    use axum::body::Body as HttpBody;
+    use axum::http::{Method, Request};
+    use http_body_util::BodyExt;
+    use serde_json::{Value, json};
+    use tidings_core::dev::NullProvider;
+    use tidings_core::ports::{Provider, SystemClock};
+    use tidings_core::timers::TIMERS_QUEUE;
+    use tidings_core::{CoreConfig, Deps, Providers, TenantId, tenants};
+    use tidings_embedded::{EmbeddedStore, QueueConfig};
+    use tower::ServiceExt;
+
+    use crate::state::AppState;
+
+    async fn app() -> axum::Router {
+        let store = EmbeddedStore::in_memory().unwrap();
+        store.declare_queue(QueueConfig::new(TIMERS_QUEUE, 5)).unwrap();
+        let null: Arc<dyn Provider> = Arc::new(NullProvider);
+        let deps = Deps {
+            table: Arc::new(store.clone()),
+            queues: Arc::new(store),
+            clock: Arc::new(SystemClock),
+            providers: Providers { email: null.clone(), sms: null.clone(), push: null },
+            config: Arc::new(CoreConfig::default()),
+        };
+        tenants::register_key(&deps, &TenantId::parse("a").unwrap(), "key-a").await.unwrap();
+        tenants::register_key(&deps, &TenantId::parse("b").unwrap(), "key-b").await.unwrap();
+        crate::app(AppState { deps, queue_names: Arc::new(Vec::new()), dev: None })
+    }
+
+    async fn call(app: &axum::Router, key: &str, method: Method, uri: &str, body: Option<&str>) -> (u16, Value) {
+        let req = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header("authorization", format!("Bearer {key}"))
+            .header("content-type", "application/json")
+            .body(HttpBody::from(body.unwrap_or("").to_owned()))
+            .unwrap();
+        let res = app.clone().oneshot(req).await.unwrap();
+        let status = res.status().as_u16();
+        let bytes = res.into_body().collect().await.unwrap().to_bytes();
+        (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    }
+
+    #[tokio::test]
+    async fn warm_up_is_201_then_200_unchanged() {
+        let app = app().await;
+        let (status, body) = call(&app, "key-a", Method::PUT, "/v1/inventory/1001", Some(r#"{"on_hand": 5}"#)).await;
+        assert_eq!(status, 201, "{body}");
+        assert_eq!(body, json!({"sku_id": "1001", "available": 5, "reserved": 0, "sold": 0, "restock_round": 0, "shards": 1}));
+        let (status, body) = call(&app, "key-a", Method::PUT, "/v1/inventory/1001", Some(r#"{"on_hand": 50}"#)).await;
+        assert_eq!(status, 200);
+        assert_eq!(body["available"], 5);
+        let (status, body) = call(&app, "key-a", Method::GET, "/v1/inventory/1001/ledger?limit=10", None).await;
+        assert_eq!(status, 200);
+        assert_eq!(body["items"][0]["kind"], "warm_up");
+        assert_eq!(body["items"][0]["delta_available"], 5);
+        assert!(body["items"][0]["ref"].is_string() && body["items"][0]["at"].is_string() && body["items"][0]["entry_id"].is_string());
+        let (status, _) = call(&app, "key-b", Method::GET, "/v1/inventory/1001", None).await;
+        assert_eq!(status, 404, "another tenant's SKU");
+    }
+
+    #[tokio::test]
+    async fn orders_answer_as_the_contract_says() {
+        let app = app().await;
+        call(&app, "key-a", Method::PUT, "/v1/inventory/1001", Some(r#"{"on_hand": 2}"#)).await;
+        call(&app, "key-a", Method::PUT, "/v1/inventory/1002", Some(r#"{"on_hand": 9}"#)).await;
+        let order = r#"{"order_id": "o1", "user_id": "u1", "items": [{"sku_id": "1002", "qty": 1}, {"sku_id": "1001", "qty": 3}]}"#;
+        let (status, body) = call(&app, "key-a", Method::POST, "/v1/orders", Some(order)).await;
+        assert_eq!(status, 409, "{body}");
+        assert_eq!(body["code"], "insufficient_stock");
+        assert!(body["detail"].as_str().unwrap().contains("1001"), "{body}");
+        let (_, stock) = call(&app, "key-a", Method::GET, "/v1/inventory/1002", None).await;
+        assert_eq!(stock["reserved"], 0, "nothing held");
+
+        let order = r#"{"order_id": "o1", "user_id": "u1", "items": [{"sku_id": "1001", "qty": 2}], "hold_seconds": 120}"#;
+        let (status, body) = call(&app, "key-a", Method::POST, "/v1/orders", Some(order)).await;
+        assert_eq!(status, 201, "{body}");
+        assert_eq!(body["status"], "PENDING");
+        assert!(body["expires_at"].is_string());
+        let (status, _) = call(&app, "key-a", Method::POST, "/v1/orders", Some(order)).await;
+        assert_eq!(status, 200, "the same order again");
+        let (status, _) = call(&app, "key-b", Method::GET, "/v1/orders/o1", None).await;
+        assert_eq!(status, 404, "another tenant's order");
+        let (status, _) = call(&app, "key-b", Method::POST, "/v1/orders/o1/cancel", None).await;
+        assert_eq!(status, 404);
+        let (status, body) = call(&app, "key-a", Method::POST, "/v1/orders/o1/pay", None).await;
+        assert_eq!((status, body["status"].clone()), (200, json!("PAID")));
+        let (status, body) = call(&app, "key-a", Method::POST, "/v1/orders/o1/cancel", None).await;
+        assert_eq!((status, body["code"].clone()), (409, json!("invalid_state")));
+        let (status, body) = call(&app, "key-a", Method::POST, "/v1/orders/o1/pay", None).await;
+        assert_eq!((status, body["code"].clone()), (409, json!("invalid_state")));
+        let (status, body) = call(&app, "key-a", Method::POST, "/v1/ops/reconcile", Some("")).await;
+        assert_eq!(status, 200);
+        assert_eq!(body["checked"], 2);
+        assert_eq!(body["discrepancies"], json!([]));
+    }
+
+    #[tokio::test]
+    async fn bad_input_is_400_or_422_naming_the_field() {
+        let app = app().await;
+        call(&app, "key-a", Method::PUT, "/v1/inventory/1001", Some(r#"{"on_hand": 2}"#)).await;
+        let negative = r#"{"order_id": "o1", "user_id": "u1", "items": [{"sku_id": "1001", "qty": -1}]}"#;
+        let (status, body) = call(&app, "key-a", Method::POST, "/v1/orders", Some(negative)).await;
+        assert_eq!(status, 422, "{body}");
+        assert_eq!(body["field"], "items[0].qty");
+        let wrong_type = r#"{"order_id": "o1", "user_id": "u1", "items": [{"sku_id": "1001", "qty": "two"}]}"#;
+        let (status, body) = call(&app, "key-a", Method::POST, "/v1/orders", Some(wrong_type)).await;
+        assert_eq!(status, 400, "{body}");
+        assert_eq!(body["field"], "items[0].qty");
+        let (status, body) = call(&app, "key-a", Method::PUT, "/v1/inventory/1002", Some(r#"{"on_hand": "x"}"#)).await;
+        assert_eq!((status, body["field"].clone()), (400, json!("on_hand")));
+        let (status, _) = call(&app, "key-a", Method::PUT, "/v1/inventory/1002", Some("{")).await;
+        assert_eq!(status, 400);
+        let adj = r#"{"delta": 1, "source": "gift", "idempotency_key": "k"}"#;
+        let (status, body) = call(&app, "key-a", Method::POST, "/v1/inventory/1001/adjustments", Some(adj)).await;
+        assert_eq!((status, body["field"].clone()), (422, json!("source")));
+        let adj = r#"{"delta": -5, "source": "damage", "idempotency_key": "k"}"#;
+        let (status, body) = call(&app, "key-a", Method::POST, "/v1/inventory/1001/adjustments", Some(adj)).await;
+        assert_eq!((status, body["code"].clone()), (409, json!("insufficient_stock")));
+        let adj = r#"{"delta": 3, "source": "purchase_order", "idempotency_key": "k"}"#;
+        let (status, body) = call(&app, "key-a", Method::POST, "/v1/inventory/1001/adjustments", Some(adj)).await;
+        assert_eq!((status, body["available"].clone()), (200, json!(5)));
+        let (status, _) = call(&app, "key-a", Method::GET, "/v1/inventory/1001/ledger?limit=0", None).await;
+        assert_eq!(status, 422);
+        let (status, _) = call(&app, "key-a", Method::GET, "/v1/inventory/1001/ledger?cursor=zz", None).await;
+        assert_eq!(status, 422);
+        let (status, _) = call(&app, "key-a", Method::GET, "/v1/inventory/a%23b", None).await;
+        assert_eq!(status, 422);
+        let (status, _) = call(&app, "nope", Method::GET, "/v1/inventory/1001", None).await;
+        assert_eq!(status, 401);
+    }
+}
