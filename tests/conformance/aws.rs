@@ -8,8 +8,8 @@
 //!
 //! Without `AWS_ENDPOINT_URL`, or with an endpoint that does not answer, every test FAILS with
 //! a message saying so: nothing is skipped. Each test bootstraps its own table
-//! (`tidings-conf-<run>-<test>`) and the queues it uses (`tidings-conf-<run>-conf-a`, ... with
-//! `maxReceiveCount` 2), and deletes them at the end.
+//! (`tidings-conf-<run>-<test>`) and the queues it uses (`tidings-conf-<run>-<id>-conf-a`, ...
+//! with `maxReceiveCount` 2), and deletes them at the end.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -49,7 +49,8 @@ impl Env {
         let url = endpoint();
         let mut config = AwsConfig::from_env().expect("the TIDINGS_* environment");
         config.table = format!("tidings-conf-{}-{test}", process_run());
-        config.queue_prefix = format!("tidings-conf-{}-", process_run());
+        // Queues of their own per test (cases must not share a queue at the same time).
+        config.queue_prefix = format!("tidings-conf-{}-{}-", process_run(), &run_id()[..6]);
         config.queue_urls.clear();
         config.max_receives = MAX_RECEIVES;
         // Receive-and-resend works on every SQS (moto has no StartMessageMoveTask); an explicit

@@ -173,7 +173,7 @@ impl StockChange<'_> {
                     updates.push(Update::add(name, delta));
                 }
                 if delta < 0 {
-                    let _ = -delta;
+                    conds.push(Cond::ge(name, -delta));
                 }
             }
             updates.push(Update::add("version", 1));
