@@ -6,7 +6,8 @@
 #   infra/moto.sh env     # prints the env lines (eval "$(infra/moto.sh env)")
 #   infra/moto.sh stop    # stops it
 #
-# MOTO_PORT (default 5005) picks the port.
+# MOTO_PORT (default 5005) picks the port; MOTO_SPEC (default 'moto[server]>=5.2,<6') what pip
+# installs.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -46,7 +47,7 @@ install() {
         echo "moto.sh: installing moto[server] into $venv" >&2
         python3 -m venv "$venv"
         "$venv/bin/pip" install --quiet --upgrade pip >&2
-        "$venv/bin/pip" install --quiet 'moto[server]' >&2
+        "$venv/bin/pip" install --quiet "${MOTO_SPEC:-moto[server]>=5.2,<6}" >&2
     fi
 }
 

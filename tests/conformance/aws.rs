@@ -268,3 +268,58 @@ async fn aws_bootstrap_is_idempotent() {
     queues.send_batch("conf-a", vec![OutMessage::new("x")]).await.unwrap();
     env.cleanup(&["conf-a"]).await;
 }
+
+/// The providers against the endpoint: SES sends from the bootstrapped identity (with extra
+/// headers), SNS sends an SMS, and a disabled push endpoint is an invalid token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aws_providers_send_and_classify() {
+    use tidings_core::ports::{Channel, OutboundMessage, PermanentCode, Provider, ProviderError};
+    let env = Env::new("providers", &[]).await;
+    let message = |channel: Channel, to: &str| OutboundMessage {
+        channel,
+        to: to.into(),
+        subject: Some("Back in stock".into()),
+        body: "It is back".into(),
+        headers: vec![("List-Unsubscribe".into(), "<https://example.test/u>".into())],
+        idempotency_key: "n1:u1".into(),
+        tenant: "t".into(),
+        notification_id: "n1".into(),
+        user_id: "u1".into(),
+        attempt: 1,
+    };
+    let receipt = env.backend.email().send(&message(Channel::Email, "someone@example.test")).await.unwrap();
+    assert!(!receipt.provider_message_id.is_empty(), "SES answers a message id");
+    let receipt = env.backend.sms().send(&message(Channel::Sms, "+15555550100")).await.unwrap();
+    assert!(!receipt.provider_message_id.is_empty(), "SNS answers a message id");
+
+    let sns: &aws_sdk_sns::Client = env.backend.sns_client();
+    let app = sns
+        .create_platform_application()
+        .name(format!("tidings-conf-{}", run_id()))
+        .platform("GCM")
+        .attributes("PlatformCredential", "key")
+        .send()
+        .await
+        .unwrap()
+        .platform_application_arn
+        .unwrap();
+    let endpoint = sns
+        .create_platform_endpoint()
+        .platform_application_arn(&app)
+        .token(format!("token-{}", run_id()))
+        .send()
+        .await
+        .unwrap()
+        .endpoint_arn
+        .unwrap();
+    let push = env.backend.push();
+    push.send(&message(Channel::Push, &endpoint)).await.unwrap();
+    sns.set_endpoint_attributes().endpoint_arn(&endpoint).attributes("Enabled", "false").send().await.unwrap();
+    let e = push.send(&message(Channel::Push, &endpoint)).await.unwrap_err();
+    assert!(
+        matches!(e, ProviderError::Permanent { code: PermanentCode::InvalidToken, .. }),
+        "a disabled endpoint is an invalid token: {e:?}"
+    );
+    let _ = sns.delete_platform_application().platform_application_arn(&app).send().await;
+    env.cleanup(&[]).await;
+}

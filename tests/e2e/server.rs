@@ -56,7 +56,17 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Self {
-        Self { env: vec![("TIDINGS_RETRY_BASE_MS", "200".into()), ("TIDINGS_RETRY_CAP_MS", "1000".into())], manual_clock: false }
+        // Short retries, leases and visibility, so that crash recovery shows within a test's
+        // patience (production defaults: 10 s base, 60 s lease, 60 s visibility).
+        Self {
+            env: vec![
+                ("TIDINGS_RETRY_BASE_MS", "200".into()),
+                ("TIDINGS_RETRY_CAP_MS", "1000".into()),
+                ("TIDINGS_VISIBILITY_S", "3".into()),
+                ("TIDINGS_DELIVERY_LEASE_MS", "2000".into()),
+            ],
+            manual_clock: false,
+        }
     }
 }
 

@@ -10,8 +10,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tidings_core::dev::NullProvider;
 use tidings_core::inventory::{
-    self, AdjustmentRequest, Counters, HoldTimes, LedgerKind, OrderLine, OrderRequest, OrderStatus, REVIEW_QUEUE, Settlement,
-    WarmUpRequest,
+    self, AdjustmentRequest, Counters, HoldTimes, LedgerKind, OrderLine, OrderRequest, OrderStatus, REVIEW_QUEUE,
+    Settlement, WarmUpRequest,
 };
 use tidings_core::messages::Outcome;
 use tidings_core::ports::{ManualClock, Provider, Queues, Update};
@@ -88,7 +88,11 @@ async fn stock(w: &World, sku: &str) -> inventory::StockView {
 }
 
 async fn ledger_sum(w: &World, sku: &str) -> Counters {
-    inventory::all_ledger_entries(&w.deps, &w.t, sku).await.unwrap().iter().fold(Counters::default(), |acc, e| acc.plus(e.delta()))
+    inventory::all_ledger_entries(&w.deps, &w.t, sku)
+        .await
+        .unwrap()
+        .iter()
+        .fold(Counters::default(), |acc, e| acc.plus(e.delta()))
 }
 
 /// Counters equal the ledger's sums, none is negative, and reconciliation agrees.
@@ -236,10 +240,18 @@ async fn pit2_counter_and_ledger_are_one_write_and_survive_a_restart() {
     let store = EmbeddedStore::open_with_clock(&path, clock.clone()).unwrap();
     let w = world_on(store, clock, CoreConfig::default());
     assert_eq!(stock(&w, "a").await.counters(), Counters::new(12, 0, 3));
-    let kinds: Vec<LedgerKind> = inventory::all_ledger_entries(&w.deps, &w.t, "a").await.unwrap().iter().map(|e| e.kind).collect();
+    let kinds: Vec<LedgerKind> =
+        inventory::all_ledger_entries(&w.deps, &w.t, "a").await.unwrap().iter().map(|e| e.kind).collect();
     assert_eq!(
         kinds,
-        [LedgerKind::WarmUp, LedgerKind::Reserve, LedgerKind::Reserve, LedgerKind::Sell, LedgerKind::Release, LedgerKind::Adjustment]
+        [
+            LedgerKind::WarmUp,
+            LedgerKind::Reserve,
+            LedgerKind::Reserve,
+            LedgerKind::Sell,
+            LedgerKind::Release,
+            LedgerKind::Adjustment
+        ]
     );
     assert_consistent(&w, &["a", "b"]).await;
     let _ = std::fs::remove_file(&path);
@@ -259,7 +271,11 @@ async fn pit3_release_is_an_increment_not_a_set() {
         inventory::place_order(&w.deps, &w.t, &order(&format!("{sku}-a"), &[(&sku, 3)], None)).await.unwrap();
         let (d1, d2, d3) = (w.deps.clone(), w.deps.clone(), w.deps.clone());
         let (t1, t2, t3) = (w.t.clone(), w.t.clone(), w.t.clone());
-        let (a, b, c) = (format!("{sku}-a"), order(&format!("{sku}-b"), &[(&sku, 2)], None), order(&format!("{sku}-c"), &[(&sku, 4)], None));
+        let (a, b, c) = (
+            format!("{sku}-a"),
+            order(&format!("{sku}-b"), &[(&sku, 2)], None),
+            order(&format!("{sku}-c"), &[(&sku, 4)], None),
+        );
         let release = tokio::spawn(async move { inventory::cancel(&d1, &t1, &a).await });
         let ob = tokio::spawn(async move { inventory::place_order(&d2, &t2, &b).await });
         let oc = tokio::spawn(async move { inventory::place_order(&d3, &t3, &c).await });
@@ -287,7 +303,8 @@ async fn pit4_hold_time_is_per_category() {
     let mut by_category = order("c", &[("promo", 1)], None);
     by_category.category = Some("vip".into());
     let c = inventory::place_order(&w.deps, &w.t, &by_category).await.unwrap();
-    let expires = |v: &inventory::OrderView| DateTime::parse_from_rfc3339(&v.expires_at).unwrap().timestamp_millis() - t0;
+    let expires =
+        |v: &inventory::OrderView| DateTime::parse_from_rfc3339(&v.expires_at).unwrap().timestamp_millis() - t0;
     assert_eq!(expires(&p.order), 15 * 60_000);
     assert_eq!(expires(&n.order), 30 * 60_000);
     assert_eq!(expires(&mixed.order), 15 * 60_000, "the shortest hold among the SKUs");
@@ -310,9 +327,7 @@ async fn pit4_hold_time_is_per_category() {
     assert_eq!(custom.for_category(Some("flash")), Duration::from_secs(60));
     assert_eq!(custom.for_category(None), Duration::from_secs(600));
     assert!(HoldTimes::parse("flash=0").is_err());
-    let mut config = CoreConfig::default();
-    config.hold_times = custom;
-    let w2 = world_with(config);
+    let w2 = world_with(CoreConfig { hold_times: custom, ..CoreConfig::default() });
     inventory::warm_up(&w2.deps, &w2.t, "f", &warm_req(1, None, Some("flash"))).await.unwrap();
     let f = inventory::place_order(&w2.deps, &w2.t, &order("f", &[("f", 1)], None)).await.unwrap();
     assert_eq!(expires(&f.order), 60_000);
@@ -342,15 +357,26 @@ async fn pit5_reconcile_checks_each_sku_against_its_ledger() {
     let key = |sku: &str| tidings_core::ports::Key::new(format!("T#{}#SKU#{sku}", w.t), "STOCK");
     let shard = |i: u32| tidings_core::ports::Key::new(format!("T#{}#SKU#c#S{i}", w.t), "CELL");
     w.deps.table.update(&key("a"), vec![Update::add("available", 1)], tidings_core::ports::Cond::Exists).await.unwrap();
-    w.deps.table.update(&key("b"), vec![Update::add("available", -1)], tidings_core::ports::Cond::Exists).await.unwrap();
-    w.deps.table.update(&shard(0), vec![Update::add("available", -1)], tidings_core::ports::Cond::Exists).await.unwrap();
+    w.deps
+        .table
+        .update(&key("b"), vec![Update::add("available", -1)], tidings_core::ports::Cond::Exists)
+        .await
+        .unwrap();
+    w.deps
+        .table
+        .update(&shard(0), vec![Update::add("available", -1)], tidings_core::ports::Cond::Exists)
+        .await
+        .unwrap();
     w.deps.table.update(&shard(1), vec![Update::add("available", 1)], tidings_core::ports::Cond::Exists).await.unwrap();
     assert_eq!(stock(&w, "c").await.available, 7, "c's total is unchanged");
 
     let report = inventory::reconcile(&w.deps, None).await.unwrap();
     assert_eq!(report.checked, 3);
-    let mut found: Vec<(String, Option<u32>, i64, i64)> =
-        report.discrepancies.iter().map(|d| (d.sku_id.clone(), d.shard, d.expected.available, d.actual.available)).collect();
+    let mut found: Vec<(String, Option<u32>, i64, i64)> = report
+        .discrepancies
+        .iter()
+        .map(|d| (d.sku_id.clone(), d.shard, d.expected.available, d.actual.available))
+        .collect();
     found.sort();
     let c0 = found.iter().find(|f| f.0 == "c" && f.1 == Some(0)).cloned().unwrap();
     assert_eq!(c0.3, c0.2 - 1);
@@ -489,8 +515,14 @@ async fn warm_up_is_idempotent_and_never_overwrites() {
     assert_eq!(entries.len(), 2);
     assert_eq!(entries[0].kind, LedgerKind::WarmUp);
     assert_eq!(entries[0].delta_available, 10);
-    assert_eq!(code_of(&inventory::warm_up(&w.deps, &w.t, "x", &warm_req(-1, None, None)).await.unwrap_err()), "invalid");
-    assert_eq!(code_of(&inventory::warm_up(&w.deps, &w.t, "x", &warm_req(1, Some(17), None)).await.unwrap_err()), "invalid");
+    assert_eq!(
+        code_of(&inventory::warm_up(&w.deps, &w.t, "x", &warm_req(-1, None, None)).await.unwrap_err()),
+        "invalid"
+    );
+    assert_eq!(
+        code_of(&inventory::warm_up(&w.deps, &w.t, "x", &warm_req(1, Some(17), None)).await.unwrap_err()),
+        "invalid"
+    );
     assert_consistent(&w, &["s"]).await;
 }
 
@@ -507,9 +539,18 @@ async fn adjustments_apply_once_per_key() {
     let e = inventory::adjust(&w.deps, &w.t, "s", &adjustment(-16, "transfer", "t-1")).await.unwrap_err();
     assert_eq!(code_of(&e), "insufficient_stock");
     assert_eq!(inventory::adjust(&w.deps, &w.t, "s", &adjustment(-15, "transfer", "t-2")).await.unwrap().available, 0);
-    assert_eq!(code_of(&inventory::adjust(&w.deps, &w.t, "s", &adjustment(1, "gift", "g")).await.unwrap_err()), "invalid");
-    assert_eq!(code_of(&inventory::adjust(&w.deps, &w.t, "s", &adjustment(0, "manual", "z")).await.unwrap_err()), "invalid");
-    assert_eq!(code_of(&inventory::adjust(&w.deps, &w.t, "nope", &adjustment(1, "manual", "n")).await.unwrap_err()), "not_found");
+    assert_eq!(
+        code_of(&inventory::adjust(&w.deps, &w.t, "s", &adjustment(1, "gift", "g")).await.unwrap_err()),
+        "invalid"
+    );
+    assert_eq!(
+        code_of(&inventory::adjust(&w.deps, &w.t, "s", &adjustment(0, "manual", "z")).await.unwrap_err()),
+        "invalid"
+    );
+    assert_eq!(
+        code_of(&inventory::adjust(&w.deps, &w.t, "nope", &adjustment(1, "manual", "n")).await.unwrap_err()),
+        "not_found"
+    );
     let entries = inventory::all_ledger_entries(&w.deps, &w.t, "s").await.unwrap();
     assert_eq!(entries.iter().filter(|e| e.kind == LedgerKind::Adjustment).count(), 2);
     assert!(entries.iter().any(|e| e.reference == "purchase_order:po-7"));
@@ -518,7 +559,8 @@ async fn adjustments_apply_once_per_key() {
     let mut tasks = Vec::new();
     for _ in 0..10 {
         let (d, t) = (w.deps.clone(), w.t.clone());
-        tasks.push(tokio::spawn(async move { inventory::adjust(&d, &t, "s", &adjustment(4, "return", "ret-1")).await }));
+        tasks
+            .push(tokio::spawn(async move { inventory::adjust(&d, &t, "s", &adjustment(4, "return", "ret-1")).await }));
     }
     for task in tasks {
         task.await.unwrap().unwrap();
@@ -561,13 +603,31 @@ async fn orders_are_validated() {
         CoreError::Invalid { field, .. } => field,
         other => panic!("{other:?}"),
     };
-    assert_eq!(bad(inventory::place_order(&w.deps, &w.t, &order("o", &[("s", -1)], None)).await.unwrap_err()), "items[0].qty");
-    assert_eq!(bad(inventory::place_order(&w.deps, &w.t, &order("o", &[("s", 0)], None)).await.unwrap_err()), "items[0].qty");
+    assert_eq!(
+        bad(inventory::place_order(&w.deps, &w.t, &order("o", &[("s", -1)], None)).await.unwrap_err()),
+        "items[0].qty"
+    );
+    assert_eq!(
+        bad(inventory::place_order(&w.deps, &w.t, &order("o", &[("s", 0)], None)).await.unwrap_err()),
+        "items[0].qty"
+    );
     assert_eq!(bad(inventory::place_order(&w.deps, &w.t, &order("o", &[], None)).await.unwrap_err()), "items");
-    assert_eq!(bad(inventory::place_order(&w.deps, &w.t, &order("o", &[("s", 1), ("s", 1)], None)).await.unwrap_err()), "items[1].sku_id");
-    assert_eq!(bad(inventory::place_order(&w.deps, &w.t, &order("o", &[("zz", 1)], None)).await.unwrap_err()), "items[0].sku_id");
-    assert_eq!(bad(inventory::place_order(&w.deps, &w.t, &order("o", &[("s", 1)], Some(0))).await.unwrap_err()), "hold_seconds");
-    assert_eq!(bad(inventory::place_order(&w.deps, &w.t, &order("a#b", &[("s", 1)], None)).await.unwrap_err()), "order_id");
+    assert_eq!(
+        bad(inventory::place_order(&w.deps, &w.t, &order("o", &[("s", 1), ("s", 1)], None)).await.unwrap_err()),
+        "items[1].sku_id"
+    );
+    assert_eq!(
+        bad(inventory::place_order(&w.deps, &w.t, &order("o", &[("zz", 1)], None)).await.unwrap_err()),
+        "items[0].sku_id"
+    );
+    assert_eq!(
+        bad(inventory::place_order(&w.deps, &w.t, &order("o", &[("s", 1)], Some(0))).await.unwrap_err()),
+        "hold_seconds"
+    );
+    assert_eq!(
+        bad(inventory::place_order(&w.deps, &w.t, &order("a#b", &[("s", 1)], None)).await.unwrap_err()),
+        "order_id"
+    );
     // DynamoDB takes 100 writes per transaction: 49 SKUs fit, 50 do not.
     let names: Vec<String> = (0..50).map(|i| format!("k{i}")).collect();
     for n in &names {
@@ -796,7 +856,11 @@ async fn an_expired_bucket_lease_is_claimed_again() {
     let until = tidings_core::ports::Clock::now_ms(&*w.clock) + 60_000;
     w.deps
         .table
-        .update(&index, vec![Update::set("lease_owner", "dead"), Update::set("lease_until_ms", until)], tidings_core::ports::Cond::Exists)
+        .update(
+            &index,
+            vec![Update::set("lease_owner", "dead"), Update::set("lease_until_ms", until)],
+            tidings_core::ports::Cond::Exists,
+        )
         .await
         .unwrap();
     assert_eq!(timers::tick(&w.deps).await.unwrap().timers_sent, 0, "leased by someone else");
@@ -844,4 +908,18 @@ async fn a_malformed_timer_message_is_rejected() {
         sent_at_ms: 0,
     };
     assert!(matches!(timers::handle_timer_message(&w.deps, &m).await, Outcome::Reject(_)));
+}
+
+/// Issue 4's bar: 1,000 concurrent single-unit orders on 200 units, one counter and 8 shards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 8)]
+async fn a_thousand_buyers_for_two_hundred_units() {
+    let w = world();
+    warm(&w, "one", 200).await;
+    warm_sharded(&w, "eight", 200, 8).await;
+    for sku in ["one", "eight"] {
+        let (ok, short) = concurrent_orders(&w, sku, 1000, &[(sku, 1)]).await;
+        assert_eq!((ok, short), (200, 800), "{sku}");
+        assert_eq!(stock(&w, sku).await.counters(), Counters::new(0, 200, 0), "{sku}");
+    }
+    assert_consistent(&w, &["one", "eight"]).await;
 }

@@ -36,7 +36,11 @@ async fn warm_up(
     Ok((if created { StatusCode::CREATED } else { StatusCode::OK }, Json(view)))
 }
 
-async fn show_stock(State(s): State<AppState>, Tenant(t): Tenant, PathParams(sku_id): PathParams<String>) -> ApiResult<Json<StockView>> {
+async fn show_stock(
+    State(s): State<AppState>,
+    Tenant(t): Tenant,
+    PathParams(sku_id): PathParams<String>,
+) -> ApiResult<Json<StockView>> {
     inventory::get_stock(&s.deps, &t, &sku_id).await?.map(Json).ok_or_else(|| Problem::not_found("sku").into())
 }
 
@@ -62,20 +66,36 @@ async fn ledger(
 }
 
 /// 201 PENDING with `expires_at`; 200 when the same order was placed before.
-async fn place_order(State(s): State<AppState>, Tenant(t): Tenant, Body(req): Body<OrderRequest>) -> ApiResult<(StatusCode, Json<OrderView>)> {
+async fn place_order(
+    State(s): State<AppState>,
+    Tenant(t): Tenant,
+    Body(req): Body<OrderRequest>,
+) -> ApiResult<(StatusCode, Json<OrderView>)> {
     let placed = inventory::place_order(&s.deps, &t, &req).await?;
     Ok((if placed.created { StatusCode::CREATED } else { StatusCode::OK }, Json(placed.order)))
 }
 
-async fn show_order(State(s): State<AppState>, Tenant(t): Tenant, PathParams(order_id): PathParams<String>) -> ApiResult<Json<OrderView>> {
+async fn show_order(
+    State(s): State<AppState>,
+    Tenant(t): Tenant,
+    PathParams(order_id): PathParams<String>,
+) -> ApiResult<Json<OrderView>> {
     inventory::get_order(&s.deps, &t, &order_id).await?.map(Json).ok_or_else(|| Problem::not_found("order").into())
 }
 
-async fn pay(State(s): State<AppState>, Tenant(t): Tenant, PathParams(order_id): PathParams<String>) -> ApiResult<Json<OrderView>> {
+async fn pay(
+    State(s): State<AppState>,
+    Tenant(t): Tenant,
+    PathParams(order_id): PathParams<String>,
+) -> ApiResult<Json<OrderView>> {
     Ok(Json(inventory::pay(&s.deps, &t, &order_id).await?))
 }
 
-async fn cancel(State(s): State<AppState>, Tenant(t): Tenant, PathParams(order_id): PathParams<String>) -> ApiResult<Json<OrderView>> {
+async fn cancel(
+    State(s): State<AppState>,
+    Tenant(t): Tenant,
+    PathParams(order_id): PathParams<String>,
+) -> ApiResult<Json<OrderView>> {
     Ok(Json(inventory::cancel(&s.deps, &t, &order_id).await?))
 }
 
@@ -138,7 +158,10 @@ mod tests {
         let app = app().await;
         let (status, body) = call(&app, "key-a", Method::PUT, "/v1/inventory/1001", Some(r#"{"on_hand": 5}"#)).await;
         assert_eq!(status, 201, "{body}");
-        assert_eq!(body, json!({"sku_id": "1001", "available": 5, "reserved": 0, "sold": 0, "restock_round": 0, "shards": 1}));
+        assert_eq!(
+            body,
+            json!({"sku_id": "1001", "available": 5, "reserved": 0, "sold": 0, "restock_round": 0, "shards": 1})
+        );
         let (status, body) = call(&app, "key-a", Method::PUT, "/v1/inventory/1001", Some(r#"{"on_hand": 50}"#)).await;
         assert_eq!(status, 200);
         assert_eq!(body["available"], 5);
@@ -146,7 +169,11 @@ mod tests {
         assert_eq!(status, 200);
         assert_eq!(body["items"][0]["kind"], "warm_up");
         assert_eq!(body["items"][0]["delta_available"], 5);
-        assert!(body["items"][0]["ref"].is_string() && body["items"][0]["at"].is_string() && body["items"][0]["entry_id"].is_string());
+        assert!(
+            body["items"][0]["ref"].is_string()
+                && body["items"][0]["at"].is_string()
+                && body["items"][0]["entry_id"].is_string()
+        );
         let (status, _) = call(&app, "key-b", Method::GET, "/v1/inventory/1001", None).await;
         assert_eq!(status, 404, "another tenant's SKU");
     }
@@ -164,7 +191,8 @@ mod tests {
         let (_, stock) = call(&app, "key-a", Method::GET, "/v1/inventory/1002", None).await;
         assert_eq!(stock["reserved"], 0, "nothing held");
 
-        let order = r#"{"order_id": "o1", "user_id": "u1", "items": [{"sku_id": "1001", "qty": 2}], "hold_seconds": 120}"#;
+        let order =
+            r#"{"order_id": "o1", "user_id": "u1", "items": [{"sku_id": "1001", "qty": 2}], "hold_seconds": 120}"#;
         let (status, body) = call(&app, "key-a", Method::POST, "/v1/orders", Some(order)).await;
         assert_eq!(status, 201, "{body}");
         assert_eq!(body["status"], "PENDING");

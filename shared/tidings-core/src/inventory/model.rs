@@ -363,12 +363,10 @@ impl HoldTimes {
             let Some((name, secs)) = part.split_once('=') else {
                 return Err(CoreError::invalid("hold_times", format!("{part:?} is not category=seconds")));
             };
-            let secs: u64 = secs
-                .trim()
-                .parse()
-                .ok()
-                .filter(|s| (1..=MAX_HOLD_SECONDS as u64).contains(s))
-                .ok_or_else(|| CoreError::invalid("hold_times", format!("{part:?}: seconds must be 1 to {MAX_HOLD_SECONDS}")))?;
+            let secs: u64 =
+                secs.trim().parse().ok().filter(|s| (1..=MAX_HOLD_SECONDS as u64).contains(s)).ok_or_else(|| {
+                    CoreError::invalid("hold_times", format!("{part:?}: seconds must be 1 to {MAX_HOLD_SECONDS}"))
+                })?;
             let name = name.trim();
             if name == "default" {
                 out.default = Duration::from_secs(secs);

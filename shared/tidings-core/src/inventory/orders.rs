@@ -13,7 +13,10 @@ use sha2::{Digest, Sha256};
 use tracing::warn;
 
 use super::keys;
-use super::model::{Allocation, Counters, LedgerKind, Order, OrderItem, OrderRequest, OrderStatus, OrderView, SkuRecord, MAX_HOLD_SECONDS};
+use super::model::{
+    Allocation, Counters, LedgerKind, MAX_HOLD_SECONDS, Order, OrderItem, OrderRequest, OrderStatus, OrderView,
+    SkuRecord,
+};
 use super::stock::{MAX_ATTEMPTS, StockChange, insufficient, now_text, read_cells, read_record, take_from};
 use crate::deps::Deps;
 use crate::error::{CoreError, CoreResult};
@@ -158,7 +161,8 @@ pub async fn place_order(deps: &Deps, t: &TenantId, req: &OrderRequest) -> CoreR
     let hold = hold_for(deps, req, &records);
     let now = deps.clock.now();
     let expires = now + chrono::Duration::from_std(hold).unwrap_or(chrono::Duration::MAX);
-    let mut plans: Vec<BTreeMap<u32, i64>> = records.iter().zip(&req.items).map(|(r, l)| first_plan(r, l.qty)).collect();
+    let mut plans: Vec<BTreeMap<u32, i64>> =
+        records.iter().zip(&req.items).map(|(r, l)| first_plan(r, l.qty)).collect();
     let task = TimerTask::OrderExpire { tenant: t.as_str().to_owned(), order_id: req.order_id.clone() };
     let timer = timers::durable_timer(deps, expires, &task).await?;
     for _ in 0..MAX_ATTEMPTS {
@@ -188,7 +192,10 @@ pub async fn place_order(deps: &Deps, t: &TenantId, req: &OrderRequest) -> CoreR
             cancelled_at: None,
             cancel_reason: None,
         };
-        let mut writes = vec![Write::Put { item: Item::new(keys::order(t, &req.order_id), attrs_of(&order)?), cond: Cond::NotExists }];
+        let mut writes = vec![Write::Put {
+            item: Item::new(keys::order(t, &req.order_id), attrs_of(&order)?),
+            cond: Cond::NotExists,
+        }];
         let mut owner: Vec<Option<usize>> = vec![None];
         for (i, (record, plan)) in records.iter().zip(&plans).enumerate() {
             let change = StockChange {
@@ -217,7 +224,9 @@ pub async fn place_order(deps: &Deps, t: &TenantId, req: &OrderRequest) -> CoreR
                 return replay(&existing, &hash);
             }
             Err(StoreError::ConditionFailed { index }) => {
-                let Some(Some(i)) = owner.get(index).copied() else { return Err(StoreError::ConditionFailed { index }.into()) };
+                let Some(Some(i)) = owner.get(index).copied() else {
+                    return Err(StoreError::ConditionFailed { index }.into());
+                };
                 plans[i] = replan(deps, t, &records[i], req.items[i].qty).await?;
             }
             Err(StoreError::Conflict) => continue,
@@ -317,7 +326,9 @@ async fn settle(deps: &Deps, t: &TenantId, order_id: &str, transition: Transitio
     let key = keys::order(t, order_id);
     let mut records: BTreeMap<String, SkuRecord> = BTreeMap::new();
     for _ in 0..MAX_ATTEMPTS {
-        let Some(mut order) = load_order(deps, t, order_id).await? else { return Err(CoreError::NotFound { what: "order" }) };
+        let Some(mut order) = load_order(deps, t, order_id).await? else {
+            return Err(CoreError::NotFound { what: "order" });
+        };
         let now_ms = deps.clock.now_ms();
         match (transition, order.status) {
             (_, OrderStatus::Pending) => {}
@@ -326,9 +337,14 @@ async fn settle(deps: &Deps, t: &TenantId, order_id: &str, transition: Transitio
         }
         let time_cond = match transition {
             Transition::Pay if now_ms >= order.expires_ms => {
-                return Err(CoreError::conflict("hold_expired", format!("order {order_id}'s hold expired at {}", order.expires_at)));
+                return Err(CoreError::conflict(
+                    "hold_expired",
+                    format!("order {order_id}'s hold expired at {}", order.expires_at),
+                ));
             }
-            Transition::Expire if now_ms < order.expires_ms => return Ok(Settlement::NotDue { expires_ms: order.expires_ms }),
+            Transition::Expire if now_ms < order.expires_ms => {
+                return Ok(Settlement::NotDue { expires_ms: order.expires_ms });
+            }
             Transition::Pay => Some(Cond::Cmp("expires_ms".into(), CmpOp::Gt, now_ms.into())),
             Transition::Expire => Some(Cond::Cmp("expires_ms".into(), CmpOp::Le, now_ms.into())),
             Transition::Cancel => None,
@@ -370,7 +386,12 @@ async fn settle(deps: &Deps, t: &TenantId, order_id: &str, transition: Transitio
                 deltas: item
                     .allocations
                     .iter()
-                    .map(|a| (a.shard, if kind == LedgerKind::Sell { Counters::sell(a.qty) } else { Counters::release(a.qty) }))
+                    .map(|a| {
+                        (
+                            a.shard,
+                            if kind == LedgerKind::Sell { Counters::sell(a.qty) } else { Counters::release(a.qty) },
+                        )
+                    })
                     .collect(),
                 kind,
                 reference: format!("order:{order_id}"),

@@ -137,12 +137,22 @@ fn compare(sku_id: &str, sharded: bool, expected: &BTreeMap<u32, Counters>, cell
     for c in cells {
         let want = expected.get(&c.index).copied().unwrap_or_default();
         if want != c.counters {
-            out.push(Discrepancy { sku_id: sku_id.to_owned(), shard: sharded.then_some(c.index), expected: want, actual: c.counters });
+            out.push(Discrepancy {
+                sku_id: sku_id.to_owned(),
+                shard: sharded.then_some(c.index),
+                expected: want,
+                actual: c.counters,
+            });
         }
     }
     for (&index, &want) in expected {
         if !cells.iter().any(|c| c.index == index) {
-            out.push(Discrepancy { sku_id: sku_id.to_owned(), shard: Some(index), expected: want, actual: Counters::default() });
+            out.push(Discrepancy {
+                sku_id: sku_id.to_owned(),
+                shard: Some(index),
+                expected: want,
+                actual: Counters::default(),
+            });
         }
     }
     out
@@ -151,7 +161,12 @@ fn compare(sku_id: &str, sharded: bool, expected: &BTreeMap<u32, Counters>, cell
 /// Records a finding: an item to review (the durable record) and a message on the review queue
 /// (the operator's inbox; a failed send is logged, the item is what counts).
 async fn record_for_review(deps: &Deps, t: &TenantId, d: &Discrepancy) -> CoreResult<()> {
-    let item = ReviewItem { tenant: t.as_str().to_owned(), discrepancy: d.clone(), found_at: now_text(deps), status: "OPEN".into() };
+    let item = ReviewItem {
+        tenant: t.as_str().to_owned(),
+        discrepancy: d.clone(),
+        found_at: now_text(deps),
+        status: "OPEN".into(),
+    };
     let key = keys::review_entry(t, deps.clock.now_ms(), &d.sku_id, d.shard);
     deps.table.put(Item::new(key, attrs_of(&item)?), Cond::Always).await?;
     let body = serde_json::to_string(&item).map_err(|e| StoreError::Corrupt(e.to_string()))?;
@@ -166,7 +181,8 @@ pub async fn review_items(deps: &Deps, t: &TenantId) -> CoreResult<Vec<ReviewIte
     let mut out = Vec::new();
     let mut cursor = None;
     loop {
-        let page = deps.table.query(&keys::review_pk(t), "", QueryOpts { limit: 1000, cursor, descending: false }).await?;
+        let page =
+            deps.table.query(&keys::review_pk(t), "", QueryOpts { limit: 1000, cursor, descending: false }).await?;
         for item in &page.items {
             out.push(item.parse()?);
         }

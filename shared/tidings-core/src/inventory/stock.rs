@@ -8,8 +8,8 @@ use sha2::{Digest, Sha256};
 
 use super::keys;
 use super::model::{
-    AdjustmentRequest, AdjustmentSource, Counters, LedgerEntry, LedgerKind, ShardDelta, ShardRecord, SkuRecord, StockView,
-    WarmUpRequest,
+    AdjustmentRequest, AdjustmentSource, Counters, LedgerEntry, LedgerKind, ShardDelta, ShardRecord, SkuRecord,
+    StockView, WarmUpRequest,
 };
 use crate::deps::Deps;
 use crate::error::{CoreError, CoreResult};
@@ -181,7 +181,8 @@ impl StockChange<'_> {
         }
         let mut restock = false;
         if self.total().available > 0 {
-            let observed = self.observed.ok_or_else(|| StoreError::Invalid("stock grows without an observation".into()))?;
+            let observed =
+                self.observed.ok_or_else(|| StoreError::Invalid("stock grows without an observation".into()))?;
             let was_empty = observed.iter().all(|c| c.counters.available <= 0);
             if was_empty {
                 restock = true;
@@ -204,7 +205,11 @@ impl StockChange<'_> {
                 updates.push(Update::add("restock_round", 1));
             }
             let cond = Cond::And(conds);
-            writes.push(if updates.is_empty() { Write::Check { key, cond } } else { Write::Update { key, updates, cond } });
+            writes.push(if updates.is_empty() {
+                Write::Check { key, cond }
+            } else {
+                Write::Update { key, updates, cond }
+            });
         }
         if restock && self.record.is_sharded() {
             writes.push(Write::Update {
@@ -227,10 +232,7 @@ pub(crate) fn spread(units: i64, n: u32) -> BTreeMap<u32, i64> {
     let n = n.max(1);
     let base = units / i64::from(n);
     let rest = units % i64::from(n);
-    (0..n)
-        .map(|i| (i, base + i64::from(i64::from(i) < rest)))
-        .filter(|(_, u)| *u != 0)
-        .collect()
+    (0..n).map(|i| (i, base + i64::from(i64::from(i) < rest))).filter(|(_, u)| *u != 0).collect()
 }
 
 /// Takes `units` from the cells with the most available first; `None` when they hold too few.
@@ -284,13 +286,17 @@ pub async fn warm_up(deps: &Deps, t: &TenantId, sku_id: &str, req: &WarmUpReques
         sold: (!sharded).then_some(0),
         version: (!sharded).then_some(1),
     };
-    let mut writes = vec![Write::Put { item: Item::new(keys::stock(t, sku_id), attrs_of(&record)?), cond: Cond::NotExists }];
+    let mut writes =
+        vec![Write::Put { item: Item::new(keys::stock(t, sku_id), attrs_of(&record)?), cond: Cond::NotExists }];
     let split = spread(req.on_hand, record.cell_count());
     if sharded {
         for shard in 0..shards {
             let available = split.get(&shard).copied().unwrap_or(0);
             let s = ShardRecord { sku_id: sku_id.to_owned(), shard, available, reserved: 0, sold: 0, version: 1 };
-            writes.push(Write::Put { item: Item::new(keys::shard(t, sku_id, shard), attrs_of(&s)?), cond: Cond::NotExists });
+            writes.push(Write::Put {
+                item: Item::new(keys::shard(t, sku_id, shard), attrs_of(&s)?),
+                cond: Cond::NotExists,
+            });
         }
     }
     let change = StockChange {
@@ -362,9 +368,9 @@ pub async fn adjust(deps: &Deps, t: &TenantId, sku_id: &str, req: &AdjustmentReq
         let units: BTreeMap<u32, i64> = if req.delta > 0 {
             spread(req.delta, sku.record.cell_count())
         } else {
-            take_from(&sku.cells, -req.delta).map(|m| m.into_iter().map(|(i, u)| (i, -u)).collect()).ok_or_else(|| {
-                insufficient(sku_id, sku.total().available, -req.delta)
-            })?
+            take_from(&sku.cells, -req.delta)
+                .map(|m| m.into_iter().map(|(i, u)| (i, -u)).collect())
+                .ok_or_else(|| insufficient(sku_id, sku.total().available, -req.delta))?
         };
         let at = now_text(deps);
         let change = StockChange {
@@ -379,11 +385,14 @@ pub async fn adjust(deps: &Deps, t: &TenantId, sku_id: &str, req: &AdjustmentReq
             at: at.clone(),
         };
         let record = AdjustmentRecord { body_hash: hash.clone(), sku_id: sku_id.to_owned(), created_at: at };
-        let mut writes = vec![Write::Put { item: Item::new(idem_key.clone(), attrs_of(&record)?), cond: Cond::NotExists }];
+        let mut writes =
+            vec![Write::Put { item: Item::new(idem_key.clone(), attrs_of(&record)?), cond: Cond::NotExists }];
         writes.extend(change.writes()?);
         match deps.table.transact(writes).await {
             Ok(()) => return get_stock(deps, t, sku_id).await?.ok_or(CoreError::NotFound { what: "sku" }),
-            Err(StoreError::ConditionFailed { index: 0 }) => return replayed_adjustment(deps, t, sku_id, &idem_key, &hash).await,
+            Err(StoreError::ConditionFailed { index: 0 }) => {
+                return replayed_adjustment(deps, t, sku_id, &idem_key, &hash).await;
+            }
             // The stock moved since it was read: read again and re-plan.
             Err(StoreError::ConditionFailed { .. } | StoreError::Conflict) => continue,
             Err(e) => return Err(e.into()),
@@ -392,11 +401,20 @@ pub async fn adjust(deps: &Deps, t: &TenantId, sku_id: &str, req: &AdjustmentReq
     Err(StoreError::Conflict.into())
 }
 
-async fn replayed_adjustment(deps: &Deps, t: &TenantId, sku_id: &str, idem_key: &Key, hash: &str) -> CoreResult<StockView> {
+async fn replayed_adjustment(
+    deps: &Deps,
+    t: &TenantId,
+    sku_id: &str,
+    idem_key: &Key,
+    hash: &str,
+) -> CoreResult<StockView> {
     let Some(item) = deps.table.get(idem_key).await? else { return Err(StoreError::Conflict.into()) };
     let record: AdjustmentRecord = item.parse()?;
     if record.body_hash != hash {
-        return Err(CoreError::conflict("idempotency_conflict", "this idempotency_key was used with a different adjustment"));
+        return Err(CoreError::conflict(
+            "idempotency_conflict",
+            "this idempotency_key was used with a different adjustment",
+        ));
     }
     get_stock(deps, t, sku_id).await?.ok_or(CoreError::NotFound { what: "sku" })
 }
@@ -415,7 +433,13 @@ pub struct LedgerPage {
     pub next_cursor: Option<String>,
 }
 
-pub async fn ledger(deps: &Deps, t: &TenantId, sku_id: &str, limit: usize, cursor: Option<String>) -> CoreResult<Option<LedgerPage>> {
+pub async fn ledger(
+    deps: &Deps,
+    t: &TenantId,
+    sku_id: &str,
+    limit: usize,
+    cursor: Option<String>,
+) -> CoreResult<Option<LedgerPage>> {
     check_id("sku_id", sku_id)?;
     if read_record(deps, t, sku_id).await?.is_none() {
         return Ok(None);

@@ -116,7 +116,9 @@ pub async fn durable_timer(deps: &Deps, due_at: DateTime<Utc>, task: &TimerTask)
     let bucket = bucket_of(due_ms.max(now_minute + WRITE_AHEAD_MINUTES * MINUTE_MS));
     let index = Key::new(OPEN_BUCKETS_PK, bucket.clone());
     if deps.table.get(&index).await?.is_none() {
-        deps.table.update(&index, vec![Update::SetIfAbsent("bucket".into(), bucket.clone().into())], Cond::Always).await?;
+        deps.table
+            .update(&index, vec![Update::SetIfAbsent("bucket".into(), bucket.clone().into())], Cond::Always)
+            .await?;
     }
     let item = TimerItem { due_ms, task: task.clone(), ttl: due_ms / 1000 + 7 * 24 * 3600 };
     let key = Key::new(format!("TIMER#{bucket}"), format!("{:015}#{}", due_ms.max(0), new_id()));
