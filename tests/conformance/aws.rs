@@ -59,11 +59,8 @@ impl Env {
             config.redrive_mode = RedriveMode::ReceiveAndResend;
         }
         let backend = AwsBackend::from_config(config).await;
-        let reachable = tokio::time::timeout(
-            Duration::from_secs(20),
-            backend.dynamo_client().list_tables().limit(1).send(),
-        )
-        .await;
+        let reachable =
+            tokio::time::timeout(Duration::from_secs(20), backend.dynamo_client().list_tables().limit(1).send()).await;
         match reachable {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => panic!(

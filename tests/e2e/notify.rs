@@ -79,12 +79,19 @@ pub async fn two_users_on_email_and_sms_get_exactly_four_sends(backend: Backend)
     let body = request("order-123-shipped", &["u1", "u2"], &["email", "sms"], "123");
     let id = send(&s, body.clone()).await?;
     let sends = wait_sends(&s, &id, 4).await?;
-    let mut pairs: Vec<(String, String)> =
-        sends.iter().map(|x| (x["user_id"].as_str().unwrap().to_owned(), x["channel"].as_str().unwrap().to_owned())).collect();
+    let mut pairs: Vec<(String, String)> = sends
+        .iter()
+        .map(|x| (x["user_id"].as_str().unwrap().to_owned(), x["channel"].as_str().unwrap().to_owned()))
+        .collect();
     pairs.sort();
     assert_eq!(
         pairs,
-        vec![("u1".into(), "email".into()), ("u1".into(), "sms".into()), ("u2".into(), "email".into()), ("u2".into(), "sms".into())]
+        vec![
+            ("u1".into(), "email".into()),
+            ("u1".into(), "sms".into()),
+            ("u2".into(), "email".into()),
+            ("u2".into(), "sms".into())
+        ]
     );
     // Locale: u1 reads Chinese, u2 the default.
     let u1_sms = sends.iter().find(|x| x["user_id"] == "u1" && x["channel"] == "sms").unwrap();
@@ -95,7 +102,8 @@ pub async fn two_users_on_email_and_sms_get_exactly_four_sends(backend: Backend)
     let again = send(&s, body.clone()).await?;
     assert_eq!(again, id);
     // Another body with the same key: 409.
-    let (st, v) = s.call("POST", "/v1/notifications", Some(request("order-123-shipped", &["u1"], &["email"], "999"))).await?;
+    let (st, v) =
+        s.call("POST", "/v1/notifications", Some(request("order-123-shipped", &["u1"], &["email"], "999"))).await?;
     assert_eq!(st, 409, "{v}");
     assert_eq!(v["code"], "idempotency_conflict");
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -223,14 +231,24 @@ pub async fn bad_input_gets_problem_documents(backend: Backend) -> anyhow::Resul
     assert_eq!(v["code"], "malformed_json");
 
     let (st, _, body) = s
-        .raw("POST", "/v1/notifications", r#"{"recipients":{"user_ids":"u1"},"template_id":"t","category":"transactional"}"#, Some(&key))
+        .raw(
+            "POST",
+            "/v1/notifications",
+            r#"{"recipients":{"user_ids":"u1"},"template_id":"t","category":"transactional"}"#,
+            Some(&key),
+        )
         .await?;
     assert_eq!(st, 400, "{body}");
     let v: Value = serde_json::from_str(&body)?;
     assert_eq!(v["field"], "recipients.user_ids", "{v}");
 
     let (st, _, body) = s
-        .raw("POST", "/v1/notifications", r#"{"recipients":{"user_ids":["a#b"]},"template_id":"t","category":"transactional"}"#, Some(&key))
+        .raw(
+            "POST",
+            "/v1/notifications",
+            r#"{"recipients":{"user_ids":["a#b"]},"template_id":"t","category":"transactional"}"#,
+            Some(&key),
+        )
         .await?;
     assert_eq!(st, 422, "{body}");
     let v: Value = serde_json::from_str(&body)?;
@@ -265,7 +283,8 @@ pub async fn tenants_are_isolated(backend: Backend) -> anyhow::Result<()> {
     let (st, _) = s.call_as(&other, "GET", "/v1/templates/order_shipped", None).await?;
     assert_eq!(st, 404);
     // The same idempotency key in another tenant is another request.
-    let (st, v) = s.call_as(&other, "POST", "/v1/notifications", Some(request("k-iso", &["u1"], &["inapp"], "11"))).await?;
+    let (st, v) =
+        s.call_as(&other, "POST", "/v1/notifications", Some(request("k-iso", &["u1"], &["inapp"], "11"))).await?;
     assert_eq!(st, 202, "{v}");
     assert_ne!(v["notification_id"], id.as_str());
     wait_delivery_status(&s, &id, "sent").await?;

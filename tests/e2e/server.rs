@@ -162,7 +162,13 @@ impl Server {
         self.call_as(&self.key, method, path, body).await
     }
 
-    pub async fn call_as(&self, key: &str, method: &str, path: &str, body: Option<Value>) -> anyhow::Result<(u16, Value)> {
+    pub async fn call_as(
+        &self,
+        key: &str,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> anyhow::Result<(u16, Value)> {
         let url = format!("{}{}", self.base, path);
         let mut req = self.http.request(method.parse()?, url).header("authorization", format!("Bearer {key}"));
         if let Some(b) = body {
@@ -171,11 +177,18 @@ impl Server {
         let res = req.send().await?;
         let status = res.status().as_u16();
         let text = res.text().await?;
-        let value = if text.is_empty() { Value::Null } else { serde_json::from_str(&text).unwrap_or(Value::String(text)) };
+        let value =
+            if text.is_empty() { Value::Null } else { serde_json::from_str(&text).unwrap_or(Value::String(text)) };
         Ok((status, value))
     }
 
-    pub async fn raw(&self, method: &str, path: &str, body: &str, key: Option<&str>) -> anyhow::Result<(u16, String, String)> {
+    pub async fn raw(
+        &self,
+        method: &str,
+        path: &str,
+        body: &str,
+        key: Option<&str>,
+    ) -> anyhow::Result<(u16, String, String)> {
         let mut req = self.http.request(method.parse()?, format!("{}{}", self.base, path)).body(body.to_owned());
         if let Some(k) = key {
             req = req.header("authorization", format!("Bearer {k}"));
@@ -190,7 +203,12 @@ impl Server {
     /// Accepted sends for this tenant's notification, as the fake providers recorded them.
     pub async fn sends(&self, notification_id: &str) -> anyhow::Result<Vec<Value>> {
         let (_, v) = self.call("GET", "/dev/deliveries", None).await?;
-        Ok(v.as_array().cloned().unwrap_or_default().into_iter().filter(|s| s["notification_id"] == notification_id).collect())
+        Ok(v.as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|s| s["notification_id"] == notification_id)
+            .collect())
     }
 
     /// Polls until `check` returns Some, or fails after `within`.

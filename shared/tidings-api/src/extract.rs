@@ -57,7 +57,9 @@ where
             .await
             .map_err(|e| Problem::new(StatusCode::BAD_REQUEST, "bad_body", e.body_text()))?;
         if bytes.len() > MAX_BODY {
-            return Err(Problem::new(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", "the body is larger than 1 MiB").into());
+            return Err(
+                Problem::new(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", "the body is larger than 1 MiB").into()
+            );
         }
         parse_json(&bytes).map(Body)
     }
@@ -91,7 +93,9 @@ impl PageParams {
         match self.limit {
             None => Ok(50),
             Some(n) if (1..=500).contains(&n) => Ok(n),
-            Some(_) => Err(Problem::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_field", "limit must be 1 to 500").with_field("limit").into()),
+            Some(_) => Err(Problem::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_field", "limit must be 1 to 500")
+                .with_field("limit")
+                .into()),
         }
     }
 }

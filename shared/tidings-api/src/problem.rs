@@ -43,7 +43,11 @@ impl Problem {
     }
 
     pub fn unauthorized() -> Self {
-        Problem::new(StatusCode::UNAUTHORIZED, "unauthorized", "a valid API key is required: Authorization: Bearer <key>")
+        Problem::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "a valid API key is required: Authorization: Bearer <key>",
+        )
     }
 }
 
@@ -71,7 +75,8 @@ impl From<CoreError> for ApiError {
     fn from(e: CoreError) -> Self {
         let p = match &e {
             CoreError::Invalid { field, detail } => {
-                Problem::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_field", format!("{field}: {detail}")).with_field(field.clone())
+                Problem::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_field", format!("{field}: {detail}"))
+                    .with_field(field.clone())
             }
             CoreError::NotFound { what } => Problem::not_found(what),
             CoreError::Conflict { code, detail } => Problem::new(StatusCode::CONFLICT, code, detail.clone()),

@@ -19,7 +19,6 @@ pub trait DevControl: Send + Sync {
     fn clock_moved(&self) {}
 }
 
-
 #[derive(Clone)]
 pub struct AppState {
     pub deps: Deps,

@@ -19,7 +19,11 @@ async fn state() -> AppState {
         table: Arc::new(store.clone()),
         queues: Arc::new(store),
         clock,
-        providers: Providers { email: Arc::new(NullProvider), sms: Arc::new(NullProvider), push: Arc::new(NullProvider) },
+        providers: Providers {
+            email: Arc::new(NullProvider),
+            sms: Arc::new(NullProvider),
+            push: Arc::new(NullProvider),
+        },
         config: Arc::new(CoreConfig::default()),
     };
     tenants::register_key(&deps, &TenantId::parse("acme").unwrap(), "test-key-acme").await.unwrap();

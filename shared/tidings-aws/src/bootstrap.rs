@@ -56,10 +56,7 @@ async fn ensure_table(backend: &AwsBackend) -> Result<(), BootstrapError> {
     let described = client.describe_table().table_name(table).send().await;
     match described {
         Ok(out) => {
-            let streaming = out
-                .table()
-                .and_then(|t| t.stream_specification())
-                .is_some_and(|s| s.stream_enabled());
+            let streaming = out.table().and_then(|t| t.stream_specification()).is_some_and(|s| s.stream_enabled());
             if !streaming {
                 client
                     .update_table()

@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use aws_sdk_dynamodb::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::config::http::HttpResponse;
+use aws_sdk_dynamodb::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 
 /// What kind of failure an SDK call ended in.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -72,15 +72,9 @@ where
                 .get("retry-after")
                 .and_then(|v| v.trim().parse::<u64>().ok())
                 .map(Duration::from_secs);
-            let transient = status >= 500
-                || status == 429
-                || code.as_deref().is_some_and(|c| THROTTLING_CODES.contains(&c));
-            Classified {
-                kind: if transient { Kind::Transient } else { Kind::Service },
-                code,
-                retry_after,
-                message,
-            }
+            let transient =
+                status >= 500 || status == 429 || code.as_deref().is_some_and(|c| THROTTLING_CODES.contains(&c));
+            Classified { kind: if transient { Kind::Transient } else { Kind::Service }, code, retry_after, message }
         }
         SdkError::ResponseError(ctx) => {
             let status = ctx.raw().status().as_u16();

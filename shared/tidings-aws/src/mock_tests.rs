@@ -114,22 +114,30 @@ async fn transaction_with_two_writes_on_one_key_is_invalid_without_a_call() {
 #[tokio::test]
 async fn single_write_errors_map() {
     let cond = mock!(aws_sdk_dynamodb::Client::put_item)
-        .match_requests(|r| r.item().and_then(|i| i.get("pk")).and_then(|v| v.as_s().ok()).map(String::as_str) == Some("cond"))
+        .match_requests(|r| {
+            r.item().and_then(|i| i.get("pk")).and_then(|v| v.as_s().ok()).map(String::as_str) == Some("cond")
+        })
         .sequence()
         .http_status(400, Some(dynamo_error("ConditionalCheckFailedException", json!({}))))
         .build();
     let throttled = mock!(aws_sdk_dynamodb::Client::put_item)
-        .match_requests(|r| r.item().and_then(|i| i.get("pk")).and_then(|v| v.as_s().ok()).map(String::as_str) == Some("slow"))
+        .match_requests(|r| {
+            r.item().and_then(|i| i.get("pk")).and_then(|v| v.as_s().ok()).map(String::as_str) == Some("slow")
+        })
         .sequence()
         .http_status(400, Some(dynamo_error("ProvisionedThroughputExceededException", json!({}))))
         .build();
     let down = mock!(aws_sdk_dynamodb::Client::put_item)
-        .match_requests(|r| r.item().and_then(|i| i.get("pk")).and_then(|v| v.as_s().ok()).map(String::as_str) == Some("down"))
+        .match_requests(|r| {
+            r.item().and_then(|i| i.get("pk")).and_then(|v| v.as_s().ok()).map(String::as_str) == Some("down")
+        })
         .sequence()
         .http_status(503, Some("{}".into()))
         .build();
     let invalid = mock!(aws_sdk_dynamodb::Client::put_item)
-        .match_requests(|r| r.item().and_then(|i| i.get("pk")).and_then(|v| v.as_s().ok()).map(String::as_str) == Some("bad"))
+        .match_requests(|r| {
+            r.item().and_then(|i| i.get("pk")).and_then(|v| v.as_s().ok()).map(String::as_str) == Some("bad")
+        })
         .sequence()
         .http_status(400, Some(dynamo_error("ValidationException", json!({}))))
         .build();
@@ -194,7 +202,9 @@ async fn query_pages_with_an_opaque_cursor() {
                 && r.scan_index_forward() == Some(false)
                 && r.key_condition_expression() == Some("#n0 = :v0 AND begins_with(#n1, :v1)")
         })
-        .then_output(move || QueryOutput::builder().items(av("p", "a#2")).set_last_evaluated_key(Some(av("p", "a#2"))).build());
+        .then_output(move || {
+            QueryOutput::builder().items(av("p", "a#2")).set_last_evaluated_key(Some(av("p", "a#2"))).build()
+        });
     let second = mock!(aws_sdk_dynamodb::Client::query)
         .match_requests(|r| {
             r.exclusive_start_key().and_then(|k| k.get("sk")).and_then(|v| v.as_s().ok()).map(String::as_str)
@@ -249,7 +259,10 @@ async fn ses_sends_headers_and_classifies_errors() {
     let rejected = mock!(aws_sdk_sesv2::Client::send_email)
         .match_requests(|r| r.destination().map(|d| d.to_addresses()) == Some(&["no@x.test".to_string()][..]))
         .sequence()
-        .http_status(400, Some(json!({"__type": "MessageRejected", "message": "Email address is not verified."}).to_string()))
+        .http_status(
+            400,
+            Some(json!({"__type": "MessageRejected", "message": "Email address is not verified."}).to_string()),
+        )
         .build();
     let ses = SesEmail::new(client!(aws_sdk_sesv2, [&ok, &throttled, &rejected]), "from@x.test");
     let receipt = ses.send(&message(Channel::Email, "ok@x.test")).await.unwrap();
@@ -282,7 +295,9 @@ async fn sns_disabled_endpoint_is_an_invalid_token() {
     let ok = mock!(aws_sdk_sns::Client::publish)
         .match_requests(|r| {
             r.target_arn() == Some("arn:endpoint/ok")
-                && r.message_attributes().and_then(|a| a.get("AWS.SNS.MOBILE.APNS.COLLAPSE_ID")).and_then(|v| v.string_value())
+                && r.message_attributes()
+                    .and_then(|a| a.get("AWS.SNS.MOBILE.APNS.COLLAPSE_ID"))
+                    .and_then(|v| v.string_value())
                     == Some("n1:u1:email")
         })
         .then_output(|| PublishOutput::builder().message_id("p-1").build());
@@ -354,10 +369,8 @@ async fn redrive_starts_a_message_move_task_from_the_dlq_to_the_queue() {
             .build()
     });
     let (urls, attrs) = (url_rule(), attributes_rule());
-    let queues = SqsQueues::new(
-        client!(aws_sdk_sqs, [&start, &list, &urls, &attrs]),
-        &sqs_config(RedriveMode::MessageMoveTask),
-    );
+    let queues =
+        SqsQueues::new(client!(aws_sdk_sqs, [&start, &list, &urls, &attrs]), &sqs_config(RedriveMode::MessageMoveTask));
     assert_eq!(queues.redrive("requests-high").await.unwrap(), 3);
     assert_eq!(start.num_calls(), 1);
     // URLs and ARNs are resolved once.
@@ -383,19 +396,16 @@ async fn sends_in_batches_of_ten_with_delays_and_reports_failed_entries() {
             SendMessageBatchOutput::builder()
                 .set_successful(Some(vec![]))
                 .failed(
-                    BatchResultErrorEntry::builder()
-                        .id("0")
-                        .sender_fault(false)
-                        .code("InternalError")
-                        .build()
-                        .unwrap(),
+                    BatchResultErrorEntry::builder().id("0").sender_fault(false).code("InternalError").build().unwrap(),
                 )
                 .build()
                 .unwrap()
         });
     let urls = url_rule();
-    let queues = SqsQueues::new(client!(aws_sdk_sqs, [&ok, &failing, &urls]), &sqs_config(RedriveMode::ReceiveAndResend));
-    let messages: Vec<OutMessage> = (0..25).map(|i| OutMessage::delayed(format!("m{i}"), Duration::from_millis(1500))).collect();
+    let queues =
+        SqsQueues::new(client!(aws_sdk_sqs, [&ok, &failing, &urls]), &sqs_config(RedriveMode::ReceiveAndResend));
+    let messages: Vec<OutMessage> =
+        (0..25).map(|i| OutMessage::delayed(format!("m{i}"), Duration::from_millis(1500))).collect();
     queues.send_batch("a", messages).await.unwrap();
     assert_eq!(ok.num_calls(), 3);
     let e = queues.send_batch("b", vec![OutMessage::new("x")]).await.unwrap_err();
@@ -408,7 +418,9 @@ async fn receive_reads_counts_and_stale_receipts_map() {
     use aws_sdk_sqs::types::{Message, MessageSystemAttributeName};
     let receive = mock!(aws_sdk_sqs::Client::receive_message)
         .match_requests(|r| {
-            r.max_number_of_messages() == Some(10) && r.visibility_timeout() == Some(31) && r.wait_time_seconds() == Some(1)
+            r.max_number_of_messages() == Some(10)
+                && r.visibility_timeout() == Some(31)
+                && r.wait_time_seconds() == Some(1)
         })
         .then_output(|| {
             ReceiveMessageOutput::builder()

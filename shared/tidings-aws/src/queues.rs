@@ -118,7 +118,10 @@ where
     let c = classify(&err);
     match c.code() {
         "QueueDoesNotExist" | "AWS.SimpleQueueService.NonExistentQueue" => return QueueError::UnknownQueue(c.message),
-        "ReceiptHandleIsInvalid" | "InvalidIdFormat" | "MessageNotInflight" | "AWS.SimpleQueueService.MessageNotInflight" => {
+        "ReceiptHandleIsInvalid"
+        | "InvalidIdFormat"
+        | "MessageNotInflight"
+        | "AWS.SimpleQueueService.MessageNotInflight" => {
             return QueueError::StaleReceipt;
         }
         _ => {}
@@ -188,11 +191,9 @@ impl SqsQueues {
         if let Some(url) = self.urls.read().await.get(&name) {
             return Ok(url.clone());
         }
-        let out = self.client.get_queue_url().queue_name(&name).send().await.map_err(|e| {
-            match queue_error(e) {
-                QueueError::UnknownQueue(_) => QueueError::UnknownQueue(name.clone()),
-                other => other,
-            }
+        let out = self.client.get_queue_url().queue_name(&name).send().await.map_err(|e| match queue_error(e) {
+            QueueError::UnknownQueue(_) => QueueError::UnknownQueue(name.clone()),
+            other => other,
         })?;
         let url = out.queue_url.ok_or_else(|| QueueError::UnknownQueue(name.clone()))?;
         self.urls.write().await.insert(name, url.clone());

@@ -109,7 +109,9 @@ pub struct DynamoChangeFeed {
     state: Mutex<FeedState>,
 }
 
-fn stream_error<E>(err: aws_sdk_dynamodbstreams::error::SdkError<E, aws_sdk_dynamodb::config::http::HttpResponse>) -> StoreError
+fn stream_error<E>(
+    err: aws_sdk_dynamodbstreams::error::SdkError<E, aws_sdk_dynamodb::config::http::HttpResponse>,
+) -> StoreError
 where
     E: aws_sdk_dynamodbstreams::error::ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
 {
@@ -121,7 +123,11 @@ where
 }
 
 impl DynamoChangeFeed {
-    pub fn new(dynamo: aws_sdk_dynamodb::Client, streams: aws_sdk_dynamodbstreams::Client, table: impl Into<String>) -> Self {
+    pub fn new(
+        dynamo: aws_sdk_dynamodb::Client,
+        streams: aws_sdk_dynamodbstreams::Client,
+        table: impl Into<String>,
+    ) -> Self {
         Self { dynamo, streams, table: table.into(), state: Mutex::new(FeedState::default()) }
     }
 

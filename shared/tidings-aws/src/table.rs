@@ -5,8 +5,8 @@ use std::collections::HashMap;
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::Client;
-use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::config::http::HttpResponse;
+use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::types::{
     AttributeValue, ConditionCheck, Delete, Put, ReturnValue, TransactWriteItem, Update as DynUpdate,
 };
@@ -103,8 +103,8 @@ pub fn item_from_dynamo(mut map: HashMap<String, AttributeValue>) -> Result<Item
     let key = key_from_dynamo(&map)?;
     map.remove(PK);
     map.remove(SK);
-    let attrs: Attrs = serde_dynamo::from_item(map)
-        .map_err(|e| StoreError::Corrupt(format!("{}/{}: {e}", key.pk, key.sk)))?;
+    let attrs: Attrs =
+        serde_dynamo::from_item(map).map_err(|e| StoreError::Corrupt(format!("{}/{}: {e}", key.pk, key.sk)))?;
     Ok(Item::new(key, attrs_from_stored(attrs)))
 }
 
@@ -391,7 +391,9 @@ fn cancellation_error(reasons: &[Option<&str>], message: String) -> StoreError {
 }
 
 /// Sequence numbers and stream positions compare as decimal numbers.
-fn transact_error(err: SdkError<aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError, HttpResponse>) -> StoreError {
+fn transact_error(
+    err: SdkError<aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError, HttpResponse>,
+) -> StoreError {
     use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
     if let SdkError::ServiceError(ctx) = &err
         && let TransactWriteItemsError::TransactionCanceledException(e) = ctx.err()
@@ -429,7 +431,8 @@ struct Cursor {
 
 fn encode_cursor(key: &HashMap<String, AttributeValue>) -> Result<String, StoreError> {
     let key = key_from_dynamo(key)?;
-    let json = serde_json::to_vec(&Cursor { pk: key.pk, sk: key.sk }).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    let json =
+        serde_json::to_vec(&Cursor { pk: key.pk, sk: key.sk }).map_err(|e| StoreError::Corrupt(e.to_string()))?;
     Ok(URL_SAFE_NO_PAD.encode(json))
 }
 
@@ -600,12 +603,7 @@ impl Table for DynamoTable {
             }
         }
         let items = writes.iter().map(|w| self.transact_item(w)).collect::<Result<Vec<_>, _>>()?;
-        self.client
-            .transact_write_items()
-            .set_transact_items(Some(items))
-            .send()
-            .await
-            .map_err(transact_error)?;
+        self.client.transact_write_items().set_transact_items(Some(items)).send().await.map_err(transact_error)?;
         Ok(())
     }
 
@@ -745,7 +743,9 @@ mod tests {
         assert!(matches!(r, StoreError::ConditionFailed { index: 1 }));
         let r = cancellation_error(&[Some("TransactionConflict"), Some("None")], String::new());
         assert!(matches!(r, StoreError::Conflict));
-        let r = cancellation_from_message("Transaction cancelled, please refer cancellation reasons for specific reasons [None, None, ConditionalCheckFailed]");
+        let r = cancellation_from_message(
+            "Transaction cancelled, please refer cancellation reasons for specific reasons [None, None, ConditionalCheckFailed]",
+        );
         assert!(matches!(r, StoreError::ConditionFailed { index: 2 }));
     }
 }

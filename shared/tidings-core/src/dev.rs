@@ -11,8 +11,8 @@ use crate::error::{CoreError, CoreResult};
 use crate::ids::new_id;
 use crate::keys::DEV_SENDS_PK;
 use crate::ports::{
-    Channel, Clock, Cond, Item, Key, OutboundMessage, PermanentCode, Provider, ProviderError, ProviderReceipt, QueryOpts, Table,
-    attrs_of,
+    Channel, Clock, Cond, Item, Key, OutboundMessage, PermanentCode, Provider, ProviderError, ProviderReceipt,
+    QueryOpts, Table, attrs_of,
 };
 
 /// How a dev provider behaves.
@@ -91,7 +91,13 @@ pub struct DevProvider {
 
 impl DevProvider {
     pub fn new(channel: Channel, inner: Arc<dyn Provider>, table: Arc<dyn Table>, clock: Arc<dyn Clock>) -> Self {
-        Self { channel, inner, table, clock, state: Mutex::new(FaultState { config: FaultConfig::default(), failed: 0 }) }
+        Self {
+            channel,
+            inner,
+            table,
+            clock,
+            state: Mutex::new(FaultState { config: FaultConfig::default(), failed: 0 }),
+        }
     }
 
     pub fn configure(&self, config: FaultConfig) {
@@ -139,9 +145,10 @@ impl Provider for DevProvider {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     ProviderError::transient("timeout")
                 }
-                FaultMode::Permanent => {
-                    ProviderError::Permanent { reason: "provider rejected the address".into(), code: PermanentCode::BadAddress }
-                }
+                FaultMode::Permanent => ProviderError::Permanent {
+                    reason: "provider rejected the address".into(),
+                    code: PermanentCode::BadAddress,
+                },
             });
         }
         let receipt = self.inner.send(message).await?;
@@ -190,7 +197,11 @@ impl DevProviders {
 }
 
 /// Accepted sends, oldest first, optionally for one user and/or channel.
-pub async fn list_sends(table: &dyn Table, user_id: Option<&str>, channel: Option<Channel>) -> CoreResult<Vec<RecordedSend>> {
+pub async fn list_sends(
+    table: &dyn Table,
+    user_id: Option<&str>,
+    channel: Option<Channel>,
+) -> CoreResult<Vec<RecordedSend>> {
     let mut out = Vec::new();
     let mut cursor = None;
     loop {

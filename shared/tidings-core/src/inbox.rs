@@ -45,8 +45,15 @@ pub fn message_writes(
         notification_id: n.notification_id.clone(),
     };
     Ok(vec![
-        Write::Put { item: Item::new(keys::inbox_message(t, user_id, &message.message_id), attrs_of(&message)?), cond: Cond::NotExists },
-        Write::Update { key: keys::inbox_counter(t, user_id), updates: vec![Update::add("unread", 1)], cond: Cond::Always },
+        Write::Put {
+            item: Item::new(keys::inbox_message(t, user_id, &message.message_id), attrs_of(&message)?),
+            cond: Cond::NotExists,
+        },
+        Write::Update {
+            key: keys::inbox_counter(t, user_id),
+            updates: vec![Update::add("unread", 1)],
+            cond: Cond::Always,
+        },
     ])
 }
 
@@ -61,9 +68,16 @@ pub async fn unread_count(deps: &Deps, t: &TenantId, user_id: &str) -> CoreResul
     Ok(deps.table.get(&keys::inbox_counter(t, user_id)).await?.and_then(|i| i.i64("unread")).unwrap_or(0).max(0))
 }
 
-pub async fn list(deps: &Deps, t: &TenantId, user_id: &str, limit: usize, cursor: Option<String>) -> CoreResult<InboxPage> {
+pub async fn list(
+    deps: &Deps,
+    t: &TenantId,
+    user_id: &str,
+    limit: usize,
+    cursor: Option<String>,
+) -> CoreResult<InboxPage> {
     check_id("user_id", user_id)?;
-    let page = deps.table.query(&keys::inbox_pk(t, user_id), "M#", QueryOpts { limit, cursor, descending: true }).await?;
+    let page =
+        deps.table.query(&keys::inbox_pk(t, user_id), "M#", QueryOpts { limit, cursor, descending: true }).await?;
     let items = page.items.iter().map(Item::parse).collect::<Result<Vec<InboxMessage>, _>>()?;
     Ok(InboxPage { items, unread_count: unread_count(deps, t, user_id).await?, next_cursor: page.next_cursor })
 }
@@ -76,7 +90,11 @@ pub async fn mark_read(deps: &Deps, t: &TenantId, user_id: &str, message_id: &st
     let key = keys::inbox_message(t, user_id, message_id);
     let writes = vec![
         Write::Update { key: key.clone(), updates: vec![Update::set("read", true)], cond: Cond::eq("read", false) },
-        Write::Update { key: keys::inbox_counter(t, user_id), updates: vec![Update::add("unread", -1)], cond: Cond::ge("unread", 1) },
+        Write::Update {
+            key: keys::inbox_counter(t, user_id),
+            updates: vec![Update::add("unread", -1)],
+            cond: Cond::ge("unread", 1),
+        },
     ];
     match deps.table.transact(writes).await {
         Ok(()) => {}

@@ -1,5 +1,6 @@
 //! The Tidings core: every business rule, behind ports (see [`ports`]). Lambda functions and
 //! the local runtime are thin wiring around the handlers here.
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
 pub mod deps;
 pub mod dev;

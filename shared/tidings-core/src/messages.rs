@@ -91,7 +91,13 @@ pub const ALL_QUEUES: &[&str] = &[
     "push-high",
     "push-low",
     "timers",
+    "inventory-review",
 ];
+
+/// Whether a queue has a worker. `inventory-review` is read by operators, not by code.
+pub fn is_consumed(queue: &str) -> bool {
+    queue != crate::inventory::REVIEW_QUEUE
+}
 
 /// Routes a message to the handler of its queue.
 pub async fn dispatch(deps: &crate::Deps, queue: &str, message: &Received) -> Outcome {
@@ -99,6 +105,8 @@ pub async fn dispatch(deps: &crate::Deps, queue: &str, message: &Received) -> Ou
         crate::notify::orchestrator::handle_request_message(deps, message).await
     } else if ["email-", "sms-", "push-"].iter().any(|p| queue.starts_with(p)) {
         crate::notify::worker::handle_channel_message(deps, message).await
+    } else if queue == crate::timers::TIMERS_QUEUE {
+        crate::timers::handle_timer_message(deps, message).await
     } else {
         Outcome::Reject(format!("no handler for queue {queue}"))
     }

@@ -143,7 +143,8 @@ impl Template {
         let env = environment();
         let render = |name: &str, text: &str| -> Result<String, TemplateError> {
             let mut env = env.clone();
-            env.add_template_owned(name.to_owned(), text.to_owned()).map_err(|e| TemplateError::Render(e.to_string()))?;
+            env.add_template_owned(name.to_owned(), text.to_owned())
+                .map_err(|e| TemplateError::Render(e.to_string()))?;
             let tmpl = env.get_template(name).map_err(|e| TemplateError::Render(e.to_string()))?;
             tmpl.render(params).map_err(|e| TemplateError::Render(describe(&e)))
         };
@@ -162,8 +163,15 @@ fn body_of(c: &LocaleContent, channel: Channel) -> Option<&str> {
     }
 }
 
-static EMPTY_CONTENT: &LocaleContent =
-    &LocaleContent { email_subject: None, email_body: None, sms: None, push_title: None, push_body: None, inapp_title: None, inapp_body: None };
+static EMPTY_CONTENT: &LocaleContent = &LocaleContent {
+    email_subject: None,
+    email_body: None,
+    sms: None,
+    push_title: None,
+    push_body: None,
+    inapp_title: None,
+    inapp_body: None,
+};
 
 fn environment() -> Environment<'static> {
     let mut env = Environment::new();
@@ -226,7 +234,10 @@ mod tests {
                 ..Default::default()
             },
         );
-        locales.insert("zh-CN".into(), LocaleContent { sms: Some("订单 {{ order_id }} 已发货".into()), ..Default::default() });
+        locales.insert(
+            "zh-CN".into(),
+            LocaleContent { sms: Some("订单 {{ order_id }} 已发货".into()), ..Default::default() },
+        );
         Template { template_id: "t".into(), default_locale: "en".into(), locales, updated_at: String::new() }
     }
 

@@ -55,7 +55,9 @@ impl UserInput {
             }
         }
         if let Some(locale) = &self.locale
-            && (locale.is_empty() || locale.len() > 35 || !locale.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'))
+            && (locale.is_empty()
+                || locale.len() > 35
+                || !locale.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'))
         {
             return Err(CoreError::invalid("locale", "not a language tag such as en or zh-CN"));
         }

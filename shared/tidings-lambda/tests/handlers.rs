@@ -27,7 +27,8 @@ fn fixture() -> Fixture {
         store.declare_queue(QueueConfig::new(*q, 5)).unwrap();
     }
     let table: Arc<dyn Table> = Arc::new(store.clone());
-    let dev = |c| Arc::new(DevProvider::new(c, Arc::new(NullProvider) as Arc<dyn Provider>, table.clone(), clock.clone()));
+    let dev =
+        |c| Arc::new(DevProvider::new(c, Arc::new(NullProvider) as Arc<dyn Provider>, table.clone(), clock.clone()));
     let (email, sms, push) = (dev(Channel::Email), dev(Channel::Sms), dev(Channel::Push));
     let deps = Deps {
         table: table.clone(),
@@ -116,7 +117,10 @@ async fn sqs_batch_reports_transient_failures_as_batch_item_failures() {
 
 #[test]
 fn queue_names_come_from_arns_and_urls() {
-    assert_eq!(tidings_lambda::logical_queue_name("arn:aws:sqs:eu-west-1:1:tidings-email-high", "tidings-"), "email-high");
+    assert_eq!(
+        tidings_lambda::logical_queue_name("arn:aws:sqs:eu-west-1:1:tidings-email-high", "tidings-"),
+        "email-high"
+    );
     assert_eq!(
         tidings_lambda::logical_queue_name("https://sqs.eu-west-1.amazonaws.com/1/prod-requests-low", "prod-"),
         "requests-low"

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use tidings_core::dev::{DevProvider, DevProviders, NullProvider};
-use tidings_core::ports::{Channel, ChangeFeed, Clock, Provider, Queues, Table};
+use tidings_core::ports::{ChangeFeed, Channel, Clock, Provider, Queues, Table};
 use tidings_core::{CoreConfig, Deps, Providers};
 
 use crate::{BackendArgs, BackendKind};
@@ -24,11 +24,7 @@ pub struct Backend {
     pub queue_arn_prefix: String,
 }
 
-fn dev_providers(
-    inner: [Arc<dyn Provider>; 3],
-    table: &Arc<dyn Table>,
-    clock: &Arc<dyn Clock>,
-) -> DevProviders {
+fn dev_providers(inner: [Arc<dyn Provider>; 3], table: &Arc<dyn Table>, clock: &Arc<dyn Clock>) -> DevProviders {
     let [email, sms, push] = inner;
     let wrap = |c, p| Arc::new(DevProvider::new(c, p, table.clone(), clock.clone()));
     DevProviders { email: wrap(Channel::Email, email), sms: wrap(Channel::Sms, sms), push: wrap(Channel::Push, push) }

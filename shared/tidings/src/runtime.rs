@@ -26,7 +26,7 @@ pub fn start(
 ) -> JoinSet<()> {
     let mut set = JoinSet::new();
     set.spawn(relay_loop(deps.clone(), feed, stop.clone()));
-    for queue in queues {
+    for queue in queues.into_iter().filter(|q| tidings_core::messages::is_consumed(q)) {
         for _ in 0..WORKERS_PER_QUEUE {
             set.spawn(queue_loop(deps.clone(), queue.clone(), format!("{arn_prefix}{queue}"), stop.clone()));
         }

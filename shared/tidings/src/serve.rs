@@ -16,6 +16,7 @@ use crate::backend::Backend;
 
 struct Dev {
     providers: DevProviders,
+    clock_moved: Arc<tokio::sync::Notify>,
     manual: Option<Arc<ManualClock>>,
     deps: Deps,
 }
@@ -30,6 +31,9 @@ impl DevControl for Dev {
     }
     async fn run_schedule(&self, name: &str) -> Result<Option<serde_json::Value>, String> {
         crate::schedules::run(&self.deps, name).await
+    }
+    fn clock_moved(&self) {
+        self.clock_moved.notify_waiters();
     }
 }
 
@@ -78,9 +82,10 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         backend.queue_arn_prefix.clone(),
         stop_rx.clone(),
     );
-    crate::schedules::start(&mut workers, backend.deps.clone(), stop_rx);
+    let clock_moved = Arc::new(tokio::sync::Notify::new());
+    crate::schedules::start(&mut workers, backend.deps.clone(), clock_moved.clone(), stop_rx);
 
-    let dev = Dev { providers: backend.dev.clone(), manual, deps: backend.deps.clone() };
+    let dev = Dev { providers: backend.dev.clone(), clock_moved, manual, deps: backend.deps.clone() };
     let state = AppState {
         deps: backend.deps.clone(),
         queue_names: Arc::new(backend.queue_names.clone()),

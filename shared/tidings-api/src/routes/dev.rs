@@ -29,7 +29,9 @@ fn dev_of(s: &AppState) -> ApiResult<&dyn DevControl> {
 fn channel_of(name: &str) -> ApiResult<Channel> {
     match Channel::parse(name) {
         Some(c) if c != Channel::Inapp => Ok(c),
-        _ => Err(Problem::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_field", "channel must be email, sms or push").with_field("channel").into()),
+        _ => Err(Problem::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_field", "channel must be email, sms or push")
+            .with_field("channel")
+            .into()),
     }
 }
 
@@ -39,7 +41,10 @@ struct SendFilter {
     channel: Option<String>,
 }
 
-async fn deliveries(State(s): State<AppState>, QueryParams(f): QueryParams<SendFilter>) -> ApiResult<Json<Vec<RecordedSend>>> {
+async fn deliveries(
+    State(s): State<AppState>,
+    QueryParams(f): QueryParams<SendFilter>,
+) -> ApiResult<Json<Vec<RecordedSend>>> {
     dev_of(&s)?;
     let channel = f.channel.as_deref().map(channel_of).transpose()?;
     Ok(Json(dev::list_sends(s.deps.table.as_ref(), f.user_id.as_deref(), channel).await?))
@@ -57,7 +62,10 @@ async fn configure_provider(
     Ok(Json(p.config()))
 }
 
-async fn provider_config(State(s): State<AppState>, PathParams(name): PathParams<String>) -> ApiResult<Json<FaultConfig>> {
+async fn provider_config(
+    State(s): State<AppState>,
+    PathParams(name): PathParams<String>,
+) -> ApiResult<Json<FaultConfig>> {
     let channel = channel_of(&name)?;
     let d = dev_of(&s)?;
     let p = d.providers().get(channel).ok_or_else(|| Problem::not_found("provider"))?;
@@ -67,7 +75,9 @@ async fn provider_config(State(s): State<AppState>, PathParams(name): PathParams
 async fn clock(State(s): State<AppState>) -> ApiResult<Json<Value>> {
     dev_of(&s)?;
     let now = s.deps.clock.now();
-    Ok(Json(json!({"now": now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true), "manual": s.dev.as_ref().is_some_and(|d| d.manual_clock().is_some())})))
+    Ok(Json(
+        json!({"now": now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true), "manual": s.dev.as_ref().is_some_and(|d| d.manual_clock().is_some())}),
+    ))
 }
 
 #[derive(Deserialize)]
@@ -79,10 +89,14 @@ struct Advance {
 async fn advance(State(s): State<AppState>, Body(a): Body<Advance>) -> ApiResult<Json<Value>> {
     let d = dev_of(&s)?;
     let Some(clock) = d.manual_clock() else {
-        return Err(Problem::new(StatusCode::CONFLICT, "not_manual_clock", "start the server with --manual-clock").into());
+        return Err(
+            Problem::new(StatusCode::CONFLICT, "not_manual_clock", "start the server with --manual-clock").into()
+        );
     };
     if !(0..=366 * 86_400).contains(&a.seconds) {
-        return Err(Problem::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_field", "seconds must be 0 to 31622400").with_field("seconds").into());
+        return Err(Problem::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_field", "seconds must be 0 to 31622400")
+            .with_field("seconds")
+            .into());
     }
     let now = clock.advance(chrono::Duration::seconds(a.seconds));
     d.clock_moved();
@@ -96,7 +110,8 @@ async fn run_schedule(State(s): State<AppState>, PathParams(name): PathParams<St
         Ok(None) => Err(Problem::not_found(&format!("schedule {name}")).into()),
         Err(e) => {
             tracing::error!(schedule = %name, error = %e, "scheduled job failed");
-            Err(Problem::new(StatusCode::SERVICE_UNAVAILABLE, "schedule_failed", "the job failed; see the server log").into())
+            Err(Problem::new(StatusCode::SERVICE_UNAVAILABLE, "schedule_failed", "the job failed; see the server log")
+                .into())
         }
     }
 }

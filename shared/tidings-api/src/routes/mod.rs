@@ -32,7 +32,8 @@ pub fn app(state: AppState) -> Router {
     router
         .fallback(|| async { Problem::new(StatusCode::NOT_FOUND, "no_route", "no such route") })
         .method_not_allowed_fallback(|| async {
-            Problem::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "method not allowed on this route").into_response()
+            Problem::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "method not allowed on this route")
+                .into_response()
         })
         .with_state(state)
 }

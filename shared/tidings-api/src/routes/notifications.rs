@@ -27,7 +27,11 @@ async fn create(
     Ok((StatusCode::ACCEPTED, Json(accepted)))
 }
 
-async fn show(State(s): State<AppState>, Tenant(t): Tenant, PathParams(id): PathParams<String>) -> ApiResult<Json<NotificationView>> {
+async fn show(
+    State(s): State<AppState>,
+    Tenant(t): Tenant,
+    PathParams(id): PathParams<String>,
+) -> ApiResult<Json<NotificationView>> {
     match api::get_notification(&s.deps, &t, &id).await? {
         Some(v) => Ok(Json(v)),
         None => Err(Problem::not_found("notification").into()),
@@ -46,6 +50,10 @@ async fn deliveries(
     }
 }
 
-async fn cancel(State(s): State<AppState>, Tenant(t): Tenant, PathParams(id): PathParams<String>) -> ApiResult<Json<NotificationView>> {
+async fn cancel(
+    State(s): State<AppState>,
+    Tenant(t): Tenant,
+    PathParams(id): PathParams<String>,
+) -> ApiResult<Json<NotificationView>> {
     Ok(Json(api::cancel(&s.deps, &t, &id).await?))
 }

@@ -28,7 +28,11 @@ async fn queues(State(s): State<AppState>, Tenant(_t): Tenant) -> ApiResult<Json
     Ok(Json(json!({ "queues": out })))
 }
 
-async fn redrive(State(s): State<AppState>, Tenant(_t): Tenant, PathParams(queue): PathParams<String>) -> ApiResult<Json<Value>> {
+async fn redrive(
+    State(s): State<AppState>,
+    Tenant(_t): Tenant,
+    PathParams(queue): PathParams<String>,
+) -> ApiResult<Json<Value>> {
     if !s.queue_names.contains(&queue) {
         return Err(Problem::not_found(&format!("queue {queue}")).into());
     }

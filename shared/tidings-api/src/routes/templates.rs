@@ -20,7 +20,11 @@ async fn put_template(
     Ok(Json(templates::put_template(&s.deps, &t, &id, input).await?))
 }
 
-async fn get_template(State(s): State<AppState>, Tenant(t): Tenant, PathParams(id): PathParams<String>) -> ApiResult<Json<Template>> {
+async fn get_template(
+    State(s): State<AppState>,
+    Tenant(t): Tenant,
+    PathParams(id): PathParams<String>,
+) -> ApiResult<Json<Template>> {
     match templates::get_template(&s.deps, &t, &id).await? {
         Some(tpl) => Ok(Json(tpl)),
         None => Err(Problem::not_found("template").into()),

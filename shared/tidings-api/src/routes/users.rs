@@ -20,7 +20,11 @@ async fn put_user(
     Ok(Json(users::put_user(&s.deps, &t, &user_id, input).await?))
 }
 
-async fn get_user(State(s): State<AppState>, Tenant(t): Tenant, PathParams(user_id): PathParams<String>) -> ApiResult<Json<User>> {
+async fn get_user(
+    State(s): State<AppState>,
+    Tenant(t): Tenant,
+    PathParams(user_id): PathParams<String>,
+) -> ApiResult<Json<User>> {
     match users::get_user(&s.deps, &t, &user_id).await? {
         Some(u) => Ok(Json(u)),
         None => Err(Problem::not_found("user").into()),

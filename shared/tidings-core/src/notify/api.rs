@@ -67,7 +67,9 @@ pub async fn accept(deps: &Deps, t: &TenantId, req: NotificationRequest) -> Core
         cond: Cond::NotExists,
     });
     match deps.table.transact(writes).await {
-        Ok(()) => Ok(Accepted { notification_id: notification.notification_id, status: notification.status, created: true }),
+        Ok(()) => {
+            Ok(Accepted { notification_id: notification.notification_id, status: notification.status, created: true })
+        }
         Err(StoreError::ConditionFailed { index: 0 }) if idem_key.is_some() => {
             let Some(key) = idem_key else { return Err(StoreError::Conflict.into()) };
             let Some(existing) = deps.table.get(&key).await? else {
@@ -179,7 +181,8 @@ pub async fn list_deliveries(
     if deps.table.get(&keys::notification(t, id)).await?.is_none() {
         return Ok(None);
     }
-    let page = deps.table.query(&keys::notification_pk(t, id), "D#", QueryOpts { limit, cursor, descending: false }).await?;
+    let page =
+        deps.table.query(&keys::notification_pk(t, id), "D#", QueryOpts { limit, cursor, descending: false }).await?;
     let items = page.items.iter().map(Item::parse).collect::<Result<Vec<Delivery>, _>>()?;
     Ok(Some(DeliveryPage { items, next_cursor: page.next_cursor }))
 }
@@ -189,10 +192,7 @@ pub async fn list_deliveries(
 pub async fn cancel(deps: &Deps, t: &TenantId, id: &str) -> CoreResult<NotificationView> {
     check_id("notification_id", id)?;
     let key = keys::notification(t, id);
-    let cond = Cond::And(vec![
-        Cond::Exists,
-        Cond::is_in("status", ["accepted", "scheduled", "processing"]),
-    ]);
+    let cond = Cond::And(vec![Cond::Exists, Cond::is_in("status", ["accepted", "scheduled", "processing"])]);
     match deps.table.update(&key, vec![Update::set("status", "cancelled")], cond).await {
         Ok(_) => {}
         Err(StoreError::ConditionFailed { .. }) => {
@@ -200,7 +200,10 @@ pub async fn cancel(deps: &Deps, t: &TenantId, id: &str) -> CoreResult<Notificat
                 return Err(CoreError::NotFound { what: "notification" });
             };
             if view.status != NotificationStatus::Cancelled {
-                return Err(CoreError::conflict("invalid_state", format!("notification is {:?}", view.status).to_lowercase()));
+                return Err(CoreError::conflict(
+                    "invalid_state",
+                    format!("notification is {:?}", view.status).to_lowercase(),
+                ));
             }
         }
         Err(e) => return Err(e.into()),

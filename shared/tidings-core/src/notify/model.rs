@@ -107,7 +107,10 @@ impl NotificationRequest {
         if let Some(key) = &self.idempotency_key
             && (key.is_empty() || key.len() > 200 || key.chars().any(|c| c.is_control() || c == '#'))
         {
-            return Err(CoreError::invalid("idempotency_key", "must be 1 to 200 characters, without # or control characters"));
+            return Err(CoreError::invalid(
+                "idempotency_key",
+                "must be 1 to 200 characters, without # or control characters",
+            ));
         }
         check_id("template_id", &self.template_id)?;
         if !self.params.is_object() {
@@ -116,14 +119,20 @@ impl NotificationRequest {
         match (&self.recipients.user_ids, &self.recipients.segment) {
             (Some(ids), None) => {
                 if ids.is_empty() || ids.len() > MAX_USER_IDS {
-                    return Err(CoreError::invalid("recipients.user_ids", format!("must list 1 to {MAX_USER_IDS} users")));
+                    return Err(CoreError::invalid(
+                        "recipients.user_ids",
+                        format!("must list 1 to {MAX_USER_IDS} users"),
+                    ));
                 }
                 for (i, id) in ids.iter().enumerate() {
                     check_id(&format!("recipients.user_ids[{i}]"), id)?;
                 }
             }
             (None, Some(_)) => {
-                return Err(CoreError::invalid("recipients.segment", "segment campaigns are not available yet; list user_ids"));
+                return Err(CoreError::invalid(
+                    "recipients.segment",
+                    "segment campaigns are not available yet; list user_ids",
+                ));
             }
             _ => return Err(CoreError::invalid("recipients", "give exactly one of user_ids or segment")),
         }

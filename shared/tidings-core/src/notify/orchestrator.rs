@@ -9,7 +9,9 @@ use serde_json::{Value, json};
 use tracing::{info, instrument, warn};
 
 use super::api::load;
-use super::model::{ChannelTask, Delivery, DeliveryStatus, Notification, NotificationStatus, RequestMessage, channel_queue};
+use super::model::{
+    ChannelTask, Delivery, DeliveryStatus, Notification, NotificationStatus, RequestMessage, channel_queue,
+};
 use crate::deps::Deps;
 use crate::error::{CoreError, CoreResult};
 use crate::ids::TenantId;
@@ -51,7 +53,11 @@ pub async fn orchestrate(deps: &Deps, t: &TenantId, notification_id: &str) -> Co
     if n.status == NotificationStatus::Accepted {
         let r = deps
             .table
-            .update(&keys::notification(t, notification_id), vec![Update::set("status", "processing")], Cond::eq("status", "accepted"))
+            .update(
+                &keys::notification(t, notification_id),
+                vec![Update::set("status", "processing")],
+                Cond::eq("status", "accepted"),
+            )
             .await;
         match r {
             Ok(_) | Err(StoreError::ConditionFailed { .. }) => {}
@@ -63,7 +69,9 @@ pub async fn orchestrate(deps: &Deps, t: &TenantId, notification_id: &str) -> Co
     for user_id in n.request.user_ids() {
         let user = users::get_user(deps, t, &user_id).await?;
         for channel in channels_for(&n, user.as_ref(), template.as_ref()) {
-            if let Some((queue, task)) = plan_delivery(deps, t, &n, &user_id, user.as_ref(), template.as_ref(), channel).await? {
+            if let Some((queue, task)) =
+                plan_delivery(deps, t, &n, &user_id, user.as_ref(), template.as_ref(), channel).await?
+            {
                 let body = serde_json::to_string(&task).map_err(|e| StoreError::Corrupt(e.to_string()))?;
                 tasks.entry(queue).or_default().push(OutMessage::new(body));
             }
@@ -178,7 +186,14 @@ async fn plan_delivery(
         delivery.status = DeliveryStatus::Sent;
         delivery.attempts = 1;
         delivery.sent_at = Some(now);
-        let mut writes = inbox::message_writes(t, user_id, n, rendered.subject.unwrap_or_default(), rendered.body, &delivery.updated_at)?;
+        let mut writes = inbox::message_writes(
+            t,
+            user_id,
+            n,
+            rendered.subject.unwrap_or_default(),
+            rendered.body,
+            &delivery.updated_at,
+        )?;
         writes.push(Write::Put { item: Item::new(key, attrs_of(&delivery)?), cond: Cond::NotExists });
         return match deps.table.transact(writes).await {
             Ok(()) | Err(StoreError::ConditionFailed { .. }) => Ok(None),

@@ -7,7 +7,7 @@ use tracing::{debug, warn};
 
 use super::model::{Notification, NotificationStatus, RequestMessage};
 use crate::deps::Deps;
-use crate::error::{CoreResult, CoreError};
+use crate::error::{CoreError, CoreResult};
 use crate::keys::{self, NOTIFICATION_SK};
 use crate::ports::{ChangeRecord, Item, OutMessage, StoreError};
 
@@ -32,7 +32,8 @@ pub async fn handle_changes(deps: &Deps, records: &[ChangeRecord]) -> CoreResult
         if notification.status != NotificationStatus::Accepted {
             continue;
         }
-        let message = RequestMessage { tenant: tenant.as_str().to_owned(), notification_id: notification.notification_id };
+        let message =
+            RequestMessage { tenant: tenant.as_str().to_owned(), notification_id: notification.notification_id };
         let body = serde_json::to_string(&message).map_err(|e| CoreError::Store(StoreError::Corrupt(e.to_string())))?;
         debug!(notification_id = %message.notification_id, "relaying");
         by_queue.entry(notification.priority.request_queue()).or_default().push(OutMessage::new(body));

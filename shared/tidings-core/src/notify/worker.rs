@@ -53,7 +53,11 @@ async fn deliver(deps: &Deps, t: &TenantId, task: &ChannelTask, receive_count: u
             .table
             .update(
                 &key,
-                vec![Update::set("status", "suppressed"), Update::set("reason", "cancelled"), Update::set("updated_at", now_str(deps))],
+                vec![
+                    Update::set("status", "suppressed"),
+                    Update::set("reason", "cancelled"),
+                    Update::set("updated_at", now_str(deps)),
+                ],
                 Cond::is_in("status", ["pending", "dead"]),
             )
             .await;
@@ -72,7 +76,8 @@ async fn deliver(deps: &Deps, t: &TenantId, task: &ChannelTask, receive_count: u
     } else {
         claimable
     };
-    let mut updates = vec![Update::set("status", "sending"), Update::add("attempts", 1), Update::set("updated_at", now_str(deps))];
+    let mut updates =
+        vec![Update::set("status", "sending"), Update::add("attempts", 1), Update::set("updated_at", now_str(deps))];
     if transactional {
         updates.push(Update::set("lease_until_ms", now_ms + lease.as_millis() as i64));
     }

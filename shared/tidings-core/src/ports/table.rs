@@ -154,7 +154,11 @@ fn compare(current: &Value, op: CmpOp, value: &Value) -> bool {
         (Value::String(a), Value::String(b)) => Some(a.as_bytes().cmp(b.as_bytes())),
         (Value::Bool(a), Value::Bool(b)) if matches!(op, CmpOp::Eq | CmpOp::Ne) => Some(a.cmp(b)),
         (a, b) if matches!(op, CmpOp::Eq | CmpOp::Ne) && a.is_object() && b.is_object() => {
-            if a == b { Some(Ordering::Equal) } else { Some(Ordering::Less) }
+            if a == b {
+                Some(Ordering::Equal)
+            } else {
+                Some(Ordering::Less)
+            }
         }
         _ => None,
     };
@@ -217,11 +221,24 @@ impl Update {
 /// One write in a transaction.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Write {
-    Put { item: Item, cond: Cond },
-    Update { key: Key, updates: Vec<Update>, cond: Cond },
-    Delete { key: Key, cond: Cond },
+    Put {
+        item: Item,
+        cond: Cond,
+    },
+    Update {
+        key: Key,
+        updates: Vec<Update>,
+        cond: Cond,
+    },
+    Delete {
+        key: Key,
+        cond: Cond,
+    },
     /// Writes nothing; the transaction fails unless the condition holds.
-    Check { key: Key, cond: Cond },
+    Check {
+        key: Key,
+        cond: Cond,
+    },
 }
 
 impl Write {
@@ -329,4 +346,3 @@ pub trait ChangeFeed: Send + Sync + 'static {
     /// Marks everything up to and including these records as processed.
     async fn commit(&self, records: &[ChangeRecord]) -> Result<(), StoreError>;
 }
-
