@@ -22,33 +22,7 @@ use crate::error::{Kind, classify};
 pub const PK: &str = "pk";
 pub const SK: &str = "sk";
 
-/// Prefix of a stored attribute name that escapes a name of the port's attributes which would
-/// clash with the key attributes (`pk` is stored as `~pk`, `~x` as `~~x`).
-const ESCAPE: char = '~';
-
-/// The stored name of an attribute of the port.
-pub fn stored_attr_name(name: &str) -> std::borrow::Cow<'_, str> {
-    if name == PK || name == SK || name.starts_with(ESCAPE) {
-        std::borrow::Cow::Owned(format!("{ESCAPE}{name}"))
-    } else {
-        std::borrow::Cow::Borrowed(name)
-    }
-}
-
-/// The port's name of a stored attribute (the inverse of [`stored_attr_name`]).
-pub fn port_attr_name(stored: &str) -> &str {
-    stored.strip_prefix(ESCAPE).unwrap_or(stored)
-}
-
-/// A stored item's attributes, as JSON (from any DynamoDB image: the SDK's, a stream's, a
-/// Lambda event's), to the port's attributes: without `pk`/`sk`, names unescaped.
-pub fn attrs_from_stored(stored: Attrs) -> Attrs {
-    stored
-        .into_iter()
-        .filter(|(name, _)| name != PK && name != SK)
-        .map(|(name, value)| (port_attr_name(&name).to_string(), value))
-        .collect()
-}
+pub use tidings_core::ports::table::stored::{attrs_from_stored, port_attr_name, stored_attr_name};
 
 /// The default and the largest page of a query.
 const DEFAULT_LIMIT: usize = 100;

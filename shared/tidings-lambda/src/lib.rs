@@ -9,6 +9,7 @@ use serde_json::Value;
 use tidings_core::Deps;
 use tidings_core::messages::{dispatch, settle};
 use tidings_core::notify::relay;
+use tidings_core::ports::table::stored;
 use tidings_core::ports::{Attrs, ChangeRecord, Key, Received};
 use tracing::{error, warn};
 
@@ -98,14 +99,12 @@ fn image_of(item: &serde_dynamo::Item) -> Result<(Option<Key>, Attrs), serde_dyn
     if item.is_empty() {
         return Ok((None, Attrs::new()));
     }
-    let mut attrs: Attrs = serde_dynamo::from_item(item.clone())?;
-    let pk = attrs.remove("pk");
-    let sk = attrs.remove("sk");
-    let key = match (pk, sk) {
-        (Some(Value::String(pk)), Some(Value::String(sk))) => Some(Key { pk, sk }),
+    let stored: Attrs = serde_dynamo::from_item(item.clone())?;
+    let key = match (stored.get(stored::PK), stored.get(stored::SK)) {
+        (Some(Value::String(pk)), Some(Value::String(sk))) => Some(Key { pk: pk.clone(), sk: sk.clone() }),
         _ => None,
     };
-    Ok((key, attrs))
+    Ok((key, stored::attrs_from_stored(stored)))
 }
 
 /// The core's view of a stream record; `None` for records that are not Tidings items.
@@ -127,7 +126,7 @@ pub fn change_record_of(r: &EventRecord) -> Option<ChangeRecord> {
 /// A stream record for a change (used by the local runtime).
 pub fn event_record_of(c: &ChangeRecord) -> Result<EventRecord, serde_dynamo::Error> {
     let with_key = |attrs: &Attrs| -> Result<serde_dynamo::Item, serde_dynamo::Error> {
-        let mut a = attrs.clone();
+        let mut a: Attrs = attrs.iter().map(|(k, v)| (stored::stored_attr_name(k).into_owned(), v.clone())).collect();
         a.insert("pk".into(), Value::String(c.key.pk.clone()));
         a.insert("sk".into(), Value::String(c.key.sk.clone()));
         serde_dynamo::to_item(a)

@@ -346,3 +346,41 @@ pub trait ChangeFeed: Send + Sync + 'static {
     /// Marks everything up to and including these records as processed.
     async fn commit(&self, records: &[ChangeRecord]) -> Result<(), StoreError>;
 }
+
+/// How items are stored in DynamoDB (by the AWS backend, and as Lambda stream events show
+/// them): the key as string attributes `pk` and `sk`, and an attribute of the port whose name
+/// would clash with them escaped with a `~` prefix.
+pub mod stored {
+    use super::Attrs;
+
+    pub const PK: &str = "pk";
+    pub const SK: &str = "sk";
+
+    /// Prefix of a stored attribute name that escapes a name of the port's attributes which would
+    /// clash with the key attributes (`pk` is stored as `~pk`, `~x` as `~~x`).
+    pub const ESCAPE: char = '~';
+
+    /// The stored name of an attribute of the port.
+    pub fn stored_attr_name(name: &str) -> std::borrow::Cow<'_, str> {
+        if name == PK || name == SK || name.starts_with(ESCAPE) {
+            std::borrow::Cow::Owned(format!("{ESCAPE}{name}"))
+        } else {
+            std::borrow::Cow::Borrowed(name)
+        }
+    }
+
+    /// The port's name of a stored attribute (the inverse of [`stored_attr_name`]).
+    pub fn port_attr_name(stored: &str) -> &str {
+        stored.strip_prefix(ESCAPE).unwrap_or(stored)
+    }
+
+    /// A stored item's attributes, as JSON (from any DynamoDB image: the SDK's, a stream's, a
+    /// Lambda event's), to the port's attributes: without `pk`/`sk`, names unescaped.
+    pub fn attrs_from_stored(stored: Attrs) -> Attrs {
+        stored
+            .into_iter()
+            .filter(|(name, _)| name != PK && name != SK)
+            .map(|(name, value)| (port_attr_name(&name).to_string(), value))
+            .collect()
+    }
+}
