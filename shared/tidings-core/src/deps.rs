@@ -40,8 +40,8 @@ pub struct CoreConfig {
     pub provider_timeout: Duration,
     /// Visibility timeout the runtime uses when it receives.
     pub visibility: Duration,
-    /// Secret for signed links and tokens.
-    pub signing_key: Vec<u8>,
+    /// Keys for signed links and tokens (the first signs; all verify).
+    pub signer: crate::signing::Signer,
     /// Public base URL for links in messages.
     pub public_url: String,
     /// How long unpaid orders hold stock, per category (`TIDINGS_HOLD_TIMES`).
@@ -57,7 +57,7 @@ impl Default for CoreConfig {
             delivery_lease: Duration::from_secs(60),
             provider_timeout: Duration::from_secs(10),
             visibility: Duration::from_secs(60),
-            signing_key: Vec::new(),
+            signer: crate::signing::Signer::default(),
             public_url: "http://127.0.0.1:8080".into(),
             hold_times: crate::inventory::HoldTimes::default(),
         }
@@ -67,7 +67,7 @@ impl Default for CoreConfig {
 impl CoreConfig {
     /// Reads overrides from `TIDINGS_RETRY_BASE_MS`, `TIDINGS_RETRY_CAP_MS`,
     /// `TIDINGS_MAX_RECEIVES`, `TIDINGS_DELIVERY_LEASE_MS`, `TIDINGS_PROVIDER_TIMEOUT_MS`,
-    /// `TIDINGS_VISIBILITY_S`, `TIDINGS_SIGNING_KEY`, `TIDINGS_PUBLIC_URL`.
+    /// `TIDINGS_VISIBILITY_S`, `TIDINGS_SIGNING_KEYS` (`kid:secret,...`), `TIDINGS_PUBLIC_URL`.
     pub fn from_env() -> Self {
         let mut c = Self::default();
         let ms = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok());
@@ -89,8 +89,8 @@ impl CoreConfig {
         if let Some(v) = ms("TIDINGS_VISIBILITY_S") {
             c.visibility = Duration::from_secs(v.max(1));
         }
-        if let Ok(v) = std::env::var("TIDINGS_SIGNING_KEY") {
-            c.signing_key = v.into_bytes();
+        if let Ok(v) = std::env::var("TIDINGS_SIGNING_KEYS") {
+            c.signer = crate::signing::Signer::parse(&v);
         }
         if let Ok(v) = std::env::var("TIDINGS_PUBLIC_URL") {
             c.public_url = v;

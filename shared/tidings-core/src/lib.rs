@@ -13,6 +13,7 @@ pub mod messages;
 pub mod notify;
 pub mod ports;
 pub mod retry;
+pub mod signing;
 pub mod templates;
 pub mod tenants;
 pub mod timers;

@@ -32,7 +32,11 @@ fn dev_providers(inner: [Arc<dyn Provider>; 3], table: &Arc<dyn Table>, clock: &
 
 impl Backend {
     pub async fn open(args: &BackendArgs, clock: Arc<dyn Clock>) -> anyhow::Result<Self> {
-        let config = Arc::new(CoreConfig::from_env());
+        let mut config = CoreConfig::from_env();
+        if !config.signer.is_configured() {
+            config.signer = local_signing_key(&args.data_dir)?;
+        }
+        let config = Arc::new(config);
         match args.backend {
             BackendKind::Embedded => Self::embedded(args, clock, config),
             BackendKind::Aws => Self::aws(args, clock, config).await,
@@ -84,4 +88,35 @@ impl Backend {
             queue_arn_prefix: b.queue_arn_prefix.clone(),
         })
     }
+}
+
+/// Without `TIDINGS_SIGNING_KEYS`, the local runtime makes a random key once and keeps it in the
+/// data directory (readable by the owner only), so links stay valid across restarts.
+fn local_signing_key(dir: &std::path::Path) -> anyhow::Result<tidings_core::signing::Signer> {
+    let path = dir.join("signing-key");
+    let secret = match std::fs::read_to_string(&path) {
+        Ok(s) if !s.trim().is_empty() => s.trim().to_owned(),
+        _ => {
+            std::fs::create_dir_all(dir)?;
+            let secret = tidings_core::tenants::generate_key();
+            write_private(&path, &secret)?;
+            secret
+        }
+    };
+    Ok(tidings_core::signing::Signer::new(vec![("local".into(), secret.into_bytes())]))
+}
+
+/// Writes a file only its owner can read.
+pub fn write_private(path: &std::path::Path, contents: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    let mut f = options.open(path).with_context(|| format!("writing {}", path.display()))?;
+    f.write_all(contents.as_bytes())?;
+    Ok(())
 }

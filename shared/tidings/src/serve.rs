@@ -56,7 +56,7 @@ async fn api_keys(deps: &Deps, args: &ServeArgs) -> anyhow::Result<Option<String
         _ => {
             std::fs::create_dir_all(&args.backend.data_dir)?;
             let k = tenants::generate_key();
-            std::fs::write(&path, &k).with_context(|| format!("writing {}", path.display()))?;
+            crate::backend::write_private(&path, &k)?;
             k
         }
     };
