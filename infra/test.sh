@@ -12,6 +12,15 @@ set -a
 eval "$(bash infra/moto.sh env)"
 set +a
 
+echo "== browser for the console test (Debian's chromium + chromedriver, selenium)"
+if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+    sudo_cmd=""; [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+    $sudo_cmd apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq chromium chromium-driver >/dev/null
+fi
+infra/.venv/bin/pip install --quiet selenium
+export TIDINGS_TEST_PYTHON="$PWD/infra/.venv/bin/python"
+
 echo "== build (the tidings binary with the AWS backend, for the end-to-end tests)"
 cargo build --locked -p tidings --features aws
 export TIDINGS_BIN="$PWD/target/debug/tidings"

@@ -3,32 +3,40 @@
 //! moto). The same test bodies run on both.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod campaign;
+mod console;
+mod live;
 mod notify;
+mod platform;
+mod restock;
 mod server;
 
-/// Declares each test once per backend.
+/// Declares each test once per backend: `on_both_backends!(module as module_tests: test, ...)`
+/// makes `module_tests::embedded::test` and `module_tests::aws::test` from `module::test`.
 macro_rules! on_both_backends {
-    ($($name:ident),* $(,)?) => {
-        mod embedded {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() -> anyhow::Result<()> {
-                    crate::notify::$name(crate::server::Backend::Embedded).await
-                }
-            )*
-        }
-        mod aws {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() -> anyhow::Result<()> {
-                    crate::notify::$name(crate::server::Backend::Aws).await
-                }
-            )*
+    ($group:ident as $tests:ident: $($name:ident),* $(,)?) => {
+        mod $tests {
+            mod embedded {
+                $(
+                    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                    async fn $name() -> anyhow::Result<()> {
+                        crate::$group::$name(crate::server::Backend::Embedded).await
+                    }
+                )*
+            }
+            mod aws {
+                $(
+                    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                    async fn $name() -> anyhow::Result<()> {
+                        crate::$group::$name(crate::server::Backend::Aws).await
+                    }
+                )*
+            }
         }
     };
 }
 
-on_both_backends!(
+on_both_backends!(notify as notify_tests:
     two_users_on_email_and_sms_get_exactly_four_sends,
     transient_failures_back_off_then_send_once,
     permanent_failure_is_not_retried,
@@ -38,4 +46,23 @@ on_both_backends!(
     bad_input_gets_problem_documents,
     tenants_are_isolated,
     missing_placeholder_fails_without_retry,
+);
+
+on_both_backends!(live as live_tests:
+    live_feed_reaches_every_connection_of_the_user_only,
+    forged_or_missing_tokens_are_refused,
+    expired_tokens_are_refused,
+);
+
+on_both_backends!(console as console_tests: console_shows_the_system_and_redrives);
+
+on_both_backends!(campaign as campaign_tests: a_segment_campaign_reaches_each_member_once_and_an_otp_is_not_held_up);
+
+on_both_backends!(platform as platform_tests:
+    quiet_hours_defer_marketing_but_not_transactional,
+    frequency_cap_suppresses_the_fourth_marketing_message,
+    opted_out_users_get_nothing_and_one_click_unsubscribe_works,
+    scheduled_send_fires_at_send_at_and_cancel_stops_it,
+    push_reaches_every_device_and_a_dead_token_is_deleted,
+    forged_sns_callback_is_rejected_and_a_genuine_bounce_suppresses,
 );

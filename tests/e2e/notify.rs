@@ -154,27 +154,46 @@ pub async fn dead_letters_are_redriven_and_delivered_once(backend: Backend) -> a
     opts.env.push(("TIDINGS_MAX_RECEIVES", "2".into()));
     let s = Server::start(backend, opts).await?;
     setup(&s).await?;
+    // Five recipients, five messages that all die.
+    let users = ["d1", "d2", "d3", "d4", "d5"];
+    for u in users {
+        s.call("PUT", &format!("/v1/users/{u}"), Some(json!({"email": format!("{u}@example.com")}))).await?;
+    }
     s.call("PUT", "/dev/providers/email", Some(json!({"mode": "fail_5xx"}))).await?;
-    let id = send(&s, request("k-dlq", &["u1"], &["email"], "7")).await?;
-    let d = wait_delivery_status(&s, &id, "dead").await?;
-    assert_eq!(d["attempts"], 2, "{d}");
-    let dlq_depth = s
-        .eventually(WAIT, "the message to reach email-high's DLQ", || async {
-            let (_, v) = s.call("GET", "/v1/ops/queues", None).await?;
-            let q = v["queues"].as_array().unwrap().iter().find(|q| q["name"] == "email-high").cloned().unwrap();
-            Ok((q["dlq_depth"].as_u64().unwrap_or(0) >= 1).then_some(q["dlq_depth"].as_u64().unwrap_or(0)))
-        })
-        .await?;
-    assert_eq!(dlq_depth, 1);
+    let id = send(&s, request("k-dlq", &users, &["email"], "7")).await?;
+    s.eventually(WAIT, "all five deliveries dead", || async {
+        let d = deliveries(&s, &id).await?;
+        Ok((d.len() == 5 && d.iter().all(|d| d["status"] == "dead")).then_some(()))
+    })
+    .await?;
+    for d in deliveries(&s, &id).await? {
+        assert_eq!(d["attempts"], 2, "{d}");
+        assert!(d["last_error"].as_str().unwrap().contains("503"), "an operator sees why: {d}");
+    }
+    s.eventually(WAIT, "five messages in email-high's DLQ", || async {
+        let (_, v) = s.call("GET", "/v1/ops/queues", None).await?;
+        let q = v["queues"].as_array().unwrap().iter().find(|q| q["name"] == "email-high").cloned().unwrap();
+        Ok((q["dlq_depth"].as_u64() == Some(5)).then_some(()))
+    })
+    .await?;
     assert!(s.sends(&id).await?.is_empty());
 
     s.call("PUT", "/dev/providers/email", Some(json!({"mode": "ok"}))).await?;
     let (st, v) = s.call("POST", "/v1/ops/dlq/email-high/redrive", None).await?;
     assert_eq!(st, 200, "{v}");
-    assert_eq!(v["moved"], 1);
-    wait_delivery_status(&s, &id, "sent").await?;
+    assert_eq!(v["moved"], 5);
+    s.eventually(WAIT, "all five sent", || async {
+        Ok(deliveries(&s, &id).await?.iter().all(|d| d["status"] == "sent").then_some(()))
+    })
+    .await?;
+    // A second redrive of an empty DLQ changes nothing.
+    let (_, v) = s.call("POST", "/v1/ops/dlq/email-high/redrive", None).await?;
+    assert_eq!(v["moved"], 0);
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(s.sends(&id).await?.len(), 1, "a redriven message is delivered once");
+    let sends = s.sends(&id).await?;
+    let mut to: Vec<_> = sends.iter().map(|x| x["user_id"].as_str().unwrap().to_owned()).collect();
+    to.sort();
+    assert_eq!(to, users.to_vec(), "each redriven message is processed exactly once more");
     Ok(())
 }
 

@@ -211,6 +211,12 @@ impl Server {
             .collect())
     }
 
+    /// Every accepted send of the fake providers.
+    pub async fn sends_all(&self) -> anyhow::Result<Vec<Value>> {
+        let (_, v) = self.call("GET", "/dev/deliveries", None).await?;
+        Ok(v.as_array().cloned().unwrap_or_default())
+    }
+
     /// Polls until `check` returns Some, or fails after `within`.
     pub async fn eventually<T, F, Fut>(&self, within: Duration, what: &str, mut check: F) -> anyhow::Result<T>
     where

@@ -11,6 +11,6 @@ async fn main() -> Result<(), lambda_http::Error> {
     tidings_lambda::init_tracing();
     let queue_names: Vec<String> = tidings_lambda::ALL_QUEUES.iter().map(|q| (*q).to_owned()).collect();
     let ports = AwsPorts::from_env(false, &queue_names).await?;
-    let state = AppState { deps: ports.deps(), queue_names: Arc::new(queue_names), dev: None };
+    let state = AppState { deps: ports.deps(), queue_names: Arc::new(queue_names), dev: None, live: None };
     lambda_http::run(tidings_api::app(state)).await
 }

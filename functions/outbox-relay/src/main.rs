@@ -10,9 +10,14 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     tidings_lambda::init_tracing();
     let ports = AwsPorts::from_env(false, &[]).await?;
     let deps = ports.deps();
+    let live = ports.live_push_from_env().await;
     lambda_runtime::run(service_fn(|event: LambdaEvent<Event>| {
-        let deps = deps.clone();
-        async move { Ok::<_, lambda_runtime::Error>(tidings_lambda::handle_stream_event(&deps, event.payload).await) }
+        let (deps, live) = (deps.clone(), live.clone());
+        async move {
+            Ok::<_, lambda_runtime::Error>(
+                tidings_lambda::handle_stream_event(&deps, live.as_ref(), event.payload).await,
+            )
+        }
     }))
     .await
 }

@@ -25,4 +25,6 @@ pub struct AppState {
     /// The queues this deployment uses (for `/v1/ops/queues`).
     pub queue_names: Arc<Vec<String>>,
     pub dev: Option<Arc<dyn DevControl>>,
+    /// The live feed's connections, when this process serves `/v1/ws` (`tidings serve`).
+    pub live: Option<Arc<crate::routes::live::LocalHub>>,
 }

@@ -27,7 +27,7 @@ async fn state() -> AppState {
         config: Arc::new(CoreConfig::default()),
     };
     tenants::register_key(&deps, &TenantId::parse("acme").unwrap(), "test-key-acme").await.unwrap();
-    AppState { deps, queue_names: Arc::new(vec![]), dev: None }
+    AppState { deps, queue_names: Arc::new(vec![]), dev: None, live: None }
 }
 
 fn fixture() -> String {

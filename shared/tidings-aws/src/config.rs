@@ -50,6 +50,8 @@ pub enum ConfigError {
 /// | `TIDINGS_EMAIL_FROM` | `no-reply@tidings.local` | SES sender |
 /// | `TIDINGS_REDRIVE_MODE` | `message-move-task` | or `receive-and-resend` (moto) |
 /// | `TIDINGS_MAX_RECEIVES` | `5` | `maxReceiveCount` of the redrive policies [`crate::bootstrap`] creates |
+/// | `TIDINGS_SNS_APNS_ARN` | none | SNS platform application for iOS devices (APNs) |
+/// | `TIDINGS_SNS_FCM_ARN` | none | SNS platform application for Android devices (FCM) |
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AwsConfig {
     pub table: String,
@@ -59,6 +61,9 @@ pub struct AwsConfig {
     pub email_from: String,
     pub redrive_mode: RedriveMode,
     pub max_receives: u32,
+    /// SNS platform applications that device tokens become endpoints of.
+    pub sns_apns_arn: Option<String>,
+    pub sns_fcm_arn: Option<String>,
 }
 
 impl Default for AwsConfig {
@@ -70,6 +75,8 @@ impl Default for AwsConfig {
             email_from: "no-reply@tidings.local".into(),
             redrive_mode: RedriveMode::MessageMoveTask,
             max_receives: 5,
+            sns_apns_arn: None,
+            sns_fcm_arn: None,
         }
     }
 }
@@ -96,6 +103,8 @@ impl AwsConfig {
                 "TIDINGS_TABLE" if !v.is_empty() => config.table = v.to_string(),
                 "TIDINGS_QUEUE_PREFIX" => config.queue_prefix = v.to_string(),
                 "TIDINGS_EMAIL_FROM" if !v.is_empty() => config.email_from = v.to_string(),
+                "TIDINGS_SNS_APNS_ARN" if !v.is_empty() => config.sns_apns_arn = Some(v.to_string()),
+                "TIDINGS_SNS_FCM_ARN" if !v.is_empty() => config.sns_fcm_arn = Some(v.to_string()),
                 "TIDINGS_REDRIVE_MODE" if !v.is_empty() => {
                     config.redrive_mode = RedriveMode::parse(v).ok_or_else(|| ConfigError::Invalid {
                         var: "TIDINGS_REDRIVE_MODE",

@@ -9,6 +9,7 @@
 mod bootstrap;
 mod config;
 mod error;
+pub mod live;
 mod providers;
 mod queues;
 mod stream;
@@ -95,6 +96,7 @@ impl AwsBackend {
 
     pub fn push(&self) -> SnsPush {
         SnsPush::new(self.sns.clone())
+            .with_platform_apps(self.config.sns_apns_arn.clone(), self.config.sns_fcm_arn.clone())
     }
 
     pub fn dynamo_client(&self) -> &aws_sdk_dynamodb::Client {

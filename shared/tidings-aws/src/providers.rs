@@ -11,7 +11,7 @@ use aws_sdk_sesv2::operation::send_email::SendEmailError;
 use aws_sdk_sesv2::types::{Body, Content, Destination, EmailContent, Message, MessageHeader};
 use aws_sdk_sns::operation::publish::PublishError;
 use aws_sdk_sns::types::MessageAttributeValue;
-use tidings_core::ports::{OutboundMessage, PermanentCode, Provider, ProviderError, ProviderReceipt};
+use tidings_core::ports::{OutboundMessage, PermanentCode, Platform, Provider, ProviderError, ProviderReceipt};
 
 use crate::error::{Classified, Kind, classify};
 
@@ -125,7 +125,12 @@ impl Provider for SesEmail {
             .collect::<Result<Vec<_>, _>>()?;
         let simple = Message::builder()
             .subject(utf8(message.subject.as_deref().unwrap_or_default())?)
-            .body(Body::builder().text(utf8(&message.body)?).build())
+            // Bodies with markup (links, the open pixel) go as HTML too; text stays for plain readers.
+            .body(if message.body.contains('<') {
+                Body::builder().text(utf8(&message.body)?).html(utf8(&message.body)?).build()
+            } else {
+                Body::builder().text(utf8(&message.body)?).build()
+            })
             .set_headers(if headers.is_empty() { None } else { Some(headers) })
             .build();
         let out = self
@@ -178,17 +183,47 @@ impl Provider for SnsSms {
     }
 }
 
-/// Push through SNS `Publish` to a platform endpoint (`to` is the endpoint ARN). The delivery
-/// key is the APNs collapse id, so that a duplicate collapses on the device.
+/// Push through SNS mobile push. A device token becomes a platform endpoint of the platform's
+/// application (`CreatePlatformEndpoint`, idempotent for the same token); sends `Publish` to
+/// the endpoint ARN with a per-platform JSON message. The delivery key is the APNs collapse id
+/// and the FCM tag, so that a duplicate collapses on the device. A disabled or deleted endpoint
+/// (APNs 410, FCM `UNREGISTERED`) answers `InvalidToken`.
 #[derive(Clone, Debug)]
 pub struct SnsPush {
     client: aws_sdk_sns::Client,
+    apns_arn: Option<String>,
+    fcm_arn: Option<String>,
 }
 
 impl SnsPush {
     pub fn new(client: aws_sdk_sns::Client) -> Self {
-        Self { client }
+        Self { client, apns_arn: None, fcm_arn: None }
     }
+
+    /// The platform applications (`TIDINGS_SNS_APNS_ARN`, `TIDINGS_SNS_FCM_ARN`).
+    pub fn with_platform_apps(mut self, apns_arn: Option<String>, fcm_arn: Option<String>) -> Self {
+        self.apns_arn = apns_arn;
+        self.fcm_arn = fcm_arn;
+        self
+    }
+}
+
+/// The SNS message of a push: `default`, plus APNs and FCM payloads carrying the collapse key.
+pub fn push_payload(message: &OutboundMessage) -> String {
+    let title = message.subject.clone().unwrap_or_default();
+    let key = &message.idempotency_key;
+    let apns = serde_json::json!({"aps": {"alert": {"title": title, "body": message.body}}});
+    let fcm =
+        serde_json::json!({"notification": {"title": title, "body": message.body, "tag": key}, "collapse_key": key});
+    let fcm_v1 = serde_json::json!({"fcmV1Message": {"message": {"android": {"collapse_key": key,
+        "notification": {"title": title, "body": message.body, "tag": key}}}}});
+    serde_json::json!({
+        "default": message.body,
+        "APNS": apns.to_string(),
+        "APNS_SANDBOX": apns.to_string(),
+        "GCM": if message.idempotency_key.is_empty() { fcm.to_string() } else { fcm_v1.to_string() },
+    })
+    .to_string()
 }
 
 #[async_trait]
@@ -197,8 +232,38 @@ impl Provider for SnsPush {
         "sns-push"
     }
 
+    async fn register_device(&self, platform: Platform, token: &str) -> Result<String, ProviderError> {
+        let arn = match platform {
+            Platform::Ios => self.apns_arn.as_deref(),
+            Platform::Android => self.fcm_arn.as_deref(),
+        };
+        let Some(arn) = arn else {
+            return Err(permanent(
+                format!("no SNS platform application configured for {}", platform.as_str()),
+                PermanentCode::Rejected,
+            ));
+        };
+        let out =
+            self.client.create_platform_endpoint().platform_application_arn(arn).token(token).send().await.map_err(
+                |e| {
+                    let c = classify(&e);
+                    if c.is_transient() { transient(c) } else { permanent(c.message, PermanentCode::InvalidToken) }
+                },
+            )?;
+        out.endpoint_arn.ok_or_else(|| ProviderError::transient("CreatePlatformEndpoint answered no ARN"))
+    }
+
+    async fn unregister_device(&self, address: &str) -> Result<(), ProviderError> {
+        if !address.starts_with("arn:") {
+            return Ok(());
+        }
+        self.client.delete_endpoint().endpoint_arn(address).send().await.map_err(|e| fallback(classify(&e)))?;
+        Ok(())
+    }
+
     async fn send(&self, message: &OutboundMessage) -> Result<ProviderReceipt, ProviderError> {
-        let mut req = self.client.publish().target_arn(&message.to).message(&message.body);
+        let mut req =
+            self.client.publish().target_arn(&message.to).message_structure("json").message(push_payload(message));
         // APNs takes at most 64 bytes.
         if !message.idempotency_key.is_empty() && message.idempotency_key.len() <= 64 {
             let collapse = MessageAttributeValue::builder()

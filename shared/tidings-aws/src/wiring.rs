@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use tidings_core::live::{LivePush, NoLive};
 use tidings_core::ports::{ChangeFeed, Provider, Queues, SystemClock, Table};
 use tidings_core::{CoreConfig, Deps, Providers};
 
@@ -14,6 +15,8 @@ pub enum WiringError {
     Config(#[from] ConfigError),
     #[error(transparent)]
     Bootstrap(#[from] BootstrapError),
+    #[error("signing key: {0}")]
+    Secret(String),
 }
 
 /// The ports on AWS.
@@ -28,6 +31,31 @@ pub struct AwsPorts {
     pub push: Arc<dyn Provider>,
     /// Prefix of the queue ARNs in the SQS events the local runtime builds.
     pub queue_arn_prefix: String,
+    /// Signing keys read from SSM (`TIDINGS_SIGNING_KEY_PARAM`), when configured that way.
+    pub signer: tidings_core::signing::Signer,
+}
+
+/// Reads the signing keys (`kid:secret,...`) from the SSM SecureString parameter named by
+/// `TIDINGS_SIGNING_KEY_PARAM`, so the secret is never in the template or the environment.
+async fn signer_from_ssm() -> Result<tidings_core::signing::Signer, WiringError> {
+    let Ok(name) = std::env::var("TIDINGS_SIGNING_KEY_PARAM") else { return Ok(Default::default()) };
+    if name.is_empty() || std::env::var("TIDINGS_SIGNING_KEYS").is_ok_and(|v| !v.is_empty()) {
+        return Ok(Default::default());
+    }
+    let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let out = aws_sdk_ssm::Client::new(&sdk)
+        .get_parameter()
+        .name(&name)
+        .with_decryption(true)
+        .send()
+        .await
+        .map_err(|e| WiringError::Secret(aws_sdk_ssm::error::DisplayErrorContext(&e).to_string()))?;
+    let value = out.parameter().and_then(|p| p.value()).unwrap_or_default();
+    let signer = tidings_core::signing::Signer::parse(value);
+    if !signer.is_configured() {
+        return Err(WiringError::Secret(format!("parameter {name} holds no `kid:secret` pairs")));
+    }
+    Ok(signer)
 }
 
 impl AwsPorts {
@@ -48,18 +76,38 @@ impl AwsPorts {
             sms: Arc::new(backend.sms()),
             push: Arc::new(backend.push()),
             queue_arn_prefix: format!("arn:aws:sqs:{region}:000000000000:{}", backend.config().queue_prefix),
+            signer: signer_from_ssm().await?,
             backend,
         })
     }
 
     /// The core's dependencies, with the real providers and the system clock (Lambda).
     pub fn deps(&self) -> Deps {
+        let mut config = CoreConfig::from_env();
+        if !config.signer.is_configured() {
+            config.signer = self.signer.clone();
+        }
         Deps {
             table: self.table.clone(),
             queues: self.queues.clone(),
             clock: Arc::new(SystemClock),
             providers: Providers { email: self.email.clone(), sms: self.sms.clone(), push: self.push.clone() },
-            config: Arc::new(CoreConfig::from_env()),
+            config: Arc::new(config),
+        }
+    }
+
+    /// Pushes to API Gateway WebSocket connections when `TIDINGS_WS_ENDPOINT` names the
+    /// WebSocket API's management endpoint (`https://{api}.execute-api.{region}.amazonaws.com/{stage}`);
+    /// otherwise nothing is pushed (the inbox is read when the app opens).
+    pub async fn live_push_from_env(&self) -> Arc<dyn LivePush> {
+        match std::env::var("TIDINGS_WS_ENDPOINT") {
+            Ok(endpoint) if !endpoint.is_empty() => {
+                let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+                let conf = aws_sdk_apigatewaymanagement::config::Builder::from(&sdk).endpoint_url(endpoint).build();
+                let client = aws_sdk_apigatewaymanagement::Client::from_conf(conf);
+                Arc::new(crate::live::ApiGatewayLive::new(client, self.deps()))
+            }
+            _ => Arc::new(NoLive),
         }
     }
 

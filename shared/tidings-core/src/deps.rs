@@ -46,6 +46,17 @@ pub struct CoreConfig {
     pub public_url: String,
     /// How long unpaid orders hold stock, per category (`TIDINGS_HOLD_TIMES`).
     pub hold_times: crate::inventory::HoldTimes,
+    /// Back-in-stock tunables (`TIDINGS_RESTOCK_*`).
+    pub restock: crate::restock::RestockConfig,
+    /// Recipients per campaign page task (`TIDINGS_CAMPAIGN_PAGE_SIZE`, default 1,000).
+    pub campaign_page_size: usize,
+    /// Marketing sends per user, channel and day (`TIDINGS_FREQUENCY_CAP`, default 3).
+    pub frequency_cap: u32,
+    /// Per-tenant caps (`TIDINGS_FREQUENCY_CAPS="acme:5,globex:2"`).
+    pub frequency_caps: std::collections::BTreeMap<String, u32>,
+    /// A PEM certificate trusted for every SNS message instead of the one at `SigningCertURL`
+    /// (`TIDINGS_SNS_TRUSTED_CERT_PEM`, a PEM text or a path to one). Tests and emulators only.
+    pub sns_trusted_cert_pem: Option<String>,
 }
 
 impl Default for CoreConfig {
@@ -60,6 +71,11 @@ impl Default for CoreConfig {
             signer: crate::signing::Signer::default(),
             public_url: "http://127.0.0.1:8080".into(),
             hold_times: crate::inventory::HoldTimes::default(),
+            restock: crate::restock::RestockConfig::default(),
+            campaign_page_size: 1000,
+            frequency_cap: 3,
+            frequency_caps: std::collections::BTreeMap::new(),
+            sns_trusted_cert_pem: None,
         }
     }
 }
@@ -96,7 +112,35 @@ impl CoreConfig {
             c.public_url = v;
         }
         c.hold_times = crate::inventory::HoldTimes::from_env();
+        c.restock = crate::restock::RestockConfig::from_env();
+        if let Some(v) = ms("TIDINGS_CAMPAIGN_PAGE_SIZE") {
+            c.campaign_page_size = v.clamp(1, 1000) as usize;
+        }
+        if let Some(v) = ms("TIDINGS_FREQUENCY_CAP") {
+            c.frequency_cap = v.min(10_000) as u32;
+        }
+        if let Ok(spec) = std::env::var("TIDINGS_FREQUENCY_CAPS") {
+            for pair in spec.split(',').filter(|p| !p.trim().is_empty()) {
+                match pair.trim().split_once(':').and_then(|(t, n)| Some((t, n.trim().parse::<u32>().ok()?))) {
+                    Some((tenant, n)) => {
+                        c.frequency_caps.insert(tenant.trim().to_owned(), n.min(10_000));
+                    }
+                    None => tracing::warn!(entry = pair, "TIDINGS_FREQUENCY_CAPS: expected tenant:number; ignored"),
+                }
+            }
+        }
+        if let Ok(v) = std::env::var("TIDINGS_SNS_TRUSTED_CERT_PEM")
+            && !v.trim().is_empty()
+        {
+            c.sns_trusted_cert_pem =
+                if v.contains("-----BEGIN") { Some(v) } else { std::fs::read_to_string(v.trim()).ok() };
+        }
         c
+    }
+
+    /// The marketing frequency cap of a tenant.
+    pub fn frequency_cap_of(&self, tenant: &str) -> u32 {
+        self.frequency_caps.get(tenant).copied().unwrap_or(self.frequency_cap)
     }
 }
 

@@ -11,8 +11,8 @@ use crate::error::{CoreError, CoreResult};
 use crate::ids::new_id;
 use crate::keys::DEV_SENDS_PK;
 use crate::ports::{
-    Channel, Clock, Cond, Item, Key, OutboundMessage, PermanentCode, Provider, ProviderError, ProviderReceipt,
-    QueryOpts, Table, attrs_of,
+    Channel, Clock, Cond, Item, Key, OutboundMessage, PermanentCode, Platform, Provider, ProviderError,
+    ProviderReceipt, QueryOpts, Table, attrs_of,
 };
 
 /// How a dev provider behaves.
@@ -58,7 +58,14 @@ pub struct RecordedSend {
     pub provider_message_id: String,
     #[serde(default)]
     pub headers: Vec<(String, String)>,
+    /// Push: the APNs collapse id / FCM tag (the delivery key).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub collapse_id: Option<String>,
 }
+
+/// Push tokens starting with this are registered, and then answered as gone (APNs 410, FCM
+/// `UNREGISTERED`) on every send: how tests and demos show a dead token being removed.
+pub const INVALID_TOKEN_PREFIX: &str = "invalid-";
 
 /// A provider that accepts everything (the embedded backend's stand-in for SES and SNS).
 #[derive(Debug, Default)]
@@ -132,7 +139,27 @@ impl Provider for DevProvider {
         self.inner.name()
     }
 
+    async fn register_device(&self, platform: Platform, token: &str) -> Result<String, ProviderError> {
+        if token.starts_with(INVALID_TOKEN_PREFIX) {
+            return Ok(token.to_owned());
+        }
+        self.inner.register_device(platform, token).await
+    }
+
+    async fn unregister_device(&self, address: &str) -> Result<(), ProviderError> {
+        if address.starts_with(INVALID_TOKEN_PREFIX) {
+            return Ok(());
+        }
+        self.inner.unregister_device(address).await
+    }
+
     async fn send(&self, message: &OutboundMessage) -> Result<ProviderReceipt, ProviderError> {
+        if self.channel == Channel::Push && message.to.starts_with(INVALID_TOKEN_PREFIX) {
+            return Err(ProviderError::Permanent {
+                reason: "the push service answered 410 Unregistered".into(),
+                code: PermanentCode::InvalidToken,
+            });
+        }
         if let Some((mode, retry_after_s)) = self.next_fault() {
             return Err(match mode {
                 FaultMode::Ok => return Err(ProviderError::transient("unreachable")),
@@ -165,6 +192,7 @@ impl Provider for DevProvider {
             at: now.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
             provider_message_id: receipt.provider_message_id.clone(),
             headers: message.headers.clone(),
+            collapse_id: (self.channel == Channel::Push).then(|| message.idempotency_key.clone()),
         };
         // Ordered by a sequence that survives restarts and clock jumps: wall time + id.
         let sk = format!("{:015}#{}", now.timestamp_millis().max(0), new_id());

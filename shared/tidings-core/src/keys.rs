@@ -12,6 +12,14 @@
 //! | idempotency record | `T#t#IDEM#{scope}#{key}` | `IDEM` |
 //! | notification (the outbox) | `T#t#N#{id}` | `N` |
 //! | delivery | `T#t#N#{id}` | `D#{user}#{channel}` |
+//! | progress counters of a notification | `T#t#N#{id}` | `C#{page:08}#{shard}` |
+//! | campaign page task (an outbox entry) | `T#t#N#{id}` | `P#{page:08}` |
+//! | segment (tag) membership | `T#t#TAG#{tag}` | `{user}` |
+//! | frequency counter (with `ttl`) | `T#t#U#{user}` | `CAP#{yyyyMMdd}#{channel}` |
+//! | device (push token) | `T#t#U#{user}` | `DEV#{sha256(token)}` |
+//! | device token index | `T#t#DEVICE#{sha256(token)}` | `DEVICE` |
+//! | suppressed address | `T#t#SUPPRESS#{channel}#{sha256(address)}` | `SUPPRESS` |
+//! | provider message → delivery | `PMSG#{provider}#{provider_message_id}` | `PMSG` |
 //! | fake provider send (dev) | `DEV#SENDS` | `{at_ms:015}#{id}` |
 
 use crate::ids::TenantId;
@@ -62,6 +70,61 @@ pub fn notification(t: &TenantId, id: &str) -> Key {
 
 pub fn delivery(t: &TenantId, notification_id: &str, user_id: &str, channel: Channel) -> Key {
     Key::new(notification_pk(t, notification_id), format!("D#{user_id}#{channel}"))
+}
+
+/// The sort-key prefix of a notification's progress counters.
+pub const COUNTER_PREFIX: &str = "C#";
+
+/// One progress counter item of a notification: per expansion page and shard, so that no
+/// single item takes every status change of a large campaign (a hot key on DynamoDB).
+pub fn progress_counter(t: &TenantId, notification_id: &str, page: u64, shard: u32) -> Key {
+    Key::new(notification_pk(t, notification_id), format!("{COUNTER_PREFIX}{page:08}#{shard}"))
+}
+
+/// The sort-key prefix of a campaign's page tasks (the relay queues each new one).
+pub const PAGE_PREFIX: &str = "P#";
+
+/// A campaign's page task: its insert, through the change stream, queues the page.
+pub fn campaign_page(t: &TenantId, notification_id: &str, page: u64) -> Key {
+    Key::new(notification_pk(t, notification_id), format!("{PAGE_PREFIX}{page:08}"))
+}
+
+/// The partition of a tag's members (a segment), sorted by user id.
+pub fn tag_pk(t: &TenantId, tag: &str) -> String {
+    format!("T#{t}#TAG#{tag}")
+}
+
+/// A user's membership of a tag: written in the same transaction as the user.
+pub fn tag_member(t: &TenantId, tag: &str, user_id: &str) -> Key {
+    Key::new(tag_pk(t, tag), user_id)
+}
+
+pub fn frequency_counter(t: &TenantId, user_id: &str, day: &str, channel: Channel) -> Key {
+    Key::new(format!("T#{t}#U#{user_id}"), format!("CAP#{day}#{channel}"))
+}
+
+/// Device items of a user sort under this prefix.
+pub const DEVICE_SK_PREFIX: &str = "DEV#";
+
+pub fn user_pk(t: &TenantId, user_id: &str) -> String {
+    format!("T#{t}#U#{user_id}")
+}
+
+pub fn device(t: &TenantId, user_id: &str, token_hash: &str) -> Key {
+    Key::new(user_pk(t, user_id), format!("{DEVICE_SK_PREFIX}{token_hash}"))
+}
+
+pub fn device_token(t: &TenantId, token_hash: &str) -> Key {
+    Key::new(format!("T#{t}#DEVICE#{token_hash}"), "DEVICE")
+}
+
+pub fn suppression(t: &TenantId, channel: Channel, address_hash: &str) -> Key {
+    Key::new(format!("T#{t}#SUPPRESS#{channel}#{address_hash}"), "SUPPRESS")
+}
+
+/// Receipts name the provider's message id only; this finds the delivery (and its tenant).
+pub fn provider_message(provider: &str, provider_message_id: &str) -> Key {
+    Key::new(format!("PMSG#{provider}#{provider_message_id}"), "PMSG")
 }
 
 pub const DEV_SENDS_PK: &str = "DEV#SENDS";

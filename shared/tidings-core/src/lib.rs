@@ -4,19 +4,29 @@
 
 pub mod deps;
 pub mod dev;
+pub mod devices;
 pub mod error;
+pub mod gates;
 pub mod ids;
 pub mod inbox;
 pub mod inventory;
 pub mod keys;
+pub mod live;
 pub mod messages;
+pub mod metrics;
 pub mod notify;
 pub mod ports;
+pub mod preferences;
+pub mod receipts;
+pub mod restock;
 pub mod retry;
+pub mod schedule;
 pub mod signing;
+pub mod suppression;
 pub mod templates;
 pub mod tenants;
 pub mod timers;
+pub mod tracking;
 pub mod users;
 
 pub use deps::{CoreConfig, Deps, Providers};

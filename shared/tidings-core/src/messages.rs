@@ -92,6 +92,7 @@ pub const ALL_QUEUES: &[&str] = &[
     "push-low",
     "timers",
     "inventory-review",
+    "stock-events",
 ];
 
 /// Whether a queue has a worker. `inventory-review` is read by operators, not by code.
@@ -105,6 +106,8 @@ pub async fn dispatch(deps: &crate::Deps, queue: &str, message: &Received) -> Ou
         crate::notify::orchestrator::handle_request_message(deps, message).await
     } else if ["email-", "sms-", "push-"].iter().any(|p| queue.starts_with(p)) {
         crate::notify::worker::handle_channel_message(deps, message).await
+    } else if queue == crate::restock::STOCK_EVENTS_QUEUE {
+        crate::restock::handle_stock_event_message(deps, message).await
     } else if queue == crate::timers::TIMERS_QUEUE {
         crate::timers::handle_timer_message(deps, message).await
     } else {

@@ -92,7 +92,8 @@ impl Signer {
     /// Checks the signature (in constant time), the purpose and the expiry.
     pub fn verify<T: DeserializeOwned>(&self, purpose: &str, token: &str, now_s: i64) -> Result<T, TokenError> {
         let mut parts = token.split('.');
-        let (Some(payload), Some(kid), Some(tag), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
+        let (Some(payload), Some(kid), Some(tag), None) = (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
             return Err(TokenError::Malformed);
         };
         let (_, secret) = self.keys.iter().find(|(k, _)| k == kid).ok_or(TokenError::UnknownKey)?;

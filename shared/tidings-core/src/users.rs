@@ -6,7 +6,8 @@ use crate::deps::Deps;
 use crate::error::{CoreError, CoreResult};
 use crate::ids::{TenantId, check_id};
 use crate::keys;
-use crate::ports::{Cond, Item, attrs_of};
+use crate::ports::table::MAX_TRANSACTION_WRITES;
+use crate::ports::{Cond, Item, QueryOpts, StoreError, Write, attrs_of};
 
 /// A user's contacts, as the shop gives them.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -76,20 +77,84 @@ impl UserInput {
     }
 }
 
+/// The hidden revision of a stored user: `put_user` writes only over the revision it read, so
+/// that two concurrent writes cannot leave tag memberships that disagree with the user.
+const REVISION: &str = "rev";
+
+/// Stores the user and its tag memberships (the segment index, `keys::tag_member`) in one
+/// transaction: memberships of tags the user no longer has are deleted, the others rewritten
+/// with the user's current contacts, so a campaign page reads users without a get per user.
 pub async fn put_user(deps: &Deps, t: &TenantId, user_id: &str, input: UserInput) -> CoreResult<User> {
     check_id("user_id", user_id)?;
     input.validate()?;
+    let mut tags = Vec::with_capacity(input.tags.len());
+    for tag in input.tags {
+        if !tags.contains(&tag) {
+            tags.push(tag);
+        }
+    }
     let user = User {
         user_id: user_id.to_owned(),
         email: input.email,
         phone: input.phone,
         locale: input.locale,
         timezone: input.timezone,
-        tags: input.tags,
+        tags,
         updated_at: deps.clock.now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
     };
-    deps.table.put(Item::new(keys::user(t, user_id), attrs_of(&user)?), Cond::Always).await?;
-    Ok(user)
+    let key = keys::user(t, user_id);
+    for _ in 0..8 {
+        let old = deps.table.get(&key).await?;
+        let (cond, rev, old_tags) = match &old {
+            None => (Cond::NotExists, 1, Vec::new()),
+            Some(item) => {
+                let old_user: User = item.parse()?;
+                match item.i64(REVISION) {
+                    Some(rev) => (Cond::eq(REVISION, rev), rev + 1, old_user.tags),
+                    None => (Cond::And(vec![Cond::Exists, Cond::AttrNotExists(REVISION.into())]), 1, old_user.tags),
+                }
+            }
+        };
+        let mut attrs = attrs_of(&user)?;
+        attrs.insert(REVISION.into(), rev.into());
+        let member = attrs_of(&user)?;
+        let removed: Vec<Write> = old_tags
+            .iter()
+            .filter(|tag| !user.tags.contains(tag))
+            .map(|tag| Write::Delete { key: keys::tag_member(t, tag, user_id), cond: Cond::Always })
+            .collect();
+        let mut writes = vec![Write::Put { item: Item::new(key.clone(), attrs), cond }];
+        writes.extend(user.tags.iter().map(|tag| Write::Put {
+            item: Item::new(keys::tag_member(t, tag, user_id), member.clone()),
+            cond: Cond::Always,
+        }));
+        if writes.len() + removed.len() <= MAX_TRANSACTION_WRITES {
+            writes.extend(removed);
+        } else if !removed.is_empty() {
+            // Too many for one transaction: leave the old tags first (a crash in between only
+            // drops memberships that were going anyway).
+            deps.table.transact(removed).await?;
+        }
+        match deps.table.transact(writes).await {
+            Ok(()) => return Ok(user),
+            Err(StoreError::ConditionFailed { index: 0 }) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(StoreError::Conflict.into())
+}
+
+/// One page of a segment's members (users with the tag), in user-id order.
+pub async fn segment_page(
+    deps: &Deps,
+    t: &TenantId,
+    tag: &str,
+    limit: usize,
+    cursor: Option<String>,
+) -> CoreResult<(Vec<User>, Option<String>)> {
+    let page = deps.table.query(&keys::tag_pk(t, tag), "", QueryOpts { limit, cursor, descending: false }).await?;
+    let users = page.items.iter().map(Item::parse).collect::<Result<Vec<User>, _>>()?;
+    Ok((users, page.next_cursor))
 }
 
 pub async fn get_user(deps: &Deps, t: &TenantId, user_id: &str) -> CoreResult<Option<User>> {

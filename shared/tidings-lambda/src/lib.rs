@@ -2,11 +2,14 @@
 //! local runtime, which builds the same `SqsEvent` / `DynamoDbEvent` values from what the
 //! embedded backend or the emulator returns: one code path in both places.
 
+pub mod ws;
+
 use aws_lambda_events::dynamodb::{Event as DynamoDbEvent, EventRecord};
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent, SqsMessage};
 use aws_lambda_events::streams::{DynamoDbBatchItemFailure, DynamoDbEventResponse};
 use serde_json::Value;
 use tidings_core::Deps;
+use tidings_core::live::LivePush;
 use tidings_core::messages::{dispatch, settle};
 use tidings_core::notify::relay;
 use tidings_core::ports::table::stored;
@@ -154,11 +157,16 @@ pub fn event_record_of(c: &ChangeRecord) -> Result<EventRecord, serde_dynamo::Er
 }
 
 /// Handles a DynamoDB stream batch (the outbox relay). On failure the batch is reported from
-/// its first record, so the event source mapping retries it (and bisects it).
-pub async fn handle_stream_event(deps: &Deps, event: DynamoDbEvent) -> DynamoDbEventResponse {
+/// its first record, so the event source mapping retries it (and bisects it). Inbox writes are
+/// then pushed to live connections (best effort: never fails the batch).
+pub async fn handle_stream_event(deps: &Deps, live: &dyn LivePush, event: DynamoDbEvent) -> DynamoDbEventResponse {
     let records: Vec<ChangeRecord> = event.records.iter().filter_map(change_record_of).collect();
     let mut response = DynamoDbEventResponse::default();
-    if let Err(e) = relay::handle_changes(deps, &records).await {
+    let relayed = relay::handle_changes(deps, &records).await;
+    if relayed.is_ok() {
+        tidings_core::live::handle_changes(deps, live, &records).await;
+    }
+    if let Err(e) = relayed {
         error!(error = %e, "relay failed; the batch will be retried");
         if let Some(first) = event.records.first() {
             let mut failure = DynamoDbBatchItemFailure::default();

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use tidings_core::dev::{DevProvider, DevProviders, NullProvider};
+use tidings_core::gates::{self, GateConfig, GateStore};
 use tidings_core::ports::{ChangeFeed, Channel, Clock, Provider, Queues, Table};
 use tidings_core::{CoreConfig, Deps, Providers};
 
@@ -58,6 +59,12 @@ impl Backend {
         let null = || -> Arc<dyn Provider> { Arc::new(NullProvider) };
         let dev = dev_providers([null(), null(), null()], &table, &clock);
         let providers = Providers { email: dev.email.clone(), sms: dev.sms.clone(), push: dev.push.clone() };
+        // `TIDINGS_SMS_SECONDARY=fake`: a second fake SMS provider to fail over to.
+        let secondary = std::env::var("TIDINGS_SMS_SECONDARY").is_ok_and(|v| v == "fake").then(|| {
+            Arc::new(DevProvider::new(Channel::Sms, Arc::new(NullProvider), table.clone(), clock.clone()))
+                as Arc<dyn Provider>
+        });
+        let providers = gates::wrap(&providers, secondary, &GateConfig::from_env(), GateStore::Local);
         Ok(Self {
             deps: Deps { table, queues, clock, providers, config },
             feed,
@@ -80,6 +87,8 @@ impl Backend {
         let table = b.table.clone();
         let dev = dev_providers([b.email.clone(), b.sms.clone(), b.push.clone()], &table, &clock);
         let providers = Providers { email: dev.email.clone(), sms: dev.sms.clone(), push: dev.push.clone() };
+        // The rate buckets live in the table: shared by every instance, as on Lambda.
+        let providers = gates::wrap(&providers, None, &GateConfig::from_env(), GateStore::Shared(table.clone()));
         Ok(Self {
             deps: Deps { table, queues: b.queues.clone(), clock, providers, config },
             feed: b.feed.clone(),

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand, ValueEnum};
 
 mod backend;
+mod bench;
 mod runtime;
 mod schedules;
 mod serve;
@@ -29,6 +30,11 @@ pub enum BackendKind {
 enum Command {
     /// Runs the API, the relay, the workers and the schedules in one process.
     Serve(ServeArgs),
+    /// Benchmarks on the embedded backend.
+    Bench {
+        #[command(subcommand)]
+        command: BenchCommand,
+    },
     /// Operations on a running deployment's data.
     Ops {
         #[command(subcommand)]
@@ -59,6 +65,13 @@ pub struct ServeArgs {
     /// Time moves only by POST /dev/clock/advance.
     #[arg(long)]
     pub manual_clock: bool,
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// A campaign to N recipients (fresh database, fake provider without delay): throughput,
+    /// peak RSS, transactional latency meanwhile, each recipient delivered exactly once.
+    Campaign(bench::CampaignArgs),
 }
 
 #[derive(Subcommand)]
@@ -96,6 +109,7 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => serve::serve(args).await,
+        Command::Bench { command: BenchCommand::Campaign(args) } => bench::campaign(args).await,
         Command::Ops { command: OpsCommand::Dlq { command }, backend } => {
             let clock = std::sync::Arc::new(tidings_core::ports::SystemClock);
             let b = backend::Backend::open(&backend, clock).await?;

@@ -8,33 +8,118 @@ use std::time::Duration;
 use aws_lambda_events::dynamodb::Event as DynamoDbEvent;
 use aws_lambda_events::event::sqs::SqsEvent;
 use tidings_core::Deps;
+use tidings_core::live::LivePush;
 use tidings_core::ports::ChangeFeed;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{error, warn};
 
-/// Workers per queue (bounded concurrency: one of the three gates).
+/// Workers per queue (bounded concurrency: one of the three gates), unless configured.
 pub const WORKERS_PER_QUEUE: usize = 2;
+
+/// The worker pools. High-priority queues (`requests-high`, `*-high`) run on a runtime of
+/// their own, with their own threads (and blocking pool), so a campaign draining the low
+/// queues never takes the threads an OTP needs (seed 004 §5.3: "每个优先级有独立的 Worker 池").
+/// Sizes are fixed: a 429 slows the rate gates down, it never adds workers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pools {
+    /// Workers per high-priority queue (`TIDINGS_WORKERS_HIGH`).
+    pub high: usize,
+    /// Workers per other queue (`TIDINGS_WORKERS_LOW`).
+    pub low: usize,
+    /// Threads of the high-priority runtime (`TIDINGS_HIGH_THREADS`).
+    pub high_threads: usize,
+}
+
+impl Pools {
+    pub fn from_env() -> Self {
+        let n = |name: &str, default: usize| {
+            std::env::var(name).ok().and_then(|v| v.parse::<usize>().ok()).map_or(default, |v| v.clamp(1, 256))
+        };
+        Self {
+            high: n("TIDINGS_WORKERS_HIGH", WORKERS_PER_QUEUE),
+            low: n("TIDINGS_WORKERS_LOW", WORKERS_PER_QUEUE),
+            high_threads: n("TIDINGS_HIGH_THREADS", 2),
+        }
+    }
+}
+
+/// Whether a queue carries high-priority work.
+pub fn is_high(queue: &str) -> bool {
+    queue.ends_with("-high")
+}
+
+/// The runtime of the high-priority pool, made once and kept for the life of the process.
+fn high_runtime(threads: usize) -> Option<tokio::runtime::Handle> {
+    static HIGH: std::sync::OnceLock<Option<tokio::runtime::Runtime>> = std::sync::OnceLock::new();
+    HIGH.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .thread_name("tidings-high")
+            .enable_all()
+            .build()
+            .map_err(|e| warn!(error = %e, "no separate runtime for high priority; sharing the main one"))
+            .ok()
+    })
+    .as_ref()
+    .map(|rt| rt.handle().clone())
+}
 
 /// Starts the relay and the queue workers; they stop when `stop` turns true.
 pub fn start(
     deps: Deps,
+    live: Arc<dyn LivePush>,
     feed: Arc<dyn ChangeFeed>,
     queues: Vec<String>,
     arn_prefix: String,
     stop: watch::Receiver<bool>,
 ) -> JoinSet<()> {
+    start_with(deps, live, feed, queues, arn_prefix, stop, Pools::from_env())
+}
+
+/// [`start`] with the given pools.
+pub fn start_with(
+    deps: Deps,
+    live: Arc<dyn LivePush>,
+    feed: Arc<dyn ChangeFeed>,
+    queues: Vec<String>,
+    arn_prefix: String,
+    stop: watch::Receiver<bool>,
+    pools: Pools,
+) -> JoinSet<()> {
     let mut set = JoinSet::new();
-    set.spawn(relay_loop(deps.clone(), feed, stop.clone()));
+    set.spawn(relay_loop(deps.clone(), live, feed, stop.clone()));
+    let high = high_runtime(pools.high_threads);
     for queue in queues.into_iter().filter(|q| tidings_core::messages::is_consumed(q)) {
-        for _ in 0..WORKERS_PER_QUEUE {
-            set.spawn(queue_loop(deps.clone(), queue.clone(), format!("{arn_prefix}{queue}"), stop.clone()));
+        let workers = if is_high(&queue) { pools.high } else { pools.low };
+        for _ in 0..workers {
+            let worker = queue_loop(deps.clone(), queue.clone(), format!("{arn_prefix}{queue}"), stop.clone());
+            match (&high, is_high(&queue)) {
+                (Some(handle), true) => {
+                    set.spawn_on(worker, handle);
+                }
+                _ => {
+                    set.spawn(worker);
+                }
+            }
         }
+        set.spawn(queue_age_loop(deps.clone(), queue, stop.clone()));
     }
     set
 }
 
-async fn relay_loop(deps: Deps, feed: Arc<dyn ChangeFeed>, stop: watch::Receiver<bool>) {
+/// Samples the age of a queue's oldest message for the metrics, every few seconds.
+async fn queue_age_loop(deps: Deps, queue: String, stop: watch::Receiver<bool>) {
+    while !*stop.borrow() {
+        if let Ok(stats) = deps.queues.stats(&queue).await {
+            metrics::gauge!(tidings_core::metrics::QUEUE_OLDEST_AGE, "queue" => queue.clone())
+                .set(stats.oldest_age_s as f64);
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+}
+
+async fn relay_loop(deps: Deps, live: Arc<dyn LivePush>, feed: Arc<dyn ChangeFeed>, stop: watch::Receiver<bool>) {
     while !*stop.borrow() {
         let records = match feed.next_batch(100).await {
             Ok(r) => r,
@@ -54,7 +139,7 @@ async fn relay_loop(deps: Deps, feed: Arc<dyn ChangeFeed>, stop: watch::Receiver
                 Err(e) => error!(error = %e, "unconvertible change record skipped"),
             }
         }
-        let response = tidings_lambda::handle_stream_event(&deps, event).await;
+        let response = tidings_lambda::handle_stream_event(&deps, live.as_ref(), event).await;
         if response.batch_item_failures.is_empty() {
             if let Err(e) = feed.commit(&records).await {
                 warn!(error = %e, "committing the stream position failed; records will come again");
@@ -82,7 +167,10 @@ async fn queue_loop(deps: Deps, queue: String, arn: String, stop: watch::Receive
         }
         let mut event = SqsEvent::default();
         event.records = received.iter().map(|r| tidings_lambda::sqs_message_of(r, &arn)).collect();
+        let busy = metrics::gauge!(tidings_core::metrics::WORKERS_BUSY, "queue" => queue.clone());
+        busy.increment(1.0);
         let response = tidings_lambda::handle_sqs_event(&deps, &queue, event).await;
+        busy.decrement(1.0);
         // What Lambda's event source mapping does: delete what did not fail.
         for r in &received {
             if response.batch_item_failures.iter().any(|f| f.item_identifier == r.message_id) {

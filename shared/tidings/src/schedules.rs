@@ -3,19 +3,23 @@
 
 use std::time::Duration;
 
-use tidings_core::{Deps, inventory, timers};
+use tidings_core::{Deps, inventory, restock, timers};
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
 use tracing::warn;
 
 /// Each job and its period (the SAM template declares the same schedules).
-pub const SCHEDULES: &[(&str, Duration)] =
-    &[("tick", Duration::from_secs(60)), ("reconcile", Duration::from_secs(24 * 3600))];
+pub const SCHEDULES: &[(&str, Duration)] = &[
+    ("tick", Duration::from_secs(60)),
+    ("reconcile", Duration::from_secs(24 * 3600)),
+    ("restock-scan", Duration::from_secs(3600)),
+];
 
 /// Runs one job now: `Ok(None)` when there is no job of that name.
 pub async fn run(deps: &Deps, name: &str) -> Result<Option<serde_json::Value>, String> {
     let result = match name {
         "tick" => timers::tick(deps).await.map(|r| serde_json::to_value(r).unwrap_or_default()),
+        "restock-scan" => restock::scan(deps).await.map(|r| serde_json::to_value(r).unwrap_or_default()),
         "reconcile" => inventory::reconcile(deps, None).await.map(|r| serde_json::to_value(r).unwrap_or_default()),
         _ => return Ok(None),
     };

@@ -75,8 +75,11 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let demo_key = api_keys(&backend.deps, &args).await?;
 
     let (stop_tx, stop_rx) = watch::channel(false);
+    let hub = Arc::new(tidings_api::routes::live::LocalHub::default());
+    tidings_core::metrics::install();
     let mut workers = crate::runtime::start(
         backend.deps.clone(),
+        hub.clone(),
         backend.feed.clone(),
         backend.queue_names.clone(),
         backend.queue_arn_prefix.clone(),
@@ -90,6 +93,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         deps: backend.deps.clone(),
         queue_names: Arc::new(backend.queue_names.clone()),
         dev: Some(Arc::new(dev)),
+        live: Some(hub),
     };
     let listener = tokio::net::TcpListener::bind(args.addr).await.with_context(|| format!("binding {}", args.addr))?;
     let addr = listener.local_addr()?;

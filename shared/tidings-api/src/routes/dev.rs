@@ -15,11 +15,19 @@ use crate::state::{AppState, DevControl};
 
 pub fn router() -> Router<AppState> {
     Router::new()
+        .route("/", get(console))
         .route("/dev/deliveries", get(deliveries))
         .route("/dev/providers/{channel}", put(configure_provider).get(provider_config))
         .route("/dev/clock", get(clock))
         .route("/dev/clock/advance", post(advance))
         .route("/dev/schedules/{name}/run", post(run_schedule))
+}
+
+/// The local console: queues and DLQs (with a redrive button), recent deliveries, a user's
+/// inbox, campaign progress, stock and restock notices, refreshed every two seconds. A static
+/// page calling the API with the key the user types (kept in the browser's local storage).
+async fn console() -> axum::response::Html<&'static str> {
+    axum::response::Html(include_str!("../console.html"))
 }
 
 fn dev_of(s: &AppState) -> ApiResult<&dyn DevControl> {

@@ -136,7 +136,7 @@ mod tests {
         };
         tenants::register_key(&deps, &TenantId::parse("a").unwrap(), "key-a").await.unwrap();
         tenants::register_key(&deps, &TenantId::parse("b").unwrap(), "key-b").await.unwrap();
-        crate::app(AppState { deps, queue_names: Arc::new(Vec::new()), dev: None })
+        crate::app(AppState { deps, queue_names: Arc::new(Vec::new()), dev: None, live: None })
     }
 
     async fn call(app: &axum::Router, key: &str, method: Method, uri: &str, body: Option<&str>) -> (u16, Value) {

@@ -8,12 +8,18 @@ use axum::routing::get;
 use crate::problem::Problem;
 use crate::state::AppState;
 
+mod callbacks;
 mod dev;
+mod devices;
 mod inbox;
 mod inventory;
+pub mod live;
 mod notifications;
 mod ops;
+mod preferences;
+mod restock;
 mod templates;
+mod tracking;
 mod users;
 
 /// The whole API.
@@ -21,10 +27,16 @@ pub fn app(state: AppState) -> Router {
     let mut router = Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .merge(users::router())
+        .merge(preferences::router())
+        .merge(devices::router())
+        .merge(callbacks::router())
+        .merge(tracking::router())
         .merge(templates::router())
         .merge(notifications::router())
         .merge(inbox::router())
+        .merge(live::router())
         .merge(inventory::router())
+        .merge(restock::router())
         .merge(ops::router());
     if state.dev.is_some() {
         router = router.merge(dev::router());

@@ -9,7 +9,10 @@ use crate::problem::{ApiError, ApiResult, Problem};
 use crate::state::AppState;
 
 pub fn router() -> Router<AppState> {
-    Router::new().route("/v1/ops/queues", get(queues)).route("/v1/ops/dlq/{queue}/redrive", post(redrive))
+    Router::new()
+        .route("/v1/ops/queues", get(queues))
+        .route("/v1/ops/metrics", get(metrics))
+        .route("/v1/ops/dlq/{queue}/redrive", post(redrive))
 }
 
 fn queue_error(e: QueueError) -> ApiError {
@@ -38,4 +41,15 @@ async fn redrive(
     }
     let moved = s.deps.queues.redrive(&queue).await.map_err(queue_error)?;
     Ok(Json(json!({ "queue": queue, "moved": moved })))
+}
+
+/// Sends per second per channel, 429 ratio, retries, dead letters, worker concurrency, and the
+/// oldest message's age per queue (read now from the queues). Operators' view, like `queues`.
+async fn metrics(State(s): State<AppState>, Tenant(_t): Tenant) -> ApiResult<Json<Value>> {
+    let mut report = tidings_core::metrics::installed().map(|r| r.report()).unwrap_or_default();
+    for name in s.queue_names.iter() {
+        let stats = s.deps.queues.stats(name).await.map_err(queue_error)?;
+        report.oldest_age_s.insert(name.clone(), stats.oldest_age_s as f64);
+    }
+    Ok(Json(json!(report)))
 }

@@ -42,15 +42,19 @@ pub async fn accept(deps: &Deps, t: &TenantId, req: NotificationRequest) -> Core
     req.validate()?;
     let hash = body_hash(&req)?;
     let now = deps.clock.now();
+    req.validate_schedule(now)?;
     let notification = Notification {
         notification_id: new_id(),
-        status: NotificationStatus::Accepted,
+        // A scheduled notification's insert makes the relay set its timers (`crate::schedule`).
+        status: if req.is_scheduled(now) { NotificationStatus::Scheduled } else { NotificationStatus::Accepted },
         priority: req.priority(),
         request: req,
         body_hash: hash.clone(),
         created_at: now.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
         created_ms: now.timestamp_millis(),
         orchestrated: false,
+        counted: true,
+        last_page: None,
     };
     let mut writes = Vec::with_capacity(2);
     let idem_key = notification.request.idempotency_key.as_deref().map(|k| keys::idempotency(t, "notification", k));
@@ -93,16 +97,7 @@ pub async fn accept(deps: &Deps, t: &TenantId, req: NotificationRequest) -> Core
     }
 }
 
-/// Counts of a notification's deliveries, as `GET /v1/notifications/{id}` shows them.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-pub struct Counts {
-    pub queued: u64,
-    pub sent: u64,
-    pub delivered: u64,
-    pub failed: u64,
-    pub suppressed: u64,
-    pub dead: u64,
-}
+pub use super::progress::Counts;
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct NotificationView {
@@ -113,6 +108,13 @@ pub struct NotificationView {
     pub template_id: String,
     pub created_at: String,
     pub counts: Counts,
+    /// A campaign's segment.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub segment: Option<String>,
+    /// Recipients expanded so far (a campaign grows page by page).
+    pub expanded: u64,
+    /// Age of the oldest delivery still queued, in seconds (0 when none is).
+    pub oldest_pending_age_s: u64,
 }
 
 pub async fn load(deps: &Deps, t: &TenantId, id: &str) -> CoreResult<Option<Notification>> {
@@ -125,6 +127,38 @@ pub async fn load(deps: &Deps, t: &TenantId, id: &str) -> CoreResult<Option<Noti
 pub async fn get_notification(deps: &Deps, t: &TenantId, id: &str) -> CoreResult<Option<NotificationView>> {
     check_id("notification_id", id)?;
     let Some(n) = load(deps, t, id).await? else { return Ok(None) };
+    let (counts, expanded, oldest_pending_ms, all_pages_done) = if n.counted {
+        let p = super::progress::read(deps, t, id).await?;
+        // Pages may finish out of order: done when every page up to the last one is.
+        let done = n.last_page.is_some_and(|last| p.pages > last);
+        (p.counts, p.expanded, p.oldest_pending_ms, done)
+    } else {
+        let counts = count_deliveries(deps, t, id).await?;
+        let expanded = n.request.user_ids().len() as u64;
+        (counts, expanded, None, n.orchestrated)
+    };
+    let oldest_pending_age_s =
+        oldest_pending_ms.map(|ms| (deps.clock.now_ms().saturating_sub(ms)).max(0) as u64 / 1000).unwrap_or(0);
+    let status = match n.status {
+        NotificationStatus::Processing if all_pages_done && counts.queued == 0 => NotificationStatus::Completed,
+        other => other,
+    };
+    Ok(Some(NotificationView {
+        notification_id: n.notification_id,
+        status,
+        category: n.request.category,
+        priority: n.priority,
+        segment: n.request.recipients.segment.clone(),
+        template_id: n.request.template_id,
+        created_at: n.created_at,
+        counts,
+        expanded,
+        oldest_pending_age_s,
+    }))
+}
+
+/// Counts by reading every delivery: only for notifications accepted before the counters.
+async fn count_deliveries(deps: &Deps, t: &TenantId, id: &str) -> CoreResult<Counts> {
     let mut counts = Counts::default();
     let mut cursor = None;
     loop {
@@ -145,22 +179,9 @@ pub async fn get_notification(deps: &Deps, t: &TenantId, id: &str) -> CoreResult
         }
         cursor = page.next_cursor;
         if cursor.is_none() {
-            break;
+            return Ok(counts);
         }
     }
-    let status = match n.status {
-        NotificationStatus::Processing if n.orchestrated && counts.queued == 0 => NotificationStatus::Completed,
-        other => other,
-    };
-    Ok(Some(NotificationView {
-        notification_id: n.notification_id,
-        status,
-        category: n.request.category,
-        priority: n.priority,
-        template_id: n.request.template_id,
-        created_at: n.created_at,
-        counts,
-    }))
 }
 
 /// One page of a notification's deliveries.

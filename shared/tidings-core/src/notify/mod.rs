@@ -1,7 +1,10 @@
 //! Notifications: accept → relay → orchestrator → channel worker.
 
 pub mod api;
+pub mod campaign;
 pub mod model;
 pub mod orchestrator;
+pub mod policy;
+pub mod progress;
 pub mod relay;
 pub mod worker;

@@ -128,12 +128,7 @@ impl NotificationRequest {
                     check_id(&format!("recipients.user_ids[{i}]"), id)?;
                 }
             }
-            (None, Some(_)) => {
-                return Err(CoreError::invalid(
-                    "recipients.segment",
-                    "segment campaigns are not available yet; list user_ids",
-                ));
-            }
+            (None, Some(segment)) => check_id("recipients.segment", segment)?,
             _ => return Err(CoreError::invalid("recipients", "give exactly one of user_ids or segment")),
         }
         if let Some(channels) = &self.channels
@@ -141,10 +136,35 @@ impl NotificationRequest {
         {
             return Err(CoreError::invalid("channels", "must not be empty (omit it to use preferences)"));
         }
-        if self.send_at.is_some() || self.local_time {
-            return Err(CoreError::invalid("send_at", "scheduled sends are not available yet"));
+        if self.local_time && self.recipients.segment.is_some() {
+            return Err(CoreError::invalid("local_time", "is available for user_ids, not for segments yet"));
+        }
+        if self.local_time && self.send_at.is_none() {
+            return Err(CoreError::invalid(
+                "local_time",
+                "needs send_at (its wall-clock time is used in each user's zone)",
+            ));
         }
         Ok(())
+    }
+
+    /// Checks `send_at` against the clock: at most a year ahead.
+    pub fn validate_schedule(&self, now: chrono::DateTime<chrono::Utc>) -> CoreResult<()> {
+        if let Some(at) = self.send_at
+            && at > now + chrono::Duration::days(366)
+        {
+            return Err(CoreError::invalid("send_at", "must be within a year"));
+        }
+        Ok(())
+    }
+
+    /// Whether the request waits for a timer: `send_at` in the future, or any `local_time`
+    /// request (some zones may still be ahead).
+    pub fn is_scheduled(&self, now: chrono::DateTime<chrono::Utc>) -> bool {
+        match self.send_at {
+            Some(at) => self.local_time || at > now,
+            None => false,
+        }
     }
 
     pub fn priority(&self) -> Priority {
@@ -184,6 +204,22 @@ pub struct Notification {
     /// Set once every delivery has been created and queued.
     #[serde(default)]
     pub orchestrated: bool,
+    /// Its deliveries are counted in progress counter items (`keys::progress_counter`), kept
+    /// in the same transactions as the status changes. False only for notifications accepted
+    /// before the counters existed (their counts come from reading every delivery).
+    #[serde(default)]
+    pub counted: bool,
+    /// A campaign's last page, once its expansion reached the end of the segment (`user_ids`
+    /// notifications have one page, 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_page: Option<u64>,
+}
+
+impl Notification {
+    /// A segment notification: a campaign, expanded page by page.
+    pub fn segment(&self) -> Option<&str> {
+        self.request.recipients.segment.as_deref()
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -240,15 +276,35 @@ pub struct Delivery {
     pub lease_until_ms: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider_message_id: Option<String>,
+    /// Set while quiet hours hold the delivery back (status `pending`, reason `quiet_hours`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deferred_until: Option<String>,
     pub category: Category,
     pub updated_at: String,
 }
 
-/// The request queue message: which notification to orchestrate.
+/// The request queue message: which notification to orchestrate. For a campaign (a segment),
+/// one message per page of the segment: `page` counts from 0 and `cursor` is where the page
+/// starts (`None` for the first); each page's task queues the next one.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RequestMessage {
     pub tenant: String,
     pub notification_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cursor: Option<String>,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub page: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+impl RequestMessage {
+    /// The first (or only) task of a notification.
+    pub fn first(tenant: &str, notification_id: &str) -> Self {
+        Self { tenant: tenant.to_owned(), notification_id: notification_id.to_owned(), cursor: None, page: 0 }
+    }
 }
 
 /// The channel queue message: one rendered send.

@@ -1,7 +1,9 @@
-//! The orchestrator: one request message → per user and channel, a delivery record and a
-//! rendered channel task (in-app goes straight to the inbox). Idempotent: a delivery is created
-//! by a conditional put, so a repeated request message creates nothing twice; deliveries still
-//! `pending` are queued again (the channel worker deduplicates).
+//! The orchestrator: one request message → per user and channel, the policy checks (see
+//! [`super::policy`]), a delivery record and a rendered channel task (in-app goes straight to
+//! the inbox). Idempotent: a delivery is created by a conditional put, so a repeated request
+//! message creates nothing twice; deliveries still `pending` are queued again (the channel
+//! worker deduplicates). Quiet hours defer a delivery through a timer
+//! ([`resume_deferred`]); scheduled sends start through one (`crate::schedule`).
 
 use std::collections::BTreeMap;
 
@@ -9,19 +11,23 @@ use serde_json::{Value, json};
 use tracing::{info, instrument, warn};
 
 use super::api::load;
+use super::campaign;
 use super::model::{
     ChannelTask, Delivery, DeliveryStatus, Notification, NotificationStatus, RequestMessage, channel_queue,
 };
+use super::policy::{self, Recipient, Verdict};
+use super::progress;
 use crate::deps::Deps;
 use crate::error::{CoreError, CoreResult};
 use crate::ids::TenantId;
-use crate::inbox;
 use crate::keys;
 use crate::messages::Outcome;
-use crate::ports::{Channel, Cond, Item, OutMessage, Received, StoreError, Update, Write, attrs_of};
+use crate::ports::{Channel, Cond, Item, Key, OutMessage, Received, StoreError, Update, Write, attrs_of};
 use crate::retry::backoff;
 use crate::templates::{self, Template};
+use crate::timers::{self, TimerTask};
 use crate::users::{self, User};
+use crate::{devices, inbox, preferences};
 
 /// Handles one request message.
 pub async fn handle_request_message(deps: &Deps, message: &Received) -> Outcome {
@@ -32,7 +38,7 @@ pub async fn handle_request_message(deps: &Deps, message: &Received) -> Outcome 
     let Ok(tenant) = TenantId::parse(&request.tenant) else {
         return Outcome::Reject("request message with an invalid tenant".into());
     };
-    match orchestrate(deps, &tenant, &request.notification_id).await {
+    match orchestrate_task(deps, &tenant, &request).await {
         Ok(()) => Outcome::Done,
         Err(e) => {
             warn!(error = %e, notification_id = %request.notification_id, "orchestration failed; will retry");
@@ -41,56 +47,196 @@ pub async fn handle_request_message(deps: &Deps, message: &Received) -> Outcome 
     }
 }
 
-#[instrument(skip(deps, t), fields(tenant = %t))]
+/// Orchestrates a whole notification from its first task (a `user_ids` list, or a campaign's
+/// first page, which queues the next).
 pub async fn orchestrate(deps: &Deps, t: &TenantId, notification_id: &str) -> CoreResult<()> {
-    let Some(n) = load(deps, t, notification_id).await? else {
+    orchestrate_task(deps, t, &RequestMessage::first(t.as_str(), notification_id)).await
+}
+
+/// One request task: a `user_ids` notification (one page, 0), or one page of a campaign read
+/// from the segment's index with the task's cursor (see [`super::campaign`]). Both go through
+/// the same per-user code ([`orchestrate_page`]). A page done already does nothing, so a
+/// retried or redriven task creates nothing twice.
+#[instrument(skip(deps, t, task), fields(tenant = %t, notification_id = %task.notification_id, page = task.page))]
+pub async fn orchestrate_task(deps: &Deps, t: &TenantId, task: &RequestMessage) -> CoreResult<()> {
+    let Some(n) = load(deps, t, &task.notification_id).await? else {
         warn!("notification not found; nothing to do");
         return Ok(());
     };
-    if n.status == NotificationStatus::Cancelled || n.orchestrated {
+    // A scheduled notification is started by its timer (`schedule::fire`), never early.
+    if matches!(n.status, NotificationStatus::Cancelled | NotificationStatus::Scheduled) {
         return Ok(());
     }
-    if n.status == NotificationStatus::Accepted {
-        let r = deps
-            .table
-            .update(
-                &keys::notification(t, notification_id),
-                vec![Update::set("status", "processing")],
-                Cond::eq("status", "accepted"),
-            )
-            .await;
-        match r {
-            Ok(_) | Err(StoreError::ConditionFailed { .. }) => {}
-            Err(e) => return Err(e.into()),
-        }
+    // Accepted before page markers existed: done once orchestrated.
+    if (!n.counted && n.orchestrated) || campaign::page_done(deps, t, &n.notification_id, task.page).await? {
+        return Ok(());
     }
-    let template = templates::get_template(deps, t, &n.request.template_id).await?;
-    let mut tasks: BTreeMap<String, Vec<OutMessage>> = BTreeMap::new();
-    for user_id in n.request.user_ids() {
-        let user = users::get_user(deps, t, &user_id).await?;
-        for channel in channels_for(&n, user.as_ref(), template.as_ref()) {
-            if let Some((queue, task)) =
-                plan_delivery(deps, t, &n, &user_id, user.as_ref(), template.as_ref(), channel).await?
-            {
-                let body = serde_json::to_string(&task).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-                tasks.entry(queue).or_default().push(OutMessage::new(body));
-            }
+    start_processing(deps, t, &n).await?;
+    let (users, next) = match n.segment() {
+        Some(tag) => {
+            let (users, next) =
+                users::segment_page(deps, t, tag, deps.config.campaign_page_size, task.cursor.clone()).await?;
+            (users.into_iter().map(|u| (u.user_id.clone(), Some(u))).collect::<Vec<_>>(), next)
         }
+        None => {
+            let mut users = Vec::new();
+            for user_id in n.request.user_ids() {
+                let user = users::get_user(deps, t, &user_id).await?;
+                users.push((user_id, user));
+            }
+            (users, None)
+        }
+    };
+    // The next page before this one's work, so pages overlap; its item is the outbox entry
+    // that queues it, put once whatever happens to this task.
+    if let Some(cursor) = &next {
+        campaign::queue_page(deps, t, &n, task.page + 1, cursor.clone()).await?;
+    }
+    orchestrate_page(deps, t, &n, task.page, &users).await?;
+    campaign::finish_page(deps, t, &n.notification_id, task.page, users.len()).await?;
+    if next.is_none() {
+        campaign::set_last_page(deps, t, &n.notification_id, task.page).await?;
+    }
+    Ok(())
+}
+
+/// `accepted` or `scheduled` → `processing` (once; a lost race is fine).
+pub(crate) async fn start_processing(deps: &Deps, t: &TenantId, n: &Notification) -> CoreResult<()> {
+    if !matches!(n.status, NotificationStatus::Accepted | NotificationStatus::Scheduled) {
+        return Ok(());
+    }
+    let r = deps
+        .table
+        .update(
+            &keys::notification(t, &n.notification_id),
+            vec![Update::set("status", "processing")],
+            Cond::is_in("status", ["accepted", "scheduled"]),
+        )
+        .await;
+    match r {
+        Ok(_) | Err(StoreError::ConditionFailed { .. }) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// How many users of a page are planned at once (their reads overlap; on DynamoDB a page of
+/// sequential reads would take seconds).
+const PLAN_CONCURRENCY: usize = 32;
+
+/// Plans and queues the deliveries of one page of users, whether they came from a `user_ids`
+/// list or a segment cursor. The deliveries' creations are held back and written in a few
+/// large transactions with the page's progress counters ([`campaign::PageWriter`]); then the
+/// tasks go out.
+pub(crate) async fn orchestrate_page(
+    deps: &Deps,
+    t: &TenantId,
+    n: &Notification,
+    page: u64,
+    users: &[(String, Option<User>)],
+) -> CoreResult<()> {
+    use futures::{StreamExt, TryStreamExt};
+    let template = templates::get_template(deps, t, &n.request.template_id).await?;
+    let writer = std::sync::Arc::new(campaign::PageWriter::new(
+        deps.table.clone(),
+        t,
+        &n.notification_id,
+        page,
+        deps.clock.now_ms(),
+    ));
+    let page_deps = Deps { table: writer.clone(), ..deps.clone() };
+    let template = template.as_ref();
+    type Planned<'a> =
+        std::pin::Pin<Box<dyn std::future::Future<Output = CoreResult<Vec<(String, ChannelTask)>>> + Send + 'a>>;
+    let plans: Vec<Planned<'_>> = users
+        .iter()
+        .map(|(user_id, user)| -> Planned<'_> {
+            Box::pin(plan_user(&page_deps, t, n, user_id, user.as_ref(), template))
+        })
+        .collect();
+    let planned: Vec<Vec<(String, ChannelTask)>> =
+        futures::stream::iter(plans).buffer_unordered(PLAN_CONCURRENCY).try_collect().await?;
+    let skip = writer.flush().await?;
+    let mut tasks: BTreeMap<String, Vec<OutMessage>> = BTreeMap::new();
+    for (queue, task) in planned.into_iter().flatten() {
+        if skip.contains(&keys::delivery(t, &task.notification_id, &task.user_id, task.channel)) {
+            continue;
+        }
+        let body = serde_json::to_string(&task).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        tasks.entry(queue).or_default().push(OutMessage::new(body));
     }
     let queued: usize = tasks.values().map(Vec::len).sum();
     for (queue, messages) in tasks {
         deps.queues.send_batch(&queue, messages).await?;
     }
-    deps.table
-        .update(&keys::notification(t, notification_id), vec![Update::set("orchestrated", true)], Cond::Exists)
-        .await?;
-    info!(notification_id, queued, "orchestrated");
+    info!(notification_id = %n.notification_id, page, users = users.len(), queued, "orchestrated");
     Ok(())
 }
 
-/// The channels to try for a user: the request's, else every channel the user can receive
-/// that the template has content for.
-fn channels_for(n: &Notification, user: Option<&User>, template: Option<&Template>) -> Vec<Channel> {
+/// The per-user code: policy, channels, one delivery per channel.
+async fn plan_user(
+    deps: &Deps,
+    t: &TenantId,
+    n: &Notification,
+    user_id: &str,
+    user: Option<&User>,
+    template: Option<&Template>,
+) -> CoreResult<Vec<(String, ChannelTask)>> {
+    let prefs = preferences::get(deps, t, user_id).await?;
+    let devices = devices::list(deps, t, user_id).await?;
+    let r = Recipient { user_id, user, prefs: &prefs, devices: &devices };
+    let mut out = Vec::new();
+    for channel in channels_for(n, &r, template) {
+        if let Some(planned) = plan_delivery(deps, t, n, &r, template, channel).await? {
+            out.push(planned);
+        }
+    }
+    Ok(out)
+}
+
+/// A delivery deferred by quiet hours, due now: checked again from the start (preferences may
+/// have changed; the cap counts on the day it is sent) and queued.
+#[instrument(skip(deps, t), fields(tenant = %t))]
+pub async fn resume_deferred(
+    deps: &Deps,
+    t: &TenantId,
+    notification_id: &str,
+    user_id: &str,
+    channel: Channel,
+) -> CoreResult<()> {
+    let Some(n) = load(deps, t, notification_id).await? else { return Ok(()) };
+    if n.status == NotificationStatus::Cancelled {
+        let r = deps
+            .table
+            .update(
+                &keys::delivery(t, notification_id, user_id, channel),
+                vec![
+                    Update::set("status", "suppressed"),
+                    Update::set("reason", "cancelled"),
+                    Update::Remove("deferred_until".into()),
+                ],
+                Cond::eq("status", "pending"),
+            )
+            .await;
+        return match r {
+            Ok(_) | Err(StoreError::ConditionFailed { .. }) => Ok(()),
+            Err(e) => Err(e.into()),
+        };
+    }
+    let template = templates::get_template(deps, t, &n.request.template_id).await?;
+    let user = users::get_user(deps, t, user_id).await?;
+    let prefs = preferences::get(deps, t, user_id).await?;
+    let devices = devices::list(deps, t, user_id).await?;
+    let r = Recipient { user_id, user: user.as_ref(), prefs: &prefs, devices: &devices };
+    if let Some((queue, task)) = plan_delivery(deps, t, &n, &r, template.as_ref(), channel).await? {
+        let body = serde_json::to_string(&task).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        deps.queues.send_batch(&queue, vec![OutMessage::new(body)]).await?;
+    }
+    Ok(())
+}
+
+/// The channels to try for a user: the request's, else what the user can receive (an address
+/// or a device), that the template has content for, and that the user has not turned off.
+fn channels_for(n: &Notification, r: &Recipient<'_>, template: Option<&Template>) -> Vec<Channel> {
     if let Some(channels) = &n.request.channels {
         let mut seen = Vec::new();
         for c in channels {
@@ -101,45 +247,15 @@ fn channels_for(n: &Notification, user: Option<&User>, template: Option<&Templat
         return seen;
     }
     let Some(template) = template else { return vec![Channel::Inapp] };
-    let locale = user.and_then(|u| u.locale.as_deref());
-    let mut out = Vec::new();
-    if user.is_some_and(|u| u.email.is_some()) && template.has_channel(Channel::Email, locale) {
-        out.push(Channel::Email);
-    }
-    if user.is_some_and(|u| u.phone.is_some()) && template.has_channel(Channel::Sms, locale) {
-        out.push(Channel::Sms);
-    }
-    if template.has_channel(Channel::Inapp, locale) {
-        out.push(Channel::Inapp);
-    }
-    out
+    let locale = r.user.and_then(|u| u.locale.as_deref());
+    Channel::ALL
+        .into_iter()
+        .filter(|c| r.address(*c).is_some() && template.has_channel(*c, locale) && r.prefs.channel_on(*c))
+        .collect()
 }
 
-fn address(user: Option<&User>, channel: Channel) -> Option<String> {
-    let user = user?;
-    match channel {
-        Channel::Email => user.email.clone(),
-        Channel::Sms => user.phone.clone(),
-        // Push tokens come with device registration; without a device there is no address.
-        Channel::Push => None,
-        Channel::Inapp => Some(user.user_id.clone()),
-    }
-}
-
-/// Creates the delivery record (once) and returns the task to queue, if any.
-#[allow(clippy::too_many_arguments)]
-async fn plan_delivery(
-    deps: &Deps,
-    t: &TenantId,
-    n: &Notification,
-    user_id: &str,
-    user: Option<&User>,
-    template: Option<&Template>,
-    channel: Channel,
-) -> CoreResult<Option<(String, ChannelTask)>> {
-    let key = keys::delivery(t, &n.notification_id, user_id, channel);
-    let now = deps.clock.now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
-    let mut delivery = Delivery {
+fn new_delivery(n: &Notification, user_id: &str, channel: Channel, now: &str) -> Delivery {
+    Delivery {
         user_id: user_id.to_owned(),
         channel,
         status: DeliveryStatus::Pending,
@@ -150,68 +266,201 @@ async fn plan_delivery(
         first_failed_at: None,
         lease_until_ms: None,
         provider_message_id: None,
+        deferred_until: None,
         category: n.request.category,
-        updated_at: now.clone(),
-    };
-    let rendered = match (address(user, channel), template) {
-        (None, _) => {
-            delivery.status = DeliveryStatus::Suppressed;
-            delivery.reason = Some("no_address".into());
-            None
-        }
-        (Some(_), None) => {
-            delivery.status = DeliveryStatus::Failed;
-            delivery.last_error = Some(format!("template_error: template {} not found", n.request.template_id));
-            None
-        }
-        (Some(to), Some(template)) => {
-            let params = params_for(&n.request.params, user_id, user);
-            match template.render(channel, user.and_then(|u| u.locale.as_deref()), &params) {
-                Ok(r) => Some((to, r)),
-                Err(e) => {
-                    delivery.status = DeliveryStatus::Failed;
-                    delivery.last_error = Some(e.to_string());
-                    None
-                }
-            }
-        }
-    };
-    let Some((to, rendered)) = rendered else {
-        return match deps.table.put(Item::new(key, attrs_of(&delivery)?), Cond::NotExists).await {
-            Ok(()) | Err(StoreError::ConditionFailed { .. }) => Ok(None),
+        updated_at: now.to_owned(),
+    }
+}
+
+/// Writes a delivery that ends here (suppressed, failed); a lost race means someone else did.
+/// A deferred delivery exists already: it moves with its progress counters.
+async fn write_final(
+    deps: &Deps,
+    t: &TenantId,
+    n: &Notification,
+    key: Key,
+    delivery: &Delivery,
+    deferred: Option<u64>,
+) -> CoreResult<()> {
+    let Some(page) = deferred else {
+        return match deps.table.put(Item::new(key, attrs_of(delivery)?), Cond::NotExists).await {
+            Ok(()) | Err(StoreError::ConditionFailed { .. }) => Ok(()),
             Err(e) => Err(e.into()),
         };
     };
-    if channel == Channel::Inapp {
+    let mut updates =
+        vec![Update::Remove("deferred_until".into()), Update::set("updated_at", delivery.updated_at.clone())];
+    updates.push(match &delivery.reason {
+        Some(r) => Update::set("reason", r.clone()),
+        None => Update::Remove("reason".into()),
+    });
+    if let Some(e) = &delivery.last_error {
+        updates.push(Update::set("last_error", e.clone()));
+    }
+    progress::transition(
+        deps,
+        progress::Transition {
+            t,
+            notification_id: &n.notification_id,
+            user_id: &delivery.user_id,
+            page,
+            key: &key,
+            from: DeliveryStatus::Pending,
+            to: delivery.status,
+            also: Some(Cond::AttrExists("deferred_until".into())),
+            updates,
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+/// Creates the delivery record (once) after the policy checks, and returns the task to queue,
+/// if any.
+async fn plan_delivery(
+    deps: &Deps,
+    t: &TenantId,
+    n: &Notification,
+    r: &Recipient<'_>,
+    template: Option<&Template>,
+    channel: Channel,
+) -> CoreResult<Option<(String, ChannelTask)>> {
+    let user_id = r.user_id;
+    let key = keys::delivery(t, &n.notification_id, user_id, channel);
+    let now = deps.clock.now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let existing_item = deps.table.get(&key).await?;
+    let existing: Option<Delivery> = existing_item.as_ref().map(|i| i.parse()).transpose()?;
+    // The page of a deferred delivery being resumed (its progress counters).
+    let deferred = match &existing {
+        None => None,
+        Some(d) if d.status == DeliveryStatus::Pending && d.deferred_until.is_some() => {
+            Some(existing_item.as_ref().and_then(|i| i.i64(progress::PAGE_ATTR)).unwrap_or(0).max(0) as u64)
+        }
+        // Made by an earlier run and still waiting: queue it again (the worker deduplicates).
+        Some(d) if d.status == DeliveryStatus::Pending => {
+            let Some(to) = r.address(channel) else { return Ok(None) };
+            let Some(template) = template else { return Ok(None) };
+            let params = params_for(&n.request.params, user_id, r.user);
+            return Ok(template
+                .render(channel, r.user.and_then(|u| u.locale.as_deref()), &params)
+                .ok()
+                .map(|rendered| task_of(deps, t, n, user_id, channel, to, rendered)));
+        }
+        Some(_) => return Ok(None),
+    };
+    let mut delivery = new_delivery(n, user_id, channel, &now);
+    let (to, writes) = match policy::check(deps, t, n, r, channel).await? {
+        Verdict::Suppress(reason) => {
+            delivery.status = DeliveryStatus::Suppressed;
+            delivery.reason = Some(reason.as_str().into());
+            write_final(deps, t, n, key, &delivery, deferred).await?;
+            return Ok(None);
+        }
+        Verdict::Defer(until) => {
+            // The timer first: a crash after it leaves a timer that finds nothing (or plans it
+            // then); the other order could leave a deferred delivery that nothing wakes.
+            let task = TimerTask::DeferredDelivery {
+                tenant: t.as_str().to_owned(),
+                notification_id: n.notification_id.clone(),
+                user_id: user_id.to_owned(),
+                channel,
+            };
+            timers::schedule(deps, until, task).await?;
+            delivery.reason = Some("quiet_hours".into());
+            let until_s = until.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+            delivery.deferred_until = Some(until_s.clone());
+            let r = match deferred {
+                None => deps.table.put(Item::new(key, attrs_of(&delivery)?), Cond::NotExists).await,
+                Some(_) => deps
+                    .table
+                    .update(&key, vec![Update::set("deferred_until", until_s)], Cond::eq("status", "pending"))
+                    .await
+                    .map(|_| ()),
+            };
+            match r {
+                Ok(()) | Err(StoreError::ConditionFailed { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+            info!(notification_id = %n.notification_id, %channel, until = %until, "deferred by quiet hours");
+            return Ok(None);
+        }
+        Verdict::Send { to, writes } => (to, writes),
+    };
+    let Some(template) = template else {
+        delivery.status = DeliveryStatus::Failed;
+        delivery.last_error = Some(format!("template_error: template {} not found", n.request.template_id));
+        write_final(deps, t, n, key, &delivery, deferred).await?;
+        return Ok(None);
+    };
+    let params = params_for(&n.request.params, user_id, r.user);
+    let rendered = match template.render(channel, r.user.and_then(|u| u.locale.as_deref()), &params) {
+        Ok(rendered) => rendered,
+        Err(e) => {
+            delivery.status = DeliveryStatus::Failed;
+            delivery.last_error = Some(e.to_string());
+            write_final(deps, t, n, key, &delivery, deferred).await?;
+            return Ok(None);
+        }
+    };
+    let gate_writes = writes.len();
+    let mut all = writes;
+    let inapp = channel == Channel::Inapp;
+    if inapp {
         delivery.status = DeliveryStatus::Sent;
         delivery.attempts = 1;
-        delivery.sent_at = Some(now);
-        let mut writes = inbox::message_writes(
+        delivery.sent_at = Some(now.clone());
+    }
+    all.push(match deferred {
+        None => Write::Put { item: Item::new(key.clone(), attrs_of(&delivery)?), cond: Cond::NotExists },
+        // Resumed after quiet hours: still `pending` (queued), now without the deferral.
+        Some(_) => Write::Update {
+            key: key.clone(),
+            updates: vec![
+                Update::Remove("deferred_until".into()),
+                Update::Remove("reason".into()),
+                Update::set("updated_at", now.clone()),
+            ],
+            cond: Cond::And(vec![Cond::eq("status", "pending"), Cond::AttrExists("deferred_until".into())]),
+        },
+    });
+    if inapp {
+        all.extend(inbox::message_writes(
             t,
             user_id,
             n,
-            rendered.subject.unwrap_or_default(),
-            rendered.body,
+            rendered.subject.clone().unwrap_or_default(),
+            rendered.body.clone(),
             &delivery.updated_at,
-        )?;
-        writes.push(Write::Put { item: Item::new(key, attrs_of(&delivery)?), cond: Cond::NotExists });
-        return match deps.table.transact(writes).await {
-            Ok(()) | Err(StoreError::ConditionFailed { .. }) => Ok(None),
-            Err(e) => Err(e.into()),
-        };
+        )?);
     }
-    match deps.table.put(Item::new(key.clone(), attrs_of(&delivery)?), Cond::NotExists).await {
+    match deps.table.transact(all).await {
         Ok(()) => {}
-        Err(StoreError::ConditionFailed { .. }) => {
-            // Made by an earlier run: queue it again only if it is still waiting to be sent.
-            let existing: Option<Delivery> = deps.table.get(&key).await?.map(|i| i.parse()).transpose()?;
-            if !existing.is_some_and(|d| d.status == DeliveryStatus::Pending) {
-                return Ok(None);
-            }
+        Err(StoreError::ConditionFailed { index }) if index < gate_writes => {
+            delivery.status = DeliveryStatus::Suppressed;
+            delivery.reason = Some(policy::SuppressReason::FrequencyCap.as_str().into());
+            write_final(deps, t, n, key, &delivery, deferred).await?;
+            return Ok(None);
         }
+        // Planned by another run.
+        Err(StoreError::ConditionFailed { .. }) => return Ok(None),
         Err(e) => return Err(e.into()),
     }
-    let task = ChannelTask {
+    if inapp {
+        return Ok(None);
+    }
+    Ok(Some(task_of(deps, t, n, user_id, channel, to, rendered)))
+}
+
+fn task_of(
+    deps: &Deps,
+    t: &TenantId,
+    n: &Notification,
+    user_id: &str,
+    channel: Channel,
+    to: String,
+    rendered: templates::Rendered,
+) -> (String, ChannelTask) {
+    let mut task = ChannelTask {
         tenant: t.as_str().to_owned(),
         notification_id: n.notification_id.clone(),
         user_id: user_id.to_owned(),
@@ -222,7 +471,10 @@ async fn plan_delivery(
         body: rendered.body,
         headers: Vec::new(),
     };
-    Ok(Some((channel_queue(channel, n.priority), task)))
+    if channel == Channel::Email {
+        crate::tracking::decorate_email(&deps.config, &mut task, deps.clock.now().timestamp());
+    }
+    (channel_queue(channel, n.priority), task)
 }
 
 /// Template parameters: the request's, plus `user_id` and the user's locale when not given.

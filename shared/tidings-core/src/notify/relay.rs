@@ -13,8 +13,22 @@ use crate::ports::{ChangeRecord, Item, OutMessage, StoreError};
 
 /// Handles a batch of change records; an error fails the whole batch (it is retried).
 pub async fn handle_changes(deps: &Deps, records: &[ChangeRecord]) -> CoreResult<()> {
+    // Stock items whose restock round grew start back-in-stock rounds (seed 000).
+    crate::restock::on_stock_changes(deps, records).await?;
     let mut by_queue: BTreeMap<&'static str, Vec<OutMessage>> = BTreeMap::new();
+    let mut pages: BTreeMap<String, Vec<OutMessage>> = BTreeMap::new();
     for record in records {
+        // A campaign's next page (an outbox entry put by the page before it).
+        if record.key.sk.starts_with(keys::PAGE_PREFIX) {
+            if record.is_insert()
+                && let Some((queue, message)) = record.new.as_ref().and_then(super::campaign::page_task)
+            {
+                let body = serde_json::to_string(&message)
+                    .map_err(|e| CoreError::Store(StoreError::Corrupt(e.to_string())))?;
+                pages.entry(queue).or_default().push(OutMessage::new(body));
+            }
+            continue;
+        }
         if record.key.sk != NOTIFICATION_SK || !record.is_insert() {
             continue;
         }
@@ -29,17 +43,23 @@ pub async fn handle_changes(deps: &Deps, records: &[ChangeRecord]) -> CoreResult
                 continue;
             }
         };
+        if notification.status == NotificationStatus::Scheduled {
+            crate::schedule::on_scheduled(deps, &tenant, &notification).await?;
+            continue;
+        }
         if notification.status != NotificationStatus::Accepted {
             continue;
         }
-        let message =
-            RequestMessage { tenant: tenant.as_str().to_owned(), notification_id: notification.notification_id };
+        let message = RequestMessage::first(tenant.as_str(), &notification.notification_id);
         let body = serde_json::to_string(&message).map_err(|e| CoreError::Store(StoreError::Corrupt(e.to_string())))?;
         debug!(notification_id = %message.notification_id, "relaying");
         by_queue.entry(notification.priority.request_queue()).or_default().push(OutMessage::new(body));
     }
     for (queue, messages) in by_queue {
         deps.queues.send_batch(queue, messages).await?;
+    }
+    for (queue, messages) in pages {
+        deps.queues.send_batch(&queue, messages).await?;
     }
     Ok(())
 }

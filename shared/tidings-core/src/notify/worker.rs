@@ -11,6 +11,7 @@ use std::time::Duration;
 use tracing::{info, instrument, warn};
 
 use super::model::{Category, ChannelTask, Delivery, DeliveryStatus, NotificationStatus};
+use super::progress;
 use crate::deps::Deps;
 use crate::error::CoreResult;
 use crate::ids::{TenantId, mask_address};
@@ -46,31 +47,31 @@ async fn deliver(deps: &Deps, t: &TenantId, task: &ChannelTask, receive_count: u
     let key = keys::delivery(t, &task.notification_id, &task.user_id, task.channel);
     let now_ms = deps.clock.now_ms();
 
-    if let Some(n) = super::api::load(deps, t, &task.notification_id).await?
-        && n.status == NotificationStatus::Cancelled
-    {
-        let r = deps
-            .table
-            .update(
-                &key,
-                vec![
-                    Update::set("status", "suppressed"),
-                    Update::set("reason", "cancelled"),
-                    Update::set("updated_at", now_str(deps)),
-                ],
-                Cond::is_in("status", ["pending", "dead"]),
-            )
-            .await;
-        return match r {
-            Ok(_) | Err(StoreError::ConditionFailed { .. }) => Ok(Outcome::Done),
-            Err(e) => Err(e.into()),
-        };
+    if super::campaign::status(deps, t, &task.notification_id).await? == Some(NotificationStatus::Cancelled) {
+        if let Some(item) = deps.table.get(&key).await? {
+            let d: Delivery = item.parse()?;
+            if matches!(d.status, DeliveryStatus::Pending | DeliveryStatus::Dead) {
+                let updates = vec![Update::set("reason", "cancelled"), Update::set("updated_at", now_str(deps))];
+                move_delivery(
+                    deps,
+                    t,
+                    task,
+                    &key,
+                    Some(page_of(&item).unwrap_or(0)),
+                    d.status,
+                    DeliveryStatus::Suppressed,
+                    updates,
+                )
+                .await?;
+            }
+        }
+        return Ok(Outcome::Done);
     }
 
     // Phase one: claim the delivery.
     let lease = deps.config.delivery_lease;
     let transactional = task.category == Category::Transactional;
-    let claimable = Cond::And(vec![Cond::Exists, Cond::is_in("status", ["pending", "dead"])]);
+    let claimable = Cond::And(vec![Cond::Exists, Cond::eq("status", "pending")]);
     let cond = if transactional {
         Cond::Or(vec![claimable, Cond::And(vec![Cond::eq("status", "sending"), Cond::lt("lease_until_ms", now_ms)])])
     } else {
@@ -81,11 +82,24 @@ async fn deliver(deps: &Deps, t: &TenantId, task: &ChannelTask, receive_count: u
     if transactional {
         updates.push(Update::set("lease_until_ms", now_ms + lease.as_millis() as i64));
     }
-    let claimed: Delivery = match deps.table.update(&key, updates, cond).await {
-        Ok(item) => item.parse()?,
-        Err(StoreError::ConditionFailed { .. }) => return already_claimed(deps, &key, now_ms).await,
+    let claimed_item = match deps.table.update(&key, updates.clone(), cond).await {
+        Ok(item) => item,
+        // A dead delivery redriven: claimed with its counters (dead → queued).
+        Err(StoreError::ConditionFailed { .. }) => {
+            match move_delivery(deps, t, task, &key, None, DeliveryStatus::Dead, DeliveryStatus::Sending, updates)
+                .await?
+            {
+                true => match deps.table.get(&key).await? {
+                    Some(item) => item,
+                    None => return Ok(Outcome::Done),
+                },
+                false => return already_claimed(deps, &key, now_ms).await,
+            }
+        }
         Err(e) => return Err(e.into()),
     };
+    let page = Some(page_of(&claimed_item).unwrap_or(0));
+    let claimed: Delivery = claimed_item.parse()?;
 
     // The provider call.
     let Some(provider) = deps.providers.for_channel(task.channel) else {
@@ -103,7 +117,13 @@ async fn deliver(deps: &Deps, t: &TenantId, task: &ChannelTask, receive_count: u
         user_id: task.user_id.clone(),
         attempt: claimed.attempts,
     };
-    let result = match tokio::time::timeout(deps.config.provider_timeout, provider.send(&message)).await {
+    // Push goes to every device of the user (`devices::send_to_devices`).
+    let result = match tokio::time::timeout(
+        deps.config.provider_timeout,
+        crate::devices::send(deps, t, provider.as_ref(), &message),
+    )
+    .await
+    {
         Ok(r) => r,
         Err(_) => Err(ProviderError::transient("timeout")),
     };
@@ -112,42 +132,30 @@ async fn deliver(deps: &Deps, t: &TenantId, task: &ChannelTask, receive_count: u
     match result {
         Ok(receipt) => {
             info!(to = %mask_address(&task.to), attempt = claimed.attempts, provider = provider.name(), "sent");
-            deps.table
-                .update(
-                    &key,
-                    vec![
-                        Update::set("status", "sent"),
-                        Update::set("sent_at", now_str(deps)),
-                        Update::set("provider_message_id", receipt.provider_message_id),
-                        Update::set("updated_at", now_str(deps)),
-                        Update::Remove("lease_until_ms".into()),
-                    ],
-                    Cond::Always,
-                )
-                .await?;
+            crate::receipts::remember_sent(deps, provider.name(), &receipt.provider_message_id, t, task).await;
+            let updates = vec![
+                Update::set("sent_at", now_str(deps)),
+                Update::set("provider_message_id", receipt.provider_message_id),
+                Update::set("updated_at", now_str(deps)),
+                Update::Remove("lease_until_ms".into()),
+            ];
+            move_delivery(deps, t, task, &key, page, DeliveryStatus::Sending, DeliveryStatus::Sent, updates).await?;
             Ok(Outcome::Done)
         }
         Err(ProviderError::Permanent { reason, code }) => {
             warn!(to = %mask_address(&task.to), %reason, ?code, "permanent failure; not retried");
-            deps.table
-                .update(
-                    &key,
-                    vec![
-                        Update::set("status", "failed"),
-                        Update::set("last_error", reason),
-                        Update::set("updated_at", now_str(deps)),
-                        Update::Remove("lease_until_ms".into()),
-                    ],
-                    Cond::Always,
-                )
-                .await?;
+            let updates = vec![
+                Update::set("last_error", reason),
+                Update::set("updated_at", now_str(deps)),
+                Update::Remove("lease_until_ms".into()),
+            ];
+            move_delivery(deps, t, task, &key, page, DeliveryStatus::Sending, DeliveryStatus::Failed, updates).await?;
             Ok(Outcome::Done)
         }
         Err(ProviderError::Transient { reason, retry_after }) => {
             let last = receive_count >= deps.config.max_receives;
             warn!(%reason, attempt = claimed.attempts, last, "transient failure");
             let mut updates = vec![
-                Update::set("status", if last { "dead" } else { "pending" }),
                 Update::set("last_error", reason),
                 Update::SetIfAbsent("first_failed_at".into(), now_str(deps).into()),
                 Update::set("updated_at", now_str(deps)),
@@ -156,14 +164,53 @@ async fn deliver(deps: &Deps, t: &TenantId, task: &ChannelTask, receive_count: u
             if last {
                 updates.push(Update::set("dead_at", now_str(deps)));
             }
-            deps.table.update(&key, updates, Cond::Always).await?;
+            let to = if last { DeliveryStatus::Dead } else { DeliveryStatus::Pending };
+            move_delivery(deps, t, task, &key, page, DeliveryStatus::Sending, to, updates).await?;
             if last {
+                metrics::counter!(crate::metrics::DEAD_LETTERS, "channel" => task.channel.as_str()).increment(1);
                 // Visible again at once, so the queue moves it to the DLQ on the next receive.
                 return Ok(Outcome::Retry(Duration::ZERO));
             }
+            metrics::counter!(crate::metrics::RETRIES, "channel" => task.channel.as_str()).increment(1);
             Ok(Outcome::Retry(backoff(claimed.attempts, deps.config.retry_base, deps.config.retry_cap, retry_after)))
         }
     }
+}
+
+/// The expansion page a delivery was created by (its progress counters).
+fn page_of(item: &crate::ports::Item) -> Option<u64> {
+    item.i64(progress::PAGE_ATTR).map(|p| p.max(0) as u64)
+}
+
+/// A status change with the notification's progress counters (see [`progress::transition`]);
+/// `false` when the delivery was no longer in `from`. `page` unknown: read from the delivery.
+#[allow(clippy::too_many_arguments)]
+async fn move_delivery(
+    deps: &Deps,
+    t: &TenantId,
+    task: &ChannelTask,
+    key: &crate::ports::Key,
+    page: Option<u64>,
+    from: DeliveryStatus,
+    to: DeliveryStatus,
+    updates: Vec<Update>,
+) -> CoreResult<bool> {
+    let page = match page {
+        Some(p) => p,
+        None => deps.table.get(key).await?.as_ref().and_then(page_of).unwrap_or(0),
+    };
+    let tr = progress::Transition {
+        t,
+        notification_id: &task.notification_id,
+        user_id: &task.user_id,
+        page,
+        key,
+        from,
+        to,
+        also: None,
+        updates,
+    };
+    Ok(progress::transition(deps, tr).await?)
 }
 
 /// The claim failed: someone sent it already, it is final, or a lease is running.

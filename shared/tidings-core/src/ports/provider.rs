@@ -108,9 +108,39 @@ impl ProviderError {
     }
 }
 
+/// A push device's platform.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Platform {
+    /// APNs.
+    Ios,
+    /// FCM.
+    Android,
+}
+
+impl Platform {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Platform::Ios => "ios",
+            Platform::Android => "android",
+        }
+    }
+}
+
 #[async_trait]
 pub trait Provider: Send + Sync + 'static {
     /// A short name for logs and metrics (`ses`, `sns-sms`, `fake-email`).
     fn name(&self) -> &str;
     async fn send(&self, message: &OutboundMessage) -> Result<ProviderReceipt, ProviderError>;
+
+    /// Push only: makes a device token sendable and returns the address to send to (an SNS
+    /// platform endpoint ARN on AWS; the token itself where the provider takes tokens).
+    async fn register_device(&self, _platform: Platform, token: &str) -> Result<String, ProviderError> {
+        Ok(token.to_owned())
+    }
+
+    /// Push only: forgets an address made by `register_device` (best effort).
+    async fn unregister_device(&self, _address: &str) -> Result<(), ProviderError> {
+        Ok(())
+    }
 }

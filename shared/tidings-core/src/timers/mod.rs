@@ -58,6 +58,35 @@ pub enum TimerTask {
     /// Expire an order's hold if it is still PENDING and past `expires_at`.
     #[serde(rename = "order.expire")]
     OrderExpire { tenant: String, order_id: String },
+    /// Run the next wave of a restock round (seed 000: inventory-paced waves).
+    #[serde(rename = "restock.wave")]
+    RestockWave { tenant: String, sku_id: String, round: i64, wave: u32 },
+    /// Close a user's restock merge window and send its message.
+    #[serde(rename = "restock.flush")]
+    RestockFlush { tenant: String, window_id: String },
+    /// Judge a restock message's attempt: sent, retry (1/5/30 min), MANUAL or unreachable.
+    #[serde(rename = "restock.check")]
+    RestockCheck { tenant: String, window_id: String, attempt: u32 },
+    /// Start a scheduled notification (`send_at`): all its users, or with `local_time` the
+    /// `users` of one zone (group `group` of `groups`).
+    #[serde(rename = "notification.send")]
+    ScheduledSend {
+        tenant: String,
+        notification_id: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        users: Option<Vec<String>>,
+        #[serde(default)]
+        group: u32,
+        #[serde(default = "one")]
+        groups: u32,
+    },
+    /// A marketing delivery held back by the user's quiet hours: plan it again.
+    #[serde(rename = "delivery.resume")]
+    DeferredDelivery { tenant: String, notification_id: String, user_id: String, channel: crate::ports::Channel },
+}
+
+fn one() -> u32 {
+    1
 }
 
 /// The body of a message on the timers queue.
@@ -257,6 +286,24 @@ async fn run(deps: &Deps, task: &TimerTask) -> CoreResult<()> {
                 }
                 Settlement::Already(_) | Settlement::NotPending(_) => Ok(()),
             }
+        }
+        TimerTask::RestockWave { tenant, sku_id, round, wave } => {
+            let t = TenantId::parse(tenant)?;
+            crate::restock::run_round(deps, &t, sku_id, *round, Some(*wave)).await.map(|_| ())
+        }
+        TimerTask::RestockFlush { tenant, window_id } => {
+            crate::restock::merge::flush(deps, &TenantId::parse(tenant)?, window_id).await
+        }
+        TimerTask::RestockCheck { tenant, window_id, attempt } => {
+            crate::restock::merge::check(deps, &TenantId::parse(tenant)?, window_id, *attempt).await
+        }
+        TimerTask::ScheduledSend { tenant, notification_id, users, group, groups } => {
+            let t = TenantId::parse(tenant)?;
+            crate::schedule::fire(deps, &t, notification_id, users.clone(), *group, *groups).await
+        }
+        TimerTask::DeferredDelivery { tenant, notification_id, user_id, channel } => {
+            let t = TenantId::parse(tenant)?;
+            crate::notify::orchestrator::resume_deferred(deps, &t, notification_id, user_id, *channel).await
         }
     }
 }

@@ -1,0 +1,166 @@
+//! `GET /v1/ws?token=...[&since=message_id]`: the inbox's live feed under `tidings serve` (on AWS
+//! the same protocol is an API Gateway WebSocket API, handled by the `ws-connections` function).
+//! The token comes from `POST /v1/users/{id}/inbox/token`, so no API key reaches a browser.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use async_trait::async_trait;
+use axum::extract::State;
+use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::http::StatusCode;
+use axum::response::Response;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use tidings_core::TenantId;
+use tidings_core::live::{self, FeedToken, LiveEvent, LivePush};
+use tokio::sync::mpsc;
+use tracing::debug;
+
+use crate::extract::{PathParams, QueryParams, Tenant};
+use crate::problem::{ApiResult, Problem};
+use crate::state::AppState;
+
+type Connections = HashMap<(String, String), Vec<(u64, mpsc::UnboundedSender<String>)>>;
+
+/// The live connections of this process.
+#[derive(Default)]
+pub struct LocalHub {
+    connections: Mutex<Connections>,
+    next_id: AtomicU64,
+}
+
+impl LocalHub {
+    fn register(&self, t: &TenantId, user: &str) -> (u64, mpsc::UnboundedReceiver<String>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut conns = self.connections.lock().unwrap_or_else(|p| p.into_inner());
+        conns.entry((t.as_str().to_owned(), user.to_owned())).or_default().push((id, tx));
+        (id, rx)
+    }
+
+    fn unregister(&self, t: &TenantId, user: &str, id: u64) {
+        let mut conns = self.connections.lock().unwrap_or_else(|p| p.into_inner());
+        let key = (t.as_str().to_owned(), user.to_owned());
+        if let Some(list) = conns.get_mut(&key) {
+            list.retain(|(i, _)| *i != id);
+            if list.is_empty() {
+                conns.remove(&key);
+            }
+        }
+    }
+
+    /// How many connections a user has (for tests and the console).
+    pub fn connection_count(&self, t: &TenantId, user: &str) -> usize {
+        let conns = self.connections.lock().unwrap_or_else(|p| p.into_inner());
+        conns.get(&(t.as_str().to_owned(), user.to_owned())).map_or(0, Vec::len)
+    }
+}
+
+#[async_trait]
+impl LivePush for LocalHub {
+    async fn publish(&self, t: &TenantId, user: &str, event: &LiveEvent) -> Result<usize, String> {
+        let text = serde_json::to_string(event).map_err(|e| e.to_string())?;
+        let mut conns = self.connections.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(list) = conns.get_mut(&(t.as_str().to_owned(), user.to_owned())) else { return Ok(0) };
+        // A closed connection is removed at the first failed send (the local 410).
+        list.retain(|(_, tx)| tx.send(text.clone()).is_ok());
+        Ok(list.len())
+    }
+}
+
+pub fn router() -> Router<AppState> {
+    Router::new().route("/v1/ws", get(connect)).route("/v1/users/{user_id}/inbox/token", post(token))
+}
+
+async fn token(
+    State(s): State<AppState>,
+    Tenant(t): Tenant,
+    PathParams(user_id): PathParams<String>,
+) -> ApiResult<Json<FeedToken>> {
+    Ok(Json(live::feed_token(&s.deps, &t, &user_id)?))
+}
+
+#[derive(Deserialize)]
+struct ConnectParams {
+    token: Option<String>,
+    since: Option<String>,
+}
+
+/// A client message: `{"type": "since", "message_id": "..."}` asks for what was missed.
+#[derive(Deserialize)]
+#[serde(tag = "type")]
+enum ClientMessage {
+    #[serde(rename = "since")]
+    Since { message_id: String },
+}
+
+async fn connect(
+    State(s): State<AppState>,
+    QueryParams(p): QueryParams<ConnectParams>,
+    ws: WebSocketUpgrade,
+) -> ApiResult<Response> {
+    let Some(hub) = s.live.clone() else {
+        return Err(Problem::new(StatusCode::NOT_FOUND, "no_route", "live feed is not served here").into());
+    };
+    let token = p.token.unwrap_or_default();
+    let (tenant, user) = live::verify_feed_token(&s.deps, &token)
+        .map_err(|e| Problem::new(StatusCode::UNAUTHORIZED, "invalid_token", e.to_string()))?;
+    Ok(ws.on_upgrade(move |socket| session(s, hub, tenant, user, p.since, socket)))
+}
+
+async fn send_missed(s: &AppState, t: &TenantId, user: &str, since: &str, socket: &mut WebSocket) -> bool {
+    let Ok(missed) = live::missed_since(&s.deps, t, user, since).await else { return true };
+    let unread_count = tidings_core::inbox::unread_count(&s.deps, t, user).await.unwrap_or(0);
+    for message in missed {
+        let event = LiveEvent::InboxMessage { message, unread_count };
+        let Ok(text) = serde_json::to_string(&event) else { continue };
+        if socket.send(Message::Text(text.into())).await.is_err() {
+            return false;
+        }
+    }
+    true
+}
+
+async fn session(
+    s: AppState,
+    hub: std::sync::Arc<LocalHub>,
+    t: TenantId,
+    user: String,
+    since: Option<String>,
+    mut socket: WebSocket,
+) {
+    let (id, mut rx) = hub.register(&t, &user);
+    debug!(tenant = %t, "live connection opened");
+    if let Some(since) = since
+        && !send_missed(&s, &t, &user, &since, &mut socket).await
+    {
+        hub.unregister(&t, &user, id);
+        return;
+    }
+    loop {
+        tokio::select! {
+            out = rx.recv() => {
+                let Some(text) = out else { break };
+                if socket.send(Message::Text(text.into())).await.is_err() {
+                    break;
+                }
+            }
+            incoming = socket.recv() => match incoming {
+                Some(Ok(Message::Text(text))) => {
+                    if let Ok(ClientMessage::Since { message_id }) = serde_json::from_str(&text)
+                        && !send_missed(&s, &t, &user, &message_id, &mut socket).await
+                    {
+                        break;
+                    }
+                }
+                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => break,
+                Some(Ok(_)) => {}
+            }
+        }
+    }
+    hub.unregister(&t, &user, id);
+    debug!(tenant = %t, "live connection closed");
+}

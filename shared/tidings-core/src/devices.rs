@@ -1,0 +1,223 @@
+//! Push devices (seed 004 §5.7): a user has any number of tokens; push goes to every one; a
+//! token the platform answers as gone (APNs 410, FCM `UNREGISTERED`, SNS `EndpointDisabled`)
+//! is deleted at once, so it is not sent to again.
+//!
+//! Each device is two items written together: the device under its user (listed when sending)
+//! and an index by token (`DELETE /v1/devices/{token}` names only the token, and a token that
+//! moves to another user must leave the first).
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use tracing::{info, warn};
+
+use crate::deps::Deps;
+use crate::error::{CoreError, CoreResult};
+use crate::ids::{TenantId, check_id};
+use crate::keys;
+use crate::ports::{
+    Channel, Cond, Item, OutboundMessage, PermanentCode, Platform, Provider, ProviderError, ProviderReceipt, QueryOpts,
+    StoreError, Write, attrs_of,
+};
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Device {
+    pub user_id: String,
+    pub platform: Platform,
+    pub token: String,
+    /// Where the push provider sends: the SNS endpoint ARN on AWS, the token elsewhere.
+    #[serde(default)]
+    pub address: String,
+    pub created_at: String,
+}
+
+/// The body of `POST /v1/devices`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceInput {
+    pub user_id: String,
+    pub platform: Platform,
+    pub token: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct TokenIndex {
+    user_id: String,
+}
+
+fn token_hash(token: &str) -> String {
+    hex::encode(Sha256::digest(token.as_bytes()))
+}
+
+pub fn check_token(token: &str) -> CoreResult<()> {
+    if token.is_empty() || token.len() > 4096 || token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(CoreError::invalid("token", "must be 1 to 4096 characters without spaces"));
+    }
+    Ok(())
+}
+
+/// Registers a token; `true` when it is new for this user (201), `false` when it was
+/// registered already (200). A token registered to another user moves to this one.
+pub async fn register(deps: &Deps, t: &TenantId, input: DeviceInput) -> CoreResult<(Device, bool)> {
+    check_id("user_id", &input.user_id)?;
+    check_token(&input.token)?;
+    let hash = token_hash(&input.token);
+    let index_key = keys::device_token(t, &hash);
+    let previous: Option<TokenIndex> = deps.table.get(&index_key).await?.map(|i| i.parse()).transpose()?;
+    if let Some(prev) = &previous
+        && prev.user_id == input.user_id
+        && let Some(item) = deps.table.get(&keys::device(t, &input.user_id, &hash)).await?
+    {
+        return Ok((item.parse()?, false));
+    }
+    let address = match deps.providers.push.register_device(input.platform, &input.token).await {
+        Ok(a) => a,
+        Err(ProviderError::Permanent { reason, .. }) => {
+            return Err(CoreError::invalid("token", format!("the push service refused it: {reason}")));
+        }
+        Err(e @ ProviderError::Transient { .. }) => {
+            return Err(CoreError::Store(StoreError::Unavailable(e.to_string())));
+        }
+    };
+    let device = Device {
+        user_id: input.user_id.clone(),
+        platform: input.platform,
+        token: input.token.clone(),
+        address,
+        created_at: deps.clock.now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+    };
+    let mut writes = vec![
+        Write::Put {
+            item: Item::new(index_key, attrs_of(&TokenIndex { user_id: input.user_id.clone() })?),
+            cond: Cond::Always,
+        },
+        Write::Put { item: Item::new(keys::device(t, &input.user_id, &hash), attrs_of(&device)?), cond: Cond::Always },
+    ];
+    if let Some(prev) = previous
+        && prev.user_id != input.user_id
+    {
+        writes.push(Write::Delete { key: keys::device(t, &prev.user_id, &hash), cond: Cond::Always });
+    }
+    deps.table.transact(writes).await?;
+    info!(tenant = %t, platform = input.platform.as_str(), "device registered");
+    Ok((device, true))
+}
+
+/// Unregisters a token (idempotent).
+pub async fn unregister(deps: &Deps, t: &TenantId, token: &str) -> CoreResult<()> {
+    check_token(token)?;
+    let hash = token_hash(token);
+    let index_key = keys::device_token(t, &hash);
+    let Some(index) = deps.table.get(&index_key).await? else { return Ok(()) };
+    let index: TokenIndex = index.parse()?;
+    let device_key = keys::device(t, &index.user_id, &hash);
+    if let Some(item) = deps.table.get(&device_key).await?
+        && let Ok(d) = item.parse::<Device>()
+        && let Err(e) = deps.providers.push.unregister_device(&d.address).await
+    {
+        warn!(error = %e, "push endpoint not deleted; it is forgotten here anyway");
+    }
+    deps.table
+        .transact(vec![
+            Write::Delete { key: index_key, cond: Cond::Always },
+            Write::Delete { key: device_key, cond: Cond::Always },
+        ])
+        .await?;
+    Ok(())
+}
+
+/// The user's devices.
+pub async fn list(deps: &Deps, t: &TenantId, user_id: &str) -> CoreResult<Vec<Device>> {
+    let mut out = Vec::new();
+    let mut cursor = None;
+    loop {
+        let page = deps
+            .table
+            .query(
+                &keys::user_pk(t, user_id),
+                keys::DEVICE_SK_PREFIX,
+                QueryOpts { limit: 100, cursor, descending: false },
+            )
+            .await?;
+        for item in &page.items {
+            out.push(item.parse()?);
+        }
+        cursor = page.next_cursor;
+        if cursor.is_none() || out.len() >= 1000 {
+            return Ok(out);
+        }
+    }
+}
+
+/// Deletes a device the push service answered as gone. Conditioned on the item still holding
+/// that address, so a token registered again since is kept.
+pub async fn remove_invalid(deps: &Deps, t: &TenantId, device: &Device) -> CoreResult<()> {
+    let hash = token_hash(&device.token);
+    let r = deps
+        .table
+        .transact(vec![
+            Write::Delete {
+                key: keys::device(t, &device.user_id, &hash),
+                cond: Cond::eq("address", device.address.clone()),
+            },
+            Write::Delete { key: keys::device_token(t, &hash), cond: Cond::eq("user_id", device.user_id.clone()) },
+        ])
+        .await;
+    match r {
+        Ok(()) | Err(StoreError::ConditionFailed { .. }) => {}
+        Err(e) => return Err(e.into()),
+    }
+    if let Err(e) = deps.providers.push.unregister_device(&device.address).await {
+        warn!(error = %e, "dead push endpoint not deleted at the provider");
+    }
+    info!(tenant = %t, platform = device.platform.as_str(), "invalid push token deleted");
+    Ok(())
+}
+
+/// Sends a message through its provider; a push goes to every device of the user.
+///
+/// A device answered as gone (`InvalidToken`) is deleted at once and the others still get it.
+/// The send counts as accepted when any device accepted it (the user has it; the collapse id,
+/// the delivery key, folds a repeat on a device into one). With no device accepting: transient
+/// if any device failed transiently (retried), else permanent.
+pub async fn send(
+    deps: &Deps,
+    t: &TenantId,
+    provider: &dyn Provider,
+    message: &OutboundMessage,
+) -> Result<ProviderReceipt, ProviderError> {
+    if message.channel != Channel::Push {
+        return provider.send(message).await;
+    }
+    let devices = list(deps, t, &message.user_id)
+        .await
+        .map_err(|e| ProviderError::transient(format!("devices could not be read: {e}")))?;
+    let mut accepted = Vec::new();
+    let mut transient = None;
+    let mut permanent = None;
+    for device in &devices {
+        let mut m = message.clone();
+        m.to = device.address.clone();
+        match provider.send(&m).await {
+            Ok(r) => accepted.push(r.provider_message_id),
+            Err(ProviderError::Permanent { code: PermanentCode::InvalidToken, reason }) => {
+                warn!(platform = device.platform.as_str(), %reason, "push token gone; deleting it");
+                if let Err(e) = remove_invalid(deps, t, device).await {
+                    warn!(error = %e, "invalid push token not deleted; it will be tried again");
+                }
+                permanent.get_or_insert(ProviderError::Permanent { reason, code: PermanentCode::InvalidToken });
+            }
+            Err(e @ ProviderError::Permanent { .. }) => permanent = Some(e),
+            Err(e @ ProviderError::Transient { .. }) => transient = Some(e),
+        }
+    }
+    if !accepted.is_empty() {
+        return Ok(ProviderReceipt { provider_message_id: accepted.join(",") });
+    }
+    if let Some(e) = transient {
+        return Err(e);
+    }
+    Err(permanent.unwrap_or(ProviderError::Permanent {
+        reason: "the user has no registered device".into(),
+        code: PermanentCode::InvalidToken,
+    }))
+}

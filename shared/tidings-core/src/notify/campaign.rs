@@ -1,0 +1,361 @@
+//! Campaigns: a notification to a segment (a tag), expanded page by page (seed 003: "任务生成器
+//! 使用用户主键做游标分页"; seed 004 §5.5: "每 1000 人打包成一个任务").
+//!
+//! - Each page is one request-queue task `{tenant, notification_id, page, cursor}`. A page reads
+//!   its users from the tag index with the cursor, and before planning them puts the *next*
+//!   page's item (`P#{page+1}`, with the next cursor) by a conditional put. That item is an
+//!   outbox entry: its insert reaches the relay through the change stream, which queues the
+//!   task. So the next page is queued exactly when the put succeeds, whatever crashes, and a
+//!   retried or redriven page cannot queue its successor twice (no duplicate chains).
+//! - Pages run in parallel (as many as there are orchestrator workers); memory holds one page.
+//! - A page's deliveries are created by conditional puts (one key per campaign, user and
+//!   channel), packed into transactions of up to 100 writes with the page's progress counters
+//!   ([`PageWriter`]); a page done once is marked (`C#{page}#done`), and a task for a marked page
+//!   does nothing.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use super::model::{DeliveryStatus, Notification, RequestMessage};
+use super::progress::{self, PAGE_ATTR};
+use crate::deps::Deps;
+use crate::error::CoreResult;
+use crate::ids::TenantId;
+use crate::keys;
+use crate::ports::table::MAX_TRANSACTION_WRITES;
+use crate::ports::{Attrs, Cond, Item, Key, Page, QueryOpts, StoreError, Table, Update, Write, attrs_of};
+
+/// A queued page of a campaign: the item whose insert the relay turns into a request task.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CampaignPage {
+    pub tenant: String,
+    pub notification_id: String,
+    pub page: u64,
+    pub cursor: String,
+    /// The request queue of the campaign's priority.
+    pub queue: String,
+    pub created_at: String,
+}
+
+/// The request task of a page item, for the relay.
+pub fn page_task(attrs: &Attrs) -> Option<(String, RequestMessage)> {
+    let page: CampaignPage = serde_json::from_value(serde_json::Value::Object(attrs.clone())).ok()?;
+    let message = RequestMessage {
+        tenant: page.tenant,
+        notification_id: page.notification_id,
+        cursor: Some(page.cursor),
+        page: page.page,
+    };
+    Some((page.queue, message))
+}
+
+/// Queues page `page` of the campaign, starting at `cursor`: a conditional put of its item (the
+/// relay queues it). Idempotent.
+pub async fn queue_page(deps: &Deps, t: &TenantId, n: &Notification, page: u64, cursor: String) -> CoreResult<()> {
+    let item = CampaignPage {
+        tenant: t.as_str().to_owned(),
+        notification_id: n.notification_id.clone(),
+        page,
+        cursor,
+        queue: n.priority.request_queue().to_owned(),
+        created_at: deps.clock.now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+    };
+    let key = keys::campaign_page(t, &n.notification_id, page);
+    match deps.table.put(Item::new(key, attrs_of(&item)?), Cond::NotExists).await {
+        Ok(()) | Err(StoreError::ConditionFailed { .. }) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The marker of a finished page. Its `expanded` and `pages` add up with the counters.
+fn done_key(t: &TenantId, notification_id: &str, page: u64) -> Key {
+    Key::new(keys::notification_pk(t, notification_id), format!("{}{page:08}#done", keys::COUNTER_PREFIX))
+}
+
+pub async fn page_done(deps: &Deps, t: &TenantId, notification_id: &str, page: u64) -> CoreResult<bool> {
+    Ok(deps.table.get(&done_key(t, notification_id, page)).await?.is_some())
+}
+
+/// Marks a page finished, with how many recipients it expanded (once).
+pub async fn finish_page(
+    deps: &Deps,
+    t: &TenantId,
+    notification_id: &str,
+    page: u64,
+    expanded: usize,
+) -> CoreResult<()> {
+    let mut attrs = Attrs::new();
+    attrs.insert("expanded".into(), (expanded as u64).into());
+    attrs.insert("pages".into(), 1.into());
+    attrs.insert("created_ms".into(), deps.clock.now_ms().into());
+    match deps.table.put(Item::new(done_key(t, notification_id, page), attrs), Cond::NotExists).await {
+        Ok(()) | Err(StoreError::ConditionFailed { .. }) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Records the last page of a campaign on its notification (the status is `completed` once
+/// every page up to it is done and nothing is queued).
+pub async fn set_last_page(deps: &Deps, t: &TenantId, notification_id: &str, page: u64) -> CoreResult<()> {
+    deps.table
+        .update(
+            &keys::notification(t, notification_id),
+            vec![Update::set("last_page", page), Update::set("orchestrated", true)],
+            Cond::Exists,
+        )
+        .await?;
+    Ok(())
+}
+
+/// One delivery creation held back by [`PageWriter`]: its writes (the delivery's put, plus the
+/// inbox writes of an in-app delivery) and what it counts as.
+struct Unit {
+    writes: Vec<Write>,
+    delivery: Key,
+    user_id: String,
+    bucket: &'static str,
+}
+
+/// A table for the per-user planning code of one page: it holds back the creation of the
+/// page's deliveries (a conditional put `NotExists` on a delivery key of this notification,
+/// alone or in a transaction) and answers `Ok`; everything else goes straight through.
+/// [`PageWriter::flush`] then writes them in large transactions together with the page's
+/// progress counters, and says which deliveries existed already and are past `pending` (their
+/// tasks must not be queued again). A few large transactions instead of a thousand small
+/// ones: the store is what limits a campaign's speed.
+pub struct PageWriter {
+    inner: Arc<dyn Table>,
+    t: TenantId,
+    notification_id: String,
+    pk: String,
+    page: u64,
+    /// When the page was expanded (its counters' `created_ms`).
+    now_ms: i64,
+    units: Mutex<Vec<Unit>>,
+}
+
+impl PageWriter {
+    pub fn new(inner: Arc<dyn Table>, t: &TenantId, notification_id: &str, page: u64, now_ms: i64) -> Self {
+        Self {
+            inner,
+            t: t.clone(),
+            notification_id: notification_id.to_owned(),
+            pk: keys::notification_pk(t, notification_id),
+            page,
+            now_ms,
+            units: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn is_creation(&self, write: &Write) -> bool {
+        matches!(write, Write::Put { item, cond: Cond::NotExists }
+            if item.key.pk == self.pk && item.key.sk.starts_with("D#"))
+    }
+
+    /// Holds back a creation; `writes` holds exactly one delivery creation.
+    fn hold(&self, writes: Vec<Write>) -> Result<(), StoreError> {
+        let unit = self.unit_of(writes)?;
+        self.units.lock().unwrap_or_else(|p| p.into_inner()).push(unit);
+        Ok(())
+    }
+
+    /// The unit of writes holding one delivery creation (the page is noted on the delivery).
+    fn unit_of(&self, mut writes: Vec<Write>) -> Result<Unit, StoreError> {
+        let mut found = None;
+        for w in &mut writes {
+            if self.is_creation(w)
+                && let Write::Put { item, .. } = w
+            {
+                item.attrs.insert(PAGE_ATTR.into(), self.page.into());
+                let status: DeliveryStatus = item
+                    .attrs
+                    .get("status")
+                    .cloned()
+                    .and_then(|s| serde_json::from_value(s).ok())
+                    .ok_or_else(|| StoreError::Corrupt("delivery without a status".into()))?;
+                let user_id = item.str("user_id").unwrap_or_default().to_owned();
+                found = Some((item.key.clone(), user_id, progress::bucket(status)));
+            }
+        }
+        let Some((delivery, user_id, bucket)) = found else {
+            return Err(StoreError::Invalid("no delivery creation to hold".into()));
+        };
+        Ok(Unit { writes, delivery, user_id, bucket })
+    }
+
+    /// Writes what was held back. Returns the deliveries that existed already and are no longer
+    /// `pending` (not to be queued again).
+    pub async fn flush(&self) -> Result<HashSet<Key>, StoreError> {
+        let now_ms = self.now_ms;
+        let units = std::mem::take(&mut *self.units.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut skip = HashSet::new();
+        // Room for the counters: at most one update per shard.
+        let room = MAX_TRANSACTION_WRITES - progress::COUNTER_SHARDS as usize;
+        let mut chunk: Vec<Unit> = Vec::new();
+        let mut size = 0;
+        for unit in units {
+            if size + unit.writes.len() > room && !chunk.is_empty() {
+                self.write_chunk(std::mem::take(&mut chunk), now_ms, &mut skip).await?;
+                size = 0;
+            }
+            size += unit.writes.len();
+            chunk.push(unit);
+        }
+        if !chunk.is_empty() {
+            self.write_chunk(chunk, now_ms, &mut skip).await?;
+        }
+        Ok(skip)
+    }
+
+    fn counters(&self, units: &[Unit], now_ms: i64) -> Vec<Write> {
+        let mut by_key: BTreeMap<Key, BTreeMap<&'static str, i64>> = BTreeMap::new();
+        for u in units {
+            let key = progress::counter_key(&self.t, &self.notification_id, self.page, &u.user_id);
+            *by_key.entry(key).or_default().entry(u.bucket).or_default() += 1;
+        }
+        by_key
+            .into_iter()
+            .map(|(key, deltas)| {
+                let deltas: Vec<(&'static str, i64)> = deltas.into_iter().collect();
+                progress::counter_write(key, &deltas, now_ms)
+            })
+            .collect()
+    }
+
+    async fn write_chunk(&self, units: Vec<Unit>, now_ms: i64, skip: &mut HashSet<Key>) -> Result<(), StoreError> {
+        let mut writes: Vec<Write> = units.iter().flat_map(|u| u.writes.iter().cloned()).collect();
+        writes.extend(self.counters(&units, now_ms));
+        match transact_retrying(self.inner.as_ref(), writes).await {
+            Ok(()) => return Ok(()),
+            Err(StoreError::ConditionFailed { .. }) => {}
+            Err(e) => return Err(e),
+        }
+        // Some exist already (a retried or redriven page): one by one.
+        for unit in units {
+            let mut writes = unit.writes.clone();
+            writes.extend(self.counters(std::slice::from_ref(&unit), now_ms));
+            match transact_retrying(self.inner.as_ref(), writes).await {
+                Ok(()) => {}
+                Err(StoreError::ConditionFailed { .. }) => {
+                    let pending = match self.inner.get(&unit.delivery).await? {
+                        Some(item) => item.str("status") == Some(DeliveryStatus::Pending.as_str()),
+                        None => false,
+                    };
+                    if !pending {
+                        skip.insert(unit.delivery);
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}
+
+async fn transact_retrying(table: &dyn Table, writes: Vec<Write>) -> Result<(), StoreError> {
+    let mut attempt = 0u64;
+    loop {
+        match table.transact(writes.clone()).await {
+            Err(e) if e.is_retryable() && attempt < 5 => {
+                attempt += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(10 * attempt + rand::random::<u64>() % 20)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+#[async_trait]
+impl Table for PageWriter {
+    async fn get(&self, key: &Key) -> Result<Option<Item>, StoreError> {
+        self.inner.get(key).await
+    }
+
+    async fn put(&self, item: Item, cond: Cond) -> Result<(), StoreError> {
+        let write = Write::Put { item, cond };
+        if self.is_creation(&write) {
+            return self.hold(vec![write]);
+        }
+        let Write::Put { item, cond } = write else { return Err(StoreError::Invalid("not a put".into())) };
+        self.inner.put(item, cond).await
+    }
+
+    async fn update(&self, key: &Key, updates: Vec<Update>, cond: Cond) -> Result<Item, StoreError> {
+        self.inner.update(key, updates, cond).await
+    }
+
+    async fn delete(&self, key: &Key, cond: Cond) -> Result<(), StoreError> {
+        self.inner.delete(key, cond).await
+    }
+
+    async fn transact(&self, writes: Vec<Write>) -> Result<(), StoreError> {
+        if writes.iter().filter(|w| self.is_creation(w)).count() != 1 {
+            return self.inner.transact(writes).await;
+        }
+        let room = MAX_TRANSACTION_WRITES - progress::COUNTER_SHARDS as usize;
+        // Held back only when no other write can fail in a way the caller must hear of now
+        // (an inbox message is created with its delivery, so it exists only if that does).
+        let holdable = writes.iter().all(|w| {
+            self.is_creation(w)
+                || matches!(
+                    w,
+                    Write::Update { cond: Cond::Always, .. } | Write::Put { cond: Cond::Always | Cond::NotExists, .. }
+                )
+        });
+        if holdable && writes.len() <= room {
+            return self.hold(writes);
+        }
+        // Conditions whose answer the caller needs now (a frequency cap): written at once,
+        // with the delivery's counter in the same transaction, after the caller's writes (so a
+        // failed condition names the same index).
+        let unit = self.unit_of(writes)?;
+        let mut writes = unit.writes.clone();
+        if writes.len() < MAX_TRANSACTION_WRITES {
+            writes.extend(self.counters(std::slice::from_ref(&unit), self.now_ms));
+        }
+        transact_retrying(self.inner.as_ref(), writes).await
+    }
+
+    async fn query(&self, pk: &str, sk_prefix: &str, opts: QueryOpts) -> Result<Page, StoreError> {
+        self.inner.query(pk, sk_prefix, opts).await
+    }
+}
+
+/// How long a channel worker may act on a campaign's status read earlier: a cancelled
+/// campaign stops within this, and a million sends do not cost a million reads.
+const STATUS_TTL: std::time::Duration = std::time::Duration::from_secs(1);
+
+type StatusCache = Mutex<std::collections::HashMap<String, (std::time::Instant, super::model::NotificationStatus)>>;
+
+fn status_cache() -> &'static StatusCache {
+    static CACHE: std::sync::OnceLock<StatusCache> = std::sync::OnceLock::new();
+    CACHE.get_or_init(Default::default)
+}
+
+/// A notification's status, as the channel worker checks it before each send: read every
+/// time for a `user_ids` notification, at most once per [`STATUS_TTL`] per process for a
+/// campaign. `None` when it does not exist.
+pub async fn status(
+    deps: &Deps,
+    t: &TenantId,
+    notification_id: &str,
+) -> CoreResult<Option<super::model::NotificationStatus>> {
+    let cache_key = format!("{t}/{notification_id}");
+    if let Some((at, status)) = status_cache().lock().unwrap_or_else(|p| p.into_inner()).get(&cache_key)
+        && at.elapsed() < STATUS_TTL
+    {
+        return Ok(Some(*status));
+    }
+    let Some(n) = super::api::load(deps, t, notification_id).await? else { return Ok(None) };
+    if n.segment().is_some() {
+        let mut cache = status_cache().lock().unwrap_or_else(|p| p.into_inner());
+        if cache.len() > 10_000 {
+            cache.retain(|_, (at, _)| at.elapsed() < STATUS_TTL);
+        }
+        cache.insert(cache_key, (std::time::Instant::now(), n.status));
+    }
+    Ok(Some(n.status))
+}

@@ -1,0 +1,153 @@
+//! Whether, and when, one user gets one notification on one channel: seed 004 §5.4, in its
+//! order.
+//!
+//! 1. global unsubscribe → `unsubscribed`
+//! 2. the category turned off → `category_off`
+//! 3. the channel available: turned on (`channel_off`), an address or a valid push token
+//!    (`no_address`), the address not on the suppression list (`address_suppressed`)
+//! 4. quiet hours in the user's zone: marketing is deferred to the end of the window (never
+//!    dropped)
+//! 5. the frequency cap: marketing, per user, channel and day in the user's zone, default 3
+//!    (`frequency_cap`), counted by a conditional counter with a TTL that commits together with
+//!    the delivery record, so a repeated orchestration never counts twice.
+//!
+//! Transactional notifications skip 4 and 5: a one-time password at 3 a.m. goes at once.
+//! In-app messages are silent, so quiet hours and caps do not apply to them either.
+//!
+//! Other gates (campaign segments, rate limits) belong beside these, as further functions called
+//! from the orchestrator's `plan_delivery`.
+
+use chrono::{DateTime, Duration, Utc};
+
+use super::model::{Category, Notification};
+use crate::deps::Deps;
+use crate::devices::Device;
+use crate::error::CoreResult;
+use crate::ids::TenantId;
+use crate::keys;
+use crate::ports::{Channel, Cond, Update, Write};
+use crate::preferences::{Preferences, zone_of};
+use crate::suppression;
+use crate::users::User;
+
+/// Why a delivery was suppressed (the delivery's `reason`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SuppressReason {
+    Unsubscribed,
+    CategoryOff,
+    ChannelOff,
+    NoAddress,
+    AddressSuppressed,
+    FrequencyCap,
+}
+
+impl SuppressReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SuppressReason::Unsubscribed => "unsubscribed",
+            SuppressReason::CategoryOff => "category_off",
+            SuppressReason::ChannelOff => "channel_off",
+            SuppressReason::NoAddress => "no_address",
+            SuppressReason::AddressSuppressed => "address_suppressed",
+            SuppressReason::FrequencyCap => "frequency_cap",
+        }
+    }
+}
+
+/// What to do with one `user × channel`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Verdict {
+    /// Send now. `writes` (the frequency counter) must commit in the same transaction as the
+    /// delivery record; the first of them failing its condition means `frequency_cap`.
+    Send {
+        to: String,
+        writes: Vec<Write>,
+    },
+    Suppress(SuppressReason),
+    /// Quiet hours: try again at this time.
+    Defer(DateTime<Utc>),
+}
+
+/// Everything known about one recipient.
+pub struct Recipient<'a> {
+    pub user_id: &'a str,
+    pub user: Option<&'a User>,
+    pub prefs: &'a Preferences,
+    pub devices: &'a [Device],
+}
+
+impl Recipient<'_> {
+    fn zone(&self) -> Option<&str> {
+        self.user.and_then(|u| u.timezone.as_deref())
+    }
+
+    /// The address of a channel. Push sends to every device (the channel worker reads them at
+    /// send time), so its address is the user id.
+    /// In-app and push need no contact record: the inbox is the user's, and devices are
+    /// registered on their own.
+    pub fn address(&self, channel: Channel) -> Option<String> {
+        match channel {
+            Channel::Email => self.user?.email.clone(),
+            Channel::Sms => self.user?.phone.clone(),
+            Channel::Push => (!self.devices.is_empty()).then(|| self.user_id.to_owned()),
+            Channel::Inapp => Some(self.user_id.to_owned()),
+        }
+    }
+}
+
+/// The checks, in the seed's order.
+pub async fn check(
+    deps: &Deps,
+    t: &TenantId,
+    n: &Notification,
+    r: &Recipient<'_>,
+    channel: Channel,
+) -> CoreResult<Verdict> {
+    let category = n.request.category;
+    if r.prefs.unsubscribe_all {
+        return Ok(Verdict::Suppress(SuppressReason::Unsubscribed));
+    }
+    if !r.prefs.category_on(category) {
+        return Ok(Verdict::Suppress(SuppressReason::CategoryOff));
+    }
+    if !r.prefs.channel_on(channel) {
+        return Ok(Verdict::Suppress(SuppressReason::ChannelOff));
+    }
+    let Some(to) = r.address(channel) else {
+        return Ok(Verdict::Suppress(SuppressReason::NoAddress));
+    };
+    if matches!(channel, Channel::Email | Channel::Sms) && suppression::is_suppressed(deps, t, channel, &to).await? {
+        return Ok(Verdict::Suppress(SuppressReason::AddressSuppressed));
+    }
+    if category == Category::Transactional || channel == Channel::Inapp {
+        return Ok(Verdict::Send { to, writes: Vec::new() });
+    }
+    let now = deps.clock.now();
+    if let Some(until) = r.prefs.quiet_until(r.zone(), now) {
+        return Ok(Verdict::Defer(until));
+    }
+    let cap = deps.config.frequency_cap_of(t.as_str());
+    if cap == 0 {
+        return Ok(Verdict::Suppress(SuppressReason::FrequencyCap));
+    }
+    Ok(Verdict::Send { to, writes: vec![frequency_count(t, r.user_id, r.zone(), channel, now, cap)] })
+}
+
+/// The conditional increment of the user's counter for today (in the user's zone), kept two
+/// days past the day by the table's TTL.
+pub fn frequency_count(
+    t: &TenantId,
+    user_id: &str,
+    zone: Option<&str>,
+    channel: Channel,
+    now: DateTime<Utc>,
+    cap: u32,
+) -> Write {
+    let local_day = now.with_timezone(&zone_of(zone)).date_naive();
+    let ttl = (now + Duration::days(3)).timestamp();
+    Write::Update {
+        key: keys::frequency_counter(t, user_id, &local_day.format("%Y%m%d").to_string(), channel),
+        updates: vec![Update::add("count", 1), Update::set("ttl", ttl)],
+        cond: Cond::Or(vec![Cond::AttrNotExists("count".into()), Cond::lt("count", i64::from(cap))]),
+    }
+}

@@ -1,0 +1,172 @@
+//! Progress of a notification: counters of its deliveries by status, changed in the same
+//! transaction as the delivery's own status change, so a count can never disagree with the
+//! deliveries (no read-all-deliveries on `GET /v1/notifications/{id}`, whatever the audience).
+//!
+//! The counters live in items `C#{page:08}#{shard}` of the notification's partition (see
+//! [`keys::progress_counter`]): one set per expansion page and per shard of the user id, so a
+//! million-user campaign spreads its status changes over many items instead of one hot key.
+//! Each counter item also holds `created_ms` (when its page was expanded): the oldest item with
+//! something still queued gives the age of the oldest pending delivery.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::model::DeliveryStatus;
+use crate::deps::Deps;
+use crate::error::CoreResult;
+use crate::ids::TenantId;
+use crate::keys;
+use crate::ports::{Cond, Key, QueryOpts, StoreError, Update, Write};
+
+/// Shards of each page's counters.
+pub const COUNTER_SHARDS: u32 = 4;
+
+/// The attribute of a delivery naming the expansion page it was created by (0 for a
+/// `user_ids` notification).
+pub const PAGE_ATTR: &str = "page";
+
+/// What a delivery status counts as.
+pub fn bucket(status: DeliveryStatus) -> &'static str {
+    match status {
+        DeliveryStatus::Pending | DeliveryStatus::Sending => "queued",
+        DeliveryStatus::Sent => "sent",
+        DeliveryStatus::Delivered | DeliveryStatus::Opened | DeliveryStatus::Clicked => "delivered",
+        DeliveryStatus::Failed => "failed",
+        DeliveryStatus::Suppressed => "suppressed",
+        DeliveryStatus::Dead => "dead",
+    }
+}
+
+/// A stable shard of a user id (FNV-1a: the same on every instance and every run).
+pub fn shard_of(user_id: &str) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in user_id.bytes() {
+        h ^= u32::from(b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    h % COUNTER_SHARDS
+}
+
+/// The counter item a delivery of `user_id` created by `page` is counted in.
+pub fn counter_key(t: &TenantId, notification_id: &str, page: u64, user_id: &str) -> Key {
+    keys::progress_counter(t, notification_id, page, shard_of(user_id))
+}
+
+/// A write adding `deltas` (bucket, n) to a counter item (creating it when absent).
+pub fn counter_write(key: Key, deltas: &[(&'static str, i64)], created_ms: i64) -> Write {
+    let mut updates: Vec<Update> = deltas.iter().filter(|(_, n)| *n != 0).map(|(b, n)| Update::add(b, *n)).collect();
+    updates.push(Update::SetIfAbsent("created_ms".into(), created_ms.into()));
+    Write::Update { key, updates, cond: Cond::Always }
+}
+
+/// A delivery being moved from one status to another.
+pub struct Transition<'a> {
+    pub t: &'a TenantId,
+    pub notification_id: &'a str,
+    pub user_id: &'a str,
+    pub page: u64,
+    pub key: &'a Key,
+    pub from: DeliveryStatus,
+    pub to: DeliveryStatus,
+    /// More conditions on the delivery (besides `status == from`).
+    pub also: Option<Cond>,
+    /// The delivery's updates (`status` is set by the transition).
+    pub updates: Vec<Update>,
+}
+
+/// Applies a status change with its counters in one transaction. `Ok(false)` when the delivery
+/// was not in `from` (someone else moved it: nothing is changed, nothing counted). Transaction
+/// conflicts (DynamoDB, on a busy counter) are retried here, briefly.
+pub async fn transition(deps: &Deps, tr: Transition<'_>) -> Result<bool, StoreError> {
+    let mut cond = vec![Cond::eq("status", tr.from.as_str())];
+    cond.extend(tr.also);
+    let cond = Cond::And(cond);
+    let mut updates = tr.updates;
+    updates.retain(|u| !matches!(u, Update::Set(n, _) if n == "status"));
+    updates.push(Update::set("status", tr.to.as_str()));
+    let (from, to) = (bucket(tr.from), bucket(tr.to));
+    let mut writes = vec![Write::Update { key: tr.key.clone(), updates, cond }];
+    if from != to {
+        let counter = counter_key(tr.t, tr.notification_id, tr.page, tr.user_id);
+        writes.push(counter_write(counter, &[(from, -1), (to, 1)], deps.clock.now_ms()));
+    }
+    let mut attempt = 0u32;
+    loop {
+        let result = if writes.len() == 1 {
+            let Some(Write::Update { key, updates, cond }) = writes.pop() else {
+                return Err(StoreError::Invalid("transition without a write".into()));
+            };
+            let r = deps.table.update(&key, updates.clone(), cond.clone()).await.map(|_| ());
+            writes.push(Write::Update { key, updates, cond });
+            r
+        } else {
+            deps.table.transact(writes.clone()).await
+        };
+        match result {
+            Ok(()) => return Ok(true),
+            Err(StoreError::ConditionFailed { index: 0 }) => return Ok(false),
+            Err(e) if e.is_retryable() && attempt < 5 => {
+                attempt += 1;
+                let jitter = rand::random::<u64>() % (20 * u64::from(attempt));
+                tokio::time::sleep(Duration::from_millis(5 + jitter)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Counts of a notification's deliveries, as `GET /v1/notifications/{id}` shows them.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Counts {
+    pub queued: u64,
+    pub sent: u64,
+    pub delivered: u64,
+    pub failed: u64,
+    pub suppressed: u64,
+    pub dead: u64,
+}
+
+/// What the counter items add up to.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Progress {
+    pub counts: Counts,
+    /// Recipients expanded so far (pages finished).
+    pub expanded: u64,
+    /// Pages finished.
+    pub pages: u64,
+    /// When the oldest counter item that still has queued deliveries was made.
+    pub oldest_pending_ms: Option<i64>,
+}
+
+/// Adds up a notification's counter items.
+pub async fn read(deps: &Deps, t: &TenantId, notification_id: &str) -> CoreResult<Progress> {
+    let pk = keys::notification_pk(t, notification_id);
+    let mut p = Progress::default();
+    let mut cursor = None;
+    let n = |item: &crate::ports::Item, name: &str| item.i64(name).unwrap_or(0).max(0) as u64;
+    loop {
+        let page =
+            deps.table.query(&pk, keys::COUNTER_PREFIX, QueryOpts { limit: 1000, cursor, descending: false }).await?;
+        for item in &page.items {
+            let c = &mut p.counts;
+            c.queued += n(item, "queued");
+            c.sent += n(item, "sent");
+            c.delivered += n(item, "delivered");
+            c.failed += n(item, "failed");
+            c.suppressed += n(item, "suppressed");
+            c.dead += n(item, "dead");
+            p.expanded += n(item, "expanded");
+            p.pages += n(item, "pages");
+            if n(item, "queued") > 0
+                && let Some(ms) = item.i64("created_ms")
+            {
+                p.oldest_pending_ms = Some(p.oldest_pending_ms.map_or(ms, |o| o.min(ms)));
+            }
+        }
+        cursor = page.next_cursor;
+        if cursor.is_none() {
+            return Ok(p);
+        }
+    }
+}

@@ -1,0 +1,264 @@
+//! A user's preferences: global unsubscribe, per category, per channel, quiet hours in the
+//! user's own IANA zone (seed 004 §5.4). Stored next to the user's profile.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Duration, LocalResult, NaiveDate, NaiveTime, TimeZone, Utc};
+use chrono_tz::Tz;
+use serde::{Deserialize, Deserializer, Serialize};
+
+use crate::deps::Deps;
+use crate::error::{CoreError, CoreResult};
+use crate::ids::{TenantId, check_id};
+use crate::keys;
+use crate::notify::model::Category;
+use crate::ports::{Channel, Cond, Item, attrs_of};
+
+/// Quiet hours, `HH:MM` wall-clock times in the user's zone. `start > end` wraps midnight
+/// (`22:00`–`08:00`); `start == end` means no quiet hours.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuietHours {
+    pub start: String,
+    pub end: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Preferences {
+    #[serde(default)]
+    pub user_id: String,
+    #[serde(default)]
+    pub unsubscribe_all: bool,
+    /// `false` turns a category off; absent means on.
+    #[serde(default)]
+    pub categories: BTreeMap<String, bool>,
+    /// `false` turns a channel off; absent means on.
+    #[serde(default)]
+    pub channels: BTreeMap<String, bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quiet_hours: Option<QuietHours>,
+    #[serde(default)]
+    pub updated_at: String,
+}
+
+/// The body of `PUT /v1/users/{id}/preferences`: every field is optional and only the fields
+/// given change (`quiet_hours: null` removes the quiet hours).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PreferencesInput {
+    pub unsubscribe_all: Option<bool>,
+    pub categories: Option<BTreeMap<String, bool>>,
+    pub channels: Option<BTreeMap<String, bool>>,
+    #[serde(default, deserialize_with = "present")]
+    pub quiet_hours: Option<Option<QuietHours>>,
+}
+
+/// Tells "absent" (`None`) from "null" (`Some(None)`).
+fn present<'de, D, T>(d: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<T>::deserialize(d).map(Some)
+}
+
+pub const CATEGORIES: [&str; 2] = ["transactional", "marketing"];
+
+fn category_name(c: Category) -> &'static str {
+    match c {
+        Category::Transactional => "transactional",
+        Category::Marketing => "marketing",
+    }
+}
+
+/// Parses `HH:MM` (24 h).
+pub fn parse_hhmm(s: &str) -> Option<NaiveTime> {
+    let (h, m) = s.split_once(':')?;
+    if h.len() != 2 || m.len() != 2 {
+        return None;
+    }
+    NaiveTime::from_hms_opt(h.parse().ok()?, m.parse().ok()?, 0)
+}
+
+impl PreferencesInput {
+    fn validate(&self) -> CoreResult<()> {
+        for name in self.categories.iter().flat_map(|m| m.keys()) {
+            if !CATEGORIES.contains(&name.as_str()) {
+                return Err(CoreError::invalid(
+                    format!("categories.{name}"),
+                    "unknown category (transactional, marketing)",
+                ));
+            }
+        }
+        for name in self.channels.iter().flat_map(|m| m.keys()) {
+            if Channel::parse(name).is_none() {
+                return Err(CoreError::invalid(
+                    format!("channels.{name}"),
+                    "unknown channel (email, sms, push, inapp)",
+                ));
+            }
+        }
+        if let Some(Some(q)) = &self.quiet_hours {
+            if parse_hhmm(&q.start).is_none() {
+                return Err(CoreError::invalid("quiet_hours.start", "must be HH:MM, e.g. 22:00"));
+            }
+            if parse_hhmm(&q.end).is_none() {
+                return Err(CoreError::invalid("quiet_hours.end", "must be HH:MM, e.g. 08:00"));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Preferences {
+    pub fn category_on(&self, c: Category) -> bool {
+        self.categories.get(category_name(c)).copied().unwrap_or(true)
+    }
+
+    pub fn channel_on(&self, c: Channel) -> bool {
+        self.channels.get(c.as_str()).copied().unwrap_or(true)
+    }
+
+    /// When the quiet hours that contain `now` end (in UTC), or `None` when `now` is not in
+    /// them. `zone` is the user's IANA zone (UTC when absent or unknown).
+    pub fn quiet_until(&self, zone: Option<&str>, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        let q = self.quiet_hours.as_ref()?;
+        let (start, end) = (parse_hhmm(&q.start)?, parse_hhmm(&q.end)?);
+        quiet_window_end(zone_of(zone), start, end, now)
+    }
+}
+
+/// The user's zone: the IANA name, else UTC.
+pub fn zone_of(zone: Option<&str>) -> Tz {
+    zone.and_then(|z| z.parse::<Tz>().ok()).unwrap_or(Tz::UTC)
+}
+
+/// The UTC instant of a wall-clock time on a date in a zone. A time skipped by a DST jump
+/// moves forward by the gap (an hour); an ambiguous one takes the earlier instant.
+pub fn local_instant(tz: Tz, date: NaiveDate, time: NaiveTime) -> DateTime<Utc> {
+    let naive = date.and_time(time);
+    match tz.from_local_datetime(&naive) {
+        LocalResult::Single(t) => t.with_timezone(&Utc),
+        LocalResult::Ambiguous(a, _) => a.with_timezone(&Utc),
+        LocalResult::None => match tz.from_local_datetime(&(naive + Duration::hours(1))) {
+            LocalResult::Single(t) | LocalResult::Ambiguous(t, _) => t.with_timezone(&Utc),
+            LocalResult::None => Utc.from_utc_datetime(&naive),
+        },
+    }
+}
+
+/// The end of the quiet window `[start, end)` (wall clock in `tz`) containing `now`.
+pub fn quiet_window_end(tz: Tz, start: NaiveTime, end: NaiveTime, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
+    if start == end {
+        return None;
+    }
+    let local = now.with_timezone(&tz);
+    let (date, time) = (local.date_naive(), local.time());
+    let inside = if start < end { time >= start && time < end } else { time >= start || time < end };
+    if !inside {
+        return None;
+    }
+    // The window ends today when `end` is still ahead, else tomorrow (wrapping windows).
+    let end_date = if time < end { date } else { date.succ_opt()? };
+    Some(local_instant(tz, end_date, end))
+}
+
+pub async fn get(deps: &Deps, t: &TenantId, user_id: &str) -> CoreResult<Preferences> {
+    check_id("user_id", user_id)?;
+    match deps.table.get(&keys::preferences(t, user_id)).await? {
+        Some(item) => Ok(item.parse()?),
+        None => Ok(Preferences { user_id: user_id.to_owned(), ..Preferences::default() }),
+    }
+}
+
+/// Merges the given fields into the stored preferences. Optimistic: the write is conditioned on
+/// the `updated_at` that was read, and retried once on a race.
+pub async fn put(deps: &Deps, t: &TenantId, user_id: &str, input: PreferencesInput) -> CoreResult<Preferences> {
+    check_id("user_id", user_id)?;
+    input.validate()?;
+    for _ in 0..3 {
+        let current = get(deps, t, user_id).await?;
+        let cond = if current.updated_at.is_empty() {
+            Cond::NotExists
+        } else {
+            Cond::eq("updated_at", current.updated_at.clone())
+        };
+        let mut next = current.clone();
+        if let Some(v) = input.unsubscribe_all {
+            next.unsubscribe_all = v;
+        }
+        if let Some(m) = &input.categories {
+            next.categories.extend(m.iter().map(|(k, v)| (k.clone(), *v)));
+        }
+        if let Some(m) = &input.channels {
+            next.channels.extend(m.iter().map(|(k, v)| (k.clone(), *v)));
+        }
+        if let Some(q) = &input.quiet_hours {
+            next.quiet_hours = q.clone();
+        }
+        next.user_id = user_id.to_owned();
+        let now = deps.clock.now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+        next.updated_at = if now == current.updated_at { format!("{now}+") } else { now };
+        match deps.table.put(Item::new(keys::preferences(t, user_id), attrs_of(&next)?), cond).await {
+            Ok(()) => return Ok(next),
+            Err(e) if e.is_condition_failed() => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(CoreError::conflict("concurrent_update", "the preferences changed while they were being updated; try again"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(s: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
+    }
+
+    fn prefs(start: &str, end: &str) -> Preferences {
+        Preferences { quiet_hours: Some(QuietHours { start: start.into(), end: end.into() }), ..Default::default() }
+    }
+
+    #[test]
+    fn quiet_hours_are_in_the_users_zone_and_wrap_midnight() {
+        let p = prefs("22:00", "08:00");
+        // 15:00 UTC is 23:00 in Shanghai: quiet until 08:00 Shanghai = 00:00 UTC next day.
+        assert_eq!(p.quiet_until(Some("Asia/Shanghai"), at("2026-11-29T15:00:00Z")), Some(at("2026-11-30T00:00:00Z")));
+        // 19:00 UTC is 03:00 in Shanghai: the same window.
+        assert_eq!(p.quiet_until(Some("Asia/Shanghai"), at("2026-11-29T19:00:00Z")), Some(at("2026-11-30T00:00:00Z")));
+        // 15:00 UTC in UTC is not quiet.
+        assert_eq!(p.quiet_until(None, at("2026-11-29T15:00:00Z")), None);
+        // 08:00 sharp is outside.
+        assert_eq!(p.quiet_until(Some("Asia/Shanghai"), at("2026-11-30T00:00:00Z")), None);
+    }
+
+    #[test]
+    fn quiet_hours_within_a_day_and_across_dst() {
+        let p = prefs("12:00", "14:00");
+        assert_eq!(p.quiet_until(None, at("2026-11-29T13:30:00Z")), Some(at("2026-11-29T14:00:00Z")));
+        // New York, the night clocks go back (2026-11-01): 01:30 EDT is inside 01:00-03:00;
+        // the window ends at 03:00 EST = 08:00 UTC.
+        let p = prefs("01:00", "03:00");
+        assert_eq!(
+            p.quiet_until(Some("America/New_York"), at("2026-11-01T05:30:00Z")),
+            Some(at("2026-11-01T08:00:00Z"))
+        );
+    }
+
+    #[test]
+    fn input_names_the_bad_field() {
+        let bad: PreferencesInput =
+            serde_json::from_str(r#"{"quiet_hours": {"start": "25:00", "end": "08:00"}}"#).unwrap();
+        match bad.validate() {
+            Err(CoreError::Invalid { field, .. }) => assert_eq!(field, "quiet_hours.start"),
+            other => panic!("{other:?}"),
+        }
+        let bad: PreferencesInput = serde_json::from_str(r#"{"channels": {"fax": false}}"#).unwrap();
+        assert!(matches!(bad.validate(), Err(CoreError::Invalid { field, .. }) if field == "channels.fax"));
+        let cleared: PreferencesInput = serde_json::from_str(r#"{"quiet_hours": null}"#).unwrap();
+        assert_eq!(cleared.quiet_hours, Some(None));
+        let absent: PreferencesInput = serde_json::from_str(r#"{}"#).unwrap();
+        assert_eq!(absent.quiet_hours, None);
+    }
+}

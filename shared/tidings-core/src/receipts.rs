@@ -1,0 +1,393 @@
+//! Provider receipts: SES event notifications delivered through SNS (`POST /v1/callbacks/ses`).
+//!
+//! Nothing in a callback is believed before its SNS signature is verified: the canonical string
+//! of the message's fields, RSA with SHA-1 (`SignatureVersion` 1) or SHA-256 (2), against the
+//! certificate at `SigningCertURL`, which must be an `https://sns.<region>.amazonaws.com/….pem`
+//! URL (anything else is refused before any fetch). A forged or altered message is refused.
+//!
+//! Then: `SubscriptionConfirmation` is confirmed by fetching its `SubscribeURL` (same host
+//! rule); a `Notification` carries an SES event: `Delivery` → `delivered`, `Bounce` (permanent)
+//! → `failed` and the address suppressed, `Complaint` → the address suppressed, `Open` /
+//! `Click` → `opened` / `clicked`. The delivery is found by the provider's message id (the
+//! channel worker records it when the provider accepts a message).
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as B64;
+use rsa::RsaPublicKey;
+use rsa::pkcs1v15::{Signature, VerifyingKey};
+use rsa::pkcs8::DecodePublicKey;
+use rsa::signature::Verifier;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tracing::{info, warn};
+use x509_cert::Certificate;
+use x509_cert::der::{DecodePem, Encode};
+
+use crate::deps::Deps;
+use crate::error::CoreResult;
+use crate::ids::TenantId;
+use crate::keys;
+use crate::notify::model::{Delivery, DeliveryStatus};
+use crate::notify::progress::{self, PAGE_ATTR, Transition};
+use crate::ports::{Channel, Cond, Item, Update, attrs_of};
+use crate::suppression::{self, SuppressionReason};
+
+/// An SNS HTTP(S) message, as posted to a subscribed endpoint.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct SnsMessage {
+    #[serde(rename = "Type")]
+    pub kind: String,
+    pub message_id: String,
+    #[serde(default)]
+    pub token: Option<String>,
+    pub topic_arn: String,
+    #[serde(default)]
+    pub subject: Option<String>,
+    pub message: String,
+    pub timestamp: String,
+    pub signature_version: String,
+    pub signature: String,
+    #[serde(rename = "SigningCertURL")]
+    pub signing_cert_url: String,
+    #[serde(rename = "SubscribeURL", default)]
+    pub subscribe_url: Option<String>,
+    #[serde(rename = "UnsubscribeURL", default)]
+    pub unsubscribe_url: Option<String>,
+}
+
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum VerifyError {
+    #[error("the signing certificate URL is not an SNS one: {0}")]
+    UntrustedCertUrl(String),
+    #[error("unsupported signature version {0}")]
+    UnsupportedVersion(String),
+    #[error("the signing certificate is unusable: {0}")]
+    BadCertificate(String),
+    #[error("the signature does not match")]
+    BadSignature,
+    #[error("the message is not a known SNS message type")]
+    UnknownType,
+}
+
+/// Whether a URL is one SNS itself serves: `https://sns.<region>.amazonaws.com[.cn]/…`.
+pub fn is_sns_url(url: &str) -> bool {
+    let Some(rest) = url.strip_prefix("https://") else { return false };
+    let host = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    if host.contains(['@', ':']) {
+        return false;
+    }
+    let Some(region) = host.strip_prefix("sns.") else { return false };
+    let Some(region) = region.strip_suffix(".amazonaws.com").or_else(|| region.strip_suffix(".amazonaws.com.cn"))
+    else {
+        return false;
+    };
+    !region.is_empty() && region.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+}
+
+/// The signing certificate URL must be SNS's own, and a `.pem`.
+pub fn check_cert_url(url: &str) -> Result<(), VerifyError> {
+    if is_sns_url(url) && url.split('?').next().is_some_and(|p| p.ends_with(".pem")) {
+        Ok(())
+    } else {
+        Err(VerifyError::UntrustedCertUrl(url.chars().take(200).collect()))
+    }
+}
+
+impl SnsMessage {
+    /// The string SNS signs: named fields in a fixed order, each `name\nvalue\n`.
+    pub fn canonical(&self) -> Result<String, VerifyError> {
+        let mut out = String::new();
+        let mut field = |name: &str, value: Option<&str>| {
+            if let Some(v) = value {
+                out.push_str(name);
+                out.push('\n');
+                out.push_str(v);
+                out.push('\n');
+            }
+        };
+        match self.kind.as_str() {
+            "Notification" => {
+                field("Message", Some(&self.message));
+                field("MessageId", Some(&self.message_id));
+                field("Subject", self.subject.as_deref());
+                field("Timestamp", Some(&self.timestamp));
+                field("TopicArn", Some(&self.topic_arn));
+                field("Type", Some(&self.kind));
+            }
+            "SubscriptionConfirmation" | "UnsubscribeConfirmation" => {
+                field("Message", Some(&self.message));
+                field("MessageId", Some(&self.message_id));
+                field("SubscribeURL", self.subscribe_url.as_deref());
+                field("Timestamp", Some(&self.timestamp));
+                field("Token", self.token.as_deref());
+                field("TopicArn", Some(&self.topic_arn));
+                field("Type", Some(&self.kind));
+            }
+            _ => return Err(VerifyError::UnknownType),
+        }
+        Ok(out)
+    }
+
+    /// Verifies the signature against a PEM certificate.
+    pub fn verify_with_cert(&self, cert_pem: &str) -> Result<(), VerifyError> {
+        let cert =
+            Certificate::from_pem(cert_pem.as_bytes()).map_err(|e| VerifyError::BadCertificate(e.to_string()))?;
+        let spki = cert
+            .tbs_certificate
+            .subject_public_key_info
+            .to_der()
+            .map_err(|e| VerifyError::BadCertificate(e.to_string()))?;
+        let key = RsaPublicKey::from_public_key_der(&spki).map_err(|e| VerifyError::BadCertificate(e.to_string()))?;
+        let canonical = self.canonical()?;
+        let sig = B64.decode(self.signature.trim()).map_err(|_| VerifyError::BadSignature)?;
+        let sig = Signature::try_from(sig.as_slice()).map_err(|_| VerifyError::BadSignature)?;
+        let ok = match self.signature_version.as_str() {
+            "1" => VerifyingKey::<sha1::Sha1>::new(key).verify(canonical.as_bytes(), &sig).is_ok(),
+            "2" => VerifyingKey::<sha2::Sha256>::new(key).verify(canonical.as_bytes(), &sig).is_ok(),
+            v => return Err(VerifyError::UnsupportedVersion(v.chars().take(10).collect())),
+        };
+        if ok { Ok(()) } else { Err(VerifyError::BadSignature) }
+    }
+}
+
+/// What became of an SES event.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ReceiptOutcome {
+    pub event: String,
+    /// Whether a delivery of ours was found for it.
+    pub matched: bool,
+    pub suppressed: usize,
+}
+
+/// Where the provider's message id leads: written by the channel worker once a provider accepts.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProviderMessageRef {
+    pub tenant: String,
+    pub notification_id: String,
+    pub user_id: String,
+    pub channel: Channel,
+    pub ttl: i64,
+}
+
+/// Records which delivery a provider message id belongs to (kept 30 days).
+pub async fn remember(
+    deps: &Deps,
+    provider: &str,
+    provider_message_id: &str,
+    t: &TenantId,
+    notification_id: &str,
+    user_id: &str,
+    channel: Channel,
+) -> CoreResult<()> {
+    if provider_message_id.is_empty() {
+        return Ok(());
+    }
+    let r = ProviderMessageRef {
+        tenant: t.as_str().to_owned(),
+        notification_id: notification_id.to_owned(),
+        user_id: user_id.to_owned(),
+        channel,
+        ttl: deps.clock.now().timestamp() + 30 * 86_400,
+    };
+    deps.table
+        .put(Item::new(keys::provider_message(provider, provider_message_id), attrs_of(&r)?), Cond::Always)
+        .await?;
+    Ok(())
+}
+
+/// The channel worker's part, after a provider accepted: best effort (a receipt for a message
+/// not remembered is ignored, never an error on the send path).
+pub async fn remember_sent(
+    deps: &Deps,
+    provider: &str,
+    provider_message_id: &str,
+    t: &TenantId,
+    task: &crate::notify::model::ChannelTask,
+) {
+    if task.channel != Channel::Email {
+        return;
+    }
+    let _ = provider;
+    // Keyed by channel, not by provider name: the provider's message id is what a receipt names.
+    if let Err(e) = remember(
+        deps,
+        task.channel.as_str(),
+        provider_message_id,
+        t,
+        &task.notification_id,
+        &task.user_id,
+        task.channel,
+    )
+    .await
+    {
+        warn!(error = %e, "provider message id not recorded; its receipts will be ignored");
+    }
+}
+
+fn recipients(event: &Value, section: &str, list: &str) -> Vec<String> {
+    event[section][list]
+        .as_array()
+        .map(|a| a.iter().filter_map(|r| r["emailAddress"].as_str().map(str::to_owned)).collect())
+        .unwrap_or_default()
+}
+
+/// Applies one SES event (the `Message` of a verified SNS notification). Both shapes are read:
+/// configuration-set events (`eventType`) and identity notifications (`notificationType`).
+pub async fn apply_ses_event(deps: &Deps, provider: &str, event: &Value) -> CoreResult<ReceiptOutcome> {
+    let kind =
+        event["eventType"].as_str().or_else(|| event["notificationType"].as_str()).unwrap_or_default().to_owned();
+    let message_id = event["mail"]["messageId"].as_str().unwrap_or_default();
+    let found = if message_id.is_empty() {
+        None
+    } else {
+        deps.table
+            .get(&keys::provider_message(provider, message_id))
+            .await?
+            .map(|i| i.parse::<ProviderMessageRef>())
+            .transpose()?
+    };
+    let mut outcome = ReceiptOutcome { event: kind.clone(), matched: found.is_some(), suppressed: 0 };
+    let Some(r) = found else {
+        warn!(event = %kind, "receipt for a message we do not know; ignored");
+        return Ok(outcome);
+    };
+    let t = TenantId::parse(&r.tenant)?;
+    let (to, detail, suppress) = match kind.as_str() {
+        "Delivery" => (Some(DeliveryStatus::Delivered), None, None),
+        "Bounce" => {
+            let permanent = event["bounce"]["bounceType"].as_str() == Some("Permanent");
+            let sub = event["bounce"]["bounceSubType"].as_str().unwrap_or_default();
+            let detail = format!("bounce: {} {sub}", event["bounce"]["bounceType"].as_str().unwrap_or_default());
+            if permanent {
+                (
+                    Some(DeliveryStatus::Failed),
+                    Some(detail),
+                    Some((recipients(event, "bounce", "bouncedRecipients"), SuppressionReason::HardBounce)),
+                )
+            } else {
+                (None, Some(detail), None)
+            }
+        }
+        "Complaint" => (
+            None,
+            Some("complaint".to_owned()),
+            Some((recipients(event, "complaint", "complainedRecipients"), SuppressionReason::Complaint)),
+        ),
+        "Open" => (Some(DeliveryStatus::Opened), None, None),
+        "Click" => (Some(DeliveryStatus::Clicked), None, None),
+        _ => (None, None, None),
+    };
+    if let Some((addresses, reason)) = suppress {
+        for a in &addresses {
+            suppression::suppress(deps, &t, r.channel, a, reason).await?;
+        }
+        outcome.suppressed = addresses.len();
+    }
+    let key = keys::delivery(&t, &r.notification_id, &r.user_id, r.channel);
+    let Some(item) = deps.table.get(&key).await? else { return Ok(outcome) };
+    let d: Delivery = item.parse()?;
+    let now = deps.clock.now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let mut updates = vec![Update::set("updated_at", now)];
+    if let Some(detail) = &detail {
+        updates.push(Update::set(if kind == "Complaint" { "complaint" } else { "last_error" }, detail.clone()));
+    }
+    let allowed = |from: DeliveryStatus, to: DeliveryStatus| match to {
+        DeliveryStatus::Delivered => from == DeliveryStatus::Sent,
+        DeliveryStatus::Opened => matches!(from, DeliveryStatus::Sent | DeliveryStatus::Delivered),
+        DeliveryStatus::Clicked => {
+            matches!(from, DeliveryStatus::Sent | DeliveryStatus::Delivered | DeliveryStatus::Opened)
+        }
+        DeliveryStatus::Failed => matches!(from, DeliveryStatus::Sent | DeliveryStatus::Delivered),
+        _ => false,
+    };
+    match to {
+        Some(to) if allowed(d.status, to) => {
+            progress::transition(
+                deps,
+                Transition {
+                    t: &t,
+                    notification_id: &r.notification_id,
+                    user_id: &r.user_id,
+                    page: item.i64(PAGE_ATTR).unwrap_or(0).max(0) as u64,
+                    key: &key,
+                    from: d.status,
+                    to,
+                    also: None,
+                    updates,
+                },
+            )
+            .await?;
+        }
+        _ if detail.is_some() => {
+            deps.table.update(&key, updates, Cond::Exists).await?;
+        }
+        _ => {}
+    }
+    info!(tenant = %t, event = %kind, suppressed = outcome.suppressed, "receipt applied");
+    Ok(outcome)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CERT: &str = include_str!("../../../tests/fixtures/sns/test-signing-cert.pem");
+    const KEY: &str = include_str!("../../../tests/fixtures/sns/test-signing-key.pem");
+
+    fn signed(version: &str) -> SnsMessage {
+        use rsa::pkcs1v15::SigningKey;
+        use rsa::pkcs8::DecodePrivateKey;
+        use rsa::signature::{SignatureEncoding, Signer};
+        let mut m = SnsMessage {
+            kind: "Notification".into(),
+            message_id: "m1".into(),
+            token: None,
+            topic_arn: "arn:aws:sns:us-east-1:1:ses".into(),
+            subject: None,
+            message: r#"{"eventType":"Bounce"}"#.into(),
+            timestamp: "2026-11-29T00:00:00.000Z".into(),
+            signature_version: version.into(),
+            signature: String::new(),
+            signing_cert_url: "https://sns.us-east-1.amazonaws.com/SimpleNotificationService-x.pem".into(),
+            subscribe_url: None,
+            unsubscribe_url: None,
+        };
+        let key = rsa::RsaPrivateKey::from_pkcs8_pem(KEY).unwrap();
+        let canonical = m.canonical().unwrap();
+        let sig = if version == "1" {
+            SigningKey::<sha1::Sha1>::new(key).sign(canonical.as_bytes()).to_vec()
+        } else {
+            SigningKey::<sha2::Sha256>::new(key).sign(canonical.as_bytes()).to_vec()
+        };
+        m.signature = B64.encode(sig);
+        m
+    }
+
+    #[test]
+    fn genuine_messages_verify_and_forged_ones_do_not() {
+        for v in ["1", "2"] {
+            let m = signed(v);
+            assert_eq!(m.verify_with_cert(CERT), Ok(()));
+            let forged = SnsMessage { message: r#"{"eventType":"Delivery"}"#.into(), ..m.clone() };
+            assert_eq!(forged.verify_with_cert(CERT), Err(VerifyError::BadSignature));
+        }
+        let m = SnsMessage { signature_version: "3".into(), ..signed("2") };
+        assert!(matches!(m.verify_with_cert(CERT), Err(VerifyError::UnsupportedVersion(_))));
+    }
+
+    #[test]
+    fn only_sns_hosts_serve_certificates() {
+        assert!(check_cert_url("https://sns.eu-west-1.amazonaws.com/SimpleNotificationService-abc.pem").is_ok());
+        for bad in [
+            "http://sns.eu-west-1.amazonaws.com/x.pem",
+            "https://sns.eu-west-1.amazonaws.com.evil.example/x.pem",
+            "https://evil.example/sns.eu-west-1.amazonaws.com/x.pem",
+            "https://sns.eu-west-1.amazonaws.com@evil.example/x.pem",
+            "https://sns.eu-west-1.amazonaws.com/x.txt",
+            "https://s3.amazonaws.com/x.pem",
+        ] {
+            assert!(check_cert_url(bad).is_err(), "{bad}");
+        }
+    }
+}

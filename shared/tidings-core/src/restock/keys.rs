@@ -1,0 +1,98 @@
+//! The back-in-stock key layout, in one place (table-wide convention: [`crate::keys`]).
+//!
+//! | item | pk | sk |
+//! |---|---|---|
+//! | subscription | `T#t#RSUB#{id}` | `SUB` |
+//! | the user's copy (listing) | `T#t#RSUBU#{user}` | `{created_ms:015}#{id}` |
+//! | the one-WAITING lock of (sku, user) | `T#t#RLOCK#{sku}#{user}` | `WAITING` |
+//! | WAITING index of a SKU, oldest first | `T#t#RWAIT#{sku}` | `{created_ms:015}#{id}` |
+//! | SKUs that have had subscribers (the scan walks them) | `T#t#RSKUS` | `{sku}` |
+//! | tenants with subscriptions | `RESTOCK#TENANTS` | `{tenant}` |
+//! | restock round (waves, counts) | `T#t#RROUND#{sku}` | `{round:012}` |
+//! | notice log `(sku, user, batch_no)` | `T#t#RNOTICE#{batch_no}` | `{user}` |
+//! | MANUAL notices index | `T#t#RMANUAL` | `{batch_no}#{user}` |
+//! | a user's open merge window | `T#t#RWIN#{user}` | `OPEN` |
+//! | merged message (one per window) | `T#t#RMSG#{window_id}` | `MSG` |
+//! | one SKU in a merged message | `T#t#RMSG#{window_id}` | `E#{batch_no}` |
+//!
+//! The notice log's key is `(batch_no, user)`, and `batch_no` names the SKU: that is the
+//! seed's `uk_notice (sku_id, user_id, batch_no)`.
+
+use crate::ids::TenantId;
+use crate::ports::Key;
+
+pub const TENANTS_PK: &str = "RESTOCK#TENANTS";
+pub const MESSAGE_SK: &str = "MSG";
+pub const ENTRY_PREFIX: &str = "E#";
+
+pub fn subscription(t: &TenantId, id: &str) -> Key {
+    Key::new(format!("T#{t}#RSUB#{id}"), "SUB")
+}
+
+pub fn user_subscriptions_pk(t: &TenantId, user: &str) -> String {
+    format!("T#{t}#RSUBU#{user}")
+}
+
+pub fn user_subscription(t: &TenantId, user: &str, user_sk: &str) -> Key {
+    Key::new(user_subscriptions_pk(t, user), user_sk)
+}
+
+pub fn waiting_lock(t: &TenantId, sku: &str, user: &str) -> Key {
+    Key::new(format!("T#{t}#RLOCK#{sku}#{user}"), "WAITING")
+}
+
+pub fn waiting_pk(t: &TenantId, sku: &str) -> String {
+    format!("T#{t}#RWAIT#{sku}")
+}
+
+pub fn waiting_entry(t: &TenantId, sku: &str, sort: &str) -> Key {
+    Key::new(waiting_pk(t, sku), sort)
+}
+
+pub fn watched_pk(t: &TenantId) -> String {
+    format!("T#{t}#RSKUS")
+}
+
+pub fn watched_sku(t: &TenantId, sku: &str) -> Key {
+    Key::new(watched_pk(t), sku)
+}
+
+pub fn tenant_entry(t: &TenantId) -> Key {
+    Key::new(TENANTS_PK, t.as_str())
+}
+
+pub fn round(t: &TenantId, sku: &str, round: i64) -> Key {
+    Key::new(format!("T#{t}#RROUND#{sku}"), format!("{:012}", round.max(0)))
+}
+
+pub fn notice_pk(t: &TenantId, batch_no: &str) -> String {
+    format!("T#{t}#RNOTICE#{batch_no}")
+}
+
+pub fn notice(t: &TenantId, batch_no: &str, user: &str) -> Key {
+    Key::new(notice_pk(t, batch_no), user)
+}
+
+pub fn manual_pk(t: &TenantId) -> String {
+    format!("T#{t}#RMANUAL")
+}
+
+pub fn manual_entry(t: &TenantId, batch_no: &str, user: &str) -> Key {
+    Key::new(manual_pk(t), format!("{batch_no}#{user}"))
+}
+
+pub fn open_window(t: &TenantId, user: &str) -> Key {
+    Key::new(format!("T#{t}#RWIN#{user}"), "OPEN")
+}
+
+pub fn message_pk(t: &TenantId, window_id: &str) -> String {
+    format!("T#{t}#RMSG#{window_id}")
+}
+
+pub fn message(t: &TenantId, window_id: &str) -> Key {
+    Key::new(message_pk(t, window_id), MESSAGE_SK)
+}
+
+pub fn message_entry(t: &TenantId, window_id: &str, batch_no: &str) -> Key {
+    Key::new(message_pk(t, window_id), format!("{ENTRY_PREFIX}{batch_no}"))
+}

@@ -1,0 +1,508 @@
+//! Restock rounds (seed 000 §2–§4): a SKU's stock going from 0 to more opens a round (the
+//! inventory increments `restock_round` in the same transaction); `batch_no` comes from
+//! `(sku, round)` only, so the stream, a stock event and the scan all land on the same notice
+//! keys and each user is notified once per round.
+//!
+//! A round is sent in **waves** paced by stock: a wave may notify `k × available` users (oldest
+//! first), stock is read again before every batch of a wave, and a sold-out SKU stops the wave
+//! and leaves the rest WAITING. Each notice is one transaction: the notice-log put
+//! (`NotExists`: the seed's unique key, which is also the lock between instances), the round's
+//! count (conditioned on the wave's quota), the subscription leaving WAITING, and the SKU's entry
+//! in the user's merge window. A crash anywhere leaves either all of it or none of it.
+
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use tracing::{info, warn};
+
+use super::keys;
+use super::merge;
+use super::model::{
+    Notice, NoticeStatus, ROUND_EVENT, RestockRound, RoundJob, STOCK_IN_EVENT, StockEvent, SubscriptionStatus,
+    WaitingEntry,
+};
+use super::subscriptions::{expire_old, leave_waiting_writes, now_text};
+use crate::deps::Deps;
+use crate::error::{CoreError, CoreResult};
+use crate::ids::{TenantId, check_id};
+use crate::inventory::{self, AdjustmentRequest, AdjustmentSource, StockView};
+use crate::messages::Outcome;
+use crate::ports::{ChangeRecord, Cond, Item, OutMessage, QueryOpts, Received, StoreError, Update, Write, attrs_of};
+use crate::retry::backoff;
+
+/// The queue of upstream stock events and of round jobs.
+pub const STOCK_EVENTS_QUEUE: &str = "stock-events";
+
+/// The batch number of a round: derived from `(sku, round)` only, never from the trigger.
+pub fn batch_no(sku_id: &str, round: i64) -> String {
+    format!("{sku_id}.r{round}")
+}
+
+/// Stream consumer: stock items whose `restock_round` grew become round jobs. Called by the
+/// relay with every batch (other records are ignored).
+pub async fn on_stock_changes(deps: &Deps, records: &[ChangeRecord]) -> CoreResult<()> {
+    let mut jobs = Vec::new();
+    for r in records {
+        if r.key.sk != inventory::keys::STOCK_SK {
+            continue;
+        }
+        let Some(new) = &r.new else { continue };
+        let round_of = |a: &crate::ports::Attrs| a.get("restock_round").and_then(serde_json::Value::as_i64);
+        let new_round = round_of(new).unwrap_or(0);
+        let old_round = r.old.as_ref().and_then(round_of).unwrap_or(0);
+        if new_round <= old_round {
+            continue;
+        }
+        let Some((tenant, rest)) = crate::keys::tenant_of(&r.key.pk) else { continue };
+        let Some(sku) = rest.strip_prefix("SKU#") else { continue };
+        let job = RoundJob {
+            event: ROUND_EVENT.into(),
+            tenant: tenant.as_str().to_owned(),
+            sku_id: sku.to_owned(),
+            round: new_round,
+            wave: None,
+        };
+        jobs.push(OutMessage::new(serde_json::to_string(&job)?));
+    }
+    if !jobs.is_empty() {
+        deps.queues.send_batch(STOCK_EVENTS_QUEUE, jobs).await?;
+    }
+    Ok(())
+}
+
+/// The answer to a stock event.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct StockEventAccepted {
+    pub sku_id: String,
+    pub idempotency_key: String,
+    pub available: i64,
+    pub restock_round: i64,
+}
+
+/// Applies an upstream `stock.in` as an inventory adjustment, once per event (the idempotency
+/// key is the event's id, or a hash of its content). A 0 → more change opens the round through
+/// the stream, like any other adjustment.
+pub async fn apply_stock_event(deps: &Deps, t: &TenantId, ev: &StockEvent) -> CoreResult<StockEventAccepted> {
+    if ev.event != STOCK_IN_EVENT {
+        return Err(CoreError::invalid("event", "only stock.in is accepted"));
+    }
+    check_id("skuId", &ev.sku_id)?;
+    if ev.qty <= 0 {
+        return Err(CoreError::invalid("qty", "must be a positive number of units"));
+    }
+    AdjustmentSource::parse(&ev.source)?;
+    if let Some(id) = &ev.event_id {
+        check_id("eventId", id)?;
+    }
+    let basis = match &ev.event_id {
+        Some(id) => format!("{t}\nid\n{id}"),
+        None => format!("{t}\n{}\n{}\n{}", ev.sku_id, ev.qty, ev.source),
+    };
+    let key = format!("stock-in-{}", &hex::encode(Sha256::digest(basis.as_bytes()))[..40]);
+    let req = AdjustmentRequest { delta: ev.qty, source: ev.source.clone(), idempotency_key: key.clone() };
+    let view = inventory::adjust(deps, t, &ev.sku_id, &req).await?;
+    Ok(StockEventAccepted {
+        sku_id: view.sku_id,
+        idempotency_key: key,
+        available: view.available,
+        restock_round: view.restock_round,
+    })
+}
+
+/// Handles a message of the `stock-events` queue: an upstream `stock.in` (with `tenant`), or a
+/// round job.
+pub async fn handle_stock_event_message(deps: &Deps, message: &Received) -> Outcome {
+    let value: serde_json::Value = match serde_json::from_str(&message.body) {
+        Ok(v) => v,
+        Err(e) => return Outcome::Reject(format!("malformed stock event: {e}")),
+    };
+    let retry = || Outcome::Retry(backoff(message.receive_count, deps.config.retry_base, deps.config.retry_cap, None));
+    let result = match value.get("event").and_then(serde_json::Value::as_str) {
+        Some(ROUND_EVENT) => match serde_json::from_value::<RoundJob>(value) {
+            Ok(job) => match TenantId::parse(&job.tenant) {
+                Ok(t) => run_round(deps, &t, &job.sku_id, job.round, job.wave).await.map(|_| ()),
+                Err(e) => Err(e),
+            },
+            Err(e) => return Outcome::Reject(format!("malformed round job: {e}")),
+        },
+        Some(STOCK_IN_EVENT) => match serde_json::from_value::<StockEvent>(value) {
+            Ok(ev) => match ev.tenant.as_deref().map(TenantId::parse) {
+                Some(Ok(t)) => apply_stock_event(deps, &t, &ev).await.map(|_| ()),
+                Some(Err(e)) => Err(e),
+                None => return Outcome::Reject("stock event without a tenant".into()),
+            },
+            Err(e) => return Outcome::Reject(format!("malformed stock event: {e}")),
+        },
+        other => return Outcome::Reject(format!("unknown stock event {other:?}")),
+    };
+    match result {
+        Ok(()) => Outcome::Done,
+        Err(e @ (CoreError::Invalid { .. } | CoreError::NotFound { .. } | CoreError::Conflict { .. })) => {
+            Outcome::Reject(e.to_string())
+        }
+        Err(e) => {
+            warn!(error = %e, "stock event failed; will retry");
+            retry()
+        }
+    }
+}
+
+/// What one run of a round did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WaveReport {
+    pub batch_no: String,
+    pub wave: u32,
+    /// Notices this run claimed.
+    pub claimed: u64,
+    /// Batches it sent in.
+    pub batches: u64,
+    /// Why it stopped: `quota`, `no_waiters`, `sold_out`, `superseded`, `not_due`, `no_sku`.
+    pub stopped: String,
+}
+
+enum Claim {
+    Claimed,
+    /// Someone (another instance, the event or the scan) claimed it for this batch.
+    Already,
+    /// The subscription left WAITING meanwhile.
+    NotWaiting,
+    /// The wave's quota is used up.
+    QuotaReached,
+}
+
+fn report(batch_no: &str, wave: u32, stopped: &str) -> WaveReport {
+    WaveReport { batch_no: batch_no.to_owned(), wave, stopped: stopped.into(), ..Default::default() }
+}
+
+/// How many notices a wave may send for `available` units.
+fn wave_quota(deps: &Deps, available: i64) -> i64 {
+    match deps.config.restock.wave_factor {
+        0 => i64::MAX / 2,
+        k => k.saturating_mul(available.max(0)),
+    }
+}
+
+async fn read_round(deps: &Deps, t: &TenantId, sku: &str, round: i64) -> CoreResult<Option<RestockRound>> {
+    Ok(deps.table.get(&keys::round(t, sku, round)).await?.map(|i| i.parse()).transpose()?)
+}
+
+/// Runs (a wave of) a round. `wave`: a given wave (from its timer); `None`: start the first, or
+/// continue one that stalled, or start the next if its time has come (stream, event, scan).
+pub async fn run_round(deps: &Deps, t: &TenantId, sku: &str, round: i64, wave: Option<u32>) -> CoreResult<WaveReport> {
+    let batch = batch_no(sku, round);
+    let Some(stock) = inventory::get_stock(deps, t, sku).await? else { return Ok(report(&batch, 0, "no_sku")) };
+    if stock.restock_round != round {
+        // A newer round took over (its batch_no notifies whoever is still WAITING).
+        return Ok(report(&batch, 0, "superseded"));
+    }
+    let now_ms = deps.clock.now_ms();
+    let current = read_round(deps, t, sku, round).await?;
+    let n = match (&current, wave) {
+        (None, _) => 1,
+        (Some(r), Some(w)) if w < r.wave => return Ok(report(&batch, w, "not_due")),
+        (Some(r), Some(w)) if w == r.wave => return continue_wave(deps, t, sku, round, r.wave).await,
+        (Some(r), Some(_)) => r.wave + 1,
+        // A wave with quota left (stalled, or running elsewhere): join it; claims are exclusive
+        // and the quota is a condition, so joining never sends more.
+        (Some(r), None) if r.notified < r.target => return continue_wave(deps, t, sku, round, r.wave).await,
+        (Some(r), None) if now_ms < r.next_wave_ms => return Ok(report(&batch, r.wave, "not_due")),
+        (Some(r), None) => r.wave + 1,
+    };
+    start_wave(deps, t, sku, round, n, &stock).await
+}
+
+async fn start_wave(
+    deps: &Deps,
+    t: &TenantId,
+    sku: &str,
+    round: i64,
+    n: u32,
+    stock: &StockView,
+) -> CoreResult<WaveReport> {
+    let batch = batch_no(sku, round);
+    if stock.available <= 0 {
+        return Ok(report(&batch, n, "sold_out"));
+    }
+    if !has_waiters(deps, t, sku).await? {
+        return Ok(report(&batch, n, "no_waiters"));
+    }
+    let notified = read_round(deps, t, sku, round).await?.map_or(0, |r| r.notified);
+    let target = notified.saturating_add(wave_quota(deps, stock.available));
+    let cond = if n == 1 { Cond::AttrNotExists("wave".into()) } else { Cond::eq("wave", i64::from(n) - 1) };
+    let updates = vec![
+        Update::SetIfAbsent("sku_id".into(), json!(sku)),
+        Update::SetIfAbsent("round".into(), json!(round)),
+        Update::SetIfAbsent("batch_no".into(), json!(batch)),
+        Update::SetIfAbsent("notified".into(), json!(0)),
+        Update::set("wave", i64::from(n)),
+        Update::set("target", target),
+        Update::set("wave_started_ms", deps.clock.now_ms()),
+    ];
+    match deps.table.update(&keys::round(t, sku, round), updates, cond).await {
+        Ok(_) => info!(tenant = %t, sku, round, wave = n, target, available = stock.available, "restock wave started"),
+        // Started by another instance: join it.
+        Err(StoreError::ConditionFailed { .. }) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let wave = read_round(deps, t, sku, round).await?.map_or(n, |r| r.wave);
+    continue_wave(deps, t, sku, round, wave).await
+}
+
+async fn has_waiters(deps: &Deps, t: &TenantId, sku: &str) -> CoreResult<bool> {
+    let page = deps
+        .table
+        .query(&keys::waiting_pk(t, sku), "", QueryOpts { limit: 1, cursor: None, descending: false })
+        .await?;
+    Ok(!page.items.is_empty())
+}
+
+/// Claims WAITING subscribers, oldest first, batch by batch, until the wave's quota is used,
+/// nobody waits, or the SKU sells out. Memory holds one page.
+async fn continue_wave(deps: &Deps, t: &TenantId, sku: &str, round: i64, wave: u32) -> CoreResult<WaveReport> {
+    let batch = batch_no(sku, round);
+    let cfg = &deps.config.restock;
+    let mut out = report(&batch, wave, "quota");
+    let mut cursor: Option<String> = None;
+    loop {
+        let Some(r) = read_round(deps, t, sku, round).await? else { return Ok(out) };
+        if r.wave != wave {
+            out.stopped = "not_due".into();
+            return Ok(out);
+        }
+        let left = r.target - r.notified;
+        if left <= 0 {
+            break;
+        }
+        // Stock again before every batch: a sold-out SKU stops the wave, the rest stay WAITING.
+        let stock = inventory::get_stock(deps, t, sku).await?;
+        match stock {
+            Some(s) if s.restock_round != round => {
+                out.stopped = "superseded".into();
+                return Ok(out);
+            }
+            Some(s) if s.available > 0 => {}
+            _ => {
+                out.stopped = "sold_out".into();
+                return Ok(out);
+            }
+        }
+        let limit = usize::try_from(left).unwrap_or(usize::MAX).min(cfg.batch_size);
+        let page = deps
+            .table
+            .query(&keys::waiting_pk(t, sku), "", QueryOpts { limit, cursor: cursor.clone(), descending: false })
+            .await?;
+        let mut claimed_here = 0u64;
+        let mut quota_reached = false;
+        for item in &page.items {
+            let entry: WaitingEntry = item.parse()?;
+            match claim(deps, t, sku, round, wave, &item.key.sk, &entry).await? {
+                Claim::Claimed => claimed_here += 1,
+                Claim::Already | Claim::NotWaiting => {}
+                Claim::QuotaReached => {
+                    quota_reached = true;
+                    break;
+                }
+            }
+        }
+        out.claimed += claimed_here;
+        if !page.items.is_empty() {
+            out.batches += 1;
+        }
+        if quota_reached {
+            break;
+        }
+        cursor = page.next_cursor;
+        if cursor.is_none() {
+            out.stopped = "no_waiters".into();
+            return Ok(out);
+        }
+        // The seed's pause between batches: the channels are not flooded by one SKU.
+        if !cfg.batch_pause.is_zero() {
+            tokio::time::sleep(cfg.batch_pause).await;
+        }
+    }
+    schedule_next_wave(deps, t, sku, round, wave).await?;
+    Ok(out)
+}
+
+/// After a wave used its quota: the next wave after the interval, scheduled once.
+async fn schedule_next_wave(deps: &Deps, t: &TenantId, sku: &str, round: i64, wave: u32) -> CoreResult<()> {
+    let next = wave + 1;
+    let interval = deps.config.restock.wave_interval;
+    let due = deps.clock.now() + chrono::Duration::from_std(interval).unwrap_or(chrono::Duration::minutes(10));
+    let cond = Cond::Or(vec![
+        Cond::AttrNotExists("scheduled_wave".into()),
+        Cond::Cmp("scheduled_wave".into(), crate::ports::CmpOp::Lt, json!(next)),
+    ]);
+    let updates =
+        vec![Update::set("scheduled_wave", i64::from(next)), Update::set("next_wave_ms", due.timestamp_millis())];
+    match deps.table.update(&keys::round(t, sku, round), updates, cond).await {
+        Ok(_) => {
+            let task = crate::timers::TimerTask::RestockWave {
+                tenant: t.as_str().to_owned(),
+                sku_id: sku.to_owned(),
+                round,
+                wave: next,
+            };
+            crate::timers::schedule(deps, due, task).await
+        }
+        Err(StoreError::ConditionFailed { .. }) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// One notice, as one transaction (see the module doc).
+async fn claim(
+    deps: &Deps,
+    t: &TenantId,
+    sku: &str,
+    round: i64,
+    wave: u32,
+    sort: &str,
+    entry: &WaitingEntry,
+) -> CoreResult<Claim> {
+    let batch = batch_no(sku, round);
+    let notice_key = keys::notice(t, &batch, &entry.user_id);
+    if deps.table.get(&notice_key).await?.is_some() {
+        // Claimed by another instance, whose transaction also moved the subscription.
+        return Ok(Claim::Already);
+    }
+    for _ in 0..5 {
+        let window = merge::open_window(deps, t, &entry.user_id).await?;
+        let at = now_text(deps);
+        let notice = Notice {
+            batch_no: batch.clone(),
+            sku_id: sku.to_owned(),
+            user_id: entry.user_id.clone(),
+            round,
+            subscription_id: entry.subscription_id.clone(),
+            status: NoticeStatus::Pending,
+            window_id: window.window_id.clone(),
+            attempts: 0,
+            notification_id: None,
+            created_at: at.clone(),
+            updated_at: at.clone(),
+        };
+        // The quota is a condition of the claim: `notified < target` of this wave.
+        let target = read_round(deps, t, sku, round).await?.map_or(0, |r| r.target);
+        let mut writes = vec![
+            Write::Put { item: Item::new(notice_key.clone(), attrs_of(&notice)?), cond: Cond::NotExists },
+            Write::Update {
+                key: keys::round(t, sku, round),
+                updates: vec![Update::add("notified", 1)],
+                cond: Cond::And(vec![
+                    Cond::eq("wave", i64::from(wave)),
+                    Cond::eq("target", target),
+                    Cond::lt("notified", target),
+                ]),
+            },
+        ];
+        writes.extend(leave_waiting_writes(
+            t,
+            &entry.subscription_id,
+            &entry.user_id,
+            sku,
+            sort,
+            SubscriptionStatus::Notified,
+            &at,
+            Some(&batch),
+        ));
+        let item = super::model::MessageItem {
+            sku_id: sku.to_owned(),
+            batch_no: batch.clone(),
+            subscription_id: entry.subscription_id.clone(),
+        };
+        writes.push(Write::Check {
+            key: keys::open_window(t, &entry.user_id),
+            cond: Cond::eq("window_id", window.window_id.as_str()),
+        });
+        writes.push(Write::Put {
+            item: Item::new(keys::message_entry(t, &window.window_id, &batch), attrs_of(&item)?),
+            cond: Cond::Always,
+        });
+        match deps.table.transact(writes).await {
+            Ok(()) => return Ok(Claim::Claimed),
+            Err(StoreError::ConditionFailed { index: 0 }) => return Ok(Claim::Already),
+            Err(StoreError::ConditionFailed { index: 1 }) => {
+                // The quota, or the wave moved on (or its target changed): stop this run.
+                return Ok(Claim::QuotaReached);
+            }
+            Err(StoreError::ConditionFailed { index: 2..=4 }) => return Ok(Claim::NotWaiting),
+            // The window closed between reading and writing: open the next one.
+            Err(StoreError::ConditionFailed { .. } | StoreError::Conflict) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(StoreError::Conflict.into())
+}
+
+/// What a scan did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScanReport {
+    pub tenants: u64,
+    pub skus_checked: u64,
+    pub rounds_queued: u64,
+    pub expired: u64,
+}
+
+/// The scheduled safety net (seed 000 §2): for every SKU with WAITING subscribers and stock,
+/// queue its current round (the same `batch_no` the event used, so nothing is sent twice and
+/// nothing is lost when an event was); expire WAITING subscriptions older than the maximum age.
+pub async fn scan(deps: &Deps) -> CoreResult<ScanReport> {
+    let mut report = ScanReport::default();
+    let max_age_ms = i64::try_from(deps.config.restock.max_age.as_millis()).unwrap_or(i64::MAX);
+    let cutoff = deps.clock.now_ms().saturating_sub(max_age_ms);
+    let mut tenants_cursor = None;
+    loop {
+        let tenants = deps
+            .table
+            .query(keys::TENANTS_PK, "", QueryOpts { limit: 100, cursor: tenants_cursor, descending: false })
+            .await?;
+        for tenant_item in &tenants.items {
+            let Ok(t) = TenantId::parse(&tenant_item.key.sk) else { continue };
+            report.tenants += 1;
+            let mut cursor = None;
+            loop {
+                let skus = deps
+                    .table
+                    .query(&keys::watched_pk(&t), "", QueryOpts { limit: 100, cursor, descending: false })
+                    .await?;
+                let mut jobs = Vec::new();
+                for sku_item in &skus.items {
+                    let sku = sku_item.key.sk.as_str();
+                    report.skus_checked += 1;
+                    report.expired += expire_old(deps, &t, sku, cutoff).await?;
+                    if !has_waiters(deps, &t, sku).await? {
+                        continue;
+                    }
+                    let Some(stock) = inventory::get_stock(deps, &t, sku).await? else { continue };
+                    if stock.available <= 0 {
+                        continue;
+                    }
+                    let job = RoundJob {
+                        event: ROUND_EVENT.into(),
+                        tenant: t.as_str().to_owned(),
+                        sku_id: sku.to_owned(),
+                        round: stock.restock_round,
+                        wave: None,
+                    };
+                    jobs.push(OutMessage::new(serde_json::to_string(&job)?));
+                }
+                report.rounds_queued += jobs.len() as u64;
+                if !jobs.is_empty() {
+                    deps.queues.send_batch(STOCK_EVENTS_QUEUE, jobs).await?;
+                }
+                cursor = skus.next_cursor;
+                if cursor.is_none() {
+                    break;
+                }
+            }
+        }
+        tenants_cursor = tenants.next_cursor;
+        if tenants_cursor.is_none() {
+            break;
+        }
+    }
+    info!(?report, "restock scan");
+    Ok(report)
+}

@@ -1,0 +1,382 @@
+//! Campaigns against the embedded store: paged expansion over the tag index, idempotent pages,
+//! progress counters, cancel; the gates in front of the providers (seed 003, issue 6).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use serde_json::json;
+use tidings_core::gates::{self, BreakerConfig, BreakerState, GateConfig, GateStore, RateGate};
+use tidings_core::messages::{ALL_QUEUES, dispatch, settle};
+use tidings_core::notify::api::{self, NotificationView};
+use tidings_core::notify::model::{NotificationRequest, NotificationStatus};
+use tidings_core::notify::relay;
+use tidings_core::ports::{
+    ChangeFeed, Channel, ManualClock, OutMessage, OutboundMessage, Provider, ProviderError, ProviderReceipt,
+};
+use tidings_core::users::{self, UserInput};
+use tidings_core::{CoreConfig, Deps, Providers, TenantId, templates};
+use tidings_embedded::{EmbeddedStore, QueueConfig};
+
+/// A provider that counts what it accepted, per user, and can be told to fail.
+#[derive(Default)]
+struct Recording {
+    name: String,
+    sends: Mutex<HashMap<String, u32>>,
+    failing: Mutex<bool>,
+}
+
+impl Recording {
+    fn named(name: &str) -> Arc<Self> {
+        Arc::new(Self { name: name.into(), ..Default::default() })
+    }
+    fn total(&self) -> u32 {
+        self.sends.lock().unwrap().values().sum()
+    }
+    fn users(&self) -> usize {
+        self.sends.lock().unwrap().len()
+    }
+    fn max_per_user(&self) -> u32 {
+        self.sends.lock().unwrap().values().copied().max().unwrap_or(0)
+    }
+}
+
+#[async_trait]
+impl Provider for Recording {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    async fn send(&self, m: &OutboundMessage) -> Result<ProviderReceipt, ProviderError> {
+        if *self.failing.lock().unwrap() {
+            return Err(ProviderError::transient("provider answered 503"));
+        }
+        *self.sends.lock().unwrap().entry(m.user_id.clone()).or_default() += 1;
+        Ok(ProviderReceipt { provider_message_id: format!("{}-{}", self.name, m.idempotency_key) })
+    }
+}
+
+struct World {
+    deps: Deps,
+    store: EmbeddedStore,
+    feed: tidings_embedded::EmbeddedChangeFeed,
+    email: Arc<Recording>,
+    t: TenantId,
+}
+
+fn start() -> DateTime<Utc> {
+    DateTime::parse_from_rfc3339("2026-11-29T12:00:00Z").unwrap().with_timezone(&Utc)
+}
+
+fn world(page_size: usize) -> World {
+    let clock = Arc::new(ManualClock::new(start()));
+    let store = EmbeddedStore::in_memory_with_clock(clock.clone()).unwrap();
+    for q in ALL_QUEUES {
+        store.declare_queue(QueueConfig::new(*q, 5)).unwrap();
+    }
+    let email = Recording::named("fake-email");
+    let other: Arc<dyn Provider> = Recording::named("fake-other");
+    let config = CoreConfig { campaign_page_size: page_size, frequency_cap: 100, ..CoreConfig::default() };
+    let deps = Deps {
+        table: Arc::new(store.clone()),
+        queues: Arc::new(store.clone()),
+        clock,
+        providers: Providers { email: email.clone(), sms: other.clone(), push: other },
+        config: Arc::new(config),
+    };
+    let feed = store.change_feed("relay");
+    World { deps, store, feed, email, t: TenantId::parse("shop-a").unwrap() }
+}
+
+async fn users_with_tag(w: &World, n: usize, tag: &str) {
+    for i in 0..n {
+        let input = UserInput {
+            email: Some(format!("user{i}@example.com")),
+            tags: vec![tag.to_owned(), "everyone".to_owned()],
+            ..Default::default()
+        };
+        users::put_user(&w.deps, &w.t, &format!("u{i:05}"), input).await.unwrap();
+    }
+}
+
+async fn template(w: &World) {
+    let input = serde_json::from_value(json!({
+        "default_locale": "en",
+        "locales": {"en": {"email_subject": "Sale", "email_body": "Hello {{ user_id }}"}}
+    }))
+    .unwrap();
+    templates::put_template(&w.deps, &w.t, "promo", input).await.unwrap();
+}
+
+fn campaign(key: &str, segment: &str) -> NotificationRequest {
+    serde_json::from_value(json!({
+        "idempotency_key": key,
+        "recipients": {"segment": segment},
+        "template_id": "promo",
+        "category": "marketing",
+        "channels": ["email"],
+    }))
+    .unwrap()
+}
+
+/// Runs the relay and every queue until nothing is left (what the local runtime does).
+async fn drain(w: &World) {
+    loop {
+        let mut did = 0;
+        let records = w.feed.next_batch(1000).await.unwrap();
+        if !records.is_empty() {
+            relay::handle_changes(&w.deps, &records).await.unwrap();
+            w.feed.commit(&records).await.unwrap();
+            did += records.len();
+        }
+        for q in ALL_QUEUES.iter().filter(|q| tidings_core::messages::is_consumed(q)) {
+            let got = w.deps.queues.receive(q, 10, Duration::from_secs(60), Duration::ZERO).await.unwrap();
+            for m in &got {
+                let outcome = dispatch(&w.deps, q, m).await;
+                settle(w.deps.queues.as_ref(), q, m, &outcome, w.deps.clock.now(), true).await.unwrap();
+            }
+            did += got.len();
+        }
+        if did == 0 {
+            return;
+        }
+    }
+}
+
+async fn view(w: &World, id: &str) -> NotificationView {
+    api::get_notification(&w.deps, &w.t, id).await.unwrap().unwrap()
+}
+
+#[tokio::test]
+async fn a_campaign_to_2500_users_delivers_once_each_with_exact_progress() {
+    let w = world(1000);
+    users_with_tag(&w, 2500, "vip").await;
+    users::put_user(&w.deps, &w.t, "outsider", UserInput { email: Some("o@example.com".into()), ..Default::default() })
+        .await
+        .unwrap();
+    template(&w).await;
+    let accepted = api::accept(&w.deps, &w.t, campaign("sale-1", "vip")).await.unwrap();
+    drain(&w).await;
+    assert_eq!(w.email.total(), 2500, "every member once");
+    assert_eq!(w.email.users(), 2500);
+    assert_eq!(w.email.max_per_user(), 1);
+    let v = view(&w, &accepted.notification_id).await;
+    assert_eq!(v.status, NotificationStatus::Completed, "{v:?}");
+    assert_eq!(v.expanded, 2500);
+    assert_eq!(v.counts.sent, 2500);
+    assert_eq!(v.counts.queued, 0);
+    assert_eq!(v.oldest_pending_age_s, 0);
+    assert_eq!(v.segment.as_deref(), Some("vip"));
+}
+
+#[tokio::test]
+async fn redriven_page_tasks_create_nothing_twice() {
+    let w = world(100);
+    users_with_tag(&w, 250, "vip").await;
+    template(&w).await;
+    let accepted = api::accept(&w.deps, &w.t, campaign("sale-2", "vip")).await.unwrap();
+    // Keep every request task the relay queues, to send them all again afterwards.
+    let mut bodies = Vec::new();
+    loop {
+        let records = w.feed.next_batch(1000).await.unwrap();
+        if !records.is_empty() {
+            relay::handle_changes(&w.deps, &records).await.unwrap();
+            w.feed.commit(&records).await.unwrap();
+        }
+        let got = w.deps.queues.receive("requests-low", 10, Duration::from_secs(60), Duration::ZERO).await.unwrap();
+        if got.is_empty() && records.is_empty() {
+            break;
+        }
+        for m in &got {
+            bodies.push(m.body.clone());
+            let outcome = dispatch(&w.deps, "requests-low", m).await;
+            settle(w.deps.queues.as_ref(), "requests-low", m, &outcome, w.deps.clock.now(), true).await.unwrap();
+        }
+    }
+    assert_eq!(bodies.len(), 3, "pages of 100, 100 and 50: {bodies:?}");
+    drain(&w).await;
+    assert_eq!(w.email.total(), 250);
+    let before = view(&w, &accepted.notification_id).await;
+
+    // Every page task again, as a redrive from the DLQ would bring them; and a page interrupted
+    // before it was marked done (its marker removed) runs again without duplicates.
+    let done_key = tidings_core::ports::Key::new(
+        tidings_core::keys::notification_pk(&w.t, &accepted.notification_id),
+        "C#00000001#done",
+    );
+    tidings_core::ports::Table::delete(&w.store, &done_key, tidings_core::ports::Cond::Exists).await.unwrap();
+    let messages = bodies.iter().map(|b| OutMessage::new(b.clone())).collect();
+    w.deps.queues.send_batch("requests-low", messages).await.unwrap();
+    drain(&w).await;
+    assert_eq!(w.email.total(), 250, "no second send");
+    assert_eq!(w.email.max_per_user(), 1);
+    let after = view(&w, &accepted.notification_id).await;
+    assert_eq!(after.counts, before.counts, "counts unchanged");
+    assert_eq!(after.expanded, 250);
+    let deliveries = api::list_deliveries(&w.deps, &w.t, &accepted.notification_id, 1000, None).await.unwrap().unwrap();
+    assert_eq!(deliveries.items.len(), 250, "one delivery per user and channel");
+}
+
+#[tokio::test]
+async fn cancel_stops_the_rest_and_counts_say_so() {
+    let w = world(100);
+    users_with_tag(&w, 300, "vip").await;
+    template(&w).await;
+    let accepted = api::accept(&w.deps, &w.t, campaign("sale-3", "vip")).await.unwrap();
+    // Expand the first page only, then cancel.
+    let records = w.feed.next_batch(1000).await.unwrap();
+    relay::handle_changes(&w.deps, &records).await.unwrap();
+    w.feed.commit(&records).await.unwrap();
+    let got = w.deps.queues.receive("requests-low", 1, Duration::from_secs(60), Duration::ZERO).await.unwrap();
+    let outcome = dispatch(&w.deps, "requests-low", &got[0]).await;
+    settle(w.deps.queues.as_ref(), "requests-low", &got[0], &outcome, w.deps.clock.now(), true).await.unwrap();
+    let v = view(&w, &accepted.notification_id).await;
+    assert_eq!(v.counts.queued, 100, "{v:?}");
+    assert_eq!(v.expanded, 100);
+    api::cancel(&w.deps, &w.t, &accepted.notification_id).await.unwrap();
+    // The campaign status is cached up to a second by the workers.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    drain(&w).await;
+    assert_eq!(w.email.total(), 0, "nothing sent after the cancel");
+    let v = view(&w, &accepted.notification_id).await;
+    assert_eq!(v.status, NotificationStatus::Cancelled);
+    assert_eq!(v.counts.suppressed, 100, "{v:?}");
+    assert_eq!(v.counts.queued, 0);
+    assert_eq!(v.expanded, 100, "the other pages were never expanded");
+}
+
+#[tokio::test]
+async fn leaving_a_tag_leaves_the_segment() {
+    let w = world(1000);
+    users_with_tag(&w, 3, "vip").await;
+    users::put_user(&w.deps, &w.t, "u00001", UserInput { email: Some("x@example.com".into()), ..Default::default() })
+        .await
+        .unwrap();
+    let (members, next) = users::segment_page(&w.deps, &w.t, "vip", 10, None).await.unwrap();
+    let ids: Vec<_> = members.iter().map(|u| u.user_id.as_str()).collect();
+    assert_eq!(ids, ["u00000", "u00002"]);
+    assert!(next.is_none());
+}
+
+/// A provider answering 429 beyond `limit` sends per (manual-clock) second.
+struct Throttling {
+    clock: Arc<ManualClock>,
+    limit: u32,
+    window: Mutex<(i64, u32)>,
+    accepted: Mutex<Vec<i64>>,
+}
+
+#[async_trait]
+impl Provider for Throttling {
+    fn name(&self) -> &str {
+        "throttling"
+    }
+    async fn send(&self, _m: &OutboundMessage) -> Result<ProviderReceipt, ProviderError> {
+        let now = tidings_core::ports::Clock::now_ms(self.clock.as_ref());
+        let mut w = self.window.lock().unwrap();
+        if now / 1000 != w.0 {
+            *w = (now / 1000, 0);
+        }
+        if w.1 >= self.limit {
+            return Err(ProviderError::Transient {
+                reason: "provider answered 429".into(),
+                retry_after: Some(Duration::from_secs(2)),
+            });
+        }
+        w.1 += 1;
+        self.accepted.lock().unwrap().push(now);
+        Ok(ProviderReceipt::default())
+    }
+}
+
+#[tokio::test]
+async fn a_429_with_retry_after_slows_the_gate_down() {
+    let clock = Arc::new(ManualClock::new(start()));
+    let provider = Arc::new(Throttling {
+        clock: clock.clone(),
+        limit: 10,
+        window: Mutex::new((0, 0)),
+        accepted: Mutex::default(),
+    });
+    let tenants = Arc::new(gates::TenantGates::new(GateConfig::default(), GateStore::Local));
+    let now = tidings_core::ports::Clock::now_ms(clock.as_ref());
+    // Configured far above what the provider takes: the 429s must bring it down.
+    let gate = Arc::new(gates::LocalGate::new(100.0, now));
+    let gated =
+        gates::Gated::new(provider.clone(), Channel::Email, Some(gate.clone()), tenants, Duration::ZERO, clock.clone());
+    let msg = OutboundMessage {
+        channel: Channel::Email,
+        to: "a@example.com".into(),
+        subject: None,
+        body: "x".into(),
+        headers: vec![],
+        idempotency_key: "k".into(),
+        tenant: "shop-a".into(),
+        notification_id: "n".into(),
+        user_id: "u".into(),
+        attempt: 1,
+    };
+    let mut throttled = 0;
+    let mut paused = 0;
+    for _ in 0..3000 {
+        clock.advance(chrono::Duration::milliseconds(1));
+        match gated.send(&msg).await {
+            Ok(_) => {}
+            Err(ProviderError::Transient { reason, retry_after }) if reason.contains("429") => {
+                assert_eq!(retry_after, Some(Duration::from_secs(2)));
+                throttled += 1;
+            }
+            Err(ProviderError::Transient { reason, .. }) if reason.starts_with(gates::GATE_REFUSAL) => paused += 1,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(throttled >= 1, "the provider pushed back");
+    assert!(gate.current_rate() < 100.0, "rate halved on 429: {}", gate.current_rate());
+    assert!(paused > 1000, "the gate held sends back while paused by Retry-After ({paused})");
+    // After the first 429, the gate waited the whole Retry-After before sending again.
+    assert!(throttled <= 3, "{throttled} 429s: the gate slowed down instead of hammering");
+}
+
+#[tokio::test]
+async fn the_breaker_opens_and_sms_fails_over_then_returns() {
+    let primary = Recording::named("sms-primary");
+    let secondary = Recording::named("sms-secondary");
+    let clock = Arc::new(ManualClock::new(start()));
+    let config = BreakerConfig { min_calls: 5, open_for: Duration::from_secs(30), ..BreakerConfig::default() };
+    let guarded = Arc::new(gates::Guarded::new(primary.clone(), Channel::Sms, config, clock.clone()));
+    let sms = gates::Failover::new(guarded.clone(), secondary.clone());
+    let msg = |i: u32| OutboundMessage {
+        channel: Channel::Sms,
+        to: "+14155550100".into(),
+        subject: None,
+        body: "code".into(),
+        headers: vec![],
+        idempotency_key: format!("k{i}"),
+        tenant: "shop-a".into(),
+        notification_id: "n".into(),
+        user_id: format!("u{i}"),
+        attempt: 1,
+    };
+    *primary.failing.lock().unwrap() = true;
+    let mut errors = 0;
+    for i in 0..20 {
+        if sms.send(&msg(i)).await.is_err() {
+            errors += 1;
+        }
+    }
+    assert_eq!(errors, 5, "five failures open the breaker");
+    assert!(matches!(guarded.state(), BreakerState::Open { .. }));
+    assert_eq!(secondary.total(), 15, "the secondary carries the traffic while it is open");
+    // The primary recovers; after open_for, probes go to it and it closes again.
+    *primary.failing.lock().unwrap() = false;
+    clock.advance(chrono::Duration::seconds(31));
+    for i in 100..110 {
+        sms.send(&msg(i)).await.unwrap();
+    }
+    assert_eq!(guarded.state(), BreakerState::Closed);
+    assert_eq!(primary.total(), 10, "traffic returned to the primary");
+    assert_eq!(secondary.total(), 15);
+}

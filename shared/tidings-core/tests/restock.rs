@@ -1,0 +1,717 @@
+//! Back-in-stock alerts against the embedded store (SQLite), through the ports only, with the
+//! manual clock. Every item of seed 000's pitfall list (踩坑清单) and review list (上线复盘清单)
+//! has a test named after it.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use tidings_core::dev::NullProvider;
+use tidings_core::inventory::{self, AdjustmentRequest, OrderLine, OrderRequest, WarmUpRequest};
+use tidings_core::messages::{self, ALL_QUEUES};
+use tidings_core::ports::{ChangeFeed, ManualClock, OutboundMessage, Provider, ProviderError, ProviderReceipt, Table};
+use tidings_core::restock::{self, NoticeStatus, RestockConfig, StockEvent, SubscriptionRequest, SubscriptionStatus};
+use tidings_core::users::{self, UserInput};
+use tidings_core::{CoreConfig, Deps, Providers, TenantId};
+use tidings_embedded::{EmbeddedChangeFeed, EmbeddedStore, QueueConfig};
+
+/// What the fake email provider does.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Mode {
+    Ok,
+    Transient,
+    Permanent,
+}
+
+/// Records accepted emails; can be told to fail.
+struct Recorder {
+    sent: Mutex<Vec<OutboundMessage>>,
+    calls: Mutex<Vec<DateTime<Utc>>>,
+    mode: Mutex<Mode>,
+    clock: Arc<ManualClock>,
+}
+
+#[async_trait]
+impl Provider for Recorder {
+    fn name(&self) -> &str {
+        "recorder"
+    }
+    async fn send(&self, m: &OutboundMessage) -> Result<ProviderReceipt, ProviderError> {
+        use tidings_core::ports::Clock;
+        self.calls.lock().unwrap().push(self.clock.now());
+        match *self.mode.lock().unwrap() {
+            Mode::Ok => {
+                self.sent.lock().unwrap().push(m.clone());
+                Ok(ProviderReceipt { provider_message_id: format!("m{}", self.sent.lock().unwrap().len()) })
+            }
+            Mode::Transient => Err(ProviderError::transient("503")),
+            Mode::Permanent => Err(ProviderError::Permanent {
+                reason: "unsubscribed".into(),
+                code: tidings_core::ports::PermanentCode::Rejected,
+            }),
+        }
+    }
+}
+
+struct World {
+    deps: Deps,
+    clock: Arc<ManualClock>,
+    feed: EmbeddedChangeFeed,
+    email: Arc<Recorder>,
+    store: EmbeddedStore,
+    t: TenantId,
+}
+
+fn start() -> DateTime<Utc> {
+    DateTime::parse_from_rfc3339("2026-11-29T00:00:00Z").unwrap().with_timezone(&Utc)
+}
+
+fn config(restock: RestockConfig) -> CoreConfig {
+    CoreConfig {
+        retry_base: Duration::from_secs(1),
+        retry_cap: Duration::from_secs(2),
+        max_receives: 2,
+        restock,
+        ..CoreConfig::default()
+    }
+}
+
+fn fast() -> RestockConfig {
+    RestockConfig { batch_pause: Duration::ZERO, wave_factor: 0, ..RestockConfig::default() }
+}
+
+fn world_with(restock: RestockConfig) -> World {
+    let clock = Arc::new(ManualClock::new(start()));
+    let store = EmbeddedStore::in_memory_with_clock(clock.clone()).unwrap();
+    for q in ALL_QUEUES {
+        store.declare_queue(QueueConfig::new(*q, 2)).unwrap();
+    }
+    let null: Arc<dyn Provider> = Arc::new(NullProvider);
+    let email = Arc::new(Recorder {
+        sent: Mutex::new(Vec::new()),
+        calls: Mutex::new(Vec::new()),
+        mode: Mutex::new(Mode::Ok),
+        clock: clock.clone(),
+    });
+    let deps = Deps {
+        table: Arc::new(store.clone()),
+        queues: Arc::new(store.clone()),
+        clock: clock.clone(),
+        providers: Providers { email: email.clone(), sms: null.clone(), push: null },
+        config: Arc::new(config(restock)),
+    };
+    World {
+        deps,
+        clock,
+        feed: store.change_feed("restock-test"),
+        email,
+        store: store.clone(),
+        t: TenantId::parse("shop-a").unwrap(),
+    }
+}
+
+fn world() -> World {
+    world_with(fast())
+}
+
+/// Feeds the change stream to the relay and runs every queue until nothing is left to do now.
+async fn pump(w: &World) {
+    for _ in 0..200 {
+        let mut did = 0;
+        let records = w.feed.next_batch(1000).await.unwrap();
+        if !records.is_empty() {
+            did += records.len();
+            tidings_core::notify::relay::handle_changes(&w.deps, &records).await.unwrap();
+            w.feed.commit(&records).await.unwrap();
+        }
+        for q in ALL_QUEUES.iter().filter(|q| messages::is_consumed(q)) {
+            let got = w.deps.queues.receive(q, 10, Duration::from_secs(30), Duration::ZERO).await.unwrap();
+            for m in &got {
+                did += 1;
+                let outcome = messages::dispatch(&w.deps, q, m).await;
+                messages::settle(w.deps.queues.as_ref(), q, m, &outcome, w.deps.clock.now(), true).await.unwrap();
+            }
+        }
+        if did == 0 {
+            return;
+        }
+    }
+    panic!("the system did not settle");
+}
+
+/// Moves the clock (firing due timers) and lets everything run.
+async fn advance(w: &World, secs: i64) {
+    w.clock.advance(chrono::Duration::seconds(secs));
+    tidings_core::timers::tick(&w.deps).await.unwrap();
+    pump(w).await;
+}
+
+/// Past the merge window, so merged messages go out.
+async fn settle(w: &World) {
+    pump(w).await;
+    advance(w, 61).await;
+    advance(w, 5).await;
+}
+
+async fn user(w: &World, id: &str) {
+    let input = UserInput { email: Some(format!("{id}@example.com")), ..UserInput::default() };
+    users::put_user(&w.deps, &w.t, id, input).await.unwrap();
+}
+
+async fn sku(w: &World, id: &str, on_hand: i64) {
+    let req = WarmUpRequest { on_hand, shards: None, category: None };
+    inventory::warm_up(&w.deps, &w.t, id, &req).await.unwrap();
+}
+
+async fn restock_by(w: &World, id: &str, delta: i64, key: &str) {
+    let req = AdjustmentRequest { delta, source: "purchase_order".into(), idempotency_key: key.into() };
+    inventory::adjust(&w.deps, &w.t, id, &req).await.unwrap();
+}
+
+async fn subscribe(w: &World, user_id: &str, sku_id: &str) -> (String, bool) {
+    let req = SubscriptionRequest { user_id: user_id.into(), sku_id: sku_id.into(), spu_id: None };
+    let (sub, created) = restock::subscribe(&w.deps, &w.t, &req).await.unwrap();
+    (sub.subscription_id, created)
+}
+
+async fn status_of(w: &World, id: &str) -> SubscriptionStatus {
+    restock::subscriptions::get(&w.deps, &w.t, id).await.unwrap().unwrap().status
+}
+
+fn emails_to(w: &World, user_id: &str) -> Vec<OutboundMessage> {
+    w.email.sent.lock().unwrap().iter().filter(|m| m.user_id == user_id).cloned().collect()
+}
+
+fn email_count(w: &World) -> usize {
+    w.email.sent.lock().unwrap().len()
+}
+
+/// Seed 000 踩坑清单: "订阅唯一键不带 status，用户第二次订阅直接撞键失败" (a unique key without status makes the second subscription fail).
+#[tokio::test]
+async fn pitfall_unique_key_without_status_blocks_second_subscription() {
+    let w = world();
+    user(&w, "u1").await;
+    sku(&w, "A", 0).await;
+    let (first, created) = subscribe(&w, "u1", "A").await;
+    assert!(created);
+    let (again, created) = subscribe(&w, "u1", "A").await;
+    assert_eq!((again.as_str(), created), (first.as_str(), false), "a repeat reuses the WAITING one");
+    restock_by(&w, "A", 5, "po-1").await;
+    settle(&w).await;
+    assert_eq!(status_of(&w, &first).await, SubscriptionStatus::Notified);
+    // Sold out again, and the user asks again: a new WAITING subscription, the old row stays.
+    restock_by(&w, "A", -5, "sold").await;
+    let (second, created) = subscribe(&w, "u1", "A").await;
+    assert!(created);
+    assert_ne!(second, first);
+    let cancelled = restock::cancel(&w.deps, &w.t, &second).await.unwrap();
+    assert_eq!(cancelled.status, SubscriptionStatus::Cancelled);
+    let (third, created) = subscribe(&w, "u1", "A").await;
+    assert!(created && third != second);
+    let list = restock::list_for_user(&w.deps, &w.t, "u1", 50, None).await.unwrap();
+    let statuses: Vec<_> = list.items.iter().map(|s| s.status).collect();
+    assert_eq!(
+        statuses,
+        vec![SubscriptionStatus::Waiting, SubscriptionStatus::Cancelled, SubscriptionStatus::Notified],
+        "newest first, every row kept"
+    );
+}
+
+/// Seed 000 踩坑清单: "只做事件触发不做扫描兜底，事件丢失后到货永远不通知" (events only, no scan: a lost event means no alert ever).
+#[tokio::test]
+async fn pitfall_event_only_without_scan_never_notifies_after_a_lost_event() {
+    let w = world();
+    user(&w, "u1").await;
+    sku(&w, "A", 0).await;
+    subscribe(&w, "u1", "A").await;
+    restock_by(&w, "A", 3, "po-1").await;
+    // The event is lost: the stream records are consumed without being handled.
+    let lost = w.feed.next_batch(1000).await.unwrap();
+    w.feed.commit(&lost).await.unwrap();
+    settle(&w).await;
+    assert_eq!(email_count(&w), 0);
+    let report = restock::scan(&w.deps).await.unwrap();
+    assert_eq!(report.rounds_queued, 1);
+    settle(&w).await;
+    assert_eq!(emails_to(&w, "u1").len(), 1, "the scan catches what the event missed");
+}
+
+/// Seed 000 踩坑清单: "通知不做幂等表，事件和扫描重复触发导致同一条消息发两遍" (no idempotency table: event and scan both fire and the message goes twice).
+#[tokio::test]
+async fn pitfall_no_idempotency_table_event_and_scan_send_twice() {
+    let w = world();
+    for u in ["u1", "u2", "u3"] {
+        user(&w, u).await;
+        subscribe(&w, u, "A").await;
+    }
+    sku(&w, "A", 0).await;
+    restock_by(&w, "A", 10, "po-1").await;
+    // The scan runs before the stream is read, then the stream, then the scan again.
+    restock::scan(&w.deps).await.unwrap();
+    pump(&w).await;
+    restock::scan(&w.deps).await.unwrap();
+    restock::run_round(&w.deps, &w.t, "A", 1, None).await.unwrap();
+    settle(&w).await;
+    advance(&w, 61).await; // the check after the send
+    for u in ["u1", "u2", "u3"] {
+        assert_eq!(emails_to(&w, u).len(), 1, "{u} gets one message");
+    }
+    let batch = restock::batch_no("A", 1);
+    let notice = restock::get_notice(&w.deps, &w.t, &batch, "u1").await.unwrap().unwrap();
+    assert_eq!(notice.status, NoticeStatus::Sent);
+}
+
+/// Seed 000 踩坑清单: "到货一次性全量逐条推送，通道被打爆、大量失败" (pushing everyone at once, one by one, floods the channel).
+#[tokio::test]
+async fn pitfall_full_fanout_at_once_floods_the_channel() {
+    let w = world_with(RestockConfig { batch_size: 100, ..fast() });
+    sku(&w, "A", 0).await;
+    for i in 0..250 {
+        subscribe(&w, &format!("u{i:03}"), "A").await;
+    }
+    restock_by(&w, "A", 1000, "po-1").await;
+    let report = restock::run_round(&w.deps, &w.t, "A", 1, None).await.unwrap();
+    assert_eq!(report.claimed, 250);
+    assert_eq!(report.batches, 3, "250 waiters go out in batches of 100");
+    assert_eq!(report.stopped, "no_waiters");
+}
+
+/// Seed 000 踩坑清单: "多 SKU 到货不合并，一个用户同时收七八条消息被投诉" (several SKUs back at once, not merged: seven or eight messages to one user).
+#[tokio::test]
+async fn pitfall_unmerged_skus_send_seven_messages_to_one_user() {
+    let w = world();
+    user(&w, "u1").await;
+    let skus: Vec<String> = (1..=7).map(|i| format!("S{i}")).collect();
+    for s in &skus {
+        sku(&w, s, 0).await;
+        subscribe(&w, "u1", s).await;
+    }
+    for s in &skus {
+        restock_by(&w, s, 2, &format!("po-{s}")).await;
+    }
+    settle(&w).await;
+    let mails = emails_to(&w, "u1");
+    assert_eq!(mails.len(), 1, "one merged message");
+    for s in &skus {
+        assert!(mails[0].body.contains(s.as_str()), "{s} is named: {}", mails[0].body);
+    }
+}
+
+/// Seed 000 踩坑清单: "失败重试不做退避，短时间高频重试加剧通道故障" (retries without backoff hammer a failing channel).
+#[tokio::test]
+async fn pitfall_retry_without_backoff_hammers_the_channel() {
+    let w = world();
+    user(&w, "u1").await;
+    sku(&w, "A", 0).await;
+    subscribe(&w, "u1", "A").await;
+    *w.email.mode.lock().unwrap() = Mode::Transient;
+    restock_by(&w, "A", 2, "po-1").await;
+    pump(&w).await;
+    advance(&w, 61).await; // the window closes: attempt 1
+    for _ in 0..5 {
+        advance(&w, 3).await; // the channel worker's own short retries run out
+    }
+    let after_first = w.email.calls.lock().unwrap().len();
+    assert!(after_first >= 1);
+    advance(&w, 30).await;
+    assert_eq!(w.email.calls.lock().unwrap().len(), after_first, "no retry sooner than 1 minute");
+    advance(&w, 40).await;
+    for _ in 0..5 {
+        advance(&w, 3).await;
+    }
+    let after_second = w.email.calls.lock().unwrap().len();
+    assert!(after_second > after_first, "retried after 1 minute");
+    advance(&w, 120).await;
+    assert_eq!(w.email.calls.lock().unwrap().len(), after_second, "the next retry waits 5 minutes");
+    let notice = restock::get_notice(&w.deps, &w.t, &restock::batch_no("A", 1), "u1").await.unwrap().unwrap();
+    assert_eq!(notice.status, NoticeStatus::Failed);
+    assert_eq!(notice.attempts, 2);
+}
+
+/// Seed 000 上线复盘清单: "订阅表是否有 sku + user 维度的唯一约束，状态机是否覆盖 WAITING/NOTIFIED/CANCELLED" (a sku + user unique constraint, and a state machine covering WAITING/NOTIFIED/CANCELLED).
+#[tokio::test]
+async fn review_unique_constraint_on_sku_and_user_and_state_machine() {
+    let w = world();
+    sku(&w, "A", 0).await;
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let deps = w.deps.clone();
+        let t = w.t.clone();
+        tasks.push(tokio::spawn(async move {
+            let req = SubscriptionRequest { user_id: "u1".into(), sku_id: "A".into(), spu_id: Some("P1".into()) };
+            restock::subscribe(&deps, &t, &req).await.unwrap().0.subscription_id
+        }));
+    }
+    let mut ids = Vec::new();
+    for t in tasks {
+        ids.push(t.await.unwrap());
+    }
+    ids.dedup();
+    assert_eq!(ids.len(), 1, "concurrent subscribes share one WAITING subscription");
+    let (cancel_me, _) = subscribe(&w, "u2", "A").await;
+    restock::cancel(&w.deps, &w.t, &cancel_me).await.unwrap();
+    let (old, _) = subscribe(&w, "u3", "B").await;
+    user(&w, "u1").await;
+    restock_by(&w, "A", 1, "po").await;
+    settle(&w).await;
+    assert_eq!(status_of(&w, &ids[0]).await, SubscriptionStatus::Notified);
+    assert_eq!(status_of(&w, &cancel_me).await, SubscriptionStatus::Cancelled);
+    assert!(emails_to(&w, "u2").is_empty(), "a cancelled subscriber gets nothing");
+    // WAITING past the maximum age (90 days) expires in the scan.
+    w.clock.advance(chrono::Duration::days(91));
+    let report = restock::scan(&w.deps).await.unwrap();
+    assert_eq!(report.expired, 1);
+    assert_eq!(status_of(&w, &old).await, SubscriptionStatus::Expired);
+    assert!(restock::cancel(&w.deps, &w.t, &old).await.is_err(), "EXPIRED cannot be cancelled");
+}
+
+/// Seed 000 上线复盘清单: "到货触发是否有实时事件加定时扫描双重保障" (real-time events and a scheduled scan, both).
+#[tokio::test]
+async fn review_event_and_scheduled_scan_double_guarantee() {
+    let w = world();
+    user(&w, "u1").await;
+    user(&w, "u2").await;
+    sku(&w, "A", 0).await;
+    subscribe(&w, "u1", "A").await;
+    // The upstream event on the stock-events queue (the shape of the seed, plus the tenant).
+    let body = r#"{"event":"stock.in","skuId":"A","qty":50,"source":"purchase_order","tenant":"shop-a"}"#;
+    w.deps.queues.send_batch("stock-events", vec![tidings_core::ports::OutMessage::new(body)]).await.unwrap();
+    settle(&w).await;
+    assert_eq!(emails_to(&w, "u1").len(), 1, "the event path notifies");
+    // Stock that never went through 0 → more (warmed up in stock): only the scan sees it.
+    sku(&w, "B", 4).await;
+    subscribe(&w, "u2", "B").await;
+    settle(&w).await;
+    assert!(emails_to(&w, "u2").is_empty());
+    restock::scan(&w.deps).await.unwrap();
+    settle(&w).await;
+    assert_eq!(emails_to(&w, "u2").len(), 1, "the scan path notifies");
+}
+
+/// Seed 000 上线复盘清单: "通知是否按批次幂等去重，事件与扫描重复触发是否只发一次" (notices deduplicated per batch; event and scan together send once).
+#[tokio::test]
+async fn review_batch_idempotent_event_and_scan_send_once() {
+    let w = world();
+    sku(&w, "A", 0).await;
+    for i in 0..40 {
+        let u = format!("u{i}");
+        user(&w, &u).await;
+        subscribe(&w, &u, "A").await;
+    }
+    // The same event twice (a redelivery): applied once.
+    let ev: StockEvent =
+        serde_json::from_str(r#"{"event":"stock.in","skuId":"A","qty":5,"source":"purchase_order"}"#).unwrap();
+    let a = restock::apply_stock_event(&w.deps, &w.t, &ev).await.unwrap();
+    let b = restock::apply_stock_event(&w.deps, &w.t, &ev).await.unwrap();
+    assert_eq!((a.available, b.available), (5, 5));
+    // Several instances on the same round at once: the stream, two scans, a direct run.
+    let mut tasks = Vec::new();
+    for _ in 0..3 {
+        let (deps, t) = (w.deps.clone(), w.t.clone());
+        tasks.push(tokio::spawn(async move { restock::run_round(&deps, &t, "A", 1, None).await.unwrap().claimed }));
+    }
+    restock::scan(&w.deps).await.unwrap();
+    let claimed: u64 = {
+        let mut n = 0;
+        for t in tasks {
+            n += t.await.unwrap();
+        }
+        n
+    };
+    settle(&w).await;
+    assert!(claimed <= 40);
+    assert_eq!(email_count(&w), 40, "every waiting user exactly once");
+    for i in 0..40 {
+        assert_eq!(emails_to(&w, &format!("u{i}")).len(), 1);
+    }
+}
+
+/// Seed 000 上线复盘清单: "大批量到货是否分片限流，通道是否设置了退避" (large restocks sharded and paced; backoff on the channel).
+#[tokio::test]
+async fn review_large_restock_batched_and_paced() {
+    let w = world_with(RestockConfig { batch_size: 10, batch_pause: Duration::from_millis(30), ..fast() });
+    sku(&w, "A", 0).await;
+    for i in 0..30 {
+        subscribe(&w, &format!("u{i:02}"), "A").await;
+    }
+    restock_by(&w, "A", 100, "po").await;
+    let started = std::time::Instant::now();
+    let report = restock::run_round(&w.deps, &w.t, "A", 1, None).await.unwrap();
+    assert_eq!((report.claimed, report.batches), (30, 3));
+    assert!(started.elapsed() >= Duration::from_millis(60), "a pause between batches");
+    // Backoff on the channel: the retry delays are 1, 5 and 30 minutes by default.
+    let d = RestockConfig::default().retry_delays;
+    assert_eq!(d, vec![Duration::from_secs(60), Duration::from_secs(300), Duration::from_secs(1800)]);
+}
+
+/// Seed 000 上线复盘清单: "同一用户多 SKU 到货是否合并为一条消息" (one user, several SKUs back: one message).
+#[tokio::test]
+async fn review_one_message_per_user_for_several_skus() {
+    let w = world();
+    user(&w, "u1").await;
+    users::put_user(
+        &w.deps,
+        &w.t,
+        "u2",
+        UserInput { email: Some("u2@example.com".into()), locale: Some("zh-CN".into()), ..UserInput::default() },
+    )
+    .await
+    .unwrap();
+    for s in ["A", "B", "C"] {
+        sku(&w, s, 0).await;
+        subscribe(&w, "u1", s).await;
+        subscribe(&w, "u2", s).await;
+    }
+    restock_by(&w, "A", 1, "a").await;
+    pump(&w).await;
+    advance(&w, 30).await; // within the window
+    restock_by(&w, "B", 1, "b").await;
+    settle(&w).await;
+    let mails = emails_to(&w, "u1");
+    assert_eq!(mails.len(), 1);
+    assert!(mails[0].body.contains('A') && mails[0].body.contains('B'), "{}", mails[0].body);
+    let zh = emails_to(&w, "u2");
+    assert_eq!(zh.len(), 1);
+    assert!(zh[0].body.contains("到货"), "zh-CN template: {}", zh[0].body);
+    // C after the window: a second message.
+    restock_by(&w, "C", 1, "c").await;
+    settle(&w).await;
+    assert_eq!(emails_to(&w, "u1").len(), 2);
+}
+
+/// Seed 000 上线复盘清单: "失败重试是否有次数上限与手动补发入口" (retries capped, and a manual resend).
+#[tokio::test]
+async fn review_retry_cap_and_manual_resend() {
+    let w = world();
+    for u in ["u1", "u2"] {
+        user(&w, u).await;
+        subscribe(&w, u, "A").await;
+    }
+    sku(&w, "A", 0).await;
+    *w.email.mode.lock().unwrap() = Mode::Transient;
+    restock_by(&w, "A", 3, "po").await;
+    pump(&w).await;
+    // 1 + 3 retries at 1, 5 and 30 minutes, then MANUAL.
+    for _ in 0..80 {
+        advance(&w, 60).await;
+    }
+    let batch = restock::batch_no("A", 1);
+    let manual = restock::list_notices(&w.deps, &w.t, "MANUAL", 50, None).await.unwrap();
+    assert_eq!(manual.items.len(), 2, "{:?}", manual.items);
+    assert_eq!(manual.items[0].attempts, 4);
+    let calls = w.email.calls.lock().unwrap().clone();
+    advance(&w, 3600).await;
+    assert_eq!(w.email.calls.lock().unwrap().len(), calls.len(), "no retry after MANUAL");
+    // u2 cancels; the operator resends the batch once the channel is back.
+    let u2_sub = manual.items.iter().find(|n| n.user_id == "u2").unwrap().subscription_id.clone();
+    restock::cancel(&w.deps, &w.t, &u2_sub).await.unwrap();
+    *w.email.mode.lock().unwrap() = Mode::Ok;
+    let report = restock::resend(&w.deps, &w.t, &batch).await.unwrap();
+    assert_eq!((report.resent, report.skipped_cancelled), (1, 1));
+    let again = restock::resend(&w.deps, &w.t, &batch).await.unwrap();
+    assert_eq!(again.resent, 0, "a resend is idempotent per batch");
+    pump(&w).await;
+    assert_eq!(emails_to(&w, "u1").len(), 1);
+    assert!(emails_to(&w, "u2").is_empty());
+    assert!(restock::list_notices(&w.deps, &w.t, "MANUAL", 50, None).await.unwrap().items.is_empty());
+}
+
+/// A closed channel or an unsubscribed user is not retried.
+#[tokio::test]
+async fn permanent_failure_is_not_retried() {
+    let w = world();
+    user(&w, "u1").await;
+    sku(&w, "A", 0).await;
+    subscribe(&w, "u1", "A").await;
+    *w.email.mode.lock().unwrap() = Mode::Permanent;
+    restock_by(&w, "A", 3, "po").await;
+    pump(&w).await;
+    for _ in 0..40 {
+        advance(&w, 60).await;
+    }
+    assert_eq!(w.email.calls.lock().unwrap().len(), 1);
+    let notice = restock::get_notice(&w.deps, &w.t, &restock::batch_no("A", 1), "u1").await.unwrap().unwrap();
+    assert_eq!(notice.status, NoticeStatus::Unreachable);
+}
+
+/// Issue 3: 3 units for 100 waiters: the first wave is ~9 users, and the waves stop when stock is gone.
+#[tokio::test]
+async fn three_units_for_a_hundred_waiters_go_in_waves() {
+    let w = world_with(RestockConfig { wave_factor: 3, ..fast() });
+    sku(&w, "A", 0).await;
+    for i in 0..100 {
+        let u = format!("u{i:03}");
+        user(&w, &u).await;
+        subscribe(&w, &u, "A").await;
+    }
+    restock_by(&w, "A", 3, "po").await;
+    settle(&w).await;
+    assert_eq!(email_count(&w), 9, "first wave: 3 x 3");
+    let first: Vec<String> = w.email.sent.lock().unwrap().iter().map(|m| m.user_id.clone()).collect();
+    assert!(first.iter().all(|u| u.as_str() < "u009"), "oldest first: {first:?}");
+    // One unit sells; the next wave (after the interval) is 3 x 2.
+    let order = OrderRequest {
+        order_id: "o1".into(),
+        user_id: "u000".into(),
+        items: vec![OrderLine { sku_id: "A".into(), qty: 1 }],
+        hold_seconds: None,
+        category: None,
+    };
+    inventory::place_order(&w.deps, &w.t, &order).await.unwrap();
+    inventory::pay(&w.deps, &w.t, "o1").await.unwrap();
+    advance(&w, 601).await;
+    settle(&w).await;
+    assert_eq!(email_count(&w), 15);
+    // Sold out: the next wave stops, the rest stay WAITING for the next round.
+    restock_by(&w, "A", -2, "sold").await;
+    advance(&w, 601).await;
+    settle(&w).await;
+    assert_eq!(email_count(&w), 15);
+    let waiting = restock::list_for_user(&w.deps, &w.t, "u099", 10, None).await.unwrap();
+    assert_eq!(waiting.items[0].status, SubscriptionStatus::Waiting);
+    // Next round: the next oldest.
+    restock_by(&w, "A", 1, "po-2").await;
+    settle(&w).await;
+    assert_eq!(email_count(&w), 18);
+}
+
+/// Issue 3: a cancelled subscriber gets nothing; a NOTIFIED one gets nothing next round unless they subscribed again.
+#[tokio::test]
+async fn cancelled_and_notified_get_nothing_next_round() {
+    let w = world();
+    for u in ["u1", "u2", "u3"] {
+        user(&w, u).await;
+    }
+    sku(&w, "A", 0).await;
+    subscribe(&w, "u1", "A").await;
+    subscribe(&w, "u2", "A").await;
+    let (c, _) = subscribe(&w, "u3", "A").await;
+    restock::cancel(&w.deps, &w.t, &c).await.unwrap();
+    restock_by(&w, "A", 2, "po-1").await;
+    settle(&w).await;
+    assert_eq!((emails_to(&w, "u1").len(), emails_to(&w, "u2").len(), emails_to(&w, "u3").len()), (1, 1, 0));
+    restock_by(&w, "A", -2, "sold").await;
+    subscribe(&w, "u2", "A").await; // u2 asks again, u1 does not
+    restock_by(&w, "A", 2, "po-2").await;
+    settle(&w).await;
+    assert_eq!((emails_to(&w, "u1").len(), emails_to(&w, "u2").len(), emails_to(&w, "u3").len()), (1, 2, 0));
+}
+
+/// A table that fails every write after a number of transactions: a process dying mid-round.
+struct Dying {
+    inner: EmbeddedStore,
+    left: Mutex<i64>,
+}
+
+#[async_trait]
+impl Table for Dying {
+    async fn get(
+        &self,
+        key: &tidings_core::ports::Key,
+    ) -> Result<Option<tidings_core::ports::Item>, tidings_core::ports::StoreError> {
+        self.inner.get(key).await
+    }
+    async fn put(
+        &self,
+        item: tidings_core::ports::Item,
+        cond: tidings_core::ports::Cond,
+    ) -> Result<(), tidings_core::ports::StoreError> {
+        self.inner.put(item, cond).await
+    }
+    async fn update(
+        &self,
+        key: &tidings_core::ports::Key,
+        updates: Vec<tidings_core::ports::Update>,
+        cond: tidings_core::ports::Cond,
+    ) -> Result<tidings_core::ports::Item, tidings_core::ports::StoreError> {
+        self.inner.update(key, updates, cond).await
+    }
+    async fn delete(
+        &self,
+        key: &tidings_core::ports::Key,
+        cond: tidings_core::ports::Cond,
+    ) -> Result<(), tidings_core::ports::StoreError> {
+        Table::delete(&self.inner, key, cond).await
+    }
+    async fn transact(&self, writes: Vec<tidings_core::ports::Write>) -> Result<(), tidings_core::ports::StoreError> {
+        {
+            let mut left = self.left.lock().unwrap();
+            *left -= 1;
+            if *left < 0 {
+                return Err(tidings_core::ports::StoreError::Unavailable("process killed".into()));
+            }
+        }
+        self.inner.transact(writes).await
+    }
+    async fn query(
+        &self,
+        pk: &str,
+        sk_prefix: &str,
+        opts: tidings_core::ports::QueryOpts,
+    ) -> Result<tidings_core::ports::Page, tidings_core::ports::StoreError> {
+        self.inner.query(pk, sk_prefix, opts).await
+    }
+}
+
+/// Issue 3: a crash in the middle of a round: after restart every user is notified once.
+#[tokio::test]
+async fn crash_mid_round_then_everyone_notified_once() {
+    let w = world();
+    sku(&w, "A", 0).await;
+    for i in 0..50 {
+        let u = format!("u{i:02}");
+        user(&w, &u).await;
+        subscribe(&w, &u, "A").await;
+    }
+    restock_by(&w, "A", 100, "po").await;
+    let store_deps = w.deps.clone();
+    let dying = Deps { table: Arc::new(Dying { inner: w.store.clone(), left: Mutex::new(30) }), ..store_deps.clone() };
+    assert!(restock::run_round(&dying, &w.t, "A", 1, None).await.is_err(), "dies mid-round");
+    // Restart: the stream and the scan bring the round back.
+    settle(&w).await;
+    restock::scan(&w.deps).await.unwrap();
+    settle(&w).await;
+    assert_eq!(email_count(&w), 50);
+    for i in 0..50 {
+        assert_eq!(emails_to(&w, &format!("u{i:02}")).len(), 1);
+    }
+}
+
+/// Issue 3: 10,000 subscribers on one SKU: all notified once, in batches, with bounded memory (one page at a time).
+#[tokio::test]
+async fn ten_thousand_subscribers_notified_once_in_batches() {
+    let w = world_with(RestockConfig { batch_size: 100, ..fast() });
+    sku(&w, "A", 0).await;
+    for i in 0..10_000 {
+        subscribe(&w, &format!("u{i:05}"), "A").await;
+    }
+    restock_by(&w, "A", 1_000_000, "po").await;
+    let report = restock::run_round(&w.deps, &w.t, "A", 1, None).await.unwrap();
+    assert_eq!(report.claimed, 10_000);
+    assert_eq!(report.batches, 100);
+    let again = restock::run_round(&w.deps, &w.t, "A", 1, None).await.unwrap();
+    assert_eq!(again.claimed, 0, "a second instance claims nothing");
+    let mut notices = 0;
+    let mut cursor = None;
+    loop {
+        let page = w
+            .deps
+            .table
+            .query(
+                &restock::keys::notice_pk(&w.t, &restock::batch_no("A", 1)),
+                "",
+                tidings_core::ports::QueryOpts { limit: 1000, cursor, descending: false },
+            )
+            .await
+            .unwrap();
+        notices += page.items.len();
+        cursor = page.next_cursor;
+        if cursor.is_none() {
+            break;
+        }
+    }
+    assert_eq!(notices, 10_000);
+}

@@ -1,0 +1,319 @@
+//! `tidings bench campaign --recipients N`: a campaign to N users on the embedded backend (a
+//! fresh SQLite file in a temporary directory), through the real relay, orchestrator, channel
+//! workers and gates, with a fake provider that answers at once. Meanwhile a transactional
+//! message (an OTP) is accepted every 100 ms; its latency from accepted to the provider is the
+//! priority-isolation figure. At the end every recipient must have been sent exactly one
+//! message.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use async_trait::async_trait;
+use serde_json::json;
+use tidings_core::gates::{self, GateConfig, GateStore};
+use tidings_core::keys;
+use tidings_core::notify::api;
+use tidings_core::ports::{
+    Cond, Item, OutboundMessage, Provider, ProviderError, ProviderReceipt, SystemClock, Table, Write, attrs_of,
+};
+use tidings_core::users::User;
+use tidings_core::{CoreConfig, Deps, Providers, TenantId, templates};
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct CampaignArgs {
+    /// Users in the segment.
+    #[arg(long, default_value_t = 100_000)]
+    pub recipients: u64,
+    /// Where to put the database (default: a temporary directory, removed afterwards).
+    #[arg(long)]
+    pub data_dir: Option<std::path::PathBuf>,
+    /// Workers per low-priority queue (default: TIDINGS_WORKERS_LOW or 16).
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// Milliseconds between two transactional messages sent while the campaign drains.
+    #[arg(long, default_value_t = 100)]
+    pub otp_every_ms: u64,
+    /// Give up after this many seconds.
+    #[arg(long, default_value_t = 3600)]
+    pub timeout_s: u64,
+}
+
+const TAG: &str = "bench";
+
+/// The fake provider: one byte per campaign recipient (how many times it was sent), and the
+/// accepted → provider latency of each transactional message.
+struct BenchProvider {
+    sends: Vec<AtomicU8>,
+    delivered: AtomicU64,
+    otp_accepted: Mutex<HashMap<String, Instant>>,
+    otp_latencies_ms: Mutex<Vec<f64>>,
+}
+
+fn user_id(i: u64) -> String {
+    format!("b{i:08}")
+}
+
+#[async_trait]
+impl Provider for BenchProvider {
+    fn name(&self) -> &str {
+        "bench"
+    }
+    async fn send(&self, m: &OutboundMessage) -> Result<ProviderReceipt, ProviderError> {
+        if let Some(i) = m.user_id.strip_prefix('b').and_then(|n| n.parse::<usize>().ok())
+            && let Some(slot) = self.sends.get(i)
+        {
+            slot.fetch_add(1, Ordering::Relaxed);
+            self.delivered.fetch_add(1, Ordering::Relaxed);
+        } else {
+            let accepted = self.otp_accepted.lock().unwrap_or_else(|p| p.into_inner()).remove(&m.notification_id);
+            if let Some(at) = accepted {
+                self.otp_latencies_ms
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(at.elapsed().as_secs_f64() * 1000.0);
+            }
+        }
+        Ok(ProviderReceipt { provider_message_id: m.idempotency_key.clone() })
+    }
+}
+
+/// Peak resident set size of this process (`VmHWM`), in MiB.
+pub fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[idx.min(sorted.len() - 1)]
+}
+
+/// Writes the users and their tag memberships directly, 50 users per transaction.
+async fn seed_users(table: &dyn Table, t: &TenantId, n: u64) -> anyhow::Result<()> {
+    let mut writes = Vec::with_capacity(100);
+    for i in 0..n {
+        let id = user_id(i);
+        let user = User {
+            user_id: id.clone(),
+            email: Some(format!("{id}@example.com")),
+            tags: vec![TAG.into()],
+            updated_at: "2026-01-01T00:00:00.000Z".into(),
+            ..Default::default()
+        };
+        let attrs = attrs_of(&user)?;
+        let mut profile = attrs.clone();
+        profile.insert("rev".into(), 1.into());
+        writes.push(Write::Put { item: Item::new(keys::user(t, &id), profile), cond: Cond::Always });
+        writes.push(Write::Put { item: Item::new(keys::tag_member(t, TAG, &id), attrs), cond: Cond::Always });
+        if writes.len() >= 100 {
+            table.transact(std::mem::take(&mut writes)).await?;
+        }
+    }
+    if !writes.is_empty() {
+        table.transact(writes).await?;
+    }
+    Ok(())
+}
+
+pub async fn campaign(args: CampaignArgs) -> anyhow::Result<()> {
+    let n = args.recipients;
+    let tmp = tempfile::tempdir()?;
+    let dir = args.data_dir.clone().unwrap_or_else(|| tmp.path().to_path_buf());
+    std::fs::create_dir_all(&dir)?;
+    let path = dir.join("bench.db");
+    let clock = Arc::new(SystemClock);
+    let store = tidings_embedded::EmbeddedStore::open_with_clock(&path, clock.clone())
+        .with_context(|| format!("opening {}", path.display()))?;
+    // A campaign is marketing: no frequency cap here (one message per user anyway).
+    let config = CoreConfig { frequency_cap: 1_000, ..CoreConfig::from_env() };
+    let queue_names = crate::backend::all_queues();
+    for q in &queue_names {
+        store.declare_queue(tidings_embedded::QueueConfig::new(q.clone(), config.max_receives))?;
+    }
+    let provider = Arc::new(BenchProvider {
+        sends: (0..n).map(|_| AtomicU8::new(0)).collect(),
+        delivered: AtomicU64::new(0),
+        otp_accepted: Mutex::new(HashMap::new()),
+        otp_latencies_ms: Mutex::new(Vec::new()),
+    });
+    let p: Arc<dyn Provider> = provider.clone();
+    let providers = gates::wrap(
+        &Providers { email: p.clone(), sms: p.clone(), push: p },
+        None,
+        &GateConfig::from_env(),
+        GateStore::Local,
+    );
+    let table: Arc<dyn Table> = Arc::new(store.clone());
+    let deps =
+        Deps { table: table.clone(), queues: Arc::new(store.clone()), clock, providers, config: Arc::new(config) };
+    let t = TenantId::parse("bench").map_err(|e| anyhow::anyhow!("{e}"))?;
+    tidings_core::metrics::install();
+
+    let seeding = Instant::now();
+    seed_users(table.as_ref(), &t, n).await?;
+    let otp_user = User { user_id: "otp-user".into(), email: Some("otp@example.com".into()), ..Default::default() };
+    tidings_core::users::put_user(
+        &deps,
+        &t,
+        "otp-user",
+        tidings_core::users::UserInput { email: otp_user.email.clone(), ..Default::default() },
+    )
+    .await?;
+    let template = serde_json::from_value(json!({
+        "default_locale": "en",
+        "locales": {"en": {"email_subject": "Sale {{ user_id }}", "email_body": "Hello {{ user_id }}, 20% off today"}}
+    }))?;
+    templates::put_template(&deps, &t, "promo", template).await?;
+    let seeded_s = seeding.elapsed().as_secs_f64();
+    println!("seeded {n} users in {seeded_s:.1} s ({})", path.display());
+
+    let pools = crate::runtime::Pools {
+        low: args.workers.unwrap_or_else(|| crate::runtime::Pools::from_env().low.max(16)),
+        ..crate::runtime::Pools::from_env()
+    };
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let feed: Arc<dyn tidings_core::ports::ChangeFeed> = Arc::new(store.change_feed("relay"));
+    let mut workers = crate::runtime::start_with(
+        deps.clone(),
+        Arc::new(tidings_core::live::NoLive),
+        feed,
+        queue_names.clone(),
+        "arn:tidings:embedded:local:0:".into(),
+        stop_rx,
+        pools,
+    );
+
+    let request = serde_json::from_value(json!({
+        "idempotency_key": "bench-campaign",
+        "recipients": {"segment": TAG},
+        "template_id": "promo",
+        "category": "marketing",
+        "channels": ["email"],
+    }))?;
+    let started = Instant::now();
+    let accepted = api::accept(&deps, &t, request).await?;
+
+    // Transactional messages while the campaign drains.
+    let (otp_stop_tx, mut otp_stop_rx) = tokio::sync::watch::channel(false);
+    let otp = {
+        let (deps, t, provider) = (deps.clone(), t.clone(), provider.clone());
+        let every = Duration::from_millis(args.otp_every_ms.max(1));
+        tokio::spawn(async move {
+            let mut i = 0u64;
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(every) => {}
+                    _ = otp_stop_rx.changed() => return i,
+                }
+                i += 1;
+                let req = serde_json::from_value(json!({
+                    "idempotency_key": format!("otp-{i}"),
+                    "recipients": {"user_ids": ["otp-user"]},
+                    "template_id": "promo",
+                    "category": "transactional",
+                    "channels": ["email"],
+                }));
+                let Ok(req) = req else { continue };
+                let at = Instant::now();
+                match api::accept(&deps, &t, req).await {
+                    Ok(a) => {
+                        provider.otp_accepted.lock().unwrap_or_else(|p| p.into_inner()).insert(a.notification_id, at);
+                    }
+                    Err(e) => tracing::warn!(error = %e, "otp not accepted"),
+                }
+            }
+        })
+    };
+
+    let mut rss_at_100k = None;
+    let mut last = (Instant::now(), 0u64);
+    let deadline = started + Duration::from_secs(args.timeout_s);
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let done = provider.delivered.load(Ordering::Relaxed);
+        if rss_at_100k.is_none() && done >= n.min(100_000) {
+            rss_at_100k = peak_rss_mib();
+        }
+        if last.0.elapsed() >= Duration::from_secs(5) {
+            let rate = (done - last.1) as f64 / last.0.elapsed().as_secs_f64();
+            println!(
+                "  {:>6.1} s: {done} sent ({rate:.0}/s), peak RSS {:.0} MiB",
+                started.elapsed().as_secs_f64(),
+                peak_rss_mib().unwrap_or(0.0)
+            );
+            last = (Instant::now(), done);
+        }
+        if done >= n || Instant::now() > deadline {
+            break;
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let _ = otp_stop_tx.send(true);
+    let otps = otp.await.unwrap_or(0);
+    // The last transactional messages are in flight: give them a moment.
+    for _ in 0..40 {
+        if provider.otp_accepted.lock().unwrap_or_else(|p| p.into_inner()).is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let view = api::get_notification(&deps, &t, &accepted.notification_id).await?;
+    let _ = stop_tx.send(true);
+    workers.shutdown().await;
+
+    let (mut once, mut dupes, mut missing) = (0u64, 0u64, 0u64);
+    for s in &provider.sends {
+        match s.load(Ordering::Relaxed) {
+            0 => missing += 1,
+            1 => once += 1,
+            _ => dupes += 1,
+        }
+    }
+    let mut lat = provider.otp_latencies_ms.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    lat.sort_by(|a, b| a.total_cmp(b));
+    let db_mib = std::fs::metadata(&path).map(|m| m.len() as f64 / 1048576.0).unwrap_or(0.0);
+    let report = json!({
+        "recipients": n,
+        "delivered_once": once,
+        "duplicates": dupes,
+        "missing": missing,
+        "seconds": (elapsed * 10.0).round() / 10.0,
+        "sends_per_s": (once as f64 / elapsed).round(),
+        "peak_rss_mib_at_100k": rss_at_100k.map(|v| v.round()),
+        "peak_rss_mib_at_end": peak_rss_mib().map(|v| v.round()),
+        "transactional": {
+            "sent": lat.len(),
+            "accepted": otps,
+            "p50_ms": (percentile(&lat, 0.50) * 10.0).round() / 10.0,
+            "p99_ms": (percentile(&lat, 0.99) * 10.0).round() / 10.0,
+            "max_ms": (lat.last().copied().unwrap_or(0.0) * 10.0).round() / 10.0,
+        },
+        "progress": view.map(|v| json!({"status": v.status, "expanded": v.expanded, "counts": v.counts})),
+        "workers_low": pools.low,
+        "workers_high": pools.high,
+        "database_mib": db_mib.round(),
+        "seeding_s": (seeded_s * 10.0).round() / 10.0,
+        "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        "metrics": tidings_core::metrics::installed().map(|r| r.report()),
+    });
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    // Queue depths at the end (all should be empty).
+    for q in &queue_names {
+        let s = deps.queues.stats(q).await?;
+        if s.visible + s.in_flight + s.delayed + s.dlq_depth > 0 {
+            println!("  queue {q}: {}", serde_json::to_string(&s)?);
+        }
+    }
+    if once != n {
+        anyhow::bail!("{missing} recipients missing, {dupes} sent more than once");
+    }
+    Ok(())
+}

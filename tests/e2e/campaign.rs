@@ -1,0 +1,85 @@
+//! Campaigns end to end: a segment expanded page by page, progress, the metrics route, and a
+//! transactional message that is not held up by a campaign draining at the same time.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::server::{Backend, Options, Server};
+
+const WAIT: Duration = Duration::from_secs(90);
+
+pub async fn a_segment_campaign_reaches_each_member_once_and_an_otp_is_not_held_up(
+    backend: Backend,
+) -> anyhow::Result<()> {
+    let mut opts = Options::default();
+    opts.env.push(("TIDINGS_CAMPAIGN_PAGE_SIZE", "25".into()));
+    let s = Server::start(backend, opts).await?;
+    let members = 120;
+    for i in 0..members {
+        let body = json!({"email": format!("m{i}@example.com"), "tags": ["vip", "newsletter"]});
+        let (st, v) = s.call("PUT", &format!("/v1/users/m{i:03}"), Some(body)).await?;
+        assert_eq!(st, 200, "{v}");
+    }
+    let (st, _) =
+        s.call("PUT", "/v1/users/outsider", Some(json!({"email": "o@example.com", "tags": ["other"]}))).await?;
+    assert_eq!(st, 200);
+    let (st, v) = s
+        .call(
+            "PUT",
+            "/v1/templates/promo",
+            Some(json!({"default_locale": "en", "locales": {"en": {"email_subject": "Sale", "email_body": "Hi {{ user_id }}"}}})),
+        )
+        .await?;
+    assert_eq!(st, 200, "{v}");
+    let (st, v) = s
+        .call(
+            "POST",
+            "/v1/notifications",
+            Some(json!({"idempotency_key": "sale-1", "recipients": {"segment": "vip"}, "template_id": "promo",
+                        "category": "marketing", "channels": ["email"]})),
+        )
+        .await?;
+    assert_eq!(st, 202, "{v}");
+    let campaign = v["notification_id"].as_str().unwrap().to_owned();
+
+    // An OTP while the campaign drains: it has its own queues and worker pool.
+    let sent_at = Instant::now();
+    let (st, v) = s
+        .call(
+            "POST",
+            "/v1/notifications",
+            Some(json!({"idempotency_key": "otp-1", "recipients": {"user_ids": ["outsider"]}, "template_id": "promo",
+                        "category": "transactional", "channels": ["email"]})),
+        )
+        .await?;
+    assert_eq!(st, 202, "{v}");
+    let otp = v["notification_id"].as_str().unwrap().to_owned();
+    s.eventually(WAIT, "the otp", || async { Ok((!s.sends(&otp).await?.is_empty()).then_some(())) }).await?;
+    let otp_latency = sent_at.elapsed();
+    // Generous: the point is that it does not wait for the campaign's 120 sends.
+    assert!(otp_latency < Duration::from_secs(10), "otp took {otp_latency:?}");
+
+    let view = s
+        .eventually(WAIT, "the campaign to complete", || async {
+            let (_, v) = s.call("GET", &format!("/v1/notifications/{campaign}"), None).await?;
+            Ok((v["status"] == "completed").then_some(v))
+        })
+        .await?;
+    assert_eq!(view["counts"]["sent"], members, "{view}");
+    assert_eq!(view["counts"]["queued"], 0, "{view}");
+    assert_eq!(view["expanded"], members, "{view}");
+    assert_eq!(view["segment"], "vip", "{view}");
+    let sends = s.sends(&campaign).await?;
+    assert_eq!(sends.len(), members, "one send per member");
+    let users: HashSet<_> = sends.iter().map(|s| s["user_id"].as_str().unwrap_or_default().to_owned()).collect();
+    assert_eq!(users.len(), members);
+    assert!(!users.contains("outsider"));
+
+    let (st, m) = s.call("GET", "/v1/ops/metrics", None).await?;
+    assert_eq!(st, 200, "{m}");
+    assert!(m["sends_total"]["email"].as_u64().unwrap_or(0) >= members as u64 + 1, "{m}");
+    assert!(m["oldest_age_s"].is_object(), "{m}");
+    Ok(())
+}
