@@ -21,9 +21,11 @@ fi
 infra/.venv/bin/pip install --quiet selenium
 export TIDINGS_TEST_PYTHON="$PWD/infra/.venv/bin/python"
 
-echo "== build (the tidings binary with the AWS backend, for the end-to-end tests)"
-cargo build --locked -p tidings --features aws
-export TIDINGS_BIN="$PWD/target/debug/tidings"
+echo "== build (the tidings binary with the AWS backend and crash points, for the end-to-end tests)"
+cargo build --locked -p tidings --features aws,crash-points
+# A copy: the test build below may rebuild target/debug/tidings with other features.
+mkdir -p target/e2e && cp target/debug/tidings target/e2e/tidings
+export TIDINGS_BIN="$PWD/target/e2e/tidings"
 
 echo "== tests (unit, handler fixtures, conformance and end to end on both backends)"
 if cargo nextest --version >/dev/null 2>&1; then
@@ -33,6 +35,9 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
     cargo test --locked --workspace --no-fail-fast
 fi
+
+echo "== schemathesis (the API fuzzed from its own /openapi.json: no 5xx, no schema violation)"
+bash infra/schemathesis.sh
 
 echo "== clippy"
 cargo clippy --locked --workspace --all-targets -- -D warnings

@@ -5,6 +5,7 @@
 
 mod campaign;
 mod console;
+mod crash;
 mod live;
 mod notify;
 mod platform;
@@ -65,4 +66,14 @@ on_both_backends!(platform as platform_tests:
     scheduled_send_fires_at_send_at_and_cancel_stops_it,
     push_reaches_every_device_and_a_dead_token_is_deleted,
     forged_sns_callback_is_rejected_and_a_genuine_bounce_suppresses,
+);
+
+on_both_backends!(crash as crash_tests:
+    transactional_crash_after_provider_loses_nothing_and_duplicates_at_most_once_per_crash,
+    transactional_crash_before_provider_sends_each_exactly_once,
+    crash_after_sent_before_delete_sends_each_exactly_once,
+    marketing_crash_after_provider_never_duplicates,
+    relay_crash_before_commit_sends_each_exactly_once,
+    fanout_crash_midway_sends_each_exactly_once,
+    reservation_crash_after_commit_holds_once,
 );

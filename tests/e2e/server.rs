@@ -62,8 +62,9 @@ impl Default for Options {
             env: vec![
                 ("TIDINGS_RETRY_BASE_MS", "200".into()),
                 ("TIDINGS_RETRY_CAP_MS", "1000".into()),
-                ("TIDINGS_VISIBILITY_S", "3".into()),
-                ("TIDINGS_DELIVERY_LEASE_MS", "2000".into()),
+                ("TIDINGS_VISIBILITY_S", "6".into()),
+                ("TIDINGS_DELIVERY_LEASE_MS", "5000".into()),
+                ("TIDINGS_PROVIDER_TIMEOUT_MS", "2000".into()),
             ],
             manual_clock: false,
         }
@@ -120,11 +121,19 @@ impl Server {
         let stdout = child.stdout.take().context("no stdout")?;
         let mut lines = BufReader::new(stdout).lines();
         let deadline = Instant::now() + Duration::from_secs(120);
+        let crash_test = self.env.iter().any(|(k, _)| k == "TIDINGS_CRASH_AT");
         let base = loop {
             let line = tokio::time::timeout_at(deadline.into(), lines.next_line())
                 .await
-                .context("tidings serve did not start in time")??
-                .context("tidings serve exited before listening")?;
+                .context("tidings serve did not start in time")??;
+            let Some(line) = line else {
+                if crash_test {
+                    // A crash point fired while the runtime caught up, before the API listened.
+                    self.child = Some(child);
+                    return Ok(());
+                }
+                bail!("tidings serve exited before listening");
+            };
             if let Some(rest) = line.split("listening on ").nth(1) {
                 break rest.split_whitespace().next().unwrap_or_default().to_owned();
             }
@@ -136,9 +145,16 @@ impl Server {
         self.wait_healthy().await
     }
 
-    async fn wait_healthy(&self) -> anyhow::Result<()> {
+    async fn wait_healthy(&mut self) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
+            // A crash point may end the process before it ever answers: the test checks that.
+            if self.env.iter().any(|(k, _)| k == "TIDINGS_CRASH_AT")
+                && let Some(child) = self.child.as_mut()
+                && child.try_wait()?.is_some()
+            {
+                return Ok(());
+            }
             if let Ok(r) = self.http.get(format!("{}/healthz", self.base)).send().await
                 && r.status().is_success()
             {
@@ -147,6 +163,34 @@ impl Server {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         bail!("server not healthy")
+    }
+
+    /// Waits for the process to end by itself (a crash point aborted it); false if it is still
+    /// running after `within`.
+    pub async fn exited_within(&mut self, within: Duration) -> anyhow::Result<bool> {
+        let Some(child) = self.child.as_mut() else { return Ok(true) };
+        match tokio::time::timeout(within, child.wait()).await {
+            Ok(status) => {
+                status?;
+                self.child = None;
+                Ok(true)
+            }
+            Err(_) => Ok(false),
+        }
+    }
+
+    /// Starts again on the same data (killing the process first if it still runs), with
+    /// `TIDINGS_CRASH_AT` set to `crash_at` or removed.
+    pub async fn restart_with_crash_at(&mut self, crash_at: Option<&str>) -> anyhow::Result<()> {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.start_kill();
+            child.wait().await?;
+        }
+        self.env.retain(|(k, _)| k != "TIDINGS_CRASH_AT");
+        if let Some(point) = crash_at {
+            self.env.push(("TIDINGS_CRASH_AT".into(), point.into()));
+        }
+        self.spawn(false).await
     }
 
     /// `kill -9`, then start again on the same data.

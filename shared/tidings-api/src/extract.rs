@@ -82,9 +82,13 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
 }
 
 /// `?limit=&cursor=`: default 50, at most 500.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct PageParams {
+    /// Items per page, 1 to 500 (default 50).
+    #[param(minimum = 1, maximum = 500)]
     pub limit: Option<usize>,
+    /// The `next_cursor` of the previous page.
     pub cursor: Option<String>,
 }
 

@@ -7,4 +7,5 @@ pub mod routes;
 pub mod state;
 
 pub use routes::app;
+pub use routes::openapi::document as openapi;
 pub use state::{AppState, DevControl};

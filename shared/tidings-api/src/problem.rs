@@ -7,12 +7,16 @@ use serde::Serialize;
 use tidings_core::CoreError;
 use tracing::error;
 
-#[derive(Debug, Serialize)]
+/// An RFC 9457 problem document (`application/problem+json`).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Problem {
+    /// A URI naming the kind of problem.
     #[serde(rename = "type")]
     pub type_: String,
     pub title: String,
+    /// The HTTP status, repeated.
     pub status: u16,
+    /// A stable machine-readable word, e.g. `insufficient_stock`.
     pub code: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,

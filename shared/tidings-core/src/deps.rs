@@ -105,6 +105,9 @@ impl CoreConfig {
         if let Some(v) = ms("TIDINGS_VISIBILITY_S") {
             c.visibility = Duration::from_secs(v.max(1));
         }
+        // A lease shorter than a provider call would let a second worker send while the first
+        // is still waiting for the provider: a duplicate without any crash.
+        c.delivery_lease = c.delivery_lease.max(c.provider_timeout + Duration::from_secs(1));
         if let Ok(v) = std::env::var("TIDINGS_SIGNING_KEYS") {
             c.signer = crate::signing::Signer::parse(&v);
         }

@@ -16,7 +16,7 @@ use crate::ports::{
 };
 
 /// How a dev provider behaves.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum FaultMode {
     #[default]
@@ -30,7 +30,7 @@ pub enum FaultMode {
 }
 
 /// The body of `PUT /dev/providers/{channel}`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FaultConfig {
     pub mode: FaultMode,
@@ -42,7 +42,7 @@ pub struct FaultConfig {
 }
 
 /// One accepted send, as `GET /dev/deliveries` lists it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RecordedSend {
     pub channel: Channel,
     pub tenant: String,

@@ -19,7 +19,7 @@ use crate::ports::{
     StoreError, Write, attrs_of,
 };
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Device {
     pub user_id: String,
     pub platform: Platform,
@@ -31,7 +31,7 @@ pub struct Device {
 }
 
 /// The body of `POST /v1/devices`.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DeviceInput {
     pub user_id: String,

@@ -28,6 +28,15 @@ impl CoreError {
         CoreError::Conflict { code, detail: detail.into() }
     }
 
+    /// The error of a list query that used a client's cursor: a cursor the store cannot read (a
+    /// mangled or forged one) is bad input (422 naming `cursor`), not an internal error.
+    pub fn of_page_query(e: StoreError) -> Self {
+        match e {
+            StoreError::Invalid(_) => CoreError::invalid("cursor", "not a cursor this list gave"),
+            e => e.into(),
+        }
+    }
+
     /// Whether trying again later may succeed.
     pub fn is_retryable(&self) -> bool {
         match self {

@@ -10,7 +10,7 @@ use crate::keys;
 use crate::notify::model::Notification;
 use crate::ports::{Cond, Item, QueryOpts, StoreError, Update, Write, attrs_of};
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct InboxMessage {
     pub message_id: String,
     pub title: String,
@@ -57,7 +57,7 @@ pub fn message_writes(
     ])
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct InboxPage {
     pub items: Vec<InboxMessage>,
     pub unread_count: i64,
@@ -76,8 +76,8 @@ pub async fn list(
     cursor: Option<String>,
 ) -> CoreResult<InboxPage> {
     check_id("user_id", user_id)?;
-    let page =
-        deps.table.query(&keys::inbox_pk(t, user_id), "M#", QueryOpts { limit, cursor, descending: true }).await?;
+    let page = deps.table.query(&keys::inbox_pk(t, user_id), "M#", QueryOpts { limit, cursor, descending: true }).await;
+    let page = page.map_err(CoreError::of_page_query)?;
     let items = page.items.iter().map(Item::parse).collect::<Result<Vec<InboxMessage>, _>>()?;
     Ok(InboxPage { items, unread_count: unread_count(deps, t, user_id).await?, next_cursor: page.next_cursor })
 }

@@ -111,7 +111,7 @@ const FEED_PURPOSE: &str = "inbox-feed";
 /// How long a feed token is valid: long enough to connect, short enough not to be worth stealing.
 pub const FEED_TOKEN_TTL_S: i64 = 15 * 60;
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct FeedToken {
     pub token: String,
     pub expires_at: String,

@@ -22,7 +22,33 @@ pub struct Rejected {
     pub queue: String,
     pub at: String,
     pub receive_count: u32,
+    /// The body as received, cut (at a character boundary) when keeping it whole would make the
+    /// dead letter larger than a queue message may be.
     pub original_body: String,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub original_truncated: bool,
+}
+
+/// The largest dead letter written: under the 256 KiB message limit, with room for the wrapper.
+const MAX_DEAD_LETTER_BYTES: usize = 250 * 1024;
+
+impl Rejected {
+    /// The dead letter's body, cutting the original body until it fits: an oversized message
+    /// must still leave the queue, or it would come back forever.
+    fn to_body(mut self) -> Result<String, QueueError> {
+        loop {
+            let body = serde_json::to_string(&self).map_err(|e| QueueError::Invalid(e.to_string()))?;
+            if body.len() <= MAX_DEAD_LETTER_BYTES || self.original_body.is_empty() {
+                return Ok(body);
+            }
+            let mut keep = self.original_body.len() / 2;
+            while !self.original_body.is_char_boundary(keep) {
+                keep -= 1;
+            }
+            self.original_body.truncate(keep);
+            self.original_truncated = true;
+        }
+    }
 }
 
 use crate::ports::{QueueError, Queues, Received};
@@ -65,8 +91,9 @@ pub async fn settle(
                 at: now.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
                 receive_count: message.receive_count,
                 original_body: message.body.clone(),
+                original_truncated: false,
             };
-            let body = serde_json::to_string(&rejected).map_err(|e| QueueError::Invalid(e.to_string()))?;
+            let body = rejected.to_body()?;
             queues.send_to_dlq(queue, body).await?;
             if delete_done {
                 match queues.delete(queue, &message.receipt).await {

@@ -178,7 +178,7 @@ pub struct Snapshot {
 }
 
 /// What `GET /v1/ops/metrics` shows.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, utoipa::ToSchema)]
 pub struct Report {
     /// Accepted sends per second per channel, over the last few seconds.
     pub sends_per_s: BTreeMap<String, f64>,

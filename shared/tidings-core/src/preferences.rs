@@ -16,14 +16,14 @@ use crate::ports::{Channel, Cond, Item, attrs_of};
 
 /// Quiet hours, `HH:MM` wall-clock times in the user's zone. `start > end` wraps midnight
 /// (`22:00`–`08:00`); `start == end` means no quiet hours.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct QuietHours {
     pub start: String,
     pub end: String,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Preferences {
     #[serde(default)]
     pub user_id: String,
@@ -43,7 +43,7 @@ pub struct Preferences {
 
 /// The body of `PUT /v1/users/{id}/preferences`: every field is optional and only the fields
 /// given change (`quiet_hours: null` removes the quiet hours).
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PreferencesInput {
     pub unsubscribe_all: Option<bool>,

@@ -33,7 +33,7 @@ use crate::ports::{Channel, Cond, Item, Update, attrs_of};
 use crate::suppression::{self, SuppressionReason};
 
 /// An SNS HTTP(S) message, as posted to a subscribed endpoint.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "PascalCase")]
 pub struct SnsMessage {
     #[serde(rename = "Type")]

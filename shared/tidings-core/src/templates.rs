@@ -18,7 +18,7 @@ use crate::ports::{Channel, Cond, Item, attrs_of};
 
 /// The content of one locale. Every field is optional: a channel without content cannot be
 /// used with this template.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LocaleContent {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -37,7 +37,7 @@ pub struct LocaleContent {
     pub inapp_body: Option<String>,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Template {
     #[serde(default)]
     pub template_id: String,
@@ -190,7 +190,7 @@ fn describe(e: &minijinja::Error) -> String {
 }
 
 /// The body of `PUT /v1/templates/{id}`.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TemplateInput {
     pub default_locale: String,

@@ -10,7 +10,7 @@ use crate::ports::table::MAX_TRANSACTION_WRITES;
 use crate::ports::{Cond, Item, QueryOpts, StoreError, Write, attrs_of};
 
 /// A user's contacts, as the shop gives them.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct User {
     pub user_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -28,7 +28,7 @@ pub struct User {
 }
 
 /// The body of `PUT /v1/users/{id}`.
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UserInput {
     pub email: Option<String>,

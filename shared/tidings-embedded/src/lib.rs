@@ -93,6 +93,8 @@ CREATE TABLE IF NOT EXISTS messages (
     receipt TEXT
 );
 CREATE INDEX IF NOT EXISTS messages_by_queue ON messages (queue, visible_at_ms);
+-- Receives walk a queue oldest first: without this, each receive sorted every visible message.
+CREATE INDEX IF NOT EXISTS messages_in_order ON messages (queue, sent_at_ms, seq);
 CREATE UNIQUE INDEX IF NOT EXISTS messages_by_receipt ON messages (receipt);
 ";
 

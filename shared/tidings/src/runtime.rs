@@ -121,7 +121,7 @@ async fn queue_age_loop(deps: Deps, queue: String, stop: watch::Receiver<bool>) 
 
 async fn relay_loop(deps: Deps, live: Arc<dyn LivePush>, feed: Arc<dyn ChangeFeed>, stop: watch::Receiver<bool>) {
     while !*stop.borrow() {
-        let records = match feed.next_batch(100).await {
+        let records = match feed.next_batch(1000).await {
             Ok(r) => r,
             Err(e) => {
                 warn!(error = %e, "reading the change stream failed");
@@ -133,7 +133,9 @@ async fn relay_loop(deps: Deps, live: Arc<dyn LivePush>, feed: Arc<dyn ChangeFee
             continue;
         }
         let mut event = DynamoDbEvent::default();
-        for r in &records {
+        // As the event source mapping's filter does on AWS: deliveries and progress counters
+        // (most of a campaign's writes) are of no interest to the relay or the live feed.
+        for r in records.iter().filter(|r| !(r.key.sk.starts_with("D#") || r.key.sk.starts_with("C#"))) {
             match tidings_lambda::event_record_of(r) {
                 Ok(rec) => event.records.push(rec),
                 Err(e) => error!(error = %e, "unconvertible change record skipped"),

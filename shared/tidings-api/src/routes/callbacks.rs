@@ -19,6 +19,10 @@ use crate::extract::{MAX_BODY, PathParams, parse_json};
 use crate::problem::{ApiResult, Problem};
 use crate::state::AppState;
 
+#[derive(utoipa::OpenApi)]
+#[openapi(paths(callback))]
+pub(super) struct Api;
+
 pub fn router() -> Router<AppState> {
     Router::new().route("/v1/callbacks/{provider}", post(callback))
 }
@@ -63,6 +67,13 @@ async fn certificate(s: &AppState, url: &str) -> ApiResult<String> {
     Ok(pem)
 }
 
+/// Provider receipts (SES through SNS). No API key: the SNS signature is verified.
+#[utoipa::path(post, path = "/v1/callbacks/{provider}", tag = "callbacks",
+    params(("provider" = String, Path, description = "`ses`")),
+    request_body(content = SnsMessage, content_type = "text/plain", description = "An SNS message (SNS posts JSON as text/plain)"),
+    responses((status = 200, description = "Applied, confirmed or ignored", body = Object),
+        (status = 403, description = "The signature does not verify", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "Unknown provider", body = Problem, content_type = "application/problem+json")))]
 async fn callback(
     State(s): State<AppState>,
     PathParams(provider): PathParams<String>,

@@ -4,7 +4,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tidings_core::dev::{self, FaultConfig, RecordedSend};
 use tidings_core::ports::Channel;
@@ -12,6 +12,10 @@ use tidings_core::ports::Channel;
 use crate::extract::{Body, PathParams, QueryParams};
 use crate::problem::{ApiResult, Problem};
 use crate::state::{AppState, DevControl};
+
+#[derive(utoipa::OpenApi)]
+#[openapi(paths(deliveries, configure_provider, provider_config, clock, advance, run_schedule))]
+pub(super) struct Api;
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -43,12 +47,16 @@ fn channel_of(name: &str) -> ApiResult<Channel> {
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct SendFilter {
     user_id: Option<String>,
     channel: Option<String>,
 }
 
+/// Sends the local fake providers accepted (`tidings serve` only).
+#[utoipa::path(get, path = "/dev/deliveries", tag = "dev", params(SendFilter),
+    responses((status = 200, description = "Recorded sends", body = Vec<RecordedSend>)))]
 async fn deliveries(
     State(s): State<AppState>,
     QueryParams(f): QueryParams<SendFilter>,
@@ -58,6 +66,9 @@ async fn deliveries(
     Ok(Json(dev::list_sends(s.deps.table.as_ref(), f.user_id.as_deref(), channel).await?))
 }
 
+/// Makes a local fake provider fail, throttle or time out (`tidings serve` only).
+#[utoipa::path(put, path = "/dev/providers/{channel}", tag = "dev", params(("channel" = String, Path, description = "email, sms or push")), request_body = FaultConfig,
+    responses((status = 200, description = "The provider's behaviour now", body = FaultConfig)))]
 async fn configure_provider(
     State(s): State<AppState>,
     PathParams(name): PathParams<String>,
@@ -70,6 +81,8 @@ async fn configure_provider(
     Ok(Json(p.config()))
 }
 
+#[utoipa::path(get, path = "/dev/providers/{channel}", tag = "dev", params(("channel" = String, Path, description = "email, sms or push")),
+    responses((status = 200, description = "The provider's behaviour", body = FaultConfig)))]
 async fn provider_config(
     State(s): State<AppState>,
     PathParams(name): PathParams<String>,
@@ -80,21 +93,38 @@ async fn provider_config(
     Ok(Json(p.config()))
 }
 
-async fn clock(State(s): State<AppState>) -> ApiResult<Json<Value>> {
-    dev_of(&s)?;
-    let now = s.deps.clock.now();
-    Ok(Json(
-        json!({"now": now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true), "manual": s.dev.as_ref().is_some_and(|d| d.manual_clock().is_some())}),
-    ))
+#[derive(Serialize, utoipa::ToSchema)]
+struct ClockView {
+    now: String,
+    /// Whether the server runs with `--manual-clock`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    manual: Option<bool>,
 }
 
-#[derive(Deserialize)]
+/// The server's clock (`tidings serve` only).
+#[utoipa::path(get, path = "/dev/clock", tag = "dev", responses((status = 200, description = "Now", body = ClockView)))]
+async fn clock(State(s): State<AppState>) -> ApiResult<Json<ClockView>> {
+    dev_of(&s)?;
+    let now = s.deps.clock.now();
+    Ok(Json(ClockView {
+        now: now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        manual: Some(s.dev.as_ref().is_some_and(|d| d.manual_clock().is_some())),
+    }))
+}
+
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct Advance {
+    /// 0 to 31622400.
+    #[schema(minimum = 0, maximum = 31_622_400)]
     seconds: i64,
 }
 
-async fn advance(State(s): State<AppState>, Body(a): Body<Advance>) -> ApiResult<Json<Value>> {
+/// Moves the manual clock forward and runs what fell due (`tidings serve --manual-clock` only).
+#[utoipa::path(post, path = "/dev/clock/advance", tag = "dev", request_body = Advance,
+    responses((status = 200, description = "The new now", body = ClockView),
+        (status = 409, description = "`not_manual_clock`: the server runs on the system clock", body = Problem, content_type = "application/problem+json")))]
+async fn advance(State(s): State<AppState>, Body(a): Body<Advance>) -> ApiResult<Json<ClockView>> {
     let d = dev_of(&s)?;
     let Some(clock) = d.manual_clock() else {
         return Err(
@@ -108,9 +138,15 @@ async fn advance(State(s): State<AppState>, Body(a): Body<Advance>) -> ApiResult
     }
     let now = clock.advance(chrono::Duration::seconds(a.seconds));
     d.clock_moved();
-    Ok(Json(json!({"now": now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)})))
+    Ok(Json(ClockView { now: now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true), manual: None }))
 }
 
+/// Runs a scheduled job now and waits for it (`tidings serve` only).
+#[utoipa::path(post, path = "/dev/schedules/{name}/run", tag = "dev",
+    params(("name" = String, Path, description = "The schedule's name")),
+    responses((status = 200, description = "`{schedule, result}`: what the job reported", body = Object),
+        (status = 404, description = "No such schedule", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The job failed", body = Problem, content_type = "application/problem+json")))]
 async fn run_schedule(State(s): State<AppState>, PathParams(name): PathParams<String>) -> ApiResult<Json<Value>> {
     let d = dev_of(&s)?;
     match d.run_schedule(&name).await {

@@ -13,6 +13,10 @@ use crate::extract::{Body, PageParams, PathParams, QueryParams, Tenant};
 use crate::problem::{ApiResult, Problem};
 use crate::state::AppState;
 
+#[derive(utoipa::OpenApi)]
+#[openapi(paths(warm_up, show_stock, adjust, ledger, place_order, show_order, pay, cancel, reconcile))]
+pub(super) struct Api;
+
 pub fn router() -> Router<AppState> {
     Router::new()
         .route("/v1/inventory/{sku_id}", put(warm_up).get(show_stock))
@@ -26,6 +30,9 @@ pub fn router() -> Router<AppState> {
 }
 
 /// 201 when the SKU is new; 200 with the stock unchanged when it exists.
+#[utoipa::path(put, path = "/v1/inventory/{sku_id}", tag = "inventory", security(("api_key" = [])),
+    params(("sku_id" = String, Path, description = "The SKU id")), request_body = WarmUpRequest,
+    responses((status = 201, description = "New SKU", body = StockView), (status = 200, description = "The SKU existed; unchanged", body = StockView)))]
 async fn warm_up(
     State(s): State<AppState>,
     Tenant(t): Tenant,
@@ -36,6 +43,9 @@ async fn warm_up(
     Ok((if created { StatusCode::CREATED } else { StatusCode::OK }, Json(view)))
 }
 
+#[utoipa::path(get, path = "/v1/inventory/{sku_id}", tag = "inventory", security(("api_key" = [])),
+    params(("sku_id" = String, Path, description = "The SKU id")),
+    responses((status = 200, description = "The stock", body = StockView), (status = 404, description = "No such SKU", body = Problem, content_type = "application/problem+json")))]
 async fn show_stock(
     State(s): State<AppState>,
     Tenant(t): Tenant,
@@ -44,6 +54,10 @@ async fn show_stock(
     inventory::get_stock(&s.deps, &t, &sku_id).await?.map(Json).ok_or_else(|| Problem::not_found("sku").into())
 }
 
+#[utoipa::path(post, path = "/v1/inventory/{sku_id}/adjustments", tag = "inventory", security(("api_key" = [])),
+    params(("sku_id" = String, Path, description = "The SKU id")), request_body = AdjustmentRequest,
+    responses((status = 200, description = "The stock after the adjustment", body = StockView), (status = 404, description = "No such SKU", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`insufficient_stock`, or the idempotency key was used with another body", body = Problem, content_type = "application/problem+json")))]
 async fn adjust(
     State(s): State<AppState>,
     Tenant(t): Tenant,
@@ -53,6 +67,9 @@ async fn adjust(
     Ok(Json(inventory::adjust(&s.deps, &t, &sku_id, &req).await?))
 }
 
+#[utoipa::path(get, path = "/v1/inventory/{sku_id}/ledger", tag = "inventory", security(("api_key" = [])),
+    params(("sku_id" = String, Path, description = "The SKU id"), PageParams),
+    responses((status = 200, description = "Ledger entries, oldest first", body = LedgerPage), (status = 404, description = "No such SKU", body = Problem, content_type = "application/problem+json")))]
 async fn ledger(
     State(s): State<AppState>,
     Tenant(t): Tenant,
@@ -66,6 +83,12 @@ async fn ledger(
 }
 
 /// 201 PENDING with `expires_at`; 200 when the same order was placed before.
+#[utoipa::path(post, path = "/v1/orders", tag = "inventory", security(("api_key" = [])),
+    request_body = OrderRequest,
+    responses((status = 201, description = "PENDING, stock held until `expires_at`", body = OrderView),
+        (status = 200, description = "The same order placed before", body = OrderView),
+        (status = 404, description = "An unknown SKU", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`insufficient_stock` naming the SKU (nothing held), or the order id was used with another body", body = Problem, content_type = "application/problem+json")))]
 async fn place_order(
     State(s): State<AppState>,
     Tenant(t): Tenant,
@@ -75,6 +98,9 @@ async fn place_order(
     Ok((if placed.created { StatusCode::CREATED } else { StatusCode::OK }, Json(placed.order)))
 }
 
+#[utoipa::path(get, path = "/v1/orders/{order_id}", tag = "inventory", security(("api_key" = [])),
+    params(("order_id" = String, Path, description = "The order id")),
+    responses((status = 200, description = "The order", body = OrderView), (status = 404, description = "No such order", body = Problem, content_type = "application/problem+json")))]
 async fn show_order(
     State(s): State<AppState>,
     Tenant(t): Tenant,
@@ -83,6 +109,9 @@ async fn show_order(
     inventory::get_order(&s.deps, &t, &order_id).await?.map(Json).ok_or_else(|| Problem::not_found("order").into())
 }
 
+#[utoipa::path(post, path = "/v1/orders/{order_id}/pay", tag = "inventory", security(("api_key" = [])),
+    params(("order_id" = String, Path, description = "The order id")),
+    responses((status = 200, description = "PAID", body = OrderView), (status = 404, description = "No such order", body = Problem, content_type = "application/problem+json"), (status = 409, description = "`invalid_state`: not allowed in the order's status", body = Problem, content_type = "application/problem+json")))]
 async fn pay(
     State(s): State<AppState>,
     Tenant(t): Tenant,
@@ -91,6 +120,9 @@ async fn pay(
     Ok(Json(inventory::pay(&s.deps, &t, &order_id).await?))
 }
 
+#[utoipa::path(post, path = "/v1/orders/{order_id}/cancel", tag = "inventory", security(("api_key" = [])),
+    params(("order_id" = String, Path, description = "The order id")),
+    responses((status = 200, description = "CANCELLED, the hold released", body = OrderView), (status = 404, description = "No such order", body = Problem, content_type = "application/problem+json"), (status = 409, description = "`invalid_state`: not allowed in the order's status", body = Problem, content_type = "application/problem+json")))]
 async fn cancel(
     State(s): State<AppState>,
     Tenant(t): Tenant,
@@ -100,6 +132,8 @@ async fn cancel(
 }
 
 /// Reconciles the caller's SKUs now (the daily schedule reconciles every tenant's).
+#[utoipa::path(post, path = "/v1/ops/reconcile", tag = "ops", security(("api_key" = [])),
+    responses((status = 200, description = "Counters compared with the ledger", body = ReconcileReport)))]
 async fn reconcile(State(s): State<AppState>, Tenant(t): Tenant) -> ApiResult<Json<ReconcileReport>> {
     Ok(Json(inventory::reconcile(&s.deps, Some(&t)).await?))
 }

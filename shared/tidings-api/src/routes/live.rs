@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
 use axum::extract::State;
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::http::StatusCode;
 use axum::response::Response;
@@ -71,10 +72,19 @@ impl LivePush for LocalHub {
     }
 }
 
+#[derive(utoipa::OpenApi)]
+#[openapi(paths(token, connect))]
+pub(super) struct Api;
+
 pub fn router() -> Router<AppState> {
     Router::new().route("/v1/ws", get(connect)).route("/v1/users/{user_id}/inbox/token", post(token))
 }
 
+/// A short-lived signed token for the user's own app to open the live feed (`/v1/ws`).
+#[utoipa::path(post, path = "/v1/users/{user_id}/inbox/token", tag = "inbox", security(("api_key" = [])),
+    params(("user_id" = String, Path, description = "The user id")),
+    responses((status = 200, description = "The token and when it expires", body = FeedToken),
+        (status = 409, description = "No signing key is configured", body = Problem, content_type = "application/problem+json")))]
 async fn token(
     State(s): State<AppState>,
     Tenant(t): Tenant,
@@ -83,9 +93,12 @@ async fn token(
     Ok(Json(live::feed_token(&s.deps, &t, &user_id)?))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct ConnectParams {
+    /// A token from `POST /v1/users/{user_id}/inbox/token`.
     token: Option<String>,
+    /// Replays the messages after this one first.
     since: Option<String>,
 }
 
@@ -97,10 +110,16 @@ enum ClientMessage {
     Since { message_id: String },
 }
 
+/// The inbox's live feed (WebSocket): pushes `inbox.message` and `inbox.read` events.
+#[utoipa::path(get, path = "/v1/ws", tag = "inbox", params(ConnectParams),
+    responses((status = 101, description = "Switching to the WebSocket protocol"),
+        (status = 401, description = "Missing, invalid or expired token", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "The live feed is not served by this deployment", body = Problem, content_type = "application/problem+json"),
+        (status = 426, description = "Not a WebSocket upgrade request", body = Problem, content_type = "application/problem+json")))]
 async fn connect(
     State(s): State<AppState>,
     QueryParams(p): QueryParams<ConnectParams>,
-    ws: WebSocketUpgrade,
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> ApiResult<Response> {
     let Some(hub) = s.live.clone() else {
         return Err(Problem::new(StatusCode::NOT_FOUND, "no_route", "live feed is not served here").into());
@@ -108,6 +127,8 @@ async fn connect(
     let token = p.token.unwrap_or_default();
     let (tenant, user) = live::verify_feed_token(&s.deps, &token)
         .map_err(|e| Problem::new(StatusCode::UNAUTHORIZED, "invalid_token", e.to_string()))?;
+    // A plain GET gets a problem document, not axum's text rejection.
+    let ws = ws.map_err(|e| Problem::new(StatusCode::UPGRADE_REQUIRED, "websocket_required", e.body_text()))?;
     Ok(ws.on_upgrade(move |socket| session(s, hub, tenant, user, p.since, socket)))
 }
 

@@ -3,7 +3,6 @@
 use axum::Router;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
-use axum::routing::get;
 
 use crate::problem::Problem;
 use crate::state::AppState;
@@ -15,6 +14,7 @@ mod inbox;
 mod inventory;
 pub mod live;
 mod notifications;
+pub mod openapi;
 mod ops;
 mod preferences;
 mod restock;
@@ -25,7 +25,7 @@ mod users;
 /// The whole API.
 pub fn app(state: AppState) -> Router {
     let mut router = Router::new()
-        .route("/healthz", get(|| async { "ok" }))
+        .merge(openapi::router())
         .merge(users::router())
         .merge(preferences::router())
         .merge(devices::router())

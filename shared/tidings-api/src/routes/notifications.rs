@@ -9,6 +9,10 @@ use crate::extract::{Body, PageParams, PathParams, QueryParams, Tenant};
 use crate::problem::{ApiResult, Problem};
 use crate::state::AppState;
 
+#[derive(utoipa::OpenApi)]
+#[openapi(paths(create, show, deliveries, cancel))]
+pub(super) struct Api;
+
 pub fn router() -> Router<AppState> {
     Router::new()
         .route("/v1/notifications", post(create))
@@ -18,6 +22,10 @@ pub fn router() -> Router<AppState> {
 }
 
 /// 202 once the request is durably written (the write is the outbox).
+#[utoipa::path(post, path = "/v1/notifications", tag = "notifications", security(("api_key" = [])),
+    request_body = NotificationRequest,
+    responses((status = 202, description = "Accepted (or scheduled); the same id for a repeated idempotency key", body = Accepted),
+        (status = 409, description = "`idempotency_conflict`: the key was used with another body", body = Problem, content_type = "application/problem+json")))]
 async fn create(
     State(s): State<AppState>,
     Tenant(t): Tenant,
@@ -27,6 +35,10 @@ async fn create(
     Ok((StatusCode::ACCEPTED, Json(accepted)))
 }
 
+#[utoipa::path(get, path = "/v1/notifications/{id}", tag = "notifications", security(("api_key" = [])),
+    params(("id" = String, Path, description = "The notification id")),
+    responses((status = 200, description = "Status and counts", body = NotificationView),
+        (status = 404, description = "No such notification", body = Problem, content_type = "application/problem+json")))]
 async fn show(
     State(s): State<AppState>,
     Tenant(t): Tenant,
@@ -38,6 +50,11 @@ async fn show(
     }
 }
 
+/// One page of deliveries, per (user, channel).
+#[utoipa::path(get, path = "/v1/notifications/{id}/deliveries", tag = "notifications", security(("api_key" = [])),
+    params(("id" = String, Path, description = "The notification id"), PageParams),
+    responses((status = 200, description = "Deliveries", body = DeliveryPage),
+        (status = 404, description = "No such notification", body = Problem, content_type = "application/problem+json")))]
 async fn deliveries(
     State(s): State<AppState>,
     Tenant(t): Tenant,
@@ -50,6 +67,12 @@ async fn deliveries(
     }
 }
 
+/// Stops what has not been sent yet.
+#[utoipa::path(post, path = "/v1/notifications/{id}/cancel", tag = "notifications", security(("api_key" = [])),
+    params(("id" = String, Path, description = "The notification id")),
+    responses((status = 200, description = "The notification, cancelled", body = NotificationView),
+        (status = 404, description = "No such notification", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Already finished", body = Problem, content_type = "application/problem+json")))]
 async fn cancel(
     State(s): State<AppState>,
     Tenant(t): Tenant,

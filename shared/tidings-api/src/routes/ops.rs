@@ -1,12 +1,17 @@
 use axum::extract::State;
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use serde::Serialize;
 use serde_json::{Value, json};
-use tidings_core::ports::QueueError;
+use tidings_core::ports::{QueueError, QueueStats};
 
 use crate::extract::{PathParams, Tenant};
 use crate::problem::{ApiError, ApiResult, Problem};
 use crate::state::AppState;
+
+#[derive(utoipa::OpenApi)]
+#[openapi(paths(queues, redrive, metrics))]
+pub(super) struct Api;
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -22,29 +27,50 @@ fn queue_error(e: QueueError) -> ApiError {
     }
 }
 
-/// Depth of every queue and its DLQ. Any tenant's key may read it (operators' view).
-async fn queues(State(s): State<AppState>, Tenant(_t): Tenant) -> ApiResult<Json<Value>> {
-    let mut out = Vec::new();
-    for name in s.queue_names.iter() {
-        out.push(s.deps.queues.stats(name).await.map_err(queue_error)?);
-    }
-    Ok(Json(json!({ "queues": out })))
+#[derive(Serialize, utoipa::ToSchema)]
+struct QueueList {
+    queues: Vec<QueueStats>,
 }
 
+#[derive(Serialize, utoipa::ToSchema)]
+struct Redriven {
+    queue: String,
+    /// Messages moved from the DLQ back to the queue.
+    moved: u64,
+}
+
+/// Depth of every queue and its DLQ. Any tenant's key may read it (operators' view).
+#[utoipa::path(get, path = "/v1/ops/queues", tag = "ops", security(("api_key" = [])),
+    responses((status = 200, description = "Depths per queue", body = QueueList)))]
+async fn queues(State(s): State<AppState>, Tenant(_t): Tenant) -> ApiResult<Json<QueueList>> {
+    let mut queues = Vec::new();
+    for name in s.queue_names.iter() {
+        queues.push(s.deps.queues.stats(name).await.map_err(queue_error)?);
+    }
+    Ok(Json(QueueList { queues }))
+}
+
+/// Moves the queue's dead letters back to it, as new messages.
+#[utoipa::path(post, path = "/v1/ops/dlq/{queue}/redrive", tag = "ops", security(("api_key" = [])),
+    params(("queue" = String, Path, description = "A queue name, as `GET /v1/ops/queues` lists them")),
+    responses((status = 200, description = "How many moved", body = Redriven),
+        (status = 404, description = "No such queue", body = Problem, content_type = "application/problem+json")))]
 async fn redrive(
     State(s): State<AppState>,
     Tenant(_t): Tenant,
     PathParams(queue): PathParams<String>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<Redriven>> {
     if !s.queue_names.contains(&queue) {
         return Err(Problem::not_found(&format!("queue {queue}")).into());
     }
     let moved = s.deps.queues.redrive(&queue).await.map_err(queue_error)?;
-    Ok(Json(json!({ "queue": queue, "moved": moved })))
+    Ok(Json(Redriven { queue, moved }))
 }
 
 /// Sends per second per channel, 429 ratio, retries, dead letters, worker concurrency, and the
 /// oldest message's age per queue (read now from the queues). Operators' view, like `queues`.
+#[utoipa::path(get, path = "/v1/ops/metrics", tag = "ops", security(("api_key" = [])),
+    responses((status = 200, description = "Rates, ratios and queue ages", body = tidings_core::metrics::Report)))]
 async fn metrics(State(s): State<AppState>, Tenant(_t): Tenant) -> ApiResult<Json<Value>> {
     let mut report = tidings_core::metrics::installed().map(|r| r.report()).unwrap_or_default();
     for name in s.queue_names.iter() {

@@ -12,8 +12,12 @@ use tidings_core::restock::{
 };
 
 use crate::extract::{Body, PageParams, PathParams, QueryParams, Tenant};
-use crate::problem::ApiResult;
+use crate::problem::{ApiResult, Problem};
 use crate::state::AppState;
+
+#[derive(utoipa::OpenApi)]
+#[openapi(paths(subscribe, cancel, list_for_user, stock_event, list_notices, resend))]
+pub(super) struct Api;
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -26,6 +30,9 @@ pub fn router() -> Router<AppState> {
 }
 
 /// 201 with a new WAITING subscription; 200 with the WAITING one that exists.
+#[utoipa::path(post, path = "/v1/stock-subscriptions", tag = "restock", security(("api_key" = [])), request_body = SubscriptionRequest,
+    responses((status = 201, description = "A new WAITING subscription", body = Subscription),
+        (status = 200, description = "The WAITING subscription that exists", body = Subscription)))]
 async fn subscribe(
     State(s): State<AppState>,
     Tenant(t): Tenant,
@@ -36,6 +43,11 @@ async fn subscribe(
 }
 
 /// 200 CANCELLED; the record stays.
+#[utoipa::path(delete, path = "/v1/stock-subscriptions/{subscription_id}", tag = "restock", security(("api_key" = [])),
+    params(("subscription_id" = String, Path, description = "The subscription id")),
+    responses((status = 200, description = "CANCELLED", body = Subscription),
+        (status = 404, description = "No such subscription", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Not cancellable in its status", body = Problem, content_type = "application/problem+json")))]
 async fn cancel(
     State(s): State<AppState>,
     Tenant(t): Tenant,
@@ -44,6 +56,9 @@ async fn cancel(
     Ok(Json(restock::cancel(&s.deps, &t, &id).await?))
 }
 
+#[utoipa::path(get, path = "/v1/users/{user_id}/stock-subscriptions", tag = "restock", security(("api_key" = [])),
+    params(("user_id" = String, Path, description = "The user id"), PageParams),
+    responses((status = 200, description = "The user's subscriptions, newest first", body = SubscriptionPage)))]
 async fn list_for_user(
     State(s): State<AppState>,
     Tenant(t): Tenant,
@@ -54,6 +69,10 @@ async fn list_for_user(
 }
 
 /// The upstream `stock.in` event, applied once as an adjustment → 202 (the alerts follow).
+#[utoipa::path(post, path = "/v1/stock-events", tag = "restock", security(("api_key" = [])), request_body = StockEvent,
+    responses((status = 202, description = "Applied once as an adjustment; alerts follow", body = StockEventAccepted),
+        (status = 404, description = "No such SKU", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Conflicts with the stock or an earlier event", body = Problem, content_type = "application/problem+json")))]
 async fn stock_event(
     State(s): State<AppState>,
     Tenant(t): Tenant,
@@ -65,13 +84,16 @@ async fn stock_event(
     Ok((StatusCode::ACCEPTED, Json(restock::apply_stock_event(&s.deps, &t, &ev).await?)))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct NoticeQuery {
     status: Option<String>,
     limit: Option<usize>,
     cursor: Option<String>,
 }
 
+#[utoipa::path(get, path = "/v1/ops/restock-notices", tag = "restock", security(("api_key" = [])), params(NoticeQuery),
+    responses((status = 200, description = "Notices in that status (default MANUAL)", body = NoticePage)))]
 async fn list_notices(
     State(s): State<AppState>,
     Tenant(t): Tenant,
@@ -82,12 +104,14 @@ async fn list_notices(
     Ok(Json(restock::list_notices(&s.deps, &t, &status, limit, q.cursor).await?))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct ResendRequest {
     batch_no: String,
 }
 
+#[utoipa::path(post, path = "/v1/ops/restock-notices/resend", tag = "restock", security(("api_key" = [])), request_body = ResendRequest,
+    responses((status = 200, description = "What was resent", body = ResendReport)))]
 async fn resend(
     State(s): State<AppState>,
     Tenant(t): Tenant,

@@ -7,10 +7,19 @@ use crate::extract::{Body, PathParams, Tenant};
 use crate::problem::{ApiResult, Problem};
 use crate::state::AppState;
 
+#[derive(utoipa::OpenApi)]
+#[openapi(paths(put_template, get_template))]
+pub(super) struct Api;
+
 pub fn router() -> Router<AppState> {
     Router::new().route("/v1/templates/{template_id}", put(put_template).get(get_template))
 }
 
+/// Creates or replaces a template: content per locale, `{{ name }}` placeholders.
+#[utoipa::path(put, path = "/v1/templates/{template_id}", tag = "templates", security(("api_key" = [])),
+    params(("template_id" = String, Path, description = "The template's id")),
+    request_body = TemplateInput,
+    responses((status = 200, description = "The template", body = Template)))]
 async fn put_template(
     State(s): State<AppState>,
     Tenant(t): Tenant,
@@ -20,6 +29,10 @@ async fn put_template(
     Ok(Json(templates::put_template(&s.deps, &t, &id, input).await?))
 }
 
+#[utoipa::path(get, path = "/v1/templates/{template_id}", tag = "templates", security(("api_key" = [])),
+    params(("template_id" = String, Path, description = "The template's id")),
+    responses((status = 200, description = "The template", body = Template),
+        (status = 404, description = "No such template", body = Problem, content_type = "application/problem+json")))]
 async fn get_template(
     State(s): State<AppState>,
     Tenant(t): Tenant,

@@ -13,6 +13,10 @@ use crate::extract::PathParams;
 use crate::problem::{ApiResult, Problem};
 use crate::state::AppState;
 
+#[derive(utoipa::OpenApi)]
+#[openapi(paths(open, click, unsubscribe_page, unsubscribe))]
+pub(super) struct Api;
+
 pub fn router() -> Router<AppState> {
     Router::new()
         .route("/t/o/{token}", get(open))
@@ -39,6 +43,9 @@ fn record_later(s: &AppState, claims: Claims) {
     tokio::spawn(async move { tracking::record(&deps, &claims).await });
 }
 
+/// The open pixel: always a 1×1 GIF; a valid token records an open.
+#[utoipa::path(get, path = "/t/o/{token}", tag = "tracking", params(("token" = String, Path, description = "A signed link token")),
+    responses((status = 200, description = "A 1×1 GIF", content_type = "image/gif", body = Vec<u8>)))]
 async fn open(State(s): State<AppState>, PathParams(token): PathParams<String>) -> Response {
     // A bad token still gets the pixel (an image that fails shows a broken icon); it counts nothing.
     if let Ok(claims) = verify(&s, TokenKind::Open, &token) {
@@ -50,6 +57,9 @@ async fn open(State(s): State<AppState>, PathParams(token): PathParams<String>) 
     res
 }
 
+/// A tracked link: records the click and redirects.
+#[utoipa::path(get, path = "/t/c/{token}", tag = "tracking", params(("token" = String, Path, description = "A signed link token")),
+    responses((status = 302, description = "To the link's target"), (status = 404, description = "Invalid or expired link", body = Problem, content_type = "application/problem+json")))]
 async fn click(State(s): State<AppState>, PathParams(token): PathParams<String>) -> ApiResult<Response> {
     let claims = verify(&s, TokenKind::Click, &token)?;
     let Some(url) = claims.url.clone().filter(|u| u.starts_with("https://") || u.starts_with("http://")) else {
@@ -66,6 +76,8 @@ async fn click(State(s): State<AppState>, PathParams(token): PathParams<String>)
 
 /// GET only shows a confirmation: mail scanners follow links, and must not unsubscribe anyone
 /// (RFC 8058 §4). The button posts to the same URL.
+#[utoipa::path(get, path = "/u/{token}", tag = "tracking", params(("token" = String, Path, description = "A signed link token")),
+    responses((status = 200, description = "A confirmation page", content_type = "text/html", body = String), (status = 404, description = "Invalid or expired link", body = Problem, content_type = "application/problem+json")))]
 async fn unsubscribe_page(State(s): State<AppState>, PathParams(token): PathParams<String>) -> ApiResult<Html<String>> {
     verify(&s, TokenKind::Unsubscribe, &token)?;
     Ok(Html(format!(
@@ -76,6 +88,8 @@ async fn unsubscribe_page(State(s): State<AppState>, PathParams(token): PathPara
 }
 
 /// RFC 8058 one-click: `POST` with `List-Unsubscribe=One-Click` (or the form's button).
+#[utoipa::path(post, path = "/u/{token}", tag = "tracking", params(("token" = String, Path, description = "A signed link token")),
+    responses((status = 200, description = "Unsubscribed", content_type = "text/html", body = String), (status = 404, description = "Invalid or expired link", body = Problem, content_type = "application/problem+json")))]
 async fn unsubscribe(
     State(s): State<AppState>,
     PathParams(token): PathParams<String>,

@@ -9,7 +9,7 @@ use crate::error::CoreError;
 
 /// The three counters of a SKU (or of one of its shards). `available` can be sold now,
 /// `reserved` is held by PENDING orders, `sold` was paid for.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Counters {
     pub available: i64,
     pub reserved: i64,
@@ -93,7 +93,7 @@ pub(crate) struct ShardRecord {
 }
 
 /// What `GET /v1/inventory/{sku_id}` answers.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct StockView {
     pub sku_id: String,
     pub available: i64,
@@ -112,7 +112,7 @@ impl StockView {
 }
 
 /// What made a ledger entry.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum LedgerKind {
     WarmUp,
@@ -123,7 +123,7 @@ pub enum LedgerKind {
 }
 
 /// Where an adjustment's stock came from or went to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum AdjustmentSource {
     PurchaseOrder,
@@ -147,7 +147,7 @@ impl AdjustmentSource {
 }
 
 /// The part of a ledger entry that touched one shard.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ShardDelta {
     pub shard: u32,
     pub available: i64,
@@ -157,7 +157,7 @@ pub struct ShardDelta {
 
 /// One line of the stock ledger (seed 002 `stock_flow`): written in the same transaction as
 /// the counter change it records, so the sums of an SKU's deltas always equal its counters.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct LedgerEntry {
     pub entry_id: String,
     pub sku_id: String,
@@ -193,7 +193,7 @@ impl LedgerEntry {
 }
 
 /// An order's state: PENDING holds stock, PAID sold it, CANCELLED released it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum OrderStatus {
     Pending,
@@ -253,14 +253,14 @@ pub struct Order {
 }
 
 /// One line of an order as the API shows it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct OrderLineView {
     pub sku_id: String,
     pub qty: i64,
 }
 
 /// What `GET /v1/orders/{order_id}` answers.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct OrderView {
     pub order_id: String,
     pub user_id: String,
@@ -295,7 +295,7 @@ impl From<&Order> for OrderView {
 }
 
 /// The body of `PUT /v1/inventory/{sku_id}`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WarmUpRequest {
     pub on_hand: i64,
@@ -308,7 +308,7 @@ pub struct WarmUpRequest {
 }
 
 /// The body of `POST /v1/inventory/{sku_id}/adjustments`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AdjustmentRequest {
     pub delta: i64,
@@ -317,7 +317,7 @@ pub struct AdjustmentRequest {
 }
 
 /// One line of `POST /v1/orders`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct OrderLine {
     pub sku_id: String,
@@ -325,7 +325,7 @@ pub struct OrderLine {
 }
 
 /// The body of `POST /v1/orders`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct OrderRequest {
     pub order_id: String,

@@ -216,6 +216,7 @@ pub async fn place_order(deps: &Deps, t: &TenantId, req: &OrderRequest) -> CoreR
         writes.push(timer.clone());
         match deps.table.transact(writes).await {
             Ok(()) => {
+                crate::crash::point("inventory.after_commit");
                 send_expiry_message(deps, expires, &task).await;
                 return Ok(PlacedOrder { order: OrderView::from(&order), created: true });
             }

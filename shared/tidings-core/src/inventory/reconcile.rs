@@ -23,7 +23,7 @@ pub const REVIEW_QUEUE: &str = "inventory-review";
 const SETTLE_ATTEMPTS: usize = 5;
 
 /// A difference between a SKU's ledger and its counters.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Discrepancy {
     pub sku_id: String,
     /// The shard that differs, for a sharded SKU (its shards may differ even when the SKU's
@@ -48,7 +48,7 @@ pub struct ReviewItem {
 }
 
 /// The answer of a reconciliation run.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ReconcileReport {
     /// SKUs compared.
     pub checked: u64,

@@ -427,7 +427,7 @@ pub(crate) fn insufficient(sku_id: &str, available: i64, requested: i64) -> Core
 }
 
 /// One page of a SKU's ledger, oldest first.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct LedgerPage {
     pub items: Vec<LedgerEntry>,
     pub next_cursor: Option<String>,

@@ -13,7 +13,7 @@ use crate::keys;
 use crate::ports::{Cond, Item, QueryOpts, StoreError, Update, Write, attrs_of};
 
 /// The answer to an accepted request.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Accepted {
     pub notification_id: String,
     pub status: NotificationStatus,
@@ -99,7 +99,7 @@ pub async fn accept(deps: &Deps, t: &TenantId, req: NotificationRequest) -> Core
 
 pub use super::progress::Counts;
 
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct NotificationView {
     pub notification_id: String,
     pub status: NotificationStatus,
@@ -185,7 +185,7 @@ async fn count_deliveries(deps: &Deps, t: &TenantId, id: &str) -> CoreResult<Cou
 }
 
 /// One page of a notification's deliveries.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct DeliveryPage {
     pub items: Vec<Delivery>,
     pub next_cursor: Option<String>,
@@ -203,7 +203,8 @@ pub async fn list_deliveries(
         return Ok(None);
     }
     let page =
-        deps.table.query(&keys::notification_pk(t, id), "D#", QueryOpts { limit, cursor, descending: false }).await?;
+        deps.table.query(&keys::notification_pk(t, id), "D#", QueryOpts { limit, cursor, descending: false }).await;
+    let page = page.map_err(CoreError::of_page_query)?;
     let items = page.items.iter().map(Item::parse).collect::<Result<Vec<Delivery>, _>>()?;
     Ok(Some(DeliveryPage { items, next_cursor: page.next_cursor }))
 }

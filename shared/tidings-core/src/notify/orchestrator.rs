@@ -156,6 +156,7 @@ pub(crate) async fn orchestrate_page(
     let planned: Vec<Vec<(String, ChannelTask)>> =
         futures::stream::iter(plans).buffer_unordered(PLAN_CONCURRENCY).try_collect().await?;
     let skip = writer.flush().await?;
+    crate::crash::point("orchestrator.mid_fanout");
     let mut tasks: BTreeMap<String, Vec<OutMessage>> = BTreeMap::new();
     for (queue, task) in planned.into_iter().flatten() {
         if skip.contains(&keys::delivery(t, &task.notification_id, &task.user_id, task.channel)) {

@@ -8,8 +8,8 @@
 //! 4. quiet hours in the user's zone: marketing is deferred to the end of the window (never
 //!    dropped)
 //! 5. the frequency cap: marketing, per user, channel and day in the user's zone, default 3
-//!    (`frequency_cap`), counted by a conditional counter with a TTL that commits together with
-//!    the delivery record, so a repeated orchestration never counts twice.
+//!    (`frequency_cap`), counted by a conditional counter item with a TTL that remembers which
+//!    notifications it counted, so a repeated orchestration never counts twice.
 //!
 //! Transactional notifications skip 4 and 5: a one-time password at 3 a.m. goes at once.
 //! In-app messages are silent, so quiet hours and caps do not apply to them either.
@@ -25,7 +25,7 @@ use crate::devices::Device;
 use crate::error::CoreResult;
 use crate::ids::TenantId;
 use crate::keys;
-use crate::ports::{Channel, Cond, Update, Write};
+use crate::ports::{Channel, Cond, StoreError, Update, Write};
 use crate::preferences::{Preferences, zone_of};
 use crate::suppression;
 use crate::users::User;
@@ -57,7 +57,7 @@ impl SuppressReason {
 /// What to do with one `user × channel`.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Verdict {
-    /// Send now. `writes` (the frequency counter) must commit in the same transaction as the
+    /// Send now. `writes` (for gates that need it) must commit in the same transaction as the
     /// delivery record; the first of them failing its condition means `frequency_cap`.
     Send {
         to: String,
@@ -127,27 +127,43 @@ pub async fn check(
         return Ok(Verdict::Defer(until));
     }
     let cap = deps.config.frequency_cap_of(t.as_str());
-    if cap == 0 {
+    if cap == 0 || !count_against_cap(deps, t, n, r.user_id, r.zone(), channel, now, cap).await? {
         return Ok(Verdict::Suppress(SuppressReason::FrequencyCap));
     }
-    Ok(Verdict::Send { to, writes: vec![frequency_count(t, r.user_id, r.zone(), channel, now, cap)] })
+    Ok(Verdict::Send { to, writes: Vec::new() })
 }
 
-/// The conditional increment of the user's counter for today (in the user's zone), kept two
-/// days past the day by the table's TTL.
-pub fn frequency_count(
+/// Counts one send against the user's cap for today (in the user's zone): `false` when the cap
+/// is reached. Atomic (a conditional update) and idempotent per notification: the counter item
+/// remembers which notifications it counted, so a repeated orchestration (a retried task, a
+/// crash between this and the delivery's creation) is not counted twice. Kept three days by
+/// the table's TTL.
+#[allow(clippy::too_many_arguments)]
+pub async fn count_against_cap(
+    deps: &Deps,
     t: &TenantId,
+    n: &Notification,
     user_id: &str,
     zone: Option<&str>,
     channel: Channel,
     now: DateTime<Utc>,
     cap: u32,
-) -> Write {
+) -> CoreResult<bool> {
     let local_day = now.with_timezone(&zone_of(zone)).date_naive();
+    let key = keys::frequency_counter(t, user_id, &local_day.format("%Y%m%d").to_string(), channel);
+    let mark = format!("n_{}", n.notification_id);
     let ttl = (now + Duration::days(3)).timestamp();
-    Write::Update {
-        key: keys::frequency_counter(t, user_id, &local_day.format("%Y%m%d").to_string(), channel),
-        updates: vec![Update::add("count", 1), Update::set("ttl", ttl)],
-        cond: Cond::Or(vec![Cond::AttrNotExists("count".into()), Cond::lt("count", i64::from(cap))]),
+    let cond = Cond::And(vec![
+        Cond::Or(vec![Cond::AttrNotExists("count".into()), Cond::lt("count", i64::from(cap))]),
+        Cond::AttrNotExists(mark.clone()),
+    ]);
+    let updates = vec![Update::add("count", 1), Update::set(&mark, true), Update::set("ttl", ttl)];
+    match deps.table.update(&key, updates, cond).await {
+        Ok(_) => Ok(true),
+        Err(StoreError::ConditionFailed { .. }) => {
+            // Counted already by an earlier run of this notification, or the cap is reached.
+            Ok(deps.table.get(&key).await?.is_some_and(|item| item.attrs.contains_key(&mark)))
+        }
+        Err(e) => Err(e.into()),
     }
 }

@@ -117,7 +117,7 @@ pub async fn transition(deps: &Deps, tr: Transition<'_>) -> Result<bool, StoreEr
 }
 
 /// Counts of a notification's deliveries, as `GET /v1/notifications/{id}` shows them.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Counts {
     pub queued: u64,
     pub sent: u64,

@@ -55,11 +55,16 @@ pub async fn handle_changes(deps: &Deps, records: &[ChangeRecord]) -> CoreResult
         debug!(notification_id = %message.notification_id, "relaying");
         by_queue.entry(notification.priority.request_queue()).or_default().push(OutMessage::new(body));
     }
+    let relayed = !by_queue.is_empty() || !pages.is_empty();
     for (queue, messages) in by_queue {
         deps.queues.send_batch(queue, messages).await?;
     }
     for (queue, messages) in pages {
         deps.queues.send_batch(&queue, messages).await?;
+    }
+    if relayed {
+        // Queued, but the stream position is not committed yet: the records come again.
+        crate::crash::point("relay.after_send");
     }
     Ok(())
 }

@@ -117,6 +117,7 @@ async fn deliver(deps: &Deps, t: &TenantId, task: &ChannelTask, receive_count: u
         user_id: task.user_id.clone(),
         attempt: claimed.attempts,
     };
+    crate::crash::point("worker.before_provider");
     // Push goes to every device of the user (`devices::send_to_devices`).
     let result = match tokio::time::timeout(
         deps.config.provider_timeout,
@@ -131,6 +132,7 @@ async fn deliver(deps: &Deps, t: &TenantId, task: &ChannelTask, receive_count: u
     // Phase two: record what happened.
     match result {
         Ok(receipt) => {
+            crate::crash::point("worker.after_provider");
             info!(to = %mask_address(&task.to), attempt = claimed.attempts, provider = provider.name(), "sent");
             crate::receipts::remember_sent(deps, provider.name(), &receipt.provider_message_id, t, task).await;
             let updates = vec![
@@ -140,6 +142,7 @@ async fn deliver(deps: &Deps, t: &TenantId, task: &ChannelTask, receive_count: u
                 Update::Remove("lease_until_ms".into()),
             ];
             move_delivery(deps, t, task, &key, page, DeliveryStatus::Sending, DeliveryStatus::Sent, updates).await?;
+            crate::crash::point("worker.after_sent");
             Ok(Outcome::Done)
         }
         Err(ProviderError::Permanent { reason, code }) => {

@@ -39,7 +39,7 @@ pub struct Received {
 }
 
 /// Depths of one queue and its DLQ.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct QueueStats {
     pub name: String,
     pub visible: u64,

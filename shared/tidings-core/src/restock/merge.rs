@@ -396,7 +396,7 @@ async fn split_cancelled(
 }
 
 /// One page of MANUAL notices.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct NoticePage {
     pub items: Vec<Notice>,
     pub next_cursor: Option<String>,
@@ -413,7 +413,8 @@ pub async fn list_notices(
     if status != NoticeStatus::Manual.as_str() {
         return Err(CoreError::invalid("status", "only MANUAL can be listed"));
     }
-    let page = deps.table.query(&keys::manual_pk(t), "", QueryOpts { limit, cursor, descending: false }).await?;
+    let page = deps.table.query(&keys::manual_pk(t), "", QueryOpts { limit, cursor, descending: false }).await;
+    let page = page.map_err(CoreError::of_page_query)?;
     let mut items = Vec::with_capacity(page.items.len());
     for entry in &page.items {
         let (Some(batch), Some(user)) = (entry.str("batch_no"), entry.str("user_id")) else { continue };
@@ -425,7 +426,7 @@ pub async fn list_notices(
 }
 
 /// What a resend did.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct ResendReport {
     pub batch_no: String,
     pub resent: u64,

@@ -7,7 +7,7 @@ use serde_json::Value;
 
 /// A subscription's life (seed 000 §1): WAITING → NOTIFIED / CANCELLED / EXPIRED. Rows are never
 /// deleted. A NOTIFIED one may still be cancelled (that stops its retries).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum SubscriptionStatus {
     Waiting,
@@ -28,7 +28,7 @@ impl SubscriptionStatus {
 }
 
 /// One subscription (stored twice: by id, and in the user's listing).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Subscription {
     pub subscription_id: String,
     pub sku_id: String,
@@ -49,7 +49,7 @@ pub struct Subscription {
 }
 
 /// The body of `POST /v1/stock-subscriptions`.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SubscriptionRequest {
     pub user_id: String,
@@ -90,7 +90,7 @@ pub struct RestockRound {
 }
 
 /// What became of one notice (seed 000 §3/§5: PENDING/SENT/FAILED/MANUAL, plus the rest).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum NoticeStatus {
     /// Claimed; waiting in the user's merge window.
@@ -126,7 +126,7 @@ impl NoticeStatus {
 }
 
 /// One row of the notice log: `(sku, user, batch_no)`, claimed once by a conditional put.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Notice {
     pub batch_no: String,
     pub sku_id: String,
@@ -194,7 +194,7 @@ pub(crate) struct OpenWindow {
 /// "source":"purchase_order"}`. `skuId` may be a number or a string. On the `stock-events` queue
 /// the message also names its `tenant`; through the API the key does. `eventId`, when the
 /// upstream has one, makes the idempotency key; without it the event's content does.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct StockEvent {
     pub event: String,
     #[serde(rename = "skuId", alias = "sku_id", deserialize_with = "id_text")]

@@ -71,7 +71,7 @@ pub async fn on_stock_changes(deps: &Deps, records: &[ChangeRecord]) -> CoreResu
 }
 
 /// The answer to a stock event.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct StockEventAccepted {
     pub sku_id: String,
     pub idempotency_key: String,

@@ -160,7 +160,7 @@ pub async fn cancel(deps: &Deps, t: &TenantId, id: &str) -> CoreResult<Subscript
 }
 
 /// One page of a user's subscriptions, newest first.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct SubscriptionPage {
     pub items: Vec<Subscription>,
     pub next_cursor: Option<String>,
@@ -177,7 +177,8 @@ pub async fn list_for_user(
     let page = deps
         .table
         .query(&keys::user_subscriptions_pk(t, user_id), "", QueryOpts { limit, cursor, descending: true })
-        .await?;
+        .await
+        .map_err(CoreError::of_page_query)?;
     let items = page.items.iter().map(Item::parse).collect::<Result<Vec<Subscription>, _>>()?;
     Ok(SubscriptionPage { items, next_cursor: page.next_cursor })
 }

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Fuzzes the HTTP API from its own OpenAPI document (`GET /openapi.json`) with schemathesis:
+# starts `tidings serve` (embedded backend, a fresh data dir, one random API key), runs every
+# documented operation with generated valid and invalid input, and fails on any 5xx, any
+# undocumented status and any response that breaks its schema. Run by infra/test.sh after the
+# tests; alone: `bash infra/schemathesis.sh` (needs target/debug/tidings and infra/.venv).
+#
+# SCHEMATHESIS_MAX_EXAMPLES (default 40) sizes the run: about 1 to 2 minutes at 40.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+BIN="${TIDINGS_BIN:-$PWD/target/debug/tidings}"
+PORT="${SCHEMATHESIS_PORT:-18099}"
+MAX_EXAMPLES="${SCHEMATHESIS_MAX_EXAMPLES:-40}"
+BASE="http://127.0.0.1:$PORT"
+
+infra/.venv/bin/pip install --quiet 'schemathesis==4.32.5'
+
+work="$(mktemp -d)"
+key="schema-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')"
+TIDINGS_API_KEYS="schema:$key" TIDINGS_BACKEND=embedded \
+    "$BIN" serve --addr "127.0.0.1:$PORT" --data-dir "$work/data" >"$work/serve.log" 2>&1 &
+server=$!
+cleanup() {
+    kill "$server" 2>/dev/null || true
+    wait "$server" 2>/dev/null || true
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+for _ in $(seq 1 100); do
+    if curl -fsS "$BASE/healthz" >/dev/null 2>&1; then break; fi
+    if ! kill -0 "$server" 2>/dev/null; then
+        echo "tidings serve exited:"; cat "$work/serve.log"; exit 1
+    fi
+    sleep 0.1
+done
+curl -fsS "$BASE/healthz" >/dev/null
+
+# Checks: no 5xx, only documented statuses and content types, bodies that match their schema.
+# `/dev/clock/advance` is fuzzed too: without --manual-clock it answers 409 (documented).
+status=0
+infra/.venv/bin/schemathesis run "$BASE/openapi.json" \
+    --header "Authorization: Bearer $key" \
+    --checks not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance \
+    --max-examples "$MAX_EXAMPLES" \
+    --seed 7 \
+    --workers 1 \
+    --no-color \
+    --suppress-health-check all \
+    --request-timeout 10 \
+    --generation-database none \
+    --report-dir "$work/report" || status=$?
+if [ "$status" -ne 0 ]; then
+    echo "== schemathesis found problems (exit $status); the server's log:"
+    tail -n 100 "$work/serve.log"
+fi
+exit "$status"

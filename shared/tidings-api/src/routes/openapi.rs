@@ -1,0 +1,217 @@
+//! The OpenAPI 3.1 document of the whole API, generated from the handlers' `#[utoipa::path]`
+//! attributes and the types' `ToSchema` derives, served at `GET /openapi.json`. Schemathesis
+//! fuzzes `tidings serve` with it in the test command (`infra/test.sh`).
+
+use axum::Json;
+use axum::Router;
+use axum::routing::get;
+use utoipa::openapi::path::Operation;
+use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+use utoipa::openapi::{ContentBuilder, OpenApi as Document, Ref, RefOr, ResponseBuilder};
+use utoipa::{Modify, OpenApi};
+
+use crate::problem::Problem;
+use crate::state::AppState;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Tidings",
+        description = "Notifications (email, SMS, push, in-app inbox) and inventory with back-in-stock \
+                       alerts. Errors are RFC 9457 problem documents with a stable `code`. Every `/v1` \
+                       route but the live feed needs `Authorization: Bearer <api key>`. The `dev` routes \
+                       exist only under `tidings serve`.",
+        license(name = "Apache-2.0")
+    ),
+    paths(healthz),
+    components(schemas(Problem)),
+    tags(
+        (name = "users"), (name = "preferences"), (name = "devices"), (name = "templates"),
+        (name = "notifications"), (name = "inbox"), (name = "inventory"), (name = "restock"),
+        (name = "ops"), (name = "callbacks"), (name = "tracking"),
+        (name = "dev", description = "Local development hooks: only `tidings serve` has them")
+    )
+)]
+struct ApiDoc;
+
+/// Liveness.
+#[utoipa::path(get, path = "/healthz", tag = "ops",
+    responses((status = 200, description = "The process is up", body = String, content_type = "text/plain")))]
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+/// The whole document: every route module's paths.
+pub fn document() -> Document {
+    let mut doc = ApiDoc::openapi();
+    for part in [
+        super::users::Api::openapi(),
+        super::templates::Api::openapi(),
+        super::notifications::Api::openapi(),
+        super::inbox::Api::openapi(),
+        super::live::Api::openapi(),
+        super::inventory::Api::openapi(),
+        super::ops::Api::openapi(),
+        super::dev::Api::openapi(),
+        super::preferences::Api::openapi(),
+        super::devices::Api::openapi(),
+        super::restock::Api::openapi(),
+        super::callbacks::Api::openapi(),
+        super::tracking::Api::openapi(),
+    ] {
+        doc.merge(part);
+    }
+    Conventions.modify(&mut doc);
+    doc
+}
+
+pub(super) fn router() -> Router<AppState> {
+    let doc = document();
+    Router::new().route("/healthz", get(healthz)).route("/openapi.json", get(move || async move { Json(doc) }))
+}
+
+/// What every operation shares, added once here rather than repeated on each handler: the
+/// bearer scheme, and the problem answers any route can give (bad input, a missing key, an
+/// unavailable store). A handler's own description of a status wins.
+struct Conventions;
+
+/// Statuses any operation can answer, with when.
+const ANY_ROUTE: [(&str, &str); 3] = [
+    ("400", "Malformed JSON, a wrong type or a bad path/query parameter (`field` names it)"),
+    ("422", "Well-formed but invalid (`field` names it)"),
+    ("503", "The store or a queue is unavailable for now; try again"),
+];
+
+impl Modify for Conventions {
+    fn modify(&self, doc: &mut Document) {
+        let components = doc.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "api_key",
+            SecurityScheme::Http(
+                Http::builder().scheme(HttpAuthScheme::Bearer).description(Some("An API key")).build(),
+            ),
+        );
+        for (path, item) in doc.paths.paths.iter_mut() {
+            if path == "/healthz" {
+                continue;
+            }
+            let ops = [&mut item.get, &mut item.put, &mut item.post, &mut item.delete, &mut item.patch];
+            for op in ops.into_iter().flatten() {
+                add_problem_answers(op);
+            }
+        }
+    }
+}
+
+fn problem_response(description: &str) -> RefOr<utoipa::openapi::Response> {
+    let content = ContentBuilder::new().schema(Some(RefOr::Ref(Ref::from_schema_name("Problem")))).build();
+    RefOr::T(ResponseBuilder::new().description(description).content("application/problem+json", content).build())
+}
+
+fn add_problem_answers(op: &mut Operation) {
+    let answers = &mut op.responses.responses;
+    for (status, description) in ANY_ROUTE {
+        answers.entry(status.to_owned()).or_insert_with(|| problem_response(description));
+    }
+    let secured = op.security.as_ref().is_some_and(|s| !s.is_empty());
+    if secured {
+        answers.entry("401".to_owned()).or_insert_with(|| problem_response("Missing or unknown API key"));
+    }
+    if op.request_body.is_some() {
+        answers.entry("413".to_owned()).or_insert_with(|| problem_response("The body is larger than 1 MiB"));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::document;
+
+    /// `(METHOD, path)` of every `.route(...)` in the route modules' sources.
+    fn routes_in_source() -> Vec<(String, String)> {
+        let sources = [
+            include_str!("users.rs"),
+            include_str!("preferences.rs"),
+            include_str!("devices.rs"),
+            include_str!("callbacks.rs"),
+            include_str!("tracking.rs"),
+            include_str!("templates.rs"),
+            include_str!("notifications.rs"),
+            include_str!("inbox.rs"),
+            include_str!("live.rs"),
+            include_str!("inventory.rs"),
+            include_str!("restock.rs"),
+            include_str!("ops.rs"),
+            include_str!("dev.rs"),
+        ];
+        let mut out = Vec::new();
+        for src in sources {
+            for part in src.split(".route(\"").skip(1) {
+                let (path, rest) = part.split_once('"').unwrap();
+                // The methods are in this call: up to its closing parenthesis, then chained
+                // `.get(...)` calls until the next `.route(`.
+                let mut depth = 1;
+                let end = rest
+                    .char_indices()
+                    .find(|&(_, c)| {
+                        depth += match c {
+                            '(' => 1,
+                            ')' => -1,
+                            _ => 0,
+                        };
+                        depth == 0
+                    })
+                    .map_or(rest.len(), |(i, _)| i);
+                let call = &rest[..end];
+                for method in ["get", "put", "post", "delete", "patch"] {
+                    let found = [format!(" {method}("), format!("({method}("), format!(".{method}(")]
+                        .iter()
+                        .any(|m| call.contains(m.as_str()));
+                    if found {
+                        out.push((method.to_owned(), path.to_owned()));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn every_route_is_documented() {
+        let doc = serde_json::to_value(document()).unwrap();
+        let routes = routes_in_source();
+        assert!(routes.len() > 40, "{routes:?}");
+        let mut missing = Vec::new();
+        for (method, path) in routes {
+            if path == "/" {
+                continue; // the console page
+            }
+            if doc["paths"][&path][&method].is_null() {
+                missing.push(format!("{} {path}", method.to_uppercase()));
+            }
+        }
+        assert!(missing.is_empty(), "not in /openapi.json: {missing:#?}");
+    }
+
+    #[test]
+    fn v1_operations_need_the_key_and_answer_problems() {
+        let doc = serde_json::to_value(document()).unwrap();
+        assert_eq!(doc["openapi"], "3.1.0");
+        assert_eq!(doc["components"]["securitySchemes"]["api_key"]["scheme"], "bearer");
+        let problem = &doc["components"]["schemas"]["Problem"];
+        assert!(problem["properties"]["type"].is_object() && problem["properties"]["code"].is_object(), "{problem}");
+        let get_user = &doc["paths"]["/v1/users/{user_id}"]["get"];
+        assert_eq!(get_user["security"][0]["api_key"], serde_json::json!([]));
+        for status in ["200", "400", "401", "404", "422"] {
+            assert!(get_user["responses"][status].is_object(), "{status}: {get_user}");
+        }
+        assert!(
+            get_user["responses"]["404"]["content"]["application/problem+json"]["schema"]["$ref"]
+                .as_str()
+                .is_some_and(|r| r.ends_with("/Problem")),
+            "{get_user}"
+        );
+        assert!(doc["paths"]["/dev/clock/advance"]["post"]["tags"][0] == "dev");
+    }
+}

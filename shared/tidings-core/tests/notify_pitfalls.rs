@@ -1,0 +1,418 @@
+//! Seed 004 §6, "面试中常见的坑": each pitfall has a test named after it, against the embedded
+//! store through the ports. Plus the policy order of §5.4 and scheduled sends in local time.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use serde_json::{Value, json};
+use tidings_core::messages::{ALL_QUEUES, Outcome, dispatch, settle};
+use tidings_core::notify::api;
+use tidings_core::notify::model::{ChannelTask, Delivery, DeliveryStatus, NotificationRequest};
+use tidings_core::notify::relay;
+use tidings_core::ports::{
+    ChangeFeed, Channel, ManualClock, OutboundMessage, Provider, ProviderError, ProviderReceipt, Update,
+};
+use tidings_core::preferences::{self, PreferencesInput, QuietHours};
+use tidings_core::users::{self, UserInput};
+use tidings_core::{CoreConfig, Deps, Providers, TenantId, keys, templates};
+use tidings_embedded::{EmbeddedChangeFeed, EmbeddedStore, QueueConfig};
+
+/// A provider that records every call (with its idempotency key) and fails as told.
+#[derive(Default)]
+struct Recorder {
+    calls: Mutex<Vec<OutboundMessage>>,
+    /// Answers to give first, in order; then `Ok`.
+    script: Mutex<Vec<ProviderError>>,
+}
+
+impl Recorder {
+    fn calls(&self) -> Vec<OutboundMessage> {
+        self.calls.lock().unwrap().clone()
+    }
+}
+
+#[async_trait]
+impl Provider for Recorder {
+    fn name(&self) -> &str {
+        "recorder"
+    }
+    async fn send(&self, message: &OutboundMessage) -> Result<ProviderReceipt, ProviderError> {
+        self.calls.lock().unwrap().push(message.clone());
+        let mut script = self.script.lock().unwrap();
+        if !script.is_empty() {
+            return Err(script.remove(0));
+        }
+        Ok(ProviderReceipt { provider_message_id: format!("pm-{}", self.calls.lock().unwrap().len()) })
+    }
+}
+
+struct World {
+    deps: Deps,
+    clock: Arc<ManualClock>,
+    feed: EmbeddedChangeFeed,
+    sms: Arc<Recorder>,
+    email: Arc<Recorder>,
+    t: TenantId,
+}
+
+/// 2026-11-29 19:00 UTC = 03:00 the next day in Shanghai.
+fn start() -> DateTime<Utc> {
+    DateTime::parse_from_rfc3339("2026-11-29T19:00:00Z").unwrap().with_timezone(&Utc)
+}
+
+async fn world() -> World {
+    let clock = Arc::new(ManualClock::new(start()));
+    let store = EmbeddedStore::in_memory_with_clock(clock.clone()).unwrap();
+    for q in ALL_QUEUES {
+        store.declare_queue(QueueConfig::new(*q, 5)).unwrap();
+    }
+    let sms = Arc::new(Recorder::default());
+    let email = Arc::new(Recorder::default());
+    let config = CoreConfig { retry_base: Duration::from_secs(1), ..CoreConfig::default() };
+    let deps = Deps {
+        table: Arc::new(store.clone()),
+        queues: Arc::new(store.clone()),
+        clock: clock.clone(),
+        providers: Providers { email: email.clone(), sms: sms.clone(), push: Arc::new(Recorder::default()) },
+        config: Arc::new(config),
+    };
+    let t = TenantId::parse("shop-a").unwrap();
+    let w = World { feed: store.change_feed("relay"), deps, clock, sms, email, t };
+    let input = serde_json::from_value(json!({"default_locale": "en", "locales": {"en": {
+        "sms": "Code {{ n }}", "email_subject": "S {{ n }}", "email_body": "B {{ n }}"}}}))
+    .unwrap();
+    templates::put_template(&w.deps, &w.t, "msg", input).await.unwrap();
+    let user = UserInput {
+        email: Some("a@example.com".into()),
+        phone: Some("+8613800001234".into()),
+        timezone: Some("Asia/Shanghai".into()),
+        ..UserInput::default()
+    };
+    users::put_user(&w.deps, &w.t, "u1", user).await.unwrap();
+    // The set-up's own change records are not part of any test.
+    let setup = w.feed.next_batch(1000).await.unwrap();
+    w.feed.commit(&setup).await.unwrap();
+    w
+}
+
+fn request(key: &str, category: &str, channel: &str, n: u32) -> NotificationRequest {
+    serde_json::from_value(json!({"idempotency_key": key, "recipients": {"user_ids": ["u1"]}, "template_id": "msg",
+        "params": {"n": n}, "category": category, "channels": [channel]}))
+    .unwrap()
+}
+
+/// The relay: the change stream to the request queues.
+async fn relay_once(w: &World) -> usize {
+    let records = w.feed.next_batch(1000).await.unwrap();
+    relay::handle_changes(&w.deps, &records).await.unwrap();
+    w.feed.commit(&records).await.unwrap();
+    records.len()
+}
+
+/// Processes one queue's visible messages once; returns the outcomes.
+async fn run_queue(w: &World, queue: &str) -> Vec<Outcome> {
+    let got = w.deps.queues.receive(queue, 10, Duration::from_secs(60), Duration::ZERO).await.unwrap();
+    let mut out = Vec::new();
+    for m in &got {
+        let outcome = dispatch(&w.deps, queue, m).await;
+        settle(w.deps.queues.as_ref(), queue, m, &outcome, w.deps.clock.now(), true).await.unwrap();
+        out.push(outcome);
+    }
+    out
+}
+
+/// Everything, until quiet.
+async fn drain(w: &World) {
+    for _ in 0..50 {
+        let mut did = relay_once(w).await;
+        for q in ALL_QUEUES.iter().filter(|q| tidings_core::messages::is_consumed(q)) {
+            did += run_queue(w, q).await.len();
+        }
+        if did == 0 {
+            return;
+        }
+    }
+}
+
+async fn delivery(w: &World, id: &str, channel: Channel) -> Delivery {
+    w.deps.table.get(&keys::delivery(&w.t, id, "u1", channel)).await.unwrap().unwrap().parse().unwrap()
+}
+
+async fn accept(w: &World, req: NotificationRequest) -> String {
+    api::accept(&w.deps, &w.t, req).await.unwrap().notification_id
+}
+
+async fn depth(w: &World, queue: &str) -> u64 {
+    let s = w.deps.queues.stats(queue).await.unwrap();
+    s.visible + s.delayed + s.in_flight
+}
+
+/// 坑: 所有通知共用一个队列，没有优先级. An OTP and a marketing message never share a queue: the
+/// request and channel queues are split by priority, and a marketing backlog leaves the OTP's
+/// lane empty.
+#[tokio::test]
+async fn all_notifications_share_one_queue_without_priority() {
+    let w = world().await;
+    let marketing: Vec<String> =
+        futures_ids(&w, (0..20).map(|i| request(&format!("m{i}"), "marketing", "email", i)).collect()).await;
+    let otp = accept(&w, request("otp", "transactional", "sms", 1)).await;
+    relay_once(&w).await;
+    assert_eq!(depth(&w, "requests-low").await, 20, "marketing waits in its own lane");
+    assert_eq!(depth(&w, "requests-high").await, 1, "the OTP is alone in the high lane");
+    // The high lane is served without touching the marketing backlog.
+    run_queue(&w, "requests-high").await;
+    assert_eq!(depth(&w, "sms-high").await, 1);
+    run_queue(&w, "sms-high").await;
+    assert_eq!(delivery(&w, &otp, Channel::Sms).await.status, DeliveryStatus::Sent);
+    assert_eq!(depth(&w, "requests-low").await, 20, "the OTP did not wait for a single marketing message");
+    assert!(w.email.calls().is_empty());
+    drain(&w).await;
+    assert_eq!(delivery(&w, &marketing[0], Channel::Email).await.status, DeliveryStatus::Sent);
+}
+
+async fn futures_ids(w: &World, reqs: Vec<NotificationRequest>) -> Vec<String> {
+    let mut out = Vec::new();
+    for r in reqs {
+        out.push(accept(w, r).await);
+    }
+    out
+}
+
+/// 坑: 只讲重试不讲去重，或者声称能做到端到端恰好一次. Retries carry the same delivery key (the
+/// provider's idempotency key and the push collapse id), and a task delivered twice sends once.
+/// What is *not* claimed: a crash between the provider's acceptance and our `sent` can send twice
+/// (the next test shows the window's other side).
+#[tokio::test]
+async fn retries_without_dedup_or_claiming_exactly_once() {
+    let w = world().await;
+    w.sms.script.lock().unwrap().push(ProviderError::transient("503"));
+    let id = accept(&w, request("otp", "transactional", "sms", 7)).await;
+    relay_once(&w).await;
+    run_queue(&w, "requests-high").await;
+    // Duplicate the channel task, as an at-least-once queue may.
+    let got = w.deps.queues.receive("sms-high", 10, Duration::from_secs(60), Duration::ZERO).await.unwrap();
+    assert_eq!(got.len(), 1);
+    let task: ChannelTask = serde_json::from_str(&got[0].body).unwrap();
+    w.deps.queues.change_visibility("sms-high", &got[0].receipt, Duration::ZERO).await.unwrap();
+    w.deps
+        .queues
+        .send_batch("sms-high", vec![tidings_core::ports::OutMessage::new(serde_json::to_string(&task).unwrap())])
+        .await
+        .unwrap();
+    for _ in 0..10 {
+        w.clock.advance(chrono::Duration::seconds(30));
+        run_queue(&w, "sms-high").await;
+    }
+    let calls = w.sms.calls();
+    let accepted = calls.len() - 1; // one 503 first
+    assert_eq!(accepted, 1, "two copies of the task, one retry: one accepted send");
+    let keys: std::collections::HashSet<&str> = calls.iter().map(|c| c.idempotency_key.as_str()).collect();
+    assert_eq!(keys.len(), 1, "every attempt carries the same delivery key");
+    assert_eq!(keys.into_iter().next().unwrap(), format!("{id}:u1:sms"));
+    let d = delivery(&w, &id, Channel::Sms).await;
+    assert_eq!((d.status, d.attempts), (DeliveryStatus::Sent, 2));
+}
+
+/// 坑: 发送前一步写死去重键，崩溃时把验证码丢掉. A transactional send claims its key with a lease
+/// (`sending`), and a crash before the provider call only delays it: once the lease runs out
+/// the redelivered task sends. (Marketing, by design, writes once and accepts the loss.)
+#[tokio::test]
+async fn one_step_dedup_key_before_send_loses_the_otp_on_crash() {
+    let w = world().await;
+    let id = accept(&w, request("otp", "transactional", "sms", 3)).await;
+    relay_once(&w).await;
+    run_queue(&w, "requests-high").await;
+    // The worker claimed the key, then died before calling the provider.
+    let key = keys::delivery(&w.t, &id, "u1", Channel::Sms);
+    let lease_until = w.deps.clock.now_ms() + 60_000;
+    w.deps
+        .table
+        .update(
+            &key,
+            vec![
+                Update::set("status", "sending"),
+                Update::add("attempts", 1),
+                Update::set("lease_until_ms", lease_until),
+            ],
+            tidings_core::ports::Cond::eq("status", "pending"),
+        )
+        .await
+        .unwrap();
+    // While the lease runs, the redelivered task waits (no second sender).
+    let outcomes = run_queue(&w, "sms-high").await;
+    assert!(matches!(outcomes[..], [Outcome::Retry(_)]), "{outcomes:?}");
+    assert!(w.sms.calls().is_empty());
+    // The lease runs out: the OTP goes, once.
+    w.clock.advance(chrono::Duration::seconds(120));
+    run_queue(&w, "sms-high").await;
+    assert_eq!(w.sms.calls().len(), 1);
+    assert_eq!(delivery(&w, &id, Channel::Sms).await.status, DeliveryStatus::Sent);
+}
+
+/// 坑: 忽略上游"事务提交了、事件没发出去"的情况. Accepting is one write, and that write is the
+/// outbox: a process that dies right after it loses nothing, the change stream still has the
+/// record and the relay queues it (again, harmlessly, if it had already).
+#[tokio::test]
+async fn committed_but_never_published_event() {
+    let w = world().await;
+    let id = accept(&w, request("order-1-shipped", "transactional", "sms", 1)).await;
+    // "Crash": nothing was queued by the API itself.
+    assert_eq!(depth(&w, "requests-high").await, 0);
+    // The relay reads the committed write; a relay that dies before committing reads it again.
+    let records = w.feed.next_batch(100).await.unwrap();
+    assert!(records.iter().any(|r| r.key.sk == keys::NOTIFICATION_SK && r.is_insert()), "{records:?}");
+    relay::handle_changes(&w.deps, &records).await.unwrap();
+    let again = w.feed.next_batch(100).await.unwrap();
+    assert_eq!(again.len(), records.len(), "not committed: delivered again");
+    relay::handle_changes(&w.deps, &again).await.unwrap();
+    w.feed.commit(&again).await.unwrap();
+    assert_eq!(depth(&w, "requests-high").await, 2);
+    drain(&w).await;
+    assert_eq!(w.sms.calls().len(), 1, "two relays of one event: one send");
+    assert_eq!(delivery(&w, &id, Channel::Sms).await.status, DeliveryStatus::Sent);
+}
+
+/// 坑: 免打扰和频控把验证码也拦住了. At 03:00 in the user's zone, inside quiet hours and over the
+/// day's marketing cap, the OTP goes at once; marketing waits for the window's end (deferred,
+/// not dropped) and the one over the cap is suppressed.
+#[tokio::test]
+async fn quiet_hours_and_frequency_caps_block_the_otp() {
+    let w = world().await;
+    let quiet = PreferencesInput {
+        quiet_hours: Some(Some(QuietHours { start: "22:00".into(), end: "08:00".into() })),
+        ..PreferencesInput::default()
+    };
+    preferences::put(&w.deps, &w.t, "u1", quiet).await.unwrap();
+    // Use up the day's cap (3) before the quiet hours (at 21:00 local = 13:00 UTC).
+    w.clock.set(DateTime::parse_from_rfc3339("2026-11-29T13:00:00Z").unwrap().with_timezone(&Utc));
+    for i in 0..3 {
+        accept(&w, request(&format!("early-{i}"), "marketing", "email", i)).await;
+    }
+    drain(&w).await;
+    assert_eq!(w.email.calls().len(), 3);
+    w.clock.set(start()); // 03:00 in Shanghai
+    let promo = accept(&w, request("promo", "marketing", "sms", 1)).await;
+    let otp = accept(&w, request("otp", "transactional", "sms", 2)).await;
+    drain(&w).await;
+    assert_eq!(delivery(&w, &otp, Channel::Sms).await.status, DeliveryStatus::Sent, "the OTP goes at 3 a.m.");
+    let d = delivery(&w, &promo, Channel::Sms).await;
+    assert_eq!((d.status, d.reason.as_deref()), (DeliveryStatus::Pending, Some("quiet_hours")));
+    assert_eq!(d.deferred_until.as_deref(), Some("2026-11-30T00:00:00Z"), "08:00 in Shanghai");
+    assert_eq!(w.sms.calls().len(), 1);
+    // Back on the local day of the three emails (22:00 in Shanghai, quiet hours removed): the
+    // fourth marketing email is over the cap.
+    w.clock.set(DateTime::parse_from_rfc3339("2026-11-29T14:00:00Z").unwrap().with_timezone(&Utc));
+    preferences::put(&w.deps, &w.t, "u1", PreferencesInput { quiet_hours: Some(None), ..Default::default() })
+        .await
+        .unwrap();
+    let fourth = accept(&w, request("fourth", "marketing", "email", 4)).await;
+    let otp2 = accept(&w, request("otp-2", "transactional", "email", 5)).await;
+    drain(&w).await;
+    let d = delivery(&w, &fourth, Channel::Email).await;
+    assert_eq!((d.status, d.reason.as_deref()), (DeliveryStatus::Suppressed, Some("frequency_cap")));
+    assert_eq!(delivery(&w, &otp2, Channel::Email).await.status, DeliveryStatus::Sent, "caps never hold an OTP");
+    // The deferred promo goes when its window ends (the timer is a bucket fired by tick).
+    w.clock.set(DateTime::parse_from_rfc3339("2026-11-30T00:00:30Z").unwrap().with_timezone(&Utc));
+    tidings_core::timers::tick(&w.deps).await.unwrap();
+    drain(&w).await;
+    assert_eq!(delivery(&w, &promo, Channel::Sms).await.status, DeliveryStatus::Sent);
+}
+
+/// 坑: 没考虑第三方供应商的限速和故障切换. A 429 is transient and its `Retry-After` is honoured:
+/// the task comes back no sooner, the delivery stays `pending` (not failed, not dead), and it is
+/// sent once when the provider takes it. (The shared rate gates, the circuit breaker and SMS
+/// failover are in `gates`; see `tests/campaign.rs`: `a_429_with_retry_after_slows_the_gate_down`,
+/// `the_breaker_opens_and_sms_fails_over_then_returns`.)
+#[tokio::test]
+async fn provider_rate_limits_and_failover_ignored() {
+    let w = world().await;
+    w.sms
+        .script
+        .lock()
+        .unwrap()
+        .push(ProviderError::Transient { reason: "429".into(), retry_after: Some(Duration::from_secs(90)) });
+    let id = accept(&w, request("otp", "transactional", "sms", 1)).await;
+    relay_once(&w).await;
+    run_queue(&w, "requests-high").await;
+    let outcomes = run_queue(&w, "sms-high").await;
+    match &outcomes[..] {
+        [Outcome::Retry(d)] => assert!(*d >= Duration::from_secs(90), "Retry-After ignored: {d:?}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(delivery(&w, &id, Channel::Sms).await.status, DeliveryStatus::Pending);
+    w.clock.advance(chrono::Duration::seconds(60));
+    assert!(run_queue(&w, "sms-high").await.is_empty(), "not before Retry-After");
+    w.clock.advance(chrono::Duration::seconds(60));
+    run_queue(&w, "sms-high").await;
+    assert_eq!(delivery(&w, &id, Channel::Sms).await.status, DeliveryStatus::Sent);
+    assert_eq!(w.sms.calls().len(), 2);
+}
+
+/// §5.4's order: global unsubscribe before category before channel before address.
+#[tokio::test]
+async fn checks_run_in_the_seeds_order_and_record_their_reason() {
+    let w = world().await;
+    let cases: Vec<(Value, &str, &str)> = vec![
+        (
+            json!({"unsubscribe_all": true, "categories": {"marketing": false}, "channels": {"sms": false}}),
+            "sms",
+            "unsubscribed",
+        ),
+        (
+            json!({"unsubscribe_all": false, "categories": {"marketing": false}, "channels": {"sms": false}}),
+            "sms",
+            "category_off",
+        ),
+        (json!({"categories": {"marketing": true}, "channels": {"sms": false}}), "sms", "channel_off"),
+        (json!({"channels": {"sms": true}}), "push", "no_address"),
+    ];
+    for (i, (prefs, channel, reason)) in cases.into_iter().enumerate() {
+        let input: PreferencesInput = serde_json::from_value(prefs).unwrap();
+        preferences::put(&w.deps, &w.t, "u1", input).await.unwrap();
+        w.clock.advance(chrono::Duration::seconds(1));
+        let id = accept(&w, request(&format!("c{i}"), "marketing", channel, 1)).await;
+        drain(&w).await;
+        let d = delivery(&w, &id, Channel::parse(channel).unwrap()).await;
+        assert_eq!((d.status, d.reason.as_deref()), (DeliveryStatus::Suppressed, Some(reason)), "case {i}");
+    }
+}
+
+/// `local_time`: the same wall-clock time in each user's zone, one timer per zone.
+#[tokio::test]
+async fn local_time_sends_at_each_users_wall_clock() {
+    let w = world().await; // u1 is in Shanghai (UTC+8)
+    users::put_user(&w.deps, &w.t, "u2", UserInput { phone: Some("+14155550100".into()), ..UserInput::default() })
+        .await
+        .unwrap(); // no zone: UTC
+    w.clock.set(DateTime::parse_from_rfc3339("2026-11-29T00:00:00Z").unwrap().with_timezone(&Utc));
+    let req: NotificationRequest = serde_json::from_value(json!({"recipients": {"user_ids": ["u1", "u2"]},
+        "template_id": "msg", "params": {"n": 1}, "category": "marketing", "channels": ["sms"],
+        "send_at": "2026-11-29T09:00:00Z", "local_time": true}))
+    .unwrap();
+    let accepted = api::accept(&w.deps, &w.t, req).await.unwrap();
+    assert_eq!(accepted.status, tidings_core::notify::model::NotificationStatus::Scheduled);
+    drain(&w).await;
+    let step = |to: &str| {
+        w.clock.set(DateTime::parse_from_rfc3339(to).unwrap().with_timezone(&Utc));
+    };
+    step("2026-11-29T00:59:00Z");
+    tidings_core::timers::tick(&w.deps).await.unwrap();
+    drain(&w).await;
+    assert!(w.sms.calls().is_empty(), "09:00 Shanghai is 01:00 UTC");
+    step("2026-11-29T01:00:30Z");
+    tidings_core::timers::tick(&w.deps).await.unwrap();
+    drain(&w).await;
+    let to: Vec<String> = w.sms.calls().iter().map(|c| c.user_id.clone()).collect();
+    assert_eq!(to, vec!["u1"]);
+    step("2026-11-29T09:00:30Z");
+    tidings_core::timers::tick(&w.deps).await.unwrap();
+    drain(&w).await;
+    let to: Vec<String> = w.sms.calls().iter().map(|c| c.user_id.clone()).collect();
+    assert_eq!(to, vec!["u1", "u2"]);
+    let view = api::get_notification(&w.deps, &w.t, &accepted.notification_id).await.unwrap().unwrap();
+    assert_eq!(view.status, tidings_core::notify::model::NotificationStatus::Completed, "{view:?}");
+}
