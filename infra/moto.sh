@@ -64,7 +64,8 @@ start() {
         return 0
     fi
     install
-    nohup "$venv/bin/moto_server" -H 127.0.0.1 -p "$port" >"$logfile" 2>&1 &
+    # moto with DynamoDB calls serialized: see moto_server.py for why.
+    nohup "$venv/bin/python" "$here/moto_server.py" -H 127.0.0.1 -p "$port" >"$logfile" 2>&1 &
     echo $! >"$pidfile"
     for _ in $(seq 1 100); do
         if answers; then

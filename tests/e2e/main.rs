@@ -77,3 +77,5 @@ on_both_backends!(crash as crash_tests:
     fanout_crash_midway_sends_each_exactly_once,
     reservation_crash_after_commit_holds_once,
 );
+
+on_both_backends!(restock as restock_tests: event_and_scan_race_send_one_merged_message, bad_input_retries_manual_and_resend);

@@ -8,30 +8,6 @@ use crate::server::{Backend, Options, Server};
 
 const WAIT: Duration = Duration::from_secs(60);
 
-/// Declares each restock test once per backend.
-macro_rules! restock_on_both_backends {
-    ($($name:ident),* $(,)?) => {
-        mod embedded {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() -> anyhow::Result<()> {
-                    super::$name(crate::server::Backend::Embedded).await
-                }
-            )*
-        }
-        mod aws {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() -> anyhow::Result<()> {
-                    super::$name(crate::server::Backend::Aws).await
-                }
-            )*
-        }
-    };
-}
-
-restock_on_both_backends!(event_and_scan_race_send_one_merged_message, bad_input_retries_manual_and_resend);
-
 fn options() -> Options {
     let mut o = Options::default();
     o.env.push(("TIDINGS_RESTOCK_MERGE_WINDOW_MS", "1500".into()));

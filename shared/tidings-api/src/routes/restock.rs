@@ -111,7 +111,8 @@ struct ResendRequest {
 }
 
 #[utoipa::path(post, path = "/v1/ops/restock-notices/resend", tag = "restock", security(("api_key" = [])), request_body = ResendRequest,
-    responses((status = 200, description = "What was resent", body = ResendReport)))]
+    responses((status = 200, description = "What was resent", body = ResendReport),
+        (status = 404, description = "No such batch", body = Problem, content_type = "application/problem+json")))]
 async fn resend(
     State(s): State<AppState>,
     Tenant(t): Tenant,

@@ -183,7 +183,7 @@ async fn plan_user(
     template: Option<&Template>,
 ) -> CoreResult<Vec<(String, ChannelTask)>> {
     let prefs = preferences::get(deps, t, user_id).await?;
-    let devices = devices::list(deps, t, user_id).await?;
+    let devices = devices_if_push(deps, t, n, user_id).await?;
     let r = Recipient { user_id, user, prefs: &prefs, devices: &devices };
     let mut out = Vec::new();
     for channel in channels_for(n, &r, template) {
@@ -226,13 +226,21 @@ pub async fn resume_deferred(
     let template = templates::get_template(deps, t, &n.request.template_id).await?;
     let user = users::get_user(deps, t, user_id).await?;
     let prefs = preferences::get(deps, t, user_id).await?;
-    let devices = devices::list(deps, t, user_id).await?;
+    let devices = devices_if_push(deps, t, &n, user_id).await?;
     let r = Recipient { user_id, user: user.as_ref(), prefs: &prefs, devices: &devices };
     if let Some((queue, task)) = plan_delivery(deps, t, &n, &r, template.as_ref(), channel).await? {
         let body = serde_json::to_string(&task).map_err(|e| StoreError::Corrupt(e.to_string()))?;
         deps.queues.send_batch(&queue, vec![OutMessage::new(body)]).await?;
     }
     Ok(())
+}
+
+/// The user's devices, read only when push may be used (one query less per user otherwise).
+async fn devices_if_push(deps: &Deps, t: &TenantId, n: &Notification, user_id: &str) -> CoreResult<Vec<devices::Device>> {
+    if n.request.channels.as_ref().is_some_and(|c| !c.contains(&Channel::Push)) {
+        return Ok(Vec::new());
+    }
+    devices::list(deps, t, user_id).await
 }
 
 /// The channels to try for a user: the request's, else what the user can receive (an address
