@@ -5,13 +5,13 @@
 # undocumented status and any response that breaks its schema. Run by infra/test.sh after the
 # tests; alone: `bash infra/schemathesis.sh` (needs target/debug/tidings and infra/.venv).
 #
-# SCHEMATHESIS_MAX_EXAMPLES (default 50) sizes the run: about a minute at 50 on an idle machine.
+# SCHEMATHESIS_MAX_EXAMPLES (default 100) sizes the run: about a minute on an idle machine.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 BIN="${TIDINGS_BIN:-$PWD/target/debug/tidings}"
 PORT="${SCHEMATHESIS_PORT:-18099}"
-MAX_EXAMPLES="${SCHEMATHESIS_MAX_EXAMPLES:-50}"
+MAX_EXAMPLES="${SCHEMATHESIS_MAX_EXAMPLES:-100}"
 BASE="http://127.0.0.1:$PORT"
 
 infra/.venv/bin/pip install --quiet 'schemathesis==4.32.5'
@@ -41,8 +41,10 @@ curl -fsS "$BASE/healthz" >/dev/null
 
 # Checks: no 5xx, only documented statuses and content types, bodies that match their schema.
 # `/dev/clock/advance` is fuzzed too: without --manual-clock it answers 409 (documented).
+# Run from the scratch dir: schemathesis keeps a cache in ./.schemathesis.
 status=0
-infra/.venv/bin/schemathesis run "$BASE/openapi.json" \
+root="$PWD"
+(cd "$work" && "$root/infra/.venv/bin/schemathesis" run "$BASE/openapi.json" \
     --header "Authorization: Bearer $key" \
     --checks not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance \
     --max-examples "$MAX_EXAMPLES" \
@@ -52,7 +54,7 @@ infra/.venv/bin/schemathesis run "$BASE/openapi.json" \
     --suppress-health-check all \
     --request-timeout 10 \
     --generation-database none \
-    --report-dir "$work/report" || status=$?
+    --report-dir "$work/report") || status=$?
 if [ "$status" -ne 0 ]; then
     echo "== schemathesis found problems (exit $status); the server's log:"
     tail -n 100 "$work/serve.log"

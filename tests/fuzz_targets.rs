@@ -39,9 +39,35 @@ fn seeds(target: &str) -> Vec<Vec<u8>> {
 
 /// Tokens JSON is made of, so mutations stay near the parsers' interesting paths.
 const DICTIONARY: &[&str] = &[
-    "{", "}", "[", "]", ",", ":", "\"", "null", "true", "-1", "1e999", "0.5", "\"\\u0000\"", "\"a#b\"", "\"\"",
-    "\"recipients\"", "\"user_ids\"", "\"segment\"", "\"Records\"", "\"dynamodb\"", "\"NewImage\"", "\"S\"", "\"N\"",
-    "\"M\"", "\"L\"", "\"body\"", ".", "k1", "k2",
+    "{",
+    "}",
+    "[",
+    "]",
+    ",",
+    ":",
+    "\"",
+    "null",
+    "true",
+    "-1",
+    "1e999",
+    "0.5",
+    "\"\\u0000\"",
+    "\"a#b\"",
+    "\"\"",
+    "\"recipients\"",
+    "\"user_ids\"",
+    "\"segment\"",
+    "\"Records\"",
+    "\"dynamodb\"",
+    "\"NewImage\"",
+    "\"S\"",
+    "\"N\"",
+    "\"M\"",
+    "\"L\"",
+    "\"body\"",
+    ".",
+    "k1",
+    "k2",
 ];
 
 fn mutate(rng: &mut Rng, seed: &[u8], others: &[Vec<u8>]) -> Vec<u8> {

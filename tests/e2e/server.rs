@@ -62,9 +62,9 @@ impl Default for Options {
             env: vec![
                 ("TIDINGS_RETRY_BASE_MS", "200".into()),
                 ("TIDINGS_RETRY_CAP_MS", "1000".into()),
-                ("TIDINGS_VISIBILITY_S", "6".into()),
-                ("TIDINGS_DELIVERY_LEASE_MS", "5000".into()),
-                ("TIDINGS_PROVIDER_TIMEOUT_MS", "2000".into()),
+                ("TIDINGS_VISIBILITY_S", "8".into()),
+                ("TIDINGS_DELIVERY_LEASE_MS", "6000".into()),
+                ("TIDINGS_PROVIDER_TIMEOUT_MS", "5000".into()),
             ],
             manual_clock: false,
         }

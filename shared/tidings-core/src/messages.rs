@@ -35,7 +35,7 @@ const MAX_DEAD_LETTER_BYTES: usize = 250 * 1024;
 impl Rejected {
     /// The dead letter's body, cutting the original body until it fits: an oversized message
     /// must still leave the queue, or it would come back forever.
-    fn to_body(mut self) -> Result<String, QueueError> {
+    fn into_body(mut self) -> Result<String, QueueError> {
         loop {
             let body = serde_json::to_string(&self).map_err(|e| QueueError::Invalid(e.to_string()))?;
             if body.len() <= MAX_DEAD_LETTER_BYTES || self.original_body.is_empty() {
@@ -93,7 +93,7 @@ pub async fn settle(
                 original_body: message.body.clone(),
                 original_truncated: false,
             };
-            let body = rejected.to_body()?;
+            let body = rejected.into_body()?;
             queues.send_to_dlq(queue, body).await?;
             if delete_done {
                 match queues.delete(queue, &message.receipt).await {

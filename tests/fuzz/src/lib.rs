@@ -117,7 +117,10 @@ pub fn token_verifier(data: &[u8]) {
         forged = format!("{}{}", &token[..at], &token[(at + 1).min(token.len())..]);
     }
     if forged != token {
-        assert!(signer.verify::<serde_json::Value>(PURPOSE, &forged, now).is_err(), "a forged token verified: {forged}");
+        assert!(
+            signer.verify::<serde_json::Value>(PURPOSE, &forged, now).is_err(),
+            "a forged token verified: {forged}"
+        );
     }
     assert!(signer.verify::<serde_json::Value>("another", &token, now).is_err(), "another purpose");
     assert!(signer.verify::<serde_json::Value>(PURPOSE, &token, now + 61).is_err(), "expired");
