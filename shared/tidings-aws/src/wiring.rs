@@ -91,9 +91,21 @@ impl AwsPorts {
             table: self.table.clone(),
             queues: self.queues.clone(),
             clock: Arc::new(SystemClock),
-            providers: Providers { email: self.email.clone(), sms: self.sms.clone(), push: self.push.clone() },
+            providers: self.gated_providers(),
             config: Arc::new(config),
         }
+    }
+
+    /// The providers behind the three gates (per-provider and per-tenant token buckets kept in
+    /// the table, so every Lambda instance shares them; a circuit breaker per provider).
+    pub fn gated_providers(&self) -> Providers {
+        let raw = Providers { email: self.email.clone(), sms: self.sms.clone(), push: self.push.clone() };
+        tidings_core::gates::wrap(
+            &raw,
+            None,
+            &tidings_core::gates::GateConfig::from_env(),
+            tidings_core::gates::GateStore::Shared(self.table.clone()),
+        )
     }
 
     /// Pushes to API Gateway WebSocket connections when `TIDINGS_WS_ENDPOINT` names the

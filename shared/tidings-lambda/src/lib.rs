@@ -97,6 +97,16 @@ pub async fn handle_sqs_batch(deps: &Deps, prefix: &str, event: SqsEvent) -> Sqs
     response
 }
 
+/// Runs a Lambda function that consumes SQS batches (the orchestrator, the channel worker):
+/// every record goes to its queue's handler, failures are reported as `batchItemFailures`.
+pub async fn serve_sqs(deps: Deps, prefix: String) -> Result<(), lambda_runtime::Error> {
+    lambda_runtime::run(lambda_runtime::service_fn(|event: lambda_runtime::LambdaEvent<SqsEvent>| {
+        let (deps, prefix) = (deps.clone(), prefix.clone());
+        async move { Ok::<_, lambda_runtime::Error>(handle_sqs_batch(&deps, &prefix, event.payload).await) }
+    }))
+    .await
+}
+
 /// Converts a DynamoDB stream image to attributes, splitting out the key.
 fn image_of(item: &serde_dynamo::Item) -> Result<(Option<Key>, Attrs), serde_dynamo::Error> {
     if item.is_empty() {

@@ -52,19 +52,6 @@ pub fn channel_queue(channel: Channel, priority: Priority) -> String {
     format!("{}-{}", channel.as_str(), priority.lane())
 }
 
-/// Every queue the notification path uses (the runtime and `bootstrap` declare them).
-pub const NOTIFY_QUEUES: [&str; 9] = [
-    "requests-high",
-    "requests-normal",
-    "requests-low",
-    "email-high",
-    "email-low",
-    "sms-high",
-    "sms-low",
-    "push-high",
-    "push-low",
-];
-
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Recipients {
