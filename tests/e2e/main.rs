@@ -6,6 +6,7 @@
 mod campaign;
 mod console;
 mod crash;
+mod inventory;
 mod live;
 mod notify;
 mod platform;
@@ -79,3 +80,10 @@ on_both_backends!(crash as crash_tests:
 );
 
 on_both_backends!(restock as restock_tests: event_and_scan_race_send_one_merged_message, bad_input_retries_manual_and_resend);
+
+on_both_backends!(inventory as inventory_tests:
+    concurrent_orders_never_oversell_plain_and_sharded,
+    pay_cancel_and_expiry_race_and_release_once,
+    short_multi_sku_order_holds_nothing,
+    an_expired_hold_is_released_and_its_waiters_are_alerted,
+);

@@ -1,0 +1,174 @@
+//! Inventory through the HTTP API, on both backends (issue 4's "done when"; the AWS backend
+//! runs against the emulator with less concurrency than the core tests).
+
+use std::time::Duration;
+
+use futures::future::join_all;
+use serde_json::{Value, json};
+
+use crate::server::{Backend, Options, Server};
+
+/// Concurrent single-unit orders against `units`: returns (accepted, refused as insufficient).
+async fn rush(s: &Server, sku: &str, buyers: usize) -> anyhow::Result<(usize, usize)> {
+    let calls = (0..buyers).map(|i| {
+        let body = json!({"order_id": format!("{sku}-o{i}"), "user_id": format!("b{i}"), "items": [{"sku_id": sku, "qty": 1}]});
+        async move { s.call("POST", "/v1/orders", Some(body)).await }
+    });
+    let (mut accepted, mut refused) = (0, 0);
+    for result in join_all(calls).await {
+        let (st, v) = result?;
+        match st {
+            201 => accepted += 1,
+            409 => {
+                assert_eq!(v["code"], "insufficient_stock", "{v}");
+                refused += 1;
+            }
+            other => panic!("unexpected answer {other}: {v}"),
+        }
+    }
+    Ok((accepted, refused))
+}
+
+async fn stock(s: &Server, sku: &str) -> anyhow::Result<Value> {
+    let (st, v) = s.call("GET", &format!("/v1/inventory/{sku}"), None).await?;
+    assert_eq!(st, 200, "{v}");
+    Ok(v)
+}
+
+async fn ledger_sums(s: &Server, sku: &str) -> anyhow::Result<(i64, i64, i64)> {
+    let (mut a, mut r, mut d) = (0, 0, 0);
+    let mut cursor: Option<String> = None;
+    loop {
+        let path = match &cursor {
+            Some(c) => format!("/v1/inventory/{sku}/ledger?limit=500&cursor={c}"),
+            None => format!("/v1/inventory/{sku}/ledger?limit=500"),
+        };
+        let (st, v) = s.call("GET", &path, None).await?;
+        assert_eq!(st, 200, "{v}");
+        for e in v["items"].as_array().cloned().unwrap_or_default() {
+            a += e["delta_available"].as_i64().unwrap_or(0);
+            r += e["delta_reserved"].as_i64().unwrap_or(0);
+            d += e["delta_sold"].as_i64().unwrap_or(0);
+        }
+        cursor = v["next_cursor"].as_str().map(str::to_owned);
+        if cursor.is_none() {
+            return Ok((a, r, d));
+        }
+    }
+}
+
+pub async fn concurrent_orders_never_oversell_plain_and_sharded(backend: Backend) -> anyhow::Result<()> {
+    let s = Server::start(backend, Options::default()).await?;
+    // The emulator serializes DynamoDB and copies the table per transaction: less concurrency.
+    let (buyers, units) = if backend == Backend::Aws { (40, 10) } else { (400, 40) };
+    for (sku, shards) in [("plain", None), ("hot", Some(8))] {
+        let mut body = json!({"on_hand": units});
+        if let Some(n) = shards {
+            body["shards"] = json!(n);
+        }
+        let (st, v) = s.call("PUT", &format!("/v1/inventory/{sku}"), Some(body)).await?;
+        assert_eq!(st, 201, "{v}");
+        let (accepted, refused) = rush(&s, sku, buyers).await?;
+        assert_eq!((accepted, refused), (units, buyers - units), "{sku}: exactly the stock is sold");
+        let v = stock(&s, sku).await?;
+        assert_eq!((v["available"].as_i64(), v["reserved"].as_i64()), (Some(0), Some(units as i64)), "{v}");
+        assert_eq!(ledger_sums(&s, sku).await?, (0, units as i64, 0), "{sku}: the ledger sums to the counters");
+    }
+    let (_, report) = s.call("POST", "/v1/ops/reconcile", None).await?;
+    assert_eq!(report["discrepancies"], json!([]), "{report}");
+    Ok(())
+}
+
+pub async fn pay_cancel_and_expiry_race_and_release_once(backend: Backend) -> anyhow::Result<()> {
+    let s = Server::start(backend, Options { manual_clock: true, ..Options::default() }).await?;
+    s.call("PUT", "/v1/inventory/race", Some(json!({"on_hand": 20}))).await?;
+    for i in 0..10 {
+        let body = json!({"order_id": format!("r{i}"), "user_id": "u", "items": [{"sku_id": "race", "qty": 2}], "hold_seconds": 60});
+        let (st, v) = s.call("POST", "/v1/orders", Some(body)).await?;
+        assert_eq!(st, 201, "{v}");
+    }
+    // Pay and cancel race on every order; then the holds' time runs out.
+    let calls = (0..10).flat_map(|i| {
+        ["pay", "cancel"].map(move |action| (i, action))
+    });
+    let server = &s;
+    let answers = join_all(calls.map(|(i, action)| async move {
+        server.call("POST", &format!("/v1/orders/r{i}/{action}"), None).await.map(|(st, _)| st)
+    }))
+    .await;
+    for st in answers {
+        assert!(matches!(st?, 200 | 409), "each action either wins or is refused");
+    }
+    s.call("POST", "/dev/clock/advance", Some(json!({"seconds": 120}))).await?;
+    s.call("POST", "/dev/schedules/tick/run", None).await?;
+    let mut paid = 0;
+    for i in 0..10 {
+        let (_, o) = s.call("GET", &format!("/v1/orders/r{i}"), None).await?;
+        match o["status"].as_str() {
+            Some("PAID") => paid += 1,
+            Some("CANCELLED") => {}
+            other => panic!("order r{i} ended {other:?}: {o}"),
+        }
+    }
+    let v = stock(&s, "race").await?;
+    assert_eq!(
+        (v["available"].as_i64(), v["reserved"].as_i64(), v["sold"].as_i64()),
+        (Some(20 - 2 * paid), Some(0), Some(2 * paid)),
+        "each hold released at most once: {v}"
+    );
+    let (a, r, d) = ledger_sums(&s, "race").await?;
+    assert_eq!((a, r, d), (20 - 2 * paid, 0, 2 * paid));
+    let (_, report) = s.call("POST", "/v1/ops/reconcile", None).await?;
+    assert_eq!(report["discrepancies"], json!([]), "{report}");
+    Ok(())
+}
+
+pub async fn short_multi_sku_order_holds_nothing(backend: Backend) -> anyhow::Result<()> {
+    let s = Server::start(backend, Options::default()).await?;
+    s.call("PUT", "/v1/inventory/ma", Some(json!({"on_hand": 5}))).await?;
+    s.call("PUT", "/v1/inventory/mb", Some(json!({"on_hand": 1}))).await?;
+    let body = json!({"order_id": "multi", "user_id": "u", "items": [{"sku_id": "ma", "qty": 3}, {"sku_id": "mb", "qty": 2}]});
+    let (st, v) = s.call("POST", "/v1/orders", Some(body)).await?;
+    assert_eq!(st, 409, "{v}");
+    assert_eq!(v["code"], "insufficient_stock");
+    assert!(v["detail"].as_str().unwrap_or_default().contains("mb"), "names the short sku: {v}");
+    assert_eq!(stock(&s, "ma").await?["available"], 5, "nothing held on the other sku");
+    assert_eq!(stock(&s, "mb").await?["available"], 1);
+    Ok(())
+}
+
+pub async fn an_expired_hold_is_released_and_its_waiters_are_alerted(backend: Backend) -> anyhow::Result<()> {
+    let mut opts = Options { manual_clock: true, ..Options::default() };
+    opts.env.push(("TIDINGS_RESTOCK_MERGE_WINDOW_MS", "1000".into()));
+    opts.env.push(("TIDINGS_RESTOCK_BATCH_PAUSE_MS", "0".into()));
+    let s = Server::start(backend, opts).await?;
+    s.call("PUT", "/v1/users/waiter", Some(json!({"email": "waiter@example.com"}))).await?;
+    s.call("PUT", "/v1/inventory/last", Some(json!({"on_hand": 1}))).await?;
+    let (st, v) = s.call("POST", "/v1/orders", Some(json!({"order_id": "hold", "user_id": "buyer", "items": [{"sku_id": "last", "qty": 1}], "hold_seconds": 300}))).await?;
+    assert_eq!(st, 201, "{v}");
+    assert_eq!(stock(&s, "last").await?["available"], 0);
+    let (st, v) = s.call("POST", "/v1/stock-subscriptions", Some(json!({"user_id": "waiter", "sku_id": "last"}))).await?;
+    assert_eq!(st, 201, "{v}");
+    // Not paid in time: the hold expires (manual clock) and the unit is back.
+    s.call("POST", "/dev/clock/advance", Some(json!({"seconds": 301}))).await?;
+    s.call("POST", "/dev/schedules/tick/run", None).await?;
+    let order = s
+        .eventually(Duration::from_secs(30), "the hold to expire", || async {
+            let (_, o) = s.call("GET", "/v1/orders/hold", None).await?;
+            Ok((o["status"] == "CANCELLED").then_some(o))
+        })
+        .await?;
+    assert_eq!(order["status"], "CANCELLED");
+    let v = stock(&s, "last").await?;
+    assert_eq!((v["available"].as_i64(), v["reserved"].as_i64()), (Some(1), Some(0)), "{v}");
+    // The SKU went from 0 to 1: a restock round opens and the waiter hears of it.
+    let mail = s
+        .eventually(Duration::from_secs(60), "the waiter's back-in-stock message", || async {
+            s.call("POST", "/dev/clock/advance", Some(json!({"seconds": 2}))).await?;
+            let (_, v) = s.call("GET", "/dev/deliveries?user_id=waiter&channel=email", None).await?;
+            Ok(v.as_array().and_then(|a| a.first().cloned()))
+        })
+        .await?;
+    assert!(mail["body"].as_str().unwrap_or_default().contains("last"), "{mail}");
+    Ok(())
+}
