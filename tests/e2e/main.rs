@@ -48,6 +48,7 @@ on_both_backends!(notify as notify_tests:
     bad_input_gets_problem_documents,
     tenants_are_isolated,
     missing_placeholder_fails_without_retry,
+    provider_fault_matrix_loses_nothing_and_never_retries_permanent_errors,
 );
 
 on_both_backends!(live as live_tests:

@@ -326,3 +326,33 @@ pub async fn missing_placeholder_fails_without_retry(backend: Backend) -> anyhow
     assert!(s.sends(&id).await?.is_empty());
     Ok(())
 }
+
+/// The provider fault matrix: 429 with Retry-After, 5xx, timeouts (transient: sent once in the
+/// end, after backoff) and a permanent refusal (failed after one attempt, never retried).
+pub async fn provider_fault_matrix_loses_nothing_and_never_retries_permanent_errors(backend: Backend) -> anyhow::Result<()> {
+    let s = Server::start(backend, Options::default()).await?;
+    setup(&s).await?;
+    let cases = [
+        ("email", json!({"mode": "throttle_429", "retry_after_s": 1, "fail_first_n": 2}), "sent", 3),
+        ("sms", json!({"mode": "timeout", "fail_first_n": 1}), "sent", 2),
+        ("email", json!({"mode": "fail_5xx", "fail_first_n": 2}), "sent", 3),
+    ];
+    for (i, (channel, fault, want, attempts)) in cases.into_iter().enumerate() {
+        let (st, v) = s.call("PUT", &format!("/dev/providers/{channel}"), Some(fault.clone())).await?;
+        assert_eq!(st, 200, "{v}");
+        let id = send(&s, request(&format!("matrix-{i}"), &["u2"], &[channel], "42")).await?;
+        let d = wait_delivery_status(&s, &id, want).await?;
+        assert_eq!(d["attempts"], attempts, "{channel} under {fault}: {d}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(s.sends(&id).await?.len(), 1, "{channel}: sent exactly once");
+        s.call("PUT", &format!("/dev/providers/{channel}"), Some(json!({"mode": "ok"}))).await?;
+    }
+    // A permanent refusal: one attempt, then nothing, even once the provider is healthy again.
+    s.call("PUT", "/dev/providers/email", Some(json!({"mode": "permanent", "fail_first_n": 1}))).await?;
+    let id = send(&s, request("matrix-permanent", &["u2"], &["email"], "43")).await?;
+    let d = wait_delivery_status(&s, &id, "failed").await?;
+    assert_eq!(d["attempts"], 1, "{d}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(s.sends(&id).await?.is_empty(), "a permanent error is never retried");
+    Ok(())
+}
