@@ -7,6 +7,7 @@ mod campaign;
 mod console;
 mod crash;
 mod inventory;
+mod isolation;
 mod live;
 mod notify;
 mod platform;
@@ -88,3 +89,5 @@ on_both_backends!(inventory as inventory_tests:
     short_multi_sku_order_holds_nothing,
     an_expired_hold_is_released_and_its_waiters_are_alerted,
 );
+
+on_both_backends!(isolation as isolation_tests: no_route_shows_or_changes_another_tenants_data);
