@@ -14,9 +14,9 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     lambda_runtime::run(service_fn(|event: LambdaEvent<Event>| {
         let (deps, live) = (deps.clone(), live.clone());
         async move {
-            Ok::<_, lambda_runtime::Error>(
-                tidings_lambda::handle_stream_event(&deps, live.as_ref(), event.payload).await,
-            )
+            let response = tidings_lambda::handle_stream_event(&deps, live.as_ref(), event.payload).await;
+            tidings_lambda::flush_metrics();
+            Ok::<_, lambda_runtime::Error>(response)
         }
     }))
     .await

@@ -24,6 +24,26 @@ pub fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("TIDINGS_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     tracing_subscriber::fmt().json().with_env_filter(filter).with_current_span(false).without_time().init();
+    tidings_core::metrics::install();
+}
+
+/// Writes the metrics gathered since the last flush as one CloudWatch embedded-metric-format
+/// line on stdout, where Lambda's log stream turns it into metrics (namespace `Tidings`) with no
+/// API call. Called at the end of every invocation.
+pub fn flush_metrics() {
+    if let Some(recorder) = tidings_core::metrics::installed() {
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+            .unwrap_or(0);
+        if let Some(line) = recorder.emf("Tidings", now_ms) {
+            // EMF is read from stdout by design; this is not logging.
+            #[allow(clippy::print_stdout)]
+            {
+                println!("{line}");
+            }
+        }
+    }
 }
 
 /// The logical queue name of an SQS ARN or URL: the last path segment without the deployment
@@ -102,7 +122,11 @@ pub async fn handle_sqs_batch(deps: &Deps, prefix: &str, event: SqsEvent) -> Sqs
 pub async fn serve_sqs(deps: Deps, prefix: String) -> Result<(), lambda_runtime::Error> {
     lambda_runtime::run(lambda_runtime::service_fn(|event: lambda_runtime::LambdaEvent<SqsEvent>| {
         let (deps, prefix) = (deps.clone(), prefix.clone());
-        async move { Ok::<_, lambda_runtime::Error>(handle_sqs_batch(&deps, &prefix, event.payload).await) }
+        async move {
+            let response = handle_sqs_batch(&deps, &prefix, event.payload).await;
+            flush_metrics();
+            Ok::<_, lambda_runtime::Error>(response)
+        }
     }))
     .await
 }
