@@ -72,8 +72,13 @@ where
                 .get("retry-after")
                 .and_then(|v| v.trim().parse::<u64>().ok())
                 .map(Duration::from_secs);
-            let transient =
-                status >= 500 || status == 429 || code.as_deref().is_some_and(|c| THROTTLING_CODES.contains(&c));
+            // A "service error" on a 2xx/3xx status is an answer the SDK could not parse (a
+            // proxy's page, a truncated body): the call may well have succeeded, so it is
+            // retried (at least once) rather than failed for good.
+            let transient = status >= 500
+                || status == 429
+                || status < 400
+                || code.as_deref().is_some_and(|c| THROTTLING_CODES.contains(&c));
             Classified { kind: if transient { Kind::Transient } else { Kind::Service }, code, retry_after, message }
         }
         SdkError::ResponseError(ctx) => {

@@ -458,3 +458,25 @@ async fn receive_reads_counts_and_stale_receipts_map() {
     let e = queues.receive("nope", 1, Duration::ZERO, Duration::ZERO).await.unwrap_err();
     assert!(matches!(e, QueueError::UnknownQueue(_)), "{e:?}");
 }
+
+/// The fault matrix's "malformed answer": a provider answer that cannot be parsed (a proxy's
+/// HTML page, a truncated body) is transient, so the message is retried, never lost, and never
+/// counted as a permanent failure.
+#[tokio::test]
+async fn malformed_provider_answers_are_transient() {
+    let garbage_ok = mock!(aws_sdk_sesv2::Client::send_email)
+        .sequence()
+        .http_status(200, Some("<html>not json at all".to_string()))
+        .build();
+    let ses = SesEmail::new(client!(aws_sdk_sesv2, [&garbage_ok]), "from@x.test");
+    let e = ses.send(&message(Channel::Email, "ok@x.test")).await.unwrap_err();
+    assert!(matches!(e, ProviderError::Transient { .. }), "{e:?}");
+
+    let garbage_502 = mock!(aws_sdk_sns::Client::publish)
+        .sequence()
+        .http_status(502, Some("<html>Bad Gateway</html>".to_string()))
+        .build();
+    let sms = SnsSms::new(client!(aws_sdk_sns, [&garbage_502]));
+    let e = sms.send(&message(Channel::Sms, "+14155550100")).await.unwrap_err();
+    assert!(matches!(e, ProviderError::Transient { .. }), "{e:?}");
+}

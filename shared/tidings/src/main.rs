@@ -91,6 +91,33 @@ enum DlqCommand {
     Redrive { queue: String },
 }
 
+/// What an operator needs to judge a dead letter: for a channel task, its delivery's status,
+/// attempts, last error and first failure time; for a rejected message, the reason it carries.
+async fn why_dead(deps: &tidings_core::Deps, body: &str) -> String {
+    use tidings_core::notify::model::{ChannelTask, Delivery};
+    if let Ok(rejected) = serde_json::from_str::<tidings_core::messages::Rejected>(body) {
+        return format!("rejected: {} (at {}, received {} times)", rejected.rejected, rejected.at, rejected.receive_count);
+    }
+    let Ok(task) = serde_json::from_str::<ChannelTask>(body) else {
+        return "not a Tidings message (see its body with the queue's tools)".into();
+    };
+    let Ok(tenant) = tidings_core::TenantId::parse(&task.tenant) else { return "channel task with a bad tenant".into() };
+    let key = tidings_core::keys::delivery(&tenant, &task.notification_id, &task.user_id, task.channel);
+    match deps.table.get(&key).await.map(|i| i.map(|i| i.parse::<Delivery>())) {
+        Ok(Some(Ok(d))) => format!(
+            "{} to {} of notification {}: status {}, {} attempt(s), last error {:?}, first failure {}",
+            task.channel,
+            task.user_id,
+            task.notification_id,
+            d.status.as_str(),
+            d.attempts,
+            d.last_error.unwrap_or_default(),
+            d.first_failed_at.unwrap_or_else(|| "-".into()),
+        ),
+        _ => format!("{} to {} of notification {}: no delivery record", task.channel, task.user_id, task.notification_id),
+    }
+}
+
 fn init_tracing() {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("TIDINGS_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
@@ -119,7 +146,8 @@ async fn main() -> anyhow::Result<()> {
                         let stats = b.deps.queues.stats(name).await?;
                         println!("{}", serde_json::to_string(&stats)?);
                         for m in b.deps.queues.peek_dlq(name, 10).await? {
-                            println!("  dead letter {} (received {} times): {}", m.message_id, m.receive_count, m.body);
+                            println!("  dead letter {} (received {} times)", m.message_id, m.receive_count);
+                            println!("    why: {}", why_dead(&b.deps, &m.body).await);
                         }
                     }
                 }
