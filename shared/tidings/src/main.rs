@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 mod backend;
 mod bench;
+mod bench_reserve;
 mod runtime;
 mod schedules;
 mod serve;
@@ -72,6 +73,8 @@ enum BenchCommand {
     /// A campaign to N recipients (fresh database, fake provider without delay): throughput,
     /// peak RSS, transactional latency meanwhile, each recipient delivered exactly once.
     Campaign(bench::CampaignArgs),
+    /// Concurrent single-unit orders against one SKU (plain or sharded).
+    Reserve(bench_reserve::ReserveArgs),
 }
 
 #[derive(Subcommand)]
@@ -137,6 +140,7 @@ async fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => serve::serve(args).await,
         Command::Bench { command: BenchCommand::Campaign(args) } => bench::campaign(args).await,
+        Command::Bench { command: BenchCommand::Reserve(args) } => bench_reserve::reserve(args).await,
         Command::Ops { command: OpsCommand::Dlq { command }, backend } => {
             let clock = std::sync::Arc::new(tidings_core::ports::SystemClock);
             let b = backend::Backend::open(&backend, clock).await?;
