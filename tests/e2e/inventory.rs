@@ -88,9 +88,7 @@ pub async fn pay_cancel_and_expiry_race_and_release_once(backend: Backend) -> an
         assert_eq!(st, 201, "{v}");
     }
     // Pay and cancel race on every order; then the holds' time runs out.
-    let calls = (0..10).flat_map(|i| {
-        ["pay", "cancel"].map(move |action| (i, action))
-    });
+    let calls = (0..10).flat_map(|i| ["pay", "cancel"].map(move |action| (i, action)));
     let server = &s;
     let answers = join_all(calls.map(|(i, action)| async move {
         server.call("POST", &format!("/v1/orders/r{i}/{action}"), None).await.map(|(st, _)| st)
@@ -127,7 +125,8 @@ pub async fn short_multi_sku_order_holds_nothing(backend: Backend) -> anyhow::Re
     let s = Server::start(backend, Options::default()).await?;
     s.call("PUT", "/v1/inventory/ma", Some(json!({"on_hand": 5}))).await?;
     s.call("PUT", "/v1/inventory/mb", Some(json!({"on_hand": 1}))).await?;
-    let body = json!({"order_id": "multi", "user_id": "u", "items": [{"sku_id": "ma", "qty": 3}, {"sku_id": "mb", "qty": 2}]});
+    let body =
+        json!({"order_id": "multi", "user_id": "u", "items": [{"sku_id": "ma", "qty": 3}, {"sku_id": "mb", "qty": 2}]});
     let (st, v) = s.call("POST", "/v1/orders", Some(body)).await?;
     assert_eq!(st, 409, "{v}");
     assert_eq!(v["code"], "insufficient_stock");
@@ -147,7 +146,8 @@ pub async fn an_expired_hold_is_released_and_its_waiters_are_alerted(backend: Ba
     let (st, v) = s.call("POST", "/v1/orders", Some(json!({"order_id": "hold", "user_id": "buyer", "items": [{"sku_id": "last", "qty": 1}], "hold_seconds": 300}))).await?;
     assert_eq!(st, 201, "{v}");
     assert_eq!(stock(&s, "last").await?["available"], 0);
-    let (st, v) = s.call("POST", "/v1/stock-subscriptions", Some(json!({"user_id": "waiter", "sku_id": "last"}))).await?;
+    let (st, v) =
+        s.call("POST", "/v1/stock-subscriptions", Some(json!({"user_id": "waiter", "sku_id": "last"}))).await?;
     assert_eq!(st, 201, "{v}");
     // Not paid in time: the hold expires (manual clock) and the unit is back.
     s.call("POST", "/dev/clock/advance", Some(json!({"seconds": 301}))).await?;

@@ -37,7 +37,12 @@ pub async fn no_route_shows_or_changes_another_tenants_data(backend: Backend) ->
     .await?;
     let nid = n["notification_id"].as_str().unwrap_or_default().to_owned();
     a("PUT", "/v1/inventory/sku1".into(), Some(json!({"on_hand": 5}))).await?;
-    a("POST", "/v1/orders".into(), Some(json!({"order_id": "o1", "user_id": "u1", "items": [{"sku_id": "sku1", "qty": 1}]}))).await?;
+    a(
+        "POST",
+        "/v1/orders".into(),
+        Some(json!({"order_id": "o1", "user_id": "u1", "items": [{"sku_id": "sku1", "qty": 1}]})),
+    )
+    .await?;
     let sub = a("POST", "/v1/stock-subscriptions".into(), Some(json!({"user_id": "u1", "sku_id": "sku1"}))).await?;
     let sub_id = sub["subscription_id"].as_str().unwrap_or_default().to_owned();
     let inbox = s

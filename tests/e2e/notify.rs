@@ -329,7 +329,9 @@ pub async fn missing_placeholder_fails_without_retry(backend: Backend) -> anyhow
 
 /// The provider fault matrix: 429 with Retry-After, 5xx, timeouts (transient: sent once in the
 /// end, after backoff) and a permanent refusal (failed after one attempt, never retried).
-pub async fn provider_fault_matrix_loses_nothing_and_never_retries_permanent_errors(backend: Backend) -> anyhow::Result<()> {
+pub async fn provider_fault_matrix_loses_nothing_and_never_retries_permanent_errors(
+    backend: Backend,
+) -> anyhow::Result<()> {
     let s = Server::start(backend, Options::default()).await?;
     setup(&s).await?;
     let cases = [

@@ -54,7 +54,8 @@ pub async fn reserve(args: ReserveArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     let mut workers = tokio::task::JoinSet::new();
     for _ in 0..args.concurrency.max(1) {
-        let (deps, t, next, accepted, refused) = (deps.clone(), t.clone(), next.clone(), accepted.clone(), refused.clone());
+        let (deps, t, next, accepted, refused) =
+            (deps.clone(), t.clone(), next.clone(), accepted.clone(), refused.clone());
         let total = args.orders;
         workers.spawn(async move {
             let mut latencies = Vec::new();
@@ -73,7 +74,9 @@ pub async fn reserve(args: ReserveArgs) -> anyhow::Result<()> {
                 let at = Instant::now();
                 match inventory::place_order(&deps, &t, &req).await {
                     Ok(_) => accepted.fetch_add(1, Ordering::Relaxed),
-                    Err(CoreError::Conflict { code: "insufficient_stock", .. }) => refused.fetch_add(1, Ordering::Relaxed),
+                    Err(CoreError::Conflict { code: "insufficient_stock", .. }) => {
+                        refused.fetch_add(1, Ordering::Relaxed)
+                    }
                     Err(e) => return Err(e.into()),
                 };
                 latencies.push(at.elapsed().as_secs_f64() * 1000.0);
@@ -92,7 +95,10 @@ pub async fn reserve(args: ReserveArgs) -> anyhow::Result<()> {
     let report = inventory::reconcile(&deps, Some(&t)).await?;
     let (accepted, refused) = (accepted.load(Ordering::Relaxed), refused.load(Ordering::Relaxed));
     let want = args.orders.min(u64::try_from(args.units).unwrap_or(0));
-    println!("orders: {} placed by {} at once, {} unit(s) in stock, {} shard(s)", args.orders, args.concurrency, args.units, args.shards);
+    println!(
+        "orders: {} placed by {} at once, {} unit(s) in stock, {} shard(s)",
+        args.orders, args.concurrency, args.units, args.shards
+    );
     println!("time: {elapsed:.1} s, {:.0} orders/s", args.orders as f64 / elapsed);
     println!("latency: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms", pct(0.5), pct(0.99), pct(1.0));
     println!(

@@ -99,12 +99,17 @@ enum DlqCommand {
 async fn why_dead(deps: &tidings_core::Deps, body: &str) -> String {
     use tidings_core::notify::model::{ChannelTask, Delivery};
     if let Ok(rejected) = serde_json::from_str::<tidings_core::messages::Rejected>(body) {
-        return format!("rejected: {} (at {}, received {} times)", rejected.rejected, rejected.at, rejected.receive_count);
+        return format!(
+            "rejected: {} (at {}, received {} times)",
+            rejected.rejected, rejected.at, rejected.receive_count
+        );
     }
     let Ok(task) = serde_json::from_str::<ChannelTask>(body) else {
         return "not a Tidings message (see its body with the queue's tools)".into();
     };
-    let Ok(tenant) = tidings_core::TenantId::parse(&task.tenant) else { return "channel task with a bad tenant".into() };
+    let Ok(tenant) = tidings_core::TenantId::parse(&task.tenant) else {
+        return "channel task with a bad tenant".into();
+    };
     let key = tidings_core::keys::delivery(&tenant, &task.notification_id, &task.user_id, task.channel);
     match deps.table.get(&key).await.map(|i| i.map(|i| i.parse::<Delivery>())) {
         Ok(Some(Ok(d))) => format!(
@@ -117,7 +122,9 @@ async fn why_dead(deps: &tidings_core::Deps, body: &str) -> String {
             d.last_error.unwrap_or_default(),
             d.first_failed_at.unwrap_or_else(|| "-".into()),
         ),
-        _ => format!("{} to {} of notification {}: no delivery record", task.channel, task.user_id, task.notification_id),
+        _ => {
+            format!("{} to {} of notification {}: no delivery record", task.channel, task.user_id, task.notification_id)
+        }
     }
 }
 

@@ -236,7 +236,12 @@ pub async fn resume_deferred(
 }
 
 /// The user's devices, read only when push may be used (one query less per user otherwise).
-async fn devices_if_push(deps: &Deps, t: &TenantId, n: &Notification, user_id: &str) -> CoreResult<Vec<devices::Device>> {
+async fn devices_if_push(
+    deps: &Deps,
+    t: &TenantId,
+    n: &Notification,
+    user_id: &str,
+) -> CoreResult<Vec<devices::Device>> {
     if n.request.channels.as_ref().is_some_and(|c| !c.contains(&Channel::Push)) {
         return Ok(Vec::new());
     }
