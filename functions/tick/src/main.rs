@@ -2,29 +2,15 @@
 //! from the `timers` queue it runs each timer (hold expiry, ...). Partial batch failures are
 //! reported.
 
-use aws_lambda_events::event::sqs::SqsEvent;
-use lambda_runtime::{LambdaEvent, service_fn};
-use serde_json::Value;
 use tidings_aws::wiring::AwsPorts;
 
 #[tokio::main]
 async fn main() -> Result<(), lambda_runtime::Error> {
     tidings_lambda::init_tracing();
     let ports = AwsPorts::from_env(false, &[]).await?;
-    let deps = ports.deps();
-    let prefix = ports.queue_prefix().to_owned();
-    lambda_runtime::run(service_fn(|event: LambdaEvent<Value>| {
-        let (deps, prefix) = (deps.clone(), prefix.clone());
-        async move {
-            // One function, two triggers: an SQS batch has `Records`; a schedule does not.
-            if event.payload.get("Records").is_some() {
-                let batch: SqsEvent = serde_json::from_value(event.payload)?;
-                let response = tidings_lambda::handle_sqs_batch(&deps, &prefix, batch).await;
-                return Ok::<Value, lambda_runtime::Error>(serde_json::to_value(response)?);
-            }
-            let report = tidings_core::timers::tick(&deps).await?;
-            Ok(serde_json::to_value(report)?)
-        }
-    }))
+    tidings_lambda::serve_queue_and_schedule(ports.deps(), ports.queue_prefix().to_owned(), |deps| async move {
+        let report = tidings_core::timers::tick(&deps).await?;
+        Ok(serde_json::to_value(report)?)
+    })
     .await
 }

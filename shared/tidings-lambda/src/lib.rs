@@ -131,6 +131,46 @@ pub async fn serve_sqs(deps: Deps, prefix: String) -> Result<(), lambda_runtime:
     .await
 }
 
+/// One event of a function with two triggers: an SQS batch (it has `Records`) is handled like
+/// [`serve_sqs`]; anything else is its EventBridge schedule and runs `on_schedule`.
+pub async fn handle_queue_or_schedule<F, Fut>(
+    deps: Deps,
+    prefix: &str,
+    payload: Value,
+    on_schedule: F,
+) -> Result<Value, lambda_runtime::Error>
+where
+    F: FnOnce(Deps) -> Fut,
+    Fut: std::future::Future<Output = Result<Value, lambda_runtime::Error>>,
+{
+    if payload.get("Records").is_some() {
+        let batch: SqsEvent = serde_json::from_value(payload)?;
+        return Ok(serde_json::to_value(handle_sqs_batch(&deps, prefix, batch).await)?);
+    }
+    on_schedule(deps).await
+}
+
+/// Runs a Lambda function with two triggers (see [`handle_queue_or_schedule`]).
+pub async fn serve_queue_and_schedule<F, Fut>(
+    deps: Deps,
+    prefix: String,
+    on_schedule: F,
+) -> Result<(), lambda_runtime::Error>
+where
+    F: Fn(Deps) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<Value, lambda_runtime::Error>> + Send,
+{
+    lambda_runtime::run(lambda_runtime::service_fn(|event: lambda_runtime::LambdaEvent<Value>| {
+        let (deps, prefix, on_schedule) = (deps.clone(), prefix.clone(), on_schedule.clone());
+        async move {
+            let answer = handle_queue_or_schedule(deps, &prefix, event.payload, on_schedule).await;
+            flush_metrics();
+            answer
+        }
+    }))
+    .await
+}
+
 /// Converts a DynamoDB stream image to attributes, splitting out the key.
 fn image_of(item: &serde_dynamo::Item) -> Result<(Option<Key>, Attrs), serde_dynamo::Error> {
     if item.is_empty() {

@@ -126,3 +126,25 @@ fn queue_names_come_from_arns_and_urls() {
         "requests-low"
     );
 }
+
+#[tokio::test]
+async fn a_function_with_two_triggers_tells_a_schedule_from_a_queue_batch() {
+    let f = fixture();
+    pending_delivery(&f).await;
+    let schedule: serde_json::Value = load("eventbridge-schedule.json");
+    let ran = tidings_lambda::handle_queue_or_schedule(f.deps.clone(), "tidings-", schedule, |_deps| async {
+        Ok(json!({"job": "ran"}))
+    })
+    .await
+    .unwrap();
+    assert_eq!(ran, json!({"job": "ran"}), "a scheduled event runs the job");
+
+    let batch: serde_json::Value = load("sqs-channel-tasks.json");
+    let answer = tidings_lambda::handle_queue_or_schedule(f.deps.clone(), "tidings-", batch, |_deps| async {
+        panic!("a queue batch must not run the scheduled job")
+    })
+    .await
+    .unwrap();
+    assert_eq!(answer["batchItemFailures"], json!([]), "{answer}");
+    assert_eq!(list_sends(f.deps.table.as_ref(), None, None).await.unwrap().len(), 1);
+}
