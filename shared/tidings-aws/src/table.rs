@@ -18,11 +18,9 @@ use tidings_core::ports::{Attrs, CmpOp, Cond, Item, Key, Page, QueryOpts, StoreE
 
 use crate::error::{Kind, classify};
 
-/// The key attributes of every item.
-pub const PK: &str = "pk";
-pub const SK: &str = "sk";
-
-pub use tidings_core::ports::table::stored::{attrs_from_stored, port_attr_name, stored_attr_name};
+/// The key attributes of every item, and the escaping of attribute names that would clash with
+/// them: one convention, shared with the Lambda stream events (`tidings_core::ports::table::stored`).
+pub use tidings_core::ports::table::stored::{PK, SK, attrs_from_stored, port_attr_name, stored_attr_name};
 
 /// The default and the largest page of a query.
 const DEFAULT_LIMIT: usize = 100;

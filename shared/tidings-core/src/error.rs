@@ -47,4 +47,11 @@ impl CoreError {
     }
 }
 
+/// A record that does not (de)serialize is a corrupt item, like one the store cannot read back.
+impl From<serde_json::Error> for CoreError {
+    fn from(e: serde_json::Error) -> Self {
+        CoreError::Store(StoreError::Corrupt(e.to_string()))
+    }
+}
+
 pub type CoreResult<T> = Result<T, CoreError>;

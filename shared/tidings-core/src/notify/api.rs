@@ -1,7 +1,5 @@
 //! The notification use-cases behind the HTTP API: accept (idempotent), read, cancel.
 
-use std::collections::BTreeMap;
-
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
@@ -231,13 +229,4 @@ pub async fn cancel(deps: &Deps, t: &TenantId, id: &str) -> CoreResult<Notificat
         Err(e) => return Err(e.into()),
     }
     get_notification(deps, t, id).await?.ok_or(CoreError::NotFound { what: "notification" })
-}
-
-/// Counts by status of a list of deliveries (used by tests and the console).
-pub fn tally(deliveries: &[Delivery]) -> BTreeMap<&'static str, u64> {
-    let mut m = BTreeMap::new();
-    for d in deliveries {
-        *m.entry(d.status.as_str()).or_insert(0) += 1;
-    }
-    m
 }

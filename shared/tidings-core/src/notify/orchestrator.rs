@@ -18,7 +18,7 @@ use super::model::{
 use super::policy::{self, Recipient, Verdict};
 use super::progress;
 use crate::deps::Deps;
-use crate::error::{CoreError, CoreResult};
+use crate::error::CoreResult;
 use crate::ids::TenantId;
 use crate::keys;
 use crate::messages::Outcome;
@@ -501,10 +501,4 @@ fn params_for(params: &Value, user_id: &str, user: Option<&User>) -> Value {
         }
     }
     p
-}
-
-impl From<serde_json::Error> for CoreError {
-    fn from(e: serde_json::Error) -> Self {
-        CoreError::Store(StoreError::Corrupt(e.to_string()))
-    }
 }
