@@ -313,7 +313,7 @@ impl SqsQueues {
         Ok(out.messages().iter().map(received).collect())
     }
 
-    async fn delete_batch(&self, url: &str, receipts: &[String]) -> Result<(), QueueError> {
+    async fn delete_batch_at(&self, url: &str, receipts: &[String]) -> Result<(), QueueError> {
         for chunk in receipts.chunks(MAX_BATCH) {
             let entries = chunk
                 .iter()
@@ -407,7 +407,7 @@ impl SqsQueues {
             }
             self.send_to_url(&target, batch.iter().map(|m| OutMessage::new(m.body.clone())).collect()).await?;
             let receipts: Vec<String> = batch.iter().map(|m| m.receipt.clone()).collect();
-            self.delete_batch(&dlq, &receipts).await?;
+            self.delete_batch_at(&dlq, &receipts).await?;
             moved += batch.len() as u64;
         }
     }
@@ -465,6 +465,48 @@ impl Queues for SqsQueues {
         }
         self.client.delete_message().queue_url(url).receipt_handle(receipt).send().await.map_err(queue_error)?;
         self.receipt_log().deleted(receipt);
+        Ok(())
+    }
+
+    async fn delete_batch(&self, queue: &str, receipts: &[String]) -> Result<(), QueueError> {
+        let url = self.queue_url(queue).await?;
+        let live: Vec<String> = {
+            let log = self.receipt_log();
+            receipts.iter().filter(|r| !log.is_stale(r)).cloned().collect()
+        };
+        for chunk in live.chunks(MAX_BATCH) {
+            let entries = chunk
+                .iter()
+                .enumerate()
+                .map(|(i, r)| DeleteMessageBatchRequestEntry::builder().id(i.to_string()).receipt_handle(r).build())
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(invalid)?;
+            let out = self
+                .client
+                .delete_message_batch()
+                .queue_url(&url)
+                .set_entries(Some(entries))
+                .send()
+                .await
+                .map_err(queue_error)?;
+            // A receipt no longer valid is skipped (the message comes again); anything else
+            // is an error, and the whole batch may be deleted again (deletes are idempotent).
+            if let Some(f) = out
+                .failed()
+                .iter()
+                .find(|f| !matches!(f.code(), "ReceiptHandleIsInvalid" | "InvalidIdFormat" | "MessageNotInflight"))
+            {
+                return Err(QueueError::Unavailable(format!(
+                    "delete failed: {}: {}",
+                    f.code(),
+                    f.message().unwrap_or_default()
+                )));
+            }
+            let mut log = self.receipt_log();
+            for r in chunk {
+                log.deleted(r);
+            }
+        }
         Ok(())
     }
 

@@ -8,7 +8,7 @@ use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::config::http::HttpResponse;
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::types::{
-    AttributeValue, ConditionCheck, Delete, Put, ReturnValue, TransactWriteItem, Update as DynUpdate,
+    AttributeValue, ConditionCheck, Delete, KeysAndAttributes, Put, ReturnValue, TransactWriteItem, Update as DynUpdate,
 };
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -88,6 +88,9 @@ fn key_from_dynamo(map: &HashMap<String, AttributeValue>) -> Result<Key, StoreEr
         _ => Err(StoreError::Corrupt("item without string pk/sk".into())),
     }
 }
+
+/// The most keys in one `BatchGetItem`.
+const MAX_BATCH_GET: usize = 100;
 
 fn key_to_dynamo(key: &Key) -> HashMap<String, AttributeValue> {
     HashMap::from([
@@ -500,6 +503,52 @@ impl Table for DynamoTable {
             .await
             .map_err(store_error)?;
         out.item.map(item_from_dynamo).transpose()
+    }
+
+    async fn get_many(&self, keys: &[Key]) -> Result<Vec<Option<Item>>, StoreError> {
+        // BatchGetItem refuses a key asked twice: each distinct key once, answers mapped back.
+        let mut distinct: Vec<&Key> = Vec::with_capacity(keys.len());
+        let mut seen = std::collections::HashSet::with_capacity(keys.len());
+        for key in keys {
+            if seen.insert(key) {
+                distinct.push(key);
+            }
+        }
+        let mut found: HashMap<Key, Item> = HashMap::with_capacity(distinct.len());
+        for chunk in distinct.chunks(MAX_BATCH_GET) {
+            let mut pending: Vec<HashMap<String, AttributeValue>> = chunk.iter().map(|k| key_to_dynamo(k)).collect();
+            let mut attempt = 0u32;
+            while !pending.is_empty() {
+                let request = KeysAndAttributes::builder()
+                    .set_keys(Some(std::mem::take(&mut pending)))
+                    .consistent_read(true)
+                    .build()
+                    .map_err(|e| StoreError::Invalid(e.to_string()))?;
+                let out = self
+                    .client
+                    .batch_get_item()
+                    .request_items(&self.table, request)
+                    .send()
+                    .await
+                    .map_err(store_error)?;
+                for map in out.responses.and_then(|mut r| r.remove(&self.table)).unwrap_or_default() {
+                    let item = item_from_dynamo(map)?;
+                    found.insert(item.key.clone(), item);
+                }
+                // Keys DynamoDB did not get to (throttled or over 16 MB): asked again, with a
+                // growing pause, as the API's documentation asks.
+                pending =
+                    out.unprocessed_keys.and_then(|mut u| u.remove(&self.table)).map(|k| k.keys).unwrap_or_default();
+                if !pending.is_empty() {
+                    attempt += 1;
+                    if attempt > 8 {
+                        return Err(StoreError::Unavailable("BatchGetItem left keys unprocessed".into()));
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(25 << attempt.min(5))).await;
+                }
+            }
+        }
+        Ok(keys.iter().map(|k| found.get(k).cloned()).collect())
     }
 
     async fn put(&self, item: Item, cond: Cond) -> Result<(), StoreError> {

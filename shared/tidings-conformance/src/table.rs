@@ -29,6 +29,33 @@ async fn get_attrs(t: &dyn Table, k: &Key) -> Option<Value> {
     t.get(k).await.unwrap().map(|i| Value::Object(i.attrs))
 }
 
+/// `get_many` answers every key in the order asked, `None` for an absent item, a key asked
+/// twice twice, and more keys than one `BatchGetItem` takes (100).
+pub async fn get_many_in_order(t: &dyn Table) {
+    let pk = format!("getmany-{}", run_id());
+    for i in 0..150 {
+        t.put(item(&pk, &format!("s{i:03}"), json!({"i": i})), Cond::Always).await.unwrap();
+    }
+    let mut keys: Vec<Key> = (0..150).rev().map(|i| key(&pk, &format!("s{i:03}"))).collect();
+    keys.insert(7, key(&pk, "absent"));
+    keys.push(key(&pk, "s042"));
+    let got = t.get_many(&keys).await.unwrap();
+    assert_eq!(got.len(), keys.len(), "one answer per key");
+    for (k, answer) in keys.iter().zip(&got) {
+        match (k.sk.as_str(), answer) {
+            ("absent", None) => {}
+            ("absent", Some(i)) => panic!("an absent key answered {i:?}"),
+            (sk, Some(i)) => {
+                assert_eq!(&i.key, k, "answers come in the order asked");
+                let n: i64 = sk[1..].parse().unwrap();
+                assert_eq!(i.i64("i"), Some(n), "{sk} has its own attributes");
+            }
+            (sk, None) => panic!("{sk} exists but was answered None"),
+        }
+    }
+    assert!(t.get_many(&[]).await.unwrap().is_empty());
+}
+
 /// Put, get, delete; values of every JSON shape come back as they were put.
 pub async fn item_round_trip(t: &dyn Table) {
     let pk = format!("rt-{}", run_id());

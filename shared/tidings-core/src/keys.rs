@@ -48,8 +48,11 @@ pub fn inbox_pk(t: &TenantId, user_id: &str) -> String {
     format!("T#{t}#INBOX#{user_id}")
 }
 
+/// The sort-key prefix of inbox messages.
+pub const INBOX_MESSAGE_PREFIX: &str = "M#";
+
 pub fn inbox_message(t: &TenantId, user_id: &str, message_id: &str) -> Key {
-    Key::new(inbox_pk(t, user_id), format!("M#{message_id}"))
+    Key::new(inbox_pk(t, user_id), format!("{INBOX_MESSAGE_PREFIX}{message_id}"))
 }
 
 pub fn template(t: &TenantId, template_id: &str) -> Key {

@@ -108,7 +108,12 @@ pub(crate) struct Inner {
     pub(crate) messages: Notify,
     /// Declared queues by name (a DLQ is declared with its queue, with no redrive of its own).
     pub(crate) queues: RwLock<HashMap<String, queues::QueueSpec>>,
+    /// Which items' changes are recorded (all when unset): see [`EmbeddedStore::set_stream_filter`].
+    pub(crate) stream_filter: std::sync::OnceLock<StreamFilter>,
 }
+
+/// Says whether the changes of an item are recorded in the change stream.
+pub type StreamFilter = fn(&tidings_core::ports::Key) -> bool;
 
 /// The embedded store: a [`Table`](tidings_core::ports::Table), a source of
 /// [`EmbeddedChangeFeed`]s and [`Queues`](tidings_core::ports::Queues), all in one SQLite file.
@@ -166,8 +171,17 @@ impl EmbeddedStore {
                 changes: Notify::new(),
                 messages: Notify::new(),
                 queues: RwLock::new(declared),
+                stream_filter: std::sync::OnceLock::new(),
             }),
         })
+    }
+
+    /// Records in the change stream only the changes of items `filter` accepts, as an event
+    /// source mapping's filter does on AWS (there the stream has everything and the mapping
+    /// drops the rest; here nothing else is written). Set once, before the store is used;
+    /// `false` when a filter was set already.
+    pub fn set_stream_filter(&self, filter: StreamFilter) -> bool {
+        self.inner.stream_filter.set(filter).is_ok()
     }
 
     /// The clock the queues follow.

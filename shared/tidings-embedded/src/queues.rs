@@ -309,11 +309,33 @@ impl Queues for EmbeddedStore {
         let (queue, receipt) = (queue.to_owned(), receipt.to_owned());
         let n = self
             .with_conn(move |conn, _| {
-                conn.execute("DELETE FROM messages WHERE queue = ?1 AND receipt = ?2", params![queue, receipt])
+                conn.prepare_cached("DELETE FROM messages WHERE queue = ?1 AND receipt = ?2")
+                    .and_then(|mut stmt| stmt.execute(params![queue, receipt]))
                     .map_err(q_err)
             })
             .await?;
         if n == 0 { Err(QueueError::StaleReceipt) } else { Ok(()) }
+    }
+
+    async fn delete_batch(&self, queue: &str, receipts: &[String]) -> Result<(), QueueError> {
+        self.spec(queue)?;
+        if receipts.is_empty() {
+            return Ok(());
+        }
+        let (queue, receipts) = (queue.to_owned(), receipts.to_vec());
+        self.with_conn(move |conn, _| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(q_err)?;
+            {
+                let mut stmt =
+                    tx.prepare_cached("DELETE FROM messages WHERE queue = ?1 AND receipt = ?2").map_err(q_err)?;
+                for receipt in receipts {
+                    // A stale receipt deletes nothing: skipped, as the port says.
+                    stmt.execute(params![queue, receipt]).map_err(q_err)?;
+                }
+            }
+            tx.commit().map_err(q_err)
+        })
+        .await
     }
 
     async fn stats(&self, queue: &str) -> Result<QueueStats, QueueError> {

@@ -24,6 +24,25 @@ impl Table for EmbeddedStore {
         self.with_conn(move |conn, _| Ok(read_attrs(conn, &key)?.map(|attrs| Item::new(key, attrs)))).await
     }
 
+    async fn get_many(&self, keys: &[Key]) -> Result<Vec<Option<Item>>, StoreError> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let keys = keys.to_vec();
+        self.with_conn(move |conn, _| {
+            // One read transaction: the answers are of one moment, as one BatchGetItem's are
+            // for each of its items.
+            let tx = conn.transaction().map_err(db_err)?;
+            let mut out = Vec::with_capacity(keys.len());
+            for key in keys {
+                out.push(read_attrs(&tx, &key)?.map(|attrs| Item::new(key, attrs)));
+            }
+            tx.commit().map_err(db_err)?;
+            Ok(out)
+        })
+        .await
+    }
+
     async fn put(&self, item: Item, cond: Cond) -> Result<(), StoreError> {
         self.write_all(vec![Write::Put { item, cond }]).await.map(|_| ())
     }
@@ -85,12 +104,13 @@ impl EmbeddedStore {
             validate(w)?;
         }
         let (after, appended) = self
-            .with_conn(move |conn, _| {
+            .with_conn(move |conn, inner| {
                 let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(db_err)?;
                 let mut after = Vec::with_capacity(writes.len());
                 let mut appended = false;
+                let filter = inner.stream_filter.get().copied();
                 for (index, write) in writes.into_iter().enumerate() {
-                    let (new, changed) = apply_write(&tx, write, index)?;
+                    let (new, changed) = apply_write(&tx, write, index, filter)?;
                     appended |= changed;
                     after.push(new);
                 }
@@ -135,8 +155,13 @@ fn strip_nulls(attrs: &mut Attrs) {
 }
 
 /// Applies one write inside the transaction. Returns the item after it and whether a change
-/// record was appended.
-fn apply_write(tx: &Transaction<'_>, write: Write, index: usize) -> Result<(Option<Attrs>, bool), StoreError> {
+/// record was appended (only for items the stream filter accepts, when there is one).
+fn apply_write(
+    tx: &Transaction<'_>,
+    write: Write,
+    index: usize,
+    filter: Option<crate::StreamFilter>,
+) -> Result<(Option<Attrs>, bool), StoreError> {
     let key = write.key().clone();
     let old = read_attrs(tx, &key)?;
     let cond = match &write {
@@ -170,24 +195,28 @@ fn apply_write(tx: &Transaction<'_>, write: Write, index: usize) -> Result<(Opti
     }
     match &new {
         Some(attrs) => {
-            tx.execute(
+            let json = to_json(attrs)?;
+            tx.prepare_cached(
                 "INSERT INTO items (pk, sk, attrs) VALUES (?1, ?2, ?3)
                  ON CONFLICT (pk, sk) DO UPDATE SET attrs = excluded.attrs",
-                params![key.pk, key.sk, to_json(attrs)?],
             )
+            .and_then(|mut stmt| stmt.execute(params![key.pk, key.sk, json]))
             .map_err(db_err)?;
         }
         None => {
-            tx.execute("DELETE FROM items WHERE pk = ?1 AND sk = ?2", params![key.pk, key.sk]).map_err(db_err)?;
+            tx.prepare_cached("DELETE FROM items WHERE pk = ?1 AND sk = ?2")
+                .and_then(|mut stmt| stmt.execute(params![key.pk, key.sk]))
+                .map_err(db_err)?;
         }
+    }
+    if filter.is_some_and(|streamed| !streamed(&key)) {
+        return Ok((new, false));
     }
     let old_json = old.as_ref().map(to_json).transpose()?;
     let new_json = new.as_ref().map(to_json).transpose()?;
-    tx.execute(
-        "INSERT INTO changes (pk, sk, old, new) VALUES (?1, ?2, ?3, ?4)",
-        params![key.pk, key.sk, old_json, new_json],
-    )
-    .map_err(db_err)?;
+    tx.prepare_cached("INSERT INTO changes (pk, sk, old, new) VALUES (?1, ?2, ?3, ?4)")
+        .and_then(|mut stmt| stmt.execute(params![key.pk, key.sk, old_json, new_json]))
+        .map_err(db_err)?;
     Ok((new, true))
 }
 
@@ -205,8 +234,8 @@ pub(crate) fn parse_attrs(what: &str, json: &str) -> Result<Attrs, StoreError> {
 
 fn read_attrs(conn: &Connection, key: &Key) -> Result<Option<Attrs>, StoreError> {
     let json: Option<String> = conn
-        .query_row("SELECT attrs FROM items WHERE pk = ?1 AND sk = ?2", params![key.pk, key.sk], |r| r.get(0))
-        .optional()
+        .prepare_cached("SELECT attrs FROM items WHERE pk = ?1 AND sk = ?2")
+        .and_then(|mut stmt| stmt.query_row(params![key.pk, key.sk], |r| r.get(0)).optional())
         .map_err(db_err)?;
     json.map(|j| parse_attrs(&format!("{}/{}", key.pk, key.sk), &j)).transpose()
 }

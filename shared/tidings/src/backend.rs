@@ -49,6 +49,8 @@ impl Backend {
         let path = args.data_dir.join("tidings.db");
         let store = tidings_embedded::EmbeddedStore::open_with_clock(&path, clock.clone())
             .with_context(|| format!("opening {}", path.display()))?;
+        // What the relay reads, as the event source mapping filters it on AWS.
+        store.set_stream_filter(tidings_core::notify::relay::streamed);
         let queue_names = all_queues();
         for q in &queue_names {
             store.declare_queue(tidings_embedded::QueueConfig::new(q.clone(), config.max_receives))?;

@@ -133,9 +133,9 @@ async fn relay_loop(deps: Deps, live: Arc<dyn LivePush>, feed: Arc<dyn ChangeFee
             continue;
         }
         let mut event = DynamoDbEvent::default();
-        // As the event source mapping's filter does on AWS: deliveries and progress counters
-        // (most of a campaign's writes) are of no interest to the relay or the live feed.
-        for r in records.iter().filter(|r| !(r.key.sk.starts_with("D#") || r.key.sk.starts_with("C#"))) {
+        // As the event source mapping's filter does on AWS (deliveries, counters and receipts,
+        // most of a campaign's writes, are of no interest to the relay or the live feed).
+        for r in records.iter().filter(|r| tidings_core::notify::relay::streamed(&r.key)) {
             match tidings_lambda::event_record_of(r) {
                 Ok(rec) => event.records.push(rec),
                 Err(e) => error!(error = %e, "unconvertible change record skipped"),

@@ -11,6 +11,19 @@ use crate::error::{CoreError, CoreResult};
 use crate::keys::{self, NOTIFICATION_SK};
 use crate::ports::{ChangeRecord, Item, OutMessage, StoreError};
 
+/// Whether the relay (with the live feed and back-in-stock rounds) acts on changes of the item
+/// `key`: new notifications (`N`), campaign page tasks (`P#`), stock items (`STOCK`) and inbox
+/// messages (`M#`). The same filter as the event source mapping's `FilterCriteria` in
+/// `template.yaml`; the embedded store records only these changes (a campaign's deliveries,
+/// counters and receipts are most of its writes and nobody reads their changes).
+pub fn streamed(key: &crate::ports::Key) -> bool {
+    let sk = key.sk.as_str();
+    sk == NOTIFICATION_SK
+        || sk == crate::inventory::keys::STOCK_SK
+        || sk.starts_with(keys::PAGE_PREFIX)
+        || sk.starts_with(keys::INBOX_MESSAGE_PREFIX)
+}
+
 /// Handles a batch of change records; an error fails the whole batch (it is retried).
 pub async fn handle_changes(deps: &Deps, records: &[ChangeRecord]) -> CoreResult<()> {
     // Stock items whose restock round grew start back-in-stock rounds (seed 000).

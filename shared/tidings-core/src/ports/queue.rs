@@ -93,6 +93,19 @@ pub trait Queues: Send + Sync + 'static {
 
     async fn delete(&self, queue: &str, receipt: &str) -> Result<(), QueueError>;
 
+    /// Deletes several received messages (SQS `DeleteMessageBatch`, 10 a call). A receipt that
+    /// is no longer valid is skipped, as [`Queues::delete`] would report it stale: the message
+    /// comes again and its handler is idempotent.
+    async fn delete_batch(&self, queue: &str, receipts: &[String]) -> Result<(), QueueError> {
+        for receipt in receipts {
+            match self.delete(queue, receipt).await {
+                Ok(()) | Err(QueueError::StaleReceipt) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
     /// Depths of the queue and its DLQ.
     async fn stats(&self, queue: &str) -> Result<QueueStats, QueueError>;
 

@@ -305,6 +305,18 @@ pub const MAX_TRANSACTION_WRITES: usize = 100;
 pub trait Table: Send + Sync + 'static {
     async fn get(&self, key: &Key) -> Result<Option<Item>, StoreError>;
 
+    /// Several items at once (strongly consistent, like [`Table::get`]): one answer per key, in
+    /// the order asked, `None` for an absent item. A key may be asked twice. The default reads
+    /// them one by one; backends answer with one round trip per batch (DynamoDB's
+    /// `BatchGetItem`, 100 keys each; one SQLite call).
+    async fn get_many(&self, keys: &[Key]) -> Result<Vec<Option<Item>>, StoreError> {
+        let mut out = Vec::with_capacity(keys.len());
+        for key in keys {
+            out.push(self.get(key).await?);
+        }
+        Ok(out)
+    }
+
     /// Puts (replaces) the item when the condition holds on the current one.
     async fn put(&self, item: Item, cond: Cond) -> Result<(), StoreError>;
 
