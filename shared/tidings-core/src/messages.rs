@@ -127,6 +127,20 @@ pub fn is_consumed(queue: &str) -> bool {
     queue != crate::inventory::REVIEW_QUEUE
 }
 
+/// Routes a batch of messages of one queue: channel tasks are handled as a batch
+/// ([`crate::notify::worker::handle_channel_batch`]), the others one by one. One outcome per
+/// message, in order.
+pub async fn dispatch_batch(deps: &crate::Deps, queue: &str, messages: &[Received]) -> Vec<Outcome> {
+    if ["email-", "sms-", "push-"].iter().any(|p| queue.starts_with(p)) {
+        return crate::notify::worker::handle_channel_batch(deps, messages).await;
+    }
+    let mut outcomes = Vec::with_capacity(messages.len());
+    for message in messages {
+        outcomes.push(dispatch(deps, queue, message).await);
+    }
+    outcomes
+}
+
 /// Routes a message to the handler of its queue.
 pub async fn dispatch(deps: &crate::Deps, queue: &str, message: &Received) -> Outcome {
     if queue.starts_with("requests-") {

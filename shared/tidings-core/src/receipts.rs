@@ -180,8 +180,27 @@ pub async fn remember(
     user_id: &str,
     channel: Channel,
 ) -> CoreResult<()> {
+    if let Some(crate::ports::Write::Put { item, cond }) =
+        remember_write(deps, provider, provider_message_id, t, notification_id, user_id, channel)?
+    {
+        deps.table.put(item, cond).await?;
+    }
+    Ok(())
+}
+
+/// The write [`remember`] makes (`None` without a provider message id), for a caller that
+/// writes it with others.
+pub fn remember_write(
+    deps: &Deps,
+    provider: &str,
+    provider_message_id: &str,
+    t: &TenantId,
+    notification_id: &str,
+    user_id: &str,
+    channel: Channel,
+) -> CoreResult<Option<crate::ports::Write>> {
     if provider_message_id.is_empty() {
-        return Ok(());
+        return Ok(None);
     }
     let r = ProviderMessageRef {
         tenant: t.as_str().to_owned(),
@@ -190,10 +209,8 @@ pub async fn remember(
         channel,
         ttl: deps.clock.now().timestamp() + 30 * 86_400,
     };
-    deps.table
-        .put(Item::new(keys::provider_message(provider, provider_message_id), attrs_of(&r)?), Cond::Always)
-        .await?;
-    Ok(())
+    let item = Item::new(keys::provider_message(provider, provider_message_id), attrs_of(&r)?);
+    Ok(Some(crate::ports::Write::Put { item, cond: Cond::Always }))
 }
 
 /// The channel worker's part, after a provider accepted: best effort (a receipt for a message

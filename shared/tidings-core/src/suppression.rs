@@ -34,7 +34,12 @@ pub fn address_hash(address: &str) -> String {
 }
 
 pub async fn is_suppressed(deps: &Deps, t: &TenantId, channel: Channel, address: &str) -> CoreResult<bool> {
-    Ok(deps.table.get(&keys::suppression(t, channel, &address_hash(address))).await?.is_some())
+    Ok(deps.table.get(&key_of(t, channel, address)).await?.is_some())
+}
+
+/// The item that puts an address on the list.
+pub fn key_of(t: &TenantId, channel: Channel, address: &str) -> crate::ports::Key {
+    keys::suppression(t, channel, &address_hash(address))
 }
 
 /// Puts an address on the list (idempotent: the first reason and time stay).

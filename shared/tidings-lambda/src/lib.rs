@@ -10,7 +10,7 @@ use aws_lambda_events::streams::{DynamoDbBatchItemFailure, DynamoDbEventResponse
 use serde_json::Value;
 use tidings_core::Deps;
 use tidings_core::live::LivePush;
-use tidings_core::messages::{dispatch, settle};
+use tidings_core::messages::{dispatch_batch, settle};
 use tidings_core::notify::relay;
 use tidings_core::ports::table::stored;
 use tidings_core::ports::{Attrs, ChangeRecord, Key, Received};
@@ -83,10 +83,10 @@ pub fn sqs_message_of(r: &Received, queue_arn: &str) -> SqsMessage {
 /// a malformed message goes to the DLQ with its reason and the batch goes on.
 pub async fn handle_sqs_event(deps: &Deps, queue: &str, event: SqsEvent) -> SqsBatchResponse {
     let mut response = SqsBatchResponse::default();
-    for record in &event.records {
-        let message = received_of(record);
-        let outcome = dispatch(deps, queue, &message).await;
-        let processed = match settle(deps.queues.as_ref(), queue, &message, &outcome, deps.clock.now(), false).await {
+    let messages: Vec<Received> = event.records.iter().map(received_of).collect();
+    let outcomes = dispatch_batch(deps, queue, &messages).await;
+    for (message, outcome) in messages.iter().zip(outcomes) {
+        let processed = match settle(deps.queues.as_ref(), queue, message, &outcome, deps.clock.now(), false).await {
             Ok(p) => p,
             Err(e) => {
                 warn!(error = %e, queue, "could not settle a message; it will come back");

@@ -174,13 +174,13 @@ async fn queue_loop(deps: Deps, queue: String, arn: String, stop: watch::Receive
         let response = tidings_lambda::handle_sqs_event(&deps, &queue, event).await;
         busy.decrement(1.0);
         // What Lambda's event source mapping does: delete what did not fail.
-        for r in &received {
-            if response.batch_item_failures.iter().any(|f| f.item_identifier == r.message_id) {
-                continue;
-            }
-            if let Err(e) = deps.queues.delete(&queue, &r.receipt).await {
-                warn!(error = %e, queue, "delete failed; the message will come again");
-            }
+        let done: Vec<String> = received
+            .iter()
+            .filter(|r| !response.batch_item_failures.iter().any(|f| f.item_identifier == r.message_id))
+            .map(|r| r.receipt.clone())
+            .collect();
+        if let Err(e) = deps.queues.delete_batch(&queue, &done).await {
+            warn!(error = %e, queue, "delete failed; the messages will come again");
         }
     }
 }

@@ -117,6 +117,11 @@ struct Unit {
     delivery: Key,
     user_id: String,
     bucket: &'static str,
+    /// How many of `writes`, first, are gates (a frequency cap): when one of them fails, the
+    /// delivery is created `suppressed` (`frequency_cap`) instead.
+    gates: usize,
+    /// The delivery as created when a gate fails.
+    suppressed: Option<Item>,
 }
 
 /// A table for the per-user planning code of one page: it holds back the creation of the
@@ -135,6 +140,9 @@ pub struct PageWriter {
     /// When the page was expanded (its counters' `created_ms`).
     now_ms: i64,
     units: Mutex<Vec<Unit>>,
+    /// Items read at once before the page is planned ([`PageWriter::prefetch`]): `get` answers
+    /// them from here (`None`: known absent).
+    prefetched: Mutex<std::collections::HashMap<Key, Option<Item>>>,
 }
 
 impl PageWriter {
@@ -147,7 +155,29 @@ impl PageWriter {
             page,
             now_ms,
             units: Mutex::new(Vec::new()),
+            prefetched: Mutex::new(Default::default()),
         }
+    }
+
+    /// Reads `keys` at once (one `get_many`), for the planning code's `get`s: a page's
+    /// preferences, suppressions, frequency counters and existing deliveries cost a few round
+    /// trips instead of four per user. They are read when the page starts, as they would be
+    /// one by one a few milliseconds later; the caps are checked again by the writes'
+    /// conditions.
+    pub async fn prefetch(&self, keys: Vec<Key>) -> Result<(), StoreError> {
+        let mut got = Vec::with_capacity(keys.len());
+        for chunk in keys.chunks(1000) {
+            got.extend(self.inner.get_many(chunk).await?);
+        }
+        let mut map = self.prefetched.lock().unwrap_or_else(|p| p.into_inner());
+        for (key, item) in keys.into_iter().zip(got) {
+            map.insert(key, item);
+        }
+        Ok(())
+    }
+
+    fn prefetched(&self, key: &Key) -> Option<Option<Item>> {
+        self.prefetched.lock().unwrap_or_else(|p| p.into_inner()).get(key).cloned()
     }
 
     fn is_creation(&self, write: &Write) -> bool {
@@ -163,8 +193,13 @@ impl PageWriter {
     }
 
     /// The unit of writes holding one delivery creation (the page is noted on the delivery).
-    fn unit_of(&self, mut writes: Vec<Write>) -> Result<Unit, StoreError> {
+    fn unit_of(&self, writes: Vec<Write>) -> Result<Unit, StoreError> {
+        self.unit_with_gates(writes, 0)
+    }
+
+    fn unit_with_gates(&self, mut writes: Vec<Write>, gates: usize) -> Result<Unit, StoreError> {
         let mut found = None;
+        let mut suppressed = None;
         for w in &mut writes {
             if self.is_creation(w)
                 && let Write::Put { item, .. } = w
@@ -178,12 +213,20 @@ impl PageWriter {
                     .ok_or_else(|| StoreError::Corrupt("delivery without a status".into()))?;
                 let user_id = item.str("user_id").unwrap_or_default().to_owned();
                 found = Some((item.key.clone(), user_id, progress::bucket(status)));
+                if gates > 0 {
+                    let mut alt = item.clone();
+                    alt.attrs.insert("status".into(), DeliveryStatus::Suppressed.as_str().into());
+                    alt.attrs.insert("reason".into(), super::policy::SuppressReason::FrequencyCap.as_str().into());
+                    alt.attrs.remove("sent_at");
+                    alt.attrs.insert("attempts".into(), 0.into());
+                    suppressed = Some(alt);
+                }
             }
         }
         let Some((delivery, user_id, bucket)) = found else {
             return Err(StoreError::Invalid("no delivery creation to hold".into()));
         };
-        Ok(Unit { writes, delivery, user_id, bucket })
+        Ok(Unit { writes, delivery, user_id, bucket, gates, suppressed })
     }
 
     /// Writes what was held back. Returns the deliveries that existed already and are no longer
@@ -233,11 +276,23 @@ impl PageWriter {
             Err(StoreError::ConditionFailed { .. }) => {}
             Err(e) => return Err(e),
         }
-        // Some exist already (a retried or redriven page): one by one.
-        for unit in units {
+        // Some exist already (a retried or redriven page), or a cap was reached meanwhile:
+        // one by one.
+        for mut unit in units {
             let mut writes = unit.writes.clone();
             writes.extend(self.counters(std::slice::from_ref(&unit), now_ms));
-            match transact_retrying(self.inner.as_ref(), writes).await {
+            let mut result = transact_retrying(self.inner.as_ref(), writes).await;
+            if let (Err(StoreError::ConditionFailed { index }), Some(alt)) = (&result, &unit.suppressed)
+                && *index < unit.gates
+            {
+                // The cap is reached: the delivery is created `suppressed`, and not queued.
+                skip.insert(unit.delivery.clone());
+                unit.bucket = progress::bucket(DeliveryStatus::Suppressed);
+                let mut writes = vec![Write::Put { item: alt.clone(), cond: Cond::NotExists }];
+                writes.extend(self.counters(std::slice::from_ref(&unit), now_ms));
+                result = transact_retrying(self.inner.as_ref(), writes).await;
+            }
+            match result {
                 Ok(()) => {}
                 Err(StoreError::ConditionFailed { .. }) => {
                     let pending = match self.inner.get(&unit.delivery).await? {
@@ -271,7 +326,10 @@ async fn transact_retrying(table: &dyn Table, writes: Vec<Write>) -> Result<(), 
 #[async_trait]
 impl Table for PageWriter {
     async fn get(&self, key: &Key) -> Result<Option<Item>, StoreError> {
-        self.inner.get(key).await
+        match self.prefetched(key) {
+            Some(item) => Ok(item),
+            None => self.inner.get(key).await,
+        }
     }
 
     async fn put(&self, item: Item, cond: Cond) -> Result<(), StoreError> {
@@ -296,17 +354,33 @@ impl Table for PageWriter {
             return self.inner.transact(writes).await;
         }
         let room = MAX_TRANSACTION_WRITES - progress::COUNTER_SHARDS as usize;
+        // Gates (a frequency cap: conditional updates before the creation) on prefetched items
+        // are decided on what was read: a condition that fails there fails now (counts only
+        // grow), one that holds is held back with the creation and checked again when written.
+        let creation_at = writes.iter().position(|w| self.is_creation(w)).unwrap_or(0);
+        let mut gates = 0;
+        for (index, w) in writes.iter().enumerate().take(creation_at) {
+            let Write::Update { key, cond, .. } = w else { break };
+            let Some(snapshot) = self.prefetched(key) else { break };
+            if !cond.holds(snapshot.as_ref().map(|i| &i.attrs)) {
+                return Err(StoreError::ConditionFailed { index });
+            }
+            gates = index + 1;
+        }
         // Held back only when no other write can fail in a way the caller must hear of now
         // (an inbox message is created with its delivery, so it exists only if that does).
-        let holdable = writes.iter().all(|w| {
-            self.is_creation(w)
+        let holdable = writes.iter().enumerate().all(|(i, w)| {
+            i < gates
+                || self.is_creation(w)
                 || matches!(
                     w,
                     Write::Update { cond: Cond::Always, .. } | Write::Put { cond: Cond::Always | Cond::NotExists, .. }
                 )
         });
         if holdable && writes.len() <= room {
-            return self.hold(writes);
+            let unit = self.unit_with_gates(writes, gates)?;
+            self.units.lock().unwrap_or_else(|p| p.into_inner()).push(unit);
+            return Ok(());
         }
         // Conditions whose answer the caller needs now (a frequency cap): written at once,
         // with the delivery's counter in the same transaction, after the caller's writes (so a

@@ -143,6 +143,7 @@ pub(crate) async fn orchestrate_page(
         page,
         deps.clock.now_ms(),
     ));
+    writer.prefetch(prefetch_keys(deps, t, n, users)).await?;
     let page_deps = Deps { table: writer.clone(), ..deps.clone() };
     let template = template.as_ref();
     type Planned<'a> =
@@ -171,6 +172,37 @@ pub(crate) async fn orchestrate_page(
     }
     info!(notification_id = %n.notification_id, page, users = users.len(), queued, "orchestrated");
     Ok(())
+}
+
+/// What planning a page will read, item by item: each user's preferences, and per channel the
+/// delivery, the address's suppression and the frequency counter of the day.
+fn prefetch_keys(deps: &Deps, t: &TenantId, n: &Notification, users: &[(String, Option<User>)]) -> Vec<Key> {
+    let channels: Vec<Channel> = match &n.request.channels {
+        Some(c) => c.clone(),
+        None => Channel::ALL.to_vec(),
+    };
+    let now = deps.clock.now();
+    let marketing = n.request.category != super::model::Category::Transactional;
+    let mut keys = Vec::with_capacity(users.len() * (1 + 3 * channels.len()));
+    for (user_id, user) in users {
+        keys.push(keys::preferences(t, user_id));
+        let zone = user.as_ref().and_then(|u| u.timezone.as_deref());
+        for &channel in &channels {
+            keys.push(keys::delivery(t, &n.notification_id, user_id, channel));
+            let address = match channel {
+                Channel::Email => user.as_ref().and_then(|u| u.email.as_deref()),
+                Channel::Sms => user.as_ref().and_then(|u| u.phone.as_deref()),
+                Channel::Push | Channel::Inapp => None,
+            };
+            if let Some(address) = address {
+                keys.push(crate::suppression::key_of(t, channel, address));
+            }
+            if marketing && channel != Channel::Inapp {
+                keys.push(policy::cap_key(t, user_id, zone, channel, now));
+            }
+        }
+    }
+    keys
 }
 
 /// The per-user code: policy, channels, one delivery per channel.

@@ -25,7 +25,7 @@ use crate::devices::Device;
 use crate::error::CoreResult;
 use crate::ids::TenantId;
 use crate::keys;
-use crate::ports::{Channel, Cond, StoreError, Update, Write};
+use crate::ports::{Channel, Cond, Key, Update, Write};
 use crate::preferences::{Preferences, zone_of};
 use crate::suppression;
 use crate::users::User;
@@ -77,7 +77,7 @@ pub struct Recipient<'a> {
 }
 
 impl Recipient<'_> {
-    fn zone(&self) -> Option<&str> {
+    pub fn zone(&self) -> Option<&str> {
         self.user.and_then(|u| u.timezone.as_deref())
     }
 
@@ -127,20 +127,25 @@ pub async fn check(
         return Ok(Verdict::Defer(until));
     }
     let cap = deps.config.frequency_cap_of(t.as_str());
-    if cap == 0 || !count_against_cap(deps, t, n, r.user_id, r.zone(), channel, now, cap).await? {
+    if cap == 0 {
         return Ok(Verdict::Suppress(SuppressReason::FrequencyCap));
     }
-    Ok(Verdict::Send { to, writes: Vec::new() })
+    Ok(Verdict::Send { to, writes: vec![cap_write(t, n, r.user_id, r.zone(), channel, now, cap)] })
 }
 
-/// Counts one send against the user's cap for today (in the user's zone): `false` when the cap
-/// is reached. Atomic (a conditional update) and idempotent per notification: the counter item
-/// remembers which notifications it counted, so a repeated orchestration (a retried task, a
-/// crash between this and the delivery's creation) is not counted twice. Kept three days by
-/// the table's TTL.
-#[allow(clippy::too_many_arguments)]
-pub async fn count_against_cap(
-    deps: &Deps,
+/// The item counting a user's sends on a channel for the day of `now` in the user's zone.
+pub fn cap_key(t: &TenantId, user_id: &str, zone: Option<&str>, channel: Channel, now: DateTime<Utc>) -> Key {
+    let local_day = now.with_timezone(&zone_of(zone)).date_naive();
+    keys::frequency_counter(t, user_id, &local_day.format("%Y%m%d").to_string(), channel)
+}
+
+/// Counts one send against the user's cap for today (in the user's zone), in the same
+/// transaction as the delivery's creation: its condition fails when the cap is reached (the
+/// delivery is then `frequency_cap`). Atomic, and idempotent per notification: the counter item
+/// remembers which notifications it counted, and the delivery is created with the count, so a
+/// repeated orchestration (a retried task, a crash) never counts twice. Kept three days by the
+/// table's TTL.
+pub fn cap_write(
     t: &TenantId,
     n: &Notification,
     user_id: &str,
@@ -148,9 +153,8 @@ pub async fn count_against_cap(
     channel: Channel,
     now: DateTime<Utc>,
     cap: u32,
-) -> CoreResult<bool> {
-    let local_day = now.with_timezone(&zone_of(zone)).date_naive();
-    let key = keys::frequency_counter(t, user_id, &local_day.format("%Y%m%d").to_string(), channel);
+) -> Write {
+    let key = cap_key(t, user_id, zone, channel, now);
     let mark = format!("n_{}", n.notification_id);
     let ttl = (now + Duration::days(3)).timestamp();
     let cond = Cond::And(vec![
@@ -158,12 +162,5 @@ pub async fn count_against_cap(
         Cond::AttrNotExists(mark.clone()),
     ]);
     let updates = vec![Update::add("count", 1), Update::set(&mark, true), Update::set("ttl", ttl)];
-    match deps.table.update(&key, updates, cond).await {
-        Ok(_) => Ok(true),
-        Err(StoreError::ConditionFailed { .. }) => {
-            // Counted already by an earlier run of this notification, or the cap is reached.
-            Ok(deps.table.get(&key).await?.is_some_and(|item| item.attrs.contains_key(&mark)))
-        }
-        Err(e) => Err(e.into()),
-    }
+    Write::Update { key, updates, cond }
 }

@@ -61,6 +61,7 @@ pub fn counter_write(key: Key, deltas: &[(&'static str, i64)], created_ms: i64) 
 }
 
 /// A delivery being moved from one status to another.
+#[derive(Clone)]
 pub struct Transition<'a> {
     pub t: &'a TenantId,
     pub notification_id: &'a str,
@@ -75,10 +76,9 @@ pub struct Transition<'a> {
     pub updates: Vec<Update>,
 }
 
-/// Applies a status change with its counters in one transaction. `Ok(false)` when the delivery
-/// was not in `from` (someone else moved it: nothing is changed, nothing counted). Transaction
-/// conflicts (DynamoDB, on a busy counter) are retried here, briefly.
-pub async fn transition(deps: &Deps, tr: Transition<'_>) -> Result<bool, StoreError> {
+/// The delivery's write of a transition, and its counter change (key, from bucket, to bucket)
+/// when the buckets differ.
+fn transition_parts(tr: Transition<'_>) -> (Write, Option<(Key, &'static str, &'static str)>) {
     let mut cond = vec![Cond::eq("status", tr.from.as_str())];
     cond.extend(tr.also);
     let cond = Cond::And(cond);
@@ -86,10 +86,65 @@ pub async fn transition(deps: &Deps, tr: Transition<'_>) -> Result<bool, StoreEr
     updates.retain(|u| !matches!(u, Update::Set(n, _) if n == "status"));
     updates.push(Update::set("status", tr.to.as_str()));
     let (from, to) = (bucket(tr.from), bucket(tr.to));
-    let mut writes = vec![Write::Update { key: tr.key.clone(), updates, cond }];
-    if from != to {
-        let counter = counter_key(tr.t, tr.notification_id, tr.page, tr.user_id);
-        writes.push(counter_write(counter, &[(from, -1), (to, 1)], deps.clock.now_ms()));
+    let counter = (from != to).then(|| (counter_key(tr.t, tr.notification_id, tr.page, tr.user_id), from, to));
+    (Write::Update { key: tr.key.clone(), updates, cond }, counter)
+}
+
+/// Several transitions (at most 30) and `extra` unconditional writes in one transaction, their
+/// counter changes summed per counter item: what a channel worker records for a batch of
+/// sends. Each answer is [`transition`]'s. When the transaction fails (a delivery moved by
+/// someone else, a conflict), each transition is applied alone, and the extra writes after it.
+pub async fn transition_many(
+    deps: &Deps,
+    trs: Vec<Transition<'_>>,
+    extra: Vec<Write>,
+) -> Result<Vec<bool>, StoreError> {
+    if trs.len() > 30 {
+        return Err(StoreError::Invalid(format!("{} transitions in one transaction (at most 30)", trs.len())));
+    }
+    let now_ms = deps.clock.now_ms();
+    let mut writes = Vec::with_capacity(trs.len() * 2 + extra.len());
+    let mut counters: std::collections::BTreeMap<Key, std::collections::BTreeMap<&'static str, i64>> =
+        Default::default();
+    for tr in &trs {
+        let (write, counter) = transition_parts(tr.clone());
+        writes.push(write);
+        if let Some((key, from, to)) = counter {
+            let deltas = counters.entry(key).or_default();
+            *deltas.entry(from).or_default() -= 1;
+            *deltas.entry(to).or_default() += 1;
+        }
+    }
+    for (key, deltas) in counters {
+        let deltas: Vec<(&'static str, i64)> = deltas.into_iter().collect();
+        writes.push(counter_write(key, &deltas, now_ms));
+    }
+    writes.extend(extra.iter().cloned());
+    if !trs.is_empty() && deps.table.transact(writes).await.is_ok() {
+        return Ok(vec![true; trs.len()]);
+    }
+    let mut out = Vec::with_capacity(trs.len());
+    for tr in trs {
+        out.push(transition(deps, tr).await?);
+    }
+    for w in extra {
+        if let Write::Put { item, cond } = w {
+            deps.table.put(item, cond).await?;
+        } else {
+            deps.table.transact(vec![w]).await?;
+        }
+    }
+    Ok(out)
+}
+
+/// Applies a status change with its counters in one transaction. `Ok(false)` when the delivery
+/// was not in `from` (someone else moved it: nothing is changed, nothing counted). Transaction
+/// conflicts (DynamoDB, on a busy counter) are retried here, briefly.
+pub async fn transition(deps: &Deps, tr: Transition<'_>) -> Result<bool, StoreError> {
+    let (write, counter) = transition_parts(tr);
+    let mut writes = vec![write];
+    if let Some((key, from, to)) = counter {
+        writes.push(counter_write(key, &[(from, -1), (to, 1)], deps.clock.now_ms()));
     }
     let mut attempt = 0u32;
     loop {

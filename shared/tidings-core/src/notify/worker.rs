@@ -17,17 +17,16 @@ use crate::error::CoreResult;
 use crate::ids::{TenantId, mask_address};
 use crate::keys;
 use crate::messages::Outcome;
-use crate::ports::{Cond, OutboundMessage, ProviderError, Received, StoreError, Update};
+use crate::ports::{
+    Channel, Cond, Key, OutboundMessage, ProviderError, ProviderReceipt, Received, StoreError, Update, Write,
+};
 use crate::retry::backoff;
 
 /// Handles one channel task message.
 pub async fn handle_channel_message(deps: &Deps, message: &Received) -> Outcome {
-    let task: ChannelTask = match serde_json::from_str(&message.body) {
-        Ok(t) => t,
-        Err(e) => return Outcome::Reject(format!("malformed channel task: {e}")),
-    };
-    let Ok(tenant) = TenantId::parse(&task.tenant) else {
-        return Outcome::Reject("channel task with an invalid tenant".into());
+    let (tenant, task) = match parse(message) {
+        Ok(parsed) => parsed,
+        Err(outcome) => return outcome,
     };
     match deliver(deps, &tenant, &task, message.receive_count).await {
         Ok(outcome) => outcome,
@@ -69,19 +68,8 @@ async fn deliver(deps: &Deps, t: &TenantId, task: &ChannelTask, receive_count: u
     }
 
     // Phase one: claim the delivery.
-    let lease = deps.config.delivery_lease;
     let transactional = task.category == Category::Transactional;
-    let claimable = Cond::And(vec![Cond::Exists, Cond::eq("status", "pending")]);
-    let cond = if transactional {
-        Cond::Or(vec![claimable, Cond::And(vec![Cond::eq("status", "sending"), Cond::lt("lease_until_ms", now_ms)])])
-    } else {
-        claimable
-    };
-    let mut updates =
-        vec![Update::set("status", "sending"), Update::add("attempts", 1), Update::set("updated_at", now_str(deps))];
-    if transactional {
-        updates.push(Update::set("lease_until_ms", now_ms + lease.as_millis() as i64));
-    }
+    let (updates, cond) = claim_of(deps, transactional, now_ms);
     let claimed_item = match deps.table.update(&key, updates.clone(), cond).await {
         Ok(item) => item,
         // A dead delivery redriven: claimed with its counters (dead → queued).
@@ -98,13 +86,53 @@ async fn deliver(deps: &Deps, t: &TenantId, task: &ChannelTask, receive_count: u
         }
         Err(e) => return Err(e.into()),
     };
-    let page = Some(page_of(&claimed_item).unwrap_or(0));
+    let page = page_of(&claimed_item).unwrap_or(0);
     let claimed: Delivery = claimed_item.parse()?;
 
     // The provider call.
     let Some(provider) = deps.providers.for_channel(task.channel) else {
         return Ok(Outcome::Reject(format!("channel {} has no provider", task.channel)));
     };
+    let result = call_provider(deps, t, task, provider.as_ref(), claimed.attempts).await;
+
+    // Phase two: record what happened.
+    let settled = settle(deps, task, provider.name(), claimed.attempts, receive_count, result);
+    if let Some(id) = &settled.receipt {
+        crate::receipts::remember_sent(deps, provider.name(), id, t, task).await;
+    }
+    move_delivery(deps, t, task, &key, Some(page), DeliveryStatus::Sending, settled.to, settled.updates).await?;
+    if settled.receipt.is_some() {
+        crate::crash::point("worker.after_sent");
+    }
+    Ok(settled.outcome)
+}
+
+/// The claim of a delivery (phase one): its updates and condition. A transactional delivery is
+/// claimed with a lease, and may be claimed again once the lease ran out; a marketing one only
+/// from `pending` (at most once).
+fn claim_of(deps: &Deps, transactional: bool, now_ms: i64) -> (Vec<Update>, Cond) {
+    let claimable = Cond::And(vec![Cond::Exists, Cond::eq("status", "pending")]);
+    let cond = if transactional {
+        Cond::Or(vec![claimable, Cond::And(vec![Cond::eq("status", "sending"), Cond::lt("lease_until_ms", now_ms)])])
+    } else {
+        claimable
+    };
+    let mut updates =
+        vec![Update::set("status", "sending"), Update::add("attempts", 1), Update::set("updated_at", now_str(deps))];
+    if transactional {
+        updates.push(Update::set("lease_until_ms", now_ms + deps.config.delivery_lease.as_millis() as i64));
+    }
+    (updates, cond)
+}
+
+/// The provider call of a claimed delivery, within the provider timeout.
+async fn call_provider(
+    deps: &Deps,
+    t: &TenantId,
+    task: &ChannelTask,
+    provider: &dyn crate::ports::Provider,
+    attempt: u32,
+) -> Result<ProviderReceipt, ProviderError> {
     let message = OutboundMessage {
         channel: task.channel,
         to: task.to.clone(),
@@ -115,35 +143,49 @@ async fn deliver(deps: &Deps, t: &TenantId, task: &ChannelTask, receive_count: u
         tenant: t.as_str().to_owned(),
         notification_id: task.notification_id.clone(),
         user_id: task.user_id.clone(),
-        attempt: claimed.attempts,
+        attempt,
     };
     crate::crash::point("worker.before_provider");
     // Push goes to every device of the user (`devices::send_to_devices`).
-    let result = match tokio::time::timeout(
-        deps.config.provider_timeout,
-        crate::devices::send(deps, t, provider.as_ref(), &message),
-    )
-    .await
-    {
+    match tokio::time::timeout(deps.config.provider_timeout, crate::devices::send(deps, t, provider, &message)).await {
         Ok(r) => r,
         Err(_) => Err(ProviderError::transient("timeout")),
-    };
+    }
+}
 
-    // Phase two: record what happened.
+/// What a provider's answer makes of a claimed delivery.
+struct Settled {
+    to: DeliveryStatus,
+    updates: Vec<Update>,
+    outcome: Outcome,
+    /// The provider's message id, when it accepted.
+    receipt: Option<String>,
+}
+
+fn settle(
+    deps: &Deps,
+    task: &ChannelTask,
+    provider: &str,
+    attempts: u32,
+    receive_count: u32,
+    result: Result<ProviderReceipt, ProviderError>,
+) -> Settled {
     match result {
         Ok(receipt) => {
             crate::crash::point("worker.after_provider");
-            info!(to = %mask_address(&task.to), attempt = claimed.attempts, provider = provider.name(), "sent");
-            crate::receipts::remember_sent(deps, provider.name(), &receipt.provider_message_id, t, task).await;
+            info!(to = %mask_address(&task.to), attempt = attempts, provider, "sent");
             let updates = vec![
                 Update::set("sent_at", now_str(deps)),
-                Update::set("provider_message_id", receipt.provider_message_id),
+                Update::set("provider_message_id", receipt.provider_message_id.clone()),
                 Update::set("updated_at", now_str(deps)),
                 Update::Remove("lease_until_ms".into()),
             ];
-            move_delivery(deps, t, task, &key, page, DeliveryStatus::Sending, DeliveryStatus::Sent, updates).await?;
-            crate::crash::point("worker.after_sent");
-            Ok(Outcome::Done)
+            Settled {
+                to: DeliveryStatus::Sent,
+                updates,
+                outcome: Outcome::Done,
+                receipt: Some(receipt.provider_message_id),
+            }
         }
         Err(ProviderError::Permanent { reason, code }) => {
             warn!(to = %mask_address(&task.to), %reason, ?code, "permanent failure; not retried");
@@ -152,12 +194,11 @@ async fn deliver(deps: &Deps, t: &TenantId, task: &ChannelTask, receive_count: u
                 Update::set("updated_at", now_str(deps)),
                 Update::Remove("lease_until_ms".into()),
             ];
-            move_delivery(deps, t, task, &key, page, DeliveryStatus::Sending, DeliveryStatus::Failed, updates).await?;
-            Ok(Outcome::Done)
+            Settled { to: DeliveryStatus::Failed, updates, outcome: Outcome::Done, receipt: None }
         }
         Err(ProviderError::Transient { reason, retry_after }) => {
             let last = receive_count >= deps.config.max_receives;
-            warn!(%reason, attempt = claimed.attempts, last, "transient failure");
+            warn!(%reason, attempt = attempts, last, "transient failure");
             let mut updates = vec![
                 Update::set("last_error", reason),
                 Update::SetIfAbsent("first_failed_at".into(), now_str(deps).into()),
@@ -166,18 +207,209 @@ async fn deliver(deps: &Deps, t: &TenantId, task: &ChannelTask, receive_count: u
             ];
             if last {
                 updates.push(Update::set("dead_at", now_str(deps)));
-            }
-            let to = if last { DeliveryStatus::Dead } else { DeliveryStatus::Pending };
-            move_delivery(deps, t, task, &key, page, DeliveryStatus::Sending, to, updates).await?;
-            if last {
                 metrics::counter!(crate::metrics::DEAD_LETTERS, "channel" => task.channel.as_str()).increment(1);
                 // Visible again at once, so the queue moves it to the DLQ on the next receive.
-                return Ok(Outcome::Retry(Duration::ZERO));
+                return Settled {
+                    to: DeliveryStatus::Dead,
+                    updates,
+                    outcome: Outcome::Retry(Duration::ZERO),
+                    receipt: None,
+                };
             }
             metrics::counter!(crate::metrics::RETRIES, "channel" => task.channel.as_str()).increment(1);
-            Ok(Outcome::Retry(backoff(claimed.attempts, deps.config.retry_base, deps.config.retry_cap, retry_after)))
+            let delay = backoff(attempts, deps.config.retry_base, deps.config.retry_cap, retry_after);
+            Settled { to: DeliveryStatus::Pending, updates, outcome: Outcome::Retry(delay), receipt: None }
         }
     }
+}
+
+/// Handles a batch of channel task messages (what one receive or one Lambda event holds), one
+/// outcome per message in order. Marketing sends, a campaign's bulk, cost four store calls for
+/// the whole batch instead of four per message: the deliveries read at once, claimed in one transaction,
+/// sent concurrently (through the rate gates), and recorded in one transaction with their
+/// progress counters and receipts. Anything unusual (a cancelled campaign, a redriven dead
+/// delivery, a claim lost to another worker, a task seen twice in the batch) takes the path of
+/// a single message, which knows every case.
+pub async fn handle_channel_batch(deps: &Deps, messages: &[Received]) -> Vec<Outcome> {
+    let mut outcomes: Vec<Option<Outcome>> = vec![None; messages.len()];
+    let mut parsed: Vec<(usize, TenantId, ChannelTask)> = Vec::with_capacity(messages.len());
+    for (i, message) in messages.iter().enumerate() {
+        match parse(message) {
+            Ok((t, task)) => parsed.push((i, t, task)),
+            Err(outcome) => outcomes[i] = Some(outcome),
+        }
+    }
+    if parsed.len() > 1 {
+        match deliver_batch(deps, messages, &parsed).await {
+            Ok(done) => {
+                for (i, outcome) in done {
+                    outcomes[i] = Some(outcome);
+                }
+            }
+            Err(e) => warn!(error = %e, "batch bookkeeping failed; each message on its own"),
+        }
+    }
+    for (i, message) in messages.iter().enumerate() {
+        if outcomes[i].is_none() {
+            outcomes[i] = Some(handle_channel_message(deps, message).await);
+        }
+    }
+    outcomes.into_iter().map(|o| o.unwrap_or(Outcome::Done)).collect()
+}
+
+fn parse(message: &Received) -> Result<(TenantId, ChannelTask), Outcome> {
+    let task: ChannelTask =
+        serde_json::from_str(&message.body).map_err(|e| Outcome::Reject(format!("malformed channel task: {e}")))?;
+    let tenant =
+        TenantId::parse(&task.tenant).map_err(|_| Outcome::Reject("channel task with an invalid tenant".into()))?;
+    Ok((tenant, task))
+}
+
+/// A delivery claimed by [`deliver_batch`].
+struct Claimed<'a> {
+    index: usize,
+    t: &'a TenantId,
+    task: &'a ChannelTask,
+    key: Key,
+    page: u64,
+    attempts: u32,
+}
+
+/// The batch path of [`handle_channel_batch`]: the outcomes of the messages it handled; the
+/// others are left to the single path. Nothing is claimed when this fails before the claim.
+async fn deliver_batch(
+    deps: &Deps,
+    messages: &[Received],
+    parsed: &[(usize, TenantId, ChannelTask)],
+) -> CoreResult<Vec<(usize, Outcome)>> {
+    let now_ms = deps.clock.now_ms();
+    // Tasks of cancelled notifications, and a second task for one delivery: the single path.
+    let mut candidates = Vec::with_capacity(parsed.len());
+    let mut seen = std::collections::HashSet::new();
+    let mut status: std::collections::HashMap<&str, Option<NotificationStatus>> = Default::default();
+    for (i, t, task) in parsed {
+        let key = keys::delivery(t, &task.notification_id, &task.user_id, task.channel);
+        // Transactional messages one by one: a crash after a provider call then costs at most
+        // the one duplicate the two-phase send promises, not one per message of the batch.
+        if task.category == Category::Transactional || !seen.insert(key.clone()) {
+            continue;
+        }
+        let s = match status.get(task.notification_id.as_str()) {
+            Some(s) => *s,
+            None => {
+                let s = super::campaign::status(deps, t, &task.notification_id).await?;
+                status.insert(&task.notification_id, s);
+                s
+            }
+        };
+        if s != Some(NotificationStatus::Cancelled) {
+            candidates.push((*i, t, task, key));
+        }
+    }
+    if candidates.len() < 2 {
+        return Ok(Vec::new());
+    }
+    let keys: Vec<Key> = candidates.iter().map(|c| c.3.clone()).collect();
+    let items = deps.table.get_many(&keys).await?;
+    let mut claims = Vec::new();
+    let mut claimed = Vec::new();
+    for ((index, t, task, key), item) in candidates.into_iter().zip(items) {
+        let Some(item) = item else { continue };
+        let Ok(d) = item.parse::<Delivery>() else { continue };
+        if d.status != DeliveryStatus::Pending {
+            continue;
+        }
+        let (updates, cond) = claim_of(deps, false, now_ms);
+        claims.push(Write::Update { key: key.clone(), updates, cond });
+        let page = page_of(&item).unwrap_or(0);
+        claimed.push(Claimed { index, t, task, key, page, attempts: d.attempts.saturating_add(1) });
+    }
+    if claims.is_empty() {
+        return Ok(Vec::new());
+    }
+    match deps.table.transact(claims).await {
+        Ok(()) => {}
+        // Someone else moved one of them: each goes the single way.
+        Err(StoreError::ConditionFailed { .. }) | Err(StoreError::Conflict) => return Ok(Vec::new()),
+        Err(e) => return Err(e.into()),
+    }
+
+    // Sent concurrently: the gates in front of the providers pace them.
+    let sends = claimed.iter().map(|c| async move {
+        match deps.providers.for_channel(c.task.channel) {
+            Some(provider) => {
+                let result = call_provider(deps, c.t, c.task, provider.as_ref(), c.attempts).await;
+                Some((provider.name().to_owned(), result))
+            }
+            None => None,
+        }
+    });
+    let results = futures::future::join_all(sends).await;
+
+    let mut done = Vec::with_capacity(claimed.len());
+    let mut transitions = Vec::with_capacity(claimed.len());
+    let mut receipts = Vec::new();
+    let mut sent = Vec::new();
+    for (c, result) in claimed.iter().zip(results) {
+        let Some((provider, result)) = result else {
+            // No provider for the channel: left claimed, as the single path leaves it.
+            done.push((c.index, Outcome::Reject(format!("channel {} has no provider", c.task.channel))));
+            continue;
+        };
+        let receive_count = messages.get(c.index).map_or(1, |m| m.receive_count);
+        let settled = settle(deps, c.task, &provider, c.attempts, receive_count, result);
+        if let Some(id) = &settled.receipt {
+            sent.push(c.index);
+            if c.task.channel == Channel::Email {
+                let ch = c.task.channel;
+                match crate::receipts::remember_write(
+                    deps,
+                    ch.as_str(),
+                    id,
+                    c.t,
+                    &c.task.notification_id,
+                    &c.task.user_id,
+                    ch,
+                ) {
+                    Ok(Some(w)) => receipts.push(w),
+                    Ok(None) => {}
+                    Err(e) => warn!(error = %e, "provider message id not recorded; its receipts will be ignored"),
+                }
+            }
+        }
+        transitions.push(progress::Transition {
+            t: c.t,
+            notification_id: &c.task.notification_id,
+            user_id: &c.task.user_id,
+            page: c.page,
+            key: &c.key,
+            from: DeliveryStatus::Sending,
+            to: settled.to,
+            also: None,
+            updates: settled.updates,
+        });
+        done.push((c.index, settled.outcome));
+    }
+    match progress::transition_many(deps, transitions, receipts).await {
+        Ok(_) => {
+            for _ in &sent {
+                crate::crash::point("worker.after_sent");
+            }
+        }
+        Err(e) => {
+            // Sent but not recorded: as in the single path, the message comes again and finds
+            // the delivery claimed (marketing: done; transactional: after the lease, at most
+            // one duplicate).
+            warn!(error = %e, "recording a batch of sends failed; will retry");
+            for (i, outcome) in &mut done {
+                if matches!(outcome, Outcome::Done) {
+                    let count = messages.get(*i).map_or(1, |m| m.receive_count);
+                    *outcome = Outcome::Retry(backoff(count, deps.config.retry_base, deps.config.retry_cap, None));
+                }
+            }
+        }
+    }
+    Ok(done)
 }
 
 /// The expansion page a delivery was created by (its progress counters).
