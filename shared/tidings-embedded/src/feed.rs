@@ -34,7 +34,7 @@ impl EmbeddedStore {
     /// older lose those records: trim below [`EmbeddedStore::min_checkpoint`].
     pub async fn trim_changes(&self, up_to_seq: u64) -> Result<u64, StoreError> {
         let up_to = i64::try_from(up_to_seq).unwrap_or(i64::MAX);
-        self.with_conn(move |conn, _| {
+        self.with_conn_offloaded(move |conn, _| {
             let n = conn.execute("DELETE FROM changes WHERE seq <= ?1", params![up_to]).map_err(db_err)?;
             Ok(n as u64)
         })
@@ -43,7 +43,7 @@ impl EmbeddedStore {
 
     /// The lowest checkpoint of all consumers that ever committed (0 when none has).
     pub async fn min_checkpoint(&self) -> Result<u64, StoreError> {
-        self.with_conn(|conn, _| {
+        self.with_conn_offloaded(|conn, _| {
             let min: Option<i64> =
                 conn.query_row("SELECT MIN(seq) FROM feed_checkpoints", [], |r| r.get(0)).map_err(db_err)?;
             Ok(u64::try_from(min.unwrap_or(0)).unwrap_or(0))

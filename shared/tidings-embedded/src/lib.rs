@@ -105,12 +105,19 @@ pub(crate) struct Inner {
     /// Signalled after every commit that appended change records.
     pub(crate) changes: Notify,
     /// Signalled after sends, visibility changes and redrives.
-    pub(crate) messages: Notify,
+    /// Per queue: signalled after sends, visibility changes and redrives to it (a send wakes
+    /// the workers of its queue only, not every idle worker of every queue).
+    pub(crate) messages: Mutex<HashMap<String, Arc<Notify>>>,
     /// Declared queues by name (a DLQ is declared with its queue, with no redrive of its own).
     pub(crate) queues: RwLock<HashMap<String, queues::QueueSpec>>,
     /// Which items' changes are recorded (all when unset): see [`EmbeddedStore::set_stream_filter`].
     pub(crate) stream_filter: std::sync::OnceLock<StreamFilter>,
+    /// Read-only connections of a store in a file (none in memory: reads then use `conn`).
+    pub(crate) readers: std::sync::OnceLock<Vec<Mutex<Connection>>>,
 }
+
+/// Read-only connections of a store in a file.
+const READERS: usize = 2;
 
 /// Says whether the changes of an item are recorded in the change stream.
 pub type StreamFilter = fn(&tidings_core::ports::Key) -> bool;
@@ -146,7 +153,24 @@ impl EmbeddedStore {
             return Err(StoreError::Unavailable(format!("could not enable WAL (journal_mode={mode})")));
         }
         conn.pragma_update(None, "synchronous", "NORMAL").map_err(db_err)?;
-        Self::setup(conn, clock)
+        // A page cache of 32 MiB (the default is 2 MiB): a campaign's working set (queued
+        // messages, deliveries being claimed and recorded, the indexes) stays in memory
+        // instead of being read again through the kernel on every statement.
+        conn.pragma_update(None, "cache_size", -32 * 1024).map_err(db_err)?;
+        let store = Self::setup(conn, clock)?;
+        // Readers beside the writer: in WAL mode a reader sees every committed transaction
+        // and never waits for the writer, so reads (a campaign's planning and claiming read
+        // as much as they write) run on another core while the writer commits.
+        let mut readers = Vec::with_capacity(READERS);
+        for _ in 0..READERS {
+            let reader = Connection::open(path).map_err(db_err)?;
+            reader.busy_timeout(std::time::Duration::from_secs(5)).map_err(db_err)?;
+            reader.pragma_update(None, "query_only", true).map_err(db_err)?;
+            reader.pragma_update(None, "cache_size", -8 * 1024).map_err(db_err)?;
+            readers.push(Mutex::new(reader));
+        }
+        let _ = store.inner.readers.set(readers);
+        Ok(store)
     }
 
     /// A store in memory (for tests), on the system clock. Nothing survives the process.
@@ -169,9 +193,10 @@ impl EmbeddedStore {
                 conn: Mutex::new(conn),
                 clock,
                 changes: Notify::new(),
-                messages: Notify::new(),
+                messages: Mutex::new(HashMap::new()),
                 queues: RwLock::new(declared),
                 stream_filter: std::sync::OnceLock::new(),
+                readers: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -189,8 +214,41 @@ impl EmbeddedStore {
         self.inner.clock.clone()
     }
 
-    /// Runs `f` on the connection in a blocking thread.
+    /// Runs `f` on the connection, on the calling thread. A statement or a small transaction
+    /// takes microseconds: handing each to a blocking thread and back cost more than the work
+    /// (it was most of a campaign's CPU), and the connection serialises them anyway. `f` never
+    /// awaits, so the lock is held only while SQLite works; what may take long (a scan of a
+    /// whole queue, a redrive, trimming the stream) goes through [`Self::with_conn_offloaded`].
     pub(crate) async fn with_conn<T, E, F>(&self, f: F) -> Result<T, E>
+    where
+        F: FnOnce(&mut Connection, &Inner) -> Result<T, E>,
+    {
+        let mut conn = self.inner.conn.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut conn, &self.inner)
+    }
+
+    /// Runs a read on a reader connection (the first free one; else waits for one), or on
+    /// the writer's connection for a store in memory.
+    pub(crate) async fn with_reader<T, E, F>(&self, f: F) -> Result<T, E>
+    where
+        F: FnOnce(&Connection) -> Result<T, E>,
+    {
+        let Some(readers) = self.inner.readers.get().filter(|r| !r.is_empty()) else {
+            return self.with_conn(|conn, _| f(conn)).await;
+        };
+        for reader in readers {
+            if let Ok(conn) = reader.try_lock() {
+                return f(&conn);
+            }
+        }
+        let at = READ_TURN.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % readers.len();
+        let conn = readers[at].lock().unwrap_or_else(|p| p.into_inner());
+        f(&conn)
+    }
+
+    /// Runs `f` on the connection in a blocking thread: for work that may take long (scans of a
+    /// whole queue, redrives, trimming the stream).
+    pub(crate) async fn with_conn_offloaded<T, E, F>(&self, f: F) -> Result<T, E>
     where
         T: Send + 'static,
         E: Send + 'static + From<JoinFailed>,
@@ -205,6 +263,9 @@ impl EmbeddedStore {
         .map_err(|e| E::from(JoinFailed(e.to_string())))?
     }
 }
+
+/// Which reader a read waits for when all are busy.
+static READ_TURN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// A blocking task that did not finish (panicked or cancelled).
 pub(crate) struct JoinFailed(pub(crate) String);

@@ -19,8 +19,10 @@ use tidings_core::ports::{OutMessage, QueueError, QueueStats, Queues, Received};
 
 use crate::EmbeddedStore;
 
-/// The most messages one receive returns (SQS's limit).
-const MAX_RECEIVE: usize = 10;
+/// The most messages one receive returns. SQS returns at most 10 and a Lambda event source
+/// mapping assembles larger batches (up to 10,000) from several receives; the local runtime's
+/// batches of up to 100 come from one receive here (one transaction instead of ten).
+const MAX_RECEIVE: usize = 100;
 /// The longest visibility timeout (SQS's limit).
 const MAX_VISIBILITY: Duration = Duration::from_secs(12 * 60 * 60);
 /// The longest long-poll wait (SQS's limit).
@@ -121,6 +123,12 @@ impl EmbeddedStore {
         let mut names: Vec<String> = queues.keys().cloned().collect();
         names.sort();
         names
+    }
+
+    /// The signal of a queue's new visible messages.
+    pub(crate) fn messages_of(&self, queue: &str) -> std::sync::Arc<tokio::sync::Notify> {
+        let mut map = self.inner.messages.lock().unwrap_or_else(|p| p.into_inner());
+        map.entry(queue.to_owned()).or_default().clone()
     }
 
     fn spec(&self, queue: &str) -> Result<QueueSpec, QueueError> {
@@ -225,6 +233,7 @@ impl Queues for EmbeddedStore {
         if messages.is_empty() {
             return Ok(());
         }
+        let name = queue.to_owned();
         let queue = queue.to_owned();
         self.with_conn(move |conn, inner| {
             let now = inner.clock.now_ms();
@@ -244,7 +253,7 @@ impl Queues for EmbeddedStore {
             tx.commit().map_err(q_err)
         })
         .await?;
-        self.inner.messages.notify_waiters();
+        self.messages_of(&name).notify_waiters();
         Ok(())
     }
 
@@ -265,7 +274,8 @@ impl Queues for EmbeddedStore {
         let max = max.clamp(1, MAX_RECEIVE);
         let deadline = tokio::time::Instant::now() + wait;
         loop {
-            let notified = self.inner.messages.notified();
+            let signal = self.messages_of(queue);
+            let notified = signal.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             let got = self.receive_now(queue, &spec, max, visibility).await?;
@@ -286,6 +296,7 @@ impl Queues for EmbeddedStore {
         if visibility > MAX_VISIBILITY {
             return Err(QueueError::Invalid(format!("visibility {visibility:?} is over 12 hours")));
         }
+        let name = queue.to_owned();
         let (queue, receipt) = (queue.to_owned(), receipt.to_owned());
         let n = self
             .with_conn(move |conn, inner| {
@@ -300,7 +311,7 @@ impl Queues for EmbeddedStore {
         if n == 0 {
             return Err(QueueError::StaleReceipt);
         }
-        self.inner.messages.notify_waiters();
+        self.messages_of(&name).notify_waiters();
         Ok(())
     }
 
@@ -342,7 +353,7 @@ impl Queues for EmbeddedStore {
         let spec = self.spec(queue)?;
         let dlq = spec.redrive.map(|(_, dlq)| dlq);
         let name = queue.to_owned();
-        self.with_conn(move |conn, inner| {
+        self.with_conn_offloaded(move |conn, inner| {
             let now = inner.clock.now_ms();
             let (visible, in_flight, delayed, oldest): (i64, i64, i64, Option<i64>) = conn
                 .query_row(
@@ -377,9 +388,10 @@ impl Queues for EmbeddedStore {
 
     async fn redrive(&self, queue: &str) -> Result<u64, QueueError> {
         let dlq = self.dlq_of(queue)?;
+        let name = queue.to_owned();
         let queue = queue.to_owned();
         let n = self
-            .with_conn(move |conn, inner| {
+            .with_conn_offloaded(move |conn, inner| {
                 let now = inner.clock.now_ms();
                 conn.execute(
                     "UPDATE messages SET queue = ?1, receive_count = 0, visible_at_ms = ?2, receipt = NULL
@@ -390,7 +402,7 @@ impl Queues for EmbeddedStore {
             })
             .await?;
         if n > 0 {
-            self.inner.messages.notify_waiters();
+            self.messages_of(&name).notify_waiters();
         }
         Ok(n as u64)
     }
@@ -398,7 +410,7 @@ impl Queues for EmbeddedStore {
     async fn peek_dlq(&self, queue: &str, max: usize) -> Result<Vec<Received>, QueueError> {
         let dlq = self.dlq_of(queue)?;
         let limit = i64::try_from(max).unwrap_or(i64::MAX);
-        self.with_conn(move |conn, _| {
+        self.with_conn_offloaded(move |conn, _| {
             let mut stmt = conn
                 .prepare_cached(
                     "SELECT id, body, receive_count, sent_at_ms FROM messages WHERE queue = ?1

@@ -21,7 +21,7 @@ const MAX_LIMIT: usize = 1000;
 impl Table for EmbeddedStore {
     async fn get(&self, key: &Key) -> Result<Option<Item>, StoreError> {
         let key = key.clone();
-        self.with_conn(move |conn, _| Ok(read_attrs(conn, &key)?.map(|attrs| Item::new(key, attrs)))).await
+        self.with_reader(move |conn| Ok(read_attrs(conn, &key)?.map(|attrs| Item::new(key, attrs)))).await
     }
 
     async fn get_many(&self, keys: &[Key]) -> Result<Vec<Option<Item>>, StoreError> {
@@ -29,16 +29,26 @@ impl Table for EmbeddedStore {
             return Ok(Vec::new());
         }
         let keys = keys.to_vec();
-        self.with_conn(move |conn, _| {
+        self.with_reader(move |conn| {
             // One read transaction: the answers are of one moment, as one BatchGetItem's are
             // for each of its items.
-            let tx = conn.transaction().map_err(db_err)?;
+            conn.execute_batch("BEGIN").map_err(db_err)?;
             let mut out = Vec::with_capacity(keys.len());
+            let mut failed = None;
             for key in keys {
-                out.push(read_attrs(&tx, &key)?.map(|attrs| Item::new(key, attrs)));
+                match read_attrs(conn, &key) {
+                    Ok(attrs) => out.push(attrs.map(|attrs| Item::new(key, attrs))),
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
+                }
             }
-            tx.commit().map_err(db_err)?;
-            Ok(out)
+            conn.execute_batch("COMMIT").map_err(db_err)?;
+            match failed {
+                Some(e) => Err(e),
+                None => Ok(out),
+            }
         })
         .await
     }
@@ -92,7 +102,7 @@ impl Table for EmbeddedStore {
         let pk = pk.to_owned();
         let prefix = sk_prefix.to_owned();
         let descending = opts.descending;
-        self.with_conn(move |conn, _| query_page(conn, &pk, &prefix, after.as_deref(), descending, limit)).await
+        self.with_reader(move |conn| query_page(conn, &pk, &prefix, after.as_deref(), descending, limit)).await
     }
 }
 

@@ -153,10 +153,41 @@ async fn relay_loop(deps: Deps, live: Arc<dyn LivePush>, feed: Arc<dyn ChangeFee
     }
 }
 
+/// The batch size of a queue's event source mapping (as `template.yaml` sets it): 100 for the
+/// low-priority channel queues, where a campaign's sends are (`TIDINGS_BATCH_LOW`), 10
+/// elsewhere (a transactional message is not held back to fill a batch).
+pub fn batch_size(queue: &str) -> usize {
+    let bulk = ["email-low", "sms-low", "push-low"].contains(&queue);
+    if !bulk {
+        return 10;
+    }
+    std::env::var("TIDINGS_BATCH_LOW").ok().and_then(|v| v.parse::<usize>().ok()).map_or(100, |v| v.clamp(1, 1000))
+}
+
+/// One batch, as a Lambda poller assembles it: the first receive long-polls (up to 1 s), the
+/// next ones take what is there at once, until the batch is full or the queue has no more.
+async fn receive_batch(
+    deps: &Deps,
+    queue: &str,
+    size: usize,
+    visibility: Duration,
+) -> Result<Vec<tidings_core::ports::Received>, tidings_core::ports::QueueError> {
+    let mut batch = deps.queues.receive(queue, size, visibility, Duration::from_secs(1)).await?;
+    while !batch.is_empty() && batch.len() < size {
+        let more = deps.queues.receive(queue, size - batch.len(), visibility, Duration::ZERO).await?;
+        if more.is_empty() {
+            break;
+        }
+        batch.extend(more);
+    }
+    Ok(batch)
+}
+
 async fn queue_loop(deps: Deps, queue: String, arn: String, stop: watch::Receiver<bool>) {
     let visibility = deps.config.visibility;
+    let size = batch_size(&queue);
     while !*stop.borrow() {
-        let received = match deps.queues.receive(&queue, 10, visibility, Duration::from_secs(1)).await {
+        let received = match receive_batch(&deps, &queue, size, visibility).await {
             Ok(m) => m,
             Err(e) => {
                 warn!(error = %e, queue, "receive failed");

@@ -41,13 +41,19 @@ pub enum BreakerState {
 pub struct Breaker {
     config: BreakerConfig,
     state: BreakerState,
-    /// `(at_ms, failed)` of recent calls.
-    outcomes: VecDeque<(i64, bool)>,
+    /// Recent calls in slots of a twentieth of the window: `(slot, calls, failures)`, oldest
+    /// first, with their sums below (constant work and memory per call, whatever the rate).
+    outcomes: VecDeque<(i64, u32, u32)>,
+    calls: u32,
+    failures: u32,
 }
+
+/// Slots per window.
+const SLOTS: i64 = 20;
 
 impl Breaker {
     pub fn new(config: BreakerConfig) -> Self {
-        Self { config, state: BreakerState::Closed, outcomes: VecDeque::new() }
+        Self { config, state: BreakerState::Closed, outcomes: VecDeque::new(), calls: 0, failures: 0 }
     }
 
     pub fn state(&self) -> &BreakerState {
@@ -85,7 +91,13 @@ impl Breaker {
     fn open(&mut self, now_ms: i64) {
         let until_ms = now_ms.saturating_add(i64::try_from(self.config.open_for.as_millis()).unwrap_or(i64::MAX));
         self.state = BreakerState::Open { until_ms };
+        self.forget();
+    }
+
+    fn forget(&mut self) {
         self.outcomes.clear();
+        self.calls = 0;
+        self.failures = 0;
     }
 
     /// Records how an allowed call ended.
@@ -96,7 +108,7 @@ impl Breaker {
                     self.open(now_ms);
                 } else if succeeded + 1 >= self.config.probes {
                     self.state = BreakerState::Closed;
-                    self.outcomes.clear();
+                    self.forget();
                 } else {
                     self.state = BreakerState::HalfOpen { started, succeeded: succeeded + 1 };
                 }
@@ -104,14 +116,28 @@ impl Breaker {
             // A call that started before the breaker opened: nothing to learn.
             BreakerState::Open { .. } => {}
             BreakerState::Closed => {
-                let window = i64::try_from(self.config.window.as_millis()).unwrap_or(i64::MAX);
-                self.outcomes.push_back((now_ms, failed));
-                while self.outcomes.front().is_some_and(|(at, _)| now_ms - at > window) {
-                    self.outcomes.pop_front();
+                let window = i64::try_from(self.config.window.as_millis()).unwrap_or(i64::MAX).max(SLOTS);
+                let slot = now_ms.div_euclid(window / SLOTS);
+                match self.outcomes.back_mut() {
+                    Some((s, calls, failures)) if *s == slot => {
+                        *calls += 1;
+                        *failures += u32::from(failed);
+                    }
+                    _ => self.outcomes.push_back((slot, 1, u32::from(failed))),
                 }
-                let total = self.outcomes.len() as u32;
-                let failures = self.outcomes.iter().filter(|(_, f)| *f).count() as f64;
-                if total >= self.config.min_calls && failures / f64::from(total) >= self.config.error_ratio {
+                self.calls += 1;
+                self.failures += u32::from(failed);
+                while let Some(&(s, calls, failures)) = self.outcomes.front() {
+                    if slot - s < SLOTS {
+                        break;
+                    }
+                    self.outcomes.pop_front();
+                    self.calls -= calls;
+                    self.failures -= failures;
+                }
+                if self.calls >= self.config.min_calls
+                    && f64::from(self.failures) / f64::from(self.calls) >= self.config.error_ratio
+                {
                     self.open(now_ms);
                 }
             }

@@ -17,6 +17,7 @@ use crate::error::CoreResult;
 use crate::ids::{TenantId, mask_address};
 use crate::keys;
 use crate::messages::Outcome;
+use crate::ports::table::MAX_TRANSACTION_WRITES;
 use crate::ports::{
     Channel, Cond, Key, OutboundMessage, ProviderError, ProviderReceipt, Received, StoreError, Update, Write,
 };
@@ -265,6 +266,18 @@ fn parse(message: &Received) -> Result<(TenantId, ChannelTask), Outcome> {
     Ok((tenant, task))
 }
 
+/// Deliveries recorded in one transaction: each with its receipt and counters, well under the
+/// 100 writes of a transaction.
+const RECORD_CHUNK: usize = 25;
+
+/// The user a receipt write names.
+fn receipt_user(w: &Write) -> Option<String> {
+    match w {
+        Write::Put { item, .. } => item.str("user_id").map(str::to_owned),
+        _ => None,
+    }
+}
+
 /// A delivery claimed by [`deliver_batch`].
 struct Claimed<'a> {
     index: usize,
@@ -327,11 +340,22 @@ async fn deliver_batch(
     if claims.is_empty() {
         return Ok(Vec::new());
     }
-    match deps.table.transact(claims).await {
-        Ok(()) => {}
-        // Someone else moved one of them: each goes the single way.
-        Err(StoreError::ConditionFailed { .. }) | Err(StoreError::Conflict) => return Ok(Vec::new()),
-        Err(e) => return Err(e.into()),
+    // Claimed in transactions of up to 100 (DynamoDB's limit); a chunk that fails (someone
+    // else moved one of its deliveries) goes the single way, message by message.
+    let mut kept = Vec::with_capacity(claimed.len());
+    let mut claimed = claimed.into_iter();
+    for chunk in claims.chunks(MAX_TRANSACTION_WRITES) {
+        let part: Vec<Claimed<'_>> = claimed.by_ref().take(chunk.len()).collect();
+        match deps.table.transact(chunk.to_vec()).await {
+            Ok(()) => kept.extend(part),
+            Err(StoreError::ConditionFailed { .. }) | Err(StoreError::Conflict) => {}
+            Err(e) if kept.is_empty() => return Err(e.into()),
+            Err(e) => warn!(error = %e, "claiming part of a batch failed; those go one by one"),
+        }
+    }
+    let claimed = kept;
+    if claimed.is_empty() {
+        return Ok(Vec::new());
     }
 
     // Sent concurrently: the gates in front of the providers pace them.
@@ -390,8 +414,23 @@ async fn deliver_batch(
         });
         done.push((c.index, settled.outcome));
     }
-    match progress::transition_many(deps, transitions, receipts).await {
-        Ok(_) => {
+    // Recorded in transactions of up to 25 deliveries (with their receipts and counters).
+    let mut recorded = Ok(());
+    let mut receipts = receipts.into_iter().peekable();
+    let mut transitions = transitions.into_iter().peekable();
+    while transitions.peek().is_some() {
+        let part: Vec<progress::Transition<'_>> = transitions.by_ref().take(RECORD_CHUNK).collect();
+        let users: std::collections::HashSet<&str> = part.iter().map(|tr| tr.user_id).collect();
+        let mut extra = Vec::new();
+        while let Some(w) = receipts.next_if(|w| receipt_user(w).is_some_and(|u| users.contains(u.as_str()))) {
+            extra.push(w);
+        }
+        if let Err(e) = progress::transition_many(deps, part, extra).await {
+            recorded = Err(e);
+        }
+    }
+    match recorded {
+        Ok(()) => {
             for _ in &sent {
                 crate::crash::point("worker.after_sent");
             }
