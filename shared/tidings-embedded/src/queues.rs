@@ -89,6 +89,11 @@ fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
+/// The message a receipt was handed out for (`None`: not a receipt of this store).
+fn seq_of(receipt: &str) -> Option<i64> {
+    receipt.split_once('.').and_then(|(seq, _)| seq.parse().ok())
+}
+
 fn new_id() -> String {
     uuid::Uuid::new_v4().to_string()
 }
@@ -194,7 +199,7 @@ impl EmbeddedStore {
                             moved += 1;
                             continue;
                         }
-                        let receipt = new_id();
+                        let receipt = format!("{seq}.{}", new_id());
                         let count = count.saturating_add(1);
                         tx.execute(
                             "UPDATE messages SET receive_count = ?1, receipt = ?2, visible_at_ms = ?3 WHERE seq = ?4",
@@ -301,10 +306,11 @@ impl Queues for EmbeddedStore {
         let n = self
             .with_conn(move |conn, inner| {
                 let at = inner.clock.now_ms().saturating_add(ms(visibility));
-                conn.execute(
-                    "UPDATE messages SET visible_at_ms = ?1 WHERE queue = ?2 AND receipt = ?3",
-                    params![at, queue, receipt],
+                let Some(seq) = seq_of(&receipt) else { return Ok(0) };
+                conn.prepare_cached(
+                    "UPDATE messages SET visible_at_ms = ?1 WHERE seq = ?2 AND queue = ?3 AND receipt = ?4",
                 )
+                .and_then(|mut stmt| stmt.execute(params![at, seq, queue, receipt]))
                 .map_err(q_err)
             })
             .await?;
@@ -320,8 +326,9 @@ impl Queues for EmbeddedStore {
         let (queue, receipt) = (queue.to_owned(), receipt.to_owned());
         let n = self
             .with_conn(move |conn, _| {
-                conn.prepare_cached("DELETE FROM messages WHERE queue = ?1 AND receipt = ?2")
-                    .and_then(|mut stmt| stmt.execute(params![queue, receipt]))
+                let Some(seq) = seq_of(&receipt) else { return Ok(0) };
+                conn.prepare_cached("DELETE FROM messages WHERE seq = ?1 AND queue = ?2 AND receipt = ?3")
+                    .and_then(|mut stmt| stmt.execute(params![seq, queue, receipt]))
                     .map_err(q_err)
             })
             .await?;
@@ -337,11 +344,14 @@ impl Queues for EmbeddedStore {
         self.with_conn(move |conn, _| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(q_err)?;
             {
-                let mut stmt =
-                    tx.prepare_cached("DELETE FROM messages WHERE queue = ?1 AND receipt = ?2").map_err(q_err)?;
+                let mut stmt = tx
+                    .prepare_cached("DELETE FROM messages WHERE seq = ?1 AND queue = ?2 AND receipt = ?3")
+                    .map_err(q_err)?;
                 for receipt in receipts {
                     // A stale receipt deletes nothing: skipped, as the port says.
-                    stmt.execute(params![queue, receipt]).map_err(q_err)?;
+                    if let Some(seq) = seq_of(&receipt) {
+                        stmt.execute(params![seq, queue, receipt]).map_err(q_err)?;
+                    }
                 }
             }
             tx.commit().map_err(q_err)
