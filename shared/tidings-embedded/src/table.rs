@@ -287,16 +287,25 @@ fn query_page(
     descending: bool,
     limit: usize,
 ) -> Result<Page, StoreError> {
+    // One bound on each side, so that SQLite seeks to the cursor: given both `sk >= prefix`
+    // and `sk > cursor` it may start at the prefix and step over every earlier page (a
+    // million-user segment read page by page became quadratic).
     let upper = prefix_upper_bound(prefix);
-    let mut sql = String::from("SELECT sk, attrs FROM items WHERE pk = ?1 AND sk >= ?2");
-    let mut args: Vec<rusqlite::types::Value> = vec![pk.to_owned().into(), prefix.to_owned().into()];
-    if let Some(upper) = upper {
-        args.push(upper.into());
-        sql.push_str(&format!(" AND sk < ?{}", args.len()));
-    }
+    let mut sql = String::from("SELECT sk, attrs FROM items WHERE pk = ?1");
+    let mut args: Vec<rusqlite::types::Value> = vec![pk.to_owned().into()];
+    let mut lower = Some((">=", prefix.to_owned()));
+    let mut upper = upper.map(|u| ("<", u));
     if let Some(after) = after {
-        args.push(after.to_owned().into());
-        let op = if descending { "<" } else { ">" };
+        if descending {
+            if upper.as_ref().is_none_or(|(_, u)| after < u.as_str()) {
+                upper = Some(("<", after.to_owned()));
+            }
+        } else if after >= prefix {
+            lower = Some((">", after.to_owned()));
+        }
+    }
+    for (op, bound) in lower.into_iter().chain(upper) {
+        args.push(bound.into());
         sql.push_str(&format!(" AND sk {op} ?{}", args.len()));
     }
     sql.push_str(if descending { " ORDER BY sk DESC" } else { " ORDER BY sk ASC" });

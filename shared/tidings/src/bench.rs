@@ -246,8 +246,9 @@ pub async fn campaign(args: CampaignArgs) -> anyhow::Result<()> {
         }
         if last.0.elapsed() >= Duration::from_secs(5) {
             let rate = (done - last.1) as f64 / last.0.elapsed().as_secs_f64();
+            let queued = deps.queues.stats("email-low").await.map(|s| s.visible + s.in_flight).unwrap_or(0);
             println!(
-                "  {:>6.1} s: {done} sent ({rate:.0}/s), peak RSS {:.0} MiB",
+                "  {:>6.1} s: {done} sent ({rate:.0}/s), {queued} queued, peak RSS {:.0} MiB",
                 started.elapsed().as_secs_f64(),
                 peak_rss_mib().unwrap_or(0.0)
             );
