@@ -88,3 +88,95 @@ pub async fn a_segment_campaign_reaches_each_member_once_and_an_otp_is_not_held_
     assert!(m["oldest_age_s"].is_object(), "{m}");
     Ok(())
 }
+
+/// The same flow on the AWS backend (against the emulator) at 2,000 members, counting every
+/// request the adapters make (`aws_requests` of `GET /v1/ops/metrics`): per delivered message at
+/// most 2.5, the budget. Not counted: receives that found nothing (idle workers
+/// polling, which depends on how long they wait, not on what they carry) and DynamoDB Streams
+/// reads (Lambda's stream triggers read at no charge); both are printed.
+pub async fn two_thousand_members_on_aws_cost_at_most_two_and_a_half_requests_each() -> anyhow::Result<()> {
+    use futures::StreamExt;
+    const MEMBERS: usize = 2000;
+    let mut opts = Options::default();
+    opts.env.retain(|(k, _)| *k != "TIDINGS_VISIBILITY_S");
+    opts.env.push(("TIDINGS_VISIBILITY_S", "60".into()));
+    let s = Server::start(Backend::Aws, opts).await?;
+    let puts = futures::stream::iter(0..MEMBERS)
+        .map(|i| {
+            let s = &s;
+            async move {
+                let body = json!({"email": format!("k{i}@example.com"), "tags": ["all"]});
+                s.call("PUT", &format!("/v1/users/k{i:04}"), Some(body)).await
+            }
+        })
+        .buffer_unordered(16)
+        .collect::<Vec<_>>()
+        .await;
+    for r in puts {
+        let (st, v) = r?;
+        assert_eq!(st, 200, "{v}");
+    }
+    let (st, v) = s
+        .call(
+            "PUT",
+            "/v1/templates/promo",
+            Some(json!({"default_locale": "en", "locales": {"en": {"email_subject": "Sale", "email_body": "Hi {{ user_id }}"}}})),
+        )
+        .await?;
+    assert_eq!(st, 200, "{v}");
+
+    let (_, before) = s.call("GET", "/v1/ops/metrics", None).await?;
+    let (st, v) = s
+        .call(
+            "POST",
+            "/v1/notifications",
+            Some(json!({"idempotency_key": "all-1", "recipients": {"segment": "all"}, "template_id": "promo",
+                        "category": "marketing", "channels": ["email"]})),
+        )
+        .await?;
+    assert_eq!(st, 202, "{v}");
+    let campaign = v["notification_id"].as_str().unwrap().to_owned();
+    let view = s
+        .eventually(Duration::from_secs(600), "the campaign to complete", || async {
+            let (_, v) = s.call("GET", &format!("/v1/notifications/{campaign}"), None).await?;
+            Ok((v["status"] == "completed").then_some(v))
+        })
+        .await?;
+    let (_, after) = s.call("GET", "/v1/ops/metrics", None).await?;
+    assert_eq!(view["counts"]["sent"], MEMBERS, "{view}");
+    assert_eq!(view["expanded"], MEMBERS, "{view}");
+
+    let sends = s.sends(&campaign).await?;
+    let users: HashSet<_> = sends.iter().map(|s| s["user_id"].as_str().unwrap_or_default().to_owned()).collect();
+    assert_eq!(sends.len(), MEMBERS, "one send per member");
+    assert_eq!(users.len(), MEMBERS);
+
+    let count = |m: &serde_json::Value, name: &str| m["aws_requests"][name].as_u64().unwrap_or(0);
+    let names: std::collections::BTreeSet<String> =
+        after["aws_requests"].as_object().map(|o| o.keys().cloned().collect()).unwrap_or_default();
+    let mut counted = 0u64;
+    let mut streams = 0u64;
+    let mut breakdown = Vec::new();
+    for name in &names {
+        let n = count(&after, name) - count(&before, name);
+        if n == 0 {
+            continue;
+        }
+        breakdown.push(format!("{name}: {n}"));
+        if name.starts_with("DynamoDB Streams.") || name.starts_with("dynamodbstreams.") {
+            streams += n;
+        } else {
+            counted += n;
+        }
+    }
+    let empty = after["empty_receives"].as_u64().unwrap_or(0) - before["empty_receives"].as_u64().unwrap_or(0);
+    let billed = counted.saturating_sub(empty);
+    let per_delivery = billed as f64 / MEMBERS as f64;
+    println!(
+        "AWS requests for {MEMBERS} deliveries: {billed} ({per_delivery:.3} each); not counted: {empty} empty receives, {streams} stream reads; by operation: {}",
+        breakdown.join(", ")
+    );
+    assert!(breakdown.iter().any(|b| b.starts_with("SQS.SendMessageBatch")), "tasks go out in batches: {breakdown:?}");
+    assert!(per_delivery <= 2.5, "{per_delivery:.3} AWS requests per delivery (budget 2.5): {breakdown:?}");
+    Ok(())
+}

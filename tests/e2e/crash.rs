@@ -48,14 +48,23 @@ async fn run(backend: Backend, point: &str, category: &str) -> anyhow::Result<(B
         .await?;
     assert_eq!(st, 202, "{v}");
     let id = v["notification_id"].as_str().unwrap_or_default().to_owned();
-    for crash in 0..CRASHES {
+    // Marketing sends after the provider call are at most once: a batch claimed before the
+    // crash is never sent again, so the point may not be reached again after the first crash.
+    let may_run_dry = category == "marketing" && point == "worker.after_provider";
+    for crash in 0..=CRASHES {
+        let exited = s.exited_within(Duration::from_secs(30)).await?;
+        if !exited && crash > 0 && may_run_dry {
+            break;
+        }
         assert!(
-            s.exited_within(Duration::from_secs(30)).await?,
+            exited,
             "crash {crash}: the server did not reach {point} (is `tidings` built with --features crash-points?)"
         );
-        s.restart_with_crash_at(Some(point)).await?;
+        if crash < CRASHES {
+            s.restart_with_crash_at(Some(point)).await?;
+        }
     }
-    assert!(s.exited_within(Duration::from_secs(30)).await?, "the last crash at {point}");
+    // Stops a server still running (one that ran dry) and starts it clean.
     s.restart_with_crash_at(None).await?;
     let deliveries = s
         .eventually(Duration::from_secs(60), "every delivery final", || async {

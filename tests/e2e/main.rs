@@ -62,6 +62,13 @@ on_both_backends!(console as console_tests: console_shows_the_system_and_redrive
 
 on_both_backends!(campaign as campaign_tests: a_segment_campaign_reaches_each_member_once_and_an_otp_is_not_held_up);
 
+/// The campaign at 2,000 on the AWS backend, with its requests counted (the embedded backend
+/// has no requests to count; its figures are `tidings bench campaign`'s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn campaign_of_two_thousand_on_aws_within_the_request_budget() -> anyhow::Result<()> {
+    campaign::two_thousand_members_on_aws_cost_at_most_two_and_a_half_requests_each().await
+}
+
 on_both_backends!(platform as platform_tests:
     quiet_hours_defer_marketing_but_not_transactional,
     frequency_cap_suppresses_the_fourth_marketing_message,

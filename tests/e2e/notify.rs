@@ -210,8 +210,15 @@ pub async fn accepted_work_survives_kill_9(backend: Backend) -> anyhow::Result<(
     s.kill9_and_restart().await?; // the provider comes back healthy
     let sends = wait_sends(&s, &id, 2).await?;
     assert_eq!(sends.len(), 2);
-    let (_, v) = s.call("GET", &format!("/v1/notifications/{id}"), None).await?;
-    assert_eq!(v["counts"]["sent"], 2, "{v}");
+    // The provider's record comes first, the delivery's `sent` right after it.
+    let v = s
+        .eventually(WAIT, "both deliveries recorded sent", || async {
+            let (_, v) = s.call("GET", &format!("/v1/notifications/{id}"), None).await?;
+            Ok((v["counts"]["sent"] == 2).then_some(v))
+        })
+        .await?;
+    assert_eq!(v["counts"]["queued"], 0, "{v}");
+    assert_eq!(s.sends(&id).await?.len(), 2, "still one send each");
     Ok(())
 }
 

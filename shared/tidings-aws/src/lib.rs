@@ -12,6 +12,7 @@ mod error;
 pub mod live;
 mod providers;
 mod queues;
+pub mod requests;
 mod stream;
 mod table;
 pub mod wiring;
@@ -35,6 +36,7 @@ use aws_config::{BehaviorVersion, SdkConfig};
 #[derive(Clone, Debug)]
 pub struct AwsBackend {
     config: AwsConfig,
+    sdk: SdkConfig,
     dynamo: aws_sdk_dynamodb::Client,
     streams: aws_sdk_dynamodbstreams::Client,
     sqs: aws_sdk_sqs::Client,
@@ -58,18 +60,34 @@ impl AwsBackend {
 
     /// The given configurations (for tests and custom setups).
     pub fn from_sdk_config(sdk: &SdkConfig, config: AwsConfig) -> Self {
+        // Every client counts its requests (`requests::RequestCounter`).
+        let counted = requests::RequestCounter;
         Self {
             config,
-            dynamo: aws_sdk_dynamodb::Client::new(sdk),
-            streams: aws_sdk_dynamodbstreams::Client::new(sdk),
-            sqs: aws_sdk_sqs::Client::new(sdk),
-            sns: aws_sdk_sns::Client::new(sdk),
-            ses: aws_sdk_sesv2::Client::new(sdk),
+            sdk: sdk.clone(),
+            dynamo: aws_sdk_dynamodb::Client::from_conf(
+                aws_sdk_dynamodb::config::Builder::from(sdk).interceptor(counted).build(),
+            ),
+            streams: aws_sdk_dynamodbstreams::Client::from_conf(
+                aws_sdk_dynamodbstreams::config::Builder::from(sdk).interceptor(counted).build(),
+            ),
+            sqs: aws_sdk_sqs::Client::from_conf(aws_sdk_sqs::config::Builder::from(sdk).interceptor(counted).build()),
+            sns: aws_sdk_sns::Client::from_conf(aws_sdk_sns::config::Builder::from(sdk).interceptor(counted).build()),
+            ses: aws_sdk_sesv2::Client::from_conf(
+                aws_sdk_sesv2::config::Builder::from(sdk).interceptor(counted).build(),
+            ),
         }
     }
 
     pub fn config(&self) -> &AwsConfig {
         &self.config
+    }
+
+    /// The table through a client whose requests are not counted (see [`requests`]): for
+    /// test support that is no part of the system's cost, such as the fake providers' record
+    /// of what they were asked to send.
+    pub fn uncounted_table(&self) -> DynamoTable {
+        DynamoTable::new(aws_sdk_dynamodb::Client::new(&self.sdk), self.config.table.clone())
     }
 
     /// The table named by the configuration.

@@ -435,6 +435,10 @@ impl Queues for SqsQueues {
         }
         let url = self.queue_url(queue).await?;
         let got = self.receive_from_url(&url, max, visibility, wait).await?;
+        if got.is_empty() {
+            // Idle polling: a cost of waiting workers, not of what they carry.
+            metrics::counter!(tidings_core::metrics::EMPTY_RECEIVES, "queue" => queue.to_owned()).increment(1);
+        }
         let mut log = self.receipt_log();
         for m in &got {
             log.received(&m.message_id, &m.receipt);

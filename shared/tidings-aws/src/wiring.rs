@@ -43,7 +43,8 @@ async fn signer_from_ssm() -> Result<tidings_core::signing::Signer, WiringError>
         return Ok(Default::default());
     }
     let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-    let out = aws_sdk_ssm::Client::new(&sdk)
+    let conf = aws_sdk_ssm::config::Builder::from(&sdk).interceptor(crate::requests::RequestCounter).build();
+    let out = aws_sdk_ssm::Client::from_conf(conf)
         .get_parameter()
         .name(&name)
         .with_decryption(true)
@@ -115,7 +116,10 @@ impl AwsPorts {
         match std::env::var("TIDINGS_WS_ENDPOINT") {
             Ok(endpoint) if !endpoint.is_empty() => {
                 let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-                let conf = aws_sdk_apigatewaymanagement::config::Builder::from(&sdk).endpoint_url(endpoint).build();
+                let conf = aws_sdk_apigatewaymanagement::config::Builder::from(&sdk)
+                    .endpoint_url(endpoint)
+                    .interceptor(crate::requests::RequestCounter)
+                    .build();
                 let client = aws_sdk_apigatewaymanagement::Client::from_conf(conf);
                 Arc::new(crate::live::ApiGatewayLive::new(client, self.deps()))
             }

@@ -25,6 +25,10 @@ pub const DEAD_LETTERS: &str = "tidings_dead_letters";
 pub const WORKERS_BUSY: &str = "tidings_workers_busy";
 /// Age of the oldest message of a queue in seconds, label `queue` (gauge).
 pub const QUEUE_OLDEST_AGE: &str = "tidings_queue_oldest_age_s";
+/// Requests made to AWS by the adapters, labels `service` and `operation` (one per attempt).
+pub const AWS_REQUESTS: &str = "tidings_aws_requests";
+/// Receives that found no message (idle polling), label `queue`.
+pub const EMPTY_RECEIVES: &str = "tidings_empty_receives";
 /// Waits at a rate gate in milliseconds, label `gate` (histogram: count and sum).
 pub const GATE_WAIT_MS: &str = "tidings_gate_wait_ms";
 
@@ -196,6 +200,11 @@ pub struct Report {
     pub oldest_age_s: BTreeMap<String, f64>,
     /// Time spent waiting at each rate gate: `{count, mean_ms, max_ms}`.
     pub gate_waits: BTreeMap<String, serde_json::Value>,
+    /// Requests to AWS since the process started, by `Service.Operation` (AWS backend only).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub aws_requests: BTreeMap<String, u64>,
+    /// Receives that found nothing (idle polling), since the process started.
+    pub empty_receives: u64,
 }
 
 /// The window over which rates are computed.
@@ -269,6 +278,11 @@ impl LocalRecorder {
                 }
                 RETRIES => r.retries += v,
                 DEAD_LETTERS => r.dead_letters += v,
+                AWS_REQUESTS => {
+                    let name = format!("{}.{}", k.label("service").unwrap_or("-"), k.label("operation").unwrap_or("-"));
+                    *r.aws_requests.entry(name).or_default() += v;
+                }
+                EMPTY_RECEIVES => r.empty_receives += v,
                 _ => {}
             }
         }

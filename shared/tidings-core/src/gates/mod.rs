@@ -93,6 +93,17 @@ impl GateConfig {
 /// the provider's fault: the breaker ignores it).
 pub const GATE_REFUSAL: &str = "rate gate";
 
+/// Whether the provider said "too many requests" (429, throttling), as opposed to failing.
+pub fn is_rate_limited(e: &ProviderError) -> bool {
+    match e {
+        ProviderError::Transient { reason, .. } => {
+            let r = reason.to_ascii_lowercase();
+            r.contains("429") || r.contains("throttl") || r.contains("too many requests")
+        }
+        ProviderError::Permanent { .. } => false,
+    }
+}
+
 /// Whether a transient error is the provider saying "too many requests".
 pub fn is_throttle(e: &ProviderError) -> bool {
     match e {
@@ -292,6 +303,12 @@ impl Guarded {
         match &result {
             Err(ProviderError::Transient { reason, .. }) if reason.starts_with(GATE_REFUSAL) => {
                 // Not an answer of the provider: give the probe back.
+                let now = self.clock.now_ms();
+                self.lock().record(now, false);
+            }
+            // A 429 is a healthy provider asking for less: the rate gate slows down for it;
+            // counted as a failure it would open the breaker on a campaign's first burst.
+            Err(e) if is_rate_limited(e) => {
                 let now = self.clock.now_ms();
                 self.lock().record(now, false);
             }

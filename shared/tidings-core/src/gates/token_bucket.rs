@@ -29,12 +29,20 @@ pub struct TokenBucket {
     /// Nothing passes before this (a provider's `Retry-After`).
     #[serde(default)]
     pub paused_until_ms: i64,
+    /// When the rate was last halved.
+    #[serde(default)]
+    pub decreased_ms: i64,
 }
+
+/// 429s within this long of a decrease are answers to sends made before it: one congestion
+/// event halves the rate once, not once per call that was already on its way.
+const DECREASE_EVERY_MS: i64 = 1000;
 
 impl TokenBucket {
     pub fn new(limit: f64, now_ms: i64) -> Self {
         let limit = limit.max(0.001);
-        let mut b = Self { limit, rate: limit, tokens: 0.0, last_ms: now_ms, paused_until_ms: 0 };
+        let mut b =
+            Self { limit, rate: limit, tokens: 0.0, last_ms: now_ms, paused_until_ms: 0, decreased_ms: i64::MIN };
         b.tokens = b.burst();
         b
     }
@@ -72,10 +80,14 @@ impl TokenBucket {
         Ok(got)
     }
 
-    /// The provider answered 429: halve the rate, empty the bucket, pause for `retry_after`.
+    /// The provider answered 429: halve the rate (once per congestion event), empty the
+    /// bucket, pause for `retry_after`.
     pub fn throttled(&mut self, now_ms: i64, retry_after: Option<Duration>) {
         self.refill(now_ms);
-        self.rate = (self.rate / 2.0).max(1.0_f64.min(self.limit));
+        if now_ms.saturating_sub(self.decreased_ms) >= DECREASE_EVERY_MS {
+            self.rate = (self.rate / 2.0).max(1.0_f64.min(self.limit));
+            self.decreased_ms = now_ms;
+        }
         self.tokens = 0.0;
         if let Some(ra) = retry_after {
             let until = now_ms.saturating_add(i64::try_from(ra.as_millis()).unwrap_or(i64::MAX));

@@ -8,6 +8,8 @@
 
 use std::time::Duration;
 
+use futures::StreamExt;
+
 use tracing::{info, instrument, warn};
 
 use super::model::{Category, ChannelTask, Delivery, DeliveryStatus, NotificationStatus};
@@ -266,6 +268,9 @@ fn parse(message: &Received) -> Result<(TenantId, ChannelTask), Outcome> {
     Ok((tenant, task))
 }
 
+/// Sends in flight at once for one batch.
+const SEND_CONCURRENCY: usize = 16;
+
 /// Deliveries recorded in one transaction: each with its receipt and counters, well under the
 /// 100 writes of a transaction.
 const RECORD_CHUNK: usize = 25;
@@ -358,7 +363,8 @@ async fn deliver_batch(
         return Ok(Vec::new());
     }
 
-    // Sent concurrently: the gates in front of the providers pace them.
+    // Sent a few at a time: the gates in front of the providers pace them, and a batch of a
+    // hundred waiting at once for a slow gate would outwait it (`GATE_REFUSAL`, a retry).
     let sends = claimed.iter().map(|c| async move {
         match deps.providers.for_channel(c.task.channel) {
             Some(provider) => {
@@ -368,7 +374,7 @@ async fn deliver_batch(
             None => None,
         }
     });
-    let results = futures::future::join_all(sends).await;
+    let results: Vec<_> = futures::stream::iter(sends).buffered(SEND_CONCURRENCY).collect().await;
 
     let mut done = Vec::with_capacity(claimed.len());
     let mut transitions = Vec::with_capacity(claimed.len());

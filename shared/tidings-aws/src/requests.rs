@@ -1,0 +1,36 @@
+//! Every request the adapters make, counted by an interceptor on each SDK client: the metric
+//! [`AWS_REQUESTS`](tidings_core::metrics::AWS_REQUESTS) by service and operation (one per
+//! attempt: a retried call is billed twice), shown by `GET /v1/ops/metrics` and in EMF from
+//! Lambda. What a campaign costs is these counts divided by its deliveries.
+
+use aws_smithy_runtime_api::box_error::BoxError;
+use aws_smithy_runtime_api::client::interceptors::Intercept;
+use aws_smithy_runtime_api::client::interceptors::context::BeforeTransmitInterceptorContextRef;
+use aws_smithy_runtime_api::client::orchestrator::Metadata;
+use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
+use aws_smithy_types::config_bag::ConfigBag;
+use tidings_core::metrics::AWS_REQUESTS;
+
+/// The interceptor counting requests (attach it with `config::Builder::interceptor`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RequestCounter;
+
+impl Intercept for RequestCounter {
+    fn name(&self) -> &'static str {
+        "TidingsRequestCounter"
+    }
+
+    fn read_before_transmit(
+        &self,
+        _context: &BeforeTransmitInterceptorContextRef<'_>,
+        _runtime_components: &RuntimeComponents,
+        cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        let (service, operation) = match cfg.load::<Metadata>() {
+            Some(m) => (m.service().to_owned(), m.name().to_owned()),
+            None => ("unknown".to_owned(), "unknown".to_owned()),
+        };
+        metrics::counter!(AWS_REQUESTS, "service" => service, "operation" => operation).increment(1);
+        Ok(())
+    }
+}
