@@ -96,12 +96,13 @@ pub async fn a_segment_campaign_reaches_each_member_once_and_an_otp_is_not_held_
 /// reads (Lambda's stream triggers read at no charge); both are printed.
 pub async fn two_thousand_members_on_aws_cost_at_most_two_and_a_half_requests_each() -> anyhow::Result<()> {
     use futures::StreamExt;
-    const MEMBERS: usize = 2000;
+    let members: usize =
+        std::env::var("TIDINGS_E2E_CAMPAIGN_MEMBERS").ok().and_then(|v| v.parse().ok()).unwrap_or(2000);
     let mut opts = Options::default();
     opts.env.retain(|(k, _)| *k != "TIDINGS_VISIBILITY_S");
     opts.env.push(("TIDINGS_VISIBILITY_S", "60".into()));
     let s = Server::start(Backend::Aws, opts).await?;
-    let puts = futures::stream::iter(0..MEMBERS)
+    let puts = futures::stream::iter(0..members)
         .map(|i| {
             let s = &s;
             async move {
@@ -143,13 +144,13 @@ pub async fn two_thousand_members_on_aws_cost_at_most_two_and_a_half_requests_ea
         })
         .await?;
     let (_, after) = s.call("GET", "/v1/ops/metrics", None).await?;
-    assert_eq!(view["counts"]["sent"], MEMBERS, "{view}");
-    assert_eq!(view["expanded"], MEMBERS, "{view}");
+    assert_eq!(view["counts"]["sent"], members, "{view}");
+    assert_eq!(view["expanded"], members, "{view}");
 
     let sends = s.sends(&campaign).await?;
     let users: HashSet<_> = sends.iter().map(|s| s["user_id"].as_str().unwrap_or_default().to_owned()).collect();
-    assert_eq!(sends.len(), MEMBERS, "one send per member");
-    assert_eq!(users.len(), MEMBERS);
+    assert_eq!(sends.len(), members, "one send per member");
+    assert_eq!(users.len(), members);
 
     let count = |m: &serde_json::Value, name: &str| m["aws_requests"][name].as_u64().unwrap_or(0);
     let names: std::collections::BTreeSet<String> =
@@ -171,9 +172,9 @@ pub async fn two_thousand_members_on_aws_cost_at_most_two_and_a_half_requests_ea
     }
     let empty = after["empty_receives"].as_u64().unwrap_or(0) - before["empty_receives"].as_u64().unwrap_or(0);
     let billed = counted.saturating_sub(empty);
-    let per_delivery = billed as f64 / MEMBERS as f64;
+    let per_delivery = billed as f64 / members as f64;
     println!(
-        "AWS requests for {MEMBERS} deliveries: {billed} ({per_delivery:.3} each); not counted: {empty} empty receives, {streams} stream reads; by operation: {}",
+        "AWS requests for {members} deliveries: {billed} ({per_delivery:.3} each); not counted: {empty} empty receives, {streams} stream reads; by operation: {}",
         breakdown.join(", ")
     );
     assert!(breakdown.iter().any(|b| b.starts_with("SQS.SendMessageBatch")), "tasks go out in batches: {breakdown:?}");
