@@ -8,6 +8,10 @@
 //! grouped by zone and each group gets its own timer; each group is one page of the
 //! notification (`notify::campaign`'s page markers), so it completes when every group has fired.
 //!
+//! A segment with `local_time` is expanded page by page when the earliest zone's time comes;
+//! each member whose own time is later waits as a deferred delivery with its timer
+//! (`reason: local_time`), so memory stays flat whatever the segment's size.
+//!
 //! Timers are at least once: a group firing twice plans nothing twice (deliveries are created by
 //! conditional puts).
 
@@ -38,6 +42,18 @@ pub async fn on_scheduled(deps: &Deps, t: &TenantId, n: &Notification) -> CoreRe
     };
     if !n.request.local_time {
         return timers::schedule(deps, send_at, task(None, 0, 1)).await;
+    }
+    if n.segment().is_some() {
+        // A segment is not read up front: its pages are expanded when the earliest zone's
+        // wall-clock time comes, and each member whose time has not come yet waits for it
+        // (a deferred delivery and its timer; `policy::check`).
+        let wall = send_at.naive_utc();
+        let earliest = chrono_tz::TZ_VARIANTS
+            .iter()
+            .map(|tz| local_instant(*tz, wall.date(), wall.time()))
+            .min()
+            .unwrap_or(send_at);
+        return timers::schedule(deps, earliest, task(None, 0, 1)).await;
     }
     let groups = local_groups(deps, t, n, send_at).await?;
     let count = u32::try_from(groups.len()).unwrap_or(u32::MAX);

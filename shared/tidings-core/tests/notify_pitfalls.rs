@@ -416,3 +416,68 @@ async fn local_time_sends_at_each_users_wall_clock() {
     let view = api::get_notification(&w.deps, &w.t, &accepted.notification_id).await.unwrap().unwrap();
     assert_eq!(view.status, tidings_core::notify::model::NotificationStatus::Completed, "{view:?}");
 }
+
+/// `local_time` for a segment: the pages are expanded when the earliest zone's 09:00 comes
+/// (UTC+14), members whose 09:00 is later wait as deferred deliveries (`local_time`), and each
+/// is sent at 09:00 in their own zone, once; the campaign completes after the last zone.
+#[tokio::test]
+async fn local_time_campaign_sends_each_member_at_their_own_wall_clock() {
+    let w = world().await;
+    let members = [("s1", Some("Asia/Shanghai")), ("s2", Some("America/New_York")), ("s3", None)];
+    for (i, (id, zone)) in members.iter().enumerate() {
+        let input = UserInput {
+            phone: Some(format!("+1415555020{i}")),
+            timezone: zone.map(str::to_owned),
+            tags: vec!["local".into()],
+            ..UserInput::default()
+        };
+        users::put_user(&w.deps, &w.t, id, input).await.unwrap();
+    }
+    let at = |s: &str| DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc);
+    w.clock.set(at("2026-11-28T12:00:00Z"));
+    let req: NotificationRequest = serde_json::from_value(json!({"recipients": {"segment": "local"},
+        "template_id": "msg", "params": {"n": 1}, "category": "marketing", "channels": ["sms"],
+        "send_at": "2026-11-29T09:00:00Z", "local_time": true}))
+    .unwrap();
+    let accepted = api::accept(&w.deps, &w.t, req).await.unwrap();
+    assert_eq!(accepted.status, tidings_core::notify::model::NotificationStatus::Scheduled);
+    drain(&w).await;
+    let sent_to = || w.sms.calls().iter().map(|c| c.user_id.clone()).collect::<Vec<String>>();
+    step(&w, at("2026-11-28T18:59:00Z")).await;
+    let view = api::get_notification(&w.deps, &w.t, &accepted.notification_id).await.unwrap().unwrap();
+    assert_eq!(view.expanded, 0, "nothing expanded before 09:00 in UTC+14: {view:?}");
+    step(&w, at("2026-11-28T19:00:30Z")).await;
+    assert!(sent_to().is_empty(), "expanded at UTC+14's 09:00, but no member lives there");
+    let view = api::get_notification(&w.deps, &w.t, &accepted.notification_id).await.unwrap().unwrap();
+    assert_eq!((view.expanded, view.counts.queued), (3, 3), "{view:?}");
+    let waiting = w
+        .deps
+        .table
+        .get(&keys::delivery(&w.t, &accepted.notification_id, "s2", Channel::Sms))
+        .await
+        .unwrap()
+        .unwrap()
+        .parse::<Delivery>()
+        .unwrap();
+    assert_eq!((waiting.status, waiting.reason.as_deref()), (DeliveryStatus::Pending, Some("local_time")));
+    step(&w, at("2026-11-29T00:59:00Z")).await;
+    assert!(sent_to().is_empty(), "09:00 in Shanghai is 01:00 UTC");
+    step(&w, at("2026-11-29T01:00:30Z")).await;
+    assert_eq!(sent_to(), vec!["s1"]);
+    step(&w, at("2026-11-29T09:00:30Z")).await;
+    assert_eq!(sent_to(), vec!["s1", "s3"], "no zone: UTC");
+    step(&w, at("2026-11-29T13:59:00Z")).await;
+    assert_eq!(sent_to(), vec!["s1", "s3"]);
+    step(&w, at("2026-11-29T14:00:30Z")).await;
+    assert_eq!(sent_to(), vec!["s1", "s3", "s2"], "09:00 in New York (EST) is 14:00 UTC");
+    let view = api::get_notification(&w.deps, &w.t, &accepted.notification_id).await.unwrap().unwrap();
+    assert_eq!(view.status, tidings_core::notify::model::NotificationStatus::Completed, "{view:?}");
+    assert_eq!(view.counts.sent, 3, "{view:?}");
+}
+
+/// Moves the clock, fires the due timers, runs everything.
+async fn step(w: &World, to: DateTime<Utc>) {
+    w.clock.set(to);
+    tidings_core::timers::tick(&w.deps).await.unwrap();
+    drain(w).await;
+}

@@ -123,9 +123,6 @@ impl NotificationRequest {
         {
             return Err(CoreError::invalid("channels", "must not be empty (omit it to use preferences)"));
         }
-        if self.local_time && self.recipients.segment.is_some() {
-            return Err(CoreError::invalid("local_time", "is available for user_ids, not for segments yet"));
-        }
         if self.local_time && self.send_at.is_none() {
             return Err(CoreError::invalid(
                 "local_time",

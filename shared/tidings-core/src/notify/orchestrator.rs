@@ -402,7 +402,7 @@ async fn plan_delivery(
             write_final(deps, t, n, key, &delivery, deferred).await?;
             return Ok(None);
         }
-        Verdict::Defer(until) => {
+        Verdict::Defer(until, why) => {
             // The timer first: a crash after it leaves a timer that finds nothing (or plans it
             // then); the other order could leave a deferred delivery that nothing wakes.
             let task = TimerTask::DeferredDelivery {
@@ -412,7 +412,7 @@ async fn plan_delivery(
                 channel,
             };
             timers::schedule(deps, until, task).await?;
-            delivery.reason = Some("quiet_hours".into());
+            delivery.reason = Some(why.as_str().into());
             let until_s = until.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
             delivery.deferred_until = Some(until_s.clone());
             let r = match deferred {
@@ -427,7 +427,7 @@ async fn plan_delivery(
                 Ok(()) | Err(StoreError::ConditionFailed { .. }) => {}
                 Err(e) => return Err(e.into()),
             }
-            info!(notification_id = %n.notification_id, %channel, until = %until, "deferred by quiet hours");
+            info!(notification_id = %n.notification_id, %channel, until = %until, reason = why.as_str(), "deferred");
             return Ok(None);
         }
         Verdict::Send { to, writes } => (to, writes),

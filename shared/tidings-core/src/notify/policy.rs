@@ -26,7 +26,7 @@ use crate::error::CoreResult;
 use crate::ids::TenantId;
 use crate::keys;
 use crate::ports::{Channel, Cond, Key, Update, Write};
-use crate::preferences::{Preferences, zone_of};
+use crate::preferences::{Preferences, local_instant, zone_of};
 use crate::suppression;
 use crate::users::User;
 
@@ -54,6 +54,24 @@ impl SuppressReason {
     }
 }
 
+/// Why a delivery waits (the delivery's `reason` meanwhile).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeferReason {
+    /// The user's quiet hours (marketing).
+    QuietHours,
+    /// `local_time`: `send_at`'s wall-clock time has not come yet in the user's zone.
+    LocalTime,
+}
+
+impl DeferReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeferReason::QuietHours => "quiet_hours",
+            DeferReason::LocalTime => "local_time",
+        }
+    }
+}
+
 /// What to do with one `user × channel`.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Verdict {
@@ -65,7 +83,7 @@ pub enum Verdict {
     },
     Suppress(SuppressReason),
     /// Quiet hours: try again at this time.
-    Defer(DateTime<Utc>),
+    Defer(DateTime<Utc>, DeferReason),
 }
 
 /// Everything known about one recipient.
@@ -119,12 +137,23 @@ pub async fn check(
     if matches!(channel, Channel::Email | Channel::Sms) && suppression::is_suppressed(deps, t, channel, &to).await? {
         return Ok(Verdict::Suppress(SuppressReason::AddressSuppressed));
     }
+    let now = deps.clock.now();
+    // `local_time`: not before `send_at`'s wall-clock time in the user's zone. A campaign's
+    // pages are expanded when the earliest zone's time comes; its other members wait here.
+    if n.request.local_time
+        && let Some(send_at) = n.request.send_at
+    {
+        let wall = send_at.naive_utc();
+        let due = local_instant(zone_of(r.zone()), wall.date(), wall.time());
+        if due > now {
+            return Ok(Verdict::Defer(due, DeferReason::LocalTime));
+        }
+    }
     if category == Category::Transactional || channel == Channel::Inapp {
         return Ok(Verdict::Send { to, writes: Vec::new() });
     }
-    let now = deps.clock.now();
     if let Some(until) = r.prefs.quiet_until(r.zone(), now) {
-        return Ok(Verdict::Defer(until));
+        return Ok(Verdict::Defer(until, DeferReason::QuietHours));
     }
     let cap = deps.config.frequency_cap_of(t.as_str());
     if cap == 0 {

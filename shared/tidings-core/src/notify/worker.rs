@@ -365,15 +365,23 @@ async fn deliver_batch(
 
     // Sent a few at a time: the gates in front of the providers pace them, and a batch of a
     // hundred waiting at once for a slow gate would outwait it (`GATE_REFUSAL`, a retry).
-    let sends = claimed.iter().map(|c| async move {
-        match deps.providers.for_channel(c.task.channel) {
-            Some(provider) => {
-                let result = call_provider(deps, c.t, c.task, provider.as_ref(), c.attempts).await;
-                Some((provider.name().to_owned(), result))
-            }
-            None => None,
-        }
-    });
+    type Sending<'a> = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Option<(String, Result<ProviderReceipt, ProviderError>)>> + Send + 'a>,
+    >;
+    let sends: Vec<Sending<'_>> = claimed
+        .iter()
+        .map(|c| -> Sending<'_> {
+            Box::pin(async move {
+                match deps.providers.for_channel(c.task.channel) {
+                    Some(provider) => {
+                        let result = call_provider(deps, c.t, c.task, provider.as_ref(), c.attempts).await;
+                        Some((provider.name().to_owned(), result))
+                    }
+                    None => None,
+                }
+            })
+        })
+        .collect();
     let results: Vec<_> = futures::stream::iter(sends).buffered(SEND_CONCURRENCY).collect().await;
 
     let mut done = Vec::with_capacity(claimed.len());
