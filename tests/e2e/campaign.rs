@@ -10,6 +10,43 @@ use crate::server::{Backend, Options, Server};
 
 const WAIT: Duration = Duration::from_secs(180);
 
+async fn put_promo_template(s: &Server) -> anyhow::Result<()> {
+    let (st, v) = s
+        .call(
+            "PUT",
+            "/v1/templates/promo",
+            Some(json!({"default_locale": "en", "locales": {"en": {"email_subject": "Sale", "email_body": "Hi {{ user_id }}"}}})),
+        )
+        .await?;
+    assert_eq!(st, 200, "{v}");
+    Ok(())
+}
+
+/// Sends the promo to a segment, as marketing email; its notification id.
+async fn start_campaign(s: &Server, idempotency_key: &str, segment: &str) -> anyhow::Result<String> {
+    let (st, v) = s
+        .call(
+            "POST",
+            "/v1/notifications",
+            Some(
+                json!({"idempotency_key": idempotency_key, "recipients": {"segment": segment}, "template_id": "promo",
+                        "category": "marketing", "channels": ["email"]}),
+            ),
+        )
+        .await?;
+    assert_eq!(st, 202, "{v}");
+    Ok(v["notification_id"].as_str().unwrap().to_owned())
+}
+
+/// The notification's view once it is `completed`.
+async fn completed(s: &Server, id: &str, within: Duration) -> anyhow::Result<serde_json::Value> {
+    s.eventually(within, "the campaign to complete", || async {
+        let (_, v) = s.call("GET", &format!("/v1/notifications/{id}"), None).await?;
+        Ok((v["status"] == "completed").then_some(v))
+    })
+    .await
+}
+
 pub async fn a_segment_campaign_reaches_each_member_once_and_an_otp_is_not_held_up(
     backend: Backend,
 ) -> anyhow::Result<()> {
@@ -30,24 +67,8 @@ pub async fn a_segment_campaign_reaches_each_member_once_and_an_otp_is_not_held_
     let (st, _) =
         s.call("PUT", "/v1/users/outsider", Some(json!({"email": "o@example.com", "tags": ["other"]}))).await?;
     assert_eq!(st, 200);
-    let (st, v) = s
-        .call(
-            "PUT",
-            "/v1/templates/promo",
-            Some(json!({"default_locale": "en", "locales": {"en": {"email_subject": "Sale", "email_body": "Hi {{ user_id }}"}}})),
-        )
-        .await?;
-    assert_eq!(st, 200, "{v}");
-    let (st, v) = s
-        .call(
-            "POST",
-            "/v1/notifications",
-            Some(json!({"idempotency_key": "sale-1", "recipients": {"segment": "vip"}, "template_id": "promo",
-                        "category": "marketing", "channels": ["email"]})),
-        )
-        .await?;
-    assert_eq!(st, 202, "{v}");
-    let campaign = v["notification_id"].as_str().unwrap().to_owned();
+    put_promo_template(&s).await?;
+    let campaign = start_campaign(&s, "sale-1", "vip").await?;
 
     // An OTP while the campaign drains: it has its own queues and worker pool.
     let sent_at = Instant::now();
@@ -66,12 +87,7 @@ pub async fn a_segment_campaign_reaches_each_member_once_and_an_otp_is_not_held_
     // Generous: the point is that it does not wait for the campaign's 120 sends.
     assert!(otp_latency < Duration::from_secs(10), "otp took {otp_latency:?}");
 
-    let view = s
-        .eventually(WAIT, "the campaign to complete", || async {
-            let (_, v) = s.call("GET", &format!("/v1/notifications/{campaign}"), None).await?;
-            Ok((v["status"] == "completed").then_some(v))
-        })
-        .await?;
+    let view = completed(&s, &campaign, WAIT).await?;
     assert_eq!(view["counts"]["sent"], members, "{view}");
     assert_eq!(view["counts"]["queued"], 0, "{view}");
     assert_eq!(view["expanded"], members, "{view}");
@@ -117,32 +133,11 @@ pub async fn two_thousand_members_on_aws_cost_at_most_two_and_a_half_requests_ea
         let (st, v) = r?;
         assert_eq!(st, 200, "{v}");
     }
-    let (st, v) = s
-        .call(
-            "PUT",
-            "/v1/templates/promo",
-            Some(json!({"default_locale": "en", "locales": {"en": {"email_subject": "Sale", "email_body": "Hi {{ user_id }}"}}})),
-        )
-        .await?;
-    assert_eq!(st, 200, "{v}");
+    put_promo_template(&s).await?;
 
     let (_, before) = s.call("GET", "/v1/ops/metrics", None).await?;
-    let (st, v) = s
-        .call(
-            "POST",
-            "/v1/notifications",
-            Some(json!({"idempotency_key": "all-1", "recipients": {"segment": "all"}, "template_id": "promo",
-                        "category": "marketing", "channels": ["email"]})),
-        )
-        .await?;
-    assert_eq!(st, 202, "{v}");
-    let campaign = v["notification_id"].as_str().unwrap().to_owned();
-    let view = s
-        .eventually(Duration::from_secs(600), "the campaign to complete", || async {
-            let (_, v) = s.call("GET", &format!("/v1/notifications/{campaign}"), None).await?;
-            Ok((v["status"] == "completed").then_some(v))
-        })
-        .await?;
+    let campaign = start_campaign(&s, "all-1", "all").await?;
+    let view = completed(&s, &campaign, Duration::from_secs(600)).await?;
     let (_, after) = s.call("GET", "/v1/ops/metrics", None).await?;
     assert_eq!(view["counts"]["sent"], members, "{view}");
     assert_eq!(view["expanded"], members, "{view}");

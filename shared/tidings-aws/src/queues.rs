@@ -313,7 +313,10 @@ impl SqsQueues {
         Ok(out.messages().iter().map(received).collect())
     }
 
-    async fn delete_batch_at(&self, url: &str, receipts: &[String]) -> Result<(), QueueError> {
+    /// `DeleteMessageBatch`, 10 at a time. With `skip_stale`, a receipt no longer valid is
+    /// skipped (its message comes again); any other failure is an error, and the whole batch may
+    /// be deleted again (deletes are idempotent).
+    async fn delete_batch_at(&self, url: &str, receipts: &[String], skip_stale: bool) -> Result<(), QueueError> {
         for chunk in receipts.chunks(MAX_BATCH) {
             let entries = chunk
                 .iter()
@@ -329,12 +332,18 @@ impl SqsQueues {
                 .send()
                 .await
                 .map_err(queue_error)?;
-            if let Some(first) = out.failed().first() {
+            let stale =
+                |code: &str| matches!(code, "ReceiptHandleIsInvalid" | "InvalidIdFormat" | "MessageNotInflight");
+            if let Some(f) = out.failed().iter().find(|f| !(skip_stale && stale(f.code()))) {
                 return Err(QueueError::Unavailable(format!(
                     "delete failed: {}: {}",
-                    first.code(),
-                    first.message().unwrap_or_default()
+                    f.code(),
+                    f.message().unwrap_or_default()
                 )));
+            }
+            let mut log = self.receipt_log();
+            for r in chunk {
+                log.deleted(r);
             }
         }
         Ok(())
@@ -407,7 +416,7 @@ impl SqsQueues {
             }
             self.send_to_url(&target, batch.iter().map(|m| OutMessage::new(m.body.clone())).collect()).await?;
             let receipts: Vec<String> = batch.iter().map(|m| m.receipt.clone()).collect();
-            self.delete_batch_at(&dlq, &receipts).await?;
+            self.delete_batch_at(&dlq, &receipts, false).await?;
             moved += batch.len() as u64;
         }
     }
@@ -478,40 +487,7 @@ impl Queues for SqsQueues {
             let log = self.receipt_log();
             receipts.iter().filter(|r| !log.is_stale(r)).cloned().collect()
         };
-        for chunk in live.chunks(MAX_BATCH) {
-            let entries = chunk
-                .iter()
-                .enumerate()
-                .map(|(i, r)| DeleteMessageBatchRequestEntry::builder().id(i.to_string()).receipt_handle(r).build())
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(invalid)?;
-            let out = self
-                .client
-                .delete_message_batch()
-                .queue_url(&url)
-                .set_entries(Some(entries))
-                .send()
-                .await
-                .map_err(queue_error)?;
-            // A receipt no longer valid is skipped (the message comes again); anything else
-            // is an error, and the whole batch may be deleted again (deletes are idempotent).
-            if let Some(f) = out
-                .failed()
-                .iter()
-                .find(|f| !matches!(f.code(), "ReceiptHandleIsInvalid" | "InvalidIdFormat" | "MessageNotInflight"))
-            {
-                return Err(QueueError::Unavailable(format!(
-                    "delete failed: {}: {}",
-                    f.code(),
-                    f.message().unwrap_or_default()
-                )));
-            }
-            let mut log = self.receipt_log();
-            for r in chunk {
-                log.deleted(r);
-            }
-        }
-        Ok(())
+        self.delete_batch_at(&url, &live, true).await
     }
 
     async fn stats(&self, queue: &str) -> Result<QueueStats, QueueError> {

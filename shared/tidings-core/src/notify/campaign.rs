@@ -13,7 +13,7 @@
 //!   ([`PageWriter`]); a page done once is marked (`C#{page}#done`), and a task for a marked page
 //!   does nothing.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -185,9 +185,10 @@ impl PageWriter {
             if item.key.pk == self.pk && item.key.sk.starts_with("D#"))
     }
 
-    /// Holds back a creation; `writes` holds exactly one delivery creation.
-    fn hold(&self, writes: Vec<Write>) -> Result<(), StoreError> {
-        let unit = self.unit_of(writes)?;
+    /// Holds back a creation; `writes` holds exactly one delivery creation, after `gates`
+    /// gate writes.
+    fn hold(&self, writes: Vec<Write>, gates: usize) -> Result<(), StoreError> {
+        let unit = self.unit_with_gates(writes, gates)?;
         self.units.lock().unwrap_or_else(|p| p.into_inner()).push(unit);
         Ok(())
     }
@@ -254,18 +255,10 @@ impl PageWriter {
     }
 
     fn counters(&self, units: &[Unit], now_ms: i64) -> Vec<Write> {
-        let mut by_key: BTreeMap<Key, BTreeMap<&'static str, i64>> = BTreeMap::new();
-        for u in units {
-            let key = progress::counter_key(&self.t, &self.notification_id, self.page, &u.user_id);
-            *by_key.entry(key).or_default().entry(u.bucket).or_default() += 1;
-        }
-        by_key
-            .into_iter()
-            .map(|(key, deltas)| {
-                let deltas: Vec<(&'static str, i64)> = deltas.into_iter().collect();
-                progress::counter_write(key, &deltas, now_ms)
-            })
-            .collect()
+        let changes = units
+            .iter()
+            .map(|u| (progress::counter_key(&self.t, &self.notification_id, self.page, &u.user_id), u.bucket, 1));
+        progress::counter_writes(changes, now_ms)
     }
 
     async fn write_chunk(&self, units: Vec<Unit>, now_ms: i64, skip: &mut HashSet<Key>) -> Result<(), StoreError> {
@@ -335,7 +328,7 @@ impl Table for PageWriter {
     async fn put(&self, item: Item, cond: Cond) -> Result<(), StoreError> {
         let write = Write::Put { item, cond };
         if self.is_creation(&write) {
-            return self.hold(vec![write]);
+            return self.hold(vec![write], 0);
         }
         let Write::Put { item, cond } = write else { return Err(StoreError::Invalid("not a put".into())) };
         self.inner.put(item, cond).await
@@ -378,9 +371,7 @@ impl Table for PageWriter {
                 )
         });
         if holdable && writes.len() <= room {
-            let unit = self.unit_with_gates(writes, gates)?;
-            self.units.lock().unwrap_or_else(|p| p.into_inner()).push(unit);
-            return Ok(());
+            return self.hold(writes, gates);
         }
         // Conditions whose answer the caller needs now (a frequency cap): written at once,
         // with the delivery's counter in the same transaction, after the caller's writes (so a

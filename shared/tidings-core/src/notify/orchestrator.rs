@@ -184,21 +184,21 @@ fn prefetch_keys(deps: &Deps, t: &TenantId, n: &Notification, users: &[(String, 
     let now = deps.clock.now();
     let marketing = n.request.category != super::model::Category::Transactional;
     let mut keys = Vec::with_capacity(users.len() * (1 + 3 * channels.len()));
+    let no_prefs = preferences::Preferences::default();
     for (user_id, user) in users {
         keys.push(keys::preferences(t, user_id));
-        let zone = user.as_ref().and_then(|u| u.timezone.as_deref());
+        // Addresses and zone as the policy reads them (devices are not read ahead: push has no
+        // suppression list).
+        let r = Recipient { user_id, user: user.as_ref(), prefs: &no_prefs, devices: &[] };
         for &channel in &channels {
             keys.push(keys::delivery(t, &n.notification_id, user_id, channel));
-            let address = match channel {
-                Channel::Email => user.as_ref().and_then(|u| u.email.as_deref()),
-                Channel::Sms => user.as_ref().and_then(|u| u.phone.as_deref()),
-                Channel::Push | Channel::Inapp => None,
-            };
-            if let Some(address) = address {
-                keys.push(crate::suppression::key_of(t, channel, address));
+            if matches!(channel, Channel::Email | Channel::Sms)
+                && let Some(address) = r.address(channel)
+            {
+                keys.push(crate::suppression::key_of(t, channel, &address));
             }
             if marketing && channel != Channel::Inapp {
-                keys.push(policy::cap_key(t, user_id, zone, channel, now));
+                keys.push(policy::cap_key(t, user_id, r.zone(), channel, now));
             }
         }
     }

@@ -60,6 +60,22 @@ pub fn counter_write(key: Key, deltas: &[(&'static str, i64)], created_ms: i64) 
     Write::Update { key, updates, cond: Cond::Always }
 }
 
+/// The writes of many counter changes `(counter item, bucket, delta)`, summed into one write
+/// per counter item (a transaction may write each item once).
+pub fn counter_writes(changes: impl IntoIterator<Item = (Key, &'static str, i64)>, created_ms: i64) -> Vec<Write> {
+    let mut by_key: std::collections::BTreeMap<Key, std::collections::BTreeMap<&'static str, i64>> = Default::default();
+    for (key, bucket, delta) in changes {
+        *by_key.entry(key).or_default().entry(bucket).or_default() += delta;
+    }
+    by_key
+        .into_iter()
+        .map(|(key, deltas)| {
+            let deltas: Vec<(&'static str, i64)> = deltas.into_iter().collect();
+            counter_write(key, &deltas, created_ms)
+        })
+        .collect()
+}
+
 /// A delivery being moved from one status to another.
 #[derive(Clone)]
 pub struct Transition<'a> {
@@ -104,21 +120,16 @@ pub async fn transition_many(
     }
     let now_ms = deps.clock.now_ms();
     let mut writes = Vec::with_capacity(trs.len() * 2 + extra.len());
-    let mut counters: std::collections::BTreeMap<Key, std::collections::BTreeMap<&'static str, i64>> =
-        Default::default();
+    let mut changes = Vec::with_capacity(trs.len() * 2);
     for tr in &trs {
         let (write, counter) = transition_parts(tr.clone());
         writes.push(write);
         if let Some((key, from, to)) = counter {
-            let deltas = counters.entry(key).or_default();
-            *deltas.entry(from).or_default() -= 1;
-            *deltas.entry(to).or_default() += 1;
+            changes.push((key.clone(), from, -1));
+            changes.push((key, to, 1));
         }
     }
-    for (key, deltas) in counters {
-        let deltas: Vec<(&'static str, i64)> = deltas.into_iter().collect();
-        writes.push(counter_write(key, &deltas, now_ms));
-    }
+    writes.extend(counter_writes(changes, now_ms));
     writes.extend(extra.iter().cloned());
     if !trs.is_empty() && deps.table.transact(writes).await.is_ok() {
         return Ok(vec![true; trs.len()]);
