@@ -67,7 +67,7 @@ async fn run(backend: Backend, point: &str, category: &str) -> anyhow::Result<(B
     // Stops a server still running (one that ran dry) and starts it clean.
     s.restart_with_crash_at(None).await?;
     let deliveries = s
-        .eventually(Duration::from_secs(60), "every delivery final", || async {
+        .eventually(Duration::from_secs(180), "every delivery final", || async {
             let (_, v) = s.call("GET", &format!("/v1/notifications/{id}/deliveries"), None).await?;
             let items = v["items"].as_array().cloned().unwrap_or_default();
             // A marketing send claimed before a crash stays `sending` for good (at most once);
