@@ -57,13 +57,15 @@ pub struct Options {
 impl Default for Options {
     fn default() -> Self {
         // Short retries, leases and visibility, so that crash recovery shows within a test's
-        // patience (production defaults: 10 s base, 60 s lease, 60 s visibility).
+        // patience (production defaults: 10 s base, 60 s lease, 60 s visibility, 10 min marketing
+        // lease; the marketing lease asked for here is raised to its floor, 8 × (5 s + 2 s)).
         Self {
             env: vec![
                 ("TIDINGS_RETRY_BASE_MS", "200".into()),
                 ("TIDINGS_RETRY_CAP_MS", "1000".into()),
                 ("TIDINGS_VISIBILITY_S", "8".into()),
                 ("TIDINGS_DELIVERY_LEASE_MS", "6000".into()),
+                ("TIDINGS_MARKETING_LEASE_MS", "1".into()),
                 ("TIDINGS_PROVIDER_TIMEOUT_MS", "5000".into()),
             ],
             manual_clock: false,

@@ -36,6 +36,11 @@ pub struct CoreConfig {
     pub max_receives: u32,
     /// Lease of a transactional delivery while the provider is called.
     pub delivery_lease: Duration,
+    /// Lease of a marketing claim: after it, a delivery still `sending` is closed as `failed`
+    /// (`outcome_unknown`), never sent again. Long enough for a whole batch of sends (at least
+    /// 8 × (provider timeout + 2 s): a batch of 100 sends 16 at a time, each within the gate's
+    /// wait and the provider timeout), so no live worker's claim is closed under it.
+    pub marketing_lease: Duration,
     /// Time a provider call may take before it counts as a timeout.
     pub provider_timeout: Duration,
     /// Visibility timeout the runtime uses when it receives.
@@ -66,6 +71,7 @@ impl Default for CoreConfig {
             retry_cap: Duration::from_secs(15 * 60),
             max_receives: 5,
             delivery_lease: Duration::from_secs(60),
+            marketing_lease: Duration::from_secs(600),
             provider_timeout: Duration::from_secs(10),
             visibility: Duration::from_secs(60),
             signer: crate::signing::Signer::default(),
@@ -82,7 +88,7 @@ impl Default for CoreConfig {
 
 impl CoreConfig {
     /// Reads overrides from `TIDINGS_RETRY_BASE_MS`, `TIDINGS_RETRY_CAP_MS`,
-    /// `TIDINGS_MAX_RECEIVES`, `TIDINGS_DELIVERY_LEASE_MS`, `TIDINGS_PROVIDER_TIMEOUT_MS`,
+    /// `TIDINGS_MAX_RECEIVES`, `TIDINGS_DELIVERY_LEASE_MS`, `TIDINGS_MARKETING_LEASE_MS`, `TIDINGS_PROVIDER_TIMEOUT_MS`,
     /// `TIDINGS_VISIBILITY_S`, `TIDINGS_SIGNING_KEYS` (`kid:secret,...`), `TIDINGS_PUBLIC_URL`.
     pub fn from_env() -> Self {
         let mut c = Self::default();
@@ -99,6 +105,9 @@ impl CoreConfig {
         if let Some(v) = ms("TIDINGS_DELIVERY_LEASE_MS") {
             c.delivery_lease = Duration::from_millis(v);
         }
+        if let Some(v) = ms("TIDINGS_MARKETING_LEASE_MS") {
+            c.marketing_lease = Duration::from_millis(v);
+        }
         if let Some(v) = ms("TIDINGS_PROVIDER_TIMEOUT_MS") {
             c.provider_timeout = Duration::from_millis(v);
         }
@@ -108,6 +117,7 @@ impl CoreConfig {
         // A lease shorter than a provider call would let a second worker send while the first
         // is still waiting for the provider: a duplicate without any crash.
         c.delivery_lease = c.delivery_lease.max(c.provider_timeout + Duration::from_secs(1));
+        c.marketing_lease = c.marketing_lease.max((c.provider_timeout + Duration::from_secs(2)) * 8);
         if let Ok(v) = std::env::var("TIDINGS_SIGNING_KEYS") {
             c.signer = crate::signing::Signer::parse(&v);
         }

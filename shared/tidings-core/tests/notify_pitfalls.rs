@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 use tidings_core::messages::{ALL_QUEUES, Outcome, dispatch, settle};
 use tidings_core::notify::api;
-use tidings_core::notify::model::{ChannelTask, Delivery, DeliveryStatus, NotificationRequest};
+use tidings_core::notify::model::{ChannelTask, Delivery, DeliveryStatus, NotificationRequest, NotificationStatus};
 use tidings_core::notify::relay;
 use tidings_core::ports::{
     ChangeFeed, Channel, ManualClock, OutboundMessage, Provider, ProviderError, ProviderReceipt, Update,
@@ -251,6 +251,40 @@ async fn one_step_dedup_key_before_send_loses_the_otp_on_crash() {
     run_queue(&w, "sms-high").await;
     assert_eq!(w.sms.calls().len(), 1);
     assert_eq!(delivery(&w, &id, Channel::Sms).await.status, DeliveryStatus::Sent);
+}
+
+/// The marketing side of the same pitfall: a marketing send is claimed once and never sent
+/// twice, so a worker that stops after its claim (a crash, or a record that failed) loses that
+/// send. The loss must not hang the campaign: the redelivered task waits while the claim's lease
+/// runs (a live worker may still be sending), then closes the delivery as `failed`
+/// (`outcome_unknown`) without a provider call, and the notification completes.
+#[tokio::test]
+async fn a_marketing_claim_outliving_its_lease_is_closed_not_sent_again() {
+    let w = world().await;
+    let id = accept(&w, request("promo-1", "marketing", "sms", 1)).await;
+    relay_once(&w).await;
+    run_queue(&w, "requests-low").await;
+    let key = keys::delivery(&w.t, &id, "u1", Channel::Sms);
+    let lease = w.deps.config.marketing_lease;
+    let lease_until = w.deps.clock.now_ms() + lease.as_millis() as i64;
+    let claim = vec![Update::set("status", "sending"), Update::add("attempts", 1), Update::set("lease_until_ms", lease_until)];
+    w.deps.table.update(&key, claim, tidings_core::ports::Cond::eq("status", "pending")).await.unwrap();
+
+    let outcomes = run_queue(&w, "sms-low").await;
+    assert!(matches!(outcomes[..], [Outcome::Retry(_)]), "the lease is running: {outcomes:?}");
+    assert_eq!(delivery(&w, &id, Channel::Sms).await.status, DeliveryStatus::Sending);
+    let view = api::get_notification(&w.deps, &w.t, &id).await.unwrap().unwrap();
+    assert_eq!((view.status, view.counts.queued), (NotificationStatus::Processing, 1));
+
+    w.clock.advance(chrono::Duration::from_std(lease).unwrap() + chrono::Duration::seconds(1));
+    let outcomes = run_queue(&w, "sms-low").await;
+    assert!(matches!(outcomes[..], [Outcome::Done]), "{outcomes:?}");
+    assert!(w.sms.calls().is_empty(), "never sent again");
+    let d = delivery(&w, &id, Channel::Sms).await;
+    assert_eq!((d.status, d.reason.as_deref()), (DeliveryStatus::Failed, Some("outcome_unknown")));
+    assert_eq!(d.lease_until_ms, None);
+    let view = api::get_notification(&w.deps, &w.t, &id).await.unwrap().unwrap();
+    assert_eq!((view.status, view.counts.queued, view.counts.failed), (NotificationStatus::Completed, 0, 1));
 }
 
 /// 坑: 忽略上游"事务提交了、事件没发出去"的情况. Accepting is one write, and that write is the

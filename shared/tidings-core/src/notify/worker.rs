@@ -4,7 +4,10 @@
 //! lease, call the provider, then `sent`. A crash before the call lets the lease run out and the
 //! send happen later (nothing lost); a crash after the provider accepted but before `sent` is
 //! written causes at most one duplicate. Marketing: one write before sending (at most once): a
-//! crash after the claim loses that send rather than risk a second one.
+//! crash after the claim loses that send rather than risk a second one. The claim still carries
+//! a lease: when the task comes back after it ran out, the delivery is closed as `failed` with
+//! reason `outcome_unknown` (the provider may or may not have taken it; it is not sent again),
+//! so a campaign's progress still completes.
 
 use std::time::Duration;
 
@@ -84,7 +87,7 @@ async fn deliver(deps: &Deps, t: &TenantId, task: &ChannelTask, receive_count: u
                     Some(item) => item,
                     None => return Ok(Outcome::Done),
                 },
-                false => return already_claimed(deps, &key, now_ms).await,
+                false => return already_claimed(deps, t, task, &key, now_ms).await,
             }
         }
         Err(e) => return Err(e.into()),
@@ -110,9 +113,9 @@ async fn deliver(deps: &Deps, t: &TenantId, task: &ChannelTask, receive_count: u
     Ok(settled.outcome)
 }
 
-/// The claim of a delivery (phase one): its updates and condition. A transactional delivery is
-/// claimed with a lease, and may be claimed again once the lease ran out; a marketing one only
-/// from `pending` (at most once).
+/// The claim of a delivery (phase one): its updates and condition. Both carry a lease; a
+/// transactional delivery may be claimed again once it ran out, a marketing one only from
+/// `pending` (at most once: an expired marketing claim is closed, see [`already_claimed`]).
 fn claim_of(deps: &Deps, transactional: bool, now_ms: i64) -> (Vec<Update>, Cond) {
     let claimable = Cond::And(vec![Cond::Exists, Cond::eq("status", "pending")]);
     let cond = if transactional {
@@ -120,11 +123,13 @@ fn claim_of(deps: &Deps, transactional: bool, now_ms: i64) -> (Vec<Update>, Cond
     } else {
         claimable
     };
-    let mut updates =
-        vec![Update::set("status", "sending"), Update::add("attempts", 1), Update::set("updated_at", now_str(deps))];
-    if transactional {
-        updates.push(Update::set("lease_until_ms", now_ms + deps.config.delivery_lease.as_millis() as i64));
-    }
+    let lease = if transactional { deps.config.delivery_lease } else { deps.config.marketing_lease };
+    let updates = vec![
+        Update::set("status", "sending"),
+        Update::add("attempts", 1),
+        Update::set("updated_at", now_str(deps)),
+        Update::set("lease_until_ms", now_ms + lease.as_millis() as i64),
+    ];
     (updates, cond)
 }
 
@@ -501,18 +506,44 @@ async fn move_delivery(
     Ok(progress::transition(deps, tr).await?)
 }
 
-/// The claim failed: someone sent it already, it is final, or a lease is running.
-async fn already_claimed(deps: &Deps, key: &crate::ports::Key, now_ms: i64) -> CoreResult<Outcome> {
+/// The reason of a marketing delivery closed after its claim's lease ran out.
+pub const OUTCOME_UNKNOWN: &str = "outcome_unknown";
+
+/// The claim failed: someone sent it already, it is final, or a lease is running. A marketing
+/// claim whose lease ran out belonged to a worker that stopped between its claim and its record
+/// (a crash, or a record that failed): it is closed as `failed` (`outcome_unknown`), not sent.
+async fn already_claimed(
+    deps: &Deps,
+    t: &TenantId,
+    task: &ChannelTask,
+    key: &crate::ports::Key,
+    now_ms: i64,
+) -> CoreResult<Outcome> {
     let Some(item) = deps.table.get(key).await? else {
         warn!("channel task without a delivery record; dropped");
         return Ok(Outcome::Done);
     };
     let d: Delivery = item.parse()?;
-    match d.status {
-        DeliveryStatus::Sending if d.category == Category::Transactional => {
-            let wait_ms = d.lease_until_ms.unwrap_or(now_ms).saturating_sub(now_ms).max(0) as u64;
-            Ok(Outcome::Retry(Duration::from_millis(wait_ms + 500)))
-        }
-        _ => Ok(Outcome::Done),
+    if d.status != DeliveryStatus::Sending {
+        return Ok(Outcome::Done);
     }
+    // Claims made before marketing claims had a lease count as expired.
+    let lease_until = d.lease_until_ms.unwrap_or(now_ms);
+    if lease_until > now_ms || d.category == Category::Transactional {
+        let wait_ms = lease_until.saturating_sub(now_ms).max(0) as u64;
+        return Ok(Outcome::Retry(Duration::from_millis(wait_ms + 500)));
+    }
+    warn!(
+        to = %mask_address(&task.to),
+        "a marketing claim outlived its lease: closed as failed (outcome unknown), not sent again"
+    );
+    let updates = vec![
+        Update::set("reason", OUTCOME_UNKNOWN),
+        Update::set("last_error", "the worker stopped after claiming; not sent again (marketing is at most once)"),
+        Update::set("updated_at", now_str(deps)),
+        Update::Remove("lease_until_ms".into()),
+    ];
+    let page = page_of(&item).unwrap_or(0);
+    move_delivery(deps, t, task, key, Some(page), DeliveryStatus::Sending, DeliveryStatus::Failed, updates).await?;
+    Ok(Outcome::Done)
 }
