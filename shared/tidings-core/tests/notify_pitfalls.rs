@@ -267,7 +267,8 @@ async fn a_marketing_claim_outliving_its_lease_is_closed_not_sent_again() {
     let key = keys::delivery(&w.t, &id, "u1", Channel::Sms);
     let lease = w.deps.config.marketing_lease;
     let lease_until = w.deps.clock.now_ms() + lease.as_millis() as i64;
-    let claim = vec![Update::set("status", "sending"), Update::add("attempts", 1), Update::set("lease_until_ms", lease_until)];
+    let claim =
+        vec![Update::set("status", "sending"), Update::add("attempts", 1), Update::set("lease_until_ms", lease_until)];
     w.deps.table.update(&key, claim, tidings_core::ports::Cond::eq("status", "pending")).await.unwrap();
 
     let outcomes = run_queue(&w, "sms-low").await;
