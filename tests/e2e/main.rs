@@ -76,7 +76,13 @@ on_both_backends!(platform as platform_tests:
     scheduled_send_fires_at_send_at_and_cancel_stops_it,
     push_reaches_every_device_and_a_dead_token_is_deleted,
     forged_sns_callback_is_rejected_and_a_genuine_bounce_suppresses,
+    sms_pumping_guard_limits_a_number_and_keeps_to_allowed_countries,
 );
+
+#[tokio::test]
+async fn a_malformed_sms_guard_setting_refuses_to_start() -> anyhow::Result<()> {
+    platform::a_malformed_sms_guard_setting_refuses_to_start().await
+}
 
 on_both_backends!(crash as crash_tests:
     transactional_crash_after_provider_loses_nothing_and_duplicates_at_most_once_per_crash,

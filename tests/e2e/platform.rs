@@ -498,3 +498,48 @@ pub async fn forged_sns_callback_is_rejected_and_a_genuine_bounce_suppresses(bac
     assert!(s.sends(&id2).await?.is_empty());
     Ok(())
 }
+
+/// The SMS pumping guard through the API: with `TIDINGS_SMS_NUMBER_LIMITS=2/1h` the third OTP to
+/// one number is suppressed (`number_rate_limited`) and never reaches the provider; with
+/// `TIDINGS_SMS_COUNTRIES=+86` an SMS to a US number is suppressed (`country_not_allowed`).
+pub async fn sms_pumping_guard_limits_a_number_and_keeps_to_allowed_countries(backend: Backend) -> anyhow::Result<()> {
+    let mut opts = Options::default();
+    opts.env.push(("TIDINGS_SMS_NUMBER_LIMITS", "2/1h".into()));
+    opts.env.push(("TIDINGS_SMS_COUNTRIES", "+86".into()));
+    let s = Server::start(backend, opts).await?;
+    template(&s).await?;
+    user(&s, "cn", json!({"phone": "+8613800001234"})).await?;
+    user(&s, "us", json!({"phone": "+14155550100"})).await?;
+    let mut outcomes = Vec::new();
+    let mut sent = 0;
+    for i in 1..=3 {
+        let (id, _) = notify(&s, req(&format!("otp-{i}"), &["cn"], "transactional", Some(&["sms"]), i)).await?;
+        let d = settled(&s, &id).await?;
+        let sms = find(&d, "cn", "sms");
+        outcomes.push((sms["status"].clone(), sms["reason"].clone()));
+        sent += s.sends(&id).await?.len();
+    }
+    assert_eq!(outcomes[0].0, "sent", "{outcomes:?}");
+    assert_eq!(outcomes[1].0, "sent", "{outcomes:?}");
+    assert_eq!((&outcomes[2].0, &outcomes[2].1), (&json!("suppressed"), &json!("number_rate_limited")));
+    assert_eq!(sent, 2, "the provider saw two: {outcomes:?}");
+    let (id, _) = notify(&s, req("otp-us", &["us"], "transactional", Some(&["sms"]), 1)).await?;
+    let d = settled(&s, &id).await?;
+    assert_eq!(find(&d, "us", "sms")["reason"], "country_not_allowed", "{d:?}");
+    assert!(s.sends(&id).await?.is_empty());
+    Ok(())
+}
+
+/// A malformed guard setting stops the server at start-up, naming the setting (a guard that
+/// silently did nothing would be worse than none).
+pub async fn a_malformed_sms_guard_setting_refuses_to_start() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut cmd = tokio::process::Command::new(crate::server::binary()?);
+    cmd.arg("serve").arg("--addr").arg("127.0.0.1:0").arg("--data-dir").arg(dir.path());
+    cmd.env("TIDINGS_SMS_NUMBER_LIMITS", "5 per hour").kill_on_drop(true);
+    let out = tokio::time::timeout(Duration::from_secs(60), cmd.output()).await??;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "it started: {stderr}");
+    assert!(stderr.contains("TIDINGS_SMS_NUMBER_LIMITS") && stderr.contains("5 per hour"), "{stderr}");
+    Ok(())
+}

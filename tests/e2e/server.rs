@@ -17,7 +17,7 @@ pub enum Backend {
 
 /// The `tidings` binary: `TIDINGS_BIN`, else the workspace's debug build (built with
 /// `--features aws` by `make test`).
-fn binary() -> anyhow::Result<PathBuf> {
+pub fn binary() -> anyhow::Result<PathBuf> {
     if let Ok(p) = std::env::var("TIDINGS_BIN") {
         return Ok(PathBuf::from(p));
     }

@@ -17,6 +17,8 @@ pub enum WiringError {
     Bootstrap(#[from] BootstrapError),
     #[error("signing key: {0}")]
     Secret(String),
+    #[error("{0}")]
+    Setting(String),
 }
 
 /// The ports on AWS.
@@ -63,6 +65,7 @@ impl AwsPorts {
     /// Reads the configuration; with `bootstrap`, first creates the table and the queues where
     /// missing (for an emulator; on AWS the SAM template owns them).
     pub async fn from_env(bootstrap_first: bool, queue_names: &[String]) -> Result<Self, WiringError> {
+        CoreConfig::check_env().map_err(WiringError::Setting)?;
         let backend = AwsBackend::from_env().await?;
         if bootstrap_first {
             let names: Vec<&str> = queue_names.iter().map(String::as_str).collect();

@@ -59,6 +59,8 @@ pub struct CoreConfig {
     pub frequency_cap: u32,
     /// Per-tenant caps (`TIDINGS_FREQUENCY_CAPS="acme:5,globex:2"`).
     pub frequency_caps: std::collections::BTreeMap<String, u32>,
+    /// The SMS pumping guard (`TIDINGS_SMS_COUNTRIES`, `TIDINGS_SMS_NUMBER_LIMITS`).
+    pub sms_guard: crate::sms_guard::SmsGuard,
     /// A PEM certificate trusted for every SNS message instead of the one at `SigningCertURL`
     /// (`TIDINGS_SNS_TRUSTED_CERT_PEM`, a PEM text or a path to one). Tests and emulators only.
     pub sns_trusted_cert_pem: Option<String>,
@@ -81,6 +83,7 @@ impl Default for CoreConfig {
             campaign_page_size: 1000,
             frequency_cap: 3,
             frequency_caps: std::collections::BTreeMap::new(),
+            sms_guard: crate::sms_guard::SmsGuard::default(),
             sns_trusted_cert_pem: None,
         }
     }
@@ -142,6 +145,11 @@ impl CoreConfig {
                 }
             }
         }
+        // Checked at start-up by `check_env`: a process never runs with a malformed guard.
+        match crate::sms_guard::SmsGuard::from_env() {
+            Ok(guard) => c.sms_guard = guard,
+            Err(e) => tracing::error!(error = %e, "SMS guard not configured"),
+        }
         if let Ok(v) = std::env::var("TIDINGS_SNS_TRUSTED_CERT_PEM")
             && !v.trim().is_empty()
         {
@@ -149,6 +157,12 @@ impl CoreConfig {
                 if v.contains("-----BEGIN") { Some(v) } else { std::fs::read_to_string(v.trim()).ok() };
         }
         c
+    }
+
+    /// The settings a process must refuse to start with (named in the error), checked before
+    /// [`CoreConfig::from_env`] is relied on.
+    pub fn check_env() -> Result<(), String> {
+        crate::sms_guard::SmsGuard::from_env().map(|_| ())
     }
 
     /// The marketing frequency cap of a tenant.

@@ -23,6 +23,7 @@ pub mod restock;
 pub mod retry;
 pub mod schedule;
 pub mod signing;
+pub mod sms_guard;
 pub mod suppression;
 pub mod templates;
 pub mod tenants;

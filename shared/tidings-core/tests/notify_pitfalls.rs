@@ -65,6 +65,10 @@ fn start() -> DateTime<Utc> {
 }
 
 async fn world() -> World {
+    world_with(CoreConfig { retry_base: Duration::from_secs(1), ..CoreConfig::default() }).await
+}
+
+async fn world_with(config: CoreConfig) -> World {
     let clock = Arc::new(ManualClock::new(start()));
     let store = EmbeddedStore::in_memory_with_clock(clock.clone()).unwrap();
     for q in ALL_QUEUES {
@@ -72,7 +76,6 @@ async fn world() -> World {
     }
     let sms = Arc::new(Recorder::default());
     let email = Arc::new(Recorder::default());
-    let config = CoreConfig { retry_base: Duration::from_secs(1), ..CoreConfig::default() };
     let deps = Deps {
         table: Arc::new(store.clone()),
         queues: Arc::new(store.clone()),
@@ -286,6 +289,90 @@ async fn a_marketing_claim_outliving_its_lease_is_closed_not_sent_again() {
     assert_eq!(d.lease_until_ms, None);
     let view = api::get_notification(&w.deps, &w.t, &id).await.unwrap().unwrap();
     assert_eq!((view.status, view.counts.queued, view.counts.failed), (NotificationStatus::Completed, 0, 1));
+}
+
+fn guarded(countries: &str, limits: &str) -> CoreConfig {
+    let sms_guard = tidings_core::sms_guard::SmsGuard::parse(countries, limits).unwrap();
+    CoreConfig { retry_base: Duration::from_secs(1), sms_guard, ..CoreConfig::default() }
+}
+
+async fn sms_reasons(w: &World, ids: &[String]) -> Vec<Option<String>> {
+    let mut out = Vec::new();
+    for id in ids {
+        let d = delivery(w, id, Channel::Sms).await;
+        out.push(if d.status == DeliveryStatus::Suppressed { d.reason } else { Some(d.status.as_str().into()) });
+    }
+    out
+}
+
+/// 坑 (seed 004 §5.4): 跳过频控不等于不设防. An OTP skips quiet hours and the frequency cap, so
+/// the number it goes to is limited instead: beyond `TIDINGS_SMS_NUMBER_LIMITS` the delivery is
+/// suppressed (`number_rate_limited`), the provider never called; the next window sends again;
+/// a notification orchestrated twice (the relay delivering its event twice) counts once.
+#[tokio::test]
+async fn skipping_the_cap_leaves_the_otp_open_to_sms_pumping() {
+    let w = world_with(guarded("", "2/1h")).await;
+    let first = accept(&w, request("otp-1", "transactional", "sms", 1)).await;
+    // The first one's event reaches the orchestrator twice.
+    let records = w.feed.next_batch(100).await.unwrap();
+    relay::handle_changes(&w.deps, &records).await.unwrap();
+    relay::handle_changes(&w.deps, &records).await.unwrap();
+    w.feed.commit(&records).await.unwrap();
+    drain(&w).await;
+    assert_eq!(w.sms.calls().len(), 1);
+    let second = accept(&w, request("otp-2", "transactional", "sms", 2)).await;
+    let third = accept(&w, request("otp-3", "transactional", "sms", 3)).await;
+    drain(&w).await;
+    assert_eq!(w.sms.calls().len(), 2, "counted once per notification: the second still goes");
+    let ids = [first, second, third];
+    assert_eq!(
+        sms_reasons(&w, &ids).await,
+        vec![Some("sent".into()), Some("sent".into()), Some("number_rate_limited".into())]
+    );
+    // The next hour's window.
+    w.clock.advance(chrono::Duration::hours(1));
+    let fourth = accept(&w, request("otp-4", "transactional", "sms", 4)).await;
+    drain(&w).await;
+    assert_eq!(w.sms.calls().len(), 3);
+    assert_eq!(delivery(&w, &fourth, Channel::Sms).await.status, DeliveryStatus::Sent);
+}
+
+/// The per-number limit holds under concurrency: twenty OTPs to one number orchestrated at once
+/// against a limit of three send exactly three (a conditional counter in each delivery's
+/// transaction, not a read then a write).
+#[tokio::test]
+async fn concurrent_otps_to_one_number_never_exceed_its_limit() {
+    let w = world_with(guarded("", "3/1h")).await;
+    let mut ids = Vec::new();
+    for i in 0..20 {
+        ids.push(accept(&w, request(&format!("otp-{i}"), "transactional", "sms", i)).await);
+    }
+    relay_once(&w).await;
+    let got = w.deps.queues.receive("requests-high", 100, Duration::from_secs(60), Duration::ZERO).await.unwrap();
+    assert_eq!(got.len(), 20);
+    let outcomes = futures::future::join_all(got.iter().map(|m| dispatch(&w.deps, "requests-high", m))).await;
+    for (m, outcome) in got.iter().zip(&outcomes) {
+        settle(w.deps.queues.as_ref(), "requests-high", m, outcome, w.deps.clock.now(), true).await.unwrap();
+    }
+    drain(&w).await;
+    assert_eq!(w.sms.calls().len(), 3);
+    let reasons = sms_reasons(&w, &ids).await;
+    assert_eq!(reasons.iter().filter(|r| r.as_deref() == Some("sent")).count(), 3, "{reasons:?}");
+    assert_eq!(reasons.iter().filter(|r| r.as_deref() == Some("number_rate_limited")).count(), 17, "{reasons:?}");
+}
+
+/// SMS go only to the allowed countries (`TIDINGS_SMS_COUNTRIES`), whatever the category: a
+/// number elsewhere is suppressed (`country_not_allowed`), the same notification's email goes.
+#[tokio::test]
+async fn sms_to_a_country_not_allowed_is_suppressed() {
+    let w = world_with(guarded("+1,+44", "")).await;
+    let mut req = request("otp-abroad", "transactional", "sms", 1);
+    req.channels = Some(vec![Channel::Sms, Channel::Email]);
+    let id = accept(&w, req).await;
+    drain(&w).await;
+    assert!(w.sms.calls().is_empty());
+    assert_eq!(w.email.calls().len(), 1);
+    assert_eq!(sms_reasons(&w, &[id]).await, vec![Some("country_not_allowed".into())]);
 }
 
 /// 坑: 忽略上游"事务提交了、事件没发出去"的情况. Accepting is one write, and that write is the

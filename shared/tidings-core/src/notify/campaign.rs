@@ -117,8 +117,8 @@ struct Unit {
     delivery: Key,
     user_id: String,
     bucket: &'static str,
-    /// How many of `writes`, first, are gates (a frequency cap): when one of them fails, the
-    /// delivery is created `suppressed` (`frequency_cap`) instead.
+    /// How many of `writes`, first, are gates (a frequency cap, a per-number SMS limit): when
+    /// one of them fails, the delivery is created `suppressed` (with that gate's reason) instead.
     gates: usize,
     /// The delivery as created when a gate fails.
     suppressed: Option<Item>,
@@ -217,7 +217,6 @@ impl PageWriter {
                 if gates > 0 {
                     let mut alt = item.clone();
                     alt.attrs.insert("status".into(), DeliveryStatus::Suppressed.as_str().into());
-                    alt.attrs.insert("reason".into(), super::policy::SuppressReason::FrequencyCap.as_str().into());
                     alt.attrs.remove("sent_at");
                     alt.attrs.insert("attempts".into(), 0.into());
                     suppressed = Some(alt);
@@ -277,11 +276,14 @@ impl PageWriter {
             let mut result = transact_retrying(self.inner.as_ref(), writes).await;
             if let (Err(StoreError::ConditionFailed { index }), Some(alt)) = (&result, &unit.suppressed)
                 && *index < unit.gates
+                && let Some(gate) = unit.writes.get(*index)
             {
-                // The cap is reached: the delivery is created `suppressed`, and not queued.
+                // A gate is full: the delivery is created `suppressed`, and not queued.
                 skip.insert(unit.delivery.clone());
                 unit.bucket = progress::bucket(DeliveryStatus::Suppressed);
-                let mut writes = vec![Write::Put { item: alt.clone(), cond: Cond::NotExists }];
+                let mut alt = alt.clone();
+                alt.attrs.insert("reason".into(), super::policy::gate_reason(gate).as_str().into());
+                let mut writes = vec![Write::Put { item: alt, cond: Cond::NotExists }];
                 writes.extend(self.counters(std::slice::from_ref(&unit), now_ms));
                 result = transact_retrying(self.inner.as_ref(), writes).await;
             }

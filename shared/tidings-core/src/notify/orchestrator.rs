@@ -448,7 +448,7 @@ async fn plan_delivery(
             return Ok(None);
         }
     };
-    let gate_writes = writes.len();
+    let gate_reasons: Vec<policy::SuppressReason> = writes.iter().map(policy::gate_reason).collect();
     let mut all = writes;
     let inapp = channel == Channel::Inapp;
     if inapp {
@@ -481,9 +481,9 @@ async fn plan_delivery(
     }
     match deps.table.transact(all).await {
         Ok(()) => {}
-        Err(StoreError::ConditionFailed { index }) if index < gate_writes => {
+        Err(StoreError::ConditionFailed { index }) if index < gate_reasons.len() => {
             delivery.status = DeliveryStatus::Suppressed;
-            delivery.reason = Some(policy::SuppressReason::FrequencyCap.as_str().into());
+            delivery.reason = gate_reasons.get(index).map(|r| r.as_str().into());
             write_final(deps, t, n, key, &delivery, deferred).await?;
             return Ok(None);
         }

@@ -4,14 +4,17 @@
 //! 1. global unsubscribe → `unsubscribed`
 //! 2. the category turned off → `category_off`
 //! 3. the channel available: turned on (`channel_off`), an address or a valid push token
-//!    (`no_address`), the address not on the suppression list (`address_suppressed`)
+//!    (`no_address`), the address not on the suppression list (`address_suppressed`); an SMS
+//!    number in an allowed country (`country_not_allowed`, see [`crate::sms_guard`])
 //! 4. quiet hours in the user's zone: marketing is deferred to the end of the window (never
 //!    dropped)
 //! 5. the frequency cap: marketing, per user, channel and day in the user's zone, default 3
 //!    (`frequency_cap`), counted by a conditional counter item with a TTL that remembers which
 //!    notifications it counted, so a repeated orchestration never counts twice.
 //!
-//! Transactional notifications skip 4 and 5: a one-time password at 3 a.m. goes at once.
+//! Transactional notifications skip 4 and 5: a one-time password at 3 a.m. goes at once. Their
+//! SMS count against the per-number limits instead (`number_rate_limited`, see
+//! [`crate::sms_guard`]), so skipping the cap does not leave the door open to SMS pumping.
 //! In-app messages are silent, so quiet hours and caps do not apply to them either.
 //!
 //! Other gates (campaign segments, rate limits) belong beside these, as further functions called
@@ -39,6 +42,8 @@ pub enum SuppressReason {
     NoAddress,
     AddressSuppressed,
     FrequencyCap,
+    CountryNotAllowed,
+    NumberRateLimited,
 }
 
 impl SuppressReason {
@@ -50,6 +55,8 @@ impl SuppressReason {
             SuppressReason::NoAddress => "no_address",
             SuppressReason::AddressSuppressed => "address_suppressed",
             SuppressReason::FrequencyCap => "frequency_cap",
+            SuppressReason::CountryNotAllowed => "country_not_allowed",
+            SuppressReason::NumberRateLimited => "number_rate_limited",
         }
     }
 }
@@ -76,7 +83,8 @@ impl DeferReason {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Verdict {
     /// Send now. `writes` (for gates that need it) must commit in the same transaction as the
-    /// delivery record; the first of them failing its condition means `frequency_cap`.
+    /// delivery record; one of them failing its condition suppresses the delivery with
+    /// [`gate_reason`] of that write.
     Send {
         to: String,
         writes: Vec<Write>,
@@ -137,6 +145,9 @@ pub async fn check(
     if matches!(channel, Channel::Email | Channel::Sms) && suppression::is_suppressed(deps, t, channel, &to).await? {
         return Ok(Verdict::Suppress(SuppressReason::AddressSuppressed));
     }
+    if channel == Channel::Sms && !deps.config.sms_guard.allows_country(&to) {
+        return Ok(Verdict::Suppress(SuppressReason::CountryNotAllowed));
+    }
     let now = deps.clock.now();
     // `local_time`: not before `send_at`'s wall-clock time in the user's zone. A campaign's
     // pages are expanded when the earliest zone's time comes; its other members wait here.
@@ -150,7 +161,11 @@ pub async fn check(
         }
     }
     if category == Category::Transactional || channel == Channel::Inapp {
-        return Ok(Verdict::Send { to, writes: Vec::new() });
+        let writes = match channel {
+            Channel::Sms => deps.config.sms_guard.writes(t, &n.notification_id, &to, now),
+            _ => Vec::new(),
+        };
+        return Ok(Verdict::Send { to, writes });
     }
     if let Some(until) = r.prefs.quiet_until(r.zone(), now) {
         return Ok(Verdict::Defer(until, DeferReason::QuietHours));
@@ -160,6 +175,15 @@ pub async fn check(
         return Ok(Verdict::Suppress(SuppressReason::FrequencyCap));
     }
     Ok(Verdict::Send { to, writes: vec![cap_write(t, n, r.user_id, r.zone(), channel, now, cap)] })
+}
+
+/// Why a delivery is suppressed when `gate`, one of [`Verdict::Send`]'s writes, fails its
+/// condition: a per-number SMS limit, else the frequency cap.
+pub fn gate_reason(gate: &Write) -> SuppressReason {
+    match gate {
+        Write::Update { key, .. } if crate::sms_guard::is_counter(key) => SuppressReason::NumberRateLimited,
+        _ => SuppressReason::FrequencyCap,
+    }
 }
 
 /// The item counting a user's sends on a channel for the day of `now` in the user's zone.
