@@ -77,6 +77,7 @@ on_both_backends!(platform as platform_tests:
     push_reaches_every_device_and_a_dead_token_is_deleted,
     forged_sns_callback_is_rejected_and_a_genuine_bounce_suppresses,
     sms_pumping_guard_limits_a_number_and_keeps_to_allowed_countries,
+    requester_limits_refuse_the_third_otp_from_one_ip,
 );
 
 #[tokio::test]

@@ -530,6 +530,44 @@ pub async fn sms_pumping_guard_limits_a_number_and_keeps_to_allowed_countries(ba
     Ok(())
 }
 
+/// Per-requester limits through the API (`TIDINGS_REQUESTER_IP_LIMITS=2/1h`): the third OTP
+/// asked for from one IP is refused with 429 `rate_limited` naming `requester.ip`, with
+/// `Retry-After`, and nothing is accepted; a repeated request is not counted again; another IP
+/// is not limited; a malformed IP is a 422 naming the field.
+pub async fn requester_limits_refuse_the_third_otp_from_one_ip(backend: Backend) -> anyhow::Result<()> {
+    let mut opts = Options::default();
+    opts.env.push(("TIDINGS_REQUESTER_IP_LIMITS", "2/1h".into()));
+    let s = Server::start(backend, opts).await?;
+    template(&s).await?;
+    user(&s, "u1", json!({"email": "a@example.com"})).await?;
+    let otp = |key: &str, ip: &str| {
+        let mut body = req(key, &["u1"], "transactional", Some(&["email"]), 1);
+        body["requester"] = json!({"ip": ip, "device_id": "phone-1"});
+        body
+    };
+    for key in ["otp-1", "otp-1", "otp-2"] {
+        let (st, _, v) = s.call_with_headers("POST", "/v1/notifications", otp(key, "203.0.113.7")).await?;
+        assert_eq!(st, 202, "{key}: {v}");
+    }
+    let (st, headers, v) = s.call_with_headers("POST", "/v1/notifications", otp("otp-3", "203.0.113.7")).await?;
+    assert_eq!((st, &v["code"], &v["field"]), (429, &json!("rate_limited"), &json!("requester.ip")), "{v}");
+    let retry_after: u64 = headers.get("retry-after").and_then(|h| h.to_str().ok()).unwrap_or("").parse()?;
+    assert!((1..=3600).contains(&retry_after), "Retry-After {retry_after}");
+    let (st, _, v) = s.call_with_headers("POST", "/v1/notifications", otp("otp-4", "198.51.100.1")).await?;
+    assert_eq!(st, 202, "another IP: {v}");
+    let (st, _, v) = s.call_with_headers("POST", "/v1/notifications", otp("otp-5", "not-an-ip")).await?;
+    assert_eq!((st, &v["field"]), (422, &json!("requester.ip")), "{v}");
+    // Three notifications accepted (otp-1 once, otp-2, otp-4): three emails.
+    s.eventually(WAIT, "three emails", || async {
+        let n = s.sends_all().await?.len();
+        Ok((n >= 3).then_some(n))
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(s.sends_all().await?.len(), 3);
+    Ok(())
+}
+
 /// A malformed guard setting stops the server at start-up, naming the setting (a guard that
 /// silently did nothing would be worse than none).
 pub async fn a_malformed_sms_guard_setting_refuses_to_start() -> anyhow::Result<()> {

@@ -228,6 +228,25 @@ impl Server {
         Ok((status, value))
     }
 
+    /// `call`, with the response's headers.
+    pub async fn call_with_headers(
+        &self,
+        method: &str,
+        path: &str,
+        body: Value,
+    ) -> anyhow::Result<(u16, reqwest::header::HeaderMap, Value)> {
+        let url = format!("{}{}", self.base, path);
+        let res = self
+            .http
+            .request(method.parse()?, url)
+            .header("authorization", format!("Bearer {}", self.key))
+            .json(&body)
+            .send()
+            .await?;
+        let (status, headers) = (res.status().as_u16(), res.headers().clone());
+        Ok((status, headers, res.json().await.unwrap_or(Value::Null)))
+    }
+
     pub async fn raw(
         &self,
         method: &str,

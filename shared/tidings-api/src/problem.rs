@@ -23,6 +23,9 @@ pub struct Problem {
     /// The request field at fault (400 and 422).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub field: Option<String>,
+    /// Seconds for the `Retry-After` header (429).
+    #[serde(skip)]
+    pub retry_after_s: Option<u64>,
 }
 
 impl Problem {
@@ -34,6 +37,7 @@ impl Problem {
             code: code.to_owned(),
             detail: Some(detail.into()),
             field: None,
+            retry_after_s: None,
         }
     }
 
@@ -61,6 +65,9 @@ impl IntoResponse for Problem {
         let body = serde_json::to_vec(&self).unwrap_or_default();
         let mut res = (status, body).into_response();
         res.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        if let Some(secs) = self.retry_after_s {
+            res.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
         res
     }
 }
@@ -84,6 +91,12 @@ impl From<CoreError> for ApiError {
             }
             CoreError::NotFound { what } => Problem::not_found(what),
             CoreError::Conflict { code, detail } => Problem::new(StatusCode::CONFLICT, code, detail.clone()),
+            CoreError::RateLimited { field, detail, retry_after_s } => {
+                let mut p = Problem::new(StatusCode::TOO_MANY_REQUESTS, "rate_limited", format!("{field}: {detail}"))
+                    .with_field(*field);
+                p.retry_after_s = Some(*retry_after_s);
+                p
+            }
             e if e.is_retryable() => {
                 error!(error = %e, "store or queue unavailable");
                 Problem::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "temporarily unavailable, try again")

@@ -59,8 +59,9 @@ pub struct CoreConfig {
     pub frequency_cap: u32,
     /// Per-tenant caps (`TIDINGS_FREQUENCY_CAPS="acme:5,globex:2"`).
     pub frequency_caps: std::collections::BTreeMap<String, u32>,
-    /// The SMS pumping guard (`TIDINGS_SMS_COUNTRIES`, `TIDINGS_SMS_NUMBER_LIMITS`).
-    pub sms_guard: crate::sms_guard::SmsGuard,
+    /// The abuse guard: SMS countries and per-number limits, per-requester limits
+    /// (see [`crate::abuse`]).
+    pub abuse: crate::abuse::AbuseGuard,
     /// A PEM certificate trusted for every SNS message instead of the one at `SigningCertURL`
     /// (`TIDINGS_SNS_TRUSTED_CERT_PEM`, a PEM text or a path to one). Tests and emulators only.
     pub sns_trusted_cert_pem: Option<String>,
@@ -83,7 +84,7 @@ impl Default for CoreConfig {
             campaign_page_size: 1000,
             frequency_cap: 3,
             frequency_caps: std::collections::BTreeMap::new(),
-            sms_guard: crate::sms_guard::SmsGuard::default(),
+            abuse: crate::abuse::AbuseGuard::default(),
             sns_trusted_cert_pem: None,
         }
     }
@@ -146,9 +147,9 @@ impl CoreConfig {
             }
         }
         // Checked at start-up by `check_env`: a process never runs with a malformed guard.
-        match crate::sms_guard::SmsGuard::from_env() {
-            Ok(guard) => c.sms_guard = guard,
-            Err(e) => tracing::error!(error = %e, "SMS guard not configured"),
+        match crate::abuse::AbuseGuard::from_env() {
+            Ok(guard) => c.abuse = guard,
+            Err(e) => tracing::error!(error = %e, "abuse guard not configured"),
         }
         if let Ok(v) = std::env::var("TIDINGS_SNS_TRUSTED_CERT_PEM")
             && !v.trim().is_empty()
@@ -162,7 +163,7 @@ impl CoreConfig {
     /// The settings a process must refuse to start with (named in the error), checked before
     /// [`CoreConfig::from_env`] is relied on.
     pub fn check_env() -> Result<(), String> {
-        crate::sms_guard::SmsGuard::from_env().map(|_| ())
+        crate::abuse::AbuseGuard::from_env().map(|_| ())
     }
 
     /// The marketing frequency cap of a tenant.

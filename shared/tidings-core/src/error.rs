@@ -13,6 +13,10 @@ pub enum CoreError {
     /// The request conflicts with the state (409), with a stable machine-readable code.
     #[error("{detail}")]
     Conflict { code: &'static str, detail: String },
+    /// Too many requests for one subject (429), naming the field, with the seconds until the
+    /// limit's window ends.
+    #[error("{field}: {detail}")]
+    RateLimited { field: &'static str, detail: String, retry_after_s: u64 },
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error(transparent)]

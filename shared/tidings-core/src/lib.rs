@@ -2,6 +2,7 @@
 //! the local runtime are thin wiring around the handlers here.
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
+pub mod abuse;
 pub mod crash;
 pub mod deps;
 pub mod dev;
@@ -23,7 +24,6 @@ pub mod restock;
 pub mod retry;
 pub mod schedule;
 pub mod signing;
-pub mod sms_guard;
 pub mod suppression;
 pub mod templates;
 pub mod tenants;

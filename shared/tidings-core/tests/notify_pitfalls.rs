@@ -11,7 +11,9 @@ use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 use tidings_core::messages::{ALL_QUEUES, Outcome, dispatch, settle};
 use tidings_core::notify::api;
-use tidings_core::notify::model::{ChannelTask, Delivery, DeliveryStatus, NotificationRequest, NotificationStatus};
+use tidings_core::notify::model::{
+    ChannelTask, Delivery, DeliveryStatus, NotificationRequest, NotificationStatus, Requester,
+};
 use tidings_core::notify::relay;
 use tidings_core::ports::{
     ChangeFeed, Channel, ManualClock, OutboundMessage, Provider, ProviderError, ProviderReceipt, Update,
@@ -292,8 +294,15 @@ async fn a_marketing_claim_outliving_its_lease_is_closed_not_sent_again() {
 }
 
 fn guarded(countries: &str, limits: &str) -> CoreConfig {
-    let sms_guard = tidings_core::sms_guard::SmsGuard::parse(countries, limits).unwrap();
-    CoreConfig { retry_base: Duration::from_secs(1), sms_guard, ..CoreConfig::default() }
+    guarded_by(&[("TIDINGS_SMS_COUNTRIES", countries), ("TIDINGS_SMS_NUMBER_LIMITS", limits)])
+}
+
+fn guarded_by(settings: &[(&str, &str)]) -> CoreConfig {
+    let abuse = tidings_core::abuse::AbuseGuard::from_settings(|name| {
+        settings.iter().find(|(n, _)| *n == name).map(|(_, v)| (*v).to_owned())
+    })
+    .unwrap();
+    CoreConfig { retry_base: Duration::from_secs(1), abuse, ..CoreConfig::default() }
 }
 
 async fn sms_reasons(w: &World, ids: &[String]) -> Vec<Option<String>> {
@@ -359,6 +368,53 @@ async fn concurrent_otps_to_one_number_never_exceed_its_limit() {
     let reasons = sms_reasons(&w, &ids).await;
     assert_eq!(reasons.iter().filter(|r| r.as_deref() == Some("sent")).count(), 3, "{reasons:?}");
     assert_eq!(reasons.iter().filter(|r| r.as_deref() == Some("number_rate_limited")).count(), 17, "{reasons:?}");
+}
+
+fn from(key: &str, ip: &str) -> NotificationRequest {
+    let mut req = request(key, "transactional", "email", 1);
+    req.requester = Some(Requester { ip: Some(ip.into()), device_id: None });
+    req
+}
+
+/// The OTP endpoint limited per requester (seed 004 §5.4: 按手机号、IP、设备限流): beyond the
+/// IP's limit `accept` refuses with `rate_limited` naming `requester.ip` and the time left,
+/// and writes nothing; a repeated request (same idempotency key) is answered as before without
+/// counting; twelve concurrent requests against a limit of three accept exactly three.
+#[tokio::test]
+async fn the_otp_endpoint_is_limited_per_requester_ip() {
+    let w = world_with(guarded_by(&[("TIDINGS_REQUESTER_IP_LIMITS", "3/1h")])).await;
+    let first = accept(&w, from("otp-1", "203.0.113.7")).await;
+    for _ in 0..3 {
+        assert_eq!(accept(&w, from("otp-1", "203.0.113.7")).await, first, "a repeat, not counted");
+    }
+    accept(&w, from("otp-2", "203.0.113.7")).await;
+    accept(&w, from("otp-3", "203.0.113.7")).await;
+    let refused = api::accept(&w.deps, &w.t, from("otp-4", "203.0.113.7")).await.unwrap_err();
+    match refused {
+        tidings_core::CoreError::RateLimited { field, retry_after_s, .. } => {
+            assert_eq!(field, "requester.ip");
+            // 19:00 UTC: the hour's window ends in an hour.
+            assert_eq!(retry_after_s, 3600);
+        }
+        other => panic!("{other:?}"),
+    }
+    let records = w.feed.next_batch(1000).await.unwrap();
+    let written = records.iter().filter(|r| r.key.sk == keys::NOTIFICATION_SK && r.is_insert()).count();
+    assert_eq!(written, 3, "three notifications written, not four");
+    w.feed.commit(&records).await.unwrap();
+    // Another address is not limited; the next window is open again.
+    accept(&w, from("otp-5", "198.51.100.1")).await;
+    w.clock.advance(chrono::Duration::hours(1));
+    accept(&w, from("otp-6", "203.0.113.7")).await;
+
+    let concurrent = world_with(guarded_by(&[("TIDINGS_REQUESTER_IP_LIMITS", "3/1h")])).await;
+    let results = futures::future::join_all(
+        (0..12).map(|i| api::accept(&concurrent.deps, &concurrent.t, from(&format!("c-{i}"), "2001:db8::1"))),
+    )
+    .await;
+    let accepted = results.iter().filter(|r| r.is_ok()).count();
+    let limited = results.iter().filter(|r| matches!(r, Err(tidings_core::CoreError::RateLimited { .. }))).count();
+    assert_eq!((accepted, limited), (3, 9), "{results:?}");
 }
 
 /// SMS go only to the allowed countries (`TIDINGS_SMS_COUNTRIES`), whatever the category: a

@@ -25,7 +25,9 @@ pub fn router() -> Router<AppState> {
 #[utoipa::path(post, path = "/v1/notifications", tag = "notifications", security(("api_key" = [])),
     request_body = NotificationRequest,
     responses((status = 202, description = "Accepted (or scheduled); the same id for a repeated idempotency key", body = Accepted),
-        (status = 409, description = "`idempotency_conflict`: the key was used with another body", body = Problem, content_type = "application/problem+json")))]
+        (status = 409, description = "`idempotency_conflict`: the key was used with another body", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "`rate_limited`: the `requester`'s limit is reached (`field` names which); nothing accepted; see `Retry-After`", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u64, description = "Seconds until the limit's window ends")))))]
 async fn create(
     State(s): State<AppState>,
     Tenant(t): Tenant,

@@ -36,11 +36,20 @@ fn body_hash(req: &NotificationRequest) -> CoreResult<String> {
 /// Accepts a notification: one transaction writes the idempotency record and the notification
 /// item. The notification item is the outbox entry: its change-stream record makes the relay
 /// queue it, so "accepted but never queued" cannot happen.
-pub async fn accept(deps: &Deps, t: &TenantId, req: NotificationRequest) -> CoreResult<Accepted> {
+pub async fn accept(deps: &Deps, t: &TenantId, mut req: NotificationRequest) -> CoreResult<Accepted> {
     req.validate()?;
+    // The requester is neither stored nor part of the request's identity (a retry seen from
+    // another address is the same request).
+    let requester = req.requester.take();
     let hash = body_hash(&req)?;
     let now = deps.clock.now();
     req.validate_schedule(now)?;
+    // Per-requester limits, counted in this transaction: a repeat fails on its idempotency
+    // record first and counts nothing.
+    let limits = match requester {
+        Some(who) => deps.config.abuse.requester_writes(t, &who, now),
+        None => Vec::new(),
+    };
     let notification = Notification {
         notification_id: new_id(),
         // A scheduled notification's insert makes the relay set its timers (`crate::schedule`).
@@ -68,6 +77,8 @@ pub async fn accept(deps: &Deps, t: &TenantId, req: NotificationRequest) -> Core
         item: Item::new(keys::notification(t, &notification.notification_id), attrs_of(&notification)?),
         cond: Cond::NotExists,
     });
+    let first_limit = writes.len();
+    writes.extend(limits.iter().map(|l| l.write.clone()));
     match deps.table.transact(writes).await {
         Ok(()) => {
             Ok(Accepted { notification_id: notification.notification_id, status: notification.status, created: true })
@@ -90,6 +101,15 @@ pub async fn accept(deps: &Deps, t: &TenantId, req: NotificationRequest) -> Core
                 None => NotificationStatus::Accepted,
             };
             Ok(Accepted { notification_id: existing.notification_id, status, created: false })
+        }
+        Err(StoreError::ConditionFailed { index })
+            if let Some(limit) = index.checked_sub(first_limit).and_then(|i| limits.get(i)) =>
+        {
+            Err(CoreError::RateLimited {
+                field: limit.field,
+                detail: "too many notifications for this requester; try again later".into(),
+                retry_after_s: limit.retry_after_s,
+            })
         }
         Err(e) => Err(e.into()),
     }

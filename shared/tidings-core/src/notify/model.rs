@@ -80,6 +80,22 @@ pub struct NotificationRequest {
     pub send_at: Option<chrono::DateTime<chrono::Utc>>,
     #[serde(default)]
     pub local_time: bool,
+    /// Who asked for this message (an OTP's end user, as the shop's endpoint saw them), for
+    /// the per-requester limits (`crate::abuse`). Counted at accept, never stored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requester: Option<Requester>,
+}
+
+/// The end user behind a user-triggered message.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Requester {
+    /// The client's IP address (IPv4, or IPv6: counted by its /64).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip: Option<String>,
+    /// The client's device identifier, as the shop knows it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_id: Option<String>,
 }
 
 fn empty_object() -> Value {
@@ -100,6 +116,18 @@ impl NotificationRequest {
             ));
         }
         check_id("template_id", &self.template_id)?;
+        if let Some(r) = &self.requester {
+            if let Some(ip) = &r.ip
+                && ip.parse::<std::net::IpAddr>().is_err()
+            {
+                return Err(CoreError::invalid("requester.ip", "must be an IPv4 or IPv6 address"));
+            }
+            if let Some(device) = &r.device_id
+                && (device.is_empty() || device.len() > 200 || device.chars().any(char::is_control))
+            {
+                return Err(CoreError::invalid("requester.device_id", "must be 1 to 200 characters"));
+            }
+        }
         if !self.params.is_object() {
             return Err(CoreError::invalid("params", "must be an object"));
         }

@@ -5,7 +5,7 @@
 //! 2. the category turned off → `category_off`
 //! 3. the channel available: turned on (`channel_off`), an address or a valid push token
 //!    (`no_address`), the address not on the suppression list (`address_suppressed`); an SMS
-//!    number in an allowed country (`country_not_allowed`, see [`crate::sms_guard`])
+//!    number in an allowed country (`country_not_allowed`, see [`crate::abuse`])
 //! 4. quiet hours in the user's zone: marketing is deferred to the end of the window (never
 //!    dropped)
 //! 5. the frequency cap: marketing, per user, channel and day in the user's zone, default 3
@@ -14,7 +14,7 @@
 //!
 //! Transactional notifications skip 4 and 5: a one-time password at 3 a.m. goes at once. Their
 //! SMS count against the per-number limits instead (`number_rate_limited`, see
-//! [`crate::sms_guard`]), so skipping the cap does not leave the door open to SMS pumping.
+//! [`crate::abuse`]), so skipping the cap does not leave the door open to SMS pumping.
 //! In-app messages are silent, so quiet hours and caps do not apply to them either.
 //!
 //! Other gates (campaign segments, rate limits) belong beside these, as further functions called
@@ -145,7 +145,7 @@ pub async fn check(
     if matches!(channel, Channel::Email | Channel::Sms) && suppression::is_suppressed(deps, t, channel, &to).await? {
         return Ok(Verdict::Suppress(SuppressReason::AddressSuppressed));
     }
-    if channel == Channel::Sms && !deps.config.sms_guard.allows_country(&to) {
+    if channel == Channel::Sms && !deps.config.abuse.allows_country(&to) {
         return Ok(Verdict::Suppress(SuppressReason::CountryNotAllowed));
     }
     let now = deps.clock.now();
@@ -162,7 +162,7 @@ pub async fn check(
     }
     if category == Category::Transactional || channel == Channel::Inapp {
         let writes = match channel {
-            Channel::Sms => deps.config.sms_guard.writes(t, &n.notification_id, &to, now),
+            Channel::Sms => deps.config.abuse.number_writes(t, &n.notification_id, &to, now),
             _ => Vec::new(),
         };
         return Ok(Verdict::Send { to, writes });
@@ -181,7 +181,7 @@ pub async fn check(
 /// condition: a per-number SMS limit, else the frequency cap.
 pub fn gate_reason(gate: &Write) -> SuppressReason {
     match gate {
-        Write::Update { key, .. } if crate::sms_guard::is_counter(key) => SuppressReason::NumberRateLimited,
+        Write::Update { key, .. } if crate::abuse::is_counter(key) => SuppressReason::NumberRateLimited,
         _ => SuppressReason::FrequencyCap,
     }
 }
