@@ -131,8 +131,20 @@ pub fn is_consumed(queue: &str) -> bool {
 /// ([`crate::notify::worker::handle_channel_batch`]), the others one by one. One outcome per
 /// message, in order.
 pub async fn dispatch_batch(deps: &crate::Deps, queue: &str, messages: &[Received]) -> Vec<Outcome> {
+    dispatch_batch_until(deps, queue, messages, None).await
+}
+
+/// [`dispatch_batch`] that starts no provider call it could not finish by `deadline` (a
+/// Lambda invocation's end, a visibility timeout): the sends not started are handed back
+/// (`pending`, retried soon) instead of being cut off mid-way by the end of the invocation.
+pub async fn dispatch_batch_until(
+    deps: &crate::Deps,
+    queue: &str,
+    messages: &[Received],
+    deadline: Option<std::time::Instant>,
+) -> Vec<Outcome> {
     if ["email-", "sms-", "push-"].iter().any(|p| queue.starts_with(p)) {
-        return crate::notify::worker::handle_channel_batch(deps, messages).await;
+        return crate::notify::worker::handle_channel_batch_until(deps, messages, deadline).await;
     }
     let mut outcomes = Vec::with_capacity(messages.len());
     for message in messages {

@@ -13,7 +13,7 @@ use serde_json::json;
 use tidings_core::gates::{self, BreakerConfig, BreakerState, GateConfig, GateStore, RateGate};
 use tidings_core::messages::{ALL_QUEUES, dispatch, settle};
 use tidings_core::notify::api::{self, NotificationView};
-use tidings_core::notify::model::{NotificationRequest, NotificationStatus};
+use tidings_core::notify::model::{DeliveryStatus, NotificationRequest, NotificationStatus};
 use tidings_core::notify::relay;
 use tidings_core::ports::{
     ChangeFeed, Channel, ManualClock, OutMessage, OutboundMessage, Provider, ProviderError, ProviderReceipt,
@@ -525,4 +525,71 @@ async fn a_rate_limited_provider_is_never_exceeded_and_nothing_is_lost() {
     assert_eq!(v.counts.sent, MEMBERS as u64, "{v:?}");
     assert_eq!(v.counts.dead, 0, "nothing dead: {v:?}");
     println!("{} calls, {} answered 429, busiest second {busiest}", calls.len(), throttled);
+}
+
+/// A provider that takes 100 ms per send.
+struct Slow(Arc<Recording>);
+
+#[async_trait]
+impl Provider for Slow {
+    fn name(&self) -> &str {
+        "slow-email"
+    }
+    async fn send(&self, m: &OutboundMessage) -> Result<ProviderReceipt, ProviderError> {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        self.0.send(m).await
+    }
+}
+
+/// A batch handled against a deadline (a Lambda invocation's end, a visibility timeout): the
+/// first wave of sends always goes, later ones start only while their provider call (timeout
+/// 150 ms) can end before it; the rest are handed back `pending`, their messages retried, and
+/// on the next run every member is sent exactly once. Nothing is cut off mid-send, nothing is
+/// lost, nothing doubled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_near_its_deadline_hands_back_the_sends_it_cannot_finish() {
+    const MEMBERS: usize = 100;
+    let mut w = world(1000);
+    let sent_to = Recording::named("slow-email");
+    w.deps.providers.email = Arc::new(Slow(sent_to.clone()));
+    w.deps.config = Arc::new(CoreConfig { provider_timeout: Duration::from_millis(150), ..(*w.deps.config).clone() });
+    users_with_tag(&w, MEMBERS, "vip").await;
+    template(&w).await;
+    let id = api::accept(&w.deps, &w.t, campaign("deadline", "vip")).await.unwrap().notification_id;
+    // Expand the campaign: every member's task queued on email-low, none sent yet.
+    for _ in 0..20 {
+        let records = w.feed.next_batch(1000).await.unwrap();
+        relay::handle_changes(&w.deps, &records).await.unwrap();
+        w.feed.commit(&records).await.unwrap();
+        for q in ["requests-high", "requests-low"] {
+            for m in w.deps.queues.receive(q, 10, Duration::from_secs(60), Duration::ZERO).await.unwrap() {
+                let outcome = dispatch(&w.deps, q, &m).await;
+                settle(w.deps.queues.as_ref(), q, &m, &outcome, w.deps.clock.now(), true).await.unwrap();
+            }
+        }
+    }
+    let got = w.deps.queues.receive("email-low", 100, Duration::from_secs(60), Duration::ZERO).await.unwrap();
+    assert_eq!(got.len(), MEMBERS);
+
+    let deadline = std::time::Instant::now() + Duration::from_millis(450);
+    let outcomes = tidings_core::messages::dispatch_batch_until(&w.deps, "email-low", &got, Some(deadline)).await;
+    for (m, outcome) in got.iter().zip(&outcomes) {
+        settle(w.deps.queues.as_ref(), "email-low", m, outcome, w.deps.clock.now(), true).await.unwrap();
+    }
+    let sent = sent_to.total() as usize;
+    let done = outcomes.iter().filter(|o| matches!(o, tidings_core::messages::Outcome::Done)).count();
+    let handed_back = outcomes.iter().filter(|o| matches!(o, tidings_core::messages::Outcome::Retry(_))).count();
+    assert!(sent >= 16, "the first wave always goes: {sent}");
+    assert!(handed_back > 0, "later sends that could outlast the deadline were not started ({sent} sent)");
+    assert_eq!((done, handed_back), (sent, MEMBERS - sent));
+    let v = view(&w, &id).await;
+    assert_eq!((v.counts.sent, v.counts.queued), (sent as u64, (MEMBERS - sent) as u64), "{v:?}");
+    let page = api::list_deliveries(&w.deps, &w.t, &id, 1000, None).await.unwrap().unwrap();
+    let pending: Vec<_> = page.items.iter().filter(|d| d.status == DeliveryStatus::Pending).collect();
+    assert_eq!(pending.len(), handed_back);
+    assert!(pending.iter().all(|d| d.attempts == 0 && d.lease_until_ms.is_none()), "{pending:?}");
+
+    drain(&w).await;
+    assert_eq!((sent_to.users(), sent_to.max_per_user()), (MEMBERS, 1), "every member once");
+    assert_eq!(view(&w, &id).await.status, NotificationStatus::Completed);
 }

@@ -10,7 +10,7 @@ use aws_lambda_events::streams::{DynamoDbBatchItemFailure, DynamoDbEventResponse
 use serde_json::Value;
 use tidings_core::Deps;
 use tidings_core::live::LivePush;
-use tidings_core::messages::{dispatch_batch, settle};
+use tidings_core::messages::{dispatch_batch_until, settle};
 use tidings_core::notify::relay;
 use tidings_core::ports::table::stored;
 use tidings_core::ports::{Attrs, ChangeRecord, Key, Received};
@@ -82,9 +82,20 @@ pub fn sqs_message_of(r: &Received, queue_arn: &str) -> SqsMessage {
 /// retry sets the message's visibility to its backoff and is reported in `batchItemFailures`;
 /// a malformed message goes to the DLQ with its reason and the batch goes on.
 pub async fn handle_sqs_event(deps: &Deps, queue: &str, event: SqsEvent) -> SqsBatchResponse {
+    handle_sqs_event_until(deps, queue, event, None).await
+}
+
+/// [`handle_sqs_event`] that starts no provider call it could not finish by `deadline` (see
+/// [`tidings_core::messages::dispatch_batch_until`]): those messages are retried, not cut off.
+pub async fn handle_sqs_event_until(
+    deps: &Deps,
+    queue: &str,
+    event: SqsEvent,
+    deadline: Option<std::time::Instant>,
+) -> SqsBatchResponse {
     let mut response = SqsBatchResponse::default();
     let messages: Vec<Received> = event.records.iter().map(received_of).collect();
-    let outcomes = dispatch_batch(deps, queue, &messages).await;
+    let outcomes = dispatch_batch_until(deps, queue, &messages, deadline).await;
     for (message, outcome) in messages.iter().zip(outcomes) {
         let processed = match settle(deps.queues.as_ref(), queue, message, &outcome, deps.clock.now(), false).await {
             Ok(p) => p,
@@ -105,6 +116,31 @@ pub async fn handle_sqs_event(deps: &Deps, queue: &str, event: SqsEvent) -> SqsB
 /// Handles an SQS batch as a Lambda function receives it: each record's queue is named by its
 /// `eventSourceARN` (physical name = `prefix` + logical name).
 pub async fn handle_sqs_batch(deps: &Deps, prefix: &str, event: SqsEvent) -> SqsBatchResponse {
+    handle_sqs_batch_until(deps, prefix, event, None).await
+}
+
+/// Room kept at the end of an invocation for what follows the last provider call: a gate's
+/// wait before it (at most 2 s by default), the record of the batch, the answer.
+pub const DEADLINE_ROOM: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// When the sends of an invocation ending at `deadline_ms` (Lambda's context, milliseconds
+/// since the epoch) must have ended: [`DEADLINE_ROOM`] before it.
+pub fn send_deadline(deadline_ms: u64) -> std::time::Instant {
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0);
+    let left = std::time::Duration::from_millis(deadline_ms.saturating_sub(now_ms));
+    std::time::Instant::now() + left.saturating_sub(DEADLINE_ROOM)
+}
+
+/// [`handle_sqs_batch`] with a deadline for its provider calls.
+pub async fn handle_sqs_batch_until(
+    deps: &Deps,
+    prefix: &str,
+    event: SqsEvent,
+    deadline: Option<std::time::Instant>,
+) -> SqsBatchResponse {
     let mut by_queue: std::collections::BTreeMap<String, SqsEvent> = Default::default();
     for record in event.records {
         let queue = logical_queue_name(record.event_source_arn.as_deref().unwrap_or_default(), prefix);
@@ -112,7 +148,9 @@ pub async fn handle_sqs_batch(deps: &Deps, prefix: &str, event: SqsEvent) -> Sqs
     }
     let mut response = SqsBatchResponse::default();
     for (queue, event) in by_queue {
-        response.batch_item_failures.extend(handle_sqs_event(deps, &queue, event).await.batch_item_failures);
+        response
+            .batch_item_failures
+            .extend(handle_sqs_event_until(deps, &queue, event, deadline).await.batch_item_failures);
     }
     response
 }
@@ -123,7 +161,8 @@ pub async fn serve_sqs(deps: Deps, prefix: String) -> Result<(), lambda_runtime:
     lambda_runtime::run(lambda_runtime::service_fn(|event: lambda_runtime::LambdaEvent<SqsEvent>| {
         let (deps, prefix) = (deps.clone(), prefix.clone());
         async move {
-            let response = handle_sqs_batch(&deps, &prefix, event.payload).await;
+            let deadline = send_deadline(event.context.deadline);
+            let response = handle_sqs_batch_until(&deps, &prefix, event.payload, Some(deadline)).await;
             flush_metrics();
             Ok::<_, lambda_runtime::Error>(response)
         }

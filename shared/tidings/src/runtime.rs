@@ -198,11 +198,17 @@ async fn queue_loop(deps: Deps, queue: String, arn: String, stop: watch::Receive
         if received.is_empty() {
             continue;
         }
+        // The messages' visibility runs from about now.
+        let received_at = std::time::Instant::now();
         let mut event = SqsEvent::default();
         event.records = received.iter().map(|r| tidings_lambda::sqs_message_of(r, &arn)).collect();
         let busy = metrics::gauge!(tidings_core::metrics::WORKERS_BUSY, "queue" => queue.clone());
         busy.increment(1.0);
-        let response = tidings_lambda::handle_sqs_event(&deps, &queue, event).await;
+        // As on Lambda: no provider call started that could outlast the messages' visibility.
+        // No room kept after it: a record made late only lets a message show again early, and
+        // its delivery's claim turns the second receive away.
+        let deadline = received_at + visibility;
+        let response = tidings_lambda::handle_sqs_event_until(&deps, &queue, event, Some(deadline)).await;
         busy.decrement(1.0);
         // What Lambda's event source mapping does: delete what did not fail.
         let done: Vec<String> = received

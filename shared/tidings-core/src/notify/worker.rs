@@ -239,6 +239,19 @@ fn settle(
 /// delivery, a claim lost to another worker, a task seen twice in the batch) takes the path of
 /// a single message, which knows every case.
 pub async fn handle_channel_batch(deps: &Deps, messages: &[Received]) -> Vec<Outcome> {
+    handle_channel_batch_until(deps, messages, None).await
+}
+
+/// [`handle_channel_batch`] with a deadline: a claimed send whose provider call could not end
+/// before it (`now + provider timeout > deadline`) is not started, unless it is in the first
+/// wave of [`SEND_CONCURRENCY`] (progress is always made); its delivery goes back to `pending`
+/// and its message is retried at once. Callers leave themselves room after the deadline for
+/// the gates' wait and the record.
+pub async fn handle_channel_batch_until(
+    deps: &Deps,
+    messages: &[Received],
+    deadline: Option<std::time::Instant>,
+) -> Vec<Outcome> {
     let mut outcomes: Vec<Option<Outcome>> = vec![None; messages.len()];
     let mut parsed: Vec<(usize, TenantId, ChannelTask)> = Vec::with_capacity(messages.len());
     for (i, message) in messages.iter().enumerate() {
@@ -248,7 +261,7 @@ pub async fn handle_channel_batch(deps: &Deps, messages: &[Received]) -> Vec<Out
         }
     }
     if parsed.len() > 1 {
-        match deliver_batch(deps, messages, &parsed).await {
+        match deliver_batch(deps, messages, &parsed, deadline).await {
             Ok(done) => {
                 for (i, outcome) in done {
                     outcomes[i] = Some(outcome);
@@ -288,6 +301,16 @@ fn receipt_user(w: &Write) -> Option<String> {
     }
 }
 
+/// What became of one claimed send of a batch.
+enum Attempt {
+    /// The provider was called.
+    Called(String, Result<ProviderReceipt, ProviderError>),
+    /// No provider for the channel.
+    NoProvider,
+    /// Not started: the batch's deadline was too near.
+    Released,
+}
+
 /// A delivery claimed by [`deliver_batch`].
 struct Claimed<'a> {
     index: usize,
@@ -304,6 +327,7 @@ async fn deliver_batch(
     deps: &Deps,
     messages: &[Received],
     parsed: &[(usize, TenantId, ChannelTask)],
+    deadline: Option<std::time::Instant>,
 ) -> CoreResult<Vec<(usize, Outcome)>> {
     let now_ms = deps.clock.now_ms();
     // Tasks of cancelled notifications, and a second task for one delivery: the single path.
@@ -370,19 +394,25 @@ async fn deliver_batch(
 
     // Sent a few at a time: the gates in front of the providers pace them, and a batch of a
     // hundred waiting at once for a slow gate would outwait it (`GATE_REFUSAL`, a retry).
-    type Sending<'a> = std::pin::Pin<
-        Box<dyn std::future::Future<Output = Option<(String, Result<ProviderReceipt, ProviderError>)>> + Send + 'a>,
-    >;
+    type Sending<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Attempt> + Send + 'a>>;
+    // The first wave always goes (so a batch always makes progress, however short the time);
+    // a later send is not started when its provider call could outlast the deadline.
     let sends: Vec<Sending<'_>> = claimed
         .iter()
-        .map(|c| -> Sending<'_> {
+        .enumerate()
+        .map(|(i, c)| -> Sending<'_> {
             Box::pin(async move {
+                if i >= SEND_CONCURRENCY
+                    && deadline.is_some_and(|d| std::time::Instant::now() + deps.config.provider_timeout > d)
+                {
+                    return Attempt::Released;
+                }
                 match deps.providers.for_channel(c.task.channel) {
                     Some(provider) => {
                         let result = call_provider(deps, c.t, c.task, provider.as_ref(), c.attempts).await;
-                        Some((provider.name().to_owned(), result))
+                        Attempt::Called(provider.name().to_owned(), result)
                     }
-                    None => None,
+                    None => Attempt::NoProvider,
                 }
             })
         })
@@ -393,11 +423,36 @@ async fn deliver_batch(
     let mut transitions = Vec::with_capacity(claimed.len());
     let mut receipts = Vec::new();
     let mut sent = Vec::new();
+    let mut released = 0usize;
     for (c, result) in claimed.iter().zip(results) {
-        let Some((provider, result)) = result else {
-            // No provider for the channel: left claimed, as the single path leaves it.
-            done.push((c.index, Outcome::Reject(format!("channel {} has no provider", c.task.channel))));
-            continue;
+        let (provider, result) = match result {
+            Attempt::Called(provider, result) => (provider, result),
+            Attempt::NoProvider => {
+                // No provider for the channel: left claimed, as the single path leaves it.
+                done.push((c.index, Outcome::Reject(format!("channel {} has no provider", c.task.channel))));
+                continue;
+            }
+            Attempt::Released => {
+                // Not started before the deadline: handed back, as if never claimed.
+                released += 1;
+                transitions.push(progress::Transition {
+                    t: c.t,
+                    notification_id: &c.task.notification_id,
+                    user_id: &c.task.user_id,
+                    page: c.page,
+                    key: &c.key,
+                    from: DeliveryStatus::Sending,
+                    to: DeliveryStatus::Pending,
+                    also: None,
+                    updates: vec![
+                        Update::add("attempts", -1),
+                        Update::set("updated_at", now_str(deps)),
+                        Update::Remove("lease_until_ms".into()),
+                    ],
+                });
+                done.push((c.index, Outcome::Retry(Duration::ZERO)));
+                continue;
+            }
         };
         let receive_count = messages.get(c.index).map_or(1, |m| m.receive_count);
         let settled = settle(deps, c.task, &provider, c.attempts, receive_count, result);
@@ -432,6 +487,9 @@ async fn deliver_batch(
             updates: settled.updates,
         });
         done.push((c.index, settled.outcome));
+    }
+    if released > 0 {
+        info!(released, "the batch's deadline was near: sends not started were handed back");
     }
     // Recorded in transactions of up to 25 deliveries (with their receipts and counters).
     let mut recorded = Ok(());
