@@ -289,3 +289,28 @@ pub async fn handle_stream_event(deps: &Deps, live: &dyn LivePush, event: Dynamo
     }
     response
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+    use super::{DEADLINE_ROOM, send_deadline};
+
+    fn now_ms() -> u64 {
+        SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    }
+
+    #[test]
+    fn the_send_deadline_keeps_room_before_the_invocation_ends() {
+        let before = Instant::now();
+        let d = send_deadline(now_ms() + 30_000);
+        let left = d.saturating_duration_since(before);
+        let expected = Duration::from_secs(30) - DEADLINE_ROOM;
+        assert!(left <= expected + Duration::from_millis(50) && left + Duration::from_secs(1) >= expected, "{left:?}");
+        // An invocation already (nearly) over: the deadline is now, not in the past's underflow.
+        let d = send_deadline(now_ms() + 1_000);
+        assert!(d.saturating_duration_since(Instant::now()) < Duration::from_millis(50));
+        let d = send_deadline(0);
+        assert!(d.saturating_duration_since(Instant::now()) < Duration::from_millis(50));
+    }
+}
