@@ -78,6 +78,7 @@ on_both_backends!(platform as platform_tests:
     forged_sns_callback_is_rejected_and_a_genuine_bounce_suppresses,
     sms_pumping_guard_limits_a_number_and_keeps_to_allowed_countries,
     requester_limits_refuse_the_third_otp_from_one_ip,
+    verification_ratio_counts_codes_nobody_used,
 );
 
 #[tokio::test]

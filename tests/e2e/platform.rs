@@ -581,3 +581,35 @@ pub async fn a_malformed_sms_guard_setting_refuses_to_start() -> anyhow::Result<
     assert!(stderr.contains("TIDINGS_SMS_NUMBER_LIMITS") && stderr.contains("5 per hour"), "{stderr}");
     Ok(())
 }
+
+/// Codes nobody uses, seen through the API: three user-triggered OTPs (with a `requester`), one
+/// reported verified (twice: counted once); `GET /v1/ops/verification` shows 3 accepted, 1
+/// verified; another tenant's key sees none of it and cannot verify.
+pub async fn verification_ratio_counts_codes_nobody_used(backend: Backend) -> anyhow::Result<()> {
+    let s = Server::start(backend, Options::default()).await?;
+    template(&s).await?;
+    user(&s, "u1", json!({"email": "a@example.com"})).await?;
+    let mut ids = Vec::new();
+    for i in 1..=3 {
+        let mut body = req(&format!("code-{i}"), &["u1"], "transactional", Some(&["email"]), i);
+        body["requester"] = json!({"ip": "203.0.113.7"});
+        ids.push(notify(&s, body).await?.0);
+    }
+    let (st, first) = s.call("POST", &format!("/v1/notifications/{}/verified", ids[0]), None).await?;
+    assert_eq!(st, 200, "{first}");
+    let (_, again) = s.call("POST", &format!("/v1/notifications/{}/verified", ids[0]), None).await?;
+    assert_eq!(again["verified_at"], first["verified_at"]);
+    let other = s.other_tenant_key();
+    let (st, _) = s.call_as(&other, "POST", &format!("/v1/notifications/{}/verified", ids[1]), None).await?;
+    assert_eq!(st, 404, "another tenant cannot verify");
+    let (st, v) = s.call("GET", "/v1/ops/verification?template_id=news", None).await?;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!((&v["accepted"], &v["verified"]), (&json!(3), &json!(1)), "{v}");
+    let ratio = v["ratio"].as_f64().unwrap_or(-1.0);
+    assert!((ratio - 1.0 / 3.0).abs() < 1e-9, "{v}");
+    let (_, theirs) = s.call_as(&other, "GET", "/v1/ops/verification?template_id=news", None).await?;
+    assert_eq!((&theirs["accepted"], &theirs["hours"]), (&json!(0), &json!([])), "{theirs}");
+    let (st, v) = s.call("GET", "/v1/ops/verification?template_id=news&hours=999", None).await?;
+    assert_eq!((st, &v["field"]), (422, &json!("hours")), "{v}");
+    Ok(())
+}

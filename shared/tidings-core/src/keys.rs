@@ -87,6 +87,18 @@ pub fn progress_counter(t: &TenantId, notification_id: &str, page: u64, shard: u
 /// The sort-key prefix of a campaign's page tasks (the relay queues each new one).
 pub const PAGE_PREFIX: &str = "P#";
 
+/// Hourly verification counts of a template's user-triggered notifications
+/// (`crate::notify::verification`), under this partition, sort key `H#YYYYMMDDHH`.
+pub fn verification_pk(t: &TenantId, template_id: &str) -> String {
+    format!("T#{t}#VSTAT#{template_id}")
+}
+
+pub const VERIFICATION_HOUR_PREFIX: &str = "H#";
+
+pub fn verification_hour(t: &TenantId, template_id: &str, hour: &str) -> Key {
+    Key::new(verification_pk(t, template_id), format!("{VERIFICATION_HOUR_PREFIX}{hour}"))
+}
+
 /// A campaign's page task: its insert, through the change stream, queues the page.
 pub fn campaign_page(t: &TenantId, notification_id: &str, page: u64) -> Key {
     Key::new(notification_pk(t, notification_id), format!("{PAGE_PREFIX}{page:08}"))

@@ -417,6 +417,46 @@ async fn the_otp_endpoint_is_limited_per_requester_ip() {
     assert_eq!((accepted, limited), (3, 9), "{results:?}");
 }
 
+/// Seed 004 §5.4: 监控"发了验证码却没人验证"的比例. User-triggered notifications (accepted with a
+/// `requester`) are counted per template and hour, and so are those the shop reports verified
+/// (once each, however often reported, in the hour they were accepted): the ratio is what an
+/// operator watches for codes requested that nobody uses.
+#[tokio::test]
+async fn codes_nobody_verifies_show_in_the_verification_ratio() {
+    use tidings_core::notify::verification;
+    let w = world().await;
+    let mut ids = Vec::new();
+    for i in 0..4 {
+        ids.push(accept(&w, from(&format!("otp-{i}"), "203.0.113.7")).await);
+    }
+    let plain = accept(&w, request("not-user-triggered", "transactional", "email", 1)).await;
+    let first = verification::verify(&w.deps, &w.t, &ids[0]).await.unwrap().unwrap();
+    w.clock.advance(chrono::Duration::minutes(5));
+    let again = verification::verify(&w.deps, &w.t, &ids[0]).await.unwrap().unwrap();
+    assert_eq!(again, first, "a repeat answers the first time and counts nothing");
+    assert!(verification::verify(&w.deps, &w.t, &plain).await.unwrap().is_some());
+    assert_eq!(verification::verify(&w.deps, &w.t, "no-such-id").await.unwrap(), None);
+
+    let s = verification::stats(&w.deps, &w.t, "msg", 24).await.unwrap();
+    assert_eq!((s.accepted, s.verified, s.ratio), (4, 1, Some(0.25)), "{s:?}");
+    assert_eq!(s.hours.len(), 1);
+    assert_eq!(s.hours[0].hour, "2026-11-29T19:00:00Z");
+
+    // The next hour: one more, verified; reported newest first, and `hours` bounds the view.
+    w.clock.advance(chrono::Duration::hours(1));
+    let late = accept(&w, from("otp-late", "198.51.100.1")).await;
+    verification::verify(&w.deps, &w.t, &late).await.unwrap();
+    let s = verification::stats(&w.deps, &w.t, "msg", 24).await.unwrap();
+    let hours: Vec<(&str, u64, u64)> = s.hours.iter().map(|h| (h.hour.as_str(), h.accepted, h.verified)).collect();
+    assert_eq!(hours, vec![("2026-11-29T20:00:00Z", 1, 1), ("2026-11-29T19:00:00Z", 4, 1)]);
+    assert_eq!((s.accepted, s.verified), (5, 2));
+    assert_eq!(verification::stats(&w.deps, &w.t, "msg", 1).await.unwrap().hours.len(), 1);
+    assert!(matches!(
+        verification::stats(&w.deps, &w.t, "msg", 0).await,
+        Err(tidings_core::CoreError::Invalid { field, .. }) if field == "hours"
+    ));
+}
+
 /// SMS go only to the allowed countries (`TIDINGS_SMS_COUNTRIES`), whatever the category: a
 /// number elsewhere is suppressed (`country_not_allowed`), the same notification's email goes.
 #[tokio::test]

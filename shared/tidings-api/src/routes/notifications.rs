@@ -4,13 +4,14 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use tidings_core::notify::api::{self, Accepted, DeliveryPage, NotificationView};
 use tidings_core::notify::model::NotificationRequest;
+use tidings_core::notify::verification::{self, Verified};
 
 use crate::extract::{Body, PageParams, PathParams, QueryParams, Tenant};
 use crate::problem::{ApiResult, Problem};
 use crate::state::AppState;
 
 #[derive(utoipa::OpenApi)]
-#[openapi(paths(create, show, deliveries, cancel))]
+#[openapi(paths(create, show, deliveries, cancel, verified))]
 pub(super) struct Api;
 
 pub fn router() -> Router<AppState> {
@@ -19,6 +20,7 @@ pub fn router() -> Router<AppState> {
         .route("/v1/notifications/{id}", get(show))
         .route("/v1/notifications/{id}/deliveries", get(deliveries))
         .route("/v1/notifications/{id}/cancel", post(cancel))
+        .route("/v1/notifications/{id}/verified", post(verified))
 }
 
 /// 202 once the request is durably written (the write is the outbox).
@@ -81,4 +83,21 @@ async fn cancel(
     PathParams(id): PathParams<String>,
 ) -> ApiResult<Json<NotificationView>> {
     Ok(Json(api::cancel(&s.deps, &t, &id).await?))
+}
+
+/// The shop's user entered the code this notification carried: counted once (repeats answer
+/// the first time) in its template's verification stats, `GET /v1/ops/verification`.
+#[utoipa::path(post, path = "/v1/notifications/{id}/verified", tag = "notifications", security(("api_key" = [])),
+    params(("id" = String, Path, description = "The notification id")),
+    responses((status = 200, description = "Verified (now, or at the time first reported)", body = Verified),
+        (status = 404, description = "No such notification", body = Problem, content_type = "application/problem+json")))]
+async fn verified(
+    State(s): State<AppState>,
+    Tenant(t): Tenant,
+    PathParams(id): PathParams<String>,
+) -> ApiResult<Json<Verified>> {
+    match verification::verify(&s.deps, &t, &id).await? {
+        Some(v) => Ok(Json(v)),
+        None => Err(Problem::not_found("notification").into()),
+    }
 }

@@ -5,18 +5,19 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use tidings_core::ports::{QueueError, QueueStats};
 
-use crate::extract::{PathParams, Tenant};
+use crate::extract::{PathParams, QueryParams, Tenant};
 use crate::problem::{ApiError, ApiResult, Problem};
 use crate::state::AppState;
 
 #[derive(utoipa::OpenApi)]
-#[openapi(paths(queues, redrive, metrics))]
+#[openapi(paths(queues, redrive, metrics, verification))]
 pub(super) struct Api;
 
 pub fn router() -> Router<AppState> {
     Router::new()
         .route("/v1/ops/queues", get(queues))
         .route("/v1/ops/metrics", get(metrics))
+        .route("/v1/ops/verification", get(verification))
         .route("/v1/ops/dlq/{queue}/redrive", post(redrive))
 }
 
@@ -78,4 +79,29 @@ async fn metrics(State(s): State<AppState>, Tenant(_t): Tenant) -> ApiResult<Jso
         report.oldest_age_s.insert(name.clone(), stats.oldest_age_s as f64);
     }
     Ok(Json(json!(report)))
+}
+
+#[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+struct VerificationQuery {
+    /// The template of the codes (its user-triggered notifications).
+    template_id: String,
+    /// The last hours to show, 1 to 168 (default 24).
+    #[param(minimum = 1, maximum = 168)]
+    hours: Option<u32>,
+}
+
+/// Per hour, a template's user-triggered notifications (those accepted with a `requester`) and
+/// how many were reported verified: a falling ratio is codes requested that nobody uses, the
+/// mark of SMS pumping. This tenant's only.
+#[utoipa::path(get, path = "/v1/ops/verification", tag = "ops", security(("api_key" = [])), params(VerificationQuery),
+    responses((status = 200, description = "Accepted and verified per hour, newest first", body = tidings_core::notify::verification::VerificationStats),
+        (status = 422, description = "A bad `template_id` or `hours`", body = Problem, content_type = "application/problem+json")))]
+async fn verification(
+    State(s): State<AppState>,
+    Tenant(t): Tenant,
+    QueryParams(q): QueryParams<VerificationQuery>,
+) -> ApiResult<Json<tidings_core::notify::verification::VerificationStats>> {
+    let hours = q.hours.unwrap_or(24);
+    Ok(Json(tidings_core::notify::verification::stats(&s.deps, &t, &q.template_id, hours).await?))
 }

@@ -46,8 +46,8 @@ pub async fn accept(deps: &Deps, t: &TenantId, mut req: NotificationRequest) -> 
     req.validate_schedule(now)?;
     // Per-requester limits, counted in this transaction: a repeat fails on its idempotency
     // record first and counts nothing.
-    let limits = match requester {
-        Some(who) => deps.config.abuse.requester_writes(t, &who, now),
+    let limits = match &requester {
+        Some(who) => deps.config.abuse.requester_writes(t, who, now),
         None => Vec::new(),
     };
     let notification = Notification {
@@ -62,6 +62,8 @@ pub async fn accept(deps: &Deps, t: &TenantId, mut req: NotificationRequest) -> 
         orchestrated: false,
         counted: true,
         last_page: None,
+        user_triggered: requester.is_some(),
+        verified_at: None,
     };
     let mut writes = Vec::with_capacity(2);
     let idem_key = notification.request.idempotency_key.as_deref().map(|k| keys::idempotency(t, "notification", k));
@@ -79,6 +81,9 @@ pub async fn accept(deps: &Deps, t: &TenantId, mut req: NotificationRequest) -> 
     });
     let first_limit = writes.len();
     writes.extend(limits.iter().map(|l| l.write.clone()));
+    if notification.user_triggered {
+        writes.push(super::verification::accepted_write(t, &notification.request.template_id, now));
+    }
     match deps.table.transact(writes).await {
         Ok(()) => {
             Ok(Accepted { notification_id: notification.notification_id, status: notification.status, created: true })

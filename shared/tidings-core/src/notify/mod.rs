@@ -7,4 +7,5 @@ pub mod orchestrator;
 pub mod policy;
 pub mod progress;
 pub mod relay;
+pub mod verification;
 pub mod worker;

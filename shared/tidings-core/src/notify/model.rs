@@ -225,6 +225,13 @@ pub struct Notification {
     /// notifications have one page, 0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_page: Option<u64>,
+    /// Accepted with a `requester` (an end user asked for it): counted in its template's
+    /// verification stats (`super::verification`).
+    #[serde(default)]
+    pub user_triggered: bool,
+    /// When the shop reported its code used (`POST /v1/notifications/{id}/verified`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verified_at: Option<String>,
 }
 
 impl Notification {
