@@ -541,22 +541,18 @@ impl Provider for Slow {
     }
 }
 
-/// A batch handled against a deadline (a Lambda invocation's end, a visibility timeout): the
-/// first wave of sends always goes, later ones start only while their provider call (timeout
-/// 150 ms) can end before it; the rest are handed back `pending`, their messages retried, and
-/// on the next run every member is sent exactly once. Nothing is cut off mid-send, nothing is
-/// lost, nothing doubled.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_batch_near_its_deadline_hands_back_the_sends_it_cannot_finish() {
-    const MEMBERS: usize = 100;
+/// A world whose email provider takes 100 ms per send, with a provider timeout of 150 ms.
+fn slow_world() -> (World, Arc<Recording>) {
     let mut w = world(1000);
     let sent_to = Recording::named("slow-email");
     w.deps.providers.email = Arc::new(Slow(sent_to.clone()));
     w.deps.config = Arc::new(CoreConfig { provider_timeout: Duration::from_millis(150), ..(*w.deps.config).clone() });
-    users_with_tag(&w, MEMBERS, "vip").await;
-    template(&w).await;
-    let id = api::accept(&w.deps, &w.t, campaign("deadline", "vip")).await.unwrap().notification_id;
-    // Expand the campaign: every member's task queued on email-low, none sent yet.
+    (w, sent_to)
+}
+
+/// Runs the relay and the request queues: every accepted notification's channel tasks queued,
+/// none sent.
+async fn expand(w: &World) {
     for _ in 0..20 {
         let records = w.feed.next_batch(1000).await.unwrap();
         relay::handle_changes(&w.deps, &records).await.unwrap();
@@ -568,6 +564,21 @@ async fn a_batch_near_its_deadline_hands_back_the_sends_it_cannot_finish() {
             }
         }
     }
+}
+
+/// A batch handled against a deadline (a Lambda invocation's end, a visibility timeout): the
+/// first wave of sends always goes, later ones start only while their provider call (timeout
+/// 150 ms) can end before it; the rest are handed back `pending`, their messages retried, and
+/// on the next run every member is sent exactly once. Nothing is cut off mid-send, nothing is
+/// lost, nothing doubled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_near_its_deadline_hands_back_the_sends_it_cannot_finish() {
+    const MEMBERS: usize = 100;
+    let (w, sent_to) = slow_world();
+    users_with_tag(&w, MEMBERS, "vip").await;
+    template(&w).await;
+    let id = api::accept(&w.deps, &w.t, campaign("deadline", "vip")).await.unwrap().notification_id;
+    expand(&w).await;
     let got = w.deps.queues.receive("email-low", 100, Duration::from_secs(60), Duration::ZERO).await.unwrap();
     assert_eq!(got.len(), MEMBERS);
 
@@ -592,4 +603,40 @@ async fn a_batch_near_its_deadline_hands_back_the_sends_it_cannot_finish() {
     drain(&w).await;
     assert_eq!((sent_to.users(), sent_to.max_per_user()), (MEMBERS, 1), "every member once");
     assert_eq!(view(&w, &id).await.status, NotificationStatus::Completed);
+}
+
+/// Transactional tasks go one by one; against a deadline, the first always goes and the others
+/// only while a provider call can still end before it: the rest are retried untouched (never
+/// claimed), and each user gets the message exactly once in the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transactional_tasks_near_the_deadline_are_retried_untouched() {
+    const USERS: usize = 10;
+    let (w, sent_to) = slow_world();
+    users_with_tag(&w, USERS, "vip").await;
+    template(&w).await;
+    let ids: Vec<String> = (0..USERS).map(|i| format!("u{i:05}")).collect();
+    let req = serde_json::from_value(json!({"recipients": {"user_ids": ids}, "template_id": "promo",
+        "category": "transactional", "channels": ["email"]}))
+    .unwrap();
+    let id = api::accept(&w.deps, &w.t, req).await.unwrap().notification_id;
+    expand(&w).await;
+    let got = w.deps.queues.receive("email-high", 10, Duration::from_secs(60), Duration::ZERO).await.unwrap();
+    assert_eq!(got.len(), USERS);
+
+    let deadline = std::time::Instant::now() + Duration::from_millis(350);
+    let outcomes = tidings_core::messages::dispatch_batch_until(&w.deps, "email-high", &got, Some(deadline)).await;
+    for (m, outcome) in got.iter().zip(&outcomes) {
+        settle(w.deps.queues.as_ref(), "email-high", m, outcome, w.deps.clock.now(), true).await.unwrap();
+    }
+    let sent = sent_to.total() as usize;
+    let retried = outcomes.iter().filter(|o| matches!(o, tidings_core::messages::Outcome::Retry(_))).count();
+    assert!(sent >= 1, "the first always goes");
+    assert!(retried > 0, "the others wait for the next invocation ({sent} sent)");
+    assert_eq!(sent + retried, USERS);
+    let page = api::list_deliveries(&w.deps, &w.t, &id, 1000, None).await.unwrap().unwrap();
+    let pending = page.items.iter().filter(|d| d.status == DeliveryStatus::Pending && d.attempts == 0).count();
+    assert_eq!(pending, retried, "untouched: never claimed");
+
+    drain(&w).await;
+    assert_eq!((sent_to.users(), sent_to.max_per_user()), (USERS, 1));
 }
