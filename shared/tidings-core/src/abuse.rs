@@ -28,7 +28,7 @@ use sha2::{Digest, Sha256};
 
 use crate::ids::TenantId;
 use crate::notify::model::Requester;
-use crate::ports::{Cond, Key, Update, Write};
+use crate::ports::{Key, Write};
 
 /// The prefix of a per-number counter's sort key.
 pub const COUNTER_SK_PREFIX: &str = "SMSLIM#";
@@ -153,15 +153,8 @@ fn counter(pk: &str, sk_prefix: &str, limit: &Limit, mark: Option<&str>, now: Da
     let key = Key::new(pk.to_owned(), format!("{sk_prefix}{window_s}#{index}"));
     let end = (index + 1) * window_s;
     // Kept a day past its window by the table's TTL.
-    let ttl = end + 86_400;
-    let mut conds =
-        vec![Cond::Or(vec![Cond::AttrNotExists("count".into()), Cond::lt("count", i64::from(limit.count))])];
-    let mut updates = vec![Update::add("count", 1), Update::set("ttl", ttl)];
-    if let Some(mark) = mark {
-        conds.push(Cond::AttrNotExists(mark.to_owned()));
-        updates.push(Update::set(mark, true));
-    }
-    (Write::Update { key, updates, cond: Cond::And(conds) }, (end - now.timestamp()).max(1) as u64)
+    let write = crate::notify::policy::capped_count(key, limit.count, mark, end + 86_400);
+    (write, (end - now.timestamp()).max(1) as u64)
 }
 
 fn parse_limits(setting: &str, value: &str) -> Result<Vec<Limit>, String> {

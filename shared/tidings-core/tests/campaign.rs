@@ -566,6 +566,21 @@ async fn expand(w: &World) {
     }
 }
 
+/// Handles `got` of `queue` as one batch with a deadline `within` from now, and settles it.
+async fn run_until(
+    w: &World,
+    queue: &str,
+    got: &[tidings_core::ports::Received],
+    within: Duration,
+) -> Vec<tidings_core::messages::Outcome> {
+    let deadline = std::time::Instant::now() + within;
+    let outcomes = tidings_core::messages::dispatch_batch_until(&w.deps, queue, got, Some(deadline)).await;
+    for (m, outcome) in got.iter().zip(&outcomes) {
+        settle(w.deps.queues.as_ref(), queue, m, outcome, w.deps.clock.now(), true).await.unwrap();
+    }
+    outcomes
+}
+
 /// A batch handled against a deadline (a Lambda invocation's end, a visibility timeout): the
 /// first wave of sends always goes, later ones start only while their provider call (timeout
 /// 150 ms) can end before it; the rest are handed back `pending`, their messages retried, and
@@ -582,11 +597,7 @@ async fn a_batch_near_its_deadline_hands_back_the_sends_it_cannot_finish() {
     let got = w.deps.queues.receive("email-low", 100, Duration::from_secs(60), Duration::ZERO).await.unwrap();
     assert_eq!(got.len(), MEMBERS);
 
-    let deadline = std::time::Instant::now() + Duration::from_millis(450);
-    let outcomes = tidings_core::messages::dispatch_batch_until(&w.deps, "email-low", &got, Some(deadline)).await;
-    for (m, outcome) in got.iter().zip(&outcomes) {
-        settle(w.deps.queues.as_ref(), "email-low", m, outcome, w.deps.clock.now(), true).await.unwrap();
-    }
+    let outcomes = run_until(&w, "email-low", &got, Duration::from_millis(450)).await;
     let sent = sent_to.total() as usize;
     let done = outcomes.iter().filter(|o| matches!(o, tidings_core::messages::Outcome::Done)).count();
     let handed_back = outcomes.iter().filter(|o| matches!(o, tidings_core::messages::Outcome::Retry(_))).count();
@@ -623,11 +634,7 @@ async fn transactional_tasks_near_the_deadline_are_retried_untouched() {
     let got = w.deps.queues.receive("email-high", 10, Duration::from_secs(60), Duration::ZERO).await.unwrap();
     assert_eq!(got.len(), USERS);
 
-    let deadline = std::time::Instant::now() + Duration::from_millis(350);
-    let outcomes = tidings_core::messages::dispatch_batch_until(&w.deps, "email-high", &got, Some(deadline)).await;
-    for (m, outcome) in got.iter().zip(&outcomes) {
-        settle(w.deps.queues.as_ref(), "email-high", m, outcome, w.deps.clock.now(), true).await.unwrap();
-    }
+    let outcomes = run_until(&w, "email-high", &got, Duration::from_millis(350)).await;
     let sent = sent_to.total() as usize;
     let retried = outcomes.iter().filter(|o| matches!(o, tidings_core::messages::Outcome::Retry(_))).count();
     assert!(sent >= 1, "the first always goes");

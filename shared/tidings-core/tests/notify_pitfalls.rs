@@ -222,6 +222,16 @@ async fn retries_without_dedup_or_claiming_exactly_once() {
     assert_eq!((d.status, d.attempts), (DeliveryStatus::Sent, 2));
 }
 
+/// A worker that claimed u1's SMS delivery of `id` (as the channel worker does, with a lease)
+/// and died before doing anything more.
+async fn claim_and_die(w: &World, id: &str, lease: Duration) {
+    let key = keys::delivery(&w.t, id, "u1", Channel::Sms);
+    let lease_until = w.deps.clock.now_ms() + lease.as_millis() as i64;
+    let claim =
+        vec![Update::set("status", "sending"), Update::add("attempts", 1), Update::set("lease_until_ms", lease_until)];
+    w.deps.table.update(&key, claim, tidings_core::ports::Cond::eq("status", "pending")).await.unwrap();
+}
+
 /// 坑: 发送前一步写死去重键，崩溃时把验证码丢掉. A transactional send claims its key with a lease
 /// (`sending`), and a crash before the provider call only delays it: once the lease runs out
 /// the redelivered task sends. (Marketing, by design, writes once and accepts the loss.)
@@ -232,21 +242,7 @@ async fn one_step_dedup_key_before_send_loses_the_otp_on_crash() {
     relay_once(&w).await;
     run_queue(&w, "requests-high").await;
     // The worker claimed the key, then died before calling the provider.
-    let key = keys::delivery(&w.t, &id, "u1", Channel::Sms);
-    let lease_until = w.deps.clock.now_ms() + 60_000;
-    w.deps
-        .table
-        .update(
-            &key,
-            vec![
-                Update::set("status", "sending"),
-                Update::add("attempts", 1),
-                Update::set("lease_until_ms", lease_until),
-            ],
-            tidings_core::ports::Cond::eq("status", "pending"),
-        )
-        .await
-        .unwrap();
+    claim_and_die(&w, &id, Duration::from_secs(60)).await;
     // While the lease runs, the redelivered task waits (no second sender).
     let outcomes = run_queue(&w, "sms-high").await;
     assert!(matches!(outcomes[..], [Outcome::Retry(_)]), "{outcomes:?}");
@@ -269,12 +265,8 @@ async fn a_marketing_claim_outliving_its_lease_is_closed_not_sent_again() {
     let id = accept(&w, request("promo-1", "marketing", "sms", 1)).await;
     relay_once(&w).await;
     run_queue(&w, "requests-low").await;
-    let key = keys::delivery(&w.t, &id, "u1", Channel::Sms);
     let lease = w.deps.config.marketing_lease;
-    let lease_until = w.deps.clock.now_ms() + lease.as_millis() as i64;
-    let claim =
-        vec![Update::set("status", "sending"), Update::add("attempts", 1), Update::set("lease_until_ms", lease_until)];
-    w.deps.table.update(&key, claim, tidings_core::ports::Cond::eq("status", "pending")).await.unwrap();
+    claim_and_die(&w, &id, lease).await;
 
     let outcomes = run_queue(&w, "sms-low").await;
     assert!(matches!(outcomes[..], [Outcome::Retry(_)]), "the lease is running: {outcomes:?}");

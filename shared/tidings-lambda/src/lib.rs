@@ -13,7 +13,7 @@ use tidings_core::live::LivePush;
 use tidings_core::messages::{dispatch_batch_until, settle};
 use tidings_core::notify::relay;
 use tidings_core::ports::table::stored;
-use tidings_core::ports::{Attrs, ChangeRecord, Key, Received};
+use tidings_core::ports::{Attrs, ChangeRecord, Clock, Key, Received, SystemClock};
 use tracing::{error, warn};
 
 /// Every queue of a deployment, by logical name.
@@ -31,17 +31,13 @@ pub fn init_tracing() {
 /// line on stdout, where Lambda's log stream turns it into metrics (namespace `Tidings`) with no
 /// API call. Called at the end of every invocation.
 pub fn flush_metrics() {
-    if let Some(recorder) = tidings_core::metrics::installed() {
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-            .unwrap_or(0);
-        if let Some(line) = recorder.emf("Tidings", now_ms) {
-            // EMF is read from stdout by design; this is not logging.
-            #[allow(clippy::print_stdout)]
-            {
-                println!("{line}");
-            }
+    if let Some(recorder) = tidings_core::metrics::installed()
+        && let Some(line) = recorder.emf("Tidings", SystemClock.now_ms())
+    {
+        // EMF is read from stdout by design; this is not logging.
+        #[allow(clippy::print_stdout)]
+        {
+            println!("{line}");
         }
     }
 }
@@ -126,10 +122,7 @@ pub const DEADLINE_ROOM: std::time::Duration = std::time::Duration::from_secs(5)
 /// When the sends of an invocation ending at `deadline_ms` (Lambda's context, milliseconds
 /// since the epoch) must have ended: [`DEADLINE_ROOM`] before it.
 pub fn send_deadline(deadline_ms: u64) -> std::time::Instant {
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0);
+    let now_ms = u64::try_from(SystemClock.now_ms()).unwrap_or(0);
     let left = std::time::Duration::from_millis(deadline_ms.saturating_sub(now_ms));
     std::time::Instant::now() + left.saturating_sub(DEADLINE_ROOM)
 }
@@ -292,12 +285,14 @@ pub async fn handle_stream_event(deps: &Deps, live: &dyn LivePush, event: Dynamo
 
 #[cfg(test)]
 mod tests {
-    use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+    use std::time::{Duration, Instant};
+
+    use tidings_core::ports::{Clock, SystemClock};
 
     use super::{DEADLINE_ROOM, send_deadline};
 
     fn now_ms() -> u64 {
-        SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+        SystemClock.now_ms() as u64
     }
 
     #[test]

@@ -209,11 +209,18 @@ pub fn cap_write(
 ) -> Write {
     let key = cap_key(t, user_id, zone, channel, now);
     let mark = format!("n_{}", n.notification_id);
-    let ttl = (now + Duration::days(3)).timestamp();
-    let cond = Cond::And(vec![
-        Cond::Or(vec![Cond::AttrNotExists("count".into()), Cond::lt("count", i64::from(cap))]),
-        Cond::AttrNotExists(mark.clone()),
-    ]);
-    let updates = vec![Update::add("count", 1), Update::set(&mark, true), Update::set("ttl", ttl)];
-    Write::Update { key, updates, cond }
+    capped_count(key, cap, Some(&mark), (now + Duration::days(3)).timestamp())
+}
+
+/// One more on the counter item `key`, only while its `count` is below `limit` and, with a
+/// `mark`, only once per mark (a repeated orchestration does not count twice); kept until `ttl`
+/// (epoch seconds) by the table's TTL. Its condition failing means the limit is reached.
+pub fn capped_count(key: Key, limit: u32, mark: Option<&str>, ttl: i64) -> Write {
+    let mut conds = vec![Cond::Or(vec![Cond::AttrNotExists("count".into()), Cond::lt("count", i64::from(limit))])];
+    let mut updates = vec![Update::add("count", 1), Update::set("ttl", ttl)];
+    if let Some(mark) = mark {
+        conds.push(Cond::AttrNotExists(mark.to_owned()));
+        updates.push(Update::set(mark, true));
+    }
+    Write::Update { key, updates, cond: Cond::And(conds) }
 }

@@ -277,7 +277,7 @@ pub async fn handle_channel_batch_until(
     let mut handled = 0usize;
     for (i, message) in messages.iter().enumerate() {
         if outcomes[i].is_none() {
-            if handled > 0 && deadline.is_some_and(|d| std::time::Instant::now() + deps.config.provider_timeout > d) {
+            if handled > 0 && too_late(deps, deadline) {
                 outcomes[i] = Some(Outcome::Retry(Duration::ZERO));
                 continue;
             }
@@ -321,6 +321,11 @@ enum Attempt {
     Released,
 }
 
+/// Whether a provider call started now could outlast `deadline`.
+fn too_late(deps: &Deps, deadline: Option<std::time::Instant>) -> bool {
+    deadline.is_some_and(|d| std::time::Instant::now() + deps.config.provider_timeout > d)
+}
+
 /// A delivery claimed by [`deliver_batch`].
 struct Claimed<'a> {
     index: usize,
@@ -329,6 +334,23 @@ struct Claimed<'a> {
     key: Key,
     page: u64,
     attempts: u32,
+}
+
+impl Claimed<'_> {
+    /// Its move out of `sending`, with the progress counters.
+    fn moved_to(&self, to: DeliveryStatus, updates: Vec<Update>) -> progress::Transition<'_> {
+        progress::Transition {
+            t: self.t,
+            notification_id: &self.task.notification_id,
+            user_id: &self.task.user_id,
+            page: self.page,
+            key: &self.key,
+            from: DeliveryStatus::Sending,
+            to,
+            also: None,
+            updates,
+        }
+    }
 }
 
 /// The batch path of [`handle_channel_batch`]: the outcomes of the messages it handled; the
@@ -412,9 +434,7 @@ async fn deliver_batch(
         .enumerate()
         .map(|(i, c)| -> Sending<'_> {
             Box::pin(async move {
-                if i >= SEND_CONCURRENCY
-                    && deadline.is_some_and(|d| std::time::Instant::now() + deps.config.provider_timeout > d)
-                {
+                if i >= SEND_CONCURRENCY && too_late(deps, deadline) {
                     return Attempt::Released;
                 }
                 match deps.providers.for_channel(c.task.channel) {
@@ -445,21 +465,14 @@ async fn deliver_batch(
             Attempt::Released => {
                 // Not started before the deadline: handed back, as if never claimed.
                 released += 1;
-                transitions.push(progress::Transition {
-                    t: c.t,
-                    notification_id: &c.task.notification_id,
-                    user_id: &c.task.user_id,
-                    page: c.page,
-                    key: &c.key,
-                    from: DeliveryStatus::Sending,
-                    to: DeliveryStatus::Pending,
-                    also: None,
-                    updates: vec![
+                transitions.push(c.moved_to(
+                    DeliveryStatus::Pending,
+                    vec![
                         Update::add("attempts", -1),
                         Update::set("updated_at", now_str(deps)),
                         Update::Remove("lease_until_ms".into()),
                     ],
-                });
+                ));
                 done.push((c.index, Outcome::Retry(Duration::ZERO)));
                 continue;
             }
@@ -485,17 +498,7 @@ async fn deliver_batch(
                 }
             }
         }
-        transitions.push(progress::Transition {
-            t: c.t,
-            notification_id: &c.task.notification_id,
-            user_id: &c.task.user_id,
-            page: c.page,
-            key: &c.key,
-            from: DeliveryStatus::Sending,
-            to: settled.to,
-            also: None,
-            updates: settled.updates,
-        });
+        transitions.push(c.moved_to(settled.to, settled.updates));
         done.push((c.index, settled.outcome));
     }
     if released > 0 {
