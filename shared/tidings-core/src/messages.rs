@@ -10,6 +10,11 @@ pub enum Outcome {
     /// Try again after this delay: the message's visibility is set to it and it is reported as
     /// a batch item failure; after `max_receives` the queue moves it to the DLQ.
     Retry(Duration),
+    /// Not started (a batch's deadline came first): the message goes back untouched as a new
+    /// copy, so the receive it was given does not count towards the DLQ (a retry would: a
+    /// message handed back a few times under load would be dead-lettered without ever having
+    /// been tried). Falls back to a retry at once if the copy cannot be sent.
+    HandBack,
     /// The message can never be processed (malformed): it goes straight to the DLQ with the
     /// reason, and the batch goes on.
     Reject(String),
@@ -51,7 +56,7 @@ impl Rejected {
     }
 }
 
-use crate::ports::{QueueError, Queues, Received};
+use crate::ports::{OutMessage, QueueError, Queues, Received};
 
 /// Applies an outcome to the queue: a retry sets the message's visibility to its delay, a
 /// rejection puts it on the DLQ with the reason. `delete_done`: the local runtime deletes
@@ -66,8 +71,16 @@ pub async fn settle(
     now: chrono::DateTime<chrono::Utc>,
     delete_done: bool,
 ) -> Result<bool, QueueError> {
+    let resolved;
+    let outcome = match outcome {
+        Outcome::HandBack => {
+            resolved = handed_back(hand_back(queues, queue, &[message]).await);
+            &resolved
+        }
+        other => other,
+    };
     match outcome {
-        Outcome::Done => {
+        Outcome::Done | Outcome::HandBack => {
             if delete_done {
                 match queues.delete(queue, &message.receipt).await {
                     Ok(()) | Err(QueueError::StaleReceipt) => {}
@@ -104,6 +117,58 @@ pub async fn settle(
             Ok(true)
         }
     }
+}
+
+/// Sends copies of messages not started (see [`Outcome::HandBack`]), in as few calls as the
+/// queue allows. `false`: not sent (the messages are retried instead).
+async fn hand_back(queues: &dyn Queues, queue: &str, messages: &[&Received]) -> bool {
+    if messages.is_empty() {
+        return true;
+    }
+    let copies = messages.iter().map(|m| OutMessage::new(m.body.clone())).collect();
+    match queues.send_batch(queue, copies).await {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(error = %e, queue, "could not hand messages back; they are retried");
+            false
+        }
+    }
+}
+
+/// What a message handed back becomes: done once its copy is sent, else retried at once.
+fn handed_back(sent: bool) -> Outcome {
+    if sent { Outcome::Done } else { Outcome::Retry(Duration::ZERO) }
+}
+
+/// [`settle`] for a whole batch, in order: the messages handed back are copied in one
+/// [`Queues::send_batch`] rather than one call each. Returns, per message, whether it counts
+/// as processed (an error settling one counts as not processed: it comes again).
+pub async fn settle_batch(
+    queues: &dyn Queues,
+    queue: &str,
+    messages: &[Received],
+    outcomes: Vec<Outcome>,
+    now: chrono::DateTime<chrono::Utc>,
+    delete_done: bool,
+) -> Vec<bool> {
+    let back: Vec<&Received> =
+        messages.iter().zip(&outcomes).filter(|(_, o)| matches!(o, Outcome::HandBack)).map(|(m, _)| m).collect();
+    let handed = hand_back(queues, queue, &back).await;
+    let mut processed = Vec::with_capacity(messages.len());
+    for (message, outcome) in messages.iter().zip(outcomes) {
+        let outcome = match outcome {
+            Outcome::HandBack => handed_back(handed),
+            other => other,
+        };
+        processed.push(match settle(queues, queue, message, &outcome, now, delete_done).await {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(error = %e, queue, "could not settle a message; it will come back");
+                false
+            }
+        });
+    }
+    processed
 }
 
 /// Every queue of a deployment, by logical name (each has a DLQ `{name}-dlq`).

@@ -575,10 +575,21 @@ async fn run_until(
 ) -> Vec<tidings_core::messages::Outcome> {
     let deadline = std::time::Instant::now() + within;
     let outcomes = tidings_core::messages::dispatch_batch_until(&w.deps, queue, got, Some(deadline)).await;
-    for (m, outcome) in got.iter().zip(&outcomes) {
-        settle(w.deps.queues.as_ref(), queue, m, outcome, w.deps.clock.now(), true).await.unwrap();
-    }
+    let processed = tidings_core::messages::settle_batch(
+        w.deps.queues.as_ref(),
+        queue,
+        got,
+        outcomes.clone(),
+        w.deps.clock.now(),
+        true,
+    )
+    .await;
+    assert!(processed.iter().all(|p| *p), "handed back or done, never left to a retry: {outcomes:?}");
     outcomes
+}
+
+fn handed_back(outcomes: &[tidings_core::messages::Outcome]) -> usize {
+    outcomes.iter().filter(|o| matches!(o, tidings_core::messages::Outcome::HandBack)).count()
 }
 
 /// A batch handled against a deadline (a Lambda invocation's end, a visibility timeout): the
@@ -600,7 +611,7 @@ async fn a_batch_near_its_deadline_hands_back_the_sends_it_cannot_finish() {
     let outcomes = run_until(&w, "email-low", &got, Duration::from_millis(450)).await;
     let sent = sent_to.total() as usize;
     let done = outcomes.iter().filter(|o| matches!(o, tidings_core::messages::Outcome::Done)).count();
-    let handed_back = outcomes.iter().filter(|o| matches!(o, tidings_core::messages::Outcome::Retry(_))).count();
+    let handed_back = handed_back(&outcomes);
     assert!(sent >= 16, "the first wave always goes: {sent}");
     assert!(handed_back > 0, "later sends that could outlast the deadline were not started ({sent} sent)");
     assert_eq!((done, handed_back), (sent, MEMBERS - sent));
@@ -610,6 +621,13 @@ async fn a_batch_near_its_deadline_hands_back_the_sends_it_cannot_finish() {
     let pending: Vec<_> = page.items.iter().filter(|d| d.status == DeliveryStatus::Pending).collect();
     assert_eq!(pending.len(), handed_back);
     assert!(pending.iter().all(|d| d.attempts == 0 && d.lease_until_ms.is_none()), "{pending:?}");
+    // Handed back as fresh copies: the receive they were given does not count towards the DLQ.
+    let again = w.deps.queues.receive("email-low", 100, Duration::from_secs(60), Duration::ZERO).await.unwrap();
+    assert_eq!(again.len(), handed_back);
+    assert!(again.iter().all(|m| m.receive_count == 1), "{:?}", again.iter().map(|m| m.receive_count).collect::<Vec<_>>());
+    for m in &again {
+        w.deps.queues.change_visibility("email-low", &m.receipt, Duration::ZERO).await.unwrap();
+    }
 
     drain(&w).await;
     assert_eq!((sent_to.users(), sent_to.max_per_user()), (MEMBERS, 1), "every member once");
@@ -636,7 +654,7 @@ async fn transactional_tasks_near_the_deadline_are_retried_untouched() {
 
     let outcomes = run_until(&w, "email-high", &got, Duration::from_millis(350)).await;
     let sent = sent_to.total() as usize;
-    let retried = outcomes.iter().filter(|o| matches!(o, tidings_core::messages::Outcome::Retry(_))).count();
+    let retried = handed_back(&outcomes);
     assert!(sent >= 1, "the first always goes");
     assert!(retried > 0, "the others wait for the next invocation ({sent} sent)");
     assert_eq!(sent + retried, USERS);
@@ -646,4 +664,33 @@ async fn transactional_tasks_near_the_deadline_are_retried_untouched() {
 
     drain(&w).await;
     assert_eq!((sent_to.users(), sent_to.max_per_user()), (USERS, 1));
+}
+
+/// A task handed back at every deadline, more times than a message may be received before the
+/// DLQ takes it (`max_receives`, 5), is still sent, once: hand-backs are not receives. (With a
+/// retry instead, the last users' tasks would be dead-lettered without ever being tried.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_handed_back_more_often_than_max_receives_are_not_dead_lettered() {
+    const USERS: usize = 10;
+    let (w, sent_to) = slow_world();
+    assert!(USERS > w.deps.config.max_receives as usize + 1);
+    users_with_tag(&w, USERS, "vip").await;
+    template(&w).await;
+    let ids: Vec<String> = (0..USERS).map(|i| format!("u{i:05}")).collect();
+    let req = serde_json::from_value(json!({"recipients": {"user_ids": ids}, "template_id": "promo",
+        "category": "transactional", "channels": ["email"]}))
+    .unwrap();
+    let id = api::accept(&w.deps, &w.t, req).await.unwrap().notification_id;
+    expand(&w).await;
+    // Each invocation has no time to spare: one send, the rest handed back.
+    for run in 1..=USERS {
+        let got = w.deps.queues.receive("email-high", 10, Duration::from_secs(60), Duration::ZERO).await.unwrap();
+        assert_eq!(got.len(), USERS + 1 - run, "run {run}: nothing lost to the DLQ");
+        let outcomes = run_until(&w, "email-high", &got, Duration::ZERO).await;
+        assert_eq!((sent_to.total() as usize, handed_back(&outcomes)), (run, USERS - run));
+    }
+    assert_eq!(w.deps.queues.stats("email-high").await.unwrap().dlq_depth, 0);
+    assert_eq!((sent_to.users(), sent_to.max_per_user()), (USERS, 1));
+    let page = api::list_deliveries(&w.deps, &w.t, &id, 1000, None).await.unwrap().unwrap();
+    assert!(page.items.iter().all(|d| d.status == DeliveryStatus::Sent && d.attempts == 1), "{:?}", page.items);
 }

@@ -10,11 +10,11 @@ use aws_lambda_events::streams::{DynamoDbBatchItemFailure, DynamoDbEventResponse
 use serde_json::Value;
 use tidings_core::Deps;
 use tidings_core::live::LivePush;
-use tidings_core::messages::{dispatch_batch_until, settle};
+use tidings_core::messages::{dispatch_batch_until, settle_batch};
 use tidings_core::notify::relay;
 use tidings_core::ports::table::stored;
 use tidings_core::ports::{Attrs, ChangeRecord, Clock, Key, Received, SystemClock};
-use tracing::{error, warn};
+use tracing::error;
 
 /// Every queue of a deployment, by logical name.
 pub const ALL_QUEUES: &[&str] = tidings_core::messages::ALL_QUEUES;
@@ -92,14 +92,8 @@ pub async fn handle_sqs_event_until(
     let mut response = SqsBatchResponse::default();
     let messages: Vec<Received> = event.records.iter().map(received_of).collect();
     let outcomes = dispatch_batch_until(deps, queue, &messages, deadline).await;
-    for (message, outcome) in messages.iter().zip(outcomes) {
-        let processed = match settle(deps.queues.as_ref(), queue, message, &outcome, deps.clock.now(), false).await {
-            Ok(p) => p,
-            Err(e) => {
-                warn!(error = %e, queue, "could not settle a message; it will come back");
-                false
-            }
-        };
+    let processed = settle_batch(deps.queues.as_ref(), queue, &messages, outcomes, deps.clock.now(), false).await;
+    for (message, processed) in messages.iter().zip(processed) {
         if !processed {
             let mut failure = BatchItemFailure::default();
             failure.item_identifier = message.message_id.clone();

@@ -278,7 +278,7 @@ pub async fn handle_channel_batch_until(
     for (i, message) in messages.iter().enumerate() {
         if outcomes[i].is_none() {
             if handled > 0 && too_late(deps, deadline) {
-                outcomes[i] = Some(Outcome::Retry(Duration::ZERO));
+                outcomes[i] = Some(Outcome::HandBack);
                 continue;
             }
             outcomes[i] = Some(handle_channel_message(deps, message).await);
@@ -473,7 +473,7 @@ async fn deliver_batch(
                         Update::Remove("lease_until_ms".into()),
                     ],
                 ));
-                done.push((c.index, Outcome::Retry(Duration::ZERO)));
+                done.push((c.index, Outcome::HandBack));
                 continue;
             }
         };
