@@ -76,6 +76,7 @@ on_both_backends!(platform as platform_tests:
     scheduled_send_fires_at_send_at_and_cancel_stops_it,
     push_reaches_every_device_and_a_dead_token_is_deleted,
     forged_sns_callback_is_rejected_and_a_genuine_bounce_suppresses,
+    a_push_service_event_deletes_the_dead_device,
     sms_pumping_guard_limits_a_number_and_keeps_to_allowed_countries,
     requester_limits_refuse_the_third_otp_from_one_ip,
     verification_ratio_counts_codes_nobody_used,

@@ -499,6 +499,47 @@ pub async fn forged_sns_callback_is_rejected_and_a_genuine_bounce_suppresses(bac
     Ok(())
 }
 
+/// SNS's mobile-push application events (`POST /v1/callbacks/push`): a forged one changes
+/// nothing; a genuine `DeliveryFailure` naming a dead token deletes that device, and the next
+/// push goes only to the device left.
+pub async fn a_push_service_event_deletes_the_dead_device(backend: Backend) -> anyhow::Result<()> {
+    let mut opts = push_options(backend).await?;
+    opts.env.push(("TIDINGS_SNS_TRUSTED_CERT_PEM", SIGNING_CERT.into()));
+    let s = Server::start(backend, opts).await?;
+    template(&s).await?;
+    user(&s, "u1", json!({"email": "a@example.com"})).await?;
+    for token in ["tok-phone-1", "tok-tablet-2"] {
+        let body = json!({"user_id": "u1", "platform": "ios", "token": token});
+        assert_eq!(s.call("POST", "/v1/devices", Some(body)).await?.0, 201);
+    }
+    let (id, _) = notify(&s, req("push-ev-1", &["u1"], "transactional", Some(&["push"]), 1)).await?;
+    settled(&s, &id).await?;
+    let sends = s.sends(&id).await?;
+    assert_eq!(sends.len(), 2, "{sends:?}");
+    // The address the push service knows one device by (an SNS endpoint ARN on AWS).
+    let dead = sends[0]["to"].as_str().unwrap_or_default().to_owned();
+    assert!(!dead.is_empty(), "{sends:?}");
+    let event = json!({"DeliveryAttempts": 1, "EndpointArn": dead, "EventType": "DeliveryFailure",
+        "FailureMessage": "Endpoint is disabled", "FailureType": "EndpointDisabled", "MessageId": "m-1",
+        "Resource": "arn:aws:sns:us-east-1:123456789012:app/APNS/shop", "Service": "SNS",
+        "Time": "2026-11-29T12:00:00.000Z"});
+    let genuine = sns_notification(&event);
+    let mut altered = genuine.clone();
+    altered["Message"] = json!(event.to_string().replace("m-1", "m-2"));
+    let (st, _, body) = s.raw("POST", "/v1/callbacks/push", &altered.to_string(), None).await?;
+    assert_eq!(st, 403, "{body}");
+    let (st, _, body) = s.raw("POST", "/v1/callbacks/push", &genuine.to_string(), None).await?;
+    assert_eq!(st, 200, "{body}");
+    let v: Value = serde_json::from_str(&body)?;
+    assert_eq!((v["matched"].as_bool(), v["removed"].as_bool()), (Some(true), Some(true)), "{v}");
+    let (id2, _) = notify(&s, req("push-ev-2", &["u1"], "transactional", Some(&["push"]), 2)).await?;
+    settled(&s, &id2).await?;
+    let sends = s.sends(&id2).await?;
+    assert_eq!(sends.len(), 1, "only the device left: {sends:?}");
+    assert_ne!(sends[0]["to"].as_str(), Some(dead.as_str()));
+    Ok(())
+}
+
 /// The SMS pumping guard through the API: with `TIDINGS_SMS_NUMBER_LIMITS=2/1h` the third OTP to
 /// one number is suppressed (`number_rate_limited`) and never reaches the provider; with
 /// `TIDINGS_SMS_COUNTRIES=+86` an SMS to a US number is suppressed (`country_not_allowed`).

@@ -44,6 +44,14 @@ struct TokenIndex {
     user_id: String,
 }
 
+/// The device a push address belongs to (see [`keys::push_endpoint`]).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct EndpointIndex {
+    tenant: String,
+    user_id: String,
+    token_hash: String,
+}
+
 fn token_hash(token: &str) -> String {
     hex::encode(Sha256::digest(token.as_bytes()))
 }
@@ -91,6 +99,17 @@ pub async fn register(deps: &Deps, t: &TenantId, input: DeviceInput) -> CoreResu
             cond: Cond::Always,
         },
         Write::Put { item: Item::new(keys::device(t, &input.user_id, &hash), attrs_of(&device)?), cond: Cond::Always },
+        Write::Put {
+            item: Item::new(
+                keys::push_endpoint(&token_hash(&device.address)),
+                attrs_of(&EndpointIndex {
+                    tenant: t.as_str().to_owned(),
+                    user_id: input.user_id.clone(),
+                    token_hash: hash.clone(),
+                })?,
+            ),
+            cond: Cond::Always,
+        },
     ];
     if let Some(prev) = previous
         && prev.user_id != input.user_id
@@ -110,8 +129,8 @@ pub async fn unregister(deps: &Deps, t: &TenantId, token: &str) -> CoreResult<()
     let Some(index) = deps.table.get(&index_key).await? else { return Ok(()) };
     let index: TokenIndex = index.parse()?;
     let device_key = keys::device(t, &index.user_id, &hash);
-    if let Some(item) = deps.table.get(&device_key).await?
-        && let Ok(d) = item.parse::<Device>()
+    let device = deps.table.get(&device_key).await?.and_then(|item| item.parse::<Device>().ok());
+    if let Some(d) = &device
         && let Err(e) = deps.providers.push.unregister_device(&d.address).await
     {
         warn!(error = %e, "push endpoint not deleted; it is forgotten here anyway");
@@ -122,7 +141,36 @@ pub async fn unregister(deps: &Deps, t: &TenantId, token: &str) -> CoreResult<()
             Write::Delete { key: device_key, cond: Cond::Always },
         ])
         .await?;
+    if let Some(d) = &device {
+        forget_endpoint(deps, t, d).await?;
+    }
     Ok(())
+}
+
+/// Deletes a device's endpoint index, unless the address now belongs to someone else.
+async fn forget_endpoint(deps: &Deps, t: &TenantId, device: &Device) -> CoreResult<()> {
+    let cond = Cond::And(vec![Cond::eq("tenant", t.as_str()), Cond::eq("user_id", device.user_id.clone())]);
+    match deps.table.transact(vec![Write::Delete { key: keys::push_endpoint(&token_hash(&device.address)), cond }]).await
+    {
+        Ok(()) | Err(StoreError::ConditionFailed { .. }) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The device a push address (an SNS endpoint ARN) belongs to, with its tenant; `None` for an
+/// address no device of any tenant has (a device deleted since, or registered before the
+/// index existed).
+pub async fn by_address(deps: &Deps, address: &str) -> CoreResult<Option<(TenantId, Device)>> {
+    let Some(item) = deps.table.get(&keys::push_endpoint(&token_hash(address))).await? else {
+        return Ok(None);
+    };
+    let index: EndpointIndex = item.parse()?;
+    let t = TenantId::parse(&index.tenant)?;
+    let Some(item) = deps.table.get(&keys::device(&t, &index.user_id, &index.token_hash)).await? else {
+        return Ok(None);
+    };
+    let device: Device = item.parse()?;
+    Ok((device.address == address).then_some((t, device)))
 }
 
 /// The user's devices.
@@ -163,7 +211,8 @@ pub async fn remove_invalid(deps: &Deps, t: &TenantId, device: &Device) -> CoreR
         ])
         .await;
     match r {
-        Ok(()) | Err(StoreError::ConditionFailed { .. }) => {}
+        Ok(()) => forget_endpoint(deps, t, device).await?,
+        Err(StoreError::ConditionFailed { .. }) => {}
         Err(e) => return Err(e.into()),
     }
     if let Err(e) = deps.providers.push.unregister_device(&device.address).await {

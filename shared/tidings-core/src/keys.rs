@@ -20,6 +20,7 @@
 //! | device token index | `T#t#DEVICE#{sha256(token)}` | `DEVICE` |
 //! | suppressed address | `T#t#SUPPRESS#{channel}#{sha256(address)}` | `SUPPRESS` |
 //! | provider message → delivery | `PMSG#{provider}#{provider_message_id}` | `PMSG` |
+//! | push endpoint → device (SNS events name only the endpoint) | `PUSHEP#{sha256(address)}` | `PUSHEP` |
 //! | fake provider send (dev) | `DEV#SENDS` | `{at_ms:015}#{id}` |
 
 use crate::ids::TenantId;
@@ -138,6 +139,12 @@ pub fn suppression(t: &TenantId, channel: Channel, address_hash: &str) -> Key {
 }
 
 /// Receipts name the provider's message id only; this finds the delivery (and its tenant).
+/// Which tenant's device a push address (an SNS endpoint ARN) is: SNS's application events name
+/// only the endpoint.
+pub fn push_endpoint(address_hash: &str) -> Key {
+    Key::new(format!("PUSHEP#{address_hash}"), "PUSHEP")
+}
+
 pub fn provider_message(provider: &str, provider_message_id: &str) -> Key {
     Key::new(format!("PMSG#{provider}#{provider_message_id}"), "PMSG")
 }

@@ -1,4 +1,5 @@
-//! Provider receipts: SES event notifications delivered through SNS (`POST /v1/callbacks/ses`).
+//! Provider receipts: SES event notifications delivered through SNS (`POST /v1/callbacks/ses`),
+//! and SNS mobile-push application events (`POST /v1/callbacks/push`, see [`apply_push_event`]).
 //!
 //! Nothing in a callback is believed before its SNS signature is verified: the canonical string
 //! of the message's fields, RSA with SHA-1 (`SignatureVersion` 1) or SHA-256 (2), against the
@@ -342,6 +343,54 @@ pub async fn apply_ses_event(deps: &Deps, provider: &str, event: &Value) -> Core
         _ => {}
     }
     info!(tenant = %t, event = %kind, suppressed = outcome.suppressed, "receipt applied");
+    Ok(outcome)
+}
+
+/// What a push application event did (the answer of `POST /v1/callbacks/push`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct PushEventOutcome {
+    pub event: String,
+    /// Whether the endpoint is a device of ours.
+    pub matched: bool,
+    /// Whether that device was deleted (its token is gone: it is not sent to again).
+    pub removed: bool,
+}
+
+/// The `FailureType`s of an SNS `DeliveryFailure` event that mean the token is gone for good.
+/// Others (a message too big, a platform credential problem, a TTL) say nothing about the device.
+pub const DEAD_ENDPOINT_FAILURES: &[&str] =
+    &["EndpointDisabled", "InvalidPlatformToken", "EndpointNotFound", "UnregisteredDevice", "InvalidDeviceToken"];
+
+/// Applies one SNS mobile-push application event (the `Message` of a verified SNS notification
+/// from the topic set as a platform application's `EventDeliveryFailure` and
+/// `EventEndpointDeleted`): a delivery failure that says the token is gone, or the endpoint's
+/// deletion, deletes the device, as a send answered as gone would. Other events are ignored.
+pub async fn apply_push_event(deps: &Deps, event: &Value) -> CoreResult<PushEventOutcome> {
+    let kind = event["EventType"].as_str().unwrap_or_default().to_owned();
+    let endpoint = event["EndpointArn"].as_str().unwrap_or_default();
+    let mut outcome = PushEventOutcome { event: kind.clone(), matched: false, removed: false };
+    let failure = event["FailureType"].as_str().unwrap_or_default();
+    let dead = match kind.as_str() {
+        "DeliveryFailure" => DEAD_ENDPOINT_FAILURES.contains(&failure),
+        "EndpointDeleted" => true,
+        _ => false,
+    };
+    if endpoint.is_empty() {
+        warn!(event = %kind, "push event without an endpoint; ignored");
+        return Ok(outcome);
+    }
+    let Some((t, device)) = crate::devices::by_address(deps, endpoint).await? else {
+        info!(event = %kind, "push event for an endpoint we do not know; ignored");
+        return Ok(outcome);
+    };
+    outcome.matched = true;
+    if dead {
+        warn!(tenant = %t, event = %kind, failure, "the push service reports the endpoint gone; deleting the device");
+        crate::devices::remove_invalid(deps, &t, &device).await?;
+        outcome.removed = true;
+    } else {
+        info!(tenant = %t, event = %kind, failure, "push event noted; the device is kept");
+    }
     Ok(outcome)
 }
 

@@ -691,3 +691,65 @@ async fn step(w: &World, to: DateTime<Utc>) {
     tidings_core::timers::tick(&w.deps).await.unwrap();
     drain(w).await;
 }
+
+/// Seed 004 §5.7, the push service's own word: SNS's application events (a `DeliveryFailure`
+/// naming a dead token, an `EndpointDeleted`) delete the device they name, in whichever tenant
+/// it is, as a send answered as gone would. A failure that says nothing about the token keeps
+/// the device; an endpoint nobody has is ignored; a token that moved to another user is deleted
+/// from that user.
+#[tokio::test]
+async fn push_service_events_delete_dead_tokens_and_keep_the_rest() {
+    use tidings_core::devices::{self, DeviceInput};
+    use tidings_core::ports::Platform;
+    use tidings_core::receipts::apply_push_event;
+    let w = world().await;
+    let other = TenantId::parse("shop-b").unwrap();
+    let register = |t: TenantId, user: &'static str, token: &'static str| {
+        let deps = w.deps.clone();
+        async move {
+            let input = DeviceInput { user_id: user.into(), platform: Platform::Ios, token: token.into() };
+            devices::register(&deps, &t, input).await.unwrap().0
+        }
+    };
+    let a = register(w.t.clone(), "u1", "tok-a").await;
+    let b = register(w.t.clone(), "u2", "tok-b").await;
+    let c = register(other.clone(), "u1", "tok-c").await;
+    let failure = |endpoint: &str, failure_type: &str| {
+        json!({"DeliveryAttempts": 1, "EndpointArn": endpoint, "EventType": "DeliveryFailure",
+               "FailureMessage": "x", "FailureType": failure_type, "MessageId": "m1",
+               "Resource": "arn:aws:sns:us-east-1:1:app/APNS/shop", "Service": "SNS", "Time": "2026-11-29T19:00:00.000Z"})
+    };
+    let tokens = |t: TenantId, user: &'static str| {
+        let deps = w.deps.clone();
+        async move { devices::list(&deps, &t, user).await.unwrap().into_iter().map(|d| d.token).collect::<Vec<_>>() }
+    };
+
+    // Not about the token: kept.
+    let o = apply_push_event(&w.deps, &failure(&a.address, "MessageTooBig")).await.unwrap();
+    assert_eq!((o.matched, o.removed), (true, false));
+    assert_eq!(tokens(w.t.clone(), "u1").await, ["tok-a"]);
+    // Dead token: deleted, once; the others untouched.
+    let o = apply_push_event(&w.deps, &failure(&a.address, "EndpointDisabled")).await.unwrap();
+    assert_eq!((o.matched, o.removed), (true, true));
+    assert!(tokens(w.t.clone(), "u1").await.is_empty());
+    assert_eq!(tokens(w.t.clone(), "u2").await, ["tok-b"]);
+    assert_eq!(tokens(other.clone(), "u1").await, ["tok-c"], "another tenant's device of the same user id");
+    let o = apply_push_event(&w.deps, &failure(&a.address, "EndpointDisabled")).await.unwrap();
+    assert_eq!((o.matched, o.removed), (false, false), "a repeat finds nothing");
+    // The endpoint deleted at the push service: the device goes, in its own tenant.
+    let deleted = json!({"EndpointArn": c.address, "EventType": "EndpointDeleted",
+                         "Resource": "arn:aws:sns:us-east-1:1:app/APNS/shop", "Service": "SNS", "Time": "2026-11-29T19:00:00.000Z"});
+    assert!(apply_push_event(&w.deps, &deleted).await.unwrap().removed);
+    assert!(tokens(other.clone(), "u1").await.is_empty());
+    // Unknown endpoint, malformed event: ignored.
+    assert!(!apply_push_event(&w.deps, &failure("arn:nobody", "EndpointDisabled")).await.unwrap().matched);
+    assert!(!apply_push_event(&w.deps, &json!({"EventType": "DeliveryFailure"})).await.unwrap().matched);
+    // A token that moved from u2 to u3: the event deletes u3's device, and u2 has none left.
+    register(w.t.clone(), "u3", "tok-b").await;
+    assert!(apply_push_event(&w.deps, &failure(&b.address, "InvalidPlatformToken")).await.unwrap().removed);
+    assert!(tokens(w.t.clone(), "u2").await.is_empty());
+    assert!(tokens(w.t.clone(), "u3").await.is_empty());
+    // Registered again after its deletion: known again.
+    register(w.t.clone(), "u1", "tok-a").await;
+    assert!(apply_push_event(&w.deps, &failure(&a.address, "EndpointDisabled")).await.unwrap().removed);
+}

@@ -67,9 +67,11 @@ async fn certificate(s: &AppState, url: &str) -> ApiResult<String> {
     Ok(pem)
 }
 
-/// Provider receipts (SES through SNS). No API key: the SNS signature is verified.
+/// Provider receipts through SNS: SES events (`ses`) and SNS mobile-push application events
+/// (`push`: a delivery failure naming a dead token, or a deleted endpoint, deletes the device).
+/// No API key: the SNS signature is verified.
 #[utoipa::path(post, path = "/v1/callbacks/{provider}", tag = "callbacks",
-    params(("provider" = String, Path, description = "`ses`")),
+    params(("provider" = String, Path, description = "`ses` or `push`")),
     request_body(content = SnsMessage, content_type = "text/plain", description = "An SNS message (SNS posts JSON as text/plain)"),
     responses((status = 200, description = "Applied, confirmed or ignored", body = Object),
         (status = 403, description = "The signature does not verify", body = Problem, content_type = "application/problem+json"),
@@ -79,7 +81,7 @@ async fn callback(
     PathParams(provider): PathParams<String>,
     body: Bytes,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
-    if provider != "ses" {
+    if provider != "ses" && provider != "push" {
         return Err(Problem::not_found(&format!("provider {provider}")).into());
     }
     if body.len() > MAX_BODY {
@@ -119,8 +121,12 @@ async fn callback(
                 Problem::new(StatusCode::BAD_REQUEST, "invalid_body", format!("Message is not JSON: {e}"))
                     .with_field("Message")
             })?;
-            let outcome = receipts::apply_ses_event(&s.deps, "email", &event).await?;
-            Ok((StatusCode::OK, Json(serde_json::to_value(outcome).unwrap_or_default())))
+            let outcome = if provider == "push" {
+                serde_json::to_value(receipts::apply_push_event(&s.deps, &event).await?)
+            } else {
+                serde_json::to_value(receipts::apply_ses_event(&s.deps, "email", &event).await?)
+            };
+            Ok((StatusCode::OK, Json(outcome.unwrap_or_default())))
         }
     }
 }
