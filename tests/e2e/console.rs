@@ -32,14 +32,14 @@ pub async fn console_shows_the_system_and_redrives(backend: Backend) -> anyhow::
     };
     s.call("POST", "/v1/notifications", Some(send("c-1", json!(["email", "inapp"])))).await?;
     // A second email that dies: the provider fails until after the dead letter is shown.
-    s.eventually(Duration::from_secs(30), "the first email", || async {
+    s.eventually(Duration::from_secs(90), "the first email", || async {
         Ok((!s.sends_all().await?.is_empty()).then_some(()))
     })
     .await?;
     s.call("PUT", "/dev/providers/sms", Some(json!({"mode": "fail_5xx"}))).await?;
     s.call("PUT", "/v1/users/alice", Some(json!({"email": "alice@example.com", "phone": "+14155550100"}))).await?;
     s.call("POST", "/v1/notifications", Some(send("c-2", json!(["sms"])))).await?;
-    s.eventually(Duration::from_secs(30), "a dead letter on sms-high", || async {
+    s.eventually(Duration::from_secs(90), "a dead letter on sms-high", || async {
         let (_, v) = s.call("GET", "/v1/ops/queues", None).await?;
         Ok(v["queues"].as_array().unwrap().iter().any(|q| q["name"] == "sms-high" && q["dlq_depth"] == 1).then_some(()))
     })
@@ -66,7 +66,7 @@ pub async fn console_shows_the_system_and_redrives(backend: Backend) -> anyhow::
     );
     // The redrive clicked in the browser delivered the dead SMS, once.
     let sms = s
-        .eventually(Duration::from_secs(30), "the redriven sms", || async {
+        .eventually(Duration::from_secs(90), "the redriven sms", || async {
             let sends = s.sends_all().await?;
             let sms: Vec<_> = sends.into_iter().filter(|x| x["channel"] == "sms").collect();
             Ok((!sms.is_empty()).then_some(sms))

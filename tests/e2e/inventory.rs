@@ -153,7 +153,7 @@ pub async fn an_expired_hold_is_released_and_its_waiters_are_alerted(backend: Ba
     s.call("POST", "/dev/clock/advance", Some(json!({"seconds": 301}))).await?;
     s.call("POST", "/dev/schedules/tick/run", None).await?;
     let order = s
-        .eventually(Duration::from_secs(30), "the hold to expire", || async {
+        .eventually(Duration::from_secs(90), "the hold to expire", || async {
             let (_, o) = s.call("GET", "/v1/orders/hold", None).await?;
             Ok((o["status"] == "CANCELLED").then_some(o))
         })

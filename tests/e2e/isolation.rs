@@ -46,7 +46,7 @@ pub async fn no_route_shows_or_changes_another_tenants_data(backend: Backend) ->
     let sub = a("POST", "/v1/stock-subscriptions".into(), Some(json!({"user_id": "u1", "sku_id": "sku1"}))).await?;
     let sub_id = sub["subscription_id"].as_str().unwrap_or_default().to_owned();
     let inbox = s
-        .eventually(Duration::from_secs(30), "A's inbox message", || async {
+        .eventually(Duration::from_secs(90), "A's inbox message", || async {
             let (_, v) = s.call("GET", "/v1/users/u1/inbox", None).await?;
             Ok(v["items"].as_array().and_then(|i| i.first()).and_then(|m| m["message_id"].as_str()).map(str::to_owned))
         })

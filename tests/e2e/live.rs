@@ -25,7 +25,7 @@ async fn connect(s: &Server, query: &str) -> anyhow::Result<Socket> {
 
 async fn next_event(socket: &mut Socket) -> anyhow::Result<Value> {
     loop {
-        let msg = tokio::time::timeout(Duration::from_secs(20), socket.next())
+        let msg = tokio::time::timeout(Duration::from_secs(60), socket.next())
             .await?
             .ok_or_else(|| anyhow::anyhow!("closed"))??;
         if let Message::Text(text) = msg {

@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 
 use crate::server::{Backend, Options, Server};
 
-const WAIT: Duration = Duration::from_secs(60);
+const WAIT: Duration = Duration::from_secs(120);
 
 fn options() -> Options {
     let mut o = Options::default();

@@ -588,6 +588,20 @@ async fn run_until(
     outcomes
 }
 
+/// A transactional email to `users` tagged users, accepted and expanded: its tasks queued on
+/// `email-high`, none sent.
+async fn transactional_to(w: &World, users: usize) -> String {
+    users_with_tag(w, users, "vip").await;
+    template(w).await;
+    let ids: Vec<String> = (0..users).map(|i| format!("u{i:05}")).collect();
+    let req = serde_json::from_value(json!({"recipients": {"user_ids": ids}, "template_id": "promo",
+        "category": "transactional", "channels": ["email"]}))
+    .unwrap();
+    let id = api::accept(&w.deps, &w.t, req).await.unwrap().notification_id;
+    expand(w).await;
+    id
+}
+
 fn handed_back(outcomes: &[tidings_core::messages::Outcome]) -> usize {
     outcomes.iter().filter(|o| matches!(o, tidings_core::messages::Outcome::HandBack)).count()
 }
@@ -638,17 +652,10 @@ async fn a_batch_near_its_deadline_hands_back_the_sends_it_cannot_finish() {
 /// only while a provider call can still end before it: the rest are retried untouched (never
 /// claimed), and each user gets the message exactly once in the end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn transactional_tasks_near_the_deadline_are_retried_untouched() {
+async fn transactional_tasks_near_the_deadline_are_handed_back_untouched() {
     const USERS: usize = 10;
     let (w, sent_to) = slow_world();
-    users_with_tag(&w, USERS, "vip").await;
-    template(&w).await;
-    let ids: Vec<String> = (0..USERS).map(|i| format!("u{i:05}")).collect();
-    let req = serde_json::from_value(json!({"recipients": {"user_ids": ids}, "template_id": "promo",
-        "category": "transactional", "channels": ["email"]}))
-    .unwrap();
-    let id = api::accept(&w.deps, &w.t, req).await.unwrap().notification_id;
-    expand(&w).await;
+    let id = transactional_to(&w, USERS).await;
     let got = w.deps.queues.receive("email-high", 10, Duration::from_secs(60), Duration::ZERO).await.unwrap();
     assert_eq!(got.len(), USERS);
 
@@ -674,14 +681,7 @@ async fn tasks_handed_back_more_often_than_max_receives_are_not_dead_lettered() 
     const USERS: usize = 10;
     let (w, sent_to) = slow_world();
     assert!(USERS > w.deps.config.max_receives as usize + 1);
-    users_with_tag(&w, USERS, "vip").await;
-    template(&w).await;
-    let ids: Vec<String> = (0..USERS).map(|i| format!("u{i:05}")).collect();
-    let req = serde_json::from_value(json!({"recipients": {"user_ids": ids}, "template_id": "promo",
-        "category": "transactional", "channels": ["email"]}))
-    .unwrap();
-    let id = api::accept(&w.deps, &w.t, req).await.unwrap().notification_id;
-    expand(&w).await;
+    let id = transactional_to(&w, USERS).await;
     // Each invocation has no time to spare: one send, the rest handed back.
     for run in 1..=USERS {
         let got = w.deps.queues.receive("email-high", 10, Duration::from_secs(60), Duration::ZERO).await.unwrap();
