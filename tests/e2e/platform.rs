@@ -543,7 +543,8 @@ pub async fn a_push_service_event_deletes_the_dead_device(backend: Backend) -> a
 
 /// The SMS pumping guard through the API: with `TIDINGS_SMS_NUMBER_LIMITS=2/1h` the third OTP to
 /// one number is suppressed (`number_rate_limited`) and never reaches the provider; with
-/// `TIDINGS_SMS_COUNTRIES=+86` an SMS to a US number is suppressed (`country_not_allowed`).
+/// `TIDINGS_SMS_COUNTRIES=+86` an SMS to a US number is suppressed (`country_not_allowed`); a
+/// segment whose members share a number sends it once.
 pub async fn sms_pumping_guard_limits_a_number_and_keeps_to_allowed_countries(backend: Backend) -> anyhow::Result<()> {
     let mut opts = Options::default();
     opts.env.push(("TIDINGS_SMS_NUMBER_LIMITS", "2/1h".into()));
@@ -569,6 +570,26 @@ pub async fn sms_pumping_guard_limits_a_number_and_keeps_to_allowed_countries(ba
     let d = settled(&s, &id).await?;
     assert_eq!(find(&d, "us", "sms")["reason"], "country_not_allowed", "{d:?}");
     assert!(s.sends(&id).await?.is_empty());
+
+    // A transactional notice to a segment whose three members share one number: the page is
+    // written with the number's counters (never twice in one transaction), the number gets it
+    // once, the other two are limited.
+    for member in ["f1", "f2", "f3"] {
+        user(&s, member, json!({"phone": "+8613900005678", "tags": ["family"]})).await?;
+    }
+    let mut notice = req("family-notice", &[], "transactional", Some(&["sms"]), 1);
+    notice["recipients"] = json!({"segment": "family"});
+    let (id, _) = notify(&s, notice).await?;
+    let view = s
+        .eventually(WAIT, "the family notice completed", || async {
+            let (_, v) = s.call("GET", &format!("/v1/notifications/{id}"), None).await?;
+            Ok((v["status"] == "completed").then_some(v))
+        })
+        .await?;
+    assert_eq!((view["counts"]["sent"].as_u64(), view["counts"]["suppressed"].as_u64()), (Some(1), Some(2)), "{view}");
+    let d = deliveries(&s, &id).await?;
+    let limited = d.iter().filter(|x| x["reason"] == "number_rate_limited").count();
+    assert_eq!((s.sends(&id).await?.len(), limited), (1, 2), "{d:?}");
     Ok(())
 }
 

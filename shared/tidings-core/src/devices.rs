@@ -150,7 +150,10 @@ pub async fn unregister(deps: &Deps, t: &TenantId, token: &str) -> CoreResult<()
 /// Deletes a device's endpoint index, unless the address now belongs to someone else.
 async fn forget_endpoint(deps: &Deps, t: &TenantId, device: &Device) -> CoreResult<()> {
     let cond = Cond::And(vec![Cond::eq("tenant", t.as_str()), Cond::eq("user_id", device.user_id.clone())]);
-    match deps.table.transact(vec![Write::Delete { key: keys::push_endpoint(&token_hash(&device.address)), cond }]).await
+    match deps
+        .table
+        .transact(vec![Write::Delete { key: keys::push_endpoint(&token_hash(&device.address)), cond }])
+        .await
     {
         Ok(()) | Err(StoreError::ConditionFailed { .. }) => Ok(()),
         Err(e) => Err(e.into()),

@@ -15,6 +15,7 @@ use tidings_core::messages::{ALL_QUEUES, dispatch, settle};
 use tidings_core::notify::api::{self, NotificationView};
 use tidings_core::notify::model::{DeliveryStatus, NotificationRequest, NotificationStatus};
 use tidings_core::notify::relay;
+use tidings_core::ports::{self, StoreError};
 use tidings_core::ports::{
     ChangeFeed, Channel, ManualClock, OutMessage, OutboundMessage, Provider, ProviderError, ProviderReceipt,
 };
@@ -638,7 +639,11 @@ async fn a_batch_near_its_deadline_hands_back_the_sends_it_cannot_finish() {
     // Handed back as fresh copies: the receive they were given does not count towards the DLQ.
     let again = w.deps.queues.receive("email-low", 100, Duration::from_secs(60), Duration::ZERO).await.unwrap();
     assert_eq!(again.len(), handed_back);
-    assert!(again.iter().all(|m| m.receive_count == 1), "{:?}", again.iter().map(|m| m.receive_count).collect::<Vec<_>>());
+    assert!(
+        again.iter().all(|m| m.receive_count == 1),
+        "{:?}",
+        again.iter().map(|m| m.receive_count).collect::<Vec<_>>()
+    );
     for m in &again {
         w.deps.queues.change_visibility("email-low", &m.receipt, Duration::ZERO).await.unwrap();
     }
@@ -693,4 +698,129 @@ async fn tasks_handed_back_more_often_than_max_receives_are_not_dead_lettered() 
     assert_eq!((sent_to.users(), sent_to.max_per_user()), (USERS, 1));
     let page = api::list_deliveries(&w.deps, &w.t, &id, 1000, None).await.unwrap().unwrap();
     assert!(page.items.iter().all(|d| d.status == DeliveryStatus::Sent && d.attempts == 1), "{:?}", page.items);
+}
+
+/// Counts the writes that reach the store: a put, an update, a delete or a transaction, one each.
+struct CountingTable {
+    inner: Arc<dyn ports::Table>,
+    writes: std::sync::atomic::AtomicUsize,
+}
+
+impl CountingTable {
+    fn count(&self) {
+        self.writes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    fn writes(&self) -> usize {
+        self.writes.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+#[async_trait]
+impl ports::Table for CountingTable {
+    async fn get(&self, key: &ports::Key) -> Result<Option<ports::Item>, StoreError> {
+        self.inner.get(key).await
+    }
+    async fn get_many(&self, keys: &[ports::Key]) -> Result<Vec<Option<ports::Item>>, StoreError> {
+        self.inner.get_many(keys).await
+    }
+    async fn put(&self, item: ports::Item, cond: ports::Cond) -> Result<(), StoreError> {
+        self.count();
+        self.inner.put(item, cond).await
+    }
+    async fn update(
+        &self,
+        key: &ports::Key,
+        updates: Vec<ports::Update>,
+        cond: ports::Cond,
+    ) -> Result<ports::Item, StoreError> {
+        self.count();
+        self.inner.update(key, updates, cond).await
+    }
+    async fn delete(&self, key: &ports::Key, cond: ports::Cond) -> Result<(), StoreError> {
+        self.count();
+        self.inner.delete(key, cond).await
+    }
+    async fn transact(&self, writes: Vec<ports::Write>) -> Result<(), StoreError> {
+        self.count();
+        self.inner.transact(writes).await
+    }
+    async fn query(&self, pk: &str, sk_prefix: &str, opts: ports::QueryOpts) -> Result<ports::Page, StoreError> {
+        self.inner.query(pk, sk_prefix, opts).await
+    }
+}
+
+/// A world whose SMS go to a recording provider, with per-number SMS limits `limits`, and whose
+/// store counts its writes; `users` tagged `vip`, user `i` with phone number `i % numbers`.
+async fn sms_world(users: usize, numbers: usize, limits: &str) -> (World, Arc<Recording>, Arc<CountingTable>) {
+    let mut w = world(1000);
+    let sms = Recording::named("fake-sms");
+    let counting = Arc::new(CountingTable { inner: w.deps.table.clone(), writes: Default::default() });
+    w.deps.table = counting.clone();
+    w.deps.providers.sms = sms.clone();
+    let limits = limits.to_owned();
+    let abuse = tidings_core::abuse::AbuseGuard::from_settings(|name| {
+        (name == "TIDINGS_SMS_NUMBER_LIMITS").then(|| limits.clone())
+    })
+    .unwrap();
+    w.deps.config = Arc::new(CoreConfig { abuse, ..(*w.deps.config).clone() });
+    for i in 0..users {
+        let input = UserInput {
+            phone: Some(format!("+861380000{:04}", i % numbers)),
+            tags: vec!["vip".to_owned()],
+            ..Default::default()
+        };
+        users::put_user(&w.deps, &w.t, &format!("u{i:05}"), input).await.unwrap();
+    }
+    let input =
+        serde_json::from_value(json!({"default_locale": "en", "locales": {"en": {"sms": "Notice {{ user_id }}"}}}))
+            .unwrap();
+    templates::put_template(&w.deps, &w.t, "notice", input).await.unwrap();
+    (w, sms, counting)
+}
+
+fn sms_notice(key: &str) -> NotificationRequest {
+    serde_json::from_value(json!({"idempotency_key": key, "recipients": {"segment": "vip"}, "template_id": "notice",
+        "category": "transactional", "channels": ["sms"]}))
+    .unwrap()
+}
+
+/// A transactional SMS to a segment, with per-number limits on: the page's deliveries and their
+/// number counters are written together in a few large transactions (the counters read ahead
+/// with the page), not one transaction per member.
+#[tokio::test]
+async fn a_transactional_sms_segment_under_number_limits_is_written_in_few_transactions() {
+    const USERS: usize = 300;
+    let (w, sms, counting) = sms_world(USERS, USERS, "5/1h,10/1d").await;
+    let id = api::accept(&w.deps, &w.t, sms_notice("notice-1")).await.unwrap().notification_id;
+    let before = counting.writes();
+    expand(&w).await;
+    let writes = counting.writes() - before;
+    assert!(writes < 40, "{writes} writes to expand {USERS} members (one per member would be {USERS}+)");
+    drain(&w).await;
+    assert_eq!((sms.users(), sms.max_per_user()), (USERS, 1));
+    let v = view(&w, &id).await;
+    assert_eq!((v.status, v.counts.sent), (NotificationStatus::Completed, USERS as u64), "{v:?}");
+}
+
+/// Members who share a phone number share its counters: the number gets the notice once, the
+/// others' deliveries are `number_rate_limited`, and the page still goes through (a transaction
+/// naming one counter twice would be refused by DynamoDB).
+#[tokio::test]
+async fn members_sharing_a_number_get_one_sms_between_them() {
+    const USERS: usize = 60;
+    const NUMBERS: usize = 20;
+    let (w, sms, _) = sms_world(USERS, NUMBERS, "5/1h").await;
+    let id = api::accept(&w.deps, &w.t, sms_notice("notice-2")).await.unwrap().notification_id;
+    drain(&w).await;
+    assert_eq!((sms.total() as usize, sms.max_per_user()), (NUMBERS, 1));
+    let page = api::list_deliveries(&w.deps, &w.t, &id, 1000, None).await.unwrap().unwrap();
+    let limited = page
+        .items
+        .iter()
+        .filter(|d| d.status == DeliveryStatus::Suppressed && d.reason.as_deref() == Some("number_rate_limited"))
+        .count();
+    assert_eq!(limited, USERS - NUMBERS, "{:?}", page.items);
+    let v = view(&w, &id).await;
+    assert_eq!(v.status, NotificationStatus::Completed, "{v:?}");
+    assert_eq!((v.counts.sent, v.counts.suppressed), (NUMBERS as u64, (USERS - NUMBERS) as u64), "{v:?}");
 }

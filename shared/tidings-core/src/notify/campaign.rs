@@ -14,6 +14,7 @@
 //!   does nothing.
 
 use std::collections::HashSet;
+use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -122,6 +123,13 @@ struct Unit {
     gates: usize,
     /// The delivery as created when a gate fails.
     suppressed: Option<Item>,
+}
+
+impl Unit {
+    /// Hashes of the items its gates update.
+    fn gate_hashes<'a>(&'a self, hasher: &'a impl BuildHasher) -> impl Iterator<Item = u64> + 'a {
+        self.writes.iter().take(self.gates).map(move |w| hasher.hash_one(w.key()))
+    }
 }
 
 /// A table for the per-user planning code of one page: it holds back the creation of the
@@ -239,12 +247,20 @@ impl PageWriter {
         let room = MAX_TRANSACTION_WRITES - progress::COUNTER_SHARDS as usize;
         let mut chunk: Vec<Unit> = Vec::new();
         let mut size = 0;
+        // The gates the chunk writes (hashed): a transaction may name an item once, and two
+        // units can share a gate (two users with one phone number share its counters). The
+        // other writes are the unit's own (its delivery, its inbox message).
+        let hasher = std::collections::hash_map::RandomState::new();
+        let mut gates: HashSet<u64> = HashSet::new();
         for unit in units {
-            if size + unit.writes.len() > room && !chunk.is_empty() {
+            let shares = unit.gate_hashes(&hasher).any(|h| gates.contains(&h));
+            if (size + unit.writes.len() > room || shares) && !chunk.is_empty() {
                 self.write_chunk(std::mem::take(&mut chunk), now_ms, &mut skip).await?;
                 size = 0;
+                gates.clear();
             }
             size += unit.writes.len();
+            gates.extend(unit.gate_hashes(&hasher));
             chunk.push(unit);
         }
         if !chunk.is_empty() {

@@ -175,7 +175,8 @@ pub(crate) async fn orchestrate_page(
 }
 
 /// What planning a page will read, item by item: each user's preferences, and per channel the
-/// delivery, the address's suppression and the frequency counter of the day.
+/// delivery, the address's suppression and the frequency counter of the day (a transactional
+/// SMS: its number's counters).
 fn prefetch_keys(deps: &Deps, t: &TenantId, n: &Notification, users: &[(String, Option<User>)]) -> Vec<Key> {
     let channels: Vec<Channel> = match &n.request.channels {
         Some(c) => c.clone(),
@@ -199,6 +200,15 @@ fn prefetch_keys(deps: &Deps, t: &TenantId, n: &Notification, users: &[(String, 
             }
             if marketing && channel != Channel::Inapp {
                 keys.push(policy::cap_key(t, user_id, r.zone(), channel, now));
+            }
+            // A transactional SMS counts against its number's limits instead (none configured:
+            // no writes, nothing to read).
+            if !marketing
+                && channel == Channel::Sms
+                && let Some(address) = r.address(channel)
+            {
+                let gates = deps.config.abuse.number_writes(t, &n.notification_id, &address, now);
+                keys.extend(gates.iter().map(|w| w.key().clone()));
             }
         }
     }
