@@ -126,9 +126,14 @@ struct Unit {
 }
 
 impl Unit {
-    /// Hashes of the items its gates update.
+    /// Hashes of the items its gates update that another unit may update too: a phone number's
+    /// counters (a frequency cap is the user's own).
     fn gate_hashes<'a>(&'a self, hasher: &'a impl BuildHasher) -> impl Iterator<Item = u64> + 'a {
-        self.writes.iter().take(self.gates).map(move |w| hasher.hash_one(w.key()))
+        self.writes
+            .iter()
+            .take(self.gates)
+            .filter(|w| crate::abuse::is_counter(w.key()))
+            .map(move |w| hasher.hash_one(w.key()))
     }
 }
 
@@ -247,9 +252,9 @@ impl PageWriter {
         let room = MAX_TRANSACTION_WRITES - progress::COUNTER_SHARDS as usize;
         let mut chunk: Vec<Unit> = Vec::new();
         let mut size = 0;
-        // The gates the chunk writes (hashed): a transaction may name an item once, and two
-        // units can share a gate (two users with one phone number share its counters). The
-        // other writes are the unit's own (its delivery, its inbox message).
+        // The shared gates the chunk writes (hashed): a transaction may name an item once, and
+        // two units can share a gate (two users with one phone number share its counters). The
+        // other writes are the unit's own (its delivery, its cap, its inbox message).
         let hasher = std::collections::hash_map::RandomState::new();
         let mut gates: HashSet<u64> = HashSet::new();
         for unit in units {
