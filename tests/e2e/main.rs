@@ -6,6 +6,7 @@
 mod campaign;
 mod console;
 mod crash;
+mod iam;
 mod inventory;
 mod isolation;
 mod live;
@@ -67,6 +68,13 @@ on_both_backends!(campaign as campaign_tests: a_segment_campaign_reaches_each_me
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn campaign_of_two_thousand_on_aws_within_the_request_budget() -> anyhow::Result<()> {
     campaign::two_thousand_members_on_aws_cost_at_most_two_and_a_half_requests_each().await
+}
+
+/// Every request each function makes is one `template.yaml` allows it (AWS backend only: the
+/// embedded one makes no AWS requests).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_function_is_allowed_what_it_calls_on_aws() -> anyhow::Result<()> {
+    iam::every_function_is_allowed_what_it_calls().await
 }
 
 on_both_backends!(platform as platform_tests:

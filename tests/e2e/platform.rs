@@ -10,7 +10,7 @@ use crate::server::{Backend, Options, Server};
 
 // Generous: the AWS backend shares one emulator with the other tests; a pass returns at once.
 const WAIT: Duration = Duration::from_secs(90);
-const SIGNING_CERT: &str = include_str!("../fixtures/sns/test-signing-cert.pem");
+pub(crate) const SIGNING_CERT: &str = include_str!("../fixtures/sns/test-signing-cert.pem");
 const SIGNING_KEY: &str = include_str!("../fixtures/sns/test-signing-key.pem");
 
 async fn template(s: &Server) -> anyhow::Result<()> {
@@ -355,7 +355,7 @@ pub async fn scheduled_send_fires_at_send_at_and_cancel_stops_it(backend: Backen
 }
 
 /// On AWS the push provider needs SNS platform applications: made here in the emulator.
-async fn push_options(backend: Backend) -> anyhow::Result<Options> {
+pub(crate) async fn push_options(backend: Backend) -> anyhow::Result<Options> {
     let mut opts = Options::default();
     if backend == Backend::Aws {
         let config = aws_config::defaults(aws_config::BehaviorVersion::latest()).load().await;
@@ -424,7 +424,7 @@ pub async fn push_reaches_every_device_and_a_dead_token_is_deleted(backend: Back
 }
 
 /// An SNS message signed with the test key (as SNS signs: SHA256withRSA, version 2).
-fn sns_notification(message: &Value) -> Value {
+pub(crate) fn sns_notification(message: &Value) -> Value {
     use rsa::pkcs1v15::SigningKey;
     use rsa::pkcs8::DecodePrivateKey;
     use rsa::signature::{SignatureEncoding, Signer};

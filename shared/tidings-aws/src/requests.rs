@@ -1,7 +1,9 @@
 //! Every request the adapters make, counted by an interceptor on each SDK client: the metric
 //! [`AWS_REQUESTS`](tidings_core::metrics::AWS_REQUESTS) by service and operation (one per
 //! attempt: a retried call is billed twice), shown by `GET /v1/ops/metrics` and in EMF from
-//! Lambda. What a campaign costs is these counts divided by its deliveries.
+//! Lambda. What a campaign costs is these counts divided by its deliveries. Each is labelled
+//! with the function it was made for ([`tidings_core::roles`]), when the local runtime plays
+//! them all.
 
 use aws_smithy_runtime_api::box_error::BoxError;
 use aws_smithy_runtime_api::client::interceptors::Intercept;
@@ -30,7 +32,15 @@ impl Intercept for RequestCounter {
             Some(m) => (m.service().to_owned(), m.name().to_owned()),
             None => ("unknown".to_owned(), "unknown".to_owned()),
         };
-        metrics::counter!(AWS_REQUESTS, "service" => service, "operation" => operation).increment(1);
+        // On Lambda no role is set (the process is one function) and the metric has no label
+        // for it.
+        match tidings_core::roles::current() {
+            Some(function) => {
+                metrics::counter!(AWS_REQUESTS, "service" => service, "operation" => operation, "function" => function)
+                    .increment(1)
+            }
+            None => metrics::counter!(AWS_REQUESTS, "service" => service, "operation" => operation).increment(1),
+        }
         Ok(())
     }
 }

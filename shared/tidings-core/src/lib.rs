@@ -22,6 +22,7 @@ pub mod preferences;
 pub mod receipts;
 pub mod restock;
 pub mod retry;
+pub mod roles;
 pub mod schedule;
 pub mod signing;
 pub mod suppression;

@@ -203,6 +203,9 @@ pub struct Report {
     /// Requests to AWS since the process started, by `Service.Operation` (AWS backend only).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub aws_requests: BTreeMap<String, u64>,
+    /// The same, by the function they were made for (see [`crate::roles`]).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub aws_requests_by_function: BTreeMap<String, BTreeMap<String, u64>>,
     /// Receives that found nothing (idle polling), since the process started.
     pub empty_receives: u64,
 }
@@ -280,6 +283,8 @@ impl LocalRecorder {
                 DEAD_LETTERS => r.dead_letters += v,
                 AWS_REQUESTS => {
                     let name = format!("{}.{}", k.label("service").unwrap_or("-"), k.label("operation").unwrap_or("-"));
+                    let function = k.label("function").unwrap_or("unattributed").to_owned();
+                    *r.aws_requests_by_function.entry(function).or_default().entry(name.clone()).or_default() += v;
                     *r.aws_requests.entry(name).or_default() += v;
                 }
                 EMPTY_RECEIVES => r.empty_receives += v,

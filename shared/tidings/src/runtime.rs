@@ -10,6 +10,7 @@ use aws_lambda_events::event::sqs::SqsEvent;
 use tidings_core::Deps;
 use tidings_core::live::LivePush;
 use tidings_core::ports::ChangeFeed;
+use tidings_core::roles;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{error, warn};
@@ -111,7 +112,7 @@ pub fn start_with(
 /// Samples the age of a queue's oldest message for the metrics, every few seconds.
 async fn queue_age_loop(deps: Deps, queue: String, stop: watch::Receiver<bool>) {
     while !*stop.borrow() {
-        if let Ok(stats) = deps.queues.stats(&queue).await {
+        if let Ok(stats) = roles::acting_as(roles::LOCAL_RUNTIME, deps.queues.stats(&queue)).await {
             metrics::gauge!(tidings_core::metrics::QUEUE_OLDEST_AGE, "queue" => queue.clone())
                 .set(stats.oldest_age_s as f64);
         }
@@ -121,7 +122,7 @@ async fn queue_age_loop(deps: Deps, queue: String, stop: watch::Receiver<bool>) 
 
 async fn relay_loop(deps: Deps, live: Arc<dyn LivePush>, feed: Arc<dyn ChangeFeed>, stop: watch::Receiver<bool>) {
     while !*stop.borrow() {
-        let records = match feed.next_batch(1000).await {
+        let records = match roles::acting_as(roles::EVENT_SOURCE, feed.next_batch(1000)).await {
             Ok(r) => r,
             Err(e) => {
                 warn!(error = %e, "reading the change stream failed");
@@ -141,9 +142,10 @@ async fn relay_loop(deps: Deps, live: Arc<dyn LivePush>, feed: Arc<dyn ChangeFee
                 Err(e) => error!(error = %e, "unconvertible change record skipped"),
             }
         }
-        let response = tidings_lambda::handle_stream_event(&deps, live.as_ref(), event).await;
+        let response =
+            roles::acting_as("outbox-relay", tidings_lambda::handle_stream_event(&deps, live.as_ref(), event)).await;
         if response.batch_item_failures.is_empty() {
-            if let Err(e) = feed.commit(&records).await {
+            if let Err(e) = roles::acting_as(roles::EVENT_SOURCE, feed.commit(&records)).await {
                 warn!(error = %e, "committing the stream position failed; records will come again");
             }
         } else {
@@ -187,7 +189,7 @@ async fn queue_loop(deps: Deps, queue: String, arn: String, stop: watch::Receive
     let visibility = deps.config.visibility;
     let size = batch_size(&queue);
     while !*stop.borrow() {
-        let received = match receive_batch(&deps, &queue, size, visibility).await {
+        let received = match roles::acting_as(roles::EVENT_SOURCE, receive_batch(&deps, &queue, size, visibility)).await {
             Ok(m) => m,
             Err(e) => {
                 warn!(error = %e, queue, "receive failed");
@@ -208,7 +210,9 @@ async fn queue_loop(deps: Deps, queue: String, arn: String, stop: watch::Receive
         // No room kept after it: a record made late only lets a message show again early, and
         // its delivery's claim turns the second receive away.
         let deadline = received_at + visibility;
-        let response = tidings_lambda::handle_sqs_event_until(&deps, &queue, event, Some(deadline)).await;
+        let function = roles::consumer_of(&queue);
+        let response =
+            roles::acting_as(function, tidings_lambda::handle_sqs_event_until(&deps, &queue, event, Some(deadline))).await;
         busy.decrement(1.0);
         // What Lambda's event source mapping does: delete what did not fail.
         let done: Vec<String> = received
@@ -216,7 +220,7 @@ async fn queue_loop(deps: Deps, queue: String, arn: String, stop: watch::Receive
             .filter(|r| !response.batch_item_failures.iter().any(|f| f.item_identifier == r.message_id))
             .map(|r| r.receipt.clone())
             .collect();
-        if let Err(e) = deps.queues.delete_batch(&queue, &done).await {
+        if let Err(e) = roles::acting_as(roles::EVENT_SOURCE, deps.queues.delete_batch(&queue, &done)).await {
             warn!(error = %e, queue, "delete failed; the messages will come again");
         }
     }

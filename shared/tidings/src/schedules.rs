@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use tidings_core::{Deps, inventory, restock, timers};
+use tidings_core::{Deps, inventory, restock, roles, timers};
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
 use tracing::warn;
@@ -17,10 +17,15 @@ pub const SCHEDULES: &[(&str, Duration)] = &[
 
 /// Runs one job now: `Ok(None)` when there is no job of that name.
 pub async fn run(deps: &Deps, name: &str) -> Result<Option<serde_json::Value>, String> {
+    // Each job is its function's (`POST /dev/schedules/{name}/run` included).
     let result = match name {
-        "tick" => timers::tick(deps).await.map(|r| serde_json::to_value(r).unwrap_or_default()),
-        "restock-scan" => restock::scan(deps).await.map(|r| serde_json::to_value(r).unwrap_or_default()),
-        "reconcile" => inventory::reconcile(deps, None).await.map(|r| serde_json::to_value(r).unwrap_or_default()),
+        "tick" => roles::acting_as("tick", timers::tick(deps)).await.map(|r| serde_json::to_value(r).unwrap_or_default()),
+        "restock-scan" => roles::acting_as("restock-scan", restock::scan(deps))
+            .await
+            .map(|r| serde_json::to_value(r).unwrap_or_default()),
+        "reconcile" => roles::acting_as("reconcile", inventory::reconcile(deps, None))
+            .await
+            .map(|r| serde_json::to_value(r).unwrap_or_default()),
         _ => return Ok(None),
     };
     result.map(Some).map_err(|e| e.to_string())

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use tidings_api::{AppState, DevControl};
 use tidings_core::dev::DevProviders;
 use tidings_core::ports::{Clock, ManualClock, SystemClock};
-use tidings_core::{Deps, TenantId, tenants};
+use tidings_core::{Deps, TenantId, roles, tenants};
 use tokio::sync::watch;
 use tracing::info;
 
@@ -71,8 +71,8 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         Some(m) => m.clone(),
         None => Arc::new(SystemClock),
     };
-    let backend = Backend::open(&args.backend, clock).await?;
-    let demo_key = api_keys(&backend.deps, &args).await?;
+    let backend = roles::acting_as(roles::STARTUP, Backend::open(&args.backend, clock)).await?;
+    let demo_key = roles::acting_as(roles::STARTUP, api_keys(&backend.deps, &args)).await?;
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let hub = Arc::new(tidings_api::routes::live::LocalHub::default());
@@ -103,7 +103,10 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         println!("  try: curl -H 'Authorization: Bearer {key}' http://{addr}/v1/ops/queues");
     }
     info!(%addr, "serving");
-    axum::serve(listener, tidings_api::app(state))
+    // Every request is the API function's (the WebSocket route says it is `ws-connections`).
+    let app = tidings_api::app(state)
+        .layer(axum::middleware::from_fn(|req, next: axum::middleware::Next| roles::acting_as("api", next.run(req))));
+    axum::serve(listener, app)
         .with_graceful_shutdown(async {
             let _ = tokio::signal::ctrl_c().await;
         })

@@ -129,7 +129,10 @@ async fn connect(
         .map_err(|e| Problem::new(StatusCode::UNAUTHORIZED, "invalid_token", e.to_string()))?;
     // A plain GET gets a problem document, not axum's text rejection.
     let ws = ws.map_err(|e| Problem::new(StatusCode::UPGRADE_REQUIRED, "websocket_required", e.body_text()))?;
-    Ok(ws.on_upgrade(move |socket| session(s, hub, tenant, user, p.since, socket)))
+    // On AWS the connection's own work (the replay after `since`) is `ws-connections`'.
+    Ok(ws.on_upgrade(move |socket| {
+        tidings_core::roles::acting_as("ws-connections", session(s, hub, tenant, user, p.since, socket))
+    }))
 }
 
 async fn send_missed(s: &AppState, t: &TenantId, user: &str, since: &str, socket: &mut WebSocket) -> bool {

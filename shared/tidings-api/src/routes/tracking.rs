@@ -40,7 +40,7 @@ fn verify(s: &AppState, kind: TokenKind, token: &str) -> ApiResult<Claims> {
 /// Records in the background: the answer does not wait for the table.
 fn record_later(s: &AppState, claims: Claims) {
     let deps = s.deps.clone();
-    tokio::spawn(async move { tracking::record(&deps, &claims).await });
+    tidings_core::roles::spawn_in_role(async move { tracking::record(&deps, &claims).await });
 }
 
 /// The open pixel: always a 1×1 GIF; a valid token records an open.
