@@ -131,6 +131,7 @@ pub async fn unregister(deps: &Deps, t: &TenantId, token: &str) -> CoreResult<()
     let device_key = keys::device(t, &index.user_id, &hash);
     let device = deps.table.get(&device_key).await?.and_then(|item| item.parse::<Device>().ok());
     if let Some(d) = &device
+        && endpoint_is_ours(deps, t, d).await?
         && let Err(e) = deps.providers.push.unregister_device(&d.address).await
     {
         warn!(error = %e, "push endpoint not deleted; it is forgotten here anyway");
@@ -145,6 +146,17 @@ pub async fn unregister(deps: &Deps, t: &TenantId, token: &str) -> CoreResult<()
         forget_endpoint(deps, t, d).await?;
     }
     Ok(())
+}
+
+/// Whether the push service's endpoint for `device` is this device's to delete: the push
+/// service gives one token one endpoint, and the same token registered since in another tenant
+/// (or before the index existed: no index) keeps using it.
+async fn endpoint_is_ours(deps: &Deps, t: &TenantId, device: &Device) -> CoreResult<bool> {
+    let Some(item) = deps.table.get(&keys::push_endpoint(&token_hash(&device.address))).await? else {
+        return Ok(true);
+    };
+    let index: EndpointIndex = item.parse()?;
+    Ok(index.tenant == t.as_str() && index.user_id == device.user_id)
 }
 
 /// Deletes a device's endpoint index, unless the address now belongs to someone else.

@@ -29,6 +29,8 @@ struct Recorder {
     calls: Mutex<Vec<OutboundMessage>>,
     /// Answers to give first, in order; then `Ok`.
     script: Mutex<Vec<ProviderError>>,
+    /// Push addresses unregistered at the push service.
+    unregistered: Mutex<Vec<String>>,
 }
 
 impl Recorder {
@@ -50,6 +52,10 @@ impl Provider for Recorder {
         }
         Ok(ProviderReceipt { provider_message_id: format!("pm-{}", self.calls.lock().unwrap().len()) })
     }
+    async fn unregister_device(&self, address: &str) -> Result<(), ProviderError> {
+        self.unregistered.lock().unwrap().push(address.to_owned());
+        Ok(())
+    }
 }
 
 struct World {
@@ -57,6 +63,7 @@ struct World {
     clock: Arc<ManualClock>,
     feed: EmbeddedChangeFeed,
     sms: Arc<Recorder>,
+    push: Arc<Recorder>,
     email: Arc<Recorder>,
     t: TenantId,
 }
@@ -78,15 +85,16 @@ async fn world_with(config: CoreConfig) -> World {
     }
     let sms = Arc::new(Recorder::default());
     let email = Arc::new(Recorder::default());
+    let push = Arc::new(Recorder::default());
     let deps = Deps {
         table: Arc::new(store.clone()),
         queues: Arc::new(store.clone()),
         clock: clock.clone(),
-        providers: Providers { email: email.clone(), sms: sms.clone(), push: Arc::new(Recorder::default()) },
+        providers: Providers { email: email.clone(), sms: sms.clone(), push: push.clone() },
         config: Arc::new(config),
     };
     let t = TenantId::parse("shop-a").unwrap();
-    let w = World { feed: store.change_feed("relay"), deps, clock, sms, email, t };
+    let w = World { feed: store.change_feed("relay"), deps, clock, sms, email, push, t };
     let input = serde_json::from_value(json!({"default_locale": "en", "locales": {"en": {
         "sms": "Code {{ n }}", "email_subject": "S {{ n }}", "email_body": "B {{ n }}"}}}))
     .unwrap();
@@ -752,4 +760,25 @@ async fn push_service_events_delete_dead_tokens_and_keep_the_rest() {
     // Registered again after its deletion: known again.
     register(w.t.clone(), "u1", "tok-a").await;
     assert!(apply_push_event(&w.deps, &failure(&a.address, "EndpointDisabled")).await.unwrap().removed);
+}
+
+/// The push service gives one token one endpoint: a token registered in two tenants (one
+/// phone, two shops' apps on one push project) shares it. Unregistering it in the tenant that
+/// registered it first leaves the endpoint to the other; the last one deletes it.
+#[tokio::test]
+async fn unregistering_a_token_another_tenant_uses_keeps_its_endpoint() {
+    use tidings_core::devices::{self, DeviceInput};
+    use tidings_core::ports::Platform;
+    let w = world().await;
+    let other = TenantId::parse("shop-b").unwrap();
+    for t in [&w.t, &other] {
+        let input = DeviceInput { user_id: "u1".into(), platform: Platform::Android, token: "tok-shared".into() };
+        devices::register(&w.deps, t, input).await.unwrap();
+    }
+    devices::unregister(&w.deps, &w.t, "tok-shared").await.unwrap();
+    assert!(w.push.unregistered.lock().unwrap().is_empty(), "shop-b still sends to it");
+    assert!(devices::list(&w.deps, &w.t, "u1").await.unwrap().is_empty());
+    assert_eq!(devices::list(&w.deps, &other, "u1").await.unwrap().len(), 1);
+    devices::unregister(&w.deps, &other, "tok-shared").await.unwrap();
+    assert_eq!(*w.push.unregistered.lock().unwrap(), ["tok-shared"]);
 }
