@@ -168,7 +168,9 @@ pub async fn dead_letters_are_redriven_and_delivered_once(backend: Backend) -> a
     })
     .await?;
     for d in deliveries(&s, &id).await? {
-        assert_eq!(d["attempts"], 2, "{d}");
+        // Dead only after `max_receives` tries; more when a task was queued twice (the relay
+        // and the queue deliver at least once: each copy counts its own receives).
+        assert!(d["attempts"].as_u64().is_some_and(|a| a >= 2), "{d}");
         assert!(d["last_error"].as_str().unwrap().contains("503"), "an operator sees why: {d}");
     }
     s.eventually(WAIT, "five messages in email-high's DLQ", || async {
