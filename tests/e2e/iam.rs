@@ -6,10 +6,11 @@
 //! back-in-stock round, the scheduled jobs, the ops routes) while the local runtime labels each
 //! request with the function it was made for (`tidings_core::roles`). Then every
 //! `Service.Operation` a function was seen to make must be an action its policies in
-//! `template.yaml` allow. Calls made by the event source mappings (queue receives and deletes,
-//! stream reads) are Lambda's, under the permissions SAM adds for each event source; the
-//! start-up (creating the emulator's resources) is deployment. Resources are not compared, only
-//! actions.
+//! `template.yaml` allow, and an SQS request's queue must be one of that statement's resources.
+//! Calls made by the event source mappings (queue receives and deletes, stream reads) are
+//! Lambda's, under the permissions SAM adds for each event source; the start-up (creating the
+//! emulator's resources) is deployment. Other resources (the one table, SES identities, SNS
+//! endpoints) are not compared.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -54,9 +55,17 @@ fn allows(allowed: &BTreeSet<String>, action: &str) -> bool {
     allowed.contains(action)
 }
 
-/// Each function's allowed actions, by its binary name, from the template (decoded by
+/// One `Allow` statement: its actions and resources (a `Fn::GetAtt`'s logical id, `*`, or
+/// the text of anything else).
+#[derive(serde::Deserialize)]
+struct Statement {
+    actions: BTreeSet<String>,
+    resources: BTreeSet<String>,
+}
+
+/// Each function's `Allow` statements, by its binary name, from the template (decoded by
 /// cfn-lint, which reads CloudFormation's tags, from the test virtualenv).
-fn allowed_actions() -> anyhow::Result<BTreeMap<String, BTreeSet<String>>> {
+fn statements() -> anyhow::Result<BTreeMap<String, Vec<Statement>>> {
     let python = std::env::var("TIDINGS_TEST_PYTHON")
         .map_err(|_| anyhow::anyhow!("TIDINGS_TEST_PYTHON is not set: run the tests with `make test`"))?;
     let script = r#"
@@ -64,26 +73,68 @@ import json, sys
 from cfnlint.decode import decode
 template, errors = decode(sys.argv[1])
 assert not errors, errors
+def listed(x):
+    return x if isinstance(x, list) else [x]
+def resource(r):
+    if isinstance(r, dict) and "Fn::GetAtt" in r:
+        return r["Fn::GetAtt"][0]
+    return r if isinstance(r, str) else json.dumps(r, sort_keys=True, default=str)
 out = {}
-for resource in template["Resources"].values():
-    if resource["Type"] != "AWS::Serverless::Function":
+for res in template["Resources"].values():
+    if res["Type"] != "AWS::Serverless::Function":
         continue
-    binary = resource["Metadata"]["BuildProperties"]["Binary"]
-    actions = set()
-    for policy in resource["Properties"].get("Policies", []):
-        for statement in policy.get("Statement", []):
-            if statement.get("Effect") != "Allow":
-                continue
-            action = statement["Action"]
-            actions.update([action] if isinstance(action, str) else action)
-    out[binary] = sorted(actions)
+    binary = res["Metadata"]["BuildProperties"]["Binary"]
+    out[binary] = [
+        {"actions": listed(st["Action"]), "resources": [resource(r) for r in listed(st.get("Resource", "*"))]}
+        for policy in res["Properties"].get("Policies", [])
+        for st in policy.get("Statement", [])
+        if st.get("Effect") == "Allow"
+    ]
 print(json.dumps(out))
 "#;
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../template.yaml");
     let out = std::process::Command::new(&python).arg("-c").arg(script).arg(path).output()?;
     anyhow::ensure!(out.status.success(), "decoding template.yaml failed: {}", String::from_utf8_lossy(&out.stderr));
-    let parsed: BTreeMap<String, Vec<String>> = serde_json::from_slice(&out.stdout)?;
-    Ok(parsed.into_iter().map(|(f, a)| (f, a.into_iter().collect())).collect())
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+/// The template's logical id of a queue: `email-high` → `EmailHighQueue`, `email-high-dlq` →
+/// `EmailHighDlq`.
+fn logical_id(queue: &str) -> String {
+    let (base, kind) = match queue.strip_suffix("-dlq") {
+        Some(base) => (base, "Dlq"),
+        None => (queue, "Queue"),
+    };
+    let mut id: String = base
+        .split('-')
+        .map(|part| {
+            let mut c = part.chars();
+            c.next().map(|f| f.to_ascii_uppercase().to_string() + c.as_str()).unwrap_or_default()
+        })
+        .collect();
+    id.push_str(kind);
+    id
+}
+
+/// What is wrong with `function` making `request` (`Service.Operation`, with `@queue` for SQS;
+/// the queue's physical name starts with the test run's prefix), or `None`.
+fn refused(function: &str, statements: &[Statement], request: &str) -> Option<String> {
+    let (call, queue) = match request.split_once('@') {
+        Some((call, queue)) => (call, Some(queue.split_once('-').map_or(queue, |(_, logical)| logical))),
+        None => (request, None),
+    };
+    let (service, operation) = call.split_once('.').unwrap_or((call, ""));
+    let action = action_of(service, operation);
+    let granting: Vec<&Statement> = statements.iter().filter(|st| allows(&st.actions, &action)).collect();
+    if granting.is_empty() {
+        return Some(format!("{function} calls {call} but is not allowed {action}"));
+    }
+    let queue = queue?;
+    let id = logical_id(queue);
+    if granting.iter().any(|st| st.resources.contains("*") || st.resources.contains(&id)) {
+        return None;
+    }
+    Some(format!("{function} calls {call} on {queue} but is allowed {action} only on other resources ({id} missing)"))
 }
 
 async fn ok(s: &Server, method: &str, path: &str, body: Option<Value>) -> anyhow::Result<Value> {
@@ -116,12 +167,18 @@ async fn a_day_of_a_shop(s: &Server) -> anyhow::Result<()> {
     // Every channel, transactional; then a campaign to the segment.
     let body = json!({"idempotency_key": "day-1", "recipients": {"user_ids": ["u1", "u2"]}, "template_id": "day",
         "params": {"n": 1}, "category": "transactional", "channels": ["email", "sms", "push", "inapp"]});
-    let id = ok(s, "POST", "/v1/notifications", Some(body)).await?["notification_id"].as_str().unwrap_or_default().to_owned();
+    let id = ok(s, "POST", "/v1/notifications", Some(body)).await?["notification_id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
     completed(s, &id).await?;
     ok(s, "GET", &format!("/v1/notifications/{id}/deliveries"), None).await?;
     let body = json!({"idempotency_key": "day-2", "recipients": {"segment": "vip"}, "template_id": "day",
         "params": {"n": 2}, "category": "marketing", "channels": ["email"]});
-    let id = ok(s, "POST", "/v1/notifications", Some(body)).await?["notification_id"].as_str().unwrap_or_default().to_owned();
+    let id = ok(s, "POST", "/v1/notifications", Some(body)).await?["notification_id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
     completed(s, &id).await?;
     let body = json!({"idempotency_key": "day-3", "recipients": {"user_ids": ["u1"]}, "template_id": "day",
         "params": {"n": 3}, "category": "transactional", "channels": ["email"], "send_at": "2099-01-01T00:00:00Z"});
@@ -168,7 +225,8 @@ async fn a_day_of_a_shop(s: &Server) -> anyhow::Result<()> {
     s.eventually(WAIT, "the waiter's back-in-stock message", || async {
         s.call("POST", "/dev/clock/advance", Some(json!({"seconds": 2}))).await?;
         let (_, v) = s.call("GET", "/dev/deliveries?user_id=u1&channel=email", None).await?;
-        let restock = v.as_array().is_some_and(|a| a.iter().any(|m| m["body"].as_str().is_some_and(|b| b.contains("sku-day"))));
+        let restock =
+            v.as_array().is_some_and(|a| a.iter().any(|m| m["body"].as_str().is_some_and(|b| b.contains("sku-day"))));
         Ok(restock.then_some(()))
     })
     .await?;
@@ -191,7 +249,7 @@ async fn a_day_of_a_shop(s: &Server) -> anyhow::Result<()> {
 }
 
 pub async fn every_function_is_allowed_what_it_calls() -> anyhow::Result<()> {
-    let allowed = allowed_actions()?;
+    let statements = statements()?;
     let mut opts = push_options(Backend::Aws).await?;
     opts.manual_clock = true;
     opts.env.push(("TIDINGS_SNS_TRUSTED_CERT_PEM", SIGNING_CERT.into()));
@@ -211,18 +269,12 @@ pub async fn every_function_is_allowed_what_it_calls() -> anyhow::Result<()> {
         if not_functions.contains(&function.as_str()) {
             continue;
         }
-        let Some(granted) = allowed.get(function) else {
+        let Some(granted) = statements.get(function) else {
             missing.push(format!("{function}: no such function in template.yaml ({requests:?})"));
             continue;
         };
         seen_functions.insert(function.clone());
-        for name in requests.keys() {
-            let (service, operation) = name.split_once('.').unwrap_or((name, ""));
-            let action = action_of(service, operation);
-            if !allows(granted, &action) {
-                missing.push(format!("{function} calls {name} but is not allowed {action}"));
-            }
-        }
+        missing.extend(requests.keys().filter_map(|request| refused(function, granted, request)));
     }
     assert!(missing.is_empty(), "template.yaml does not allow what the code calls:\n{}", missing.join("\n"));
     // The day reached every function that makes requests of its own (ws-connections only
@@ -231,4 +283,34 @@ pub async fn every_function_is_allowed_what_it_calls() -> anyhow::Result<()> {
         assert!(seen_functions.contains(function), "{function} made no request: {by_function:?}");
     }
     Ok(())
+}
+
+#[test]
+fn queue_names_map_to_the_templates_logical_ids() {
+    assert_eq!(logical_id("email-high"), "EmailHighQueue");
+    assert_eq!(logical_id("email-high-dlq"), "EmailHighDlq");
+    assert_eq!(logical_id("timers"), "TimersQueue");
+    assert_eq!(logical_id("stock-events-dlq"), "StockEventsDlq");
+}
+
+#[test]
+fn a_call_outside_every_statement_is_refused() {
+    let statement = |actions: &[&str], resources: &[&str]| Statement {
+        actions: actions.iter().map(|a| (*a).to_owned()).collect(),
+        resources: resources.iter().map(|r| (*r).to_owned()).collect(),
+    };
+    let granted = [
+        statement(&["sqs:SendMessage", "sqs:GetQueueUrl"], &["TimersQueue"]),
+        statement(&["dynamodb:UpdateItem"], &["Table"]),
+        statement(&["sns:Publish"], &["*"]),
+    ];
+    assert_eq!(refused("api", &granted, "SQS.SendMessageBatch@e2e0000abcd-timers"), None);
+    assert_eq!(refused("api", &granted, "DynamoDB.TransactWriteItems"), None);
+    assert_eq!(refused("api", &granted, "SNS.Publish"), None);
+    assert!(
+        refused("api", &granted, "SQS.SendMessageBatch@e2e0000abcd-email-high")
+            .is_some_and(|r| r.contains("EmailHighQueue"))
+    );
+    assert!(refused("api", &granted, "DynamoDB.BatchGetItem").is_some_and(|r| r.contains("dynamodb:BatchGetItem")));
+    assert!(refused("api", &granted, "SQS.ChangeMessageVisibility@e2e0000abcd-timers").is_some());
 }

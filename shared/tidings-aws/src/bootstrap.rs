@@ -128,6 +128,12 @@ fn stream_spec() -> Result<StreamSpecification, BootstrapError> {
 async fn ensure_queue(backend: &AwsBackend, logical: &str) -> Result<(), BootstrapError> {
     let sqs = backend.sqs_client();
     let config = backend.config();
+    if !tidings_core::messages::has_dlq(logical) {
+        // As `template.yaml`: a queue nobody consumes has no DLQ and no redrive policy.
+        let name = config.queue_name(logical);
+        sqs.create_queue().queue_name(&name).send().await.map_err(aws_err(format!("create queue {name}")))?;
+        return Ok(());
+    }
     let dlq_name = config.dlq_name(logical);
     let dlq_url = sqs
         .create_queue()

@@ -492,7 +492,10 @@ impl Queues for SqsQueues {
 
     async fn stats(&self, queue: &str) -> Result<QueueStats, QueueError> {
         let (visible, in_flight, delayed) = self.depths(&self.queue_url(queue).await?).await?;
-        let (dv, di, dd) = self.depths(&self.dlq_url(queue).await?).await?;
+        let (dv, di, dd) = match tidings_core::messages::has_dlq(queue) {
+            true => self.depths(&self.dlq_url(queue).await?).await?,
+            false => (0, 0, 0),
+        };
         Ok(QueueStats {
             name: queue.to_string(),
             visible,
@@ -505,6 +508,9 @@ impl Queues for SqsQueues {
     }
 
     async fn redrive(&self, queue: &str) -> Result<u64, QueueError> {
+        if !tidings_core::messages::has_dlq(queue) {
+            return Ok(0);
+        }
         match self.redrive_mode {
             RedriveMode::MessageMoveTask => self.redrive_by_move_task(queue).await,
             RedriveMode::ReceiveAndResend => self.redrive_by_resending(queue).await,
@@ -512,6 +518,9 @@ impl Queues for SqsQueues {
     }
 
     async fn peek_dlq(&self, queue: &str, max: usize) -> Result<Vec<Received>, QueueError> {
+        if !tidings_core::messages::has_dlq(queue) {
+            return Ok(Vec::new());
+        }
         let dlq = self.dlq_url(queue).await?;
         let mut out: Vec<Received> = Vec::new();
         // With a visibility of 0 the same messages may come again: stop when a receive brings

@@ -24,7 +24,7 @@ impl Intercept for RequestCounter {
 
     fn read_before_transmit(
         &self,
-        _context: &BeforeTransmitInterceptorContextRef<'_>,
+        context: &BeforeTransmitInterceptorContextRef<'_>,
         _runtime_components: &RuntimeComponents,
         cfg: &mut ConfigBag,
     ) -> Result<(), BoxError> {
@@ -33,14 +33,30 @@ impl Intercept for RequestCounter {
             None => ("unknown".to_owned(), "unknown".to_owned()),
         };
         // On Lambda no role is set (the process is one function) and the metric has no label
-        // for it.
+        // for it. When the local runtime plays the functions, an SQS request also names its
+        // queue, for the check of the template's resources.
         match tidings_core::roles::current() {
             Some(function) => {
-                metrics::counter!(AWS_REQUESTS, "service" => service, "operation" => operation, "function" => function)
-                    .increment(1)
+                let queue = if service == "SQS" { queue_of(context.request().body().bytes()) } else { None };
+                match queue {
+                    Some(queue) => metrics::counter!(AWS_REQUESTS, "service" => service, "operation" => operation,
+                        "function" => function, "queue" => queue)
+                    .increment(1),
+                    None => metrics::counter!(AWS_REQUESTS, "service" => service, "operation" => operation,
+                        "function" => function)
+                    .increment(1),
+                }
             }
             None => metrics::counter!(AWS_REQUESTS, "service" => service, "operation" => operation).increment(1),
         }
         Ok(())
     }
+}
+
+/// The queue an SQS request (JSON protocol) names: its `QueueUrl`'s last segment, its
+/// `QueueName`, or the queue of its `SourceArn` (a message move task).
+fn queue_of(body: Option<&[u8]>) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(body?).ok()?;
+    let named = ["QueueUrl", "QueueName", "SourceArn"].iter().find_map(|k| v[*k].as_str())?;
+    named.rsplit(['/', ':']).next().filter(|q| !q.is_empty()).map(str::to_owned)
 }

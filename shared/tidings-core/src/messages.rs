@@ -192,6 +192,12 @@ pub fn is_consumed(queue: &str) -> bool {
     queue != crate::inventory::REVIEW_QUEUE
 }
 
+/// Whether a queue has a DLQ: only a consumed one (nothing dead-letters from a queue nobody
+/// receives from; `template.yaml` gives `inventory-review` none).
+pub fn has_dlq(queue: &str) -> bool {
+    is_consumed(queue)
+}
+
 /// Routes a batch of messages of one queue: channel tasks are handled as a batch
 /// ([`crate::notify::worker::handle_channel_batch`]), the others one by one. One outcome per
 /// message, in order.

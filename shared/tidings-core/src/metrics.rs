@@ -203,7 +203,8 @@ pub struct Report {
     /// Requests to AWS since the process started, by `Service.Operation` (AWS backend only).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub aws_requests: BTreeMap<String, u64>,
-    /// The same, by the function they were made for (see [`crate::roles`]).
+    /// The same, by the function they were made for (see [`crate::roles`]); an SQS request's
+    /// name ends with `@` and its queue.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub aws_requests_by_function: BTreeMap<String, BTreeMap<String, u64>>,
     /// Receives that found nothing (idle polling), since the process started.
@@ -284,7 +285,12 @@ impl LocalRecorder {
                 AWS_REQUESTS => {
                     let name = format!("{}.{}", k.label("service").unwrap_or("-"), k.label("operation").unwrap_or("-"));
                     let function = k.label("function").unwrap_or("unattributed").to_owned();
-                    *r.aws_requests_by_function.entry(function).or_default().entry(name.clone()).or_default() += v;
+                    // By function, an SQS request also names its queue: `SQS.SendMessageBatch@email-high`.
+                    let named = match k.label("queue") {
+                        Some(queue) => format!("{name}@{queue}"),
+                        None => name.clone(),
+                    };
+                    *r.aws_requests_by_function.entry(function).or_default().entry(named).or_default() += v;
                     *r.aws_requests.entry(name).or_default() += v;
                 }
                 EMPTY_RECEIVES => r.empty_receives += v,

@@ -189,7 +189,8 @@ async fn queue_loop(deps: Deps, queue: String, arn: String, stop: watch::Receive
     let visibility = deps.config.visibility;
     let size = batch_size(&queue);
     while !*stop.borrow() {
-        let received = match roles::acting_as(roles::EVENT_SOURCE, receive_batch(&deps, &queue, size, visibility)).await {
+        let received = match roles::acting_as(roles::EVENT_SOURCE, receive_batch(&deps, &queue, size, visibility)).await
+        {
             Ok(m) => m,
             Err(e) => {
                 warn!(error = %e, queue, "receive failed");
@@ -212,7 +213,8 @@ async fn queue_loop(deps: Deps, queue: String, arn: String, stop: watch::Receive
         let deadline = received_at + visibility;
         let function = roles::consumer_of(&queue);
         let response =
-            roles::acting_as(function, tidings_lambda::handle_sqs_event_until(&deps, &queue, event, Some(deadline))).await;
+            roles::acting_as(function, tidings_lambda::handle_sqs_event_until(&deps, &queue, event, Some(deadline)))
+                .await;
         busy.decrement(1.0);
         // What Lambda's event source mapping does: delete what did not fail.
         let done: Vec<String> = received

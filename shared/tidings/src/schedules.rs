@@ -19,7 +19,9 @@ pub const SCHEDULES: &[(&str, Duration)] = &[
 pub async fn run(deps: &Deps, name: &str) -> Result<Option<serde_json::Value>, String> {
     // Each job is its function's (`POST /dev/schedules/{name}/run` included).
     let result = match name {
-        "tick" => roles::acting_as("tick", timers::tick(deps)).await.map(|r| serde_json::to_value(r).unwrap_or_default()),
+        "tick" => {
+            roles::acting_as("tick", timers::tick(deps)).await.map(|r| serde_json::to_value(r).unwrap_or_default())
+        }
         "restock-scan" => roles::acting_as("restock-scan", restock::scan(deps))
             .await
             .map(|r| serde_json::to_value(r).unwrap_or_default()),
