@@ -11,6 +11,7 @@ use aws_smithy_runtime_api::client::interceptors::context::BeforeTransmitInterce
 use aws_smithy_runtime_api::client::orchestrator::Metadata;
 use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
 use aws_smithy_types::config_bag::ConfigBag;
+use metrics::Label;
 use tidings_core::metrics::AWS_REQUESTS;
 
 /// The interceptor counting requests (attach it with `config::Builder::interceptor`).
@@ -35,20 +36,15 @@ impl Intercept for RequestCounter {
         // On Lambda no role is set (the process is one function) and the metric has no label
         // for it. When the local runtime plays the functions, an SQS request also names its
         // queue, for the check of the template's resources.
-        match tidings_core::roles::current() {
-            Some(function) => {
-                let queue = if service == "SQS" { queue_of(context.request().body().bytes()) } else { None };
-                match queue {
-                    Some(queue) => metrics::counter!(AWS_REQUESTS, "service" => service, "operation" => operation,
-                        "function" => function, "queue" => queue)
-                    .increment(1),
-                    None => metrics::counter!(AWS_REQUESTS, "service" => service, "operation" => operation,
-                        "function" => function)
-                    .increment(1),
-                }
+        let sqs = service == "SQS";
+        let mut labels = vec![Label::new("service", service), Label::new("operation", operation)];
+        if let Some(function) = tidings_core::roles::current() {
+            labels.push(Label::new("function", function));
+            if let Some(queue) = sqs.then(|| queue_of(context.request().body().bytes())).flatten() {
+                labels.push(Label::new("queue", queue));
             }
-            None => metrics::counter!(AWS_REQUESTS, "service" => service, "operation" => operation).increment(1),
         }
+        metrics::counter!(AWS_REQUESTS, labels).increment(1);
         Ok(())
     }
 }

@@ -33,8 +33,9 @@ pub struct AwsPorts {
     pub push: Arc<dyn Provider>,
     /// Prefix of the queue ARNs in the SQS events the local runtime builds.
     pub queue_arn_prefix: String,
-    /// Signing keys read from SSM (`TIDINGS_SIGNING_KEY_PARAM`), when configured that way.
-    pub signer: tidings_core::signing::Signer,
+    /// The core's configuration, read once; its signing keys from SSM
+    /// (`TIDINGS_SIGNING_KEY_PARAM`) when `TIDINGS_SIGNING_KEYS` does not give them.
+    pub config: CoreConfig,
 }
 
 /// Reads the signing keys (`kid:secret,...`) from the SSM SecureString parameter named by
@@ -65,13 +66,16 @@ impl AwsPorts {
     /// Reads the configuration; with `bootstrap`, first creates the table and the queues where
     /// missing (for an emulator; on AWS the SAM template owns them).
     pub async fn from_env(bootstrap_first: bool, queue_names: &[String]) -> Result<Self, WiringError> {
-        CoreConfig::check_env().map_err(WiringError::Setting)?;
+        let mut config = CoreConfig::from_env().map_err(WiringError::Setting)?;
         let backend = AwsBackend::from_env().await?;
         if bootstrap_first {
             let names: Vec<&str> = queue_names.iter().map(String::as_str).collect();
             bootstrap(&backend, &names).await?;
         }
         let region = std::env::var("AWS_REGION").unwrap_or_else(|_| "us-east-1".into());
+        if !config.signer.is_configured() {
+            config.signer = signer_from_ssm().await?;
+        }
         Ok(Self {
             table: Arc::new(backend.table()),
             queues: Arc::new(backend.queues()),
@@ -80,17 +84,14 @@ impl AwsPorts {
             sms: Arc::new(backend.sms()),
             push: Arc::new(backend.push()),
             queue_arn_prefix: format!("arn:aws:sqs:{region}:000000000000:{}", backend.config().queue_prefix),
-            signer: signer_from_ssm().await?,
+            config,
             backend,
         })
     }
 
     /// The core's dependencies, with the real providers and the system clock (Lambda).
     pub fn deps(&self) -> Deps {
-        let mut config = CoreConfig::from_env();
-        if !config.signer.is_configured() {
-            config.signer = self.signer.clone();
-        }
+        let config = self.config.clone();
         Deps {
             table: self.table.clone(),
             queues: self.queues.clone(),

@@ -92,15 +92,15 @@ impl AbuseGuard {
     /// The counter writes that count one transactional SMS of `notification_id` to `number`
     /// against every limit; each fails its condition when its window is full.
     pub fn number_writes(&self, t: &TenantId, notification_id: &str, number: &str, now: DateTime<Utc>) -> Vec<Write> {
-        let hash = hex::encode(&Sha256::digest(number.as_bytes())[..12]);
+        let pk = number_pk(t, number);
         let mark = format!("n_{notification_id}");
-        self.number_limits
-            .iter()
-            .map(|limit| {
-                let (write, _) = counter(&format!("T#{t}#SMS#{hash}"), COUNTER_SK_PREFIX, limit, Some(&mark), now);
-                write
-            })
-            .collect()
+        self.number_limits.iter().map(|limit| counter(&pk, COUNTER_SK_PREFIX, limit, Some(&mark), now).0).collect()
+    }
+
+    /// The counter items [`AbuseGuard::number_writes`] updates (for a page read ahead).
+    pub fn number_keys(&self, t: &TenantId, number: &str, now: DateTime<Utc>) -> Vec<Key> {
+        let pk = number_pk(t, number);
+        self.number_limits.iter().map(|limit| window_key(&pk, COUNTER_SK_PREFIX, limit, now).0).collect()
     }
 
     /// The counter writes that count one accepted notification against the requester's limits,
@@ -113,7 +113,7 @@ impl AbuseGuard {
         ];
         for (field, kind, subject, limits) in subjects {
             let Some(subject) = subject else { continue };
-            let hash = hex::encode(&Sha256::digest(subject.as_bytes())[..12]);
+            let hash = subject_hash(&subject);
             for limit in limits {
                 let (write, retry_after_s) = counter(&format!("T#{t}#REQ#{kind}#{hash}"), "REQLIM#", limit, None, now);
                 out.push(RequesterCount { write, field, retry_after_s });
@@ -145,13 +145,28 @@ fn ip_subject(ip: &str) -> Option<String> {
     }
 }
 
+/// A counted subject in a key: a truncated SHA-256, so no number, IP or device id is stored.
+fn subject_hash(subject: &str) -> String {
+    hex::encode(&Sha256::digest(subject.as_bytes())[..12])
+}
+
+/// The partition of a phone number's counters.
+fn number_pk(t: &TenantId, number: &str) -> String {
+    format!("T#{t}#SMS#{}", subject_hash(number))
+}
+
+/// The counter item of `limit`'s window holding `now` under `pk`, and when that window ends
+/// (epoch seconds).
+fn window_key(pk: &str, sk_prefix: &str, limit: &Limit, now: DateTime<Utc>) -> (Key, i64) {
+    let window_s = limit.window.as_secs().max(1) as i64;
+    let index = now.timestamp().div_euclid(window_s);
+    (Key::new(pk.to_owned(), format!("{sk_prefix}{window_s}#{index}")), (index + 1) * window_s)
+}
+
 /// A fixed-window counter item under `pk`: incremented only while below the limit (and, with a
 /// `mark`, only once per mark). Returns the write and the seconds left in the window.
 fn counter(pk: &str, sk_prefix: &str, limit: &Limit, mark: Option<&str>, now: DateTime<Utc>) -> (Write, u64) {
-    let window_s = limit.window.as_secs().max(1) as i64;
-    let index = now.timestamp().div_euclid(window_s);
-    let key = Key::new(pk.to_owned(), format!("{sk_prefix}{window_s}#{index}"));
-    let end = (index + 1) * window_s;
+    let (key, end) = window_key(pk, sk_prefix, limit, now);
     // Kept a day past its window by the table's TTL.
     let write = crate::notify::policy::capped_count(key, limit.count, mark, end + 86_400);
     (write, (end - now.timestamp()).max(1) as u64)
@@ -275,6 +290,7 @@ mod tests {
             })
             .collect();
         assert_eq!(keys.len(), 2);
+        assert_eq!(g.number_keys(&t, "+8613800001234", now).iter().collect::<Vec<_>>(), keys, "the keys read ahead");
         assert!(keys.iter().all(|k| is_counter(k) && !k.pk.contains("13800001234")), "{keys:?}");
         assert_eq!(keys[0].sk, format!("{COUNTER_SK_PREFIX}3600#{}", now.timestamp() / 3600));
         // The same hour, another minute: the same counter; the next hour: another.

@@ -93,8 +93,10 @@ impl Default for CoreConfig {
 impl CoreConfig {
     /// Reads overrides from `TIDINGS_RETRY_BASE_MS`, `TIDINGS_RETRY_CAP_MS`,
     /// `TIDINGS_MAX_RECEIVES`, `TIDINGS_DELIVERY_LEASE_MS`, `TIDINGS_MARKETING_LEASE_MS`, `TIDINGS_PROVIDER_TIMEOUT_MS`,
-    /// `TIDINGS_VISIBILITY_S`, `TIDINGS_SIGNING_KEYS` (`kid:secret,...`), `TIDINGS_PUBLIC_URL`.
-    pub fn from_env() -> Self {
+    /// `TIDINGS_VISIBILITY_S`, `TIDINGS_SIGNING_KEYS` (`kid:secret,...`), `TIDINGS_PUBLIC_URL`,
+    /// and the abuse guard's settings. A malformed guard setting is an error naming it: a
+    /// process refuses to start rather than run unguarded.
+    pub fn from_env() -> Result<Self, String> {
         let mut c = Self::default();
         let ms = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok());
         if let Some(v) = ms("TIDINGS_RETRY_BASE_MS") {
@@ -146,24 +148,14 @@ impl CoreConfig {
                 }
             }
         }
-        // Checked at start-up by `check_env`: a process never runs with a malformed guard.
-        match crate::abuse::AbuseGuard::from_env() {
-            Ok(guard) => c.abuse = guard,
-            Err(e) => tracing::error!(error = %e, "abuse guard not configured"),
-        }
+        c.abuse = crate::abuse::AbuseGuard::from_env()?;
         if let Ok(v) = std::env::var("TIDINGS_SNS_TRUSTED_CERT_PEM")
             && !v.trim().is_empty()
         {
             c.sns_trusted_cert_pem =
                 if v.contains("-----BEGIN") { Some(v) } else { std::fs::read_to_string(v.trim()).ok() };
         }
-        c
-    }
-
-    /// The settings a process must refuse to start with (named in the error), checked before
-    /// [`CoreConfig::from_env`] is relied on.
-    pub fn check_env() -> Result<(), String> {
-        crate::abuse::AbuseGuard::from_env().map(|_| ())
+        Ok(c)
     }
 
     /// The marketing frequency cap of a tenant.

@@ -56,6 +56,11 @@ fn token_hash(token: &str) -> String {
     hex::encode(Sha256::digest(token.as_bytes()))
 }
 
+/// The endpoint index of a push address.
+fn endpoint_key(address: &str) -> crate::ports::Key {
+    keys::push_endpoint(&token_hash(address))
+}
+
 pub fn check_token(token: &str) -> CoreResult<()> {
     if token.is_empty() || token.len() > 4096 || token.chars().any(|c| c.is_whitespace() || c.is_control()) {
         return Err(CoreError::invalid("token", "must be 1 to 4096 characters without spaces"));
@@ -101,7 +106,7 @@ pub async fn register(deps: &Deps, t: &TenantId, input: DeviceInput) -> CoreResu
         Write::Put { item: Item::new(keys::device(t, &input.user_id, &hash), attrs_of(&device)?), cond: Cond::Always },
         Write::Put {
             item: Item::new(
-                keys::push_endpoint(&token_hash(&device.address)),
+                endpoint_key(&device.address),
                 attrs_of(&EndpointIndex {
                     tenant: t.as_str().to_owned(),
                     user_id: input.user_id.clone(),
@@ -152,7 +157,7 @@ pub async fn unregister(deps: &Deps, t: &TenantId, token: &str) -> CoreResult<()
 /// service gives one token one endpoint, and the same token registered since in another tenant
 /// (or before the index existed: no index) keeps using it.
 async fn endpoint_is_ours(deps: &Deps, t: &TenantId, device: &Device) -> CoreResult<bool> {
-    let Some(item) = deps.table.get(&keys::push_endpoint(&token_hash(&device.address))).await? else {
+    let Some(item) = deps.table.get(&endpoint_key(&device.address)).await? else {
         return Ok(true);
     };
     let index: EndpointIndex = item.parse()?;
@@ -162,11 +167,7 @@ async fn endpoint_is_ours(deps: &Deps, t: &TenantId, device: &Device) -> CoreRes
 /// Deletes a device's endpoint index, unless the address now belongs to someone else.
 async fn forget_endpoint(deps: &Deps, t: &TenantId, device: &Device) -> CoreResult<()> {
     let cond = Cond::And(vec![Cond::eq("tenant", t.as_str()), Cond::eq("user_id", device.user_id.clone())]);
-    match deps
-        .table
-        .transact(vec![Write::Delete { key: keys::push_endpoint(&token_hash(&device.address)), cond }])
-        .await
-    {
+    match deps.table.transact(vec![Write::Delete { key: endpoint_key(&device.address), cond }]).await {
         Ok(()) | Err(StoreError::ConditionFailed { .. }) => Ok(()),
         Err(e) => Err(e.into()),
     }
@@ -176,7 +177,7 @@ async fn forget_endpoint(deps: &Deps, t: &TenantId, device: &Device) -> CoreResu
 /// address no device of any tenant has (a device deleted since, or registered before the
 /// index existed).
 pub async fn by_address(deps: &Deps, address: &str) -> CoreResult<Option<(TenantId, Device)>> {
-    let Some(item) = deps.table.get(&keys::push_endpoint(&token_hash(address))).await? else {
+    let Some(item) = deps.table.get(&endpoint_key(address)).await? else {
         return Ok(None);
     };
     let index: EndpointIndex = item.parse()?;

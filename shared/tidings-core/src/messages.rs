@@ -207,7 +207,8 @@ pub async fn dispatch_batch(deps: &crate::Deps, queue: &str, messages: &[Receive
 
 /// [`dispatch_batch`] that starts no provider call it could not finish by `deadline` (a
 /// Lambda invocation's end, a visibility timeout): the sends not started are handed back
-/// (`pending`, retried soon) instead of being cut off mid-way by the end of the invocation.
+/// (`pending`, their messages sent again: [`Outcome::HandBack`]) instead of being cut off
+/// mid-way by the end of the invocation.
 pub async fn dispatch_batch_until(
     deps: &crate::Deps,
     queue: &str,

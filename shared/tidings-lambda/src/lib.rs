@@ -82,7 +82,8 @@ pub async fn handle_sqs_event(deps: &Deps, queue: &str, event: SqsEvent) -> SqsB
 }
 
 /// [`handle_sqs_event`] that starts no provider call it could not finish by `deadline` (see
-/// [`tidings_core::messages::dispatch_batch_until`]): those messages are retried, not cut off.
+/// [`tidings_core::messages::dispatch_batch_until`]): those messages are handed back, not cut
+/// off.
 pub async fn handle_sqs_event_until(
     deps: &Deps,
     queue: &str,

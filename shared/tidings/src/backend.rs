@@ -33,8 +33,7 @@ fn dev_providers(inner: [Arc<dyn Provider>; 3], table: &Arc<dyn Table>, clock: &
 
 impl Backend {
     pub async fn open(args: &BackendArgs, clock: Arc<dyn Clock>) -> anyhow::Result<Self> {
-        CoreConfig::check_env().map_err(anyhow::Error::msg)?;
-        let mut config = CoreConfig::from_env();
+        let mut config = CoreConfig::from_env().map_err(anyhow::Error::msg)?;
         if !config.signer.is_configured() {
             config.signer = local_signing_key(&args.data_dir)?;
         }

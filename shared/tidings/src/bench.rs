@@ -135,7 +135,7 @@ pub async fn campaign(args: CampaignArgs) -> anyhow::Result<()> {
     // What the relay reads, as the event source mapping filters it on AWS.
     store.set_stream_filter(tidings_core::notify::relay::streamed);
     // A campaign is marketing: no frequency cap here (one message per user anyway).
-    let config = CoreConfig { frequency_cap: 1_000, ..CoreConfig::from_env() };
+    let config = CoreConfig { frequency_cap: 1_000, ..CoreConfig::from_env().map_err(anyhow::Error::msg)? };
     let queue_names = crate::backend::all_queues();
     for q in &queue_names {
         store.declare_queue(tidings_embedded::QueueConfig::new(q.clone(), config.max_receives))?;

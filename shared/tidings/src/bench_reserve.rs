@@ -42,7 +42,7 @@ pub async fn reserve(args: ReserveArgs) -> anyhow::Result<()> {
         queues: Arc::new(store),
         clock,
         providers: Providers { email: null.clone(), sms: null.clone(), push: null },
-        config: Arc::new(CoreConfig::from_env()),
+        config: Arc::new(CoreConfig::from_env().map_err(anyhow::Error::msg)?),
     };
     let t = TenantId::parse("bench").map_err(|e| anyhow::anyhow!("{e}"))?;
     let shards = (args.shards > 1).then_some(args.shards);

@@ -15,22 +15,20 @@ pub const SCHEDULES: &[(&str, Duration)] = &[
     ("restock-scan", Duration::from_secs(3600)),
 ];
 
-/// Runs one job now: `Ok(None)` when there is no job of that name.
+/// Runs one job now: `Ok(None)` when there is no job of that name. Each job runs as its
+/// function (`POST /dev/schedules/{name}/run` included).
 pub async fn run(deps: &Deps, name: &str) -> Result<Option<serde_json::Value>, String> {
-    // Each job is its function's (`POST /dev/schedules/{name}/run` included).
-    let result = match name {
-        "tick" => {
-            roles::acting_as("tick", timers::tick(deps)).await.map(|r| serde_json::to_value(r).unwrap_or_default())
-        }
-        "restock-scan" => roles::acting_as("restock-scan", restock::scan(deps))
-            .await
-            .map(|r| serde_json::to_value(r).unwrap_or_default()),
-        "reconcile" => roles::acting_as("reconcile", inventory::reconcile(deps, None))
-            .await
-            .map(|r| serde_json::to_value(r).unwrap_or_default()),
-        _ => return Ok(None),
-    };
-    result.map(Some).map_err(|e| e.to_string())
+    let Some(&(job, _)) = SCHEDULES.iter().find(|(n, _)| *n == name) else { return Ok(None) };
+    roles::acting_as(job, async {
+        let result = match job {
+            "tick" => timers::tick(deps).await.map(|r| serde_json::to_value(r).unwrap_or_default()),
+            "restock-scan" => restock::scan(deps).await.map(|r| serde_json::to_value(r).unwrap_or_default()),
+            "reconcile" => inventory::reconcile(deps, None).await.map(|r| serde_json::to_value(r).unwrap_or_default()),
+            _ => return Ok(None),
+        };
+        result.map(Some).map_err(|e| e.to_string())
+    })
+    .await
 }
 
 /// Starts the periodic jobs. `clock_moved` wakes the tick at once (for `--manual-clock`).

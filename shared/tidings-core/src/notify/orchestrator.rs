@@ -207,8 +207,7 @@ fn prefetch_keys(deps: &Deps, t: &TenantId, n: &Notification, users: &[(String, 
                 && channel == Channel::Sms
                 && let Some(address) = r.address(channel)
             {
-                let gates = deps.config.abuse.number_writes(t, &n.notification_id, &address, now);
-                keys.extend(gates.iter().map(|w| w.key().clone()));
+                keys.extend(deps.config.abuse.number_keys(t, &address, now));
             }
         }
     }

@@ -245,9 +245,9 @@ pub async fn handle_channel_batch(deps: &Deps, messages: &[Received]) -> Vec<Out
 /// [`handle_channel_batch`] with a deadline: a claimed send whose provider call could not end
 /// before it (`now + provider timeout > deadline`) is not started, unless it is in the first
 /// wave of [`SEND_CONCURRENCY`] (progress is always made); its delivery goes back to `pending`
-/// and its message is retried at once. Messages handled one by one (transactional ones) stop
-/// the same way after the first. Callers leave themselves room after the deadline for the
-/// gates' wait and the record.
+/// and its message is handed back ([`Outcome::HandBack`]). Messages handled one by one
+/// (transactional ones) stop the same way after the first. Callers leave themselves room after
+/// the deadline for the gates' wait and the record.
 pub async fn handle_channel_batch_until(
     deps: &Deps,
     messages: &[Received],
@@ -273,7 +273,7 @@ pub async fn handle_channel_batch_until(
     }
     // The rest one by one (transactional messages, and what the batch path left), as long as
     // another provider call can end before the deadline; after the first, the others are
-    // retried at once, untouched.
+    // handed back untouched.
     let mut handled = 0usize;
     for (i, message) in messages.iter().enumerate() {
         if outcomes[i].is_none() {
