@@ -67,13 +67,11 @@ async fn run_with_sends(
     // crash is never sent again, so the point may not be reached again after the first crash.
     let may_run_dry = category == "marketing" && point == "worker.after_provider";
     for crash in 0..=CRASHES {
-        // A server that may have run dry is given 30 s to prove it; the others as long as a
-        // busy emulator may need to bring the point round again.
-        let patience = if may_run_dry && crash > 0 { 30 } else { 90 };
-        let exited = s.exited_within(Duration::from_secs(patience)).await?;
-        if !exited && crash > 0 && may_run_dry {
-            break;
-        }
+        let exited = match next_crash(&mut s, &id, crash, may_run_dry).await? {
+            Wait::Crashed => true,
+            Wait::RanDry => break,
+            Wait::NotReached => false,
+        };
         if !exited {
             let (_, deliveries) = s.call("GET", &format!("/v1/notifications/{id}/deliveries"), None).await?;
             let (_, queues) = s.call("GET", "/v1/ops/queues", None).await?;
@@ -132,6 +130,42 @@ fn assert_repeats_absorbed(per_user: &BTreeMap<String, usize>, sends: &[Value]) 
     assert!(attempts.values().all(|n| *n == 1), "a repeated message sent again within one claim: {attempts:?}");
     let resends = total(per_user) - USERS.len();
     assert!(resends <= CRASHES + 1, "at most one resend per crash: {attempts:?}");
+}
+
+enum Wait {
+    Crashed,
+    /// Nothing is left that could bring the point round again.
+    RanDry,
+    NotReached,
+}
+
+/// Waits for the server to reach its crash point. After the first crash it may run dry: every
+/// delivery final (two workers can each pass the point before the process dies, so a crash can
+/// take two sends with it), or a marketing batch claimed before a crash (never sent again) given
+/// 30 s to prove it. Otherwise as long as a busy emulator may need to bring the point round
+/// again.
+async fn next_crash(s: &mut Server, id: &str, crash: usize, may_run_dry: bool) -> anyhow::Result<Wait> {
+    let start = std::time::Instant::now();
+    while start.elapsed() < Duration::from_secs(90) {
+        if s.exited_within(Duration::from_secs(2)).await? {
+            return Ok(Wait::Crashed);
+        }
+        if crash == 0 {
+            continue;
+        }
+        if may_run_dry && start.elapsed() >= Duration::from_secs(30) {
+            return Ok(Wait::RanDry);
+        }
+        // The server may die while it answers: the next wait sees it.
+        if let Ok((200, v)) = s.call("GET", &format!("/v1/notifications/{id}/deliveries"), None).await {
+            let items = v["items"].as_array().cloned().unwrap_or_default();
+            let open = |d: &Value| d["status"] == "pending" || d["status"] == "sending";
+            if items.len() == USERS.len() && !items.iter().any(open) {
+                return Ok(Wait::RanDry);
+            }
+        }
+    }
+    Ok(Wait::NotReached)
 }
 
 fn total(per_user: &BTreeMap<String, usize>) -> usize {
