@@ -64,7 +64,7 @@ start() {
         return 0
     fi
     install
-    # moto with DynamoDB calls serialized: see moto_server.py for why.
+    # moto with its SQS made linear: see moto_server.py.
     nohup "$venv/bin/python" "$here/moto_server.py" -H 127.0.0.1 -p "$port" >"$logfile" 2>&1 &
     echo $! >"$pidfile"
     for _ in $(seq 1 100); do

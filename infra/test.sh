@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
-# `make test`: installs what the tests need (moto's server in infra/.venv, the lint tools),
-# starts the emulator on loopback, runs every test on both backends, lints the SAM template,
-# and stops the emulator. Exits non-zero on any failure; no test is skipped.
+# `make test`: installs what the tests need (moto's server in infra/.venv, DynamoDB Local in
+# infra/.ddb, the lint tools), starts the emulators on loopback (moto for SQS, SNS and SES;
+# DynamoDB Local, behind its conflict layer, for DynamoDB and its streams), runs every test on
+# both backends, lints the SAM template, and stops the emulators. Exits non-zero on any failure;
+# no test is skipped.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 export MOTO_PORT="${MOTO_PORT:-5005}"
+export DYNAMODB_LOCAL_PORT="${DYNAMODB_LOCAL_PORT:-5006}"
+trap 'bash infra/moto.sh stop >/dev/null 2>&1 || true; bash infra/dynamodb_local.sh stop >/dev/null 2>&1 || true' EXIT
 bash infra/moto.sh start >/dev/null
-trap 'bash infra/moto.sh stop >/dev/null 2>&1 || true' EXIT
+bash infra/dynamodb_local.sh start >/dev/null
 set -a
+# AWS_ENDPOINT_URL names moto; the SDK takes AWS_ENDPOINT_URL_DYNAMODB{,_STREAMS} over it.
 eval "$(bash infra/moto.sh env)"
+eval "$(bash infra/dynamodb_local.sh env)"
 set +a
 
 echo "== browser for the console test (Debian's chromium + chromedriver, selenium)"

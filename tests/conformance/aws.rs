@@ -1,15 +1,17 @@
-//! The conformance suite (`tidings-conformance`) against the AWS backend, on the endpoint of
-//! `AWS_ENDPOINT_URL` (moto from `infra/moto.sh`, LocalStack, or AWS itself).
+//! The conformance suite (`tidings-conformance`) against the AWS backend, on the emulators
+//! `make test` starts: DynamoDB and its streams from DynamoDB Local (`infra/dynamodb_local.sh`,
+//! `AWS_ENDPOINT_URL_DYNAMODB` / `AWS_ENDPOINT_URL_DYNAMODB_STREAMS`), SQS from moto
+//! (`infra/moto.sh`, `AWS_ENDPOINT_URL`); or LocalStack, or AWS itself.
 //!
 //! ```sh
-//! infra/moto.sh start
-//! env $(infra/moto.sh env) cargo test -p tidings-tests --test conformance_aws
+//! infra/moto.sh start; infra/dynamodb_local.sh start
+//! env $(infra/moto.sh env) $(infra/dynamodb_local.sh env) cargo test -p tidings-tests --test conformance_aws
 //! ```
 //!
-//! Without `AWS_ENDPOINT_URL`, or with an endpoint that does not answer, every test FAILS with
-//! a message saying so: nothing is skipped. Each test bootstraps its own table
-//! (`tidings-conf-<run>-<test>`) and the queues it uses (`tidings-conf-<run>-<id>-conf-a`, ...
-//! with `maxReceiveCount` 2), and deletes them at the end.
+//! Without `AWS_ENDPOINT_URL` and `AWS_ENDPOINT_URL_DYNAMODB`, or with an endpoint that does not
+//! answer, every test FAILS with a message saying so: nothing is skipped. Each test bootstraps
+//! its own table (`tidings-conf-<run>-<test>`) and the queues it uses
+//! (`tidings-conf-<run>-<id>-conf-a`, ... with `maxReceiveCount` 2), and deletes them at the end.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -29,13 +31,15 @@ fn process_run() -> &'static str {
 
 /// The endpoint, or a loud failure.
 fn endpoint() -> String {
-    match std::env::var("AWS_ENDPOINT_URL") {
-        Ok(url) if !url.trim().is_empty() => url,
-        _ => panic!(
-            "AWS_ENDPOINT_URL is not set: the AWS conformance tests need an emulator (or AWS). \
-             Start one with `infra/moto.sh start` and run \
-             `env $(infra/moto.sh env) cargo test -p tidings-tests --test conformance_aws`."
+    let how = "Start the emulators with `infra/moto.sh start; infra/dynamodb_local.sh start` and run \
+               `env $(infra/moto.sh env) $(infra/dynamodb_local.sh env) cargo test -p tidings-tests --test conformance_aws`.";
+    match (std::env::var("AWS_ENDPOINT_URL"), std::env::var("AWS_ENDPOINT_URL_DYNAMODB")) {
+        (Ok(url), Ok(ddb)) if !url.trim().is_empty() && !ddb.trim().is_empty() => ddb,
+        (Ok(url), _) if !url.trim().is_empty() => panic!(
+            "AWS_ENDPOINT_URL_DYNAMODB is not set: the AWS conformance tests take DynamoDB from DynamoDB Local, \
+             not from {url}. {how}"
         ),
+        _ => panic!("AWS_ENDPOINT_URL is not set: the AWS conformance tests need the emulators (or AWS). {how}"),
     }
 }
 
@@ -64,12 +68,12 @@ impl Env {
         match reachable {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => panic!(
-                "AWS_ENDPOINT_URL={url} does not answer DynamoDB ({}). Is the emulator running \
-                 (`infra/moto.sh start`) and are AWS_REGION / AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY set \
+                "AWS_ENDPOINT_URL_DYNAMODB={url} does not answer DynamoDB ({}). Is DynamoDB Local running \
+                 (`infra/dynamodb_local.sh start`) and are AWS_REGION / AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY set \
                  (`infra/moto.sh env`)?",
                 aws_sdk_error(&e)
             ),
-            Err(_) => panic!("AWS_ENDPOINT_URL={url} did not answer within 20 s"),
+            Err(_) => panic!("AWS_ENDPOINT_URL_DYNAMODB={url} did not answer within 20 s"),
         }
         bootstrap(&backend, queues).await.unwrap_or_else(|e| panic!("bootstrap on {url}: {e}"));
         Env { backend }

@@ -1,10 +1,12 @@
 //! End-to-end tests through the HTTP API, against a real `tidings serve` process, on both
-//! backends: embedded, and AWS against the emulator (`AWS_ENDPOINT_URL`; `make test` starts
-//! moto). The same test bodies run on both.
+//! backends: embedded, and AWS against the emulators (`make test` starts moto for SQS, SNS and
+//! SES, `AWS_ENDPOINT_URL`, and DynamoDB Local for DynamoDB, `AWS_ENDPOINT_URL_DYNAMODB`). The
+//! same test bodies run on both.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod campaign;
 mod console;
+mod contention;
 mod crash;
 mod iam;
 mod inventory;
@@ -115,3 +117,5 @@ on_both_backends!(inventory as inventory_tests:
 );
 
 on_both_backends!(isolation as isolation_tests: no_route_shows_or_changes_another_tenants_data);
+
+on_both_backends!(contention as contention_tests: concurrent_otp_accepts_on_one_template_are_all_accepted);

@@ -29,13 +29,19 @@ pub fn binary() -> anyhow::Result<PathBuf> {
     Ok(p)
 }
 
-/// Where the AWS backend's emulator is. Fails loudly when it is not configured: a test that
-/// needs the emulator never skips.
+/// Where the AWS backend's emulators are: moto (`AWS_ENDPOINT_URL`: SQS, SNS, SES) and DynamoDB
+/// Local (`AWS_ENDPOINT_URL_DYNAMODB`, `AWS_ENDPOINT_URL_DYNAMODB_STREAMS`). Fails loudly when
+/// they are not configured: a test that needs the emulators never skips.
 pub fn emulator() -> String {
-    match std::env::var("AWS_ENDPOINT_URL") {
-        Ok(url) if !url.is_empty() => url,
-        _ => panic!("AWS_ENDPOINT_URL is not set: start the emulator (make test does: infra/moto.sh start)"),
+    let how = "start the emulators (make test does: infra/moto.sh start; infra/dynamodb_local.sh start) \
+               and export their env lines";
+    for var in ["AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_DYNAMODB", "AWS_ENDPOINT_URL_DYNAMODB_STREAMS"] {
+        match std::env::var(var) {
+            Ok(url) if !url.is_empty() => {}
+            _ => panic!("{var} is not set: {how}"),
+        }
     }
+    std::env::var("AWS_ENDPOINT_URL").unwrap_or_default()
 }
 
 pub struct Server {

@@ -23,7 +23,7 @@ pub struct Problem {
     /// The request field at fault (400 and 422).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub field: Option<String>,
-    /// Seconds for the `Retry-After` header (429).
+    /// Seconds for the `Retry-After` header (429, and 409 `write_conflict`).
     #[serde(skip)]
     pub retry_after_s: Option<u64>,
 }
@@ -95,6 +95,18 @@ impl From<CoreError> for ApiError {
                 let mut p = Problem::new(StatusCode::TOO_MANY_REQUESTS, "rate_limited", format!("{field}: {detail}"))
                     .with_field(*field);
                 p.retry_after_s = Some(*retry_after_s);
+                p
+            }
+            // Other requests wrote the same items at the same moment, past the adapter's own
+            // retries: nothing of this request was written, and the same request may be sent
+            // again (an idempotency key makes that safe in any case).
+            CoreError::Store(tidings_core::ports::StoreError::Conflict) => {
+                let mut p = Problem::new(
+                    StatusCode::CONFLICT,
+                    "write_conflict",
+                    "other requests changed the same items at the same moment; nothing was written, try again",
+                );
+                p.retry_after_s = Some(1);
                 p
             }
             e if e.is_retryable() => {

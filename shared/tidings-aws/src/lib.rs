@@ -26,8 +26,8 @@ pub use providers::{SesEmail, SnsPush, SnsSms};
 pub use queues::SqsQueues;
 pub use stream::{DynamoChangeFeed, attrs_from_stream_image, change_record_from_stream, key_from_stream_image};
 pub use table::{
-    DynamoTable, ExprBuilder, attrs_from_stored, item_from_dynamo, item_to_dynamo, port_attr_name, stored_attr_name,
-    value_to_dynamo,
+    ConflictRetry, DynamoTable, ExprBuilder, attrs_from_stored, item_from_dynamo, item_to_dynamo, port_attr_name,
+    stored_attr_name, value_to_dynamo,
 };
 
 use aws_config::{BehaviorVersion, SdkConfig};

@@ -11,7 +11,7 @@ use tidings_core::ports::{
     QueueError, Queues, StoreError, Table, Update, Write,
 };
 
-use crate::{AwsConfig, DynamoTable, RedriveMode, SesEmail, SnsPush, SnsSms, SqsQueues};
+use crate::{AwsConfig, ConflictRetry, DynamoTable, RedriveMode, SesEmail, SnsPush, SnsSms, SqsQueues};
 
 /// A client of `$krate` answering from the rules (the equivalent of `mock_client!` without the
 /// SDK crates' `test-util` feature).
@@ -83,7 +83,7 @@ async fn transaction_conflict_is_retryable() {
         json!({"CancellationReasons": [{"Code": "TransactionConflict"}, {"Code": "None"}]}),
     );
     let rule = mock!(aws_sdk_dynamodb::Client::transact_write_items).sequence().http_status(400, Some(body)).build();
-    let table = table_with(&[&rule]);
+    let table = table_with(&[&rule]).with_conflict_retry(ConflictRetry::NONE);
     let err = table
         .transact(vec![
             Write::Put { item: item("a", "1"), cond: Cond::Always },
@@ -93,6 +93,73 @@ async fn transaction_conflict_is_retryable() {
         .unwrap_err();
     assert!(matches!(err, StoreError::Conflict), "{err:?}");
     assert!(err.is_retryable());
+    assert_eq!(rule.num_calls(), 1);
+}
+
+fn conflict_body() -> String {
+    dynamo_error(
+        "TransactionCanceledException",
+        json!({"CancellationReasons": [{"Code": "None"}, {"Code": "TransactionConflict", "Message": "Transaction is ongoing for the item"}]}),
+    )
+}
+
+fn two_writes() -> Vec<Write> {
+    vec![
+        Write::Put { item: item("a", "1"), cond: Cond::NotExists },
+        Write::Update { key: Key::new("hot", "counter"), updates: vec![Update::add("n", 1)], cond: Cond::Always },
+    ]
+}
+
+/// A transaction cancelled for a conflict wrote nothing: the adapter sends it again (with a
+/// backoff) and the caller sees only the success.
+#[tokio::test]
+async fn transaction_conflicts_are_retried_until_the_write_goes_through() {
+    let rule = mock!(aws_sdk_dynamodb::Client::transact_write_items)
+        .sequence()
+        .http_status(400, Some(conflict_body()))
+        .times(3)
+        .output(|| aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsOutput::builder().build())
+        .build();
+    let table = table_with(&[&rule]);
+    table.transact(two_writes()).await.unwrap();
+    assert_eq!(rule.num_calls(), 4, "three conflicts, then the write");
+}
+
+/// Conflicts that outlast the retry budget end in `Conflict` (retryable), within the budget.
+#[tokio::test]
+async fn transaction_conflicts_past_the_budget_are_a_retryable_conflict() {
+    let rule = mock!(aws_sdk_dynamodb::Client::transact_write_items)
+        .sequence()
+        .http_status(400, Some(conflict_body()))
+        .repeatedly()
+        .build();
+    let budget = Duration::from_millis(200);
+    let table = table_with(&[&rule]).with_conflict_retry(ConflictRetry {
+        budget,
+        base: Duration::from_millis(5),
+        cap: Duration::from_millis(40),
+    });
+    let started = std::time::Instant::now();
+    let err = table.transact(two_writes()).await.unwrap_err();
+    assert!(matches!(err, StoreError::Conflict), "{err:?}");
+    assert!(started.elapsed() < budget + Duration::from_millis(150), "{:?}", started.elapsed());
+    assert!(rule.num_calls() > 2, "retried within the budget ({} calls)", rule.num_calls());
+}
+
+/// A single write of an item a transaction holds is refused with TransactionConflictException:
+/// retried the same way.
+#[tokio::test]
+async fn a_single_write_refused_for_an_ongoing_transaction_is_retried() {
+    let body = dynamo_error("TransactionConflictException", json!({}));
+    let rule = mock!(aws_sdk_dynamodb::Client::update_item)
+        .sequence()
+        .http_status(400, Some(body))
+        .times(2)
+        .output(|| aws_sdk_dynamodb::operation::update_item::UpdateItemOutput::builder().build())
+        .build();
+    let table = table_with(&[&rule]);
+    table.update(&Key::new("hot", "counter"), vec![Update::add("n", 1)], Cond::Always).await.unwrap();
+    assert_eq!(rule.num_calls(), 3);
 }
 
 #[tokio::test]

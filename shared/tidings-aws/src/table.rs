@@ -2,6 +2,8 @@
 //! string `sk` (RANGE).
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::Client;
@@ -15,6 +17,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use serde_json::Value;
 use tidings_core::ports::table::MAX_TRANSACTION_WRITES;
 use tidings_core::ports::{Attrs, CmpOp, Cond, Item, Key, Page, QueryOpts, StoreError, Table, Update, Write};
+use tidings_core::retry::backoff;
 
 use crate::error::{Kind, classify};
 
@@ -26,16 +29,78 @@ pub use tidings_core::ports::table::stored::{PK, SK, attrs_from_stored, port_att
 const DEFAULT_LIMIT: usize = 100;
 const MAX_LIMIT: usize = 1000;
 
+/// How a write answered with a transaction conflict is tried again.
+///
+/// DynamoDB refuses a write of an item that another transaction holds at that moment
+/// (`TransactionConflict` in a cancelled transaction's reasons, `TransactionConflictException`
+/// for a single write) instead of waiting for it. Nothing of a refused write is applied, so
+/// the same write is simply sent again (its conditions are evaluated anew): after an
+/// equal-jitter backoff from `base`, doubling up to `cap`, while the time spent stays within
+/// `budget`. Past the budget the caller gets [`StoreError::Conflict`] (retryable; the API answers
+/// 409 `write_conflict` with `Retry-After`). The budget is a small part of a request's: API
+/// Gateway gives an API call 29 s, and a queue message's handler has its visibility timeout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConflictRetry {
+    pub budget: Duration,
+    pub base: Duration,
+    pub cap: Duration,
+}
+
+impl Default for ConflictRetry {
+    fn default() -> Self {
+        Self { budget: Duration::from_secs(3), base: Duration::from_millis(10), cap: Duration::from_millis(320) }
+    }
+}
+
+impl ConflictRetry {
+    /// No retry at all: the first conflict is the answer.
+    pub const NONE: ConflictRetry = ConflictRetry { budget: Duration::ZERO, base: Duration::ZERO, cap: Duration::ZERO };
+
+    /// Runs `write` until it ends in anything but a conflict, or the budget is spent.
+    pub async fn run<T, F, Fut>(&self, operation: &'static str, mut write: F) -> Result<T, StoreError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, StoreError>>,
+    {
+        let started = Instant::now();
+        let mut attempt = 0u32;
+        loop {
+            match write().await {
+                Err(StoreError::Conflict) => {
+                    attempt += 1;
+                    let delay = backoff(attempt, self.base, self.cap, None);
+                    if started.elapsed() + delay > self.budget {
+                        metrics::counter!("tidings_store_conflicts_given_up_total", "operation" => operation)
+                            .increment(1);
+                        tracing::warn!(operation, attempts = attempt, "transaction conflicts past the retry budget");
+                        return Err(StoreError::Conflict);
+                    }
+                    metrics::counter!("tidings_store_conflict_retries_total", "operation" => operation).increment(1);
+                    tokio::time::sleep(delay).await;
+                }
+                other => return other,
+            }
+        }
+    }
+}
+
 /// The [`Table`] port on DynamoDB.
 #[derive(Clone, Debug)]
 pub struct DynamoTable {
     client: Client,
     table: String,
+    conflicts: ConflictRetry,
 }
 
 impl DynamoTable {
     pub fn new(client: Client, table: impl Into<String>) -> Self {
-        Self { client, table: table.into() }
+        Self { client, table: table.into(), conflicts: ConflictRetry::default() }
+    }
+
+    /// The same table with another retry of transaction conflicts.
+    pub fn with_conflict_retry(mut self, conflicts: ConflictRetry) -> Self {
+        self.conflicts = conflicts;
+        self
     }
 
     pub fn client(&self) -> &Client {
@@ -554,16 +619,15 @@ impl Table for DynamoTable {
     async fn put(&self, item: Item, cond: Cond) -> Result<(), StoreError> {
         let mut x = ExprBuilder::new();
         let c = x.condition(&cond)?;
-        self.client
+        let request = self
+            .client
             .put_item()
             .table_name(&self.table)
             .set_item(Some(item_to_dynamo(&item.key, &item.attrs)?))
             .set_condition_expression(c)
             .set_expression_attribute_names(x.take_names())
-            .set_expression_attribute_values(x.take_values())
-            .send()
-            .await
-            .map_err(store_error)?;
+            .set_expression_attribute_values(x.take_values());
+        self.conflicts.run("PutItem", || async { request.clone().send().await.map_err(store_error) }).await?;
         Ok(())
     }
 
@@ -571,7 +635,7 @@ impl Table for DynamoTable {
         let mut x = ExprBuilder::new();
         let u = x.update(&updates)?;
         let c = x.condition(&cond)?;
-        let out = self
+        let request = self
             .client
             .update_item()
             .table_name(&self.table)
@@ -580,10 +644,9 @@ impl Table for DynamoTable {
             .set_condition_expression(c)
             .set_expression_attribute_names(x.take_names())
             .set_expression_attribute_values(x.take_values())
-            .return_values(ReturnValue::AllNew)
-            .send()
-            .await
-            .map_err(store_error)?;
+            .return_values(ReturnValue::AllNew);
+        let out =
+            self.conflicts.run("UpdateItem", || async { request.clone().send().await.map_err(store_error) }).await?;
         match out.attributes {
             Some(attrs) if !attrs.is_empty() => item_from_dynamo(attrs),
             _ => Ok(Item::new(key.clone(), Attrs::new())),
@@ -593,16 +656,15 @@ impl Table for DynamoTable {
     async fn delete(&self, key: &Key, cond: Cond) -> Result<(), StoreError> {
         let mut x = ExprBuilder::new();
         let c = x.condition(&cond)?;
-        self.client
+        let request = self
+            .client
             .delete_item()
             .table_name(&self.table)
             .set_key(Some(key_to_dynamo(key)))
             .set_condition_expression(c)
             .set_expression_attribute_names(x.take_names())
-            .set_expression_attribute_values(x.take_values())
-            .send()
-            .await
-            .map_err(store_error)?;
+            .set_expression_attribute_values(x.take_values());
+        self.conflicts.run("DeleteItem", || async { request.clone().send().await.map_err(store_error) }).await?;
         Ok(())
     }
 
@@ -624,7 +686,10 @@ impl Table for DynamoTable {
             }
         }
         let items = writes.iter().map(|w| self.transact_item(w)).collect::<Result<Vec<_>, _>>()?;
-        self.client.transact_write_items().set_transact_items(Some(items)).send().await.map_err(transact_error)?;
+        let request = self.client.transact_write_items().set_transact_items(Some(items));
+        self.conflicts
+            .run("TransactWriteItems", || async { request.clone().send().await.map_err(transact_error) })
+            .await?;
         Ok(())
     }
 

@@ -89,15 +89,16 @@ pub fn progress_counter(t: &TenantId, notification_id: &str, page: u64, shard: u
 pub const PAGE_PREFIX: &str = "P#";
 
 /// Hourly verification counts of a template's user-triggered notifications
-/// (`crate::notify::verification`), under this partition, sort key `H#YYYYMMDDHH`.
+/// (`crate::notify::verification`), under this partition, sort key `H#YYYYMMDDHH#{shard:02}`:
+/// each hour is counted over several shard items, summed when read.
 pub fn verification_pk(t: &TenantId, template_id: &str) -> String {
     format!("T#{t}#VSTAT#{template_id}")
 }
 
 pub const VERIFICATION_HOUR_PREFIX: &str = "H#";
 
-pub fn verification_hour(t: &TenantId, template_id: &str, hour: &str) -> Key {
-    Key::new(verification_pk(t, template_id), format!("{VERIFICATION_HOUR_PREFIX}{hour}"))
+pub fn verification_hour(t: &TenantId, template_id: &str, hour: &str, shard: u32) -> Key {
+    Key::new(verification_pk(t, template_id), format!("{VERIFICATION_HOUR_PREFIX}{hour}#{shard:02}"))
 }
 
 /// A campaign's page task: its insert, through the change stream, queues the page.

@@ -71,13 +71,17 @@ pub(super) fn router() -> Router<AppState> {
 }
 
 /// What every operation shares, added once here rather than repeated on each handler: the
-/// bearer scheme, and the problem answers any route can give (bad input, a missing key, an
-/// unavailable store). A handler's own description of a status wins.
+/// bearer scheme, and the problem answers any route can give (bad input, a missing key, a
+/// write conflict, an unavailable store). A handler's own description of a status wins.
 struct Conventions;
 
 /// Statuses any operation can answer, with when.
-const ANY_ROUTE: [(&str, &str); 3] = [
+const ANY_ROUTE: [(&str, &str); 4] = [
     ("400", "Malformed JSON, a wrong type or a bad path/query parameter (`field` names it)"),
+    (
+        "409",
+        "`write_conflict`: other requests wrote the same items at that moment; nothing was written, try again after `Retry-After`",
+    ),
     ("422", "Well-formed but invalid (`field` names it)"),
     ("503", "The store or a queue is unavailable for now; try again"),
 ];

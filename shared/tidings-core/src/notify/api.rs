@@ -82,7 +82,12 @@ pub async fn accept(deps: &Deps, t: &TenantId, mut req: NotificationRequest) -> 
     let first_limit = writes.len();
     writes.extend(limits.iter().map(|l| l.write.clone()));
     if notification.user_triggered {
-        writes.push(super::verification::accepted_write(t, &notification.request.template_id, now));
+        writes.push(super::verification::accepted_write(
+            t,
+            &notification.request.template_id,
+            now,
+            &notification.notification_id,
+        ));
     }
     match deps.table.transact(writes).await {
         Ok(()) => {

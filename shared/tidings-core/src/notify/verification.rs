@@ -7,6 +7,13 @@
 //! `verified_at` (once: repeats answer the same time) and the same hour's `verified` count goes
 //! up in the same transaction. `GET /v1/ops/verification?template_id=` shows both per hour and
 //! their ratio; a ratio that falls is someone requesting codes that nobody uses.
+//!
+//! Every accept of a template's codes counts in that template's hour: one item would be written
+//! by every concurrent accept transaction, and DynamoDB refuses a transaction whose item another
+//! one holds at that moment (a transaction conflict). So an hour is counted over
+//! [`COUNTER_SHARDS`] items, the notification's id choosing one, and read as their sum: the
+//! count stays exact and in the accept's own transaction, and concurrent accepts of one
+//! template rarely meet on an item (those that do are retried by the store adapter).
 
 use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
@@ -24,12 +31,25 @@ const KEEP_DAYS: i64 = 35;
 /// The most hours `stats` reports.
 pub const MAX_HOURS: u32 = 24 * 7;
 
+/// Items each hour's counts are spread over.
+pub const COUNTER_SHARDS: u32 = 16;
+
 fn hour_of(at: DateTime<Utc>) -> String {
     at.format("%Y%m%d%H").to_string()
 }
 
-fn hour_key(t: &TenantId, template_id: &str, at: DateTime<Utc>) -> Key {
-    keys::verification_hour(t, template_id, &hour_of(at))
+/// A stable shard of a notification id (FNV-1a), so its `verified` lands beside its `accepted`.
+fn shard_of(notification_id: &str) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in notification_id.bytes() {
+        h ^= u32::from(b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    h % COUNTER_SHARDS
+}
+
+fn hour_key(t: &TenantId, template_id: &str, at: DateTime<Utc>, notification_id: &str) -> Key {
+    keys::verification_hour(t, template_id, &hour_of(at), shard_of(notification_id))
 }
 
 fn count(key: Key, what: &str, at: DateTime<Utc>) -> Write {
@@ -39,8 +59,8 @@ fn count(key: Key, what: &str, at: DateTime<Utc>) -> Write {
 
 /// The write counting one user-triggered notification of `template_id` accepted at `at` (part
 /// of the accept transaction).
-pub fn accepted_write(t: &TenantId, template_id: &str, at: DateTime<Utc>) -> Write {
-    count(hour_key(t, template_id, at), "accepted", at)
+pub fn accepted_write(t: &TenantId, template_id: &str, at: DateTime<Utc>, notification_id: &str) -> Write {
+    count(hour_key(t, template_id, at, notification_id), "accepted", at)
 }
 
 /// The answer to `POST /v1/notifications/{id}/verified`.
@@ -69,7 +89,7 @@ pub async fn verify(deps: &Deps, t: &TenantId, id: &str) -> CoreResult<Option<Ve
     }];
     if n.user_triggered {
         let accepted_at = DateTime::from_timestamp_millis(n.created_ms).unwrap_or_else(|| deps.clock.now());
-        writes.push(count(hour_key(t, &n.request.template_id, accepted_at), "verified", accepted_at));
+        writes.push(count(hour_key(t, &n.request.template_id, accepted_at, id), "verified", accepted_at));
     }
     match deps.table.transact(writes).await {
         Ok(()) => Ok(Some(Verified { notification_id: n.notification_id, verified_at: now })),
@@ -122,8 +142,35 @@ pub async fn stats(deps: &Deps, t: &TenantId, template_id: &str, hours: u32) -> 
         return Err(CoreError::invalid("hours", format!("must be 1 to {MAX_HOURS}")));
     }
     let since = hour_of(deps.clock.now() - Duration::hours(i64::from(hours) - 1));
-    let opts = QueryOpts { limit: hours as usize, cursor: None, descending: true };
-    let page = deps.table.query(&keys::verification_pk(t, template_id), keys::VERIFICATION_HOUR_PREFIX, opts).await?;
+    // Newest first, the shards of an hour side by side: summed per hour until an hour before
+    // `since` (or the partition's end).
+    let mut sums: Vec<(String, u64, u64)> = Vec::new();
+    let mut cursor = None;
+    'pages: loop {
+        let opts = QueryOpts { limit: 1000, cursor, descending: true };
+        let page =
+            deps.table.query(&keys::verification_pk(t, template_id), keys::VERIFICATION_HOUR_PREFIX, opts).await?;
+        for item in &page.items {
+            let Some(rest) = item.key.sk.strip_prefix(keys::VERIFICATION_HOUR_PREFIX) else { continue };
+            let hour = rest.split('#').next().unwrap_or(rest);
+            if hour < since.as_str() {
+                break 'pages;
+            }
+            let accepted = item.i64("accepted").unwrap_or(0).max(0) as u64;
+            let verified = item.i64("verified").unwrap_or(0).max(0) as u64;
+            match sums.last_mut() {
+                Some((h, a, v)) if h == hour => {
+                    *a += accepted;
+                    *v += verified;
+                }
+                _ => sums.push((hour.to_owned(), accepted, verified)),
+            }
+        }
+        cursor = page.next_cursor;
+        if cursor.is_none() {
+            break;
+        }
+    }
     let mut out = VerificationStats {
         template_id: template_id.to_owned(),
         hours: Vec::new(),
@@ -131,16 +178,10 @@ pub async fn stats(deps: &Deps, t: &TenantId, template_id: &str, hours: u32) -> 
         verified: 0,
         ratio: None,
     };
-    for item in &page.items {
-        let Some(hour) = item.key.sk.strip_prefix(keys::VERIFICATION_HOUR_PREFIX) else { continue };
-        if hour < since.as_str() {
-            break;
-        }
-        let accepted = item.i64("accepted").unwrap_or(0).max(0) as u64;
-        let verified = item.i64("verified").unwrap_or(0).max(0) as u64;
+    for (hour, accepted, verified) in sums {
         let start = chrono::NaiveDateTime::parse_from_str(&format!("{hour}0000"), "%Y%m%d%H%M%S")
             .map(|d| d.and_utc().to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
-            .unwrap_or_else(|_| hour.to_owned());
+            .unwrap_or_else(|_| hour.clone());
         out.accepted += accepted;
         out.verified += verified;
         out.hours.push(HourStats { hour: start, accepted, verified, ratio: ratio(verified, accepted) });
