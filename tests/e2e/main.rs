@@ -10,12 +10,14 @@ mod contention;
 mod crash;
 mod iam;
 mod inventory;
+mod lambda;
 mod isolation;
 mod live;
 mod notify;
 mod platform;
 mod restock;
 mod server;
+mod shipped;
 
 /// Declares each test once per backend: `on_both_backends!(module as module_tests: test, ...)`
 /// makes `module_tests::embedded::test` and `module_tests::aws::test` from `module::test`.
@@ -119,3 +121,17 @@ on_both_backends!(inventory as inventory_tests:
 on_both_backends!(isolation as isolation_tests: no_route_shows_or_changes_another_tenants_data);
 
 on_both_backends!(contention as contention_tests: concurrent_otp_accepts_on_one_template_are_all_accepted);
+
+/// A day of a shop through the binaries `sam build` makes, each under a Lambda Runtime API with
+/// the environment and IAM policy `template.yaml` gives it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_day_of_a_shop_through_the_function_binaries() -> anyhow::Result<()> {
+    shipped::a_day_of_a_shop_through_the_function_binaries().await
+}
+
+/// Taking a needed statement out of a function's policy makes that function fail, so the day
+/// above would fail too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_policy_without_a_needed_statement_fails_its_function() -> anyhow::Result<()> {
+    shipped::a_policy_without_a_needed_statement_fails_its_function().await
+}

@@ -38,6 +38,64 @@ pub struct AwsPorts {
     pub config: CoreConfig,
 }
 
+/// What a function needs at start-up beyond the table, the queues and the providers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Needs {
+    /// The signing keys: from `TIDINGS_SIGNING_KEYS`, else the SSM parameter
+    /// `TIDINGS_SIGNING_KEY_PARAM` names. Without this need, SSM is never asked (a function's
+    /// policy may not allow it), and a function that has it refuses to start without a key.
+    pub signer: bool,
+    /// A public URL for the links it makes (`TIDINGS_PUBLIC_URL`): required, and refused when
+    /// it names a loopback or unspecified host, when running in Lambda.
+    pub public_url: bool,
+}
+
+/// Whether the process runs under a Lambda Runtime API (on AWS, or a harness that plays it).
+pub fn in_lambda() -> bool {
+    std::env::var("AWS_LAMBDA_RUNTIME_API").is_ok_and(|v| !v.is_empty())
+}
+
+/// Why `url` cannot be the base of the links a deployed stack sends, or `None`.
+pub fn public_url_problem(url: &str) -> Option<String> {
+    let rest = match url.split_once("://") {
+        Some(("https" | "http", rest)) => rest,
+        _ => return Some(format!("TIDINGS_PUBLIC_URL={url:?} is not an http(s) URL")),
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let host = match authority.rsplit_once('@').map_or(authority, |(_, h)| h) {
+        h if h.starts_with('[') => h.split(']').next().unwrap_or_default().trim_start_matches('['),
+        h => h.rsplit_once(':').map_or(h, |(host, _)| host),
+    };
+    let host = host.to_ascii_lowercase();
+    let loopback = host.is_empty()
+        || host == "localhost"
+        || host.ends_with(".localhost")
+        || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback() || ip.is_unspecified());
+    loopback.then(|| {
+        format!(
+            "TIDINGS_PUBLIC_URL={url:?} names a local host: every tracking, click and unsubscribe link would \
+             point at it (set the stack's PublicUrl parameter)"
+        )
+    })
+}
+
+/// The management endpoint of the WebSocket API's stage: `TIDINGS_WS_ENDPOINT`, or, where the
+/// SDK's endpoint is overridden (`AWS_ENDPOINT_URL_APIGATEWAYMANAGEMENTAPI`, else
+/// `AWS_ENDPOINT_URL`: an emulator), that endpoint with the stage's path kept. The client is
+/// given its endpoint in code, which the SDK's own variables would not override.
+fn management_endpoint(ws_endpoint: &str) -> String {
+    let over = ["AWS_ENDPOINT_URL_APIGATEWAYMANAGEMENTAPI", "AWS_ENDPOINT_URL"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok().filter(|e| !e.is_empty()));
+    match over {
+        Some(base) => {
+            let path = ws_endpoint.split_once("://").map_or("", |(_, rest)| rest.find('/').map_or("", |i| &rest[i..]));
+            format!("{}{path}", base.trim_end_matches('/'))
+        }
+        None => ws_endpoint.to_owned(),
+    }
+}
+
 /// Reads the signing keys (`kid:secret,...`) from the SSM SecureString parameter named by
 /// `TIDINGS_SIGNING_KEY_PARAM`, so the secret is never in the template or the environment.
 async fn signer_from_ssm() -> Result<tidings_core::signing::Signer, WiringError> {
@@ -65,16 +123,31 @@ async fn signer_from_ssm() -> Result<tidings_core::signing::Signer, WiringError>
 impl AwsPorts {
     /// Reads the configuration; with `bootstrap`, first creates the table and the queues where
     /// missing (for an emulator; on AWS the SAM template owns them).
-    pub async fn from_env(bootstrap_first: bool, queue_names: &[String]) -> Result<Self, WiringError> {
+    pub async fn from_env(bootstrap_first: bool, queue_names: &[String], needs: Needs) -> Result<Self, WiringError> {
         let mut config = CoreConfig::from_env().map_err(WiringError::Setting)?;
+        if needs.public_url && in_lambda() {
+            if std::env::var("TIDINGS_PUBLIC_URL").is_err() {
+                return Err(WiringError::Setting(
+                    "TIDINGS_PUBLIC_URL is not set: the links this function makes need it".into(),
+                ));
+            }
+            if let Some(problem) = public_url_problem(&config.public_url) {
+                return Err(WiringError::Setting(problem));
+            }
+        }
         let backend = AwsBackend::from_env().await?;
         if bootstrap_first {
             let names: Vec<&str> = queue_names.iter().map(String::as_str).collect();
             bootstrap(&backend, &names).await?;
         }
         let region = std::env::var("AWS_REGION").unwrap_or_else(|_| "us-east-1".into());
-        if !config.signer.is_configured() {
+        if needs.signer && !config.signer.is_configured() {
             config.signer = signer_from_ssm().await?;
+            if !config.signer.is_configured() {
+                return Err(WiringError::Secret(
+                    "this function signs links and tokens: set TIDINGS_SIGNING_KEY_PARAM (an SSM parameter) or TIDINGS_SIGNING_KEYS".into(),
+                ));
+            }
         }
         Ok(Self {
             table: Arc::new(backend.table()),
@@ -121,7 +194,7 @@ impl AwsPorts {
             Ok(endpoint) if !endpoint.is_empty() => {
                 let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
                 let conf = aws_sdk_apigatewaymanagement::config::Builder::from(&sdk)
-                    .endpoint_url(endpoint)
+                    .endpoint_url(management_endpoint(&endpoint))
                     .interceptor(crate::requests::RequestCounter)
                     .build();
                 let client = aws_sdk_apigatewaymanagement::Client::from_conf(conf);
@@ -134,5 +207,31 @@ impl AwsPorts {
     /// The deployment's queue prefix (logical name = physical name without it).
     pub fn queue_prefix(&self) -> &str {
         &self.backend.config().queue_prefix
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::public_url_problem;
+
+    #[test]
+    fn loopback_public_urls_are_refused_and_public_ones_kept() {
+        for bad in [
+            "http://127.0.0.1:8080",
+            "https://localhost/x",
+            "http://[::1]:3000",
+            "http://0.0.0.0",
+            "https://api.localhost",
+            "ftp://shop.example",
+            "shop.example",
+            "https://",
+        ] {
+            assert!(public_url_problem(bad).is_some(), "{bad} accepted");
+        }
+        for good in
+            ["https://notify.shop.example", "https://abc.execute-api.eu-west-1.amazonaws.com/", "http://10.0.0.5:8080"]
+        {
+            assert_eq!(public_url_problem(good), None, "{good} refused");
+        }
     }
 }

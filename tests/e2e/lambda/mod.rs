@@ -1,0 +1,451 @@
+//! The shape that ships, run here: each function of `template.yaml` is its `sam build` binary
+//! (`.aws-sam/build/<Function>/bootstrap`) in processes of its own under a Lambda Runtime API,
+//! with the environment and the policy the template gives it; the table, queues and parameters
+//! the template names are made in the emulators (DynamoDB Local, moto); the harness plays the
+//! event source mappings, the schedules and API Gateway from what the template declares.
+//!
+//! The harness adds to a function's environment only what a deployed function gets from AWS
+//! itself: the Runtime API and `AWS_LAMBDA_*` variables, the region, credentials (one access key
+//! per function, so the IAM proxy knows the caller), `AWS_EC2_METADATA_DISABLED`, the
+//! endpoints (every AWS request goes through [`proxy`], which enforces the function's policy),
+//! and the certificate SNS signs its messages with (on AWS fetched from SNS's own host).
+
+pub mod gateway;
+pub mod proxy;
+pub mod runtime;
+pub mod sources;
+pub mod template;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+use self::runtime::{Binaries, Function};
+use self::sources::Dynamo;
+use self::template::{REGION, Source, StackSpec};
+
+pub struct Options {
+    pub public_url: String,
+    pub max_receives: u32,
+    /// Environments per function at most (Lambda's concurrency, scaled to this machine).
+    pub concurrency: usize,
+    /// Visibility of every source queue instead of the template's, so a message a crashed or
+    /// timed-out invocation held comes back within a test's patience.
+    pub visibility_s: Option<u64>,
+    /// Parameters beyond the harness's own.
+    pub parameters: Vec<(String, String)>,
+    /// Policy statements taken out (function binary, `Sid`): what a policy that lacks them does.
+    pub without_statements: Vec<(&'static str, &'static str)>,
+    /// Start every function before the first event (and fail if one does not start).
+    pub warm: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            public_url: "https://notify.shop.test".into(),
+            max_receives: 5,
+            concurrency: 2,
+            visibility_s: Some(20),
+            parameters: Vec::new(),
+            without_statements: Vec::new(),
+            warm: true,
+        }
+    }
+}
+
+pub struct Stack {
+    pub spec: StackSpec,
+    pub api: String,
+    pub ws: String,
+    pub key: String,
+    pub other_key: String,
+    pub functions: BTreeMap<String, Arc<Function>>,
+    pub ledger: Arc<Mutex<proxy::Ledger>>,
+    pub queue_urls: BTreeMap<String, String>,
+    pub sqs: aws_sdk_sqs::Client,
+    pub sns: aws_sdk_sns::Client,
+    pub dynamo: Dynamo,
+    pub stream_given_up: Arc<std::sync::atomic::AtomicU64>,
+    pub connections: gateway::WebSocketApi,
+    pub public_url: String,
+    pub http: reqwest::Client,
+    stop: watch::Sender<bool>,
+}
+
+fn required(var: &str) -> anyhow::Result<String> {
+    match std::env::var(var) {
+        Ok(v) if !v.is_empty() => Ok(v),
+        _ => anyhow::bail!("{var} is not set: start the emulators (make test does: infra/moto.sh, infra/dynamodb_local.sh)"),
+    }
+}
+
+async fn serve(router: axum::Router) -> anyhow::Result<String> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+    Ok(format!("http://{addr}"))
+}
+
+impl Stack {
+    pub async fn start(opts: Options) -> anyhow::Result<Self> {
+        let moto = required("AWS_ENDPOINT_URL")?;
+        let dynamodb = required("AWS_ENDPOINT_URL_DYNAMODB")?;
+        let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest()).region(REGION).load().await;
+        let sqs = aws_sdk_sqs::Client::new(&sdk);
+        let sns = aws_sdk_sns::Client::new(&sdk);
+        let ssm = aws_sdk_ssm::Client::new(&sdk);
+        let ses = aws_sdk_sesv2::Client::new(&sdk);
+        let http = reqwest::Client::builder().timeout(Duration::from_secs(60)).build()?;
+        let dynamo = Dynamo { url: dynamodb.clone(), http: http.clone() };
+        let streams_url = std::env::var("AWS_ENDPOINT_URL_DYNAMODB_STREAMS").ok().filter(|v| !v.is_empty()).unwrap_or_else(|| dynamodb.clone());
+        let streams = Dynamo { url: streams_url, http: http.clone() };
+        let stack = format!("lh{:08x}", rand::random::<u32>());
+
+        // What a shop creates outside the stack (README, "Deploy"): the signing key, the SES
+        // identity, the push platform applications.
+        let signing_param = format!("/{stack}/signing-key");
+        ssm.put_parameter()
+            .name(&signing_param)
+            .r#type(aws_sdk_ssm::types::ParameterType::SecureString)
+            .value(format!("k1:{:032x}", rand::random::<u128>()))
+            .send()
+            .await?;
+        let email_from = "no-reply@shop.test".to_owned();
+        ses.create_email_identity().email_identity("shop.test").send().await?;
+        let mut parameters: BTreeMap<String, String> = BTreeMap::from([
+            ("PublicUrl".into(), opts.public_url.clone()),
+            ("EmailFrom".into(), email_from),
+            ("SigningKeyParam".into(), signing_param),
+            ("MaxReceives".into(), opts.max_receives.to_string()),
+        ]);
+        for (platform, param) in [("APNS", "SnsApnsArn"), ("GCM", "SnsFcmArn")] {
+            let app = sns
+                .create_platform_application()
+                .name(format!("{stack}-{}", platform.to_lowercase()))
+                .platform(platform)
+                .attributes("PlatformCredential", "test")
+                .attributes("PlatformPrincipal", "test")
+                .send()
+                .await?;
+            parameters.insert(param.into(), app.platform_application_arn.unwrap_or_default());
+        }
+        parameters.extend(opts.parameters.iter().cloned());
+
+        let decoded = template::decode()?;
+        let ws_api_id = format!("ws{stack}");
+        let mut other = BTreeMap::from([
+            ("InboxWebSocketApi".to_owned(), ws_api_id.clone()),
+            ("InboxWebSocketStage".to_owned(), "live".to_owned()),
+            ("HttpApi".to_owned(), format!("http{stack}")),
+        ]);
+        // The table's stream ARN is DynamoDB Local's: made first.
+        let table_name = template::table_name(&stack);
+        let names = template::Names { stack: &stack, parameters: &parameters, other: other.clone() };
+        let spec = template::stack(&decoded, &names)?;
+        let props = &spec.table.properties;
+        let created = dynamo
+            .call(
+                "DynamoDB_20120810.CreateTable",
+                json!({
+                    "TableName": table_name,
+                    "AttributeDefinitions": props["AttributeDefinitions"],
+                    "KeySchema": props["KeySchema"],
+                    "BillingMode": props["BillingMode"],
+                    "StreamSpecification": {"StreamEnabled": true, "StreamViewType": props["StreamSpecification"]["StreamViewType"]},
+                }),
+            )
+            .await?;
+        let stream_arn = created["TableDescription"]["LatestStreamArn"].as_str().context("no stream")?.to_owned();
+        if let Some(ttl) = props["TimeToLiveSpecification"]["AttributeName"].as_str() {
+            dynamo
+                .call(
+                    "DynamoDB_20120810.UpdateTimeToLive",
+                    json!({"TableName": table_name, "TimeToLiveSpecification": {"AttributeName": ttl, "Enabled": true}}),
+                )
+                .await?;
+        }
+        other.insert(format!("{}.StreamArn", spec.table.logical_id), stream_arn.clone());
+        let names = template::Names { stack: &stack, parameters: &parameters, other };
+        let mut spec = template::stack(&decoded, &names)?;
+        for (binary, sid) in &opts.without_statements {
+            let f = spec.functions.iter_mut().find(|f| f.binary == *binary).context("no such function")?;
+            let before = f.statements.len();
+            f.statements.retain(|st| st.sid != *sid);
+            anyhow::ensure!(f.statements.len() < before, "{binary} has no statement {sid}");
+        }
+
+        // Queues: DLQs first, then the queues that name them.
+        let mut queue_urls = BTreeMap::new();
+        let mut queues = spec.queues.clone();
+        queues.sort_by_key(|q| q.redrive.is_some());
+        for q in &queues {
+            let mut create = sqs
+                .create_queue()
+                .queue_name(&q.name)
+                .attributes(aws_sdk_sqs::types::QueueAttributeName::MessageRetentionPeriod, q.retention_s.to_string());
+            let visibility = match (&q.redrive, opts.visibility_s) {
+                (Some(_), Some(v)) => v,
+                _ => q.visibility_s,
+            };
+            create = create.attributes(aws_sdk_sqs::types::QueueAttributeName::VisibilityTimeout, visibility.to_string());
+            if let Some((dlq, max)) = &q.redrive {
+                let dlq_name = &spec.queues.iter().find(|d| &d.logical_id == dlq).context("dlq")?.name;
+                let policy = json!({"deadLetterTargetArn": template::queue_arn(dlq_name), "maxReceiveCount": max});
+                create = create.attributes(aws_sdk_sqs::types::QueueAttributeName::RedrivePolicy, policy.to_string());
+            }
+            let url = create.send().await?.queue_url.unwrap_or_default();
+            queue_urls.insert(q.logical_id.clone(), url);
+        }
+
+        // Tenants' keys (as an operator registers them; the API has no route for it yet).
+        let key = format!("tk_acme_{:032x}", rand::random::<u128>());
+        let other_key = format!("tk_globex_{:032x}", rand::random::<u128>());
+        for (tenant, k) in [("acme", &key), ("globex", &other_key)] {
+            let hash = tidings_core::tenants::hash_key(k);
+            dynamo
+                .call(
+                    "DynamoDB_20120810.PutItem",
+                    json!({"TableName": table_name, "Item": {
+                        "pk": {"S": format!("KEY#{hash}")}, "sk": {"S": "KEY"},
+                        "tenant": {"S": tenant}, "created_at": {"S": "2026-12-01T00:00:00Z"}}}),
+                )
+                .await?;
+        }
+
+        // The proxy every function's AWS requests go through.
+        let ledger = Arc::new(Mutex::new(proxy::Ledger::default()));
+        let access_key = |binary: &str| format!("AKIA{}", binary.to_ascii_uppercase().replace('-', ""));
+        let connections = Arc::new(Mutex::new(BTreeMap::new()));
+        let (stop, stop_rx) = watch::channel(false);
+        let ws_function_spec = spec.functions.iter().find(|f| f.binary == "ws-connections").context("ws-connections")?;
+        let log_dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/lambda-harness").join(&stack);
+        let binaries = Binaries::from_env();
+        let mut proxy = proxy::Proxy {
+            callers: BTreeMap::new(),
+            dynamodb: dynamodb.clone(),
+            moto: moto.clone(),
+            websocket: String::new(),
+            websocket_api_id: ws_api_id.clone(),
+            http: http.clone(),
+            ledger: ledger.clone(),
+            sqs: sqs.clone(),
+            moves: Mutex::new(Vec::new()),
+        };
+        for f in &spec.functions {
+            proxy.callers.insert(access_key(&f.binary), (f.binary.clone(), f.statements.clone()));
+        }
+        // The WebSocket API needs its function, the function its endpoint: the server is bound first.
+        let ws_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let ws_base = format!("http://{}", ws_listener.local_addr()?);
+        proxy.websocket = ws_base.clone();
+        let proxy = Arc::new(proxy);
+        let proxy_url = serve(axum::Router::new().fallback({
+            let proxy = proxy.clone();
+            move |method, uri, headers, body| proxy.clone().handle(method, uri, headers, body)
+        }))
+        .await?;
+
+        let mut functions = BTreeMap::new();
+        for f in &spec.functions {
+            let mut env = f.env.clone();
+            env.insert("HARNESS_STACK".into(), stack.clone());
+            for (k, v) in [
+                ("AWS_REGION", REGION.to_owned()),
+                ("AWS_DEFAULT_REGION", REGION.to_owned()),
+                ("AWS_ACCESS_KEY_ID", access_key(&f.binary)),
+                ("AWS_SECRET_ACCESS_KEY", "harness".to_owned()),
+                ("AWS_EC2_METADATA_DISABLED", "true".to_owned()),
+                ("AWS_ENDPOINT_URL", proxy_url.clone()),
+                ("AWS_ENDPOINT_URL_APIGATEWAYMANAGEMENTAPI", proxy_url.clone()),
+                ("TIDINGS_SNS_TRUSTED_CERT_PEM", include_str!("../../fixtures/sns/test-signing-cert.pem").to_owned()),
+            ] {
+                env.insert(k.into(), v);
+            }
+            let function = Arc::new(Function::new(f.clone(), env, binaries.clone(), opts.concurrency, log_dir.clone()));
+            functions.insert(f.binary.clone(), function);
+        }
+        let ws_function = functions[&ws_function_spec.binary].clone();
+        let connections_api = gateway::WebSocketApi {
+            function: ws_function,
+            api_id: ws_api_id.clone(),
+            stage: "live".into(),
+            connections: connections.clone(),
+        };
+        let ws_router = gateway::ws_router(connections_api.clone());
+        tokio::spawn(async move {
+            let _ = axum::serve(ws_listener, ws_router).await;
+        });
+
+        // Every function started once (its init measured) before any event reaches it.
+        if opts.warm {
+            for (name, f) in &functions {
+                f.warm().await.with_context(|| format!("{name} did not start"))?;
+            }
+        }
+
+        let mut api_url = String::new();
+        let stream_given_up = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        for f in &spec.functions {
+            let function = functions[&f.binary].clone();
+            for (event, source) in &f.sources {
+                match source {
+                    Source::Sqs { queue_logical, batch_size, window_s, report_failures, max_concurrency } => {
+                        let url = queue_urls.get(queue_logical).context("queue")?.clone();
+                        let name = spec.queues.iter().find(|q| &q.logical_id == queue_logical).context("queue")?.name.clone();
+                        for _ in 0..(*max_concurrency).min(opts.concurrency) {
+                            tokio::spawn(sources::sqs_poller(
+                                sqs.clone(),
+                                function.clone(),
+                                url.clone(),
+                                name.clone(),
+                                *batch_size,
+                                Duration::from_secs(*window_s),
+                                *report_failures,
+                                stop_rx.clone(),
+                            ));
+                        }
+                    }
+                    Source::Stream { batch_size, window_s, report_failures, bisect, max_retries, on_failure_queue, filters } => {
+                        let mapping = sources::StreamMapping {
+                            dynamo: streams.clone(),
+                            sqs: sqs.clone(),
+                            function: function.clone(),
+                            stream_arn: stream_arn.clone(),
+                            batch_size: *batch_size,
+                            window: Duration::from_secs(*window_s),
+                            report_failures: *report_failures,
+                            bisect: *bisect,
+                            max_retries: *max_retries,
+                            on_failure_url: on_failure_queue.as_ref().and_then(|q| queue_urls.get(q).cloned()),
+                            filters: filters.clone(),
+                            given_up: stream_given_up.clone(),
+                        };
+                        tokio::spawn(mapping.run(stop_rx.clone()));
+                    }
+                    Source::Schedule { expression } => {
+                        if let Some(every) = sources::rate(expression) {
+                            let rule = format!("{stack}-{}{event}", f.logical_id);
+                            tokio::spawn(sources::schedule(function.clone(), rule, every, stop_rx.clone()));
+                        }
+                    }
+                    Source::HttpApi => {
+                        if api_url.is_empty() {
+                            api_url = serve(gateway::http_router(gateway::HttpApi {
+                                function: function.clone(),
+                                api_id: format!("http{stack}"),
+                            }))
+                            .await?;
+                        }
+                    }
+                }
+            }
+        }
+        anyhow::ensure!(!api_url.is_empty(), "no function has an HttpApi event");
+        Ok(Self {
+            spec,
+            api: api_url,
+            ws: format!("{}/live", ws_base.replacen("http://", "ws://", 1)),
+            key,
+            other_key,
+            functions,
+            ledger,
+            queue_urls,
+            sqs,
+            sns,
+            dynamo,
+            stream_given_up,
+            connections: connections_api,
+            public_url: opts.public_url,
+            http,
+            stop,
+        })
+    }
+
+    /// Fires a function's schedule (EventBridge's scheduled event) and waits for its answer.
+    pub async fn fire(&self, binary: &str) -> anyhow::Result<Value> {
+        let f = self.functions.get(binary).context("no such function")?;
+        let inv = f.invoke(Function::json(&sources::scheduled_event(&format!("{}-{binary}", self.spec.name)))).await?;
+        let body = inv.payload.map_err(|e| anyhow::anyhow!("{binary}: {e}"))?;
+        Ok(serde_json::from_slice(&body).unwrap_or(Value::Null))
+    }
+
+    pub async fn call(&self, method: &str, path: &str, body: Option<Value>) -> anyhow::Result<(u16, Value)> {
+        self.call_as(&self.key, method, path, body).await
+    }
+
+    pub async fn call_as(&self, key: &str, method: &str, path: &str, body: Option<Value>) -> anyhow::Result<(u16, Value)> {
+        let mut req = self.http.request(method.parse()?, format!("{}{path}", self.api)).header("authorization", format!("Bearer {key}"));
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let res = req.send().await?;
+        let status = res.status().as_u16();
+        let text = res.text().await?;
+        Ok((status, if text.is_empty() { Value::Null } else { serde_json::from_str(&text).unwrap_or(Value::String(text)) }))
+    }
+
+    pub async fn raw(&self, method: &str, path: &str, body: &str, content_type: &str) -> anyhow::Result<(u16, String)> {
+        let res = self
+            .http
+            .request(method.parse()?, format!("{}{path}", self.api))
+            .header("content-type", content_type)
+            .body(body.to_owned())
+            .send()
+            .await?;
+        Ok((res.status().as_u16(), res.text().await?))
+    }
+
+    pub fn sends(&self) -> Vec<proxy::ProviderCall> {
+        self.ledger.lock().unwrap_or_else(|e| e.into_inner()).sends.clone()
+    }
+
+    pub fn requests(&self) -> BTreeMap<String, BTreeMap<String, u64>> {
+        self.ledger.lock().unwrap_or_else(|e| e.into_inner()).requests.clone()
+    }
+
+    pub fn refused(&self) -> Vec<String> {
+        self.ledger.lock().unwrap_or_else(|e| e.into_inner()).refused.clone()
+    }
+
+    pub fn stats(&self) -> BTreeMap<String, runtime::Stats> {
+        self.functions.iter().map(|(k, f)| (k.clone(), f.stats.lock().unwrap_or_else(|e| e.into_inner()).clone())).collect()
+    }
+
+    /// Polls until `check` returns Some, or fails after `within`.
+    pub async fn eventually<T, F, Fut>(&self, within: Duration, what: &str, mut check: F) -> anyhow::Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = anyhow::Result<Option<T>>>,
+    {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            if let Some(v) = check().await? {
+                return Ok(v);
+            }
+            if std::time::Instant::now() > deadline {
+                anyhow::bail!(
+                    "timed out waiting for: {what}\nrefused: {:?}\nfunctions: {:?}",
+                    self.refused(),
+                    self.stats()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+        for f in self.functions.values() {
+            f.stop();
+        }
+    }
+}

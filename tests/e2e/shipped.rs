@@ -1,0 +1,230 @@
+//! The shape that ships: a day of a shop through the real function binaries (`sam build`'s
+//! `bootstrap`s under a Lambda Runtime API, see `lambda/`), on DynamoDB Local and moto, each
+//! function with only the environment and the IAM policy `template.yaml` gives it.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+use tokio_tungstenite::tungstenite::Message;
+
+use crate::lambda::{Options, Stack};
+use crate::platform::sns_notification;
+
+const WAIT: Duration = Duration::from_secs(180);
+
+async fn ok(s: &Stack, method: &str, path: &str, body: Option<Value>) -> anyhow::Result<Value> {
+    let (st, v) = s.call(method, path, body).await?;
+    anyhow::ensure!((200..300).contains(&st), "{method} {path}: {st} {v}\nrefused: {:?}", s.refused());
+    Ok(v)
+}
+
+async fn notify(s: &Stack, body: Value) -> anyhow::Result<String> {
+    let v = ok(s, "POST", "/v1/notifications", Some(body)).await?;
+    Ok(v["notification_id"].as_str().unwrap_or_default().to_owned())
+}
+
+async fn completed(s: &Stack, id: &str) -> anyhow::Result<Value> {
+    s.eventually(WAIT, &format!("{id} completed"), || async {
+        let (_, v) = s.call("GET", &format!("/v1/notifications/{id}"), None).await?;
+        Ok((v["status"] == "completed").then_some(v))
+    })
+    .await
+}
+
+async fn deliveries(s: &Stack, id: &str) -> anyhow::Result<Vec<Value>> {
+    let v = ok(s, "GET", &format!("/v1/notifications/{id}/deliveries"), None).await?;
+    Ok(v["items"].as_array().cloned().unwrap_or_default())
+}
+
+type Socket = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+async fn next_event(socket: &mut Socket) -> anyhow::Result<Value> {
+    loop {
+        let msg = tokio::time::timeout(Duration::from_secs(90), socket.next())
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("closed"))??;
+        if let Message::Text(text) = msg {
+            return Ok(serde_json::from_str(&text)?);
+        }
+    }
+}
+
+/// Sends per (channel, to).
+fn sent_to(s: &Stack) -> BTreeMap<(String, String), usize> {
+    let mut out = BTreeMap::new();
+    for send in s.sends() {
+        *out.entry((send.channel.to_owned(), send.to.clone())).or_default() += 1;
+    }
+    out
+}
+
+pub async fn a_day_of_a_shop_through_the_function_binaries() -> anyhow::Result<()> {
+    let s = Stack::start(Options::default()).await?;
+    let template = json!({"default_locale": "en", "locales": {"en": {
+        "email_subject": "Hi {{ n }}", "email_body": "<p>Hi {{ n }} <a href=\"https://shop.example/x\">x</a></p>",
+        "sms": "Hi {{ n }}", "push_title": "Hi", "push_body": "Hi {{ n }}", "inapp_title": "Hi", "inapp_body": "Hi {{ n }}"}}});
+    ok(&s, "PUT", "/v1/templates/day", Some(template)).await?;
+    for (user, phone) in [("u1", "+8613800001111"), ("u2", "+8613800002222")] {
+        let body = json!({"email": format!("{user}@example.com"), "phone": phone, "tags": ["vip"]});
+        ok(&s, "PUT", &format!("/v1/users/{user}"), Some(body)).await?;
+    }
+    ok(&s, "PUT", "/v1/users/u2/preferences", Some(json!({"categories": {"marketing": true}}))).await?;
+    ok(&s, "POST", "/v1/devices", Some(json!({"user_id": "u1", "platform": "ios", "token": "tok-day-1"}))).await?;
+
+    // The live inbox: a connection through the WebSocket API, its token from the HTTP API.
+    let token = ok(&s, "POST", "/v1/users/u1/inbox/token", None).await?["token"].as_str().unwrap_or_default().to_owned();
+    let (mut socket, _) = tokio_tungstenite::connect_async(format!("{}?token={token}", s.ws)).await?;
+    match tokio_tungstenite::connect_async(format!("{}?token=forged", s.ws)).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(res)) => assert_eq!(res.status(), 401, "a forged token"),
+        other => anyhow::bail!("a forged token was not refused at $connect: {:?}", other.map(|_| ())),
+    }
+
+    // Every channel, transactional, to two users: each (user, channel) sent once.
+    let id = notify(&s, json!({"idempotency_key": "day-1", "recipients": {"user_ids": ["u1", "u2"]}, "template_id": "day",
+        "params": {"n": 1}, "category": "transactional", "channels": ["email", "sms", "push", "inapp"]}))
+    .await?;
+    completed(&s, &id).await?;
+    let d = deliveries(&s, &id).await?;
+    assert_eq!(d.len(), 8, "u1 and u2 on four channels: {d:?}");
+    for x in &d {
+        let no_device = x["user_id"] == "u2" && x["channel"] == "push";
+        let expected = if no_device { "suppressed" } else { "sent" };
+        assert_eq!(x["status"], expected, "{x}");
+    }
+    let sent = sent_to(&s);
+    for (channel, to) in [("email", "u1@example.com"), ("email", "u2@example.com"), ("sms", "+8613800001111"), ("sms", "+8613800002222")] {
+        assert_eq!(sent.get(&(channel.into(), to.into())), Some(&1), "{channel} to {to}: {sent:?}");
+    }
+    let push: Vec<_> = s.sends().into_iter().filter(|x| x.channel == "push").collect();
+    assert_eq!(push.len(), 1, "{push:?}");
+    let endpoint = push[0].to.clone();
+    let e = next_event(&mut socket).await?;
+    assert_eq!(e["type"], "inbox.message", "the live feed pushed the in-app message: {e}");
+    // The mail's links point at the stack's public URL, signed.
+    let mail = s.sends().into_iter().find(|x| x.channel == "email").map(|x| x.body).unwrap_or_default();
+    assert!(mail.contains(&format!("{}/t/c/", s.public_url)), "click link: {mail}");
+    assert!(mail.contains(&format!("{}/t/o/", s.public_url)), "open pixel: {mail}");
+    assert!(!mail.contains("127.0.0.1"), "{mail}");
+
+    // A campaign to the segment: one mail to each member.
+    let id = notify(&s, json!({"idempotency_key": "day-2", "recipients": {"segment": "vip"}, "template_id": "day",
+        "params": {"n": 2}, "category": "marketing", "channels": ["email"]}))
+    .await?;
+    completed(&s, &id).await?;
+    for to in ["u1@example.com", "u2@example.com"] {
+        assert_eq!(sent_to(&s).get(&("email".into(), to.into())), Some(&2), "{to}: {:?}", sent_to(&s));
+    }
+    // A scheduled send, cancelled.
+    let send_at = (chrono::Utc::now() + chrono::Duration::days(30)).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let later = notify(&s, json!({"idempotency_key": "day-3", "recipients": {"user_ids": ["u1"]}, "template_id": "day",
+        "params": {"n": 3}, "category": "transactional", "channels": ["email"], "send_at": send_at}))
+    .await?;
+    ok(&s, "POST", &format!("/v1/notifications/{later}/cancel"), None).await?;
+
+    // The inbox read, and the read pushed live.
+    let inbox = ok(&s, "GET", "/v1/users/u1/inbox", None).await?;
+    let message = inbox["items"][0]["message_id"].as_str().unwrap_or_default().to_owned();
+    ok(&s, "POST", &format!("/v1/users/u1/inbox/{message}/read"), None).await?;
+    let e = next_event(&mut socket).await?;
+    assert_eq!(e["type"], "inbox.read", "{e}");
+
+    // The push service reports the endpoint gone: the device is deleted (registering it again
+    // makes it new).
+    let event = json!({"EndpointArn": endpoint, "EventType": "DeliveryFailure", "FailureType": "EndpointDisabled",
+        "FailureMessage": "x", "MessageId": "m", "Resource": "arn:aws:sns:us-east-1:123456789012:app/APNS/x",
+        "Service": "SNS", "Time": "2026-11-30T00:00:00.000Z"});
+    let (st, body) = s.raw("POST", "/v1/callbacks/push", &sns_notification(&event).to_string(), "text/plain").await?;
+    anyhow::ensure!(st == 200, "push callback: {st} {body}");
+    let (st, _) = s.call("POST", "/v1/devices", Some(json!({"user_id": "u1", "platform": "ios", "token": "tok-day-1"}))).await?;
+    assert_eq!(st, 201, "the dead device was deleted");
+
+    // Orders: one paid, one left to expire; the waiter hears when its unit is back.
+    ok(&s, "PUT", "/v1/inventory/sku-day", Some(json!({"on_hand": 2}))).await?;
+    let order = |id: &str, hold: u32| json!({"order_id": id, "user_id": "u2", "items": [{"sku_id": "sku-day", "qty": 1}], "hold_seconds": hold});
+    ok(&s, "POST", "/v1/orders", Some(order("paid", 300))).await?;
+    ok(&s, "POST", "/v1/orders/paid/pay", None).await?;
+    ok(&s, "POST", "/v1/orders", Some(order("held", 3))).await?;
+    ok(&s, "POST", "/v1/stock-subscriptions", Some(json!({"user_id": "u1", "sku_id": "sku-day"}))).await?;
+    s.eventually(WAIT, "the hold to expire (a timer on the timers queue, run by tick)", || async {
+        let (_, o) = s.call("GET", "/v1/orders/held", None).await?;
+        Ok((o["status"] == "CANCELLED").then_some(()))
+    })
+    .await?;
+    s.eventually(WAIT, "the waiter's back-in-stock mail", || async {
+        Ok(s.sends().iter().any(|m| m.to == "u1@example.com" && m.body.contains("sku-day")).then_some(()))
+    })
+    .await?;
+    ok(&s, "POST", "/v1/stock-events", Some(json!({"event": "stock.in", "skuId": "sku-day", "qty": 3, "source": "purchase_order"}))).await?;
+    ok(&s, "POST", "/v1/inventory/sku-day/adjustments", Some(json!({"delta": 1, "source": "manual", "idempotency_key": "adj-1"}))).await?;
+    ok(&s, "GET", "/v1/inventory/sku-day/ledger", None).await?;
+
+    // The scheduled jobs, as EventBridge fires them.
+    for job in ["restock-scan", "reconcile", "tick"] {
+        s.fire(job).await?;
+    }
+    ok(&s, "POST", "/v1/ops/reconcile", None).await?;
+
+    // A dead letter: a task no worker can read goes to its DLQ, is listed, and is redriven.
+    let email_high = s.queue_urls["EmailHighQueue"].clone();
+    s.sqs.send_message().queue_url(&email_high).message_body("{\"not\":\"a task\"}").send().await?;
+    let depth = |v: &Value| -> i64 {
+        v["queues"].as_array().into_iter().flatten().find(|q| q["name"] == "email-high").map_or(-1, |q| q["dlq_depth"].as_i64().unwrap_or(-1))
+    };
+    s.eventually(WAIT, "the bad task in email-high's DLQ", || async {
+        let v = ok(&s, "GET", "/v1/ops/queues", None).await?;
+        Ok((depth(&v) == 1).then_some(()))
+    })
+    .await?;
+    let redriven = ok(&s, "POST", "/v1/ops/dlq/email-high/redrive", None).await?;
+    assert_eq!(redriven["moved"], 1, "{redriven}");
+
+    // Time for the last messages; then every function ran, and nothing was refused.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let refused = s.refused();
+    assert!(refused.is_empty(), "template.yaml does not allow what the functions call:\n{}", refused.join("\n"));
+    let requests = s.requests();
+    eprintln!("requests by function: {}", serde_json::to_string_pretty(&requests)?);
+    eprintln!("functions: {}", serde_json::to_string_pretty(&s.stats())?);
+    for f in ["api", "outbox-relay", "orchestrator", "channel-worker", "tick", "reconcile", "restock-scan", "ws-connections"] {
+        assert!(requests.contains_key(f), "{f} made no request: {requests:?}");
+    }
+    let stats = s.stats();
+    for (f, st) in &stats {
+        assert!(st.init_failures.is_empty(), "{f}: {:?}", st.init_failures);
+    }
+    Ok(())
+}
+
+/// A policy without a statement its function needs fails that function as AWS would: the API
+/// without its SSM grant does not start (every request answers 500), the channel worker
+/// without its SES grant sends no mail.
+pub async fn a_policy_without_a_needed_statement_fails_its_function() -> anyhow::Result<()> {
+    let opts = Options { without_statements: vec![("api", "SigningKey")], warm: false, ..Options::default() };
+    let s = Stack::start(opts).await?;
+    let (st, _) = s.call("GET", "/healthz", None).await?;
+    assert_eq!(st, 500, "an API that cannot start answers as API Gateway does");
+    let failures = s.stats()["api"].init_failures.clone();
+    assert!(!failures.is_empty(), "the api started without its signing key");
+    let refused = s.refused();
+    assert!(refused.iter().any(|r| r.contains("api") && r.contains("ssm:GetParameter")), "{refused:?}");
+    drop(s);
+
+    let opts = Options { without_statements: vec![("channel-worker", "SendEmail")], ..Options::default() };
+    let s = Stack::start(opts).await?;
+    let template = json!({"default_locale": "en", "locales": {"en": {"email_subject": "Hi", "email_body": "<p>Hi</p>"}}});
+    ok(&s, "PUT", "/v1/templates/t", Some(template)).await?;
+    ok(&s, "PUT", "/v1/users/u1", Some(json!({"email": "u1@example.com"}))).await?;
+    notify(&s, json!({"idempotency_key": "k1", "recipients": {"user_ids": ["u1"]}, "template_id": "t",
+        "category": "transactional", "channels": ["email"]}))
+    .await?;
+    let refused = s
+        .eventually(WAIT, "the send to be refused", || async {
+            let r = s.refused();
+            Ok(r.iter().any(|r| r.contains("channel-worker") && r.contains("ses:SendEmail")).then_some(r))
+        })
+        .await?;
+    assert!(s.sends().is_empty(), "a mail went out without the grant: {:?} {refused:?}", s.sends());
+    Ok(())
+}
