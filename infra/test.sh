@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `make test`: installs what the tests need (moto's server in infra/.venv, DynamoDB Local in
-# infra/.ddb, the lint tools), starts the emulators on loopback (moto for SQS, SNS and SES;
+# infra/.ddb, SAM CLI and cargo-lambda in infra/.venv-sam, the lint tools), builds what a shop
+# deploys (`sam build`: infra/sam.sh), starts the emulators on loopback (moto for SQS, SNS and SES;
 # DynamoDB Local, behind its conflict layer, for DynamoDB and its streams), runs every test on
 # both backends, lints the SAM template, and stops the emulators. Exits non-zero on any failure;
 # no test is skipped.
@@ -26,6 +27,9 @@ if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null
 fi
 infra/.venv/bin/pip install --quiet selenium
 export TIDINGS_TEST_PYTHON="$PWD/infra/.venv/bin/python"
+
+echo "== the deploy build: sam build, one arm64 bootstrap per function (the end-to-end suite runs them)"
+bash infra/sam.sh
 
 echo "== build (the tidings binary with the AWS backend and crash points, for the end-to-end tests)"
 cargo build --locked -p tidings --features aws,crash-points

@@ -8,7 +8,6 @@ mod campaign;
 mod console;
 mod contention;
 mod crash;
-mod iam;
 mod inventory;
 mod lambda;
 mod isolation;
@@ -67,18 +66,11 @@ on_both_backends!(console as console_tests: console_shows_the_system_and_redrive
 
 on_both_backends!(campaign as campaign_tests: a_segment_campaign_reaches_each_member_once_and_an_otp_is_not_held_up);
 
-/// The campaign at 2,000 on the AWS backend, with its requests counted (the embedded backend
-/// has no requests to count; its figures are `tidings bench campaign`'s).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn campaign_of_two_thousand_on_aws_within_the_request_budget() -> anyhow::Result<()> {
-    campaign::two_thousand_members_on_aws_cost_at_most_two_and_a_half_requests_each().await
-}
-
-/// Every request each function makes is one `template.yaml` allows it (AWS backend only: the
-/// embedded one makes no AWS requests).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_function_is_allowed_what_it_calls_on_aws() -> anyhow::Result<()> {
-    iam::every_function_is_allowed_what_it_calls().await
+/// The campaign at 2,000 through the function binaries, with its AWS requests counted (the
+/// embedded backend has no requests to count; its figures are `tidings bench campaign`'s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn campaign_of_two_thousand_through_the_function_binaries_within_the_request_budget() -> anyhow::Result<()> {
+    shipped::a_campaign_of_two_thousand_through_the_function_binaries_within_the_request_budget().await
 }
 
 on_both_backends!(platform as platform_tests:

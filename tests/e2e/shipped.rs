@@ -86,6 +86,8 @@ pub async fn a_day_of_a_shop_through_the_function_binaries() -> anyhow::Result<(
         "params": {"n": 1}, "category": "transactional", "channels": ["email", "sms", "push", "inapp"]}))
     .await?;
     completed(&s, &id).await?;
+    let (st, _) = s.call_as(&s.other_key, "GET", &format!("/v1/notifications/{id}"), None).await?;
+    assert_eq!(st, 404, "another tenant's key does not see it");
     let d = deliveries(&s, &id).await?;
     assert_eq!(d.len(), 8, "u1 and u2 on four channels: {d:?}");
     for x in &d {
@@ -187,9 +189,11 @@ pub async fn a_day_of_a_shop_through_the_function_binaries() -> anyhow::Result<(
     let requests = s.requests();
     eprintln!("requests by function: {}", serde_json::to_string_pretty(&requests)?);
     eprintln!("functions: {}", serde_json::to_string_pretty(&s.stats())?);
+    println!("lambda budget: {}", s.budget());
     for f in ["api", "outbox-relay", "orchestrator", "channel-worker", "tick", "reconcile", "restock-scan", "ws-connections"] {
         assert!(requests.contains_key(f), "{f} made no request: {requests:?}");
     }
+    assert_eq!(s.stream_given_up.load(std::sync::atomic::Ordering::SeqCst), 0, "no stream record was given up");
     let stats = s.stats();
     for (f, st) in &stats {
         assert!(st.init_failures.is_empty(), "{f}: {:?}", st.init_failures);
@@ -226,5 +230,74 @@ pub async fn a_policy_without_a_needed_statement_fails_its_function() -> anyhow:
         })
         .await?;
     assert!(s.sends().is_empty(), "a mail went out without the grant: {:?} {refused:?}", s.sends());
+    Ok(())
+}
+
+/// The AWS requests a campaign costs per delivered message, counted as AWS would bill them:
+/// every request each function makes, and the event source mappings' receives and deletes
+/// (DynamoDB stream reads by Lambda are not billed). Printed with its breakdown for the README.
+pub async fn a_campaign_of_two_thousand_through_the_function_binaries_within_the_request_budget() -> anyhow::Result<()> {
+    use futures::StreamExt;
+    let members: usize = std::env::var("TIDINGS_E2E_CAMPAIGN_MEMBERS").ok().and_then(|v| v.parse().ok()).unwrap_or(2000);
+    let s = Stack::start(Options { concurrency: 3, ..Options::default() }).await?;
+    let puts = futures::stream::iter(0..members)
+        .map(|i| {
+            let s = &s;
+            async move { s.call("PUT", &format!("/v1/users/k{i:04}"), Some(json!({"email": format!("k{i}@example.com"), "tags": ["all"]}))).await }
+        })
+        .buffer_unordered(8)
+        .collect::<Vec<_>>()
+        .await;
+    for r in puts {
+        let (st, v) = r?;
+        assert_eq!(st, 200, "{v}");
+    }
+    let template = json!({"default_locale": "en", "locales": {"en": {"email_subject": "Sale", "email_body": "Hi {{ user_id }}"}}});
+    ok(&s, "PUT", "/v1/templates/promo", Some(template)).await?;
+    let before = s.requests();
+    let sent_before = s.sends().len();
+    let id = notify(&s, json!({"idempotency_key": "all-1", "recipients": {"segment": "all"}, "template_id": "promo",
+        "category": "marketing", "channels": ["email"]}))
+    .await?;
+    // The api's requests after this are the test's own polling, not the campaign's.
+    let accepted = s.requests();
+    let view = s
+        .eventually(Duration::from_secs(900), "the campaign to complete", || async {
+            let (_, v) = s.call("GET", &format!("/v1/notifications/{id}"), None).await?;
+            Ok((v["status"] == "completed").then_some(v))
+        })
+        .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(view["counts"]["sent"], members, "{view}");
+    let mails: Vec<_> = s.sends().into_iter().skip(sent_before).filter(|m| m.channel == "email").collect();
+    let to: std::collections::BTreeSet<_> = mails.iter().map(|m| m.to.clone()).collect();
+    assert_eq!(mails.len(), members, "one mail per member");
+    assert_eq!(to.len(), members);
+
+    let after = s.requests();
+    let mut billed = 0u64;
+    let mut breakdown: BTreeMap<String, u64> = BTreeMap::new();
+    for (function, ops) in &after {
+        let ops = if function == "api" { accepted.get(function).unwrap_or(ops) } else { ops };
+        for (op, n) in ops {
+            let n = n - before.get(function).and_then(|o| o.get(op)).copied().unwrap_or(0);
+            if n == 0 || op.starts_with("DynamoDBStreams.") {
+                continue;
+            }
+            billed += n;
+            let op = op.split('@').next().unwrap_or(op);
+            *breakdown.entry(format!("{function} {op}")).or_default() += n;
+        }
+    }
+    // Long polls that found nothing are billed too, but they are the idle cost of a queue,
+    // not of a delivery: shown, not charged to the campaign.
+    let idle: u64 = breakdown.iter().filter(|(k, _)| k.contains("(empty)")).map(|(_, n)| n).sum();
+    let per_delivery = (billed - idle) as f64 / members as f64;
+    println!(
+        "AWS requests for {members} deliveries through the function binaries: {} ({per_delivery:.3} each; {idle} empty long polls besides); by function and operation: {}",
+        billed - idle,
+        serde_json::to_string(&breakdown)?
+    );
+    assert!(per_delivery <= 2.5, "{per_delivery:.3} AWS requests per delivery (budget 2.5): {breakdown:?}");
     Ok(())
 }

@@ -234,7 +234,3 @@ pub fn ws_router(api: WebSocketApi) -> Router {
         .route("/{stage}/@connections/{id}", any(manage))
         .with_state(api)
 }
-
-pub fn connections_of(api: &WebSocketApi) -> usize {
-    api.connections.lock().unwrap_or_else(|e| e.into_inner()).len()
-}

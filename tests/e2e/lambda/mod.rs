@@ -33,8 +33,8 @@ pub struct Options {
     pub max_receives: u32,
     /// Environments per function at most (Lambda's concurrency, scaled to this machine).
     pub concurrency: usize,
-    /// Visibility of every source queue instead of the template's, so a message a crashed or
-    /// timed-out invocation held comes back within a test's patience.
+    /// Visibility of every source queue instead of the template's (180 s), for a test that
+    /// waits for a message a crashed or timed-out invocation held to come back.
     pub visibility_s: Option<u64>,
     /// Parameters beyond the harness's own.
     pub parameters: Vec<(String, String)>,
@@ -50,7 +50,7 @@ impl Default for Options {
             public_url: "https://notify.shop.test".into(),
             max_receives: 5,
             concurrency: 2,
-            visibility_s: Some(20),
+            visibility_s: None,
             parameters: Vec::new(),
             without_statements: Vec::new(),
             warm: true,
@@ -68,10 +68,8 @@ pub struct Stack {
     pub ledger: Arc<Mutex<proxy::Ledger>>,
     pub queue_urls: BTreeMap<String, String>,
     pub sqs: aws_sdk_sqs::Client,
-    pub sns: aws_sdk_sns::Client,
-    pub dynamo: Dynamo,
+    /// Stream records the relay's mapping gave up on (sent to `stream-failures`).
     pub stream_given_up: Arc<std::sync::atomic::AtomicU64>,
-    pub connections: gateway::WebSocketApi,
     pub public_url: String,
     pub http: reqwest::Client,
     stop: watch::Sender<bool>,
@@ -278,7 +276,7 @@ impl Stack {
             stage: "live".into(),
             connections: connections.clone(),
         };
-        let ws_router = gateway::ws_router(connections_api.clone());
+        let ws_router = gateway::ws_router(connections_api);
         tokio::spawn(async move {
             let _ = axum::serve(ws_listener, ws_router).await;
         });
@@ -308,6 +306,7 @@ impl Stack {
                                 *batch_size,
                                 Duration::from_secs(*window_s),
                                 *report_failures,
+                                ledger.clone(),
                                 stop_rx.clone(),
                             ));
                         }
@@ -358,10 +357,7 @@ impl Stack {
             ledger,
             queue_urls,
             sqs,
-            sns,
-            dynamo,
             stream_given_up,
-            connections: connections_api,
             public_url: opts.public_url,
             http,
             stop,
@@ -416,6 +412,16 @@ impl Stack {
 
     pub fn stats(&self) -> BTreeMap<String, runtime::Stats> {
         self.functions.iter().map(|(k, f)| (k.clone(), f.stats.lock().unwrap_or_else(|e| e.into_inner()).clone())).collect()
+    }
+
+    /// Each function's binary size and init times (spawn → first `next`), for the README.
+    pub fn budget(&self) -> Value {
+        let stats = self.stats();
+        json!(self
+            .functions
+            .iter()
+            .map(|(name, f)| (name.clone(), json!({"bytes": f.binary_size(), "init_ms": stats[name].init_ms})))
+            .collect::<BTreeMap<_, _>>())
     }
 
     /// Polls until `check` returns Some, or fails after `within`.

@@ -308,6 +308,11 @@ impl Function {
         Ok(())
     }
 
+    /// The size of the binary this function runs.
+    pub fn binary_size(&self) -> u64 {
+        std::fs::metadata(self.binaries.path(&self.spec)).map(|m| m.len()).unwrap_or(0)
+    }
+
     pub fn stop(&self) {
         for mut env in self.idle.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
             let _ = env.child.start_kill();

@@ -33,9 +33,15 @@ pub async fn sqs_poller(
     batch_size: usize,
     window: Duration,
     report_failures: bool,
+    ledger: Arc<std::sync::Mutex<super::proxy::Ledger>>,
     stop: watch::Receiver<bool>,
 ) {
     let arn = queue_arn(&queue_name);
+    // The mapping's own requests, billed as SQS requests too (an empty long poll among them).
+    let count = |op: &str| {
+        let mut l = ledger.lock().unwrap_or_else(|e| e.into_inner());
+        *l.requests.entry("event-source-mapping".into()).or_default().entry(format!("SQS.{op}@{queue_name}")).or_default() += 1;
+    };
     while !*stop.borrow() {
         let started = Instant::now();
         let mut batch: Vec<aws_sdk_sqs::types::Message> = Vec::new();
@@ -56,6 +62,7 @@ pub async fn sqs_poller(
             };
             let messages = got.messages.unwrap_or_default();
             let empty = messages.is_empty();
+            count(if empty { "ReceiveMessage(empty)" } else { "ReceiveMessage" });
             batch.extend(messages);
             if batch.len() >= batch_size || (empty && !batch.is_empty() && started.elapsed() >= window) || (empty && batch.is_empty()) {
                 break;
@@ -102,7 +109,12 @@ pub async fn sqs_poller(
             },
             Err(_) => None,
         };
-        let Some(failed) = failed else { continue };
+        let Some(failed) = failed else {
+            // Nothing deleted: the batch comes back after its visibility. A function that
+            // cannot start is not asked again at once.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            continue;
+        };
         let entries: Vec<_> = batch
             .iter()
             .filter(|m| !failed.contains(m.message_id.as_deref().unwrap_or_default()))
@@ -116,6 +128,7 @@ pub async fn sqs_poller(
             })
             .collect();
         for chunk in entries.chunks(10) {
+            count("DeleteMessageBatch");
             let _ = sqs.delete_message_batch().queue_url(&queue_url).set_entries(Some(chunk.to_vec())).send().await;
         }
     }

@@ -78,7 +78,6 @@ pub struct QueueSpec {
 #[derive(Clone, Debug)]
 pub struct TableSpec {
     pub logical_id: String,
-    pub name: String,
     pub properties: Value,
 }
 
@@ -386,7 +385,6 @@ pub fn stack(template: &Value, names: &Names<'_>) -> anyhow::Result<StackSpec> {
             Some("AWS::DynamoDB::Table") => {
                 table = Some(TableSpec {
                     logical_id: logical.clone(),
-                    name: table_name(names.stack),
                     properties: names.resolve(template, props)?,
                 });
             }

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The deploy build, as a shop runs it: `sam build` (samconfig.toml turns on the beta Rust
+# builder), which runs `cargo lambda build --release --arm64 --bin <fn>` in each function's
+# directory and leaves `.aws-sam/build/<Function>/bootstrap`. The end-to-end tests then run those
+# very binaries (tests/e2e/lambda), under qemu-aarch64 on a machine that is not arm64.
+#
+#   bash infra/sam.sh            # installs what is missing, builds, checks one bootstrap per function
+#
+# Installs when missing: AWS SAM CLI and cargo-lambda (PyPI, pinned, into infra/.venv-sam;
+# cargo-lambda brings zig, which links for arm64), Rust's aarch64-unknown-linux-gnu standard
+# library (rustup), and Debian's qemu-user and libc6-arm64-cross (to run the binaries here).
+set -euo pipefail
+
+SAM_CLI_VERSION="${SAM_CLI_VERSION:-1.170.0}"
+CARGO_LAMBDA_VERSION="${CARGO_LAMBDA_VERSION:-1.9.2}"
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(dirname "$here")"
+venv="$here/.venv-sam"
+
+if [[ ! -x "$venv/bin/sam" || ! -x "$venv/bin/cargo-lambda" ]]; then
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check \
+        "aws-sam-cli==$SAM_CLI_VERSION" "cargo-lambda==$CARGO_LAMBDA_VERSION"
+fi
+if ! rustup target list --installed | grep -qx aarch64-unknown-linux-gnu; then
+    rustup target add aarch64-unknown-linux-gnu
+fi
+if [[ "$(uname -m)" != "aarch64" ]] && { ! command -v qemu-aarch64 >/dev/null 2>&1 || [[ ! -d /usr/aarch64-linux-gnu/lib ]]; }; then
+    sudo_cmd=""; [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+    $sudo_cmd apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq qemu-user libc6-arm64-cross >/dev/null
+fi
+
+cd "$root"
+# SAM CLI wants a region and must not pick up real credentials; no telemetry.
+export AWS_ACCESS_KEY_ID=build AWS_SECRET_ACCESS_KEY=build AWS_REGION=us-east-1 AWS_DEFAULT_REGION=us-east-1
+unset AWS_PROFILE AWS_SESSION_TOKEN
+export SAM_CLI_TELEMETRY=0
+export PATH="$venv/bin:$PATH"
+started=$(date +%s)
+sam build
+echo "sam build: $(( $(date +%s) - started )) s"
+
+# One bootstrap per function of the template.
+missing=0
+for fn in $(grep -B1 -A0 'Type: AWS::Serverless::Function' template.yaml | grep -oE '^  [A-Za-z]+Function' | tr -d ' '); do
+    f=".aws-sam/build/$fn/bootstrap"
+    if [[ -x "$f" ]]; then
+        echo "$fn: $(stat -c %s "$f") bytes"
+    else
+        echo "sam.sh: $f is missing" >&2
+        missing=1
+    fi
+done
+exit "$missing"
