@@ -127,3 +127,8 @@ async fn a_day_of_a_shop_through_the_function_binaries() -> anyhow::Result<()> {
 async fn a_policy_without_a_needed_statement_fails_its_function() -> anyhow::Result<()> {
     shipped::a_policy_without_a_needed_statement_fails_its_function().await
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_local_public_url_stops_the_functions_that_make_links() -> anyhow::Result<()> {
+    shipped::a_local_public_url_stops_the_functions_that_make_links().await
+}

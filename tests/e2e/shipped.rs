@@ -301,3 +301,18 @@ pub async fn a_campaign_of_two_thousand_through_the_function_binaries_within_the
     assert!(per_delivery <= 2.5, "{per_delivery:.3} AWS requests per delivery (budget 2.5): {breakdown:?}");
     Ok(())
 }
+
+/// A `PublicUrl` naming a local host (which the parameter's pattern lets through) stops the
+/// functions that make links before they take any work; the others start.
+pub async fn a_local_public_url_stops_the_functions_that_make_links() -> anyhow::Result<()> {
+    let opts = Options { public_url: "https://localhost:8443".into(), warm: false, ..Options::default() };
+    let s = Stack::start(opts).await?;
+    let (st, _) = s.call("GET", "/healthz", None).await?;
+    assert_eq!(st, 500, "the api must not start");
+    let failures = s.stats()["api"].init_failures.join("\n");
+    assert!(failures.contains("TIDINGS_PUBLIC_URL"), "{failures}");
+    let report = s.fire("reconcile").await?;
+    assert!(report["checked"].is_number(), "reconcile makes no links and starts: {report}");
+    assert!(s.stats()["reconcile"].init_failures.is_empty());
+    Ok(())
+}

@@ -2,5 +2,5 @@
 //! same axum router `tidings serve` serves locally.
 
 fn main() -> std::process::ExitCode {
-    tidings_functions::run(tidings_functions::Function::Api)
+    tidings_functions::api()
 }

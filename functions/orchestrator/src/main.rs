@@ -2,5 +2,5 @@
 //! Failed messages get their backoff as visibility and are reported in `batchItemFailures`.
 
 fn main() -> std::process::ExitCode {
-    tidings_functions::run(tidings_functions::Function::Orchestrator)
+    tidings_functions::orchestrator()
 }

@@ -2,5 +2,5 @@
 //! items) → request queues. Partial failures are reported so the batch is retried and bisected.
 
 fn main() -> std::process::ExitCode {
-    tidings_functions::run(tidings_functions::Function::OutboxRelay)
+    tidings_functions::outbox_relay()
 }

@@ -3,5 +3,5 @@
 //! queue); nothing is silently fixed.
 
 fn main() -> std::process::ExitCode {
-    tidings_functions::run(tidings_functions::Function::Reconcile)
+    tidings_functions::reconcile()
 }

@@ -6,5 +6,5 @@
 //!   round jobs (the waves of a round). Partial batch failures are reported.
 
 fn main() -> std::process::ExitCode {
-    tidings_functions::run(tidings_functions::Function::RestockScan)
+    tidings_functions::restock_scan()
 }

@@ -3,5 +3,5 @@
 //! reported.
 
 fn main() -> std::process::ExitCode {
-    tidings_functions::run(tidings_functions::Function::Tick)
+    tidings_functions::tick()
 }

@@ -5,5 +5,5 @@
 //! client missed. Pushes of new messages come from the outbox-relay (the inbox's stream).
 
 fn main() -> std::process::ExitCode {
-    tidings_functions::run(tidings_functions::Function::WsConnections)
+    tidings_functions::ws_connections()
 }

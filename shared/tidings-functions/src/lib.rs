@@ -1,5 +1,5 @@
-//! What each Lambda function runs. Every crate under `functions/` is one line calling
-//! [`run`] with its [`Function`]: they share this one dependency set, so `sam build` (one
+//! What each Lambda function runs. Every crate under `functions/` is one line calling its
+//! entry here ([`api`], [`orchestrator`], ...): they share this one dependency set, so `sam build` (one
 //! `cargo lambda build --bin <fn>` per function) compiles the shared crates once and each
 //! function's build after the first only links.
 //!
@@ -41,17 +41,6 @@ pub enum Function {
 }
 
 impl Function {
-    pub const ALL: [Function; 8] = [
-        Function::Api,
-        Function::OutboxRelay,
-        Function::Orchestrator,
-        Function::ChannelWorker,
-        Function::Tick,
-        Function::Reconcile,
-        Function::RestockScan,
-        Function::WsConnections,
-    ];
-
     /// The binary (and crate) name.
     pub fn name(self) -> &'static str {
         match self {
@@ -78,7 +67,16 @@ impl Function {
 
 /// Runs `function` until the Lambda runtime stops it. A start-up error is printed and the process
 /// exits non-zero, which Lambda reports as an init error.
-pub fn run(function: Function) -> ExitCode {
+///
+/// Each function's `main` calls its own entry below ([`api`], [`outbox_relay`], ...) rather
+/// than one `match` on [`Function`]: the linker then keeps only the code that function can
+/// reach (the channel worker has no HTTP router, the relay no template engine), which is most
+/// of each binary's size.
+fn run<F, Fut>(function: Function, serve: F) -> ExitCode
+where
+    F: FnOnce(AwsPorts) -> Fut,
+    Fut: std::future::Future<Output = Result<(), lambda_runtime::Error>>,
+{
     tidings_lambda::init_tracing();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
@@ -87,7 +85,12 @@ pub fn run(function: Function) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(serve(function)) {
+    let needs = Needs { signer: function.signs(), public_url: function.signs() };
+    let started = runtime.block_on(async move {
+        let ports = AwsPorts::from_env(false, &[], needs).await?;
+        serve(ports).await
+    });
+    match started {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %e, function = function.name(), "stopped");
@@ -96,48 +99,71 @@ pub fn run(function: Function) -> ExitCode {
     }
 }
 
-async fn serve(function: Function) -> Result<(), lambda_runtime::Error> {
-    let needs = Needs { signer: function.signs(), public_url: function.signs() };
-    let ports = AwsPorts::from_env(false, &[], needs).await?;
-    match function {
-        Function::Api => api(ports).await,
-        Function::OutboxRelay => outbox_relay(ports).await,
-        Function::Orchestrator | Function::ChannelWorker => {
-            tidings_lambda::serve_sqs(ports.deps(), ports.queue_prefix().to_owned()).await
-        }
-        Function::Tick => {
-            tidings_lambda::serve_queue_and_schedule(ports.deps(), ports.queue_prefix().to_owned(), |deps| async move {
-                let report = tidings_core::timers::tick(&deps).await?;
-                Ok(serde_json::to_value(report)?)
-            })
-            .await
-        }
-        Function::RestockScan => {
-            tidings_lambda::serve_queue_and_schedule(ports.deps(), ports.queue_prefix().to_owned(), |deps| async move {
-                let report = tidings_core::restock::scan(&deps).await?;
-                tracing::info!(
-                    skus = report.skus_checked,
-                    queued = report.rounds_queued,
-                    expired = report.expired,
-                    "scanned"
-                );
-                Ok(serde_json::to_value(report)?)
-            })
-            .await
-        }
-        Function::Reconcile => reconcile(ports).await,
-        Function::WsConnections => ws_connections(ports).await,
-    }
+/// The `api` function.
+pub fn api() -> ExitCode {
+    run(Function::Api, serve_api)
 }
 
-async fn api(ports: AwsPorts) -> Result<(), lambda_runtime::Error> {
+/// The `outbox-relay` function.
+pub fn outbox_relay() -> ExitCode {
+    run(Function::OutboxRelay, serve_outbox_relay)
+}
+
+/// The `orchestrator` function.
+pub fn orchestrator() -> ExitCode {
+    run(Function::Orchestrator, serve_queues)
+}
+
+/// The `channel-worker` function.
+pub fn channel_worker() -> ExitCode {
+    run(Function::ChannelWorker, serve_queues)
+}
+
+/// The `tick` function.
+pub fn tick() -> ExitCode {
+    run(Function::Tick, |ports| async move {
+        tidings_lambda::serve_queue_and_schedule(ports.deps(), ports.queue_prefix().to_owned(), |deps| async move {
+            let report = tidings_core::timers::tick(&deps).await?;
+            Ok(serde_json::to_value(report)?)
+        })
+        .await
+    })
+}
+
+/// The `restock-scan` function.
+pub fn restock_scan() -> ExitCode {
+    run(Function::RestockScan, |ports| async move {
+        tidings_lambda::serve_queue_and_schedule(ports.deps(), ports.queue_prefix().to_owned(), |deps| async move {
+            let report = tidings_core::restock::scan(&deps).await?;
+            tracing::info!(skus = report.skus_checked, queued = report.rounds_queued, expired = report.expired, "scanned");
+            Ok(serde_json::to_value(report)?)
+        })
+        .await
+    })
+}
+
+/// The `reconcile` function.
+pub fn reconcile() -> ExitCode {
+    run(Function::Reconcile, serve_reconcile)
+}
+
+/// The `ws-connections` function.
+pub fn ws_connections() -> ExitCode {
+    run(Function::WsConnections, serve_ws_connections)
+}
+
+async fn serve_queues(ports: AwsPorts) -> Result<(), lambda_runtime::Error> {
+    tidings_lambda::serve_sqs(ports.deps(), ports.queue_prefix().to_owned()).await
+}
+
+async fn serve_api(ports: AwsPorts) -> Result<(), lambda_runtime::Error> {
     let queue_names: Vec<String> = tidings_lambda::ALL_QUEUES.iter().map(|q| (*q).to_owned()).collect();
     let state =
         tidings_api::AppState { deps: ports.deps(), queue_names: Arc::new(queue_names), dev: None, live: None };
     lambda_http::run(tidings_api::app(state)).await
 }
 
-async fn outbox_relay(ports: AwsPorts) -> Result<(), lambda_runtime::Error> {
+async fn serve_outbox_relay(ports: AwsPorts) -> Result<(), lambda_runtime::Error> {
     let deps = ports.deps();
     let live = ports.live_push_from_env().await;
     lambda_runtime::run(service_fn(|event: LambdaEvent<DynamoDbEvent>| {
@@ -151,7 +177,7 @@ async fn outbox_relay(ports: AwsPorts) -> Result<(), lambda_runtime::Error> {
     .await
 }
 
-async fn reconcile(ports: AwsPorts) -> Result<(), lambda_runtime::Error> {
+async fn serve_reconcile(ports: AwsPorts) -> Result<(), lambda_runtime::Error> {
     let deps = ports.deps();
     lambda_runtime::run(service_fn(|_event: LambdaEvent<Value>| {
         let deps = deps.clone();
@@ -165,7 +191,7 @@ async fn reconcile(ports: AwsPorts) -> Result<(), lambda_runtime::Error> {
     .await
 }
 
-async fn ws_connections(ports: AwsPorts) -> Result<(), lambda_runtime::Error> {
+async fn serve_ws_connections(ports: AwsPorts) -> Result<(), lambda_runtime::Error> {
     let deps = ports.deps();
     let live = ports.live_push_from_env().await;
     lambda_runtime::run(service_fn(|event: LambdaEvent<ApiGatewayWebsocketProxyRequest>| {

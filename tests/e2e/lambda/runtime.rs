@@ -228,7 +228,8 @@ impl Function {
         cmd.env("LANG", "en_US.UTF-8");
         cmd.env("PATH", "/usr/local/bin:/usr/bin:/bin");
         std::fs::create_dir_all(&self.log_dir)?;
-        let log = std::fs::File::create(self.log_dir.join(format!("{}-{}.log", self.spec.binary, addr.port())))?;
+        let log_path = self.log_dir.join(format!("{}-{}.log", self.spec.binary, addr.port()));
+        let log = std::fs::File::create(&log_path)?;
         cmd.stdout(log.try_clone()?).stderr(log).kill_on_drop(true);
         let spawned = Instant::now();
         let mut child = cmd.spawn().with_context(|| format!("starting {}", self.spec.binary))?;
@@ -242,7 +243,10 @@ impl Function {
             }
             status = child.wait() => {
                 let why = init_error.lock().unwrap_or_else(|e| e.into_inner()).clone().unwrap_or_default();
-                let text = format!("{} stopped during init ({:?}) {why}; log: {}", self.spec.binary, status.ok(), self.log_dir.display());
+                // What CloudWatch would show of the INIT phase: the end of its log.
+                let logged = std::fs::read_to_string(&log_path).unwrap_or_default();
+                let tail: String = logged.chars().rev().take(2000).collect::<Vec<_>>().into_iter().rev().collect();
+                let text = format!("{} stopped during init ({:?}) {why}; log {}: {tail}", self.spec.binary, status.ok(), log_path.display());
                 self.stats().init_failures.push(text.clone());
                 bail!(text);
             }
