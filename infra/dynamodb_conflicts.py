@@ -18,8 +18,18 @@ does when writes overlap in time (its rules for TransactWriteItems conflicts):
   serializes them);
 - reads, and everything else, pass through.
 
-An item is held from the moment its request arrives until DynamoDB Local has answered it. A
-request refused here never reaches DynamoDB Local, as a cancelled transaction writes nothing.
+An item is held from the moment its request arrives until DynamoDB Local has answered it, but
+for at most 50 ms: a DynamoDB transaction holds its items for the tens of milliseconds it takes,
+while DynamoDB Local's answer also waits for its table lock behind every other write of the
+emulator (under a test suite's load, for seconds), which DynamoDB has no counterpart of. Writes
+that arrive within that window of each other on one item conflict, as they would on DynamoDB;
+later ones are still serialized by DynamoDB Local's lock. A request refused here never reaches
+DynamoDB Local, as a cancelled transaction writes nothing.
+
+At most four writes of a table are at DynamoDB Local at once; the others wait here. DynamoDB
+Local gives up on a write that waited too long for its table lock with an InternalServerError
+("This request will succeed in actual DynamoDB API"): a hundred concurrent orders of one SKU
+met it. Waiting here instead changes no answer, only when it comes.
 DynamoDB Streams go straight to DynamoDB Local (they are not proxied).
 
 usage: python3 dynamodb_conflicts.py LISTEN_PORT UPSTREAM_PORT
@@ -30,47 +40,81 @@ import http.server
 import json
 import sys
 import threading
+import time
 import zlib
 
 _TARGET_PREFIX = "DynamoDB_20120810."
 _SINGLE_WRITES = {"PutItem", "UpdateItem", "DeleteItem"}
 
+# The longest an item is held for one request (see the module's doc).
+HOLD_S = 0.05
+# Writes of one table in flight at DynamoDB Local at once (see the module's doc).
+WRITERS_PER_TABLE = 4
+
 
 class Holds:
-    """Items held by requests in flight: (table, key) -> [transactions, single writes]."""
+    """Items held by requests in flight: (table, key) -> {request: (is a transaction, until)}."""
 
-    def __init__(self):
+    def __init__(self, window):
         self._lock = threading.Lock()
         self._held = {}
+        self._window = window
+        self._next = 0
+
+    def _live(self, item, now):
+        entries = self._held.get(item, {})
+        return [tx for tx, until in entries.values() if until > now]
+
+    def _hold(self, items, transaction, now):
+        self._next += 1
+        request = self._next
+        for item in items:
+            self._held.setdefault(item, {})[request] = (transaction, now + self._window)
+        return request
 
     def take_transaction(self, items):
-        """Holds every item, or none: the indexes of the items already held otherwise."""
+        """Holds every item, or none: (the request, []) or (None, the indexes of the items
+        another request holds)."""
         with self._lock:
-            conflicts = [i for i, item in enumerate(items) if item in self._held]
+            now = time.monotonic()
+            conflicts = [i for i, item in enumerate(items) if self._live(item, now)]
             if conflicts:
-                return conflicts
-            for item in items:
-                self._held[item] = [1, 0]
-            return []
+                return None, conflicts
+            return self._hold(items, True, now), []
 
     def take_single(self, item):
-        """Holds the item for a single write; False when a transaction holds it."""
+        """Holds the item for a single write; None when a transaction holds it."""
         with self._lock:
-            counts = self._held.setdefault(item, [0, 0])
-            if counts[0]:
-                return False
-            counts[1] += 1
-            return True
+            now = time.monotonic()
+            if any(self._live(item, now)):
+                return None
+            return self._hold([item], False, now)
 
-    def release(self, items, transaction):
+    def release(self, request, items):
         with self._lock:
             for item in items:
-                counts = self._held.get(item)
-                if counts is None:
+                entries = self._held.get(item)
+                if entries is None:
                     continue
-                counts[0 if transaction else 1] -= 1
-                if counts == [0, 0]:
+                entries.pop(request, None)
+                if not entries:
                     del self._held[item]
+
+
+class Writers:
+    """A semaphore per table bounding its writes in flight at DynamoDB Local."""
+
+    def __init__(self, per_table):
+        self._lock = threading.Lock()
+        self._per_table = per_table
+        self._gates = {}
+
+    def of(self, table):
+        with self._lock:
+            gate = self._gates.get(table)
+            if gate is None:
+                gate = self._gates[table] = threading.BoundedSemaphore(self._per_table)
+            return gate
 
 
 class KeySchemas:
@@ -110,6 +154,7 @@ def _item_id(table, key):
 class Proxy(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     holds = None
+    writers = None
     schemas = None
     upstream_port = None
 
@@ -129,25 +174,39 @@ class Proxy(http.server.BaseHTTPRequestHandler):
         if operation == "TransactWriteItems" and request is not None:
             items = self._transaction_items(request)
             if items is not None:
-                conflicts = self.holds.take_transaction(items)
-                if conflicts:
+                held, conflicts = self.holds.take_transaction(items)
+                if held is None:
                     return self._transaction_conflict(len(items), conflicts)
                 try:
-                    return self._forward(body)
+                    return self._forward_write(body, {table for table, _ in items})
                 finally:
-                    self.holds.release(items, transaction=True)
+                    self.holds.release(held, items)
         if operation in _SINGLE_WRITES and request is not None:
             item = self._single_item(operation, request)
             if item is not None:
-                if not self.holds.take_single(item):
+                held = self.holds.take_single(item)
+                if held is None:
                     return self._error(
                         "TransactionConflictException", "Transaction is ongoing for the item", lower_message=True
                     )
                 try:
-                    return self._forward(body)
+                    return self._forward_write(body, {item[0]})
                 finally:
-                    self.holds.release([item], transaction=False)
+                    self.holds.release(held, [item])
         self._forward(body)
+
+    def _forward_write(self, body, tables):
+        """Forwards a write with at most WRITERS_PER_TABLE writes of each of its tables at
+        DynamoDB Local at once: the rest wait here, not on its table lock (whose timeout it
+        answers as an InternalServerError that DynamoDB would not give)."""
+        gates = [self.writers.of(table) for table in sorted(tables)]
+        for gate in gates:
+            gate.acquire()
+        try:
+            return self._forward(body)
+        finally:
+            for gate in reversed(gates):
+                gate.release()
 
     def _key_of(self, table, item):
         names = self.schemas.names(table, self.headers)
@@ -248,7 +307,8 @@ def main(argv):
         print(__doc__.strip().splitlines()[-1], file=sys.stderr)
         return 2
     listen, upstream = int(argv[1]), int(argv[2])
-    Proxy.holds = Holds()
+    Proxy.holds = Holds(HOLD_S)
+    Proxy.writers = Writers(WRITERS_PER_TABLE)
     Proxy.schemas = KeySchemas(upstream)
     Proxy.upstream_port = upstream
     server = Server(("127.0.0.1", listen), Proxy)
