@@ -3,24 +3,15 @@
 #
 #   bash infra/lint.sh
 #
-# Installs both tools into infra/.venv-lint when missing (pinned, so a new linter release
-# cannot turn a clean template red overnight; bump the pins on purpose). Exits non-zero on
+# Installs both tools into infra/.venv-sam when missing (infra/sam-tools.sh, pinned). Exits non-zero on
 # any finding, warnings included: cfn-lint exits 4 on a warning, 2 on an error, and
 # `sam validate --lint` fails on either.
 set -euo pipefail
 
-CFN_LINT_VERSION="${CFN_LINT_VERSION:-1.58.0}"
-SAM_CLI_VERSION="${SAM_CLI_VERSION:-1.170.0}"
-
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(dirname "$here")"
-venv="$here/.venv-lint"
-
-if [[ ! -x "$venv/bin/cfn-lint" || ! -x "$venv/bin/sam" ]]; then
-    python3 -m venv "$venv"
-    "$venv/bin/pip" install --quiet --disable-pip-version-check \
-        "cfn-lint==$CFN_LINT_VERSION" "aws-sam-cli==$SAM_CLI_VERSION"
-fi
+# shellcheck source=infra/sam-tools.sh
+source "$here/sam-tools.sh"
 
 cd "$root"
 

@@ -6,23 +6,16 @@
 #
 #   bash infra/sam.sh            # installs what is missing, builds, checks one bootstrap per function
 #
-# Installs when missing: AWS SAM CLI and cargo-lambda (PyPI, pinned, into infra/.venv-sam;
-# cargo-lambda brings zig, which links for arm64), Rust's aarch64-unknown-linux-gnu standard
+# Installs when missing: AWS SAM CLI and cargo-lambda (infra/sam-tools.sh: PyPI, pinned, into
+# infra/.venv-sam; cargo-lambda brings zig, which links for arm64), Rust's aarch64-unknown-linux-gnu standard
 # library (rustup), and Debian's qemu-user and libc6-arm64-cross (to run the binaries here).
 set -euo pipefail
 
-SAM_CLI_VERSION="${SAM_CLI_VERSION:-1.170.0}"
-CARGO_LAMBDA_VERSION="${CARGO_LAMBDA_VERSION:-1.9.2}"
-
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(dirname "$here")"
-venv="$here/.venv-sam"
+# shellcheck source=infra/sam-tools.sh
+source "$here/sam-tools.sh"
 
-if [[ ! -x "$venv/bin/sam" || ! -x "$venv/bin/cargo-lambda" ]]; then
-    python3 -m venv "$venv"
-    "$venv/bin/pip" install --quiet --disable-pip-version-check \
-        "aws-sam-cli==$SAM_CLI_VERSION" "cargo-lambda==$CARGO_LAMBDA_VERSION"
-fi
 if ! rustup target list --installed | grep -qx aarch64-unknown-linux-gnu; then
     rustup target add aarch64-unknown-linux-gnu
 fi
