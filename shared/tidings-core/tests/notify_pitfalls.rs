@@ -457,6 +457,38 @@ async fn codes_nobody_verifies_show_in_the_verification_ratio() {
     ));
 }
 
+/// Every accept of a template counts in its hour: on DynamoDB one counter item would be written
+/// by every concurrent accept transaction and refuse all but one of them (a transaction
+/// conflict). The hour is spread over shard items, chosen by the notification, and summed when
+/// read; an hour counted in one item before the shards still adds up.
+#[tokio::test]
+async fn a_templates_hourly_counts_are_spread_over_shards_and_summed() {
+    use tidings_core::notify::verification;
+    use tidings_core::ports::{Cond, Item, Key};
+    let w = world().await;
+    let results = futures::future::join_all(
+        (0..40).map(|i| api::accept(&w.deps, &w.t, from(&format!("shard-{i}"), "203.0.113.9"))),
+    )
+    .await;
+    let ids: Vec<String> = results.into_iter().map(|r| r.unwrap().notification_id).collect();
+    for id in ids.iter().take(10) {
+        verification::verify(&w.deps, &w.t, id).await.unwrap();
+    }
+    let pk = keys::verification_pk(&w.t, "msg");
+    let page = w.deps.table.query(&pk, keys::VERIFICATION_HOUR_PREFIX, Default::default()).await.unwrap();
+    assert!(page.items.len() > 4, "40 accepts spread over several items: {}", page.items.len());
+    assert!(page.items.len() as u32 <= verification::COUNTER_SHARDS);
+    // An hour counted the way it was before shards: one item, no shard suffix.
+    let legacy = Item::new(
+        Key::new(pk.clone(), format!("{}2026112919", keys::VERIFICATION_HOUR_PREFIX)),
+        serde_json::from_value(serde_json::json!({"accepted": 5, "verified": 2})).unwrap(),
+    );
+    w.deps.table.put(legacy, Cond::Always).await.unwrap();
+    let s = verification::stats(&w.deps, &w.t, "msg", 24).await.unwrap();
+    assert_eq!(s.hours.len(), 1, "{s:?}");
+    assert_eq!((s.hours[0].hour.as_str(), s.accepted, s.verified), ("2026-11-29T19:00:00Z", 45, 12), "{s:?}");
+}
+
 /// SMS go only to the allowed countries (`TIDINGS_SMS_COUNTRIES`), whatever the category: a
 /// number elsewhere is suppressed (`country_not_allowed`), the same notification's email goes.
 #[tokio::test]
