@@ -94,8 +94,9 @@ start() {
     if ! running; then
         # -sharedDb: one database for every access key and region (without it each key has its
         # own, and the functions need not share one). -inMemory: nothing outlives the process.
+        # -disableTelemetry: it would try to reach AWS, and loopback is all it needs.
         (cd "$emulator" && exec nohup java -Djava.library.path=DynamoDBLocal_lib -jar DynamoDBLocal.jar \
-            -inMemory -sharedDb -port "$local_port") >"$logfile" 2>&1 &
+            -inMemory -sharedDb -disableTelemetry -port "$local_port") >"$logfile" 2>&1 &
         echo $! >"$pidfile"
     fi
     if ! running "$proxy_pidfile"; then

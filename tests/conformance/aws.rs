@@ -176,26 +176,24 @@ queue_case!(queue_redrive, "conf-h");
 queue_case!(queue_stats, "conf-i");
 queue_case!(queue_long_poll, "conf-j");
 
-/// The table cases concurrently, then the queue cases through `queue::ALL` concurrently, as a
-/// harness sharing one backend would run them. Each table case has its own table here: moto
-/// rolls a failed transaction back by restoring a copy of the whole table, which undoes the
-/// writes other requests made to that table meanwhile (DynamoDB does not; the embedded suite
-/// runs the table cases on one shared table).
+/// The table cases concurrently on one table (as the embedded suite runs them on one store),
+/// then the queue cases through `queue::ALL` concurrently, as a harness sharing one backend would
+/// run them: failed transactions of one case never undo another case's writes. The stream case
+/// reads a table of its own, so that it sees only its writes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn whole_suite_on_one_shared_backend() {
     let env = Env::new("shared", &CONFORMANCE_QUEUES).await;
-    let names = ["s-rt", "s-cp", "s-up", "s-cond", "s-txi", "s-txbad", "s-query", "s-txall"];
-    let envs = futures::future::join_all(names.iter().map(|n| Env::new(n, &[]))).await;
-    let t: Vec<tidings_aws::DynamoTable> = envs.iter().map(Env::table).collect();
+    let shared_table = Env::new("shared-table", &[]).await;
+    let t = shared_table.table();
     tokio::join!(
-        table::item_round_trip(&t[0]),
-        table::conditional_put_conflict(&t[1]),
-        table::update_upsert_and_add(&t[2]),
-        table::conditions_semantics(&t[3]),
-        table::transact_reports_failing_index(&t[4]),
-        table::transact_rejects_invalid(&t[5]),
-        table::query_prefix_and_pagination(&t[6]),
-        table::transactions_all_or_nothing(Arc::new(t[7].clone())),
+        table::item_round_trip(&t),
+        table::conditional_put_conflict(&t),
+        table::update_upsert_and_add(&t),
+        table::conditions_semantics(&t),
+        table::transact_reports_failing_index(&t),
+        table::transact_rejects_invalid(&t),
+        table::query_prefix_and_pagination(&t),
+        table::transactions_all_or_nothing(Arc::new(t.clone())),
     );
     let feed = env.backend.change_feed();
     stream::change_stream_delivers_every_committed_write_in_order(&env.table(), &feed).await;
@@ -205,9 +203,7 @@ async fn whole_suite_on_one_shared_backend() {
         cases.push(case(&queues, name));
     }
     futures::future::join_all(cases).await;
-    for e in envs {
-        e.cleanup(&[]).await;
-    }
+    shared_table.cleanup(&[]).await;
     env.cleanup(&CONFORMANCE_QUEUES).await;
 }
 

@@ -52,12 +52,12 @@ pub async fn a_segment_campaign_reaches_each_member_once_and_an_otp_is_not_held_
 ) -> anyhow::Result<()> {
     let mut opts = Options::default();
     opts.env.push(("TIDINGS_CAMPAIGN_PAGE_SIZE", "25".into()));
-    // A page takes longer than the tests' default visibility on the emulator (which serializes
-    // DynamoDB calls, see infra/moto_server.py): give it room rather than redeliver mid-flight.
+    // A page takes longer than the tests' default visibility on the emulator (DynamoDB Local
+    // runs a table's writes one at a time): give it room rather than redeliver mid-flight.
     opts.env.retain(|(k, _)| *k != "TIDINGS_VISIBILITY_S");
     opts.env.push(("TIDINGS_VISIBILITY_S", "30".into()));
     let s = Server::start(backend, opts).await?;
-    // Fewer members on the emulator, which runs every DynamoDB call one at a time.
+    // Fewer members on the emulator, which runs a table's writes one at a time.
     let members = if backend == Backend::Aws { 40 } else { 120 };
     for i in 0..members {
         let body = json!({"email": format!("m{i}@example.com"), "tags": ["vip", "newsletter"]});

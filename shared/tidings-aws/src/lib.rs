@@ -1,8 +1,10 @@
 //! The AWS backend: the core's ports on DynamoDB (and its stream), SQS, SES and SNS, through
 //! the official SDK.
 //!
-//! Configuration comes from the environment once ([`AwsConfig`]); the endpoint is the SDK's
-//! own `AWS_ENDPOINT_URL`, so the same code runs against AWS, LocalStack or moto.
+//! Configuration comes from the environment once ([`AwsConfig`]); the endpoints are the SDK's
+//! own `AWS_ENDPOINT_URL` and its per-service variables (`AWS_ENDPOINT_URL_DYNAMODB`, ...), so
+//! the same code runs against AWS, LocalStack or the emulators of `make test` (DynamoDB Local
+//! for DynamoDB, moto for the rest).
 
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
