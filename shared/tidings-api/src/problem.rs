@@ -129,3 +129,21 @@ impl IntoResponse for ApiError {
 }
 
 pub type ApiResult<T> = Result<T, ApiError>;
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use tidings_core::ports::StoreError;
+
+    /// A write that still met transaction conflicts after the store's retries wrote nothing: a
+    /// clean 409 the client may repeat after `Retry-After`, never a 5xx.
+    #[test]
+    fn a_write_conflict_is_a_409_with_retry_after() {
+        let res = ApiError::from(CoreError::Store(StoreError::Conflict)).into_response();
+        assert_eq!(res.status(), StatusCode::CONFLICT);
+        assert_eq!(res.headers().get(header::RETRY_AFTER).unwrap(), "1");
+        let unavailable = ApiError::from(CoreError::Store(StoreError::Unavailable("throttled".into()))).into_response();
+        assert_eq!(unavailable.status(), StatusCode::SERVICE_UNAVAILABLE);
+    }
+}
