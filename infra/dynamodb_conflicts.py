@@ -9,27 +9,27 @@ updates) works in tests and fails under load in production.
 This proxy forwards every request to DynamoDB Local unchanged and answers for DynamoDB what it
 does when writes overlap in time (its rules for TransactWriteItems conflicts):
 
-- a TransactWriteItems any of whose items (ConditionCheck included) is held by another
-  request still in flight (a transaction, or a PutItem / UpdateItem / DeleteItem) is
-  cancelled: TransactionCanceledException, reason TransactionConflict for each such item and
-  None for the others; nothing of it is applied;
-- a PutItem, UpdateItem or DeleteItem of an item held by a transaction in flight fails with
-  TransactionConflictException; two single-item writes of one item do not conflict (DynamoDB
-  serializes them);
+- a TransactWriteItems any of whose items (ConditionCheck included) is part of another
+  TransactWriteItems still in flight is cancelled: TransactionCanceledException, reason
+  TransactionConflict for each such item and None for the others; nothing of it is applied;
+- a PutItem, UpdateItem or DeleteItem of an item that a TransactWriteItems in flight holds
+  fails with TransactionConflictException; single-item writes do not conflict with each other
+  (DynamoDB serializes them), nor with a transaction that arrives while they are in flight;
 - reads, and everything else, pass through.
 
-An item is held from the moment its request arrives until DynamoDB Local has answered it, but
+A transaction holds its items from the moment it arrives until DynamoDB Local has answered it, but
 for at most 50 ms: a DynamoDB transaction holds its items for the tens of milliseconds it takes,
 while DynamoDB Local's answer also waits for its table lock behind every other write of the
-emulator (under a test suite's load, for seconds), which DynamoDB has no counterpart of. Writes
-that arrive within that window of each other on one item conflict, as they would on DynamoDB;
-later ones are still serialized by DynamoDB Local's lock. A request refused here never reaches
+emulator (under a test suite's load, for seconds), which DynamoDB has no counterpart of.
+Transactions that arrive within that window of each other on one item conflict, as they would on
+DynamoDB; later ones are still serialized by DynamoDB Local's lock. A request refused here never reaches
 DynamoDB Local, as a cancelled transaction writes nothing.
 
 At most four writes of a table are at DynamoDB Local at once; the others wait here. DynamoDB
 Local gives up on a write that waited too long for its table lock with an InternalServerError
 ("This request will succeed in actual DynamoDB API"): a hundred concurrent orders of one SKU
 met it. Waiting here instead changes no answer, only when it comes.
+
 DynamoDB Streams go straight to DynamoDB Local (they are not proxied).
 
 usage: python3 dynamodb_conflicts.py LISTEN_PORT UPSTREAM_PORT
@@ -53,7 +53,7 @@ WRITERS_PER_TABLE = 4
 
 
 class Holds:
-    """Items held by requests in flight: (table, key) -> {request: (is a transaction, until)}."""
+    """Items held by transactions in flight: (table, key) -> {request: held until}."""
 
     def __init__(self, window):
         self._lock = threading.Lock()
@@ -61,34 +61,26 @@ class Holds:
         self._window = window
         self._next = 0
 
-    def _live(self, item, now):
-        entries = self._held.get(item, {})
-        return [tx for tx, until in entries.values() if until > now]
-
-    def _hold(self, items, transaction, now):
-        self._next += 1
-        request = self._next
-        for item in items:
-            self._held.setdefault(item, {})[request] = (transaction, now + self._window)
-        return request
+    def _held_now(self, item, now):
+        return any(until > now for until in self._held.get(item, {}).values())
 
     def take_transaction(self, items):
         """Holds every item, or none: (the request, []) or (None, the indexes of the items
-        another request holds)."""
+        another transaction holds)."""
         with self._lock:
             now = time.monotonic()
-            conflicts = [i for i, item in enumerate(items) if self._live(item, now)]
+            conflicts = [i for i, item in enumerate(items) if self._held_now(item, now)]
             if conflicts:
                 return None, conflicts
-            return self._hold(items, True, now), []
+            self._next += 1
+            for item in items:
+                self._held.setdefault(item, {})[self._next] = now + self._window
+            return self._next, []
 
-    def take_single(self, item):
-        """Holds the item for a single write; None when a transaction holds it."""
+    def single_may_write(self, item):
+        """Whether a single write of the item may go (no transaction holds it)."""
         with self._lock:
-            now = time.monotonic()
-            if any(self._live(item, now)):
-                return None
-            return self._hold([item], False, now)
+            return not self._held_now(item, time.monotonic())
 
     def release(self, request, items):
         with self._lock:
@@ -184,15 +176,11 @@ class Proxy(http.server.BaseHTTPRequestHandler):
         if operation in _SINGLE_WRITES and request is not None:
             item = self._single_item(operation, request)
             if item is not None:
-                held = self.holds.take_single(item)
-                if held is None:
+                if not self.holds.single_may_write(item):
                     return self._error(
                         "TransactionConflictException", "Transaction is ongoing for the item", lower_message=True
                     )
-                try:
-                    return self._forward_write(body, {item[0]})
-                finally:
-                    self.holds.release(held, [item])
+                return self._forward_write(body, {item[0]})
         self._forward(body)
 
     def _forward_write(self, body, tables):
