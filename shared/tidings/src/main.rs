@@ -28,7 +28,8 @@ struct Cli {
 pub enum BackendKind {
     /// In-process and durable: SQLite in --data-dir, fake providers.
     Embedded,
-    /// DynamoDB, SQS, SES and SNS of the account or emulator in the environment (AWS_ENDPOINT_URL).
+    /// DynamoDB, SQS, SES and SNS of the account or emulators in the environment (AWS_ENDPOINT_URL,
+    /// and AWS_ENDPOINT_URL_DYNAMODB[_STREAMS] for DynamoDB Local: infra/dynamodb_local.sh).
     Aws,
 }
 
