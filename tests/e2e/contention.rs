@@ -79,3 +79,89 @@ pub async fn concurrent_otp_accepts_on_one_template_are_all_accepted(backend: Ba
     assert_eq!((&v["accepted"], &v["verified"]), (&json!(ACCEPTS), &json!(ACCEPTS)), "{v}");
     Ok(())
 }
+
+/// The abuse guard's counters are hot by design: every OTP from one IP updates that IP's counter
+/// in its accept transaction, every SMS to one number that number's counter in the delivery's
+/// transaction. Concurrent requests meet there and are retried; the conditions still decide:
+/// exactly the limit gets through, the rest are refused cleanly (429, or `number_rate_limited`),
+/// none answered 5xx, nothing counted twice.
+pub async fn concurrent_otps_against_the_limits_get_exactly_the_limit_through(backend: Backend) -> anyhow::Result<()> {
+    let mut opts = Options::default();
+    opts.env.push(("TIDINGS_REQUESTER_IP_LIMITS", "3/1h".into()));
+    opts.env.push(("TIDINGS_SMS_NUMBER_LIMITS", "3/1h".into()));
+    let server = Server::start(backend, opts).await?;
+    let s = &server;
+    let (st, v) = s
+        .call(
+            "PUT",
+            "/v1/templates/otp",
+            Some(json!({"default_locale": "en", "locales": {"en": {
+                "sms": "Your code is {{ code }}", "email_subject": "Your code", "email_body": "Your code is {{ code }}"}}})),
+        )
+        .await?;
+    assert_eq!(st, 200, "{v}");
+    const N: usize = 16;
+    let users = (0..N).map(|i| async move {
+        // One phone number for all of them; an address each.
+        let body = json!({"phone": "+14155550123", "email": format!("lim{i}@example.com")});
+        s.call("PUT", &format!("/v1/users/lim{i:02}"), Some(body)).await
+    });
+    for r in join_all(users).await {
+        let (st, v) = r?;
+        assert_eq!(st, 200, "{v}");
+    }
+    let otp = |i: usize, ip: String, channel: &str| {
+        json!({
+            "idempotency_key": format!("lim-{channel}-{i}"),
+            "recipients": {"user_ids": [format!("lim{i:02}")]},
+            "template_id": "otp",
+            "params": {"code": format!("{:06}", 200_000 + i)},
+            "category": "transactional",
+            "channels": [channel],
+            "requester": {"ip": ip},
+        })
+    };
+
+    // N at once from one IP against its limit of 3.
+    let from_one_ip = (0..N).map(|i| {
+        let body = otp(i, "203.0.113.50".into(), "email");
+        async move { s.call("POST", "/v1/notifications", Some(body)).await }
+    });
+    let answers: Vec<(u16, Value)> = join_all(from_one_ip).await.into_iter().collect::<Result<_, _>>()?;
+    let accepted = answers.iter().filter(|(st, _)| *st == 202).count();
+    let limited = answers.iter().filter(|(st, v)| *st == 429 && v["field"] == "requester.ip").count();
+    assert_eq!((accepted, limited), (3, N - 3), "exactly the limit accepted, the rest 429: {answers:?}");
+
+    // N at once to one number (each from its own IP) against its limit of 3.
+    let to_one_number = (0..N).map(|i| {
+        let body = otp(i, format!("198.51.100.{}", i + 1), "sms");
+        async move { s.call("POST", "/v1/notifications", Some(body)).await }
+    });
+    let answers: Vec<(u16, Value)> = join_all(to_one_number).await.into_iter().collect::<Result<_, _>>()?;
+    let refused: Vec<&(u16, Value)> = answers.iter().filter(|(st, _)| *st != 202).collect();
+    assert!(refused.is_empty(), "every SMS OTP accepted (the number's limit is applied later): {refused:?}");
+    let ids: Vec<String> =
+        answers.iter().map(|(_, v)| v["notification_id"].as_str().unwrap_or_default().to_owned()).collect();
+    let statuses = s
+        .eventually(WAIT, "every SMS delivery settled", || async {
+            let mut out = Vec::new();
+            for id in &ids {
+                let (st, v) = s.call("GET", &format!("/v1/notifications/{id}/deliveries"), None).await?;
+                assert_eq!(st, 200, "{v}");
+                match v["items"].as_array().and_then(|d| d.first()) {
+                    Some(d) if d["status"] == "sent" || d["status"] == "suppressed" => {
+                        out.push((d["status"].clone(), d["reason"].clone()))
+                    }
+                    _ => return Ok(None),
+                }
+            }
+            Ok(Some(out))
+        })
+        .await?;
+    let sent = statuses.iter().filter(|(st, _)| st == "sent").count();
+    let limited = statuses.iter().filter(|(st, r)| st == "suppressed" && r == "number_rate_limited").count();
+    assert_eq!((sent, limited), (3, N - 3), "{statuses:?}");
+    let provider = s.sends_all().await?.iter().filter(|x| x["channel"] == "sms").count();
+    assert_eq!(provider, 3, "the provider saw exactly the limit");
+    Ok(())
+}

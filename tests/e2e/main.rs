@@ -112,7 +112,10 @@ on_both_backends!(inventory as inventory_tests:
 
 on_both_backends!(isolation as isolation_tests: no_route_shows_or_changes_another_tenants_data);
 
-on_both_backends!(contention as contention_tests: concurrent_otp_accepts_on_one_template_are_all_accepted);
+on_both_backends!(contention as contention_tests:
+    concurrent_otp_accepts_on_one_template_are_all_accepted,
+    concurrent_otps_against_the_limits_get_exactly_the_limit_through,
+);
 
 /// A day of a shop through the binaries `sam build` makes, each under a Lambda Runtime API with
 /// the environment and IAM policy `template.yaml` gives it.
