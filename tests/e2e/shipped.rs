@@ -197,6 +197,7 @@ pub async fn a_day_of_a_shop_through_the_function_binaries() -> anyhow::Result<(
     let stats = s.stats();
     for (f, st) in &stats {
         assert!(st.init_failures.is_empty(), "{f}: {:?}", st.init_failures);
+        assert_eq!(st.out_of_memory, 0, "{f} went over its MemorySize");
     }
     Ok(())
 }
@@ -255,6 +256,7 @@ pub async fn a_campaign_of_two_thousand_through_the_function_binaries_within_the
     let template = json!({"default_locale": "en", "locales": {"en": {"email_subject": "Sale", "email_body": "Hi {{ user_id }}"}}});
     ok(&s, "PUT", "/v1/templates/promo", Some(template)).await?;
     let before = s.requests();
+    let units_before = s.capacity_units();
     let sent_before = s.sends().len();
     let id = notify(&s, json!({"idempotency_key": "all-1", "recipients": {"segment": "all"}, "template_id": "promo",
         "category": "marketing", "channels": ["email"]}))
@@ -293,6 +295,16 @@ pub async fn a_campaign_of_two_thousand_through_the_function_binaries_within_the
     // not of a delivery: shown, not charged to the campaign.
     let idle: u64 = breakdown.iter().filter(|(k, _)| k.contains("(empty)")).map(|(_, n)| n).sum();
     let per_delivery = (billed - idle) as f64 / members as f64;
+    let (w, r) = s.capacity_units();
+    let (w, r) = ((w - units_before.0) / members as f64, (r - units_before.1) / members as f64);
+    let sqs: u64 = breakdown.iter().filter(|(k, _)| k.contains(" SQS.") && !k.contains("(empty)")).map(|(_, n)| n).sum();
+    let sqs = sqs as f64 / members as f64;
+    // On-demand list prices in us-east-1: DynamoDB $0.625 per million write units and $0.125
+    // per million read units, SQS $0.40 per million requests, SES $0.10 per thousand mails.
+    let per_million = w * 0.625 + r * 0.125 + sqs * 0.40;
+    println!(
+        "per delivery: {w:.2} DynamoDB write units, {r:.2} read units, {sqs:.3} SQS requests: ${per_million:.2} per million deliveries besides SES's $100 (Lambda time not counted)"
+    );
     println!(
         "AWS requests for {members} deliveries through the function binaries: {} ({per_delivery:.3} each; {idle} empty long polls besides); by function and operation: {}",
         billed - idle,

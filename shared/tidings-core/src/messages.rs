@@ -208,7 +208,9 @@ pub async fn dispatch_batch(deps: &crate::Deps, queue: &str, messages: &[Receive
 /// [`dispatch_batch`] that starts no provider call it could not finish by `deadline` (a
 /// Lambda invocation's end, a visibility timeout): the sends not started are handed back
 /// (`pending`, their messages sent again: [`Outcome::HandBack`]) instead of being cut off
-/// mid-way by the end of the invocation.
+/// mid-way by the end of the invocation. Queues handled one message at a time (requests,
+/// timers, stock events) hand back the messages that the slowest so far says would not end
+/// before it.
 pub async fn dispatch_batch_until(
     deps: &crate::Deps,
     queue: &str,
@@ -218,9 +220,20 @@ pub async fn dispatch_batch_until(
     if ["email-", "sms-", "push-"].iter().any(|p| queue.starts_with(p)) {
         return crate::notify::worker::handle_channel_batch_until(deps, messages, deadline).await;
     }
+    // One by one (requests, timers, stock events). After the first, which always runs so a
+    // batch always makes progress, a message is not started when the longest one so far would
+    // not end before the deadline: it is handed back, so the invocation is not cut off with a
+    // campaign page half written (and every message of its batch charged a receive).
     let mut outcomes = Vec::with_capacity(messages.len());
-    for message in messages {
+    let mut longest = std::time::Duration::ZERO;
+    for (i, message) in messages.iter().enumerate() {
+        if i > 0 && deadline.is_some_and(|d| std::time::Instant::now() + longest >= d) {
+            outcomes.push(Outcome::HandBack);
+            continue;
+        }
+        let started = std::time::Instant::now();
         outcomes.push(dispatch(deps, queue, message).await);
+        longest = longest.max(started.elapsed());
     }
     outcomes
 }

@@ -824,3 +824,26 @@ async fn members_sharing_a_number_get_one_sms_between_them() {
     assert_eq!(v.status, NotificationStatus::Completed, "{v:?}");
     assert_eq!((v.counts.sent, v.counts.suppressed), (NUMBERS as u64, (USERS - NUMBERS) as u64), "{v:?}");
 }
+
+/// Requests (campaign pages) are handled one by one: past the first, a message that the
+/// slowest so far says would not end before the invocation's deadline is handed back, not
+/// started, so the function is not cut off mid-page by its timeout.
+#[tokio::test]
+async fn requests_near_the_deadline_are_handed_back_after_the_first() {
+    let w = world(10);
+    let message = |i: usize| ports::Received {
+        message_id: format!("m{i}"),
+        receipt: format!("r{i}"),
+        body: r#"{"not":"a request"}"#.into(),
+        receive_count: 1,
+        sent_at_ms: 0,
+    };
+    let messages: Vec<_> = (0..3).map(message).collect();
+    let past = std::time::Instant::now();
+    let outcomes = tidings_core::messages::dispatch_batch_until(&w.deps, "requests-low", &messages, Some(past)).await;
+    assert!(matches!(outcomes[0], tidings_core::messages::Outcome::Reject(_)), "the first always runs: {outcomes:?}");
+    assert!(outcomes[1..].iter().all(|o| matches!(o, tidings_core::messages::Outcome::HandBack)), "{outcomes:?}");
+    let later = std::time::Instant::now() + Duration::from_secs(60);
+    let outcomes = tidings_core::messages::dispatch_batch_until(&w.deps, "requests-low", &messages, Some(later)).await;
+    assert!(outcomes.iter().all(|o| matches!(o, tidings_core::messages::Outcome::Reject(_))), "time enough for all: {outcomes:?}");
+}

@@ -297,18 +297,18 @@ impl Stack {
                     Source::Sqs { queue_logical, batch_size, window_s, report_failures, max_concurrency } => {
                         let url = queue_urls.get(queue_logical).context("queue")?.clone();
                         let name = spec.queues.iter().find(|q| &q.logical_id == queue_logical).context("queue")?.name.clone();
+                        let mapping = Arc::new(sources::SqsMapping {
+                            sqs: sqs.clone(),
+                            function: function.clone(),
+                            queue_url: url,
+                            queue_name: name,
+                            batch_size: *batch_size,
+                            window: Duration::from_secs(*window_s),
+                            report_failures: *report_failures,
+                            ledger: ledger.clone(),
+                        });
                         for _ in 0..(*max_concurrency).min(opts.concurrency) {
-                            tokio::spawn(sources::sqs_poller(
-                                sqs.clone(),
-                                function.clone(),
-                                url.clone(),
-                                name.clone(),
-                                *batch_size,
-                                Duration::from_secs(*window_s),
-                                *report_failures,
-                                ledger.clone(),
-                                stop_rx.clone(),
-                            ));
+                            tokio::spawn(sources::sqs_poller(mapping.clone(), stop_rx.clone()));
                         }
                     }
                     Source::Stream { batch_size, window_s, report_failures, bisect, max_retries, on_failure_queue, filters } => {
@@ -406,12 +406,18 @@ impl Stack {
         self.ledger.lock().unwrap_or_else(|e| e.into_inner()).requests.clone()
     }
 
+    /// DynamoDB (write, read) request units used by the functions so far.
+    pub fn capacity_units(&self) -> (f64, f64) {
+        let l = self.ledger.lock().unwrap_or_else(|e| e.into_inner());
+        (l.write_units, l.read_units)
+    }
+
     pub fn refused(&self) -> Vec<String> {
         self.ledger.lock().unwrap_or_else(|e| e.into_inner()).refused.clone()
     }
 
     pub fn stats(&self) -> BTreeMap<String, runtime::Stats> {
-        self.functions.iter().map(|(k, f)| (k.clone(), f.stats.lock().unwrap_or_else(|e| e.into_inner()).clone())).collect()
+        self.functions.iter().map(|(k, f)| (k.clone(), f.stats_now())).collect()
     }
 
     /// Each function's binary size and init times (spawn → first `next`), for the README.
@@ -420,7 +426,7 @@ impl Stack {
         json!(self
             .functions
             .iter()
-            .map(|(name, f)| (name.clone(), json!({"bytes": f.binary_size(), "init_ms": stats[name].init_ms})))
+            .map(|(name, f)| (name.clone(), json!({"bytes": f.binary_size(), "init_ms": stats[name].init_ms, "peak_rss_mb": stats[name].peak_rss_mb})))
             .collect::<BTreeMap<_, _>>())
     }
 

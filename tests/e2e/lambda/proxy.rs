@@ -32,6 +32,45 @@ pub struct Ledger {
     pub requests: BTreeMap<String, BTreeMap<String, u64>>,
     pub refused: Vec<String>,
     pub sends: Vec<ProviderCall>,
+    /// DynamoDB capacity the requests used, in request units (on-demand billing): writes of
+    /// up to 1 KB are one unit, two in a transaction; reads of up to 4 KB half a unit
+    /// (eventually consistent), one when strongly consistent, two in a transaction.
+    pub write_units: f64,
+    pub read_units: f64,
+}
+
+/// DynamoDB request units of a request and its answer (sizes from the item in the request, or
+/// 1 KB / 4 KB when the request does not carry it).
+fn units(op: &str, request: &Value, answer: &Value) -> (f64, f64) {
+    let kb = |item: &Value| (item.to_string().len() as f64 / 1024.0).ceil().max(1.0);
+    let read = |consistent: bool, bytes: usize| {
+        let blocks = (bytes as f64 / 4096.0).ceil().max(1.0);
+        if consistent { blocks } else { blocks / 2.0 }
+    };
+    let consistent = request["ConsistentRead"] == json!(true);
+    match op {
+        "PutItem" => (kb(&request["Item"]), 0.0),
+        "UpdateItem" | "DeleteItem" => (1.0, 0.0),
+        "GetItem" => (0.0, read(consistent, answer["Item"].to_string().len())),
+        "Query" => (0.0, read(consistent, answer["Items"].to_string().len())),
+        "BatchGetItem" => {
+            let items = answer["Responses"].as_object().map_or(0, |t| t.values().map(|v| v.as_array().map_or(0, Vec::len)).sum::<usize>());
+            (0.0, items as f64 * read(consistent, 0))
+        }
+        "BatchWriteItem" => {
+            let n = request["RequestItems"].as_object().map_or(0, |t| t.values().map(|v| v.as_array().map_or(0, Vec::len)).sum::<usize>());
+            (n as f64, 0.0)
+        }
+        "TransactWriteItems" => {
+            let mut w = 0.0;
+            for item in request["TransactItems"].as_array().into_iter().flatten() {
+                w += 2.0 * item.get("Put").map_or(1.0, |p| kb(&p["Item"]));
+            }
+            (w, 0.0)
+        }
+        "TransactGetItems" => (0.0, 2.0 * request["TransactItems"].as_array().map_or(0, Vec::len) as f64),
+        _ => (0.0, 0.0),
+    }
 }
 
 pub struct Proxy {
@@ -375,7 +414,15 @@ impl Proxy {
         }
         let bytes = answer.bytes().await.unwrap_or_default();
         if status.is_success() {
-            record_send(&mut self.ledger.lock().unwrap_or_else(|e| e.into_inner()), function, &service, &body);
+            let mut ledger = self.ledger.lock().unwrap_or_else(|e| e.into_inner());
+            record_send(&mut ledger, function, &service, &body);
+            if service == "dynamodb" && operation.starts_with("DynamoDB.") {
+                let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                let answered: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+                let (w, r) = units(operation.trim_start_matches("DynamoDB."), &request, &answered);
+                ledger.write_units += w;
+                ledger.read_units += r;
+            }
         }
         let mut response = (status, bytes).into_response();
         response.headers_mut().extend(out_headers);

@@ -145,7 +145,7 @@ pub struct Function {
     idle: Mutex<Vec<Environment>>,
     /// Concurrent environments at most.
     slots: Semaphore,
-    pub stats: Mutex<Stats>,
+    stats_handle: Arc<Mutex<Stats>>,
     log_dir: PathBuf,
 }
 
@@ -159,6 +159,17 @@ pub struct Stats {
     pub timeouts: u64,
     /// Start-up failures (the process stopped before asking for an invocation).
     pub init_failures: Vec<String>,
+    /// Highest resident memory seen of one environment (under qemu, the emulator's own
+    /// included), and environments stopped for going over the function's `MemorySize`.
+    pub peak_rss_mb: u64,
+    pub out_of_memory: u32,
+}
+
+/// Resident memory of a process in MiB, from /proc.
+fn rss_mb(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb: u64 = status.lines().find(|l| l.starts_with("VmRSS:"))?.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024)
 }
 
 pub struct Invoked {
@@ -180,13 +191,17 @@ impl Function {
             binaries,
             idle: Mutex::new(Vec::new()),
             slots: Semaphore::new(concurrency.max(1)),
-            stats: Mutex::new(Stats::default()),
+            stats_handle: Arc::new(Mutex::new(Stats::default())),
             log_dir,
         }
     }
 
     fn stats(&self) -> std::sync::MutexGuard<'_, Stats> {
-        self.stats.lock().unwrap_or_else(|e| e.into_inner())
+        self.stats_handle.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn stats_now(&self) -> Stats {
+        self.stats().clone()
     }
 
     /// Starts an environment and waits until it asks for its first invocation.
@@ -255,7 +270,33 @@ impl Function {
                 bail!("{} did not ask for an invocation within {init_limit:?}", self.spec.binary);
             }
         }
+        if let Some(pid) = child.id() {
+            self.watch_memory(pid);
+        }
         Ok(Environment { child, tx, pending })
+    }
+
+    /// As Lambda: an environment over its `MemorySize` is stopped (its invocation fails).
+    fn watch_memory(&self, pid: u32) {
+        let limit = self.spec.memory_mb;
+        let stats = self.stats_handle.clone();
+        tokio::spawn(async move {
+            while let Some(mb) = rss_mb(pid) {
+                let over = {
+                    let mut st = stats.lock().unwrap_or_else(|e| e.into_inner());
+                    st.peak_rss_mb = st.peak_rss_mb.max(mb);
+                    if mb > limit {
+                        st.out_of_memory += 1;
+                    }
+                    mb > limit
+                };
+                if over {
+                    let _ = std::process::Command::new("kill").arg("-9").arg(pid.to_string()).status();
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        });
     }
 
     /// Invokes the function with `payload` (synchronously, as an event source mapping or API

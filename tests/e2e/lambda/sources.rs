@@ -24,19 +24,23 @@ pub fn scheduled_event(rule: &str) -> Value {
     })
 }
 
-/// Polls one queue for one function, `pollers` at a time.
-pub async fn sqs_poller(
-    sqs: aws_sdk_sqs::Client,
-    function: Arc<Function>,
-    queue_url: String,
-    queue_name: String,
-    batch_size: usize,
-    window: Duration,
-    report_failures: bool,
-    ledger: Arc<std::sync::Mutex<super::proxy::Ledger>>,
-    stop: watch::Receiver<bool>,
-) {
-    let arn = queue_arn(&queue_name);
+/// One SQS event source mapping: its queue, function and settings.
+pub struct SqsMapping {
+    pub sqs: aws_sdk_sqs::Client,
+    pub function: Arc<Function>,
+    pub queue_url: String,
+    pub queue_name: String,
+    pub batch_size: usize,
+    pub window: Duration,
+    pub report_failures: bool,
+    pub ledger: Arc<std::sync::Mutex<super::proxy::Ledger>>,
+}
+
+/// One poller of a mapping (a mapping runs as many as its concurrency allows).
+pub async fn sqs_poller(mapping: Arc<SqsMapping>, stop: watch::Receiver<bool>) {
+    let SqsMapping { sqs, function, queue_url, queue_name, batch_size, window, report_failures, ledger } = &*mapping;
+    let (batch_size, window, report_failures) = (*batch_size, *window, *report_failures);
+    let arn = queue_arn(queue_name);
     // The mapping's own requests, billed as SQS requests too (an empty long poll among them).
     let count = |op: &str| {
         let mut l = ledger.lock().unwrap_or_else(|e| e.into_inner());
@@ -50,7 +54,7 @@ pub async fn sqs_poller(
             let wait = if batch.is_empty() { 1 } else { 0 };
             let got = sqs
                 .receive_message()
-                .queue_url(&queue_url)
+                .queue_url(queue_url)
                 .max_number_of_messages(want)
                 .wait_time_seconds(wait)
                 .message_system_attribute_names(aws_sdk_sqs::types::MessageSystemAttributeName::All)
@@ -129,7 +133,7 @@ pub async fn sqs_poller(
             .collect();
         for chunk in entries.chunks(10) {
             count("DeleteMessageBatch");
-            let _ = sqs.delete_message_batch().queue_url(&queue_url).set_entries(Some(chunk.to_vec())).send().await;
+            let _ = sqs.delete_message_batch().queue_url(queue_url).set_entries(Some(chunk.to_vec())).send().await;
         }
     }
 }
