@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use futures_util::StreamExt;
+use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
 
@@ -131,6 +131,18 @@ pub async fn a_day_of_a_shop_through_the_function_binaries() -> anyhow::Result<(
     ok(&s, "POST", &format!("/v1/users/u1/inbox/{message}/read"), None).await?;
     let e = next_event(&mut socket).await?;
     assert_eq!(e["type"], "inbox.read", "{e}");
+    // A second in-app message comes live; a client that asks what it missed since the first
+    // (the WebSocket API's $default route) gets the second replayed.
+    let id = notify(&s, json!({"idempotency_key": "day-4", "recipients": {"user_ids": ["u1"]}, "template_id": "day",
+        "params": {"n": 4}, "category": "transactional", "channels": ["inapp"]}))
+    .await?;
+    completed(&s, &id).await?;
+    let e = next_event(&mut socket).await?;
+    assert_eq!(e["type"], "inbox.message", "{e}");
+    let second = e["message"]["message_id"].clone();
+    socket.send(Message::Text(json!({"type": "since", "message_id": message}).to_string().into())).await?;
+    let e = next_event(&mut socket).await?;
+    assert_eq!(e["message"]["message_id"], second, "replayed through $default: {e}");
 
     // The push service reports the endpoint gone: the device is deleted (registering it again
     // makes it new).
