@@ -41,6 +41,19 @@ impl Binaries {
         }
     }
 
+    /// How much longer than on Lambda an invocation may take here: an arm64 binary emulated by
+    /// qemu on a two-core machine shared with the emulators runs several times slower than on
+    /// Lambda, so its timeout (and the deadline it is told) are stretched by this factor
+    /// (`TIDINGS_LAMBDA_TIME_SCALE`; 4 under emulation, 1 native).
+    pub fn time_scale(&self) -> u64 {
+        let emulated = matches!(self, Binaries::Sam(_)) && std::env::consts::ARCH != "aarch64";
+        std::env::var("TIDINGS_LAMBDA_TIME_SCALE")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(if emulated { 4 } else { 1 })
+            .max(1)
+    }
+
     pub fn path(&self, f: &FunctionSpec) -> PathBuf {
         match self {
             Binaries::Sam(dir) => dir.join(&f.logical_id).join("bootstrap"),
@@ -312,7 +325,7 @@ impl Function {
             },
             None => self.cold_start().await?,
         };
-        let timeout = Duration::from_secs(self.spec.timeout_s);
+        let timeout = Duration::from_secs(self.spec.timeout_s * self.binaries.time_scale());
         let id = uuid::Uuid::new_v4().to_string();
         let (answer, rx) = oneshot::channel();
         let deadline_ms = now_ms() + timeout.as_millis() as u64;
