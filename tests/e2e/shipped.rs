@@ -74,7 +74,8 @@ pub async fn a_day_of_a_shop_through_the_function_binaries() -> anyhow::Result<(
     ok(&s, "POST", "/v1/devices", Some(json!({"user_id": "u1", "platform": "ios", "token": "tok-day-1"}))).await?;
 
     // The live inbox: a connection through the WebSocket API, its token from the HTTP API.
-    let token = ok(&s, "POST", "/v1/users/u1/inbox/token", None).await?["token"].as_str().unwrap_or_default().to_owned();
+    let token =
+        ok(&s, "POST", "/v1/users/u1/inbox/token", None).await?["token"].as_str().unwrap_or_default().to_owned();
     let (mut socket, _) = tokio_tungstenite::connect_async(format!("{}?token={token}", s.ws)).await?;
     match tokio_tungstenite::connect_async(format!("{}?token=forged", s.ws)).await {
         Err(tokio_tungstenite::tungstenite::Error::Http(res)) => assert_eq!(res.status(), 401, "a forged token"),
@@ -82,8 +83,11 @@ pub async fn a_day_of_a_shop_through_the_function_binaries() -> anyhow::Result<(
     }
 
     // Every channel, transactional, to two users: each (user, channel) sent once.
-    let id = notify(&s, json!({"idempotency_key": "day-1", "recipients": {"user_ids": ["u1", "u2"]}, "template_id": "day",
-        "params": {"n": 1}, "category": "transactional", "channels": ["email", "sms", "push", "inapp"]}))
+    let id = notify(
+        &s,
+        json!({"idempotency_key": "day-1", "recipients": {"user_ids": ["u1", "u2"]}, "template_id": "day",
+        "params": {"n": 1}, "category": "transactional", "channels": ["email", "sms", "push", "inapp"]}),
+    )
     .await?;
     completed(&s, &id).await?;
     let (st, _) = s.call_as(&s.other_key, "GET", &format!("/v1/notifications/{id}"), None).await?;
@@ -96,7 +100,9 @@ pub async fn a_day_of_a_shop_through_the_function_binaries() -> anyhow::Result<(
         assert_eq!(x["status"], expected, "{x}");
     }
     let sent = sent_to(&s);
-    for (channel, to) in [("email", "u1@example.com"), ("email", "u2@example.com"), ("sms", "+8613800001111"), ("sms", "+8613800002222")] {
+    for (channel, to) in
+        [("email", "u1@example.com"), ("email", "u2@example.com"), ("sms", "+8613800001111"), ("sms", "+8613800002222")]
+    {
         assert_eq!(sent.get(&(channel.into(), to.into())), Some(&1), "{channel} to {to}: {sent:?}");
     }
     let push: Vec<_> = s.sends().into_iter().filter(|x| x.channel == "push").collect();
@@ -111,8 +117,11 @@ pub async fn a_day_of_a_shop_through_the_function_binaries() -> anyhow::Result<(
     assert!(!mail.contains("127.0.0.1"), "{mail}");
 
     // A campaign to the segment: one mail to each member.
-    let id = notify(&s, json!({"idempotency_key": "day-2", "recipients": {"segment": "vip"}, "template_id": "day",
-        "params": {"n": 2}, "category": "marketing", "channels": ["email"]}))
+    let id = notify(
+        &s,
+        json!({"idempotency_key": "day-2", "recipients": {"segment": "vip"}, "template_id": "day",
+        "params": {"n": 2}, "category": "marketing", "channels": ["email"]}),
+    )
     .await?;
     completed(&s, &id).await?;
     for to in ["u1@example.com", "u2@example.com"] {
@@ -120,8 +129,11 @@ pub async fn a_day_of_a_shop_through_the_function_binaries() -> anyhow::Result<(
     }
     // A scheduled send, cancelled.
     let send_at = (chrono::Utc::now() + chrono::Duration::days(30)).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-    let later = notify(&s, json!({"idempotency_key": "day-3", "recipients": {"user_ids": ["u1"]}, "template_id": "day",
-        "params": {"n": 3}, "category": "transactional", "channels": ["email"], "send_at": send_at}))
+    let later = notify(
+        &s,
+        json!({"idempotency_key": "day-3", "recipients": {"user_ids": ["u1"]}, "template_id": "day",
+        "params": {"n": 3}, "category": "transactional", "channels": ["email"], "send_at": send_at}),
+    )
     .await?;
     ok(&s, "POST", &format!("/v1/notifications/{later}/cancel"), None).await?;
 
@@ -133,8 +145,11 @@ pub async fn a_day_of_a_shop_through_the_function_binaries() -> anyhow::Result<(
     assert_eq!(e["type"], "inbox.read", "{e}");
     // A second in-app message comes live; a client that asks what it missed since the first
     // (the WebSocket API's $default route) gets the second replayed.
-    let id = notify(&s, json!({"idempotency_key": "day-4", "recipients": {"user_ids": ["u1"]}, "template_id": "day",
-        "params": {"n": 4}, "category": "transactional", "channels": ["inapp"]}))
+    let id = notify(
+        &s,
+        json!({"idempotency_key": "day-4", "recipients": {"user_ids": ["u1"]}, "template_id": "day",
+        "params": {"n": 4}, "category": "transactional", "channels": ["inapp"]}),
+    )
     .await?;
     completed(&s, &id).await?;
     let e = next_event(&mut socket).await?;
@@ -151,7 +166,8 @@ pub async fn a_day_of_a_shop_through_the_function_binaries() -> anyhow::Result<(
         "Service": "SNS", "Time": "2026-11-30T00:00:00.000Z"});
     let (st, body) = s.raw("POST", "/v1/callbacks/push", &sns_notification(&event).to_string(), "text/plain").await?;
     anyhow::ensure!(st == 200, "push callback: {st} {body}");
-    let (st, _) = s.call("POST", "/v1/devices", Some(json!({"user_id": "u1", "platform": "ios", "token": "tok-day-1"}))).await?;
+    let (st, _) =
+        s.call("POST", "/v1/devices", Some(json!({"user_id": "u1", "platform": "ios", "token": "tok-day-1"}))).await?;
     assert_eq!(st, 201, "the dead device was deleted");
 
     // Orders: one paid, one left to expire; the waiter hears when its unit is back.
@@ -170,8 +186,20 @@ pub async fn a_day_of_a_shop_through_the_function_binaries() -> anyhow::Result<(
         Ok(s.sends().iter().any(|m| m.to == "u1@example.com" && m.body.contains("sku-day")).then_some(()))
     })
     .await?;
-    ok(&s, "POST", "/v1/stock-events", Some(json!({"event": "stock.in", "skuId": "sku-day", "qty": 3, "source": "purchase_order"}))).await?;
-    ok(&s, "POST", "/v1/inventory/sku-day/adjustments", Some(json!({"delta": 1, "source": "manual", "idempotency_key": "adj-1"}))).await?;
+    ok(
+        &s,
+        "POST",
+        "/v1/stock-events",
+        Some(json!({"event": "stock.in", "skuId": "sku-day", "qty": 3, "source": "purchase_order"})),
+    )
+    .await?;
+    ok(
+        &s,
+        "POST",
+        "/v1/inventory/sku-day/adjustments",
+        Some(json!({"delta": 1, "source": "manual", "idempotency_key": "adj-1"})),
+    )
+    .await?;
     ok(&s, "GET", "/v1/inventory/sku-day/ledger", None).await?;
 
     // The scheduled jobs, as EventBridge fires them.
@@ -184,7 +212,12 @@ pub async fn a_day_of_a_shop_through_the_function_binaries() -> anyhow::Result<(
     let email_high = s.queue_urls["EmailHighQueue"].clone();
     s.sqs.send_message().queue_url(&email_high).message_body("{\"not\":\"a task\"}").send().await?;
     let depth = |v: &Value| -> i64 {
-        v["queues"].as_array().into_iter().flatten().find(|q| q["name"] == "email-high").map_or(-1, |q| q["dlq_depth"].as_i64().unwrap_or(-1))
+        v["queues"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|q| q["name"] == "email-high")
+            .map_or(-1, |q| q["dlq_depth"].as_i64().unwrap_or(-1))
     };
     s.eventually(WAIT, "the bad task in email-high's DLQ", || async {
         let v = ok(&s, "GET", "/v1/ops/queues", None).await?;
@@ -202,7 +235,9 @@ pub async fn a_day_of_a_shop_through_the_function_binaries() -> anyhow::Result<(
     eprintln!("requests by function: {}", serde_json::to_string_pretty(&requests)?);
     eprintln!("functions: {}", serde_json::to_string_pretty(&s.stats())?);
     println!("lambda budget: {}", s.budget());
-    for f in ["api", "outbox-relay", "orchestrator", "channel-worker", "tick", "reconcile", "restock-scan", "ws-connections"] {
+    for f in
+        ["api", "outbox-relay", "orchestrator", "channel-worker", "tick", "reconcile", "restock-scan", "ws-connections"]
+    {
         assert!(requests.contains_key(f), "{f} made no request: {requests:?}");
     }
     assert_eq!(s.stream_given_up.load(std::sync::atomic::Ordering::SeqCst), 0, "no stream record was given up");
@@ -230,11 +265,15 @@ pub async fn a_policy_without_a_needed_statement_fails_its_function() -> anyhow:
 
     let opts = Options { without_statements: vec![("channel-worker", "SendEmail")], ..Options::default() };
     let s = Stack::start(opts).await?;
-    let template = json!({"default_locale": "en", "locales": {"en": {"email_subject": "Hi", "email_body": "<p>Hi</p>"}}});
+    let template =
+        json!({"default_locale": "en", "locales": {"en": {"email_subject": "Hi", "email_body": "<p>Hi</p>"}}});
     ok(&s, "PUT", "/v1/templates/t", Some(template)).await?;
     ok(&s, "PUT", "/v1/users/u1", Some(json!({"email": "u1@example.com"}))).await?;
-    notify(&s, json!({"idempotency_key": "k1", "recipients": {"user_ids": ["u1"]}, "template_id": "t",
-        "category": "transactional", "channels": ["email"]}))
+    notify(
+        &s,
+        json!({"idempotency_key": "k1", "recipients": {"user_ids": ["u1"]}, "template_id": "t",
+        "category": "transactional", "channels": ["email"]}),
+    )
     .await?;
     let refused = s
         .eventually(WAIT, "the send to be refused", || async {
@@ -249,7 +288,8 @@ pub async fn a_policy_without_a_needed_statement_fails_its_function() -> anyhow:
 /// The AWS requests a campaign costs per delivered message, counted as AWS would bill them:
 /// every request each function makes, and the event source mappings' receives and deletes
 /// (DynamoDB stream reads by Lambda are not billed). Printed with its breakdown for the README.
-pub async fn a_campaign_of_two_thousand_through_the_function_binaries_within_the_request_budget() -> anyhow::Result<()> {
+pub async fn a_campaign_of_two_thousand_through_the_function_binaries_within_the_request_budget() -> anyhow::Result<()>
+{
     use futures::StreamExt;
     // 200 in `make test` (CI's two cores run every binary under emulation); the README's figure
     // is for TIDINGS_E2E_CAMPAIGN_MEMBERS=2000.
@@ -258,7 +298,14 @@ pub async fn a_campaign_of_two_thousand_through_the_function_binaries_within_the
     let puts = futures::stream::iter(0..members)
         .map(|i| {
             let s = &s;
-            async move { s.call("PUT", &format!("/v1/users/k{i:04}"), Some(json!({"email": format!("k{i}@example.com"), "tags": ["all"]}))).await }
+            async move {
+                s.call(
+                    "PUT",
+                    &format!("/v1/users/k{i:04}"),
+                    Some(json!({"email": format!("k{i}@example.com"), "tags": ["all"]})),
+                )
+                .await
+            }
         })
         .buffer_unordered(8)
         .collect::<Vec<_>>()
@@ -267,13 +314,17 @@ pub async fn a_campaign_of_two_thousand_through_the_function_binaries_within_the
         let (st, v) = r?;
         assert_eq!(st, 200, "{v}");
     }
-    let template = json!({"default_locale": "en", "locales": {"en": {"email_subject": "Sale", "email_body": "Hi {{ user_id }}"}}});
+    let template =
+        json!({"default_locale": "en", "locales": {"en": {"email_subject": "Sale", "email_body": "Hi {{ user_id }}"}}});
     ok(&s, "PUT", "/v1/templates/promo", Some(template)).await?;
     let before = s.requests();
     let units_before = s.capacity_units();
     let sent_before = s.sends().len();
-    let id = notify(&s, json!({"idempotency_key": "all-1", "recipients": {"segment": "all"}, "template_id": "promo",
-        "category": "marketing", "channels": ["email"]}))
+    let id = notify(
+        &s,
+        json!({"idempotency_key": "all-1", "recipients": {"segment": "all"}, "template_id": "promo",
+        "category": "marketing", "channels": ["email"]}),
+    )
     .await?;
     // The api's requests after this are the test's own polling, not the campaign's.
     let accepted = s.requests();
@@ -311,7 +362,8 @@ pub async fn a_campaign_of_two_thousand_through_the_function_binaries_within_the
     let per_delivery = (billed - idle) as f64 / members as f64;
     let (w, r) = s.capacity_units();
     let (w, r) = ((w - units_before.0) / members as f64, (r - units_before.1) / members as f64);
-    let sqs: u64 = breakdown.iter().filter(|(k, _)| k.contains(" SQS.") && !k.contains("(empty)")).map(|(_, n)| n).sum();
+    let sqs: u64 =
+        breakdown.iter().filter(|(k, _)| k.contains(" SQS.") && !k.contains("(empty)")).map(|(_, n)| n).sum();
     let sqs = sqs as f64 / members as f64;
     // On-demand list prices in us-east-1: DynamoDB $0.625 per million write units and $0.125
     // per million read units, SQS $0.40 per million requests, SES $0.10 per thousand mails.

@@ -845,5 +845,8 @@ async fn requests_near_the_deadline_are_handed_back_after_the_first() {
     assert!(outcomes[1..].iter().all(|o| matches!(o, tidings_core::messages::Outcome::HandBack)), "{outcomes:?}");
     let later = std::time::Instant::now() + Duration::from_secs(60);
     let outcomes = tidings_core::messages::dispatch_batch_until(&w.deps, "requests-low", &messages, Some(later)).await;
-    assert!(outcomes.iter().all(|o| matches!(o, tidings_core::messages::Outcome::Reject(_))), "time enough for all: {outcomes:?}");
+    assert!(
+        outcomes.iter().all(|o| matches!(o, tidings_core::messages::Outcome::Reject(_))),
+        "time enough for all: {outcomes:?}"
+    );
 }

@@ -135,7 +135,12 @@ pub fn restock_scan() -> ExitCode {
     run(Function::RestockScan, |ports| async move {
         tidings_lambda::serve_queue_and_schedule(ports.deps(), ports.queue_prefix().to_owned(), |deps| async move {
             let report = tidings_core::restock::scan(&deps).await?;
-            tracing::info!(skus = report.skus_checked, queued = report.rounds_queued, expired = report.expired, "scanned");
+            tracing::info!(
+                skus = report.skus_checked,
+                queued = report.rounds_queued,
+                expired = report.expired,
+                "scanned"
+            );
             Ok(serde_json::to_value(report)?)
         })
         .await
@@ -158,8 +163,7 @@ async fn serve_queues(ports: AwsPorts) -> Result<(), lambda_runtime::Error> {
 
 async fn serve_api(ports: AwsPorts) -> Result<(), lambda_runtime::Error> {
     let queue_names: Vec<String> = tidings_lambda::ALL_QUEUES.iter().map(|q| (*q).to_owned()).collect();
-    let state =
-        tidings_api::AppState { deps: ports.deps(), queue_names: Arc::new(queue_names), dev: None, live: None };
+    let state = tidings_api::AppState { deps: ports.deps(), queue_names: Arc::new(queue_names), dev: None, live: None };
     lambda_http::run(tidings_api::app(state)).await
 }
 

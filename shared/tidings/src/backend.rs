@@ -85,8 +85,12 @@ impl Backend {
 
     #[cfg(feature = "aws")]
     async fn aws(args: &BackendArgs, clock: Arc<dyn Clock>, config: Arc<CoreConfig>) -> anyhow::Result<Self> {
-        let b = tidings_aws::wiring::AwsPorts::from_env(args.bootstrap, &all_queues(), tidings_aws::wiring::Needs { signer: true, public_url: false })
-            .await?;
+        let b = tidings_aws::wiring::AwsPorts::from_env(
+            args.bootstrap,
+            &all_queues(),
+            tidings_aws::wiring::Needs { signer: true, public_url: false },
+        )
+        .await?;
         let table = b.table.clone();
         // The fake providers' record is test support: its writes are not counted as the
         // system's AWS requests.

@@ -141,7 +141,14 @@ pub struct WebSocketApi {
     pub connections: Arc<Mutex<BTreeMap<String, mpsc::UnboundedSender<Message>>>>,
 }
 
-fn ws_event(api: &WebSocketApi, route: &str, kind: &str, connection: &str, query: Option<&BTreeMap<String, String>>, body: Option<String>) -> Value {
+fn ws_event(
+    api: &WebSocketApi,
+    route: &str,
+    kind: &str,
+    connection: &str,
+    query: Option<&BTreeMap<String, String>>,
+    body: Option<String>,
+) -> Value {
     let (_, epoch) = now();
     json!({
         "requestContext": {
@@ -160,7 +167,9 @@ fn ws_event(api: &WebSocketApi, route: &str, kind: &str, connection: &str, query
 async fn route_status(api: &WebSocketApi, event: Value) -> u16 {
     match api.function.invoke(Function::json(&event)).await {
         Ok(inv) => match inv.payload {
-            Ok(p) => serde_json::from_slice::<Value>(&p).ok().and_then(|v| v["statusCode"].as_u64()).unwrap_or(200) as u16,
+            Ok(p) => {
+                serde_json::from_slice::<Value>(&p).ok().and_then(|v| v["statusCode"].as_u64()).unwrap_or(200) as u16
+            }
             Err(_) => 500,
         },
         Err(_) => 500,
@@ -208,7 +217,12 @@ async fn serve_socket(api: WebSocketApi, connection: String, socket: WebSocket) 
 }
 
 /// `@connections/{id}`: POST sends, DELETE closes, GET describes; 410 for a connection gone.
-async fn manage(State(api): State<WebSocketApi>, method: Method, Path((_stage, id)): Path<(String, String)>, body: Bytes) -> StatusCode {
+async fn manage(
+    State(api): State<WebSocketApi>,
+    method: Method,
+    Path((_stage, id)): Path<(String, String)>,
+    body: Bytes,
+) -> StatusCode {
     let tx = api.connections.lock().unwrap_or_else(|e| e.into_inner()).get(&id).cloned();
     let Some(tx) = tx else { return StatusCode::GONE };
     match method {
@@ -229,8 +243,5 @@ async fn manage(State(api): State<WebSocketApi>, method: Method, Path((_stage, i
 
 pub fn ws_router(api: WebSocketApi) -> Router {
     let stage = format!("/{}", api.stage);
-    Router::new()
-        .route(&stage, get(connect))
-        .route("/{stage}/@connections/{id}", any(manage))
-        .with_state(api)
+    Router::new().route(&stage, get(connect)).route("/{stage}/@connections/{id}", any(manage)).with_state(api)
 }

@@ -78,7 +78,9 @@ pub struct Stack {
 fn required(var: &str) -> anyhow::Result<String> {
     match std::env::var(var) {
         Ok(v) if !v.is_empty() => Ok(v),
-        _ => anyhow::bail!("{var} is not set: start the emulators (make test does: infra/moto.sh, infra/dynamodb_local.sh)"),
+        _ => anyhow::bail!(
+            "{var} is not set: start the emulators (make test does: infra/moto.sh, infra/dynamodb_local.sh)"
+        ),
     }
 }
 
@@ -102,7 +104,10 @@ impl Stack {
         let ses = aws_sdk_sesv2::Client::new(&sdk);
         let http = reqwest::Client::builder().timeout(Duration::from_secs(60)).build()?;
         let dynamo = Dynamo { url: dynamodb.clone(), http: http.clone() };
-        let streams_url = std::env::var("AWS_ENDPOINT_URL_DYNAMODB_STREAMS").ok().filter(|v| !v.is_empty()).unwrap_or_else(|| dynamodb.clone());
+        let streams_url = std::env::var("AWS_ENDPOINT_URL_DYNAMODB_STREAMS")
+            .ok()
+            .filter(|v| !v.is_empty())
+            .unwrap_or_else(|| dynamodb.clone());
         let streams = Dynamo { url: streams_url, http: http.clone() };
         let stack = format!("lh{:08x}", rand::random::<u32>());
 
@@ -192,7 +197,8 @@ impl Stack {
                 (Some(_), Some(v)) => v,
                 _ => q.visibility_s,
             };
-            create = create.attributes(aws_sdk_sqs::types::QueueAttributeName::VisibilityTimeout, visibility.to_string());
+            create =
+                create.attributes(aws_sdk_sqs::types::QueueAttributeName::VisibilityTimeout, visibility.to_string());
             if let Some((dlq, max)) = &q.redrive {
                 let dlq_name = &spec.queues.iter().find(|d| &d.logical_id == dlq).context("dlq")?.name;
                 let policy = json!({"deadLetterTargetArn": template::queue_arn(dlq_name), "maxReceiveCount": max});
@@ -222,8 +228,10 @@ impl Stack {
         let access_key = |binary: &str| format!("AKIA{}", binary.to_ascii_uppercase().replace('-', ""));
         let connections = Arc::new(Mutex::new(BTreeMap::new()));
         let (stop, stop_rx) = watch::channel(false);
-        let ws_function_spec = spec.functions.iter().find(|f| f.binary == "ws-connections").context("ws-connections")?;
-        let log_dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/lambda-harness").join(&stack);
+        let ws_function_spec =
+            spec.functions.iter().find(|f| f.binary == "ws-connections").context("ws-connections")?;
+        let log_dir =
+            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/lambda-harness").join(&stack);
         let binaries = Binaries::from_env();
         let mut proxy = proxy::Proxy {
             callers: BTreeMap::new(),
@@ -296,7 +304,8 @@ impl Stack {
                 match source {
                     Source::Sqs { queue_logical, batch_size, window_s, report_failures, max_concurrency } => {
                         let url = queue_urls.get(queue_logical).context("queue")?.clone();
-                        let name = spec.queues.iter().find(|q| &q.logical_id == queue_logical).context("queue")?.name.clone();
+                        let name =
+                            spec.queues.iter().find(|q| &q.logical_id == queue_logical).context("queue")?.name.clone();
                         let mapping = Arc::new(sources::SqsMapping {
                             sqs: sqs.clone(),
                             function: function.clone(),
@@ -311,7 +320,15 @@ impl Stack {
                             tokio::spawn(sources::sqs_poller(mapping.clone(), stop_rx.clone()));
                         }
                     }
-                    Source::Stream { batch_size, window_s, report_failures, bisect, max_retries, on_failure_queue, filters } => {
+                    Source::Stream {
+                        batch_size,
+                        window_s,
+                        report_failures,
+                        bisect,
+                        max_retries,
+                        on_failure_queue,
+                        filters,
+                    } => {
                         let mapping = sources::StreamMapping {
                             dynamo: streams.clone(),
                             sqs: sqs.clone(),
@@ -376,15 +393,27 @@ impl Stack {
         self.call_as(&self.key, method, path, body).await
     }
 
-    pub async fn call_as(&self, key: &str, method: &str, path: &str, body: Option<Value>) -> anyhow::Result<(u16, Value)> {
-        let mut req = self.http.request(method.parse()?, format!("{}{path}", self.api)).header("authorization", format!("Bearer {key}"));
+    pub async fn call_as(
+        &self,
+        key: &str,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> anyhow::Result<(u16, Value)> {
+        let mut req = self
+            .http
+            .request(method.parse()?, format!("{}{path}", self.api))
+            .header("authorization", format!("Bearer {key}"));
         if let Some(b) = body {
             req = req.json(&b);
         }
         let res = req.send().await?;
         let status = res.status().as_u16();
         let text = res.text().await?;
-        Ok((status, if text.is_empty() { Value::Null } else { serde_json::from_str(&text).unwrap_or(Value::String(text)) }))
+        Ok((
+            status,
+            if text.is_empty() { Value::Null } else { serde_json::from_str(&text).unwrap_or(Value::String(text)) },
+        ))
     }
 
     pub async fn raw(&self, method: &str, path: &str, body: &str, content_type: &str) -> anyhow::Result<(u16, String)> {

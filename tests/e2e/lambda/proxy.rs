@@ -54,11 +54,15 @@ fn units(op: &str, request: &Value, answer: &Value) -> (f64, f64) {
         "GetItem" => (0.0, read(consistent, answer["Item"].to_string().len())),
         "Query" => (0.0, read(consistent, answer["Items"].to_string().len())),
         "BatchGetItem" => {
-            let items = answer["Responses"].as_object().map_or(0, |t| t.values().map(|v| v.as_array().map_or(0, Vec::len)).sum::<usize>());
+            let items = answer["Responses"]
+                .as_object()
+                .map_or(0, |t| t.values().map(|v| v.as_array().map_or(0, Vec::len)).sum::<usize>());
             (0.0, items as f64 * read(consistent, 0))
         }
         "BatchWriteItem" => {
-            let n = request["RequestItems"].as_object().map_or(0, |t| t.values().map(|v| v.as_array().map_or(0, Vec::len)).sum::<usize>());
+            let n = request["RequestItems"]
+                .as_object()
+                .map_or(0, |t| t.values().map(|v| v.as_array().map_or(0, Vec::len)).sum::<usize>());
             (n as f64, 0.0)
         }
         "TransactWriteItems" => {
@@ -260,7 +264,10 @@ pub fn describe(
         "ssm" => {
             let op = target.split('.').nth(1).unwrap_or("Unknown").to_owned();
             let name = s(&json["Name"]);
-            let resource = format!("arn:aws:ssm:{REGION}:{ACCOUNT}:parameter{}{name}", if name.starts_with('/') { "" } else { "/" });
+            let resource = format!(
+                "arn:aws:ssm:{REGION}:{ACCOUNT}:parameter{}{name}",
+                if name.starts_with('/') { "" } else { "/" }
+            );
             (format!("SSM.{op}"), vec![need(&format!("ssm:{op}"), Some(resource))])
         }
         "ses" => {
@@ -276,7 +283,8 @@ pub fn describe(
             let mut needs = Vec::new();
             // Either identity (the address, or its domain) authorizes the send.
             for identity in [address.clone(), domain] {
-                let mut n = need(&format!("ses:{op}"), Some(format!("arn:aws:ses:{REGION}:{ACCOUNT}:identity/{identity}")));
+                let mut n =
+                    need(&format!("ses:{op}"), Some(format!("arn:aws:ses:{REGION}:{ACCOUNT}:identity/{identity}")));
                 n.context.insert("ses:FromAddress".into(), address.clone());
                 needs.push(n);
             }
@@ -386,7 +394,9 @@ impl Proxy {
             self.ledger.lock().unwrap_or_else(|e| e.into_inner()).refused.push(message.clone());
             return denied(&service, message);
         }
-        if service == "sqs" && (operation.starts_with("SQS.StartMessageMoveTask") || operation.starts_with("SQS.ListMessageMoveTasks")) {
+        if service == "sqs"
+            && (operation.starts_with("SQS.StartMessageMoveTask") || operation.starts_with("SQS.ListMessageMoveTasks"))
+        {
             return self.message_move(&operation, &body).await;
         }
         let upstream = match service.as_str() {
@@ -446,12 +456,16 @@ impl Proxy {
             return ok(json!({"Results": results}));
         }
         let name_of = |arn: &str| arn.rsplit(':').next().unwrap_or_default().to_owned();
-        let destination = v["DestinationArn"].as_str().map(name_of).unwrap_or_else(|| name_of(&source).trim_end_matches("-dlq").to_owned());
+        let destination = v["DestinationArn"]
+            .as_str()
+            .map(name_of)
+            .unwrap_or_else(|| name_of(&source).trim_end_matches("-dlq").to_owned());
         let url_of = |name: String| async move {
             self.sqs.get_queue_url().queue_name(name).send().await.ok().and_then(|o| o.queue_url)
         };
         let (Some(from), Some(to)) = (url_of(name_of(&source)).await, url_of(destination).await) else {
-            return (StatusCode::BAD_REQUEST, [("x-amzn-errortype", "ResourceNotFoundException")], "{}").into_response();
+            return (StatusCode::BAD_REQUEST, [("x-amzn-errortype", "ResourceNotFoundException")], "{}")
+                .into_response();
         };
         // As SQS: the task moves the messages there when it starts, not the ones that arrive
         // while it runs (a message rejected again at once would otherwise go round for ever).
@@ -463,12 +477,21 @@ impl Proxy {
             .send()
             .await
             .ok()
-            .and_then(|a| a.attributes?.get(&aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessages)?.parse().ok())
+            .and_then(|a| {
+                a.attributes?.get(&aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessages)?.parse().ok()
+            })
             .unwrap_or(0);
         let mut moved = 0u64;
         while moved < to_move {
             let want = (to_move - moved).min(10) as i32;
-            let Ok(got) = self.sqs.receive_message().queue_url(&from).max_number_of_messages(want).visibility_timeout(60).send().await
+            let Ok(got) = self
+                .sqs
+                .receive_message()
+                .queue_url(&from)
+                .max_number_of_messages(want)
+                .visibility_timeout(60)
+                .send()
+                .await
             else {
                 break;
             };
@@ -477,8 +500,22 @@ impl Proxy {
                 break;
             }
             for m in messages {
-                if self.sqs.send_message().queue_url(&to).message_body(m.body.clone().unwrap_or_default()).send().await.is_ok() {
-                    let _ = self.sqs.delete_message().queue_url(&from).receipt_handle(m.receipt_handle.unwrap_or_default()).send().await;
+                if self
+                    .sqs
+                    .send_message()
+                    .queue_url(&to)
+                    .message_body(m.body.clone().unwrap_or_default())
+                    .send()
+                    .await
+                    .is_ok()
+                {
+                    let _ = self
+                        .sqs
+                        .delete_message()
+                        .queue_url(&from)
+                        .receipt_handle(m.receipt_handle.unwrap_or_default())
+                        .send()
+                        .await;
                     moved += 1;
                 }
             }
@@ -539,7 +576,8 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.insert("x-amz-target", "AmazonSQS.SendMessageBatch".parse().unwrap());
         let body = json!({"QueueUrl": "http://localhost/123456789012/s-timers"});
-        let (op, needs) = describe("sqs", &Method::POST, &"/".parse().unwrap(), &headers, body.to_string().as_bytes(), "ws");
+        let (op, needs) =
+            describe("sqs", &Method::POST, &"/".parse().unwrap(), &headers, body.to_string().as_bytes(), "ws");
         assert_eq!(op, "SQS.SendMessageBatch@s-timers");
         assert!(allowed(&[st(&["sqs:SendMessage"], &[&queue_arn("s-timers")])], &needs[0]));
         assert!(!allowed(&[st(&["sqs:SendMessage"], &[&queue_arn("s-email-high")])], &needs[0]));

@@ -119,7 +119,10 @@ async fn next(State(api): State<Api>) -> Response {
             ("lambda-runtime-aws-request-id", inv.id.clone()),
             ("lambda-runtime-deadline-ms", inv.deadline_ms.to_string()),
             ("lambda-runtime-invoked-function-arn", api.function_arn.clone()),
-            ("lambda-runtime-trace-id", format!("Root=1-{:08x}-{}", now_ms() / 1000, inv.id.replace('-', "")[..24].to_owned())),
+            (
+                "lambda-runtime-trace-id",
+                format!("Root=1-{:08x}-{}", now_ms() / 1000, inv.id.replace('-', "")[..24].to_owned()),
+            ),
             ("content-type", "application/json".to_owned()),
         ],
         inv.payload,

@@ -44,7 +44,11 @@ pub async fn sqs_poller(mapping: Arc<SqsMapping>, stop: watch::Receiver<bool>) {
     // The mapping's own requests, billed as SQS requests too (an empty long poll among them).
     let count = |op: &str| {
         let mut l = ledger.lock().unwrap_or_else(|e| e.into_inner());
-        *l.requests.entry("event-source-mapping".into()).or_default().entry(format!("SQS.{op}@{queue_name}")).or_default() += 1;
+        *l.requests
+            .entry("event-source-mapping".into())
+            .or_default()
+            .entry(format!("SQS.{op}@{queue_name}"))
+            .or_default() += 1;
     };
     while !*stop.borrow() {
         let started = Instant::now();
@@ -68,7 +72,10 @@ pub async fn sqs_poller(mapping: Arc<SqsMapping>, stop: watch::Receiver<bool>) {
             let empty = messages.is_empty();
             count(if empty { "ReceiveMessage(empty)" } else { "ReceiveMessage" });
             batch.extend(messages);
-            if batch.len() >= batch_size || (empty && !batch.is_empty() && started.elapsed() >= window) || (empty && batch.is_empty()) {
+            if batch.len() >= batch_size
+                || (empty && !batch.is_empty() && started.elapsed() >= window)
+                || (empty && batch.is_empty())
+            {
                 break;
             }
             if empty {
@@ -214,11 +221,16 @@ impl StreamMapping {
         while !*stop.borrow() {
             if last_describe.elapsed() > Duration::from_secs(2) || iterators.is_empty() {
                 last_describe = Instant::now();
-                if let Ok(d) = self.dynamo.call("DynamoDBStreams_20120810.DescribeStream", json!({"StreamArn": self.stream_arn})).await {
+                if let Ok(d) = self
+                    .dynamo
+                    .call("DynamoDBStreams_20120810.DescribeStream", json!({"StreamArn": self.stream_arn}))
+                    .await
+                {
                     for shard in d["StreamDescription"]["Shards"].as_array().into_iter().flatten() {
                         let id = shard["ShardId"].as_str().unwrap_or_default().to_owned();
                         // A child is read once its parent is read to its end (or trimmed away).
-                        let parent_done = shard["ParentShardId"].as_str().is_none_or(|p| done.contains(p) || !self_has(&d, p));
+                        let parent_done =
+                            shard["ParentShardId"].as_str().is_none_or(|p| done.contains(p) || !self_has(&d, p));
                         if done.contains(&id) || iterators.contains_key(&id) || !parent_done {
                             continue;
                         }
@@ -238,7 +250,10 @@ impl StreamMapping {
             }
             let mut idle = true;
             for (shard, iterator) in iterators.clone() {
-                let got = self.dynamo.call("DynamoDBStreams_20120810.GetRecords", json!({"ShardIterator": iterator, "Limit": 1000})).await;
+                let got = self
+                    .dynamo
+                    .call("DynamoDBStreams_20120810.GetRecords", json!({"ShardIterator": iterator, "Limit": 1000}))
+                    .await;
                 let Ok(got) = got else {
                     iterators.remove(&shard);
                     continue;
@@ -314,7 +329,9 @@ impl StreamMapping {
                     // Checkpoint before the lowest failed sequence number; retry from there.
                     let position = batch
                         .iter()
-                        .position(|r| failed.iter().any(|f| Some(f.as_str()) == r["dynamodb"]["SequenceNumber"].as_str()))
+                        .position(|r| {
+                            failed.iter().any(|f| Some(f.as_str()) == r["dynamodb"]["SequenceNumber"].as_str())
+                        })
                         .unwrap_or(0);
                     self.retry_or_give_up(shard, batch[position..].to_vec(), tries, &mut queue, false).await;
                 }
@@ -396,9 +413,11 @@ mod tests {
         let insert_n = json!({"eventName": "INSERT", "dynamodb": {"Keys": {"sk": {"S": "N"}, "pk": {"S": "x"}}}});
         let modify_n = json!({"eventName": "MODIFY", "dynamodb": {"Keys": {"sk": {"S": "N"}}}});
         let page = json!({"eventName": "INSERT", "dynamodb": {"Keys": {"sk": {"S": "P#3"}}}});
-        let p_n: Value = serde_json::from_str(r#"{"eventName":["INSERT"],"dynamodb":{"Keys":{"sk":{"S":["N"]}}}}"#).unwrap();
+        let p_n: Value =
+            serde_json::from_str(r#"{"eventName":["INSERT"],"dynamodb":{"Keys":{"sk":{"S":["N"]}}}}"#).unwrap();
         let p_page: Value =
-            serde_json::from_str(r#"{"eventName":["INSERT"],"dynamodb":{"Keys":{"sk":{"S":[{"prefix":"P#"}]}}}}"#).unwrap();
+            serde_json::from_str(r#"{"eventName":["INSERT"],"dynamodb":{"Keys":{"sk":{"S":[{"prefix":"P#"}]}}}}"#)
+                .unwrap();
         assert!(matches(&p_n, &insert_n));
         assert!(!matches(&p_n, &modify_n));
         assert!(!matches(&p_n, &page));

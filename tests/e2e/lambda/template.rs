@@ -32,7 +32,13 @@ print(json.dumps(template, default=str))
 /// One event source of a function.
 #[derive(Clone, Debug)]
 pub enum Source {
-    Sqs { queue_logical: String, batch_size: usize, window_s: u64, report_failures: bool, max_concurrency: usize },
+    Sqs {
+        queue_logical: String,
+        batch_size: usize,
+        window_s: u64,
+        report_failures: bool,
+        max_concurrency: usize,
+    },
     Stream {
         batch_size: usize,
         window_s: u64,
@@ -42,7 +48,9 @@ pub enum Source {
         on_failure_queue: Option<String>,
         filters: Vec<Value>,
     },
-    Schedule { expression: String },
+    Schedule {
+        expression: String,
+    },
     HttpApi,
 }
 
@@ -157,7 +165,9 @@ impl Names<'_> {
         Ok(match (self.resource_type(template, logical), attribute) {
             (Some("AWS::SQS::Queue"), "Arn") => queue_arn(&scalar(&self.resolve(template, &props["QueueName"])?)),
             (Some("AWS::DynamoDB::Table"), "Arn") => table_arn(&table_name(self.stack)),
-            (Some("AWS::DynamoDB::Table"), "StreamArn") => format!("{}/stream/harness", table_arn(&table_name(self.stack))),
+            (Some("AWS::DynamoDB::Table"), "StreamArn") => {
+                format!("{}/stream/harness", table_arn(&table_name(self.stack)))
+            }
             (Some("AWS::Serverless::Function"), "Arn") => {
                 format!("arn:aws:lambda:{REGION}:{ACCOUNT}:function:{}-{logical}", self.stack)
             }
@@ -383,10 +393,7 @@ pub fn stack(template: &Value, names: &Names<'_>) -> anyhow::Result<StackSpec> {
                 });
             }
             Some("AWS::DynamoDB::Table") => {
-                table = Some(TableSpec {
-                    logical_id: logical.clone(),
-                    properties: names.resolve(template, props)?,
-                });
+                table = Some(TableSpec { logical_id: logical.clone(), properties: names.resolve(template, props)? });
             }
             _ => {}
         }
