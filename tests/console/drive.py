@@ -16,7 +16,7 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 
 
-def wait_for(what, check, timeout=20.0):
+def wait_for(what, check, timeout=60.0):
     deadline = time.time() + timeout
     last = None
     while time.time() < deadline:

@@ -88,7 +88,8 @@ impl Backend {
         let b = tidings_aws::wiring::AwsPorts::from_env(
             args.bootstrap,
             &all_queues(),
-            tidings_aws::wiring::Needs { signer: true, public_url: false },
+            // The signer is the one `open` chose (the configured keys, else a local key file).
+            tidings_aws::wiring::Needs { signer: false, public_url: false },
         )
         .await?;
         let table = b.table.clone();
