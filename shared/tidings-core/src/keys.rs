@@ -3,7 +3,8 @@
 //!
 //! | item | pk | sk |
 //! |---|---|---|
-//! | API key | `KEY#{sha256(key)}` | `KEY` |
+//! | API key (what a request is authenticated by) | `KEY#{sha256(key)}` | `KEY` |
+//! | API key index (what operators list and revoke by) | `KEYS` | `{key_id}` |
 //! | user | `T#t#U#{user}` | `PROFILE` |
 //! | preferences | `T#t#U#{user}` | `PREFS` |
 //! | inbox counter | `T#t#U#{user}` | `INBOX#COUNT` |
@@ -31,6 +32,13 @@ pub const NOTIFICATION_SK: &str = "N";
 
 pub fn api_key(hash_hex: &str) -> Key {
     Key::new(format!("KEY#{hash_hex}"), "KEY")
+}
+
+/// The partition of every key's index item: keys are few, and only operators list them.
+pub const API_KEY_INDEX_PK: &str = "KEYS";
+
+pub fn api_key_index(key_id: &str) -> Key {
+    Key::new(API_KEY_INDEX_PK, key_id)
 }
 
 pub fn user(t: &TenantId, user_id: &str) -> Key {

@@ -1,20 +1,149 @@
-//! Tenants and their API keys. Keys are stored only as SHA-256 hashes; a lookup by hash means
-//! no secret is ever compared byte by byte, so there is no timing side channel to measure.
+//! API keys: who is calling, in which role, for which tenant.
+//!
+//! A key is a random secret shown once, when it is made. The table keeps only its SHA-256 hash:
+//! the lookup item `KEY#{hash}` is what a request is authenticated against (a lookup by hash, so
+//! no secret is ever compared byte by byte and there is no timing side channel), and the index
+//! item `KEYS/{id}` is what operators list, rotate and revoke by. Both are written in one
+//! transaction.
+//!
+//! Roles: a *tenant* key acts on its own tenant's data (the `/v1` data routes); an *operator* key
+//! acts on the system (`/v1/ops/*`, `/v1/admin/*`) and on no tenant's data. Revoking deletes the
+//! lookup item, so the next request with that key is refused on every instance: nothing caches a
+//! key. An expiry is checked on every request; rotation gives the old key an expiry (the grace
+//! period) and makes a new one with the same role and tenant.
+//!
+//! Items written before roles existed hold only `tenant` and `created_at`: they are tenant keys
+//! without an id, valid until an operator replaces them.
 
+use chrono::{DateTime, Duration, SecondsFormat, Utc};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::deps::Deps;
-use crate::error::CoreResult;
+use crate::error::{CoreError, CoreResult};
 use crate::ids::TenantId;
 use crate::keys;
-use crate::ports::{Cond, Item, attrs_of};
+use crate::ports::{Cond, Item, QueryOpts, Update, Write, attrs_of};
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
-struct ApiKeyRecord {
-    tenant: String,
-    created_at: String,
+/// What a key may do.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Its own tenant's data.
+    #[default]
+    Tenant,
+    /// The system: queues, dead letters, figures, keys. No tenant's data.
+    Operator,
 }
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Tenant => "tenant",
+            Role::Operator => "operator",
+        }
+    }
+}
+
+/// Who a request comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Principal {
+    Tenant { tenant: TenantId, key_id: Option<String> },
+    Operator { key_id: String },
+}
+
+impl Principal {
+    pub fn role(&self) -> Role {
+        match self {
+            Principal::Tenant { .. } => Role::Tenant,
+            Principal::Operator { .. } => Role::Operator,
+        }
+    }
+}
+
+/// Where a key came from: the operator API and CLI, or a local run's environment
+/// (`TIDINGS_API_KEYS`, `TIDINGS_OPERATOR_KEYS`), whose keys are revoked when they leave it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum KeySource {
+    #[default]
+    Api,
+    Env,
+}
+
+/// The lookup item: what authenticating a request reads.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct LookupRecord {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    id: Option<String>,
+    #[serde(default)]
+    role: Role,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    tenant: Option<String>,
+    created_at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    expires_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    last_used_at: Option<String>,
+}
+
+/// A key as operators see it (never its secret nor its hash).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct KeyInfo {
+    pub id: String,
+    pub role: Role,
+    /// The tenant of a tenant key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    pub created_at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revoked_at: Option<String>,
+    /// When a request last came with it (updated at most once a minute).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_used_at: Option<String>,
+    #[serde(default)]
+    pub source: KeySource,
+    /// `active`, `expired` or `revoked`, as of the listing.
+    #[serde(default)]
+    pub status: String,
+}
+
+/// The index item: [`KeyInfo`] with the hash that finds the lookup item.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct IndexRecord {
+    #[serde(flatten)]
+    info: KeyInfo,
+    hash: String,
+}
+
+/// A key just made: its secret is here and nowhere else.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+pub struct NewKey {
+    /// The secret, for `Authorization: Bearer`. Shown once.
+    pub key: String,
+    #[serde(flatten)]
+    pub info: KeyInfo,
+}
+
+/// What a new key is for.
+#[derive(Clone, Debug, Default)]
+pub struct KeySpec {
+    pub role: Role,
+    pub tenant: Option<TenantId>,
+    pub name: Option<String>,
+    pub expires_at: Option<DateTime<Utc>>,
+}
+
+/// The longest a rotated key stays valid beside its successor.
+pub const MAX_GRACE: Duration = Duration::days(30);
+
+/// How stale `last_used_at` may get before a request refreshes it: one write per key per
+/// minute at most, whatever the request rate.
+const LAST_USED_EVERY: Duration = Duration::seconds(60);
 
 pub fn hash_key(key: &str) -> String {
     hex::encode(Sha256::digest(key.as_bytes()))
@@ -27,24 +156,307 @@ pub fn generate_key() -> String {
     format!("tk_{}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes))
 }
 
-/// Stores (or re-points) an API key for a tenant.
-pub async fn register_key(deps: &Deps, tenant: &TenantId, key: &str) -> CoreResult<()> {
-    let record = ApiKeyRecord {
-        tenant: tenant.as_str().to_owned(),
-        created_at: deps.clock.now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-    };
-    deps.table.put(Item::new(keys::api_key(&hash_key(key)), attrs_of(&record)?), Cond::Always).await?;
+fn new_key_id() -> String {
+    format!("key_{}", hex::encode(rand::random::<[u8; 8]>()))
+}
+
+fn stamp(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Secs, true)
+}
+
+fn parse_stamp(s: &str) -> Option<DateTime<Utc>> {
+    DateTime::parse_from_rfc3339(s).ok().map(|t| t.with_timezone(&Utc))
+}
+
+fn status_of(info: &KeyInfo, now: DateTime<Utc>) -> &'static str {
+    if info.revoked_at.is_some() {
+        "revoked"
+    } else if info.expires_at.as_deref().and_then(parse_stamp).is_some_and(|e| e <= now) {
+        "expired"
+    } else {
+        "active"
+    }
+}
+
+/// The TTL attribute of a lookup item with an expiry: the table removes it a day after, the
+/// check on every request refuses it from the expiry itself.
+fn ttl_of(expires_at: Option<DateTime<Utc>>) -> Option<i64> {
+    expires_at.map(|e| (e + Duration::days(1)).timestamp())
+}
+
+fn check_spec(spec: &KeySpec, now: DateTime<Utc>) -> CoreResult<()> {
+    match (spec.role, &spec.tenant) {
+        (Role::Tenant, None) => return Err(CoreError::invalid("tenant", "a tenant key names its tenant")),
+        (Role::Operator, Some(_)) => {
+            return Err(CoreError::invalid("tenant", "an operator key belongs to no tenant"));
+        }
+        _ => {}
+    }
+    if let Some(name) = &spec.name
+        && (name.is_empty() || name.chars().count() > 100 || name.chars().any(char::is_control))
+    {
+        return Err(CoreError::invalid("name", "1 to 100 printable characters"));
+    }
+    if spec.expires_at.is_some_and(|e| e <= now) {
+        return Err(CoreError::invalid("expires_at", "must be in the future"));
+    }
     Ok(())
 }
 
-/// The tenant owning this key, if any.
-pub async fn authenticate(deps: &Deps, key: &str) -> CoreResult<Option<TenantId>> {
+/// The writes that store a key under `secret`.
+fn writes_for(secret: &str, id: String, spec: &KeySpec, source: KeySource, now: DateTime<Utc>) -> (KeyInfo, Vec<Write>) {
+    let hash = hash_key(secret);
+    let info = KeyInfo {
+        id: id.clone(),
+        role: spec.role,
+        tenant: spec.tenant.as_ref().map(|t| t.as_str().to_owned()),
+        name: spec.name.clone(),
+        created_at: stamp(now),
+        expires_at: spec.expires_at.map(stamp),
+        revoked_at: None,
+        last_used_at: None,
+        source,
+        status: "active".into(),
+    };
+    let lookup = LookupRecord {
+        id: Some(id.clone()),
+        role: spec.role,
+        tenant: info.tenant.clone(),
+        created_at: info.created_at.clone(),
+        expires_at: info.expires_at.clone(),
+        last_used_at: None,
+    };
+    (info.clone(), vec![
+        Write::Put { item: lookup_item(&hash, &lookup, spec.expires_at), cond: Cond::Always },
+        Write::Put { item: index_item(&id, &IndexRecord { info, hash: hash.clone() }), cond: Cond::Always },
+    ])
+}
+
+fn lookup_item(hash: &str, record: &LookupRecord, expires_at: Option<DateTime<Utc>>) -> Item {
+    let mut attrs = attrs_of(record).unwrap_or_default();
+    if let Some(ttl) = ttl_of(expires_at) {
+        attrs.insert("ttl".into(), ttl.into());
+    }
+    Item::new(keys::api_key(hash), attrs)
+}
+
+fn index_item(id: &str, record: &IndexRecord) -> Item {
+    let mut attrs = attrs_of(record).unwrap_or_default();
+    attrs.remove("status");
+    Item::new(keys::api_key_index(id), attrs)
+}
+
+/// Makes a key. The secret is in the answer only.
+pub async fn create(deps: &Deps, spec: KeySpec) -> CoreResult<NewKey> {
+    let now = deps.clock.now();
+    check_spec(&spec, now)?;
+    let key = generate_key();
+    let (info, mut writes) = writes_for(&key, new_key_id(), &spec, KeySource::Api, now);
+    // A fresh secret and a fresh id: neither may replace anything.
+    for w in &mut writes {
+        if let Write::Put { cond, .. } = w {
+            *cond = Cond::NotExists;
+        }
+    }
+    deps.table.transact(writes).await?;
+    Ok(NewKey { key, info })
+}
+
+/// Stores a key whose secret the caller chose (a local run's environment). The id follows from
+/// the secret, so registering the same key again at every start changes nothing but its role
+/// or tenant.
+pub async fn register_key(deps: &Deps, tenant: &TenantId, key: &str) -> CoreResult<()> {
+    register(deps, key, KeySpec { role: Role::Tenant, tenant: Some(tenant.clone()), ..Default::default() }).await
+}
+
+/// [`register_key`] for any role.
+pub async fn register(deps: &Deps, key: &str, spec: KeySpec) -> CoreResult<()> {
+    let now = deps.clock.now();
+    check_spec(&spec, now)?;
+    if key.trim().is_empty() || key.len() > 256 {
+        return Err(CoreError::invalid("key", "1 to 256 characters"));
+    }
+    let id = format!("env_{}", &hash_key(key)[..16]);
+    let (_, writes) = writes_for(key, id, &spec, KeySource::Env, now);
+    deps.table.transact(writes).await?;
+    Ok(())
+}
+
+/// Revokes every key a local run's environment registered earlier and no longer lists, so a key
+/// taken out of `TIDINGS_API_KEYS` stops working at the next start. Returns how many.
+pub async fn revoke_env_keys_except(deps: &Deps, keep: &[&str]) -> CoreResult<usize> {
+    let keep: Vec<String> = keep.iter().map(|k| format!("env_{}", &hash_key(k)[..16])).collect();
+    let mut revoked = 0;
+    for info in list_all(deps).await? {
+        if info.source == KeySource::Env && info.revoked_at.is_none() && !keep.contains(&info.id) {
+            revoke(deps, &info.id).await?;
+            revoked += 1;
+        }
+    }
+    Ok(revoked)
+}
+
+/// Who holds this key, if anyone: `None` for an unknown, revoked or expired key.
+pub async fn authenticate(deps: &Deps, key: &str) -> CoreResult<Option<Principal>> {
     if key.is_empty() || key.len() > 256 {
         return Ok(None);
     }
-    let Some(item) = deps.table.get(&keys::api_key(&hash_key(key))).await? else {
+    let lookup_key = keys::api_key(&hash_key(key));
+    let Some(item) = deps.table.get(&lookup_key).await? else {
         return Ok(None);
     };
-    let record: ApiKeyRecord = item.parse()?;
-    Ok(TenantId::parse(&record.tenant).ok())
+    let record: LookupRecord = item.parse()?;
+    let now = deps.clock.now();
+    if record.expires_at.as_deref().is_some_and(|e| parse_stamp(e).is_none_or(|e| e <= now)) {
+        return Ok(None);
+    }
+    if record.id.is_some() && record.last_used_at.as_deref().and_then(parse_stamp).is_none_or(|t| now - t >= LAST_USED_EVERY)
+    {
+        // Best effort: a failed refresh must not refuse a valid request.
+        let _ = deps.table.update(&lookup_key, vec![Update::set("last_used_at", stamp(now))], Cond::Exists).await;
+    }
+    Ok(match record.role {
+        Role::Operator => record.id.map(|key_id| Principal::Operator { key_id }),
+        Role::Tenant => record
+            .tenant
+            .as_deref()
+            .and_then(|t| TenantId::parse(t).ok())
+            .map(|tenant| Principal::Tenant { tenant, key_id: record.id }),
+    })
+}
+
+async fn index_record(deps: &Deps, id: &str) -> CoreResult<IndexRecord> {
+    if id.is_empty() || id.len() > 64 {
+        return Err(CoreError::NotFound { what: "key" });
+    }
+    let item = deps.table.get(&keys::api_key_index(id)).await?.ok_or(CoreError::NotFound { what: "key" })?;
+    Ok(item.parse()?)
+}
+
+/// One key as operators see it.
+pub async fn get(deps: &Deps, id: &str) -> CoreResult<KeyInfo> {
+    let record = index_record(deps, id).await?;
+    let mut info = with_last_used(deps, vec![record]).await?;
+    info.pop().ok_or(CoreError::NotFound { what: "key" })
+}
+
+async fn with_last_used(deps: &Deps, records: Vec<IndexRecord>) -> CoreResult<Vec<KeyInfo>> {
+    let lookups: Vec<_> = records.iter().map(|r| keys::api_key(&r.hash)).collect();
+    let found = deps.table.get_many(&lookups).await?;
+    let now = deps.clock.now();
+    Ok(records
+        .into_iter()
+        .zip(found)
+        .map(|(r, lookup)| {
+            let mut info = r.info;
+            if let Some(l) = lookup.and_then(|l| l.parse::<LookupRecord>().ok()) {
+                info.last_used_at = l.last_used_at;
+            }
+            info.status = status_of(&info, now).into();
+            info
+        })
+        .collect())
+}
+
+/// A page of keys, oldest id first; with `tenant`, that tenant's only.
+pub async fn list(
+    deps: &Deps,
+    tenant: Option<&TenantId>,
+    limit: usize,
+    cursor: Option<String>,
+) -> CoreResult<(Vec<KeyInfo>, Option<String>)> {
+    let page = deps
+        .table
+        .query(keys::API_KEY_INDEX_PK, "", QueryOpts { limit, cursor, descending: false })
+        .await
+        .map_err(CoreError::of_page_query)?;
+    let records: Vec<IndexRecord> = page
+        .items
+        .iter()
+        .filter_map(|i| i.parse::<IndexRecord>().ok())
+        .filter(|r| tenant.is_none_or(|t| r.info.tenant.as_deref() == Some(t.as_str())))
+        .collect();
+    Ok((with_last_used(deps, records).await?, page.next_cursor))
+}
+
+async fn list_all(deps: &Deps) -> CoreResult<Vec<KeyInfo>> {
+    let mut all = Vec::new();
+    let mut cursor = None;
+    loop {
+        let (mut page, next) = list(deps, None, 100, cursor).await?;
+        all.append(&mut page);
+        match next {
+            Some(c) => cursor = Some(c),
+            None => return Ok(all),
+        }
+    }
+}
+
+/// Revokes a key: refused from the next request on, on every instance. Revoking a revoked key
+/// changes nothing.
+pub async fn revoke(deps: &Deps, id: &str) -> CoreResult<KeyInfo> {
+    let record = index_record(deps, id).await?;
+    if record.info.revoked_at.is_some() {
+        return get(deps, id).await;
+    }
+    let now = stamp(deps.clock.now());
+    deps.table
+        .transact(vec![
+            Write::Delete { key: keys::api_key(&record.hash), cond: Cond::Always },
+            Write::Update {
+                key: keys::api_key_index(id),
+                updates: vec![Update::set("revoked_at", now)],
+                cond: Cond::AttrNotExists("revoked_at".into()),
+            },
+        ])
+        .await
+        .map_err(|e| if e.is_condition_failed() { CoreError::conflict("key_changed", "the key changed meanwhile: try again") } else { e.into() })?;
+    get(deps, id).await
+}
+
+/// What a rotation made: the new key, and the old key with its new expiry.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+pub struct Rotated {
+    pub new: NewKey,
+    pub previous: KeyInfo,
+}
+
+/// Makes a new key with the old one's role, tenant and name, and lets the old one expire after
+/// `grace` (at once with zero; never later than it would have anyway).
+pub async fn rotate(deps: &Deps, id: &str, grace: Duration) -> CoreResult<Rotated> {
+    if grace < Duration::zero() || grace > MAX_GRACE {
+        return Err(CoreError::invalid("grace_seconds", "0 to 30 days"));
+    }
+    let old = index_record(deps, id).await?;
+    let now = deps.clock.now();
+    if status_of(&old.info, now) != "active" {
+        return Err(CoreError::conflict("key_not_active", format!("key {id} is {}", status_of(&old.info, now))));
+    }
+    let tenant = old.info.tenant.as_deref().map(TenantId::parse).transpose().map_err(|_| CoreError::invalid("tenant", "stored tenant is invalid"))?;
+    let spec = KeySpec { role: old.info.role, tenant, name: old.info.name.clone(), expires_at: None };
+    let key = generate_key();
+    let (info, mut writes) = writes_for(&key, new_key_id(), &spec, KeySource::Api, now);
+    for w in &mut writes {
+        if let Write::Put { cond, .. } = w {
+            *cond = Cond::NotExists;
+        }
+    }
+    let mut ends = now + grace;
+    if let Some(e) = old.info.expires_at.as_deref().and_then(parse_stamp) {
+        ends = ends.min(e);
+    }
+    let mut lookup_updates = vec![Update::set("expires_at", stamp(ends))];
+    if let Some(ttl) = ttl_of(Some(ends)) {
+        lookup_updates.push(Update::set("ttl", ttl));
+    }
+    writes.push(Write::Update { key: keys::api_key(&old.hash), updates: lookup_updates, cond: Cond::Exists });
+    writes.push(Write::Update {
+        key: keys::api_key_index(id),
+        updates: vec![Update::set("expires_at", stamp(ends))],
+        cond: Cond::AttrNotExists("revoked_at".into()),
+    });
+    deps.table.transact(writes).await.map_err(|e| {
+        if e.is_condition_failed() { CoreError::conflict("key_changed", "the key changed meanwhile: try again") } else { e.into() }
+    })?;
+    Ok(Rotated { new: NewKey { key, info }, previous: get(deps, id).await? })
 }

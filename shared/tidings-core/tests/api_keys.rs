@@ -1,0 +1,160 @@
+//! API keys: roles, expiry, rotation's grace, revocation, and what a local run's environment
+//! registers, against the embedded store through the ports.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+
+use chrono::{DateTime, Duration, Utc};
+use tidings_core::dev::NullProvider;
+use tidings_core::ports::{Clock, Cond, Item, ManualClock, attrs_of};
+use tidings_core::tenants::{self, KeySpec, Principal, Role};
+use tidings_core::{CoreConfig, CoreError, Deps, Providers, TenantId, keys};
+use tidings_embedded::EmbeddedStore;
+
+fn world() -> (Deps, Arc<ManualClock>) {
+    let start: DateTime<Utc> = DateTime::parse_from_rfc3339("2026-12-01T10:00:00Z").unwrap().with_timezone(&Utc);
+    let clock = Arc::new(ManualClock::new(start));
+    let store = EmbeddedStore::in_memory_with_clock(clock.clone()).unwrap();
+    let none = Arc::new(NullProvider);
+    let deps = Deps {
+        table: Arc::new(store.clone()),
+        queues: Arc::new(store),
+        clock: clock.clone(),
+        providers: Providers { email: none.clone(), sms: none.clone(), push: none },
+        config: Arc::new(CoreConfig::default()),
+    };
+    (deps, clock)
+}
+
+fn acme() -> TenantId {
+    TenantId::parse("acme").unwrap()
+}
+
+fn tenant_spec() -> KeySpec {
+    KeySpec { role: Role::Tenant, tenant: Some(acme()), name: Some("checkout".into()), expires_at: None }
+}
+
+#[tokio::test]
+async fn a_key_authenticates_as_its_role_and_the_table_holds_only_its_hash() {
+    let (deps, _) = world();
+    let t = tenants::create(&deps, tenant_spec()).await.unwrap();
+    let o = tenants::create(&deps, KeySpec { role: Role::Operator, ..Default::default() }).await.unwrap();
+    assert_eq!(
+        tenants::authenticate(&deps, &t.key).await.unwrap(),
+        Some(Principal::Tenant { tenant: acme(), key_id: Some(t.info.id.clone()) })
+    );
+    assert_eq!(tenants::authenticate(&deps, &o.key).await.unwrap(), Some(Principal::Operator { key_id: o.info.id }));
+    assert_eq!(tenants::authenticate(&deps, "tk_nobody").await.unwrap(), None);
+    // Neither item holds the secret.
+    let lookup = deps.table.get(&keys::api_key(&tenants::hash_key(&t.key))).await.unwrap().unwrap();
+    let index = deps.table.get(&keys::api_key_index(&t.info.id)).await.unwrap().unwrap();
+    for item in [lookup, index] {
+        assert!(!serde_json::to_string(&item.attrs).unwrap().contains(&t.key));
+    }
+}
+
+#[tokio::test]
+async fn a_tenant_key_must_name_its_tenant_and_an_operator_key_must_not() {
+    let (deps, _) = world();
+    let e = tenants::create(&deps, KeySpec { role: Role::Tenant, ..Default::default() }).await.unwrap_err();
+    assert!(matches!(e, CoreError::Invalid { ref field, .. } if field == "tenant"), "{e:?}");
+    let e = tenants::create(&deps, KeySpec { role: Role::Operator, tenant: Some(acme()), ..Default::default() })
+        .await
+        .unwrap_err();
+    assert!(matches!(e, CoreError::Invalid { ref field, .. } if field == "tenant"), "{e:?}");
+}
+
+#[tokio::test]
+async fn a_revoked_key_is_refused_at_once_and_stays_listed_as_revoked() {
+    let (deps, _) = world();
+    let t = tenants::create(&deps, tenant_spec()).await.unwrap();
+    let revoked = tenants::revoke(&deps, &t.info.id).await.unwrap();
+    assert_eq!(revoked.status, "revoked");
+    assert_eq!(tenants::authenticate(&deps, &t.key).await.unwrap(), None);
+    let (listed, _) = tenants::list(&deps, Some(&acme()), 50, None).await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].status, "revoked");
+    // Again: nothing changes, no error.
+    assert_eq!(tenants::revoke(&deps, &t.info.id).await.unwrap().status, "revoked");
+    assert!(matches!(tenants::revoke(&deps, "key_unknown").await, Err(CoreError::NotFound { .. })));
+}
+
+#[tokio::test]
+async fn an_expired_key_is_refused() {
+    let (deps, clock) = world();
+    let spec = KeySpec { expires_at: Some(clock.now() + Duration::hours(1)), ..tenant_spec() };
+    let t = tenants::create(&deps, spec).await.unwrap();
+    assert!(tenants::authenticate(&deps, &t.key).await.unwrap().is_some());
+    clock.advance(Duration::seconds(3600));
+    assert_eq!(tenants::authenticate(&deps, &t.key).await.unwrap(), None);
+    assert_eq!(tenants::get(&deps, &t.info.id).await.unwrap().status, "expired");
+    let past = KeySpec { expires_at: Some(clock.now() - Duration::seconds(1)), ..tenant_spec() };
+    assert!(matches!(tenants::create(&deps, past).await, Err(CoreError::Invalid { ref field, .. }) if field == "expires_at"));
+}
+
+#[tokio::test]
+async fn rotation_keeps_both_keys_valid_for_the_grace_period_only() {
+    let (deps, clock) = world();
+    let old = tenants::create(&deps, tenant_spec()).await.unwrap();
+    let rotated = tenants::rotate(&deps, &old.info.id, Duration::minutes(10)).await.unwrap();
+    assert_eq!(rotated.new.info.tenant.as_deref(), Some("acme"));
+    assert_eq!(rotated.new.info.name.as_deref(), Some("checkout"));
+    assert_ne!(rotated.new.key, old.key);
+    assert!(tenants::authenticate(&deps, &old.key).await.unwrap().is_some());
+    assert!(tenants::authenticate(&deps, &rotated.new.key).await.unwrap().is_some());
+    clock.advance(Duration::seconds(600));
+    assert_eq!(tenants::authenticate(&deps, &old.key).await.unwrap(), None);
+    assert!(tenants::authenticate(&deps, &rotated.new.key).await.unwrap().is_some());
+    // An expired key cannot be rotated again; a grace beyond 30 days is refused.
+    assert!(matches!(
+        tenants::rotate(&deps, &old.info.id, Duration::zero()).await,
+        Err(CoreError::Conflict { code: "key_not_active", .. })
+    ));
+    assert!(matches!(
+        tenants::rotate(&deps, &rotated.new.info.id, Duration::days(31)).await,
+        Err(CoreError::Invalid { ref field, .. }) if field == "grace_seconds"
+    ));
+}
+
+#[tokio::test]
+async fn last_used_is_recorded_at_most_once_a_minute() {
+    let (deps, clock) = world();
+    let t = tenants::create(&deps, tenant_spec()).await.unwrap();
+    assert_eq!(tenants::get(&deps, &t.info.id).await.unwrap().last_used_at, None);
+    tenants::authenticate(&deps, &t.key).await.unwrap();
+    let first = tenants::get(&deps, &t.info.id).await.unwrap().last_used_at.unwrap();
+    clock.advance(Duration::seconds(30));
+    tenants::authenticate(&deps, &t.key).await.unwrap();
+    assert_eq!(tenants::get(&deps, &t.info.id).await.unwrap().last_used_at.unwrap(), first);
+    clock.advance(Duration::seconds(31));
+    tenants::authenticate(&deps, &t.key).await.unwrap();
+    assert_ne!(tenants::get(&deps, &t.info.id).await.unwrap().last_used_at.unwrap(), first);
+}
+
+#[tokio::test]
+async fn a_key_dropped_from_the_environment_is_revoked_at_the_next_start() {
+    let (deps, _) = world();
+    tenants::register_key(&deps, &acme(), "key-one").await.unwrap();
+    tenants::register_key(&deps, &acme(), "key-two").await.unwrap();
+    let made = tenants::create(&deps, tenant_spec()).await.unwrap();
+    // The next start lists only key-two.
+    tenants::register_key(&deps, &acme(), "key-two").await.unwrap();
+    assert_eq!(tenants::revoke_env_keys_except(&deps, &["key-two"]).await.unwrap(), 1);
+    assert_eq!(tenants::authenticate(&deps, "key-one").await.unwrap(), None);
+    assert!(tenants::authenticate(&deps, "key-two").await.unwrap().is_some());
+    // A key made through the API is not the environment's to revoke.
+    assert!(tenants::authenticate(&deps, &made.key).await.unwrap().is_some());
+}
+
+#[tokio::test]
+async fn a_key_stored_before_roles_is_a_tenant_key() {
+    let (deps, _) = world();
+    let legacy = serde_json::json!({"tenant": "acme", "created_at": "2026-11-01T00:00:00Z"});
+    let item = Item::new(keys::api_key(&tenants::hash_key("old-key")), attrs_of(&legacy).unwrap());
+    deps.table.put(item, Cond::Always).await.unwrap();
+    assert_eq!(
+        tenants::authenticate(&deps, "old-key").await.unwrap(),
+        Some(Principal::Tenant { tenant: acme(), key_id: None })
+    );
+}
