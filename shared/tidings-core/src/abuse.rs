@@ -135,7 +135,7 @@ pub struct RequesterCount {
 
 /// What an IP counts as: an IPv4 address itself, an IPv6 address its /64 (one subscriber's
 /// prefix: rotating within it does not escape the limit).
-fn ip_subject(ip: &str) -> Option<String> {
+pub(crate) fn ip_subject(ip: &str) -> Option<String> {
     match ip.parse::<IpAddr>().ok()? {
         IpAddr::V4(v4) => Some(v4.to_string()),
         IpAddr::V6(v6) => {
@@ -146,7 +146,7 @@ fn ip_subject(ip: &str) -> Option<String> {
 }
 
 /// A counted subject in a key: a truncated SHA-256, so no number, IP or device id is stored.
-fn subject_hash(subject: &str) -> String {
+pub(crate) fn subject_hash(subject: &str) -> String {
     hex::encode(&Sha256::digest(subject.as_bytes())[..12])
 }
 

@@ -13,6 +13,7 @@
 //! Then a circuit breaker per provider ([`breaker`]); SMS may fail over to a second provider
 //! while the first one's breaker is open ([`Failover`]).
 
+pub mod api;
 pub mod breaker;
 pub mod token_bucket;
 

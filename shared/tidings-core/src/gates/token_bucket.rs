@@ -4,6 +4,9 @@
 //! `rate` sends in any window of one second (`burst + refill · 1 s`), spread out rather than
 //! in one block (seed 004 §5.5: "均匀摊到发送窗口里").
 //!
+//! The API's buckets (`super::api`) hold a whole second's quota instead (`burst_share` 1) and
+//! refill at the rate: a client may send a second's quota at once, then the rate.
+//!
 //! AIMD on 429: the rate halves (never below 1/s) and the bucket pauses for the provider's
 //! `Retry-After`; each accepted send adds back 1% of the configured rate. The number of workers
 //! never changes: fewer tokens, not more callers (seed 003: "最危险的反应是继续扩容 Worker").
@@ -32,6 +35,17 @@ pub struct TokenBucket {
     /// When the rate was last halved.
     #[serde(default)]
     pub decreased_ms: i64,
+    /// The share of the rate the bucket holds (its burst): at most one half, or 1 (see
+    /// [`TokenBucket::refill_rate`]).
+    #[serde(default = "provider_burst_share")]
+    pub burst_share: f64,
+}
+
+/// The burst of a provider's bucket: 5% of its rate (sends spread over the second).
+pub const PROVIDER_BURST_SHARE: f64 = 0.05;
+
+fn provider_burst_share() -> f64 {
+    PROVIDER_BURST_SHARE
 }
 
 /// 429s within this long of a decrease are answers to sends made before it: one congestion
@@ -40,20 +54,66 @@ const DECREASE_EVERY_MS: i64 = 1000;
 
 impl TokenBucket {
     pub fn new(limit: f64, now_ms: i64) -> Self {
+        Self::shaped(limit, PROVIDER_BURST_SHARE, now_ms)
+    }
+
+    /// A full bucket of `limit` per second holding `burst_share` of it.
+    pub fn shaped(limit: f64, burst_share: f64, now_ms: i64) -> Self {
         let limit = limit.max(0.001);
-        let mut b =
-            Self { limit, rate: limit, tokens: 0.0, last_ms: now_ms, paused_until_ms: 0, decreased_ms: i64::MIN };
+        let mut b = Self {
+            limit,
+            rate: limit,
+            tokens: 0.0,
+            last_ms: now_ms,
+            paused_until_ms: 0,
+            decreased_ms: i64::MIN,
+            burst_share,
+        };
         b.tokens = b.burst();
         b
     }
 
-    /// The bucket's capacity: 5% of the current rate, at least one token.
-    pub fn burst(&self) -> f64 {
-        (self.rate * 0.05).max(1.0).floor()
+    /// Up to one half, or 1.
+    fn share(&self) -> f64 {
+        if self.burst_share >= 1.0 { 1.0 } else { self.burst_share.clamp(0.0, 0.5) }
     }
 
-    /// Tokens per second added, so that burst + refill ≤ rate over one second.
+    /// The bucket's capacity: `burst_share` of the current rate, at least one token.
+    pub fn burst(&self) -> f64 {
+        (self.rate * self.share()).max(1.0).floor()
+    }
+
+    /// How long until the next whole token (zero when one is there).
+    pub fn next_token_in(&self, now_ms: i64) -> Duration {
+        let mut b = self.clone();
+        b.refill(now_ms);
+        if b.tokens >= 1.0 {
+            return Duration::ZERO;
+        }
+        Duration::from_millis(((1.0 - b.tokens) * 1000.0 / b.refill_rate()).ceil().max(1.0) as u64)
+    }
+
+    /// Whole tokens in the bucket as of `now_ms` (without taking any).
+    pub fn available(&self, now_ms: i64) -> u32 {
+        let mut b = self.clone();
+        b.refill(now_ms);
+        b.tokens.floor().max(0.0) as u32
+    }
+
+    /// How long until the bucket is full again.
+    pub fn until_full(&self, now_ms: i64) -> Duration {
+        let mut b = self.clone();
+        b.refill(now_ms);
+        let ms = ((b.burst() - b.tokens).max(0.0) * 1000.0 / b.refill_rate()).ceil();
+        Duration::from_millis(ms as u64)
+    }
+
+    /// Tokens per second added: so that burst + refill ≤ rate over one second (providers: never
+    /// more than the rate in any second); a bucket of a whole second's quota refills at the rate.
     fn refill_rate(&self) -> f64 {
+        if self.share() >= 1.0 {
+            return self.rate.max(0.001);
+        }
         (self.rate - self.burst()).max(self.rate * 0.5).max(0.001)
     }
 
@@ -78,6 +138,23 @@ impl TokenBucket {
         }
         self.tokens -= f64::from(got);
         Ok(got)
+    }
+
+    /// Takes `n` tokens when at least one is there, owing the rest (the bucket goes below zero
+    /// and refills from there): a lease of the next tokens, so that one instance takes several
+    /// in one request of the store while the rate over time stays the same.
+    pub fn lease(&mut self, n: u32, now_ms: i64) -> Result<u32, Duration> {
+        if now_ms < self.paused_until_ms {
+            return Err(Duration::from_millis((self.paused_until_ms - now_ms) as u64));
+        }
+        self.refill(now_ms);
+        if self.tokens < 1.0 {
+            let ms = ((1.0 - self.tokens) * 1000.0 / self.refill_rate()).ceil().max(1.0);
+            return Err(Duration::from_millis(ms as u64));
+        }
+        let n = n.max(1);
+        self.tokens -= f64::from(n);
+        Ok(n)
     }
 
     /// The provider answered 429: halve the rate (once per congestion event), empty the
@@ -112,6 +189,11 @@ pub trait RateGate: Send + Sync + 'static {
     async fn succeeded(&self);
     /// The current rate (for metrics and tests).
     fn current_rate(&self) -> f64;
+    /// About how many tokens are left after the last take, and how long until the bucket is
+    /// full (the API's `RateLimit` header); shared gates know it as of their last read.
+    fn remaining(&self, _now_ms: i64) -> (u32, Duration) {
+        (0, Duration::ZERO)
+    }
 }
 
 /// A bucket in this process (the embedded backend: one process is the whole system).
@@ -121,7 +203,10 @@ pub struct LocalGate {
 
 impl LocalGate {
     pub fn new(limit: f64, now_ms: i64) -> Self {
-        Self { bucket: Mutex::new(TokenBucket::new(limit, now_ms)) }
+        Self::shaped(limit, PROVIDER_BURST_SHARE, now_ms)
+    }
+    pub fn shaped(limit: f64, burst_share: f64, now_ms: i64) -> Self {
+        Self { bucket: Mutex::new(TokenBucket::shaped(limit, burst_share, now_ms)) }
     }
     fn with<T>(&self, f: impl FnOnce(&mut TokenBucket) -> T) -> T {
         f(&mut self.bucket.lock().unwrap_or_else(|p| p.into_inner()))
@@ -142,15 +227,24 @@ impl RateGate for LocalGate {
     fn current_rate(&self) -> f64 {
         self.with(|b| b.rate)
     }
+    fn remaining(&self, now_ms: i64) -> (u32, Duration) {
+        self.with(|b| (b.available(now_ms), b.until_full(now_ms)))
+    }
 }
 
-/// A bucket shared by every instance, kept in the table (DynamoDB on AWS): an item read and
-/// written back by a conditional update on its `version` (optimistic), taking a few tokens at
-/// a time into a local allowance so that a send costs a small fraction of a request.
+/// A bucket shared by every instance, kept in the table (DynamoDB on AWS): an item written
+/// back by a conditional update on its `version` (optimistic), taking a few tokens at a time
+/// into a local allowance so that a send costs a small fraction of a request.
+///
+/// The item as this instance last wrote it is kept: the next write is tried from it, so an
+/// uncontended take is one request (a conditional put), and only a lost race reads the item
+/// again. An empty bucket says when its next token comes; until then takes are refused here,
+/// without asking the store, since only time adds tokens.
 pub struct SharedGate {
     table: std::sync::Arc<dyn Table>,
     key: Key,
     limit: f64,
+    burst_share: f64,
     local: Mutex<Allowance>,
 }
 
@@ -159,18 +253,34 @@ struct Allowance {
     tokens: u32,
     successes: u32,
     rate: f64,
+    /// The item's `version` and bucket as this instance last wrote them.
+    last: Option<(i64, TokenBucket)>,
+    /// Until then, another instance wrote the item after this one: read it before writing.
+    contended_until_ms: i64,
+    /// The bucket had no token before this.
+    empty_until_ms: i64,
 }
 
 const BUCKET_ATTR: &str = "bucket";
 const VERSION_ATTR: &str = "version";
+/// An idle bucket's item expires (the table's TTL attribute): a bucket unused for this long
+/// is full again, which is what a missing item means. Per-address buckets would otherwise pile up.
+const IDLE_TTL_S: i64 = 86_400;
+/// After a write from the kept item lost to another instance's, writes read first for this long.
+const CONTENDED_MS: i64 = 10_000;
 
 impl SharedGate {
     pub fn new(table: std::sync::Arc<dyn Table>, name: &str, limit: f64) -> Self {
+        Self::shaped(table, name, limit, PROVIDER_BURST_SHARE)
+    }
+
+    pub fn shaped(table: std::sync::Arc<dyn Table>, name: &str, limit: f64, burst_share: f64) -> Self {
         Self {
             table,
             key: Key::new(format!("RATE#{name}"), "BUCKET"),
             limit,
-            local: Mutex::new(Allowance { tokens: 0, successes: 0, rate: limit }),
+            burst_share,
+            local: Mutex::new(Allowance { rate: limit, ..Default::default() }),
         }
     }
 
@@ -178,34 +288,64 @@ impl SharedGate {
         self.local.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Reads the bucket, changes it with `f`, writes it back if nobody else did meanwhile.
+    /// Tokens taken from the shared bucket at once: about 20 ms of sends, or a quarter of the
+    /// burst where that is more (the API's buckets).
+    fn chunk(&self) -> u32 {
+        let burst = (self.limit * self.burst_share.min(1.0)).floor().max(1.0);
+        ((self.limit / 50.0).max(burst / 4.0).floor() as u32).max(1)
+    }
+
+    /// Changes the bucket with `f` and writes it back if nobody else did meanwhile: from the
+    /// last write of this instance first, else from a fresh read.
     async fn modify<T>(&self, now_ms: i64, f: impl Fn(&mut TokenBucket) -> T) -> Result<T, StoreError> {
+        let mut known = {
+            let mut local = self.lock();
+            let last = local.last.take();
+            if now_ms < local.contended_until_ms { None } else { last }
+        };
+        let mut from_cache = known.is_some();
         for _ in 0..10 {
-            let item = self.table.get(&self.key).await?;
-            let version = item.as_ref().and_then(|i| i.i64(VERSION_ATTR));
-            let mut bucket: TokenBucket = item
-                .as_ref()
-                .and_then(|i| i.attrs.get(BUCKET_ATTR).cloned())
-                .and_then(|v| serde_json::from_value(v).ok())
-                .unwrap_or_else(|| TokenBucket::new(self.limit, now_ms));
+            let (version, mut bucket) = match known.take() {
+                Some((version, bucket)) => (Some(version), bucket),
+                None => {
+                    let item = self.table.get(&self.key).await?;
+                    let version = item.as_ref().and_then(|i| i.i64(VERSION_ATTR));
+                    let bucket: TokenBucket = item
+                        .as_ref()
+                        .and_then(|i| i.attrs.get(BUCKET_ATTR).cloned())
+                        .and_then(|v| serde_json::from_value(v).ok())
+                        .unwrap_or_else(|| TokenBucket::shaped(self.limit, self.burst_share, now_ms));
+                    (version, bucket)
+                }
+            };
             // The configured rate may have changed since the item was written.
             bucket.limit = self.limit;
             bucket.rate = bucket.rate.min(self.limit);
+            bucket.burst_share = self.burst_share;
             let out = f(&mut bucket);
             let value = serde_json::to_value(&bucket).map_err(|e| StoreError::Corrupt(e.to_string()))?;
             let cond = match version {
                 Some(v) => Cond::eq(VERSION_ATTR, v),
                 None => Cond::NotExists,
             };
+            let next = version.unwrap_or(0) + 1;
             let mut attrs = Attrs::new();
             attrs.insert(BUCKET_ATTR.into(), value);
-            attrs.insert(VERSION_ATTR.into(), (version.unwrap_or(0) + 1).into());
+            attrs.insert(VERSION_ATTR.into(), next.into());
+            attrs.insert("ttl".into(), (now_ms / 1000 + IDLE_TTL_S).into());
             match self.table.put(Item::new(self.key.clone(), attrs), cond).await {
                 Ok(()) => {
-                    self.lock().rate = bucket.rate;
+                    let mut local = self.lock();
+                    local.rate = bucket.rate;
+                    local.last = Some((next, bucket));
                     return Ok(out);
                 }
-                Err(StoreError::ConditionFailed { .. }) => continue,
+                Err(StoreError::ConditionFailed { .. }) => {
+                    if std::mem::take(&mut from_cache) {
+                        self.lock().contended_until_ms = now_ms.saturating_add(CONTENDED_MS);
+                    }
+                    continue;
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -222,22 +362,34 @@ impl RateGate for SharedGate {
                 local.tokens -= 1;
                 return Ok(());
             }
+            if now_ms < local.empty_until_ms {
+                return Err(Duration::from_millis((local.empty_until_ms - now_ms) as u64));
+            }
         }
-        // About 20 ms of sends per read of the shared item.
-        let chunk = ((self.limit / 50.0).floor() as u32).max(1);
+        let chunk = self.chunk();
         let successes = std::mem::take(&mut self.lock().successes);
         let taken = self
             .modify(now_ms, |b| {
                 b.succeeded(successes);
-                b.take(chunk, now_ms)
+                // The API's buckets lease (they promise a rate, not a strict window); providers'
+                // take only what is there.
+                let got = if self.burst_share >= 1.0 { b.lease(chunk, now_ms) } else { b.take(chunk, now_ms) };
+                (got, b.next_token_in(now_ms))
             })
             .await;
         match taken {
-            Ok(Ok(n)) => {
-                self.lock().tokens += n - 1;
+            Ok((Ok(n), next)) => {
+                let mut local = self.lock();
+                local.tokens += n - 1;
+                // Emptied: the next take past these tokens need not ask before the next token.
+                local.empty_until_ms = now_ms.saturating_add(i64::try_from(next.as_millis()).unwrap_or(i64::MAX));
                 Ok(())
             }
-            Ok(Err(wait)) => Err(wait),
+            Ok((Err(wait), _)) => {
+                let until = now_ms.saturating_add(i64::try_from(wait.as_millis()).unwrap_or(i64::MAX));
+                self.lock().empty_until_ms = until;
+                Err(wait)
+            }
             // The store is busy: back off a little rather than send unmetered.
             Err(_) => Err(Duration::from_millis(50)),
         }
@@ -256,6 +408,13 @@ impl RateGate for SharedGate {
 
     fn current_rate(&self) -> f64 {
         self.lock().rate
+    }
+
+    fn remaining(&self, now_ms: i64) -> (u32, Duration) {
+        let local = self.lock();
+        let (shared, full) =
+            local.last.as_ref().map_or((0, Duration::ZERO), |(_, b)| (b.available(now_ms), b.until_full(now_ms)));
+        (local.tokens + shared, full)
     }
 }
 

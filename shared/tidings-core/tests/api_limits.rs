@@ -1,0 +1,118 @@
+//! The API's rate limits over a shared bucket in the table (as on AWS): two instances sharing
+//! one tenant's bucket let through its rate (after a second's quota at once), and a request
+//! costs at most one store request in the common case (tokens are leased a few at a time, an
+//! uncontended write needs no read first, and an empty bucket is not asked again before its
+//! next token).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use async_trait::async_trait;
+use tidings_core::TenantId;
+use tidings_core::gates::GateStore;
+use tidings_core::gates::api::{ApiLimits, ApiRates, Caller, RouteClass};
+use tidings_core::ports::{Cond, Item, Key, Page, QueryOpts, StoreError, Table, Update, Write};
+use tidings_embedded::EmbeddedStore;
+
+/// The embedded table, counting the requests made of it.
+struct Counting {
+    inner: EmbeddedStore,
+    requests: AtomicUsize,
+}
+
+impl Counting {
+    fn count(&self) {
+        self.requests.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[async_trait]
+impl Table for Counting {
+    async fn get(&self, key: &Key) -> Result<Option<Item>, StoreError> {
+        self.count();
+        self.inner.get(key).await
+    }
+    async fn put(&self, item: Item, cond: Cond) -> Result<(), StoreError> {
+        self.count();
+        self.inner.put(item, cond).await
+    }
+    async fn update(&self, key: &Key, updates: Vec<Update>, cond: Cond) -> Result<Item, StoreError> {
+        self.count();
+        self.inner.update(key, updates, cond).await
+    }
+    async fn delete(&self, key: &Key, cond: Cond) -> Result<(), StoreError> {
+        self.count();
+        self.inner.delete(key, cond).await
+    }
+    async fn transact(&self, writes: Vec<Write>) -> Result<(), StoreError> {
+        self.count();
+        self.inner.transact(writes).await
+    }
+    async fn query(&self, pk: &str, sk_prefix: &str, opts: QueryOpts) -> Result<Page, StoreError> {
+        self.count();
+        self.inner.query(pk, sk_prefix, opts).await
+    }
+}
+
+#[tokio::test]
+async fn two_instances_share_a_tenants_bucket_at_under_one_request_each() {
+    let table = Arc::new(Counting { inner: EmbeddedStore::in_memory().unwrap(), requests: AtomicUsize::new(0) });
+    let rates = ApiRates::parse("send:20").unwrap();
+    // Two API instances over one table.
+    let a = ApiLimits::new(rates.clone(), GateStore::Shared(table.clone()));
+    let b = ApiLimits::new(rates, GateStore::Shared(table.clone()));
+    let acme = TenantId::parse("acme").unwrap();
+    let mut passed_at = Vec::new();
+    let mut requests = 0;
+    // 200 requests a second for three seconds, alternating instances: ten times the rate.
+    for i in 0..600i64 {
+        let now = i * 5;
+        let limits = if i % 2 == 0 { &a } else { &b };
+        let adm = limits.admit(Caller::Tenant(&acme), RouteClass::Send, now).await.unwrap();
+        requests += 1;
+        if adm.refused.is_none() {
+            passed_at.push(now);
+        } else {
+            assert_eq!(adm.remaining, 0);
+        }
+    }
+    // Never more than the bucket (one second's quota) and one second's refill in any second.
+    let mut start = 0;
+    for end in 0..passed_at.len() {
+        while passed_at[end] - passed_at[start] >= 1000 {
+            start += 1;
+        }
+        assert!(end - start < 40, "{} passed within one second", end - start + 1);
+    }
+    // The bucket and three seconds at the rate, less the tokens an instance held unused.
+    let n = passed_at.len();
+    assert!((60..=80).contains(&n), "{n} of 600 passed over 3 s at 20/s");
+    // In the last second, the rate.
+    let last = passed_at.iter().filter(|t| **t >= 2000).count();
+    assert!((15..=21).contains(&last), "{last} passed in the last second");
+    let store_requests = table.requests.load(Ordering::SeqCst);
+    assert!(
+        store_requests <= passed_at.len(),
+        "{store_requests} store requests for {} admitted and {} refused",
+        passed_at.len(),
+        requests - passed_at.len()
+    );
+}
+
+/// A single instance: each lease of tokens is one conditional write, not a read and a write.
+#[tokio::test]
+async fn an_uncontended_lease_is_one_request() {
+    let table = Arc::new(Counting { inner: EmbeddedStore::in_memory().unwrap(), requests: AtomicUsize::new(0) });
+    let limits = ApiLimits::new(ApiRates::parse("read:40").unwrap(), GateStore::Shared(table.clone()));
+    let acme = TenantId::parse("acme").unwrap();
+    // 40 requests spread over two seconds: half the rate, all admitted.
+    for i in 0..40i64 {
+        let adm = limits.admit(Caller::Tenant(&acme), RouteClass::Read, i * 50).await.unwrap();
+        assert_eq!(adm.refused, None, "request {i}");
+    }
+    // Leases of 10 (a quarter of the burst of 40): 4 leases; the first also reads the item.
+    let n = table.requests.load(Ordering::SeqCst);
+    assert!(n <= 5, "{n} store requests for 40 admitted");
+}
