@@ -15,6 +15,7 @@ mod live;
 mod notify;
 mod platform;
 mod restock;
+mod safety;
 mod server;
 mod shipped;
 
@@ -108,6 +109,10 @@ on_both_backends!(inventory as inventory_tests:
     pay_cancel_and_expiry_race_and_release_once,
     short_multi_sku_order_holds_nothing,
     an_expired_hold_is_released_and_its_waiters_are_alerted,
+);
+
+on_both_backends!(safety as safety_tests:
+    an_unsubscribed_user_still_gets_the_password_reset,
 );
 
 on_both_backends!(isolation as isolation_tests: no_route_shows_or_changes_another_tenants_data);

@@ -82,11 +82,19 @@ pub fn parse_hhmm(s: &str) -> Option<NaiveTime> {
 
 impl PreferencesInput {
     fn validate(&self) -> CoreResult<()> {
-        for name in self.categories.iter().flat_map(|m| m.keys()) {
+        for (name, on) in self.categories.iter().flatten() {
             if !CATEGORIES.contains(&name.as_str()) {
                 return Err(CoreError::invalid(
                     format!("categories.{name}"),
                     "unknown category (transactional, marketing)",
+                ));
+            }
+            // Password resets, one-time codes and security alerts always go out; a user stops
+            // them per channel (`channels`) instead (README, "Which preference stops what").
+            if name == category_name(Category::Transactional) && !on {
+                return Err(CoreError::invalid(
+                    "categories.transactional",
+                    "transactional messages cannot be turned off; turn a channel off instead",
                 ));
             }
         }
@@ -260,5 +268,14 @@ mod tests {
         assert_eq!(cleared.quiet_hours, Some(None));
         let absent: PreferencesInput = serde_json::from_str(r#"{}"#).unwrap();
         assert_eq!(absent.quiet_hours, None);
+    }
+
+    #[test]
+    fn the_transactional_category_cannot_be_turned_off() {
+        let off: PreferencesInput = serde_json::from_str(r#"{"categories": {"transactional": false}}"#).unwrap();
+        assert!(matches!(off.validate(), Err(CoreError::Invalid { field, .. }) if field == "categories.transactional"));
+        let on: PreferencesInput =
+            serde_json::from_str(r#"{"categories": {"transactional": true, "marketing": false}}"#).unwrap();
+        assert!(on.validate().is_ok());
     }
 }

@@ -631,6 +631,43 @@ async fn checks_run_in_the_seeds_order_and_record_their_reason() {
     }
 }
 
+/// Marketing opt-outs never stop a transactional message: a user who unsubscribed from
+/// everything (and whose stored preferences still say `transactional: false`, as an old
+/// version allowed) gets the one-time code. A channel turned off still stops it.
+#[tokio::test]
+async fn an_unsubscribed_user_still_gets_the_one_time_code_but_not_on_a_channel_turned_off() {
+    let w = world().await;
+    let off = PreferencesInput::default();
+    preferences::put(&w.deps, &w.t, "u1", off).await.unwrap();
+    let mut stored = preferences::get(&w.deps, &w.t, "u1").await.unwrap();
+    stored.unsubscribe_all = true;
+    stored.categories.insert("marketing".into(), false);
+    stored.categories.insert("transactional".into(), false);
+    stored.channels.insert("email".into(), false);
+    let item =
+        tidings_core::ports::Item::new(keys::preferences(&w.t, "u1"), tidings_core::ports::attrs_of(&stored).unwrap());
+    w.deps.table.put(item, tidings_core::ports::Cond::Always).await.unwrap();
+
+    let otp = accept(&w, request("otp", "transactional", "sms", 424242)).await;
+    let mail = accept(&w, request("otp-mail", "transactional", "email", 424243)).await;
+    let promo = accept(&w, request("promo", "marketing", "sms", 1)).await;
+    drain(&w).await;
+    assert_eq!(delivery(&w, &otp, Channel::Sms).await.status, DeliveryStatus::Sent);
+    assert_eq!(w.sms.calls().len(), 1, "only the code, not the promotion");
+    assert!(w.sms.calls()[0].body.contains("424242"));
+    let d = delivery(&w, &mail, Channel::Email).await;
+    assert_eq!((d.status, d.reason.as_deref()), (DeliveryStatus::Suppressed, Some("channel_off")));
+    let d = delivery(&w, &promo, Channel::Sms).await;
+    assert_eq!((d.status, d.reason.as_deref()), (DeliveryStatus::Suppressed, Some("unsubscribed")));
+
+    // And the API refuses to turn the category off, naming the field.
+    let input: PreferencesInput = serde_json::from_value(json!({"categories": {"transactional": false}})).unwrap();
+    match preferences::put(&w.deps, &w.t, "u1", input).await {
+        Err(tidings_core::CoreError::Invalid { field, .. }) => assert_eq!(field, "categories.transactional"),
+        other => panic!("{other:?}"),
+    }
+}
+
 /// `local_time`: the same wall-clock time in each user's zone, one timer per zone.
 #[tokio::test]
 async fn local_time_sends_at_each_users_wall_clock() {

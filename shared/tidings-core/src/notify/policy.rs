@@ -1,8 +1,8 @@
 //! Whether, and when, one user gets one notification on one channel: seed 004 §5.4, in its
 //! order.
 //!
-//! 1. global unsubscribe → `unsubscribed`
-//! 2. the category turned off → `category_off`
+//! 1. global unsubscribe → `unsubscribed` (marketing only)
+//! 2. the category turned off → `category_off` (marketing only)
 //! 3. the channel available: turned on (`channel_off`), an address or a valid push token
 //!    (`no_address`), the address not on the suppression list (`address_suppressed`); an SMS
 //!    number in an allowed country (`country_not_allowed`, see [`crate::abuse`])
@@ -12,7 +12,11 @@
 //!    (`frequency_cap`), counted by a conditional counter item with a TTL that remembers which
 //!    notifications it counted, so a repeated orchestration never counts twice.
 //!
-//! Transactional notifications skip 4 and 5: a one-time password at 3 a.m. goes at once. Their
+//! Transactional notifications skip 1 and 2: `unsubscribe_all` and the categories are marketing
+//! opt-outs, and a user who left the newsletter still gets the password reset and the security
+//! alert. The transactional category cannot be turned off ([`crate::preferences`]); a channel
+//! the user turned off or has no address for (3) still stops it.
+//! Transactional notifications skip 4 and 5 too: a one-time password at 3 a.m. goes at once. Their
 //! SMS count against the per-number limits instead (`number_rate_limited`, see
 //! [`crate::abuse`]), so skipping the cap does not leave the door open to SMS pumping.
 //! In-app messages are silent, so quiet hours and caps do not apply to them either.
@@ -130,10 +134,12 @@ pub async fn check(
     channel: Channel,
 ) -> CoreResult<Verdict> {
     let category = n.request.category;
-    if r.prefs.unsubscribe_all {
+    let transactional = category == Category::Transactional;
+    if !transactional && r.prefs.unsubscribe_all {
         return Ok(Verdict::Suppress(SuppressReason::Unsubscribed));
     }
-    if !r.prefs.category_on(category) {
+    // Preferences stored before `transactional` could not be turned off may still say `false`.
+    if !transactional && !r.prefs.category_on(category) {
         return Ok(Verdict::Suppress(SuppressReason::CategoryOff));
     }
     if !r.prefs.channel_on(channel) {
@@ -160,7 +166,7 @@ pub async fn check(
             return Ok(Verdict::Defer(due, DeferReason::LocalTime));
         }
     }
-    if category == Category::Transactional || channel == Channel::Inapp {
+    if transactional || channel == Channel::Inapp {
         let writes = match channel {
             Channel::Sms => deps.config.abuse.number_writes(t, &n.notification_id, &to, now),
             _ => Vec::new(),
