@@ -12,7 +12,7 @@ use crate::ids::new_id;
 use crate::keys::DEV_SENDS_PK;
 use crate::ports::{
     Channel, Clock, Cond, Item, Key, OutboundMessage, PermanentCode, Platform, Provider, ProviderError,
-    ProviderReceipt, QueryOpts, Table, attrs_of,
+    ProviderReceipt, QueryOpts, SystemClock, Table, attrs_of,
 };
 
 /// How a dev provider behaves.
@@ -62,6 +62,11 @@ pub struct RecordedSend {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub collapse_id: Option<String>,
 }
+
+/// How long a recorded send is kept: the table's TTL removes it on AWS (emulators included),
+/// and [`list_sends`] neither lists nor keeps one past it on any backend. Wall-clock time, even
+/// under a manual clock: it is about storage, not about the system's time.
+pub const RECORD_TTL_S: i64 = 3 * 86_400;
 
 /// Push tokens starting with this are registered, and then answered as gone (APNs 410, FCM
 /// `UNREGISTERED`) on every send: how tests and demos show a dead token being removed.
@@ -196,7 +201,8 @@ impl Provider for DevProvider {
         };
         // Ordered by a sequence that survives restarts and clock jumps: wall time + id.
         let sk = format!("{:015}#{}", now.timestamp_millis().max(0), new_id());
-        let attrs = attrs_of(&record).map_err(|e| ProviderError::transient(format!("recording failed: {e}")))?;
+        let mut attrs = attrs_of(&record).map_err(|e| ProviderError::transient(format!("recording failed: {e}")))?;
+        attrs.insert("ttl".into(), (SystemClock.now().timestamp() + RECORD_TTL_S).into());
         self.table
             .put(Item::new(Key::new(DEV_SENDS_PK, sk), attrs), Cond::Always)
             .await
@@ -224,17 +230,24 @@ impl DevProviders {
     }
 }
 
-/// Accepted sends, oldest first, optionally for one user and/or channel.
+/// Accepted sends, oldest first, optionally for one user and/or channel. Records past their
+/// `ttl` are left out and deleted (the embedded store has no TTL of its own; DynamoDB's removes
+/// expired items only within a day or two).
 pub async fn list_sends(
     table: &dyn Table,
     user_id: Option<&str>,
     channel: Option<Channel>,
 ) -> CoreResult<Vec<RecordedSend>> {
+    let now = SystemClock.now().timestamp();
     let mut out = Vec::new();
     let mut cursor = None;
     loop {
         let page = table.query(DEV_SENDS_PK, "", QueryOpts { limit: 1000, cursor, descending: false }).await?;
         for item in &page.items {
+            if item.i64("ttl").is_some_and(|ttl| ttl <= now) {
+                table.delete(&item.key, Cond::Always).await?;
+                continue;
+            }
             let s: RecordedSend = item.parse().map_err(CoreError::from)?;
             if user_id.is_some_and(|u| u != s.user_id) || channel.is_some_and(|c| c != s.channel) {
                 continue;
