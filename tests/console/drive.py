@@ -1,6 +1,6 @@
 """Drives the local console (GET / of `tidings serve`) in headless Chromium.
 
-usage: drive.py BASE_URL API_KEY DEAD_QUEUE
+usage: drive.py BASE_URL OPERATOR_KEY TENANT_KEY DEAD_QUEUE
 
 Checks what the console shows of a running system (queues with a dead letter, the recent
 deliveries, a user's inbox) and that its redrive button moves the dead letter back. Exits
@@ -31,7 +31,7 @@ def wait_for(what, check, timeout=60.0):
 
 
 def main():
-    base, key, dead_queue = sys.argv[1], sys.argv[2], sys.argv[3]
+    base, key, tenant_key, dead_queue = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
     options = Options()
     for flag in ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
                  "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"]:
@@ -39,13 +39,19 @@ def main():
     options.binary_location = "/usr/bin/chromium"
     driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
     try:
-        driver.get(f"{base}/#key={key}")
-        # Queues: the dead letter is shown, with an enabled redrive button.
+        driver.get(f"{base}/#key={key}&tenant_key={tenant_key}")
+        # Queues: the dead letter is shown, with an enabled redrive button. The table is
+        # re-rendered every two seconds: it is read in one script call, so a re-render cannot
+        # fall between reading its rows and their cells (on a loaded machine it always did).
+        def queue_rows():
+            return driver.execute_script(
+                "return [...document.querySelectorAll('#queues tbody tr')]"
+                ".map(tr => [...tr.querySelectorAll('td')].map(td => td.textContent));")
+
         def dead_row():
-            for row in driver.find_elements(By.CSS_SELECTOR, "#queues tbody tr"):
-                cells = [c.text for c in row.find_elements(By.TAG_NAME, "td")]
+            for cells in queue_rows():
                 if cells and cells[0] == dead_queue:
-                    return row if cells[4] == "1" else None
+                    return cells if cells[4] == "1" else None
             return None
         wait_for(f"{dead_queue} shows one dead letter", dead_row)
         # Recent deliveries and the inbox.
@@ -66,10 +72,8 @@ def main():
             button.click()
             return True
         wait_for("clicking the redrive button", click_redrive)
-        wait_for(f"{dead_queue}'s DLQ empties after the redrive click", lambda: dead_row() is None and all(
-            r.find_elements(By.TAG_NAME, "td")[4].text == "0"
-            for r in driver.find_elements(By.CSS_SELECTOR, "#queues tbody tr")
-            if r.find_elements(By.TAG_NAME, "td") and r.find_elements(By.TAG_NAME, "td")[0].text == dead_queue))
+        wait_for(f"{dead_queue}'s DLQ empties after the redrive click",
+                 lambda: any(c and c[0] == dead_queue and c[4] == "0" for c in queue_rows()))
         print("console OK")
     finally:
         driver.quit()

@@ -98,7 +98,7 @@ pub async fn a_segment_campaign_reaches_each_member_once_and_an_otp_is_not_held_
     assert_eq!(users.len(), members);
     assert!(!users.contains("outsider"));
 
-    let (st, m) = s.call("GET", "/v1/ops/metrics", None).await?;
+    let (st, m) = s.ops("GET", "/v1/ops/metrics", None).await?;
     assert_eq!(st, 200, "{m}");
     assert!(m["sends_total"]["email"].as_u64().unwrap_or(0) > members as u64, "{m}");
     assert!(m["oldest_age_s"].is_object(), "{m}");

@@ -40,7 +40,7 @@ pub async fn console_shows_the_system_and_redrives(backend: Backend) -> anyhow::
     s.call("PUT", "/v1/users/alice", Some(json!({"email": "alice@example.com", "phone": "+14155550100"}))).await?;
     s.call("POST", "/v1/notifications", Some(send("c-2", json!(["sms"])))).await?;
     s.eventually(Duration::from_secs(90), "a dead letter on sms-high", || async {
-        let (_, v) = s.call("GET", "/v1/ops/queues", None).await?;
+        let (_, v) = s.ops("GET", "/v1/ops/queues", None).await?;
         Ok(v["queues"].as_array().unwrap().iter().any(|q| q["name"] == "sms-high" && q["dlq_depth"] == 1).then_some(()))
     })
     .await?;
@@ -49,6 +49,7 @@ pub async fn console_shows_the_system_and_redrives(backend: Backend) -> anyhow::
     let out = tokio::process::Command::new(python())
         .arg(format!("{}/console/drive.py", env!("CARGO_MANIFEST_DIR")))
         .arg(&s.base)
+        .arg(&s.ops_key)
         .arg(&s.key)
         .arg("sms-high")
         .output()

@@ -74,7 +74,7 @@ async fn run_with_sends(
         };
         if !exited {
             let (_, deliveries) = s.call("GET", &format!("/v1/notifications/{id}/deliveries"), None).await?;
-            let (_, queues) = s.call("GET", "/v1/ops/queues", None).await?;
+            let (_, queues) = s.ops("GET", "/v1/ops/queues", None).await?;
             anyhow::bail!(
                 "crash {crash}: the server did not reach {point} (is `tidings` built with --features \
                  crash-points?)\ndeliveries: {deliveries}\nqueues: {queues}"
@@ -101,7 +101,7 @@ async fn run_with_sends(
         Err(e) => {
             // What was left, so that a failure explains itself: the deliveries and the queues.
             let (_, deliveries) = s.call("GET", &format!("/v1/notifications/{id}/deliveries"), None).await?;
-            let (_, queues) = s.call("GET", "/v1/ops/queues", None).await?;
+            let (_, queues) = s.ops("GET", "/v1/ops/queues", None).await?;
             anyhow::bail!("{e}\ndeliveries: {deliveries}\nqueues: {queues}");
         }
     };

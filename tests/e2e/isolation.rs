@@ -1,6 +1,8 @@
 //! Tenant isolation on every `/v1` route: tenant A makes one of everything, holding a secret
 //! marker; tenant B then calls every route the OpenAPI document lists, with A's ids in the path.
-//! B never sees the marker, never changes A's objects, and gets 404 for A's objects by id.
+//! B never sees the marker, never changes A's objects, and gets 404 for A's objects by id. The
+//! operator routes (`operator_key` in the document) refuse both tenants' keys (403), and every
+//! tenant route refuses an operator's key (403): operators are not tenants.
 
 use std::time::Duration;
 
@@ -56,6 +58,7 @@ pub async fn no_route_shows_or_changes_another_tenants_data(backend: Backend) ->
     let (_, doc) = s.call("GET", "/openapi.json", None).await?;
     let b = s.other_tenant_key();
     let mut called = 0;
+    let mut operator_routes = 0;
     for (path, ops) in doc["paths"].as_object().cloned().unwrap_or_default() {
         if !path.starts_with("/v1/") || path == "/v1/ws" || path.starts_with("/v1/callbacks") {
             continue; // the live feed and provider callbacks are not keyed by API key
@@ -69,12 +72,30 @@ pub async fn no_route_shows_or_changes_another_tenants_data(backend: Backend) ->
             .replace("{subscription_id}", &sub_id)
             .replace("{token}", &format!("tok-{MARK}"))
             .replace("{message_id}", &inbox)
-            .replace("{queue}", "email-high");
+            .replace("{queue}", "email-high")
+            .replace("{key_id}", "key_0");
         for method in ["get", "put", "post", "delete"] {
             if ops.get(method).is_none() {
                 continue;
             }
             let body = (method == "put" || method == "post").then(|| json!({}));
+            let scheme = ops[method]["security"][0].as_object().and_then(|o| o.keys().next().cloned());
+            if scheme.as_deref() == Some("operator_key") {
+                // An operator's route: no tenant key may use it, A's or B's.
+                for key in [&s.key, &b] {
+                    let (st, v) = s.call_as(key, &method.to_uppercase(), &concrete, body.clone()).await?;
+                    assert_eq!(st, 403, "{method} {concrete} with a tenant key: {v}");
+                    assert_eq!(v["code"], "operator_only", "{v}");
+                    operator_routes += 1;
+                }
+                continue;
+            }
+            if scheme.as_deref() == Some("api_key") {
+                // A tenant's route: an operator key is not a tenant's.
+                let (st, v) = s.call_as(&s.ops_key, &method.to_uppercase(), &concrete, body.clone()).await?;
+                assert_eq!(st, 403, "{method} {concrete} with an operator key: {v}");
+                assert_eq!(v["code"], "operator_key", "{v}");
+            }
             let (st, v) = s.call_as(&b, &method.to_uppercase(), &concrete, body).await?;
             called += 1;
             assert!(st < 500, "{method} {concrete} as another tenant: {st} {v}");
@@ -85,6 +106,7 @@ pub async fn no_route_shows_or_changes_another_tenants_data(backend: Backend) ->
         }
     }
     assert!(called >= 30, "the sweep reached the routes ({called} calls)");
+    assert!(operator_routes >= 2 * 8, "the sweep reached the operator routes ({operator_routes} calls)");
 
     // A's objects are as A left them.
     let (_, u) = s.call("GET", "/v1/users/u1", None).await?;

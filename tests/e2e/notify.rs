@@ -174,7 +174,7 @@ pub async fn dead_letters_are_redriven_and_delivered_once(backend: Backend) -> a
         assert!(d["last_error"].as_str().unwrap().contains("503"), "an operator sees why: {d}");
     }
     s.eventually(WAIT, "five messages in email-high's DLQ", || async {
-        let (_, v) = s.call("GET", "/v1/ops/queues", None).await?;
+        let (_, v) = s.ops("GET", "/v1/ops/queues", None).await?;
         let q = v["queues"].as_array().unwrap().iter().find(|q| q["name"] == "email-high").cloned().unwrap();
         Ok((q["dlq_depth"].as_u64() == Some(5)).then_some(()))
     })
@@ -182,7 +182,7 @@ pub async fn dead_letters_are_redriven_and_delivered_once(backend: Backend) -> a
     assert!(s.sends(&id).await?.is_empty());
 
     s.call("PUT", "/dev/providers/email", Some(json!({"mode": "ok"}))).await?;
-    let (st, v) = s.call("POST", "/v1/ops/dlq/email-high/redrive", None).await?;
+    let (st, v) = s.ops("POST", "/v1/ops/dlq/email-high/redrive", None).await?;
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["moved"], 5);
     s.eventually(WAIT, "all five sent", || async {
@@ -190,7 +190,7 @@ pub async fn dead_letters_are_redriven_and_delivered_once(backend: Backend) -> a
     })
     .await?;
     // A second redrive of an empty DLQ changes nothing.
-    let (_, v) = s.call("POST", "/v1/ops/dlq/email-high/redrive", None).await?;
+    let (_, v) = s.ops("POST", "/v1/ops/dlq/email-high/redrive", None).await?;
     assert_eq!(v["moved"], 0);
     tokio::time::sleep(Duration::from_secs(2)).await;
     let sends = s.sends(&id).await?;

@@ -46,7 +46,10 @@ pub fn emulator() -> String {
 
 pub struct Server {
     pub base: String,
+    /// Tenant acme's key.
     pub key: String,
+    /// An operator's key (`/v1/ops/*`, `/v1/admin/*`).
+    pub ops_key: String,
     child: Option<Child>,
     pub backend: Backend,
     data_dir: PathBuf,
@@ -85,6 +88,7 @@ impl Server {
         let run = format!("e2e{:08x}", rand::random::<u32>());
         let mut env: Vec<(String, String)> = opts.env.iter().map(|(k, v)| ((*k).to_owned(), v.clone())).collect();
         env.push(("TIDINGS_API_KEYS".into(), format!("acme:key-acme-{run},globex:key-globex-{run}")));
+        env.push(("TIDINGS_OPERATOR_KEYS".into(), format!("key-ops-{run}")));
         if backend == Backend::Aws {
             emulator();
             env.push(("TIDINGS_TABLE".into(), format!("{run}-table")));
@@ -94,6 +98,7 @@ impl Server {
         let mut s = Self {
             base: String::new(),
             key: format!("key-acme-{run}"),
+            ops_key: format!("key-ops-{run}"),
             child: None,
             backend,
             data_dir: tmp.path().join("data"),
@@ -212,6 +217,11 @@ impl Server {
 
     pub async fn call(&self, method: &str, path: &str, body: Option<Value>) -> anyhow::Result<(u16, Value)> {
         self.call_as(&self.key, method, path, body).await
+    }
+
+    /// `call` with the operator's key.
+    pub async fn ops(&self, method: &str, path: &str, body: Option<Value>) -> anyhow::Result<(u16, Value)> {
+        self.call_as(&self.ops_key, method, path, body).await
     }
 
     pub async fn call_as(

@@ -7,12 +7,26 @@ use axum::http::request::Parts;
 use bytes::Bytes;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
-use tidings_core::{TenantId, tenants};
+use tidings_core::TenantId;
+use tidings_core::tenants::{self, Principal};
 
 use crate::problem::{ApiError, Problem};
 use crate::state::AppState;
 
-/// The tenant whose API key came with the request.
+/// Who the request's API key belongs to (`Authorization: Bearer <key>`), or 401.
+pub async fn principal(parts: &Parts, state: &AppState) -> Result<Principal, ApiError> {
+    let key = parts
+        .headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .map(str::trim)
+        .ok_or_else(Problem::unauthorized)?;
+    tenants::authenticate(&state.deps, key).await?.ok_or_else(|| Problem::unauthorized().into())
+}
+
+/// The tenant whose API key came with the request. An operator's key is refused (403): operators
+/// act on the system, not on a tenant's data.
 #[derive(Clone, Debug)]
 pub struct Tenant(pub TenantId);
 
@@ -24,17 +38,42 @@ where
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        let state = AppState::from_ref(state);
-        let key = parts
-            .headers
-            .get(axum::http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
-            .map(str::trim)
-            .ok_or_else(Problem::unauthorized)?;
-        match tenants::authenticate(&state.deps, key).await? {
-            Some(t) => Ok(Tenant(t)),
-            None => Err(Problem::unauthorized().into()),
+        match principal(parts, &AppState::from_ref(state)).await? {
+            Principal::Tenant { tenant, .. } => {
+                crate::limits::admit_tenant(parts, &tenant).await.map(|()| Tenant(tenant))
+            }
+            Principal::Operator { .. } => Err(Problem::new(
+                StatusCode::FORBIDDEN,
+                "operator_key",
+                "an operator key acts on the system, not on a tenant's data: use a tenant key",
+            )
+            .into()),
+        }
+    }
+}
+
+/// An operator, whose key came with the request. A tenant's key is refused (403).
+#[derive(Clone, Debug)]
+pub struct Operator {
+    pub key_id: String,
+}
+
+impl<S> FromRequestParts<S> for Operator
+where
+    AppState: FromRef<S>,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match principal(parts, &AppState::from_ref(state)).await? {
+            Principal::Operator { key_id } => Ok(Operator { key_id }),
+            Principal::Tenant { .. } => Err(Problem::new(
+                StatusCode::FORBIDDEN,
+                "operator_only",
+                "this route is an operator's: a tenant key cannot use it",
+            )
+            .into()),
         }
     }
 }

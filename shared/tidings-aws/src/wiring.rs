@@ -55,11 +55,12 @@ pub fn in_lambda() -> bool {
     std::env::var("AWS_LAMBDA_RUNTIME_API").is_ok_and(|v| !v.is_empty())
 }
 
-/// Why `url` cannot be the base of the links a deployed stack sends, or `None`.
-pub fn public_url_problem(url: &str) -> Option<String> {
+/// Whether an `http(s)` URL names a loopback, unspecified or `localhost` host; `None` when it is
+/// not an http(s) URL.
+fn url_is_local(url: &str) -> Option<bool> {
     let rest = match url.split_once("://") {
         Some(("https" | "http", rest)) => rest,
-        _ => return Some(format!("TIDINGS_PUBLIC_URL={url:?} is not an http(s) URL")),
+        _ => return None,
     };
     let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
     let host = match authority.rsplit_once('@').map_or(authority, |(_, h)| h) {
@@ -67,10 +68,41 @@ pub fn public_url_problem(url: &str) -> Option<String> {
         h => h.rsplit_once(':').map_or(h, |(host, _)| host),
     };
     let host = host.to_ascii_lowercase();
-    let loopback = host.is_empty()
-        || host == "localhost"
-        || host.ends_with(".localhost")
-        || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback() || ip.is_unspecified());
+    Some(
+        host.is_empty()
+            || host == "localhost"
+            || host.ends_with(".localhost")
+            || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback() || ip.is_unspecified()),
+    )
+}
+
+/// Whether every AWS service this process could call is an emulator on this machine:
+/// `AWS_ENDPOINT_URL` is set and local, and so is every per-service `AWS_ENDPOINT_URL_*`.
+/// What only a local run may do (keys from the environment, the `/dev` routes) asks this.
+pub fn endpoints_are_local() -> bool {
+    endpoints_are_local_in(std::env::vars())
+}
+
+fn endpoints_are_local_in(vars: impl IntoIterator<Item = (String, String)>) -> bool {
+    let mut general = false;
+    for (k, v) in vars {
+        if k == "AWS_ENDPOINT_URL" {
+            general = url_is_local(&v) == Some(true);
+            if !general {
+                return false;
+            }
+        } else if k.starts_with("AWS_ENDPOINT_URL_") && url_is_local(&v) != Some(true) {
+            return false;
+        }
+    }
+    general
+}
+
+/// Why `url` cannot be the base of the links a deployed stack sends, or `None`.
+pub fn public_url_problem(url: &str) -> Option<String> {
+    let Some(loopback) = url_is_local(url) else {
+        return Some(format!("TIDINGS_PUBLIC_URL={url:?} is not an http(s) URL"));
+    };
     loopback.then(|| {
         format!(
             "TIDINGS_PUBLIC_URL={url:?} names a local host: every tracking, click and unsubscribe link would \
@@ -212,7 +244,27 @@ impl AwsPorts {
 
 #[cfg(test)]
 mod tests {
-    use super::public_url_problem;
+    use super::{endpoints_are_local_in, public_url_problem};
+
+    fn vars(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn only_emulators_on_this_machine_count_as_local_endpoints() {
+        let moto = ("AWS_ENDPOINT_URL", "http://127.0.0.1:5005");
+        assert!(endpoints_are_local_in(vars(&[moto])));
+        assert!(endpoints_are_local_in(vars(&[moto, ("AWS_ENDPOINT_URL_DYNAMODB", "http://localhost:5006")])));
+        // Nothing set: the SDK asks AWS itself.
+        assert!(!endpoints_are_local_in(vars(&[("AWS_REGION", "eu-west-1")])));
+        // One service on AWS is enough to refuse.
+        assert!(!endpoints_are_local_in(vars(&[
+            moto,
+            ("AWS_ENDPOINT_URL_SES", "https://email.eu-west-1.amazonaws.com")
+        ])));
+        assert!(!endpoints_are_local_in(vars(&[("AWS_ENDPOINT_URL_DYNAMODB", "http://127.0.0.1:5006")])));
+        assert!(!endpoints_are_local_in(vars(&[("AWS_ENDPOINT_URL", "https://sqs.example.com")])));
+    }
 
     #[test]
     fn loopback_public_urls_are_refused_and_public_ones_kept() {

@@ -204,7 +204,13 @@ fn check_spec(spec: &KeySpec, now: DateTime<Utc>) -> CoreResult<()> {
 }
 
 /// The writes that store a key under `secret`.
-fn writes_for(secret: &str, id: String, spec: &KeySpec, source: KeySource, now: DateTime<Utc>) -> (KeyInfo, Vec<Write>) {
+fn writes_for(
+    secret: &str,
+    id: String,
+    spec: &KeySpec,
+    source: KeySource,
+    now: DateTime<Utc>,
+) -> (KeyInfo, Vec<Write>) {
     let hash = hash_key(secret);
     let info = KeyInfo {
         id: id.clone(),
@@ -226,10 +232,13 @@ fn writes_for(secret: &str, id: String, spec: &KeySpec, source: KeySource, now: 
         expires_at: info.expires_at.clone(),
         last_used_at: None,
     };
-    (info.clone(), vec![
-        Write::Put { item: lookup_item(&hash, &lookup, spec.expires_at), cond: Cond::Always },
-        Write::Put { item: index_item(&id, &IndexRecord { info, hash: hash.clone() }), cond: Cond::Always },
-    ])
+    (
+        info.clone(),
+        vec![
+            Write::Put { item: lookup_item(&hash, &lookup, spec.expires_at), cond: Cond::Always },
+            Write::Put { item: index_item(&id, &IndexRecord { info, hash: hash.clone() }), cond: Cond::Always },
+        ],
+    )
 }
 
 fn lookup_item(hash: &str, record: &LookupRecord, expires_at: Option<DateTime<Utc>>) -> Item {
@@ -310,7 +319,8 @@ pub async fn authenticate(deps: &Deps, key: &str) -> CoreResult<Option<Principal
     if record.expires_at.as_deref().is_some_and(|e| parse_stamp(e).is_none_or(|e| e <= now)) {
         return Ok(None);
     }
-    if record.id.is_some() && record.last_used_at.as_deref().and_then(parse_stamp).is_none_or(|t| now - t >= LAST_USED_EVERY)
+    if record.id.is_some()
+        && record.last_used_at.as_deref().and_then(parse_stamp).is_none_or(|t| now - t >= LAST_USED_EVERY)
     {
         // Best effort: a failed refresh must not refuse a valid request.
         let _ = deps.table.update(&lookup_key, vec![Update::set("last_used_at", stamp(now))], Cond::Exists).await;
@@ -410,7 +420,13 @@ pub async fn revoke(deps: &Deps, id: &str) -> CoreResult<KeyInfo> {
             },
         ])
         .await
-        .map_err(|e| if e.is_condition_failed() { CoreError::conflict("key_changed", "the key changed meanwhile: try again") } else { e.into() })?;
+        .map_err(|e| {
+            if e.is_condition_failed() {
+                CoreError::conflict("key_changed", "the key changed meanwhile: try again")
+            } else {
+                e.into()
+            }
+        })?;
     get(deps, id).await
 }
 
@@ -432,7 +448,13 @@ pub async fn rotate(deps: &Deps, id: &str, grace: Duration) -> CoreResult<Rotate
     if status_of(&old.info, now) != "active" {
         return Err(CoreError::conflict("key_not_active", format!("key {id} is {}", status_of(&old.info, now))));
     }
-    let tenant = old.info.tenant.as_deref().map(TenantId::parse).transpose().map_err(|_| CoreError::invalid("tenant", "stored tenant is invalid"))?;
+    let tenant = old
+        .info
+        .tenant
+        .as_deref()
+        .map(TenantId::parse)
+        .transpose()
+        .map_err(|_| CoreError::invalid("tenant", "stored tenant is invalid"))?;
     let spec = KeySpec { role: old.info.role, tenant, name: old.info.name.clone(), expires_at: None };
     let key = generate_key();
     let (info, mut writes) = writes_for(&key, new_key_id(), &spec, KeySource::Api, now);
@@ -456,7 +478,11 @@ pub async fn rotate(deps: &Deps, id: &str, grace: Duration) -> CoreResult<Rotate
         cond: Cond::AttrNotExists("revoked_at".into()),
     });
     deps.table.transact(writes).await.map_err(|e| {
-        if e.is_condition_failed() { CoreError::conflict("key_changed", "the key changed meanwhile: try again") } else { e.into() }
+        if e.is_condition_failed() {
+            CoreError::conflict("key_changed", "the key changed meanwhile: try again")
+        } else {
+            e.into()
+        }
     })?;
     Ok(Rotated { new: NewKey { key, info }, previous: get(deps, id).await? })
 }

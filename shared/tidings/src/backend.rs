@@ -23,6 +23,9 @@ pub struct Backend {
     pub queue_names: Vec<String>,
     /// The ARN-like source name of a queue, for the SQS events the runtime builds.
     pub queue_arn_prefix: String,
+    /// Whether this is a local run: the embedded backend, or AWS emulators on this machine
+    /// (`tidings_aws::wiring::endpoints_are_local`). Keys from the environment need it.
+    pub local: bool,
 }
 
 fn dev_providers(inner: [Arc<dyn Provider>; 3], table: &Arc<dyn Table>, clock: &Arc<dyn Clock>) -> DevProviders {
@@ -73,6 +76,7 @@ impl Backend {
             dev,
             queue_names,
             queue_arn_prefix: "arn:tidings:embedded:local:0:".into(),
+            local: true,
         })
     }
 
@@ -106,6 +110,7 @@ impl Backend {
             dev,
             queue_names: all_queues(),
             queue_arn_prefix: b.queue_arn_prefix.clone(),
+            local: tidings_aws::wiring::endpoints_are_local(),
         })
     }
 }

@@ -13,6 +13,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod backend;
 mod bench;
 mod bench_reserve;
+mod keys;
 mod runtime;
 mod schedules;
 mod serve;
@@ -41,6 +42,14 @@ enum Command {
     Bench {
         #[command(subcommand)]
         command: BenchCommand,
+    },
+    /// API keys, straight against the store (`--backend aws`: the stack's table, with the
+    /// caller's AWS credentials), so the first operator key needs no running server.
+    Keys {
+        #[command(subcommand)]
+        command: keys::KeysCommand,
+        #[command(flatten)]
+        backend: BackendArgs,
     },
     /// Operations on a running deployment's data.
     Ops {
@@ -154,6 +163,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Serve(args) => serve::serve(args).await,
         Command::Bench { command: BenchCommand::Campaign(args) } => bench::campaign(args).await,
         Command::Bench { command: BenchCommand::Reserve(args) } => bench_reserve::reserve(args).await,
+        Command::Keys { command, backend } => keys::run(command, &backend).await,
         Command::Ops { command: OpsCommand::Dlq { command }, backend } => {
             let clock = std::sync::Arc::new(tidings_core::ports::SystemClock);
             let b = backend::Backend::open(&backend, clock).await?;

@@ -7,6 +7,7 @@ use async_trait::async_trait;
 use tidings_api::{AppState, DevControl};
 use tidings_core::dev::DevProviders;
 use tidings_core::ports::{Clock, ManualClock, SystemClock};
+use tidings_core::tenants::{KeySpec, Role};
 use tidings_core::{Deps, TenantId, roles, tenants};
 use tokio::sync::watch;
 use tracing::info;
@@ -37,32 +38,89 @@ impl DevControl for Dev {
     }
 }
 
-/// Registers the API keys of `TIDINGS_API_KEYS="tenant_a:key_a,tenant_b:key_b"`, or, without
-/// it, the `demo` tenant's key (made once, kept in the data directory). Returns what to print.
-async fn api_keys(deps: &Deps, args: &ServeArgs) -> anyhow::Result<Option<String>> {
-    if let Ok(spec) = std::env::var("TIDINGS_API_KEYS")
-        && !spec.trim().is_empty()
-    {
-        for pair in spec.split(',') {
-            let (tenant, key) = pair.trim().split_once(':').context("TIDINGS_API_KEYS entries are tenant:key")?;
-            let tenant = TenantId::parse(tenant).map_err(|e| anyhow::anyhow!("TIDINGS_API_KEYS: {e}"))?;
-            tenants::register_key(deps, &tenant, key).await?;
-        }
-        return Ok(None);
-    }
-    let path = args.backend.data_dir.join("demo-api-key");
-    let key = match std::fs::read_to_string(&path) {
-        Ok(k) if !k.trim().is_empty() => k.trim().to_owned(),
+/// The keys a local run prints.
+struct LocalKeys {
+    tenant: Option<String>,
+    operator: Option<String>,
+}
+
+/// A key made once and kept in the data directory (readable by its owner only).
+fn key_file(args: &ServeArgs, name: &str) -> anyhow::Result<String> {
+    let path = args.backend.data_dir.join(name);
+    match std::fs::read_to_string(&path) {
+        Ok(k) if !k.trim().is_empty() => Ok(k.trim().to_owned()),
         _ => {
             std::fs::create_dir_all(&args.backend.data_dir)?;
             let k = tenants::generate_key();
             crate::backend::write_private(&path, &k)?;
-            k
+            Ok(k)
         }
-    };
-    let demo = TenantId::parse("demo").map_err(|e| anyhow::anyhow!("{e}"))?;
-    tenants::register_key(deps, &demo, &key).await?;
-    Ok(Some(key))
+    }
+}
+
+/// The keys of a local run: tenants' from `TIDINGS_API_KEYS="tenant_a:key_a,tenant_b:key_b"`,
+/// operators' from `TIDINGS_OPERATOR_KEYS="key_1,key_2"`. On the embedded backend, without them,
+/// a `demo` tenant key and an operator key, made once and kept in the data directory. Keys an
+/// earlier start registered and the environment no longer lists are revoked.
+///
+/// A deployed stack's keys are made with `tidings keys` or `/v1/admin/keys`: against AWS (any
+/// endpoint that is not on this machine) the environment's keys are refused and none is made.
+async fn api_keys(backend: &Backend, args: &ServeArgs) -> anyhow::Result<LocalKeys> {
+    let deps = &backend.deps;
+    let tenant_spec = std::env::var("TIDINGS_API_KEYS").ok().filter(|s| !s.trim().is_empty());
+    let operator_spec = std::env::var("TIDINGS_OPERATOR_KEYS").ok().filter(|s| !s.trim().is_empty());
+    if !backend.local {
+        if tenant_spec.is_some() || operator_spec.is_some() {
+            anyhow::bail!(
+                "TIDINGS_API_KEYS and TIDINGS_OPERATOR_KEYS are for local runs: against AWS, make keys with \
+                 `tidings keys create --backend aws` (or POST /v1/admin/keys)"
+            );
+        }
+        return Ok(LocalKeys { tenant: None, operator: None });
+    }
+    let embedded = args.backend.backend == crate::BackendKind::Embedded;
+    let mut kept: Vec<String> = Vec::new();
+    let mut printed = LocalKeys { tenant: None, operator: None };
+    match tenant_spec {
+        Some(spec) => {
+            for pair in spec.split(',') {
+                let (tenant, key) = pair.trim().split_once(':').context("TIDINGS_API_KEYS entries are tenant:key")?;
+                let tenant = TenantId::parse(tenant).map_err(|e| anyhow::anyhow!("TIDINGS_API_KEYS: {e}"))?;
+                tenants::register_key(deps, &tenant, key).await?;
+                kept.push(key.to_owned());
+            }
+        }
+        None if embedded => {
+            let key = key_file(args, "demo-api-key")?;
+            let demo = TenantId::parse("demo").map_err(|e| anyhow::anyhow!("{e}"))?;
+            tenants::register_key(deps, &demo, &key).await?;
+            kept.push(key.clone());
+            printed.tenant = Some(key);
+        }
+        None => {}
+    }
+    let operator = KeySpec { role: Role::Operator, ..Default::default() };
+    match operator_spec {
+        Some(spec) => {
+            for key in spec.split(',').map(str::trim).filter(|k| !k.is_empty()) {
+                tenants::register(deps, key, operator.clone()).await?;
+                kept.push(key.to_owned());
+            }
+        }
+        None if embedded => {
+            let key = key_file(args, "operator-api-key")?;
+            tenants::register(deps, &key, operator).await?;
+            kept.push(key.clone());
+            printed.operator = Some(key);
+        }
+        None => {}
+    }
+    let kept: Vec<&str> = kept.iter().map(String::as_str).collect();
+    let revoked = tenants::revoke_env_keys_except(deps, &kept).await?;
+    if revoked > 0 {
+        info!(revoked, "revoked keys the environment no longer lists");
+    }
+    Ok(printed)
 }
 
 pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
@@ -72,7 +130,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         None => Arc::new(SystemClock),
     };
     let backend = roles::acting_as(roles::STARTUP, Backend::open(&args.backend, clock)).await?;
-    let demo_key = roles::acting_as(roles::STARTUP, api_keys(&backend.deps, &args)).await?;
+    let keys = roles::acting_as(roles::STARTUP, api_keys(&backend, &args)).await?;
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let hub = Arc::new(tidings_api::routes::live::LocalHub::default());
@@ -98,8 +156,12 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.addr).await.with_context(|| format!("binding {}", args.addr))?;
     let addr = listener.local_addr()?;
     println!("Tidings is listening on http://{addr} (backend: {:?})", args.backend.backend);
-    if let Some(key) = demo_key {
+    if let Some(key) = keys.tenant {
         println!("API key for tenant demo: {key}");
+        println!("  try: curl -H 'Authorization: Bearer {key}' http://{addr}/v1/users/alice");
+    }
+    if let Some(key) = keys.operator {
+        println!("Operator key (the console, /v1/ops, /v1/admin): {key}");
         println!("  try: curl -H 'Authorization: Bearer {key}' http://{addr}/v1/ops/queues");
     }
     info!(%addr, "serving");

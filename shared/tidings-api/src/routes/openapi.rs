@@ -19,7 +19,8 @@ use crate::state::AppState;
         title = "Tidings",
         description = "Notifications (email, SMS, push, in-app inbox) and inventory with back-in-stock \
                        alerts. Errors are RFC 9457 problem documents with a stable `code`. Every `/v1` \
-                       route but the live feed needs `Authorization: Bearer <api key>`. The `dev` routes \
+                       route but the live feed needs `Authorization: Bearer <api key>`: a tenant key for \
+                       a tenant's data, an operator key for `/v1/ops` and `/v1/admin`. The `dev` routes \
                        exist only under `tidings serve`.",
         license(name = "Apache-2.0")
     ),
@@ -28,7 +29,8 @@ use crate::state::AppState;
     tags(
         (name = "users"), (name = "preferences"), (name = "devices"), (name = "templates"),
         (name = "notifications"), (name = "inbox"), (name = "inventory"), (name = "restock"),
-        (name = "ops"), (name = "callbacks"), (name = "tracking"),
+        (name = "ops", description = "Operators' view of the system: an operator key"),
+        (name = "admin", description = "API keys: an operator key"), (name = "callbacks"), (name = "tracking"),
         (name = "dev", description = "Local development hooks: only `tidings serve` has them")
     )
 )]
@@ -52,6 +54,7 @@ pub fn document() -> Document {
         super::live::Api::openapi(),
         super::inventory::Api::openapi(),
         super::ops::Api::openapi(),
+        super::admin::Api::openapi(),
         super::dev::Api::openapi(),
         super::preferences::Api::openapi(),
         super::devices::Api::openapi(),
@@ -76,13 +79,17 @@ pub(super) fn router() -> Router<AppState> {
 struct Conventions;
 
 /// Statuses any operation can answer, with when.
-const ANY_ROUTE: [(&str, &str); 4] = [
+const ANY_ROUTE: [(&str, &str); 5] = [
     ("400", "Malformed JSON, a wrong type or a bad path/query parameter (`field` names it)"),
     (
         "409",
         "`write_conflict`: other requests wrote the same items at that moment; nothing was written, try again after `Retry-After`",
     ),
     ("422", "Well-formed but invalid (`field` names it)"),
+    (
+        "429",
+        "`rate_limited`: over this tenant's (or, without a key, this address's) rate for the route's class; see `Retry-After`, `RateLimit-Policy` and `RateLimit`",
+    ),
     ("503", "The store or a queue is unavailable for now; try again"),
 ];
 
@@ -92,7 +99,16 @@ impl Modify for Conventions {
         components.add_security_scheme(
             "api_key",
             SecurityScheme::Http(
-                Http::builder().scheme(HttpAuthScheme::Bearer).description(Some("An API key")).build(),
+                Http::builder().scheme(HttpAuthScheme::Bearer).description(Some("A tenant's API key")).build(),
+            ),
+        );
+        components.add_security_scheme(
+            "operator_key",
+            SecurityScheme::Http(
+                Http::builder()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some("An operator's API key (`tidings keys create --role operator`)"))
+                    .build(),
             ),
         );
         for (path, item) in doc.paths.paths.iter_mut() {
@@ -119,7 +135,12 @@ fn add_problem_answers(op: &mut Operation) {
     }
     let secured = op.security.as_ref().is_some_and(|s| !s.is_empty());
     if secured {
-        answers.entry("401".to_owned()).or_insert_with(|| problem_response("Missing or unknown API key"));
+        answers
+            .entry("401".to_owned())
+            .or_insert_with(|| problem_response("Missing, unknown, revoked or expired API key"));
+        answers.entry("403".to_owned()).or_insert_with(|| {
+            problem_response("The key's role may not use this route: a tenant key on an operator route (`operator_only`), an operator key on a tenant's data (`operator_key`)")
+        });
     }
     if op.request_body.is_some() {
         answers.entry("413".to_owned()).or_insert_with(|| problem_response("The body is larger than 1 MiB"));
@@ -147,6 +168,7 @@ mod tests {
             include_str!("inventory.rs"),
             include_str!("restock.rs"),
             include_str!("ops.rs"),
+            include_str!("admin.rs"),
             include_str!("dev.rs"),
         ];
         let mut out = Vec::new();

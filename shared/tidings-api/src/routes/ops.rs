@@ -5,7 +5,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use tidings_core::ports::{QueueError, QueueStats};
 
-use crate::extract::{PathParams, QueryParams, Tenant};
+use crate::extract::{Operator, PathParams, QueryParams, Tenant};
 use crate::problem::{ApiError, ApiResult, Problem};
 use crate::state::AppState;
 
@@ -40,10 +40,10 @@ struct Redriven {
     moved: u64,
 }
 
-/// Depth of every queue and its DLQ. Any tenant's key may read it (operators' view).
-#[utoipa::path(get, path = "/v1/ops/queues", tag = "ops", security(("api_key" = [])),
+/// Depth of every queue and its DLQ (an operator key: the queues are every tenant's).
+#[utoipa::path(get, path = "/v1/ops/queues", tag = "ops", security(("operator_key" = [])),
     responses((status = 200, description = "Depths per queue", body = QueueList)))]
-async fn queues(State(s): State<AppState>, Tenant(_t): Tenant) -> ApiResult<Json<QueueList>> {
+async fn queues(State(s): State<AppState>, _op: Operator) -> ApiResult<Json<QueueList>> {
     let mut queues = Vec::new();
     for name in s.queue_names.iter() {
         queues.push(s.deps.queues.stats(name).await.map_err(queue_error)?);
@@ -51,14 +51,15 @@ async fn queues(State(s): State<AppState>, Tenant(_t): Tenant) -> ApiResult<Json
     Ok(Json(QueueList { queues }))
 }
 
-/// Moves the queue's dead letters back to it, as new messages.
-#[utoipa::path(post, path = "/v1/ops/dlq/{queue}/redrive", tag = "ops", security(("api_key" = [])),
+/// Moves the queue's dead letters back to it, as new messages (an operator key: a queue is
+/// shared by every tenant).
+#[utoipa::path(post, path = "/v1/ops/dlq/{queue}/redrive", tag = "ops", security(("operator_key" = [])),
     params(("queue" = String, Path, description = "A queue name, as `GET /v1/ops/queues` lists them")),
     responses((status = 200, description = "How many moved", body = Redriven),
         (status = 404, description = "No such queue", body = Problem, content_type = "application/problem+json")))]
 async fn redrive(
     State(s): State<AppState>,
-    Tenant(_t): Tenant,
+    _op: Operator,
     PathParams(queue): PathParams<String>,
 ) -> ApiResult<Json<Redriven>> {
     if !s.queue_names.contains(&queue) {
@@ -69,10 +70,10 @@ async fn redrive(
 }
 
 /// Sends per second per channel, 429 ratio, retries, dead letters, worker concurrency, and the
-/// oldest message's age per queue (read now from the queues). Operators' view, like `queues`.
-#[utoipa::path(get, path = "/v1/ops/metrics", tag = "ops", security(("api_key" = [])),
+/// oldest message's age per queue (read now from the queues). An operator key, like `queues`.
+#[utoipa::path(get, path = "/v1/ops/metrics", tag = "ops", security(("operator_key" = [])),
     responses((status = 200, description = "Rates, ratios and queue ages", body = tidings_core::metrics::Report)))]
-async fn metrics(State(s): State<AppState>, Tenant(_t): Tenant) -> ApiResult<Json<Value>> {
+async fn metrics(State(s): State<AppState>, _op: Operator) -> ApiResult<Json<Value>> {
     let mut report = tidings_core::metrics::installed().map(|r| r.report()).unwrap_or_default();
     for name in s.queue_names.iter() {
         let stats = s.deps.queues.stats(name).await.map_err(queue_error)?;
