@@ -113,6 +113,7 @@ on_both_backends!(inventory as inventory_tests:
 
 on_both_backends!(safety as safety_tests:
     an_unsubscribed_user_still_gets_the_password_reset,
+    a_hostile_template_is_refused_and_cannot_harm_another_tenant,
 );
 
 on_both_backends!(isolation as isolation_tests: no_route_shows_or_changes_another_tenants_data);

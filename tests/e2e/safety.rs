@@ -83,3 +83,60 @@ pub async fn an_unsubscribed_user_still_gets_the_password_reset(backend: Backend
     assert!(d.iter().all(|d| d["reason"] == "unsubscribed"), "{d:?}");
     Ok(())
 }
+
+/// The hostile template and a macro calling itself are refused at save, naming the field; a
+/// template whose output breaks its limit only with the notification's variables fails that
+/// delivery with `template_error`, never tried at the provider, and another tenant's message
+/// sent at the same time is delivered.
+pub async fn a_hostile_template_is_refused_and_cannot_harm_another_tenant(backend: Backend) -> anyhow::Result<()> {
+    let s = Server::start(backend, Options::default()).await?;
+    let (acme, globex) = (s.key.clone(), s.other_tenant_key());
+    for (field, text, says) in [
+        ("email_body", r#"{% for i in range(100000) %}{{ "x" * 100000000 }}{% endfor %}"#, "`*`"),
+        ("sms", "{% macro m(n) %}{{ m(n) }}{% endmacro %}{{ m(1) }}", "macro"),
+        ("inapp_body", "{% for i in range(100000) %}x{% endfor %}", "range"),
+    ] {
+        let body = json!({"default_locale": "en", "locales": {"en": {field: text}}});
+        let (st, v) = s.call("PUT", "/v1/templates/evil", Some(body)).await?;
+        assert_eq!(st, 422, "{v}");
+        assert_eq!(v["field"], format!("locales.en.{field}"), "{v}");
+        assert!(v["detail"].as_str().unwrap_or_default().contains(says), "{v}");
+    }
+    put(
+        &s,
+        "/v1/templates/evil",
+        json!({"default_locale": "en", "locales": {"en": {
+        "sms": "{% for i in range(1000) %}{{ p }}{% endfor %}"}}}),
+    )
+    .await?;
+    let (st, v) = s
+        .call_as(
+            &globex,
+            "PUT",
+            "/v1/templates/otp",
+            Some(json!({"default_locale": "en", "locales": {"en": {"sms": "Code {{ code }}"}}})),
+        )
+        .await?;
+    assert_eq!(st, 200, "{v}");
+    for key in [&acme, &globex] {
+        let (st, v) = s.call_as(key, "PUT", "/v1/users/u1", Some(json!({"phone": "+14155550100"}))).await?;
+        assert_eq!(st, 200, "{v}");
+    }
+    let sms = |k: &str, template: &str, params: Value| {
+        json!({"idempotency_key": k, "recipients": {"user_ids": ["u1"]}, "template_id": template, "params": params,
+               "category": "transactional", "channels": ["sms"]})
+    };
+    let bad = notify(&s, &acme, sms("evil-1", "evil", json!({"p": "x".repeat(1000)}))).await?;
+    let good = notify(&s, &globex, sms("otp-1", "otp", json!({"code": "551234"}))).await?;
+    let d = settled(&s, &acme, &bad, 1).await?;
+    assert_eq!(d[0]["status"], "failed", "{d:?}");
+    assert!(d[0]["last_error"].as_str().unwrap_or_default().starts_with("template_error: limit"), "{d:?}");
+    assert_eq!(d[0]["attempts"], 0, "{d:?}");
+    let d = settled(&s, &globex, &good, 1).await?;
+    assert_eq!(d[0]["status"], "sent", "{d:?}");
+    let (_, sent) = s.call_as(&globex, "GET", "/dev/deliveries", None).await?;
+    let sent = sent.as_array().cloned().unwrap_or_default();
+    assert!(sent.iter().any(|x| x["notification_id"] == good.as_str() && x["body"] == "Code 551234"), "{sent:?}");
+    assert!(s.sends(&bad).await?.is_empty());
+    Ok(())
+}

@@ -3,10 +3,24 @@
 //! Placeholders are `{{ name }}`. An undefined placeholder is an error (strict mode): the send
 //! fails permanently with `template_error` instead of going out with a hole in it. Email bodies
 //! are HTML-escaped.
+//!
+//! Templates are tenant code running in workers that every tenant shares, so rendering is
+//! bounded (README, "Template limits"): fuel per render, a recursion limit, a size cap on each
+//! field's source and on what it renders (SMS in segments), and a sandbox checked when a
+//! template is saved and again before it renders. The sandbox refuses what could grow a value
+//! without spending fuel: `*` and `**` (`"x" * 100000000` is one instruction and 100 MB),
+//! `{% set %}` and `{% with %}` (a chain of doublings, one statement each), recursive loops, and
+//! more than [`MAX_CONCATS`] `~` or `+` in one field. `range`, `join`, `replace`, `indent` and
+//! `escape` are replaced by versions that refuse a result over [`MAX_VALUE_BYTES`] before
+//! building it, and a placeholder value over that size is refused too. Breaking a limit fails
+//! the delivery with `template_error`, permanently, and touches nothing else.
 
 use std::collections::BTreeMap;
 
-use minijinja::{AutoEscape, Environment, UndefinedBehavior};
+use minijinja::machinery::{Token, WhitespaceConfig, tokenize};
+use minijinja::syntax::SyntaxConfig;
+use minijinja::value::{Kwargs, StringInput};
+use minijinja::{AutoEscape, Environment, ErrorKind, State, UndefinedBehavior, Value as JinjaValue};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -65,31 +79,138 @@ pub enum TemplateError {
     NoContent(Channel),
     #[error("template_error: {0}")]
     Render(String),
+    /// A limit of the module documentation.
+    #[error("template_error: limit: {0}")]
+    Limit(String),
+}
+
+impl TemplateError {
+    /// The reason alone, for a problem document.
+    fn message(&self) -> String {
+        match self {
+            TemplateError::Limit(m) => format!("limit: {m}"),
+            TemplateError::Render(m) => m.clone(),
+            other => other.to_string(),
+        }
+    }
+}
+
+/// Instructions one render may execute: a long order confirmation (a loop over 50 lines with a
+/// dozen placeholders each) takes a few thousand.
+pub const FUEL: u64 = 20_000;
+/// Nesting of `if`/`for` at render.
+pub const RECURSION_LIMIT: usize = 64;
+/// The whole template (every locale), well inside a table item.
+pub const MAX_TEMPLATE_BYTES: usize = 256 * 1024;
+/// What one filter or function may produce, and the largest placeholder value.
+pub const MAX_VALUE_BYTES: usize = 32 * 1024;
+/// `~` and `+` in one field: with neither `set` nor macros, a value grows only through them.
+pub const MAX_CONCATS: usize = 16;
+/// Elements of one `range(...)`.
+pub const MAX_RANGE: usize = 1_000;
+/// An SMS is at most this many segments (153 GSM-7 characters or 67 UCS-2 units each).
+pub const SMS_MAX_SEGMENTS: usize = 10;
+/// Push title and body together, rendered: APNs and FCM refuse a payload over 4 KB, and the
+/// payload also carries the JSON around them and the data.
+pub const PUSH_MAX_BYTES: usize = 3_500;
+
+/// One content field of a locale, with its limits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Field {
+    EmailSubject,
+    EmailBody,
+    Sms,
+    PushTitle,
+    PushBody,
+    InappTitle,
+    InappBody,
+}
+
+impl Field {
+    pub const ALL: [Field; 7] = [
+        Field::EmailSubject,
+        Field::EmailBody,
+        Field::Sms,
+        Field::PushTitle,
+        Field::PushBody,
+        Field::InappTitle,
+        Field::InappBody,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Field::EmailSubject => "email_subject",
+            Field::EmailBody => "email_body",
+            Field::Sms => "sms",
+            Field::PushTitle => "push_title",
+            Field::PushBody => "push_body",
+            Field::InappTitle => "inapp_title",
+            Field::InappBody => "inapp_body",
+        }
+    }
+
+    /// The largest source, in bytes.
+    pub fn max_source(self) -> usize {
+        match self {
+            Field::EmailBody => 128 * 1024,
+            Field::InappBody => 16 * 1024,
+            Field::Sms | Field::PushBody => 4 * 1024,
+            Field::EmailSubject | Field::PushTitle | Field::InappTitle => 1024,
+        }
+    }
+
+    /// The largest rendered text, in bytes (an SMS is also held to [`SMS_MAX_SEGMENTS`], a push
+    /// title and body together to [`PUSH_MAX_BYTES`]).
+    pub fn max_rendered(self) -> usize {
+        match self {
+            Field::EmailBody => 256 * 1024,
+            // A header line is at most 998 characters (RFC 5322).
+            Field::EmailSubject => 998,
+            Field::Sms => 4 * 1024,
+            Field::PushTitle | Field::PushBody => PUSH_MAX_BYTES,
+            Field::InappTitle => 1024,
+            Field::InappBody => 16 * 1024,
+        }
+    }
+
+    fn of(self, c: &LocaleContent) -> Option<&str> {
+        match self {
+            Field::EmailSubject => c.email_subject.as_deref(),
+            Field::EmailBody => c.email_body.as_deref(),
+            Field::Sms => c.sms.as_deref(),
+            Field::PushTitle => c.push_title.as_deref(),
+            Field::PushBody => c.push_body.as_deref(),
+            Field::InappTitle => c.inapp_title.as_deref(),
+            Field::InappBody => c.inapp_body.as_deref(),
+        }
+    }
+
+    /// Email bodies are HTML: escaped by the engine.
+    fn template_name(self) -> &'static str {
+        if self == Field::EmailBody { "body.html" } else { "body.txt" }
+    }
 }
 
 impl Template {
-    /// Checks syntax of every field so a broken template is refused when it is saved.
+    /// Checks every field so that a broken or hostile template is refused when it is saved:
+    /// its size, its syntax, the sandbox, and a trial render with no variables (undefined
+    /// ones allowed) that must stay within fuel and the rendered size.
     pub fn validate(&self) -> CoreResult<()> {
         if !self.locales.contains_key(&self.default_locale) {
             return Err(CoreError::invalid("default_locale", "must be one of the keys of locales"));
         }
-        let env = environment();
+        let total: usize = self.locales.values().flat_map(|c| Field::ALL.map(|f| f.of(c).map_or(0, str::len))).sum();
+        if total > MAX_TEMPLATE_BYTES {
+            return Err(CoreError::invalid(
+                "locales",
+                format!("the template is {total} bytes; at most {MAX_TEMPLATE_BYTES} in all locales together"),
+            ));
+        }
         for (locale, c) in &self.locales {
-            let fields = [
-                ("email_subject", &c.email_subject),
-                ("email_body", &c.email_body),
-                ("sms", &c.sms),
-                ("push_title", &c.push_title),
-                ("push_body", &c.push_body),
-                ("inapp_title", &c.inapp_title),
-                ("inapp_body", &c.inapp_body),
-            ];
-            for (name, text) in fields {
-                if let Some(text) = text
-                    && let Err(e) = env.template_from_str(text)
-                {
-                    return Err(CoreError::invalid(format!("locales.{locale}.{name}"), e.to_string()));
-                }
+            for field in Field::ALL {
+                let Some(text) = field.of(c) else { continue };
+                check_field(field, text, &json_empty())
+                    .map_err(|e| CoreError::invalid(format!("locales.{locale}.{}", field.name()), e.message()))?;
             }
         }
         Ok(())
@@ -132,26 +253,203 @@ impl Template {
             .into_iter()
             .find(|(_, c)| body_of(c, channel).is_some())
             .ok_or(TemplateError::NoContent(channel))?;
-        let html = channel == Channel::Email;
-        let subject = match channel {
-            Channel::Email => c.email_subject.as_deref(),
-            Channel::Push => c.push_title.as_deref(),
-            Channel::Inapp => c.inapp_title.as_deref(),
-            Channel::Sms => None,
+        let (subject_field, body_field) = fields_of(channel);
+        check_params(params)?;
+        let subject = match subject_field.and_then(|f| f.of(c).map(|text| (f, text))) {
+            Some((f, text)) => Some(render_field(f, text, params, f.max_rendered())?),
+            None => None,
         };
-        let body = body_of(c, channel).ok_or(TemplateError::NoContent(channel))?;
-        let env = environment();
-        let render = |name: &str, text: &str| -> Result<String, TemplateError> {
-            let mut env = env.clone();
-            env.add_template_owned(name.to_owned(), text.to_owned())
-                .map_err(|e| TemplateError::Render(e.to_string()))?;
-            let tmpl = env.get_template(name).map_err(|e| TemplateError::Render(e.to_string()))?;
-            tmpl.render(params).map_err(|e| TemplateError::Render(describe(&e)))
+        let body = body_field.of(c).ok_or(TemplateError::NoContent(channel))?;
+        let cap = match channel {
+            Channel::Push => PUSH_MAX_BYTES.saturating_sub(subject.as_ref().map_or(0, String::len)),
+            _ => body_field.max_rendered(),
         };
-        let subject = subject.map(|s| render("subject.txt", s)).transpose()?;
-        let body = render(if html { "body.html" } else { "body.txt" }, body)?;
+        let body = render_field(body_field, body, params, cap)?;
+        if channel == Channel::Sms {
+            let segments = sms_segments(&body);
+            if segments > SMS_MAX_SEGMENTS {
+                return Err(TemplateError::Limit(format!(
+                    "the SMS is {segments} segments; at most {SMS_MAX_SEGMENTS}"
+                )));
+            }
+        }
         Ok(Rendered { subject, body, locale: locale.to_owned() })
     }
+}
+
+/// The subject field (if the channel has one) and the body field of a channel.
+fn fields_of(channel: Channel) -> (Option<Field>, Field) {
+    match channel {
+        Channel::Email => (Some(Field::EmailSubject), Field::EmailBody),
+        Channel::Push => (Some(Field::PushTitle), Field::PushBody),
+        Channel::Inapp => (Some(Field::InappTitle), Field::InappBody),
+        Channel::Sms => (None, Field::Sms),
+    }
+}
+
+fn json_empty() -> Value {
+    Value::Object(serde_json::Map::new())
+}
+
+/// A placeholder value over [`MAX_VALUE_BYTES`] (any string, however deep) is refused: values
+/// are what `~` and `+` can grow.
+fn check_params(params: &Value) -> Result<(), TemplateError> {
+    fn walk(v: &Value) -> bool {
+        match v {
+            Value::String(s) => s.len() <= MAX_VALUE_BYTES,
+            Value::Array(a) => a.iter().all(walk),
+            Value::Object(o) => o.iter().all(|(k, v)| k.len() <= MAX_VALUE_BYTES && walk(v)),
+            _ => true,
+        }
+    }
+    if walk(params) {
+        Ok(())
+    } else {
+        Err(TemplateError::Limit(format!("a placeholder value is over {MAX_VALUE_BYTES} bytes")))
+    }
+}
+
+/// What [`Template::validate`] checks of one field; the trial render runs with `params` and
+/// undefined placeholders allowed, so only the limits can fail it.
+fn check_field(field: Field, text: &str, params: &Value) -> Result<(), TemplateError> {
+    if text.len() > field.max_source() {
+        return Err(TemplateError::Limit(format!(
+            "the source is {} bytes; at most {}",
+            text.len(),
+            field.max_source()
+        )));
+    }
+    sandbox(text)?;
+    let mut env = environment();
+    env.set_undefined_behavior(UndefinedBehavior::Chainable);
+    env.add_template_owned(field.template_name(), text.to_owned()).map_err(|e| TemplateError::Render(e.to_string()))?;
+    match run(&env, field, params, field.max_rendered()) {
+        Err(e @ TemplateError::Limit(_)) => Err(e),
+        Ok(rendered) if field == Field::Sms && sms_segments(&rendered) > SMS_MAX_SEGMENTS => {
+            Err(TemplateError::Limit(format!(
+                "the SMS is {} segments even without its placeholders; at most {SMS_MAX_SEGMENTS}",
+                sms_segments(&rendered)
+            )))
+        }
+        // Anything else depends on the variables a notification brings.
+        _ => Ok(()),
+    }
+}
+
+/// Renders one field, within its limits.
+fn render_field(field: Field, text: &str, params: &Value, cap: usize) -> Result<String, TemplateError> {
+    if text.len() > field.max_source() {
+        return Err(TemplateError::Limit(format!("{} is over {} bytes", field.name(), field.max_source())));
+    }
+    // Again at render: a template stored before these rules were checked at save.
+    sandbox(text)?;
+    let mut env = environment();
+    env.add_template_owned(field.template_name(), text.to_owned()).map_err(|e| TemplateError::Render(e.to_string()))?;
+    run(&env, field, params, cap)
+}
+
+fn run(env: &Environment<'_>, field: Field, params: &Value, cap: usize) -> Result<String, TemplateError> {
+    let tmpl = env.get_template(field.template_name()).map_err(|e| TemplateError::Render(e.to_string()))?;
+    let mut out = CappedWriter { buf: Vec::new(), cap };
+    match tmpl.render_captured_to(params, &mut out) {
+        Ok(_) => String::from_utf8(out.buf).map_err(|e| TemplateError::Render(e.to_string())),
+        Err(e) => Err(classify(field, cap, &e)),
+    }
+}
+
+/// Limit errors from the engine (fuel, recursion, the writer, the guarded filters) are told
+/// apart from the rest so that a trial render at save refuses only those.
+fn classify(field: Field, cap: usize, e: &minijinja::Error) -> TemplateError {
+    let detail = e.detail().unwrap_or_default();
+    match e.kind() {
+        ErrorKind::OutOfFuel => TemplateError::Limit(format!("more than {FUEL} instructions")),
+        ErrorKind::WriteFailure => TemplateError::Limit(format!("{} renders to more than {cap} bytes", field.name())),
+        ErrorKind::InvalidOperation if detail.starts_with(LIMIT) || detail.contains("recursion limit") => {
+            TemplateError::Limit(detail.trim_start_matches(LIMIT).to_owned())
+        }
+        ErrorKind::InvalidOperation if detail.contains("too large") || detail.contains("too many") => {
+            TemplateError::Limit(detail.to_owned())
+        }
+        _ => TemplateError::Render(describe(e)),
+    }
+}
+
+/// The output of one render: an error past `cap` bytes stops the engine at the first write
+/// beyond it, so nothing larger is ever held.
+struct CappedWriter {
+    buf: Vec<u8>,
+    cap: usize,
+}
+
+impl std::io::Write for CappedWriter {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        if self.buf.len() + data.len() > self.cap {
+            return Err(std::io::Error::other("rendered size limit"));
+        }
+        self.buf.extend_from_slice(data);
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The sandbox, on the tokens of one field (module documentation).
+fn sandbox(text: &str) -> Result<(), TemplateError> {
+    let refuse = |what: &str| Err(TemplateError::Limit(what.to_owned()));
+    let mut concats = 0usize;
+    let mut after_block_start = false;
+    // A unit struct without minijinja's `custom_syntax` feature, a configuration with it.
+    #[allow(clippy::default_constructed_unit_structs)]
+    let syntax = SyntaxConfig::default();
+    for token in tokenize(text, false, syntax, WhitespaceConfig::default()) {
+        let (token, _) = token.map_err(|e| TemplateError::Render(e.to_string()))?;
+        let statement = after_block_start;
+        after_block_start = matches!(token, Token::BlockStart);
+        match token {
+            Token::Mul | Token::Pow => {
+                return refuse("`*` and `**` are not available in templates; compute numbers in the shop");
+            }
+            Token::Ident("set" | "with") if statement => {
+                return refuse("`set` and `with` are not available in templates; pass the value as a variable");
+            }
+            Token::Ident("recursive") => return refuse("recursive loops are not available in templates"),
+            Token::Tilde | Token::Plus => {
+                concats += 1;
+                if concats > MAX_CONCATS {
+                    return refuse(&format!("more than {MAX_CONCATS} `~` or `+` in one field"));
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// The number of SMS segments of a text: GSM-7 when every character is in its alphabet (an
+/// extension character counts twice), else UCS-2; one segment holds 160 or 70, a part of a
+/// longer message 153 or 67.
+pub fn sms_segments(text: &str) -> usize {
+    const BASIC: &str = "@£$¥èéùìòÇ\nØø\rÅåΔ_ΦΓΛΩΠΨΣΘΞÆæßÉ !\"#¤%&'()*+,-./0123456789:;<=>?¡ABCDEFGHIJKLMNOPQRSTUVWXYZÄÖÑÜ§¿abcdefghijklmnopqrstuvwxyzäöñüà";
+    const EXTENSION: &str = "^{}\\[~]|€\u{c}";
+    let gsm: Option<usize> = text
+        .chars()
+        .map(|c| {
+            if BASIC.contains(c) {
+                Some(1)
+            } else if EXTENSION.contains(c) {
+                Some(2)
+            } else {
+                None
+            }
+        })
+        .sum();
+    let (units, single, part) = match gsm {
+        Some(septets) => (septets, 160, 153),
+        None => (text.encode_utf16().count(), 70, 67),
+    };
+    if units <= single { 1 } else { units.div_ceil(part) }
 }
 
 fn body_of(c: &LocaleContent, channel: Channel) -> Option<&str> {
@@ -177,7 +475,113 @@ fn environment() -> Environment<'static> {
     let mut env = Environment::new();
     env.set_undefined_behavior(UndefinedBehavior::Strict);
     env.set_auto_escape_callback(|name| if name.ends_with(".html") { AutoEscape::Html } else { AutoEscape::None });
+    env.set_fuel(Some(FUEL));
+    env.set_recursion_limit(RECURSION_LIMIT);
+    env.add_function("range", range);
+    env.add_filter("join", join);
+    env.add_filter("replace", replace);
+    env.add_filter("indent", indent);
+    env.add_filter("escape", escape);
+    env.add_filter("e", escape);
     env
+}
+
+/// The prefix of the guarded functions' errors (see [`classify`]).
+const LIMIT: &str = "limit: ";
+
+fn too_large(what: &str, bytes: usize) -> minijinja::Error {
+    minijinja::Error::new(
+        ErrorKind::InvalidOperation,
+        format!("{LIMIT}{what} would be {bytes} bytes; at most {MAX_VALUE_BYTES}"),
+    )
+}
+
+fn range(lower: i64, upper: Option<i64>, step: Option<i64>) -> Result<JinjaValue, minijinja::Error> {
+    let (lower, upper) = match upper {
+        Some(upper) => (lower, upper),
+        None => (0, lower),
+    };
+    let step = step.unwrap_or(1);
+    if step == 0 {
+        return Err(minijinja::Error::new(ErrorKind::InvalidOperation, "cannot create range with step of 0"));
+    }
+    let span = if step > 0 { upper.saturating_sub(lower) } else { lower.saturating_sub(upper) };
+    let len = if span <= 0 { 0 } else { (span as u64).div_ceil(step.unsigned_abs()) };
+    if len > MAX_RANGE as u64 {
+        return Err(minijinja::Error::new(
+            ErrorKind::InvalidOperation,
+            format!("{LIMIT}range of {len} elements; at most {MAX_RANGE}"),
+        ));
+    }
+    let items: Vec<i64> = std::iter::successors(Some(lower), |i| i.checked_add(step))
+        .take_while(|i| if step > 0 { *i < upper } else { *i > upper })
+        .take(MAX_RANGE)
+        .collect();
+    Ok(JinjaValue::from(items))
+}
+
+fn join(state: &State, value: &JinjaValue, joiner: Option<StringInput<'_>>) -> Result<JinjaValue, minijinja::Error> {
+    let joiner_len = joiner.as_ref().map_or(0, |j| j.as_str().len());
+    let mut bytes = 0usize;
+    for (i, item) in value.try_iter()?.enumerate() {
+        bytes += item.as_str().map_or_else(|| item.to_string().len(), str::len) + if i > 0 { joiner_len } else { 0 };
+        if bytes > MAX_VALUE_BYTES {
+            return Err(too_large("join", bytes));
+        }
+    }
+    let out = minijinja::filters::join(state, value, joiner)?;
+    capped("join", out)
+}
+
+fn replace(
+    state: &State,
+    value: StringInput<'_>,
+    from: StringInput<'_>,
+    to: StringInput<'_>,
+) -> Result<JinjaValue, minijinja::Error> {
+    let (v, f) = (value.as_str(), from.as_str());
+    let count = if f.is_empty() { v.chars().count() + 1 } else { v.matches(f).count() };
+    let bytes =
+        (v.len() - count.saturating_mul(f.len()).min(v.len())).saturating_add(count.saturating_mul(to.as_str().len()));
+    if bytes > MAX_VALUE_BYTES {
+        return Err(too_large("replace", bytes));
+    }
+    capped("replace", minijinja::filters::replace(state, value, from, to)?)
+}
+
+fn indent(
+    value: StringInput<'_>,
+    width: Option<usize>,
+    first: Option<bool>,
+    blank: Option<bool>,
+    kwargs: Kwargs,
+) -> Result<JinjaValue, minijinja::Error> {
+    let width_given = match width {
+        Some(w) => w,
+        None => kwargs.get::<Option<usize>>("width")?.unwrap_or(4),
+    };
+    let lines = value.as_str().lines().count() + 1;
+    let bytes = value.as_str().len().saturating_add(lines.saturating_mul(width_given));
+    if bytes > MAX_VALUE_BYTES {
+        return Err(too_large("indent", bytes));
+    }
+    capped("indent", minijinja::filters::indent(value, width, first, blank, kwargs)?)
+}
+
+fn escape(state: &State, value: &JinjaValue) -> Result<JinjaValue, minijinja::Error> {
+    // `&quot;` is the longest entity: six bytes for one.
+    let bytes = value.as_str().map_or(0, str::len).saturating_mul(6);
+    if bytes > MAX_VALUE_BYTES * 6 {
+        return Err(too_large("escape", bytes / 6));
+    }
+    capped("escape", minijinja::filters::escape(state, value)?)
+}
+
+fn capped(what: &str, out: JinjaValue) -> Result<JinjaValue, minijinja::Error> {
+    match out.as_str() {
+        Some(s) if s.len() > MAX_VALUE_BYTES => Err(too_large(what, s.len())),
+        _ => Ok(out),
+    }
 }
 
 fn describe(e: &minijinja::Error) -> String {
@@ -279,6 +683,169 @@ mod tests {
     #[test]
     fn channel_without_content_is_an_error() {
         assert_eq!(tpl().render(Channel::Push, None, &json!({})), Err(TemplateError::NoContent(Channel::Push)));
+    }
+
+    fn one(field: &str, text: &str) -> Template {
+        let content: LocaleContent = serde_json::from_value(json!({ field: text })).unwrap();
+        Template {
+            template_id: "t".into(),
+            default_locale: "en".into(),
+            locales: BTreeMap::from([("en".into(), content)]),
+            updated_at: String::new(),
+        }
+    }
+
+    fn refused_at_save(t: &Template, field: &str, says: &str) {
+        match t.validate() {
+            Err(CoreError::Invalid { field: f, detail: message }) => {
+                assert_eq!(f, field);
+                assert!(message.contains(says), "{message}");
+            }
+            other => panic!("accepted: {other:?}"),
+        }
+    }
+
+    fn limit(r: Result<Rendered, TemplateError>, says: &str) {
+        assert!(matches!(&r, Err(TemplateError::Limit(m)) if m.contains(says)), "{r:?}");
+        let e = r.unwrap_err().to_string();
+        assert!(e.starts_with("template_error"), "{e}");
+    }
+
+    const HOSTILE: &str = r#"{% for i in range(100000) %}{{ "x" * 100000000 }}{% endfor %}"#;
+
+    #[test]
+    fn the_hostile_template_is_refused_at_save_and_at_render_before_it_allocates() {
+        refused_at_save(&one("email_body", HOSTILE), "locales.en.email_body", "`*`");
+        // Stored before the check (or written around it): refused again before rendering.
+        let started = std::time::Instant::now();
+        limit(one("email_body", HOSTILE).render(Channel::Email, None, &json!({})), "`*`");
+        // Without the repetition, the loop alone is over the range limit.
+        let looped = r#"{% for i in range(100000) %}x{% endfor %}"#;
+        refused_at_save(&one("sms", looped), "locales.en.sms", "range of 100000");
+        limit(one("sms", looped).render(Channel::Sms, None, &json!({})), "range");
+        assert!(started.elapsed() < std::time::Duration::from_secs(2));
+    }
+
+    #[test]
+    fn what_could_grow_a_value_without_fuel_is_refused() {
+        for (text, says) in [
+            (r#"{{ n ** 100 }}"#, "`*`"),
+            (r#"{% set a = p ~ p %}{{ a }}"#, "`set`"),
+            (r#"{% with a = p ~ p %}{{ a }}{% endwith %}"#, "`set`"),
+            (r#"{% for x in items recursive %}{{ loop([x ~ x]) }}{% endfor %}"#, "recursive"),
+            (&"{{ p ~ p }}".repeat(MAX_CONCATS + 1), "`~`"),
+        ] {
+            refused_at_save(&one("inapp_body", text), "locales.en.inapp_body", says);
+        }
+        // `*` inside text, not in a tag, is text.
+        assert!(one("sms", "Use code * 2 {{ n }}").validate().is_ok());
+        // A `set` inside text is text too.
+        assert!(one("sms", "set {{ n }}").validate().is_ok());
+    }
+
+    #[test]
+    fn a_macro_calling_itself_is_refused_at_save() {
+        let deep = "{% macro m(n) %}{{ m(n) }}{% endmacro %}{{ m(1) }}";
+        refused_at_save(&one("email_body", deep), "locales.en.email_body", "macro");
+        let r = one("email_body", deep).render(Channel::Email, None, &json!({}));
+        assert!(matches!(r, Err(TemplateError::Render(_))), "{r:?}");
+    }
+
+    #[test]
+    fn deep_data_stops_at_the_recursion_limit() {
+        let mut v = json!("leaf");
+        for _ in 0..(RECURSION_LIMIT + 5) {
+            v = json!([v]);
+        }
+        // A template nesting loops deeper than the limit.
+        let open = "{% for x in d %}".repeat(RECURSION_LIMIT + 1);
+        let close = "{% endfor %}".repeat(RECURSION_LIMIT + 1);
+        let t = one("inapp_body", &format!("{open}x{close}"));
+        let r = t.render(Channel::Inapp, None, &json!({"d": v}));
+        assert!(matches!(&r, Err(TemplateError::Limit(_)) | Err(TemplateError::Render(_))), "{r:?}");
+    }
+
+    #[test]
+    fn a_huge_output_fails_at_render_and_nothing_larger_than_the_cap_is_built() {
+        let big = "y".repeat(MAX_VALUE_BYTES);
+        let t = one("email_body", "{% for i in range(1000) %}{{ p }}{% endfor %}");
+        assert!(t.validate().is_ok(), "nothing to refuse without a value for p");
+        limit(t.render(Channel::Email, None, &json!({"p": big})), "more than 262144 bytes");
+        // Output known at save: refused then.
+        let t = one("email_body", &format!("{{% for i in range(1000) %}}{}{{% endfor %}}", "z".repeat(1000)));
+        refused_at_save(&t, "locales.en.email_body", "more than 262144 bytes");
+        // Work without output is bounded by fuel.
+        let t = one("inapp_body", "{% for a in range(1000) %}{% for b in range(1000) %}{% endfor %}{% endfor %}");
+        refused_at_save(&t, "locales.en.inapp_body", "instructions");
+        limit(t.render(Channel::Inapp, None, &json!({})), "instructions");
+    }
+
+    #[test]
+    fn filters_that_grow_a_value_stop_at_the_value_limit() {
+        let p = json!({"p": "x".repeat(1000), "items": vec!["a"; 500]});
+        for text in [
+            "{{ range(1000)|join(p) }}",
+            "{{ p|replace('x', p) }}",
+            "{{ p|indent(1000000, true) }}",
+            "{{ items|join(p) }}",
+        ] {
+            limit(one("inapp_body", text).render(Channel::Inapp, None, &p), "at most 32768");
+        }
+        limit(
+            one("sms", "{{ p }}").render(Channel::Sms, None, &json!({"p": "x".repeat(MAX_VALUE_BYTES + 1)})),
+            "placeholder",
+        );
+        // Within the limits they work as before.
+        let r = one("inapp_body", "{{ items[:3]|join(', ') }} {{ 'a-b'|replace('-', '+') }}").render(
+            Channel::Inapp,
+            None,
+            &p,
+        );
+        assert_eq!(r.map(|r| r.body), Ok("a, a, a a+b".into()));
+        let r = one("email_body", "{{ '<b>'|e }}").render(Channel::Email, None, &json!({}));
+        assert_eq!(r.map(|r| r.body), Ok("&lt;b&gt;".into()));
+    }
+
+    #[test]
+    fn an_sms_is_at_most_ten_segments_and_a_push_fits_its_payload() {
+        assert_eq!(sms_segments(&"a".repeat(160)), 1);
+        assert_eq!(sms_segments(&"a".repeat(161)), 2);
+        assert_eq!(sms_segments(&"a".repeat(306)), 2);
+        assert_eq!(sms_segments(&"a".repeat(307)), 3);
+        assert_eq!(sms_segments(&"€".repeat(80)), 1, "two septets each");
+        assert_eq!(sms_segments(&"订".repeat(70)), 1);
+        assert_eq!(sms_segments(&"订".repeat(71)), 2);
+        refused_at_save(&one("sms", &"a".repeat(1531)), "locales.en.sms", "11 segments");
+        assert!(one("sms", &"a".repeat(1530)).validate().is_ok());
+        let t = one("sms", "{{ p }}");
+        limit(t.render(Channel::Sms, None, &json!({"p": "订".repeat(700)})), "segments");
+        let mut t = one("push_body", "{{ p }}");
+        t.locales.get_mut("en").unwrap().push_title = Some("T".repeat(500));
+        assert!(t.render(Channel::Push, None, &json!({"p": "b".repeat(3000)})).is_ok());
+        limit(t.render(Channel::Push, None, &json!({"p": "b".repeat(3001)})), "more than 3000 bytes");
+    }
+
+    #[test]
+    fn sources_are_capped_per_field_and_per_template() {
+        refused_at_save(&one("push_title", &"t".repeat(1025)), "locales.en.push_title", "at most 1024");
+        let mut t = one("email_body", &"b".repeat(100 * 1024));
+        for l in ["de", "fr"] {
+            t.locales.insert(l.into(), t.locales["en"].clone());
+        }
+        refused_at_save(&t, "locales", "at most 262144");
+    }
+
+    #[test]
+    fn a_long_order_confirmation_renders_within_fuel() {
+        let body = "<h1>Thanks {{ name }}</h1>{% for l in lines %}<tr><td>{{ l.sku|upper }}</td><td>{{ l.title|default('-') }}</td>\
+            <td>{{ l.qty }}</td><td>{{ l.price }}</td>{% if l.note %}<td>{{ l.note }}</td>{% endif %}</tr>{% endfor %}\
+            <p>Total {{ total }} ({{ lines|length }} lines)</p>";
+        let lines: Vec<Value> = (0..50)
+            .map(|i| json!({"sku": format!("s{i}"), "title": "T", "qty": i, "price": "9.99", "note": "n"}))
+            .collect();
+        let r =
+            one("email_body", body).render(Channel::Email, None, &json!({"name": "A", "lines": lines, "total": "1"}));
+        assert!(matches!(&r, Ok(r) if r.body.contains("S49") && r.body.contains("50 lines")), "{r:?}");
     }
 
     #[test]

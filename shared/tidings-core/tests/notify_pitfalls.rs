@@ -668,6 +668,53 @@ async fn an_unsubscribed_user_still_gets_the_one_time_code_but_not_on_a_channel_
     }
 }
 
+/// A tenant's template that breaks a limit fails only its own deliveries, with `template_error`
+/// and never retried: the batch they share with another tenant's OTP goes on, and the OTP is
+/// sent. One template was stored without the checks at save (as before they existed), one
+/// passes them and breaks its output limit only with the variables a notification brings.
+#[tokio::test]
+async fn a_hostile_template_fails_its_own_delivery_and_another_tenants_otp_in_the_batch_is_sent() {
+    use tidings_core::ports::{Cond, Item, attrs_of};
+    let w = world().await;
+    let evil = TenantId::parse("shop-evil").unwrap();
+    let hostile: templates::Template = serde_json::from_value(json!({"template_id": "msg", "default_locale": "en",
+        "locales": {"en": {"sms": r#"{% for i in range(100000) %}{{ "x" * 100000000 }}{% endfor %}"#}}}))
+    .unwrap();
+    w.deps.table.put(Item::new(keys::template(&evil, "msg"), attrs_of(&hostile).unwrap()), Cond::Always).await.unwrap();
+    let huge = serde_json::from_value(
+        json!({"default_locale": "en", "locales": {"en": {"sms": "{% for i in range(1000) %}{{ p }}{% endfor %}"}}}),
+    )
+    .unwrap();
+    templates::put_template(&w.deps, &evil, "huge", huge).await.unwrap();
+    let user = UserInput { phone: Some("+8613800001234".into()), ..UserInput::default() };
+    users::put_user(&w.deps, &evil, "u1", user).await.unwrap();
+    let bad = api::accept(&w.deps, &evil, request("bad", "transactional", "sms", 1)).await.unwrap().notification_id;
+    let mut big = request("big", "transactional", "sms", 1);
+    big.template_id = "huge".into();
+    big.params = json!({"p": "x".repeat(1000)});
+    let big = api::accept(&w.deps, &evil, big).await.unwrap().notification_id;
+    let good = accept(&w, request("good", "transactional", "sms", 7)).await;
+
+    relay_once(&w).await;
+    let started = std::time::Instant::now();
+    let outcomes = run_queue(&w, "requests-high").await;
+    assert_eq!(outcomes.len(), 3, "one batch of the three: {outcomes:?}");
+    assert!(outcomes.iter().all(|o| matches!(o, Outcome::Done)), "{outcomes:?}");
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    drain(&w).await;
+    for id in [&bad, &big] {
+        let d: Delivery =
+            w.deps.table.get(&keys::delivery(&evil, id, "u1", Channel::Sms)).await.unwrap().unwrap().parse().unwrap();
+        assert_eq!(d.status, DeliveryStatus::Failed);
+        assert!(d.last_error.as_deref().unwrap_or_default().starts_with("template_error: limit"), "{d:?}");
+        assert_eq!(d.attempts, 0, "never tried at the provider");
+    }
+    assert_eq!(delivery(&w, &good, Channel::Sms).await.status, DeliveryStatus::Sent);
+    let calls = w.sms.calls();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].body, "Code 7");
+}
+
 /// `local_time`: the same wall-clock time in each user's zone, one timer per zone.
 #[tokio::test]
 async fn local_time_sends_at_each_users_wall_clock() {

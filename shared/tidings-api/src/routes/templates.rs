@@ -16,10 +16,19 @@ pub fn router() -> Router<AppState> {
 }
 
 /// Creates or replaces a template: content per locale, `{{ name }}` placeholders.
+///
+/// Checked before it is stored, each field named in the problem (`locales.en.sms`): syntax,
+/// the source size, the sandbox (no `*`, `**`, `set`, `with`, macros or recursive loops, at
+/// most 16 `~` or `+` per field), and a trial render without variables that must stay within
+/// the fuel and the rendered size of its channel (an SMS at most 10 segments, a push title and
+/// body 3,500 bytes). A limit that only the variables of a notification break fails that
+/// delivery with `template_error`, never retried (README, "Template limits").
 #[utoipa::path(put, path = "/v1/templates/{template_id}", tag = "templates", security(("api_key" = [])),
     params(("template_id" = String, Path, description = "The template's id")),
     request_body = TemplateInput,
-    responses((status = 200, description = "The template", body = Template)))]
+    responses((status = 200, description = "The template", body = Template),
+        (status = 422, description = "A field breaks a rule or a limit; `field` names it", body = Problem,
+            content_type = "application/problem+json")))]
 async fn put_template(
     State(s): State<AppState>,
     Tenant(t): Tenant,
