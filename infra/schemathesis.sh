@@ -18,8 +18,9 @@ infra/.venv/bin/pip install --quiet 'schemathesis==4.32.5'
 
 work="$(mktemp -d)"
 key="schema-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')"
-# The SNS certificate is the test one, so callbacks never fetch one from the network.
-TIDINGS_API_KEYS="schema:$key" TIDINGS_BACKEND=embedded \
+# The SNS certificate is the test one, so callbacks never fetch one from the network. No rate
+# limits: a 429 would cut a case short of the answer it checks.
+TIDINGS_API_KEYS="schema:$key" TIDINGS_BACKEND=embedded TIDINGS_API_RATES=off \
     TIDINGS_SNS_TRUSTED_CERT_PEM="$PWD/tests/fixtures/sns/test-signing-cert.pem" \
     "$BIN" serve --addr "127.0.0.1:$PORT" --data-dir "$work/data" >"$work/serve.log" 2>&1 &
 server=$!

@@ -2,10 +2,11 @@
 //! `api` Lambda function and by `axum::serve` in `tidings serve`.
 
 pub mod extract;
+pub mod limits;
 pub mod problem;
 pub mod routes;
 pub mod state;
 
-pub use routes::app;
 pub use routes::openapi::document as openapi;
+pub use routes::{app, app_with_limits};
 pub use state::{AppState, DevControl};

@@ -17,6 +17,10 @@ pub trait DevControl: Send + Sync {
     async fn run_schedule(&self, name: &str) -> Result<Option<serde_json::Value>, String>;
     /// Signals the runtime that the clock moved, so due work is processed at once.
     fn clock_moved(&self) {}
+    /// Whether `/dev/*` answers without an API key (`tidings serve --dev` on a loopback address).
+    fn keyless(&self) -> bool {
+        false
+    }
 }
 
 #[derive(Clone)]

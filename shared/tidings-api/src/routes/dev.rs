@@ -1,7 +1,11 @@
-//! `/dev/*`: local development only (present when the runtime gives dev hooks).
+//! `/dev/*`: local development only (present when the runtime gives dev hooks: `tidings
+//! serve`, on the AWS backend only with `--dev` against emulators on this machine; never in
+//! Lambda). Every route needs a valid API key ([`DevAccess`]), except under `tidings serve --dev`
+//! on a loopback address.
 
-use axum::extract::State;
+use axum::extract::{FromRequestParts, State};
 use axum::http::StatusCode;
+use axum::http::request::Parts;
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
@@ -10,7 +14,7 @@ use tidings_core::dev::{self, FaultConfig, RecordedSend};
 use tidings_core::ports::Channel;
 
 use crate::extract::{Body, PathParams, QueryParams};
-use crate::problem::{ApiResult, Problem};
+use crate::problem::{ApiError, ApiResult, Problem};
 use crate::state::{AppState, DevControl};
 
 #[derive(utoipa::OpenApi)]
@@ -38,6 +42,22 @@ fn dev_of(s: &AppState) -> ApiResult<&dyn DevControl> {
     s.dev.as_deref().ok_or_else(|| Problem::new(StatusCode::NOT_FOUND, "no_route", "dev routes are off").into())
 }
 
+/// Who may use a `/dev` route: the holder of any valid API key, or anyone when the runtime
+/// allows keyless access (`tidings serve --dev` listening on loopback). What the routes show
+/// (every tenant's sent bodies, OTP codes among them) and do (fail every send) is no tenant's.
+pub struct DevAccess;
+
+impl FromRequestParts<AppState> for DevAccess {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+        if dev_of(state)?.keyless() {
+            return Ok(DevAccess);
+        }
+        crate::extract::principal(parts, state).await.map(|_| DevAccess)
+    }
+}
+
 fn channel_of(name: &str) -> ApiResult<Channel> {
     match Channel::parse(name) {
         Some(c) if c != Channel::Inapp => Ok(c),
@@ -55,9 +75,10 @@ struct SendFilter {
 }
 
 /// Sends the local fake providers accepted (`tidings serve` only).
-#[utoipa::path(get, path = "/dev/deliveries", tag = "dev", params(SendFilter),
+#[utoipa::path(get, path = "/dev/deliveries", tag = "dev", security(("api_key" = [])), params(SendFilter),
     responses((status = 200, description = "Recorded sends", body = Vec<RecordedSend>)))]
 async fn deliveries(
+    _: DevAccess,
     State(s): State<AppState>,
     QueryParams(f): QueryParams<SendFilter>,
 ) -> ApiResult<Json<Vec<RecordedSend>>> {
@@ -67,9 +88,10 @@ async fn deliveries(
 }
 
 /// Makes a local fake provider fail, throttle or time out (`tidings serve` only).
-#[utoipa::path(put, path = "/dev/providers/{channel}", tag = "dev", params(("channel" = String, Path, description = "email, sms or push")), request_body = FaultConfig,
+#[utoipa::path(put, path = "/dev/providers/{channel}", tag = "dev", security(("api_key" = [])), params(("channel" = String, Path, description = "email, sms or push")), request_body = FaultConfig,
     responses((status = 200, description = "The provider's behaviour now", body = FaultConfig)))]
 async fn configure_provider(
+    _: DevAccess,
     State(s): State<AppState>,
     PathParams(name): PathParams<String>,
     Body(config): Body<FaultConfig>,
@@ -81,9 +103,10 @@ async fn configure_provider(
     Ok(Json(p.config()))
 }
 
-#[utoipa::path(get, path = "/dev/providers/{channel}", tag = "dev", params(("channel" = String, Path, description = "email, sms or push")),
+#[utoipa::path(get, path = "/dev/providers/{channel}", tag = "dev", security(("api_key" = [])), params(("channel" = String, Path, description = "email, sms or push")),
     responses((status = 200, description = "The provider's behaviour", body = FaultConfig)))]
 async fn provider_config(
+    _: DevAccess,
     State(s): State<AppState>,
     PathParams(name): PathParams<String>,
 ) -> ApiResult<Json<FaultConfig>> {
@@ -102,8 +125,8 @@ struct ClockView {
 }
 
 /// The server's clock (`tidings serve` only).
-#[utoipa::path(get, path = "/dev/clock", tag = "dev", responses((status = 200, description = "Now", body = ClockView)))]
-async fn clock(State(s): State<AppState>) -> ApiResult<Json<ClockView>> {
+#[utoipa::path(get, path = "/dev/clock", tag = "dev", security(("api_key" = [])), responses((status = 200, description = "Now", body = ClockView)))]
+async fn clock(_: DevAccess, State(s): State<AppState>) -> ApiResult<Json<ClockView>> {
     dev_of(&s)?;
     let now = s.deps.clock.now();
     Ok(Json(ClockView {
@@ -121,10 +144,10 @@ struct Advance {
 }
 
 /// Moves the manual clock forward and runs what fell due (`tidings serve --manual-clock` only).
-#[utoipa::path(post, path = "/dev/clock/advance", tag = "dev", request_body = Advance,
+#[utoipa::path(post, path = "/dev/clock/advance", tag = "dev", security(("api_key" = [])), request_body = Advance,
     responses((status = 200, description = "The new now", body = ClockView),
         (status = 409, description = "`not_manual_clock`: the server runs on the system clock", body = Problem, content_type = "application/problem+json")))]
-async fn advance(State(s): State<AppState>, Body(a): Body<Advance>) -> ApiResult<Json<ClockView>> {
+async fn advance(_: DevAccess, State(s): State<AppState>, Body(a): Body<Advance>) -> ApiResult<Json<ClockView>> {
     let d = dev_of(&s)?;
     let Some(clock) = d.manual_clock() else {
         return Err(
@@ -142,12 +165,16 @@ async fn advance(State(s): State<AppState>, Body(a): Body<Advance>) -> ApiResult
 }
 
 /// Runs a scheduled job now and waits for it (`tidings serve` only).
-#[utoipa::path(post, path = "/dev/schedules/{name}/run", tag = "dev",
+#[utoipa::path(post, path = "/dev/schedules/{name}/run", tag = "dev", security(("api_key" = [])),
     params(("name" = String, Path, description = "The schedule's name")),
     responses((status = 200, description = "`{schedule, result}`: what the job reported", body = Object),
         (status = 404, description = "No such schedule", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The job failed", body = Problem, content_type = "application/problem+json")))]
-async fn run_schedule(State(s): State<AppState>, PathParams(name): PathParams<String>) -> ApiResult<Json<Value>> {
+async fn run_schedule(
+    _: DevAccess,
+    State(s): State<AppState>,
+    PathParams(name): PathParams<String>,
+) -> ApiResult<Json<Value>> {
     let d = dev_of(&s)?;
     match d.run_schedule(&name).await {
         Ok(Some(v)) => Ok(Json(json!({"schedule": name, "result": v}))),

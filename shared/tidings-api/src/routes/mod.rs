@@ -7,6 +7,7 @@ use axum::response::IntoResponse;
 use crate::problem::Problem;
 use crate::state::AppState;
 
+mod admin;
 mod callbacks;
 mod dev;
 mod devices;
@@ -22,8 +23,14 @@ mod templates;
 mod tracking;
 mod users;
 
-/// The whole API.
+/// The whole API, without rate limits (tests that call the router directly).
 pub fn app(state: AppState) -> Router {
+    app_with_limits(state, std::sync::Arc::new(tidings_core::gates::api::ApiLimits::off()))
+}
+
+/// The whole API behind its rate limits (`crate::limits`): what `tidings serve` and the `api`
+/// function run.
+pub fn app_with_limits(state: AppState, limits: std::sync::Arc<tidings_core::gates::api::ApiLimits>) -> Router {
     let mut router = Router::new()
         .merge(openapi::router())
         .merge(users::router())
@@ -37,7 +44,8 @@ pub fn app(state: AppState) -> Router {
         .merge(live::router())
         .merge(inventory::router())
         .merge(restock::router())
-        .merge(ops::router());
+        .merge(ops::router())
+        .merge(admin::router());
     if state.dev.is_some() {
         router = router.merge(dev::router());
     }
@@ -47,5 +55,6 @@ pub fn app(state: AppState) -> Router {
             Problem::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "method not allowed on this route")
                 .into_response()
         })
+        .layer(axum::middleware::from_fn_with_state(limits, crate::limits::limit))
         .with_state(state)
 }
