@@ -11,6 +11,7 @@ mod crash;
 mod inventory;
 mod isolation;
 mod lambda;
+mod limits;
 mod live;
 mod notify;
 mod platform;
@@ -115,6 +116,17 @@ on_both_backends!(safety as safety_tests:
     an_unsubscribed_user_still_gets_the_password_reset,
     a_hostile_template_is_refused_and_cannot_harm_another_tenant,
 );
+
+on_both_backends!(limits as limits_tests:
+    one_tenant_over_its_rate_is_refused_while_another_tenants_otps_are_sent,
+    a_public_route_flood_from_one_address_is_refused_and_the_api_is_not,
+    dev_routes_need_a_key_or_dev_and_do_not_exist_on_aws_without_it,
+);
+
+#[tokio::test]
+async fn aws_dev_against_a_remote_endpoint_refuses_to_start() -> anyhow::Result<()> {
+    limits::aws_dev_against_a_remote_endpoint_refuses_to_start().await
+}
 
 on_both_backends!(isolation as isolation_tests: no_route_shows_or_changes_another_tenants_data);
 

@@ -55,12 +55,16 @@ pub struct Server {
     data_dir: PathBuf,
     _tmp: std::sync::Arc<tempfile::TempDir>,
     env: Vec<(String, String)>,
+    dev: bool,
     pub http: reqwest::Client,
 }
 
 pub struct Options {
     pub env: Vec<(&'static str, String)>,
     pub manual_clock: bool,
+    /// `serve --dev`: the `/dev` routes without a key (loopback), and on the AWS backend at all
+    /// (the emulators are on this machine). Every test but the ones about `/dev` itself uses it.
+    pub dev: bool,
 }
 
 impl Default for Options {
@@ -76,8 +80,12 @@ impl Default for Options {
                 ("TIDINGS_DELIVERY_LEASE_MS", "6000".into()),
                 ("TIDINGS_MARKETING_LEASE_MS", "1".into()),
                 ("TIDINGS_PROVIDER_TIMEOUT_MS", "5000".into()),
+                // Rate limits far above what a test sends (the limits' own tests set theirs):
+                // the buckets are taken all the same.
+                ("TIDINGS_API_RATES", "send:5000,write:5000,read:5000,public:5000,callback:5000".into()),
             ],
             manual_clock: false,
+            dev: true,
         }
     }
 }
@@ -104,6 +112,7 @@ impl Server {
             data_dir: tmp.path().join("data"),
             _tmp: tmp,
             env,
+            dev: opts.dev,
             http: reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?,
         };
         s.spawn(opts.manual_clock).await?;
@@ -126,6 +135,9 @@ impl Server {
         }
         if manual_clock {
             cmd.arg("--manual-clock");
+        }
+        if self.dev {
+            cmd.arg("--dev");
         }
         cmd.envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         cmd.env("TIDINGS_LOG", std::env::var("TIDINGS_LOG").unwrap_or_else(|_| "warn".into()));

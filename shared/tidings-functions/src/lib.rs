@@ -164,7 +164,30 @@ async fn serve_queues(ports: AwsPorts) -> Result<(), lambda_runtime::Error> {
 async fn serve_api(ports: AwsPorts) -> Result<(), lambda_runtime::Error> {
     let queue_names: Vec<String> = tidings_lambda::ALL_QUEUES.iter().map(|q| (*q).to_owned()).collect();
     let state = tidings_api::AppState { deps: ports.deps(), queue_names: Arc::new(queue_names), dev: None, live: None };
-    lambda_http::run(tidings_api::app(state)).await
+    // The rate buckets live in the table: shared by every instance of the function.
+    let rates = tidings_core::gates::api::ApiRates::from_env()?;
+    let limits = Arc::new(tidings_core::gates::api::ApiLimits::new(
+        rates,
+        tidings_core::gates::GateStore::Shared(ports.table.clone()),
+    ));
+    let app = tidings_api::app_with_limits(state, limits).layer(axum::middleware::map_request(source_ip));
+    lambda_http::run(app).await
+}
+
+/// The client's address as API Gateway saw it (`requestContext.http.sourceIp`), for the public
+/// routes' rate limits.
+async fn source_ip(mut req: axum::extract::Request) -> axum::extract::Request {
+    use lambda_http::RequestExt;
+    let ip = match req.request_context_ref() {
+        Some(lambda_http::request::RequestContext::ApiGatewayV2(c)) => {
+            c.http.source_ip.as_deref().and_then(|s| s.parse::<std::net::IpAddr>().ok())
+        }
+        _ => None,
+    };
+    if let Some(ip) = ip {
+        req.extensions_mut().insert(tidings_api::limits::ClientIp(ip));
+    }
+    req
 }
 
 async fn serve_outbox_relay(ports: AwsPorts) -> Result<(), lambda_runtime::Error> {

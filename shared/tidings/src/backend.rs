@@ -19,7 +19,10 @@ pub fn all_queues() -> Vec<String> {
 pub struct Backend {
     pub deps: Deps,
     pub feed: Arc<dyn ChangeFeed>,
-    pub dev: DevProviders,
+    /// The fake providers' controls (`/dev/providers`, the record `/dev/deliveries` lists):
+    /// always on the embedded backend (its providers are fakes); on AWS only when asked for
+    /// (`serve --dev`, emulators only), since they record every body sent into the table.
+    pub dev: Option<DevProviders>,
     pub queue_names: Vec<String>,
     /// The ARN-like source name of a queue, for the SQS events the runtime builds.
     pub queue_arn_prefix: String,
@@ -36,6 +39,12 @@ fn dev_providers(inner: [Arc<dyn Provider>; 3], table: &Arc<dyn Table>, clock: &
 
 impl Backend {
     pub async fn open(args: &BackendArgs, clock: Arc<dyn Clock>) -> anyhow::Result<Self> {
+        Self::open_for(args, clock, false).await
+    }
+
+    /// `open`; `dev`: on the AWS backend, the providers are wrapped in the dev ones (fault
+    /// injection and a record of sends), which only emulators on this machine may have.
+    pub async fn open_for(args: &BackendArgs, clock: Arc<dyn Clock>, dev: bool) -> anyhow::Result<Self> {
         let mut config = CoreConfig::from_env().map_err(anyhow::Error::msg)?;
         if !config.signer.is_configured() {
             config.signer = local_signing_key(&args.data_dir)?;
@@ -43,12 +52,13 @@ impl Backend {
         let config = Arc::new(config);
         match args.backend {
             BackendKind::Embedded => Self::embedded(args, clock, config),
-            BackendKind::Aws => Self::aws(args, clock, config).await,
+            BackendKind::Aws => Self::aws(args, clock, config, dev).await,
         }
     }
 
     fn embedded(args: &BackendArgs, clock: Arc<dyn Clock>, config: Arc<CoreConfig>) -> anyhow::Result<Self> {
-        std::fs::create_dir_all(&args.data_dir).with_context(|| format!("creating {}", args.data_dir.display()))?;
+        tidings_embedded::create_private_dir(&args.data_dir)
+            .with_context(|| format!("creating {}", args.data_dir.display()))?;
         let path = args.data_dir.join("tidings.db");
         let store = tidings_embedded::EmbeddedStore::open_with_clock(&path, clock.clone())
             .with_context(|| format!("opening {}", path.display()))?;
@@ -73,7 +83,7 @@ impl Backend {
         Ok(Self {
             deps: Deps { table, queues, clock, providers, config },
             feed,
-            dev,
+            dev: Some(dev),
             queue_names,
             queue_arn_prefix: "arn:tidings:embedded:local:0:".into(),
             local: true,
@@ -81,14 +91,26 @@ impl Backend {
     }
 
     #[cfg(not(feature = "aws"))]
-    async fn aws(_args: &BackendArgs, _clock: Arc<dyn Clock>, _config: Arc<CoreConfig>) -> anyhow::Result<Self> {
+    async fn aws(
+        _args: &BackendArgs,
+        _clock: Arc<dyn Clock>,
+        _config: Arc<CoreConfig>,
+        _dev: bool,
+    ) -> anyhow::Result<Self> {
         anyhow::bail!(
             "this build has no AWS backend: build with `--features aws` (cargo run --release --features aws --bin tidings -- serve --backend aws)"
         )
     }
 
     #[cfg(feature = "aws")]
-    async fn aws(args: &BackendArgs, clock: Arc<dyn Clock>, config: Arc<CoreConfig>) -> anyhow::Result<Self> {
+    async fn aws(args: &BackendArgs, clock: Arc<dyn Clock>, config: Arc<CoreConfig>, dev: bool) -> anyhow::Result<Self> {
+        if dev && !tidings_aws::wiring::endpoints_are_local() {
+            anyhow::bail!(
+                "--dev with --backend aws is for emulators on this machine only: AWS_ENDPOINT_URL and every \
+                 AWS_ENDPOINT_URL_* must name a loopback address (the /dev routes would fail real sends and \
+                 record every body sent, OTP codes included, in the table)"
+            );
+        }
         let b = tidings_aws::wiring::AwsPorts::from_env(
             args.bootstrap,
             &all_queues(),
@@ -100,8 +122,11 @@ impl Backend {
         // The fake providers' record is test support: its writes are not counted as the
         // system's AWS requests.
         let record: Arc<dyn Table> = Arc::new(b.backend.uncounted_table());
-        let dev = dev_providers([b.email.clone(), b.sms.clone(), b.push.clone()], &record, &clock);
-        let providers = Providers { email: dev.email.clone(), sms: dev.sms.clone(), push: dev.push.clone() };
+        let dev = dev.then(|| dev_providers([b.email.clone(), b.sms.clone(), b.push.clone()], &record, &clock));
+        let providers = match &dev {
+            Some(d) => Providers { email: d.email.clone(), sms: d.sms.clone(), push: d.push.clone() },
+            None => Providers { email: b.email.clone(), sms: b.sms.clone(), push: b.push.clone() },
+        };
         // The rate buckets live in the table: shared by every instance, as on Lambda.
         let providers = gates::wrap(&providers, None, &GateConfig::from_env(), GateStore::Shared(table.clone()));
         Ok(Self {
@@ -122,7 +147,7 @@ fn local_signing_key(dir: &std::path::Path) -> anyhow::Result<tidings_core::sign
     let secret = match std::fs::read_to_string(&path) {
         Ok(s) if !s.trim().is_empty() => s.trim().to_owned(),
         _ => {
-            std::fs::create_dir_all(dir)?;
+            tidings_embedded::create_private_dir(dir)?;
             let secret = tidings_core::tenants::generate_key();
             write_private(&path, &secret)?;
             secret

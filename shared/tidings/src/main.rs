@@ -81,6 +81,11 @@ pub struct ServeArgs {
     /// Time moves only by POST /dev/clock/advance.
     #[arg(long)]
     pub manual_clock: bool,
+    /// Local development: `/dev/*` answers without an API key when listening on a loopback
+    /// address; with `--backend aws`, `/dev/*` (and the fake providers' record) exists only with
+    /// it, and only against emulators on this machine.
+    #[arg(long)]
+    pub dev: bool,
 }
 
 #[derive(Subcommand)]

@@ -6,6 +6,8 @@ use anyhow::Context;
 use async_trait::async_trait;
 use tidings_api::{AppState, DevControl};
 use tidings_core::dev::DevProviders;
+use tidings_core::gates::GateStore;
+use tidings_core::gates::api::{ApiLimits, ApiRates};
 use tidings_core::ports::{Clock, ManualClock, SystemClock};
 use tidings_core::tenants::{KeySpec, Role};
 use tidings_core::{Deps, TenantId, roles, tenants};
@@ -20,6 +22,7 @@ struct Dev {
     clock_moved: Arc<tokio::sync::Notify>,
     manual: Option<Arc<ManualClock>>,
     deps: Deps,
+    keyless: bool,
 }
 
 #[async_trait]
@@ -35,6 +38,9 @@ impl DevControl for Dev {
     }
     fn clock_moved(&self) {
         self.clock_moved.notify_waiters();
+    }
+    fn keyless(&self) -> bool {
+        self.keyless
     }
 }
 
@@ -129,7 +135,12 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         Some(m) => m.clone(),
         None => Arc::new(SystemClock),
     };
-    let backend = roles::acting_as(roles::STARTUP, Backend::open(&args.backend, clock)).await?;
+    let rates = ApiRates::from_env().map_err(anyhow::Error::msg)?;
+    let aws = args.backend.backend == crate::BackendKind::Aws;
+    if aws && args.manual_clock && !args.dev {
+        anyhow::bail!("--manual-clock moves only by POST /dev/clock/advance: with --backend aws it needs --dev");
+    }
+    let backend = roles::acting_as(roles::STARTUP, Backend::open_for(&args.backend, clock, args.dev)).await?;
     let keys = roles::acting_as(roles::STARTUP, api_keys(&backend, &args)).await?;
 
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -146,13 +157,21 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let clock_moved = Arc::new(tokio::sync::Notify::new());
     crate::schedules::start(&mut workers, backend.deps.clone(), clock_moved.clone(), stop_rx);
 
-    let dev = Dev { providers: backend.dev.clone(), clock_moved, manual, deps: backend.deps.clone() };
+    // `/dev/*` without a key: asked for, and reachable from this machine only.
+    let keyless = args.dev && args.addr.ip().is_loopback();
+    let dev = backend.dev.clone().map(|providers| -> Arc<dyn DevControl> {
+        Arc::new(Dev { providers, clock_moved, manual, deps: backend.deps.clone(), keyless })
+    });
     let state = AppState {
         deps: backend.deps.clone(),
         queue_names: Arc::new(backend.queue_names.clone()),
-        dev: Some(Arc::new(dev)),
+        dev,
         live: Some(hub),
     };
+    // The API's rate buckets: in the table on AWS (shared with every other instance), in this
+    // process on the embedded backend.
+    let store = if aws { GateStore::Shared(backend.deps.table.clone()) } else { GateStore::Local };
+    let limits = Arc::new(ApiLimits::new(rates, store));
     let listener = tokio::net::TcpListener::bind(args.addr).await.with_context(|| format!("binding {}", args.addr))?;
     let addr = listener.local_addr()?;
     println!("Tidings is listening on http://{addr} (backend: {:?})", args.backend.backend);
@@ -166,9 +185,10 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     info!(%addr, "serving");
     // Every request is the API function's (the WebSocket route says it is `ws-connections`).
-    let app = tidings_api::app(state)
+    let app = tidings_api::app_with_limits(state, limits)
         .layer(axum::middleware::from_fn(|req, next: axum::middleware::Next| roles::acting_as("api", next.run(req))));
-    axum::serve(listener, app)
+    // The peer's address: the public routes' rate limits are per client address.
+    axum::serve(listener, app.into_make_service_with_connect_info::<std::net::SocketAddr>())
         .with_graceful_shutdown(async {
             let _ = tokio::signal::ctrl_c().await;
         })
