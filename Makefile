@@ -7,7 +7,7 @@ test:
 	bash infra/test.sh
 
 serve:
-	cargo run --release --bin tidings -- serve
+	cargo run --release --bin tidings -- serve --dev
 
 lint:
 	bash infra/lint.sh

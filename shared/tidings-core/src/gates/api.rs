@@ -5,7 +5,7 @@
 //! shared by every instance and leased a few tokens at a time; in the process on the embedded
 //! backend.
 //!
-//! `TIDINGS_API_RATES="send:50,write:50,read:100,public:20,callback:100,acme/send:200"`:
+//! `TIDINGS_API_RATES="send:50,write:100,read:200,public:20,callback:100,acme/send:200"`:
 //! requests per second per class; `tenant/class:rate` overrides one tenant's; `class:off`
 //! lifts a class's limit; `off` lifts them all. Absent: [`ApiRates::default`].
 
@@ -73,14 +73,14 @@ pub struct ApiRates {
 }
 
 impl Default for ApiRates {
-    /// Per tenant: 50 sends, 50 other changes and 100 reads a second; per client address: 20
+    /// Per tenant: 50 sends, 100 other changes and 200 reads a second; per client address: 20
     /// public requests and 100 callbacks a second (a provider's callbacks come from few
     /// addresses).
     fn default() -> Self {
         let classes = [
             (RouteClass::Send, 50.0),
-            (RouteClass::Write, 50.0),
-            (RouteClass::Read, 100.0),
+            (RouteClass::Write, 100.0),
+            (RouteClass::Read, 200.0),
             (RouteClass::Public, 20.0),
             (RouteClass::Callback, 100.0),
         ];
@@ -258,7 +258,7 @@ mod tests {
         let acme = acme();
         let globex = TenantId::parse("globex").unwrap();
         assert_eq!(r.rate(Caller::Tenant(&acme), RouteClass::Write), Some(7.0));
-        assert_eq!(r.rate(Caller::Tenant(&globex), RouteClass::Write), Some(50.0));
+        assert_eq!(r.rate(Caller::Tenant(&globex), RouteClass::Write), Some(100.0));
         assert_eq!(r.rate(Caller::Tenant(&globex), RouteClass::Send), None);
         assert!(ApiRates::parse("off").unwrap().classes.is_empty());
         for bad in ["send", "send:0", "send:-1", "sned:5", "acme/public:5", "send:fast", "Bad Tenant/send:3"] {
