@@ -103,7 +103,12 @@ impl Backend {
     }
 
     #[cfg(feature = "aws")]
-    async fn aws(args: &BackendArgs, clock: Arc<dyn Clock>, config: Arc<CoreConfig>, dev: bool) -> anyhow::Result<Self> {
+    async fn aws(
+        args: &BackendArgs,
+        clock: Arc<dyn Clock>,
+        config: Arc<CoreConfig>,
+        dev: bool,
+    ) -> anyhow::Result<Self> {
         if dev && !tidings_aws::wiring::endpoints_are_local() {
             anyhow::bail!(
                 "--dev with --backend aws is for emulators on this machine only: AWS_ENDPOINT_URL and every \
