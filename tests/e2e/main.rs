@@ -115,6 +115,8 @@ on_both_backends!(inventory as inventory_tests:
 on_both_backends!(safety as safety_tests:
     an_unsubscribed_user_still_gets_the_password_reset,
     a_hostile_template_is_refused_and_cannot_harm_another_tenant,
+    contacts_are_real_addresses_and_sms_countries_come_from_the_number,
+    clicks_redirect_only_to_the_shops_hosts,
 );
 
 on_both_backends!(limits as limits_tests:

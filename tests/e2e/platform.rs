@@ -214,6 +214,9 @@ pub async fn opted_out_users_get_nothing_and_one_click_unsubscribe_works(backend
     opts.env.push(("TIDINGS_SIGNING_KEYS", "k1:e2e-signing-secret".into()));
     let s = Server::start(backend, opts).await?;
     template(&s).await?;
+    // Links are tracked only to the shop's own hosts.
+    let (st, v) = s.call("PUT", "/v1/settings/link-hosts", Some(json!({"hosts": ["shop.example"]}))).await?;
+    assert_eq!(st, 200, "{v}");
     for (id, email) in [
         ("all-off", "off@example.com"),
         ("no-sms", "nosms@example.com"),

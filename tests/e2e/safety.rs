@@ -140,3 +140,90 @@ pub async fn a_hostile_template_is_refused_and_cannot_harm_another_tenant(backen
     assert!(s.sends(&bad).await?.is_empty());
     Ok(())
 }
+
+/// Contacts are one real address each; the SMS country allow-list takes countries derived from
+/// the number.
+pub async fn contacts_are_real_addresses_and_sms_countries_come_from_the_number(
+    backend: Backend,
+) -> anyhow::Result<()> {
+    let mut opts = Options::default();
+    opts.env.push(("TIDINGS_SMS_COUNTRIES", "US".into()));
+    let s = Server::start(backend, opts).await?;
+    for (body, field) in [
+        (json!({"email": "a@b.c,d@e.f"}), "email"),
+        (json!({"email": "a@b@c.d"}), "email"),
+        (json!({"email": "Alice <a@example.com>"}), "email"),
+        (json!({"phone": "14155550100"}), "phone"),
+        (json!({"phone": "+1415555"}), "phone"),
+        (json!({"phone": "+14155550100,+14155550101"}), "phone"),
+    ] {
+        let (st, v) = s.call("PUT", "/v1/users/x", Some(body.clone())).await?;
+        assert_eq!(st, 422, "{body}: {v}");
+        assert_eq!(v["field"], field, "{body}: {v}");
+    }
+    let v = put(&s, "/v1/users/us", json!({"phone": "+1 (415) 555-0100", "email": "us@example.com"})).await?;
+    assert_eq!(v["phone"], "+14155550100", "stored in E.164 form: {v}");
+    // Jamaica shares +1 with the United States; the country list tells them apart.
+    put(&s, "/v1/users/jm", json!({"phone": "+1 876 927 1234"})).await?;
+    put(&s, "/v1/templates/code", json!({"default_locale": "en", "locales": {"en": {"sms": "Code {{ c }}"}}})).await?;
+    let key = s.key.clone();
+    let id = notify(
+        &s,
+        &key,
+        json!({"recipients": {"user_ids": ["us", "jm"]}, "template_id": "code", "params": {"c": "1"},
+               "category": "transactional", "channels": ["sms"]}),
+    )
+    .await?;
+    let d = settled(&s, &key, &id, 2).await?;
+    let of = |u: &str| d.iter().find(|x| x["user_id"] == u).cloned().unwrap_or_default();
+    assert_eq!(of("us")["status"], "sent", "{d:?}");
+    assert_eq!(of("jm")["reason"], "country_not_allowed", "{d:?}");
+    Ok(())
+}
+
+/// Only links to the hosts the shop registered are tracked and redirected; a link to any other
+/// host is left as written, and removing a host stops its redirects.
+pub async fn clicks_redirect_only_to_the_shops_hosts(backend: Backend) -> anyhow::Result<()> {
+    let mut opts = Options::default();
+    opts.env.push(("TIDINGS_SIGNING_KEYS", "k1:e2e-signing-secret".into()));
+    let s = Server::start(backend, opts).await?;
+    let key = s.key.clone();
+    let (st, v) =
+        s.call("PUT", "/v1/settings/link-hosts", Some(json!({"hosts": ["shop.example", "https://x"]}))).await?;
+    assert_eq!(st, 422, "{v}");
+    assert_eq!(v["field"], "hosts[1]", "{v}");
+    let v = put(&s, "/v1/settings/link-hosts", json!({"hosts": ["Shop.Example", "*.cdn.example"]})).await?;
+    assert_eq!(v["hosts"], json!(["shop.example", "*.cdn.example"]), "{v}");
+    let (st, v) = s.call_as(&s.other_tenant_key(), "GET", "/v1/settings/link-hosts", None).await?;
+    assert_eq!((st, v["hosts"].clone()), (200, json!([])), "another tenant's are its own");
+    put(
+        &s,
+        "/v1/templates/order",
+        json!({"default_locale": "en", "locales": {"en": {"email_subject": "Order", "email_body":
+            "<a href=\"https://shop.example/o/1\">order</a> <a href=\"https://reviews.example/{{ sku }}\">review</a>"}}}),
+    )
+    .await?;
+    put(&s, "/v1/users/u1", json!({"email": "u1@example.com"})).await?;
+    let id = notify(
+        &s,
+        &key,
+        json!({"recipients": {"user_ids": ["u1"]}, "template_id": "order", "category": "transactional",
+               "params": {"sku": "s1"}, "channels": ["email"]}),
+    )
+    .await?;
+    let sent = s.eventually(WAIT, "the email", || async { Ok(s.sends(&id).await?.into_iter().next()) }).await?;
+    let body = sent["body"].as_str().unwrap_or_default().to_owned();
+    assert_eq!(body.matches("/t/c/").count(), 1, "{body}");
+    assert!(body.contains("href=\"https://reviews.example/s1\""), "left as written: {body}");
+    let click = body.split("/t/c/").nth(1).unwrap().split('"').next().unwrap().to_owned();
+    let no_redirect = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build()?;
+    let res = no_redirect.get(format!("{}/t/c/{click}", s.base)).send().await?;
+    assert_eq!(res.status().as_u16(), 302);
+    assert_eq!(res.headers()["location"], "https://shop.example/o/1");
+    put(&s, "/v1/settings/link-hosts", json!({"hosts": ["*.cdn.example"]})).await?;
+    let res = no_redirect.get(format!("{}/t/c/{click}", s.base)).send().await?;
+    assert_eq!(res.status().as_u16(), 404);
+    let v: Value = res.json().await?;
+    assert_eq!(v["code"], "link_host_not_allowed", "{v}");
+    Ok(())
+}

@@ -66,6 +66,7 @@ pub async fn a_day_of_a_shop_through_the_function_binaries() -> anyhow::Result<(
         "email_subject": "Hi {{ n }}", "email_body": "<p>Hi {{ n }} <a href=\"https://shop.example/x\">x</a></p>",
         "sms": "Hi {{ n }}", "push_title": "Hi", "push_body": "Hi {{ n }}", "inapp_title": "Hi", "inapp_body": "Hi {{ n }}"}}});
     ok(&s, "PUT", "/v1/templates/day", Some(template)).await?;
+    ok(&s, "PUT", "/v1/settings/link-hosts", Some(json!({"hosts": ["shop.example"]}))).await?;
     for (user, phone) in [("u1", "+8613800001111"), ("u2", "+8613800002222")] {
         let body = json!({"email": format!("{user}@example.com"), "phone": phone, "tags": ["vip"]});
         ok(&s, "PUT", &format!("/v1/users/{user}"), Some(body)).await?;

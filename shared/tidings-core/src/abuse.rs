@@ -2,8 +2,10 @@
 //! the same as leaving the door open). Transactional messages — one-time passwords above all —
 //! skip quiet hours and the user's frequency cap, so they are guarded instead:
 //!
-//! - **countries** (SMS pumping): `TIDINGS_SMS_COUNTRIES="+86,+1,+44"` lists the E.164
-//!   prefixes SMS may go to (any category). Another number is `suppressed` with reason
+//! - **countries** (SMS pumping): `TIDINGS_SMS_COUNTRIES="+86,+44,US,CA"` lists where SMS may
+//!   go (any category): E.164 prefixes, or ISO 3166 country codes, the country derived from the
+//!   number by libphonenumber's metadata (`US` and `CA` rather than `+1`, which also takes in
+//!   the Caribbean's premium-rate ranges). Another number is `suppressed` with reason
 //!   `country_not_allowed`, so a script requesting codes for premium-rate ranges abroad earns
 //!   nothing. Empty: all.
 //! - **per-number limits**: `TIDINGS_SMS_NUMBER_LIMITS="5/1h,10/1d"` caps transactional SMS to
@@ -43,8 +45,11 @@ pub struct Limit {
 /// The guard's configuration.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct AbuseGuard {
-    /// E.164 prefixes SMS may go to (`+86`, `+1`); empty: every number.
+    /// E.164 prefixes SMS may go to (`+86`, `+1`); with `regions` empty: every number.
     pub countries: Vec<String>,
+    /// ISO 3166 countries SMS may go to (`US`, `CN`), the number's country as libphonenumber
+    /// derives it.
+    pub regions: Vec<String>,
     /// Per-number limits on transactional SMS; empty: none.
     pub number_limits: Vec<Limit>,
     /// Per-requester limits on accepted notifications; empty: none.
@@ -72,9 +77,15 @@ impl AbuseGuard {
         let [countries, numbers, ips, devices] = SETTINGS.map(|name| get(name).unwrap_or_default());
         let mut guard = AbuseGuard::default();
         for prefix in countries.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            if prefix.parse::<phonenumber::country::Id>().is_ok() {
+                guard.regions.push(prefix.to_owned());
+                continue;
+            }
             let digits = prefix.strip_prefix('+').unwrap_or("");
             if digits.is_empty() || digits.len() > 6 || !digits.bytes().all(|b| b.is_ascii_digit()) {
-                return Err(format!("TIDINGS_SMS_COUNTRIES: {prefix:?} is not an E.164 prefix such as +86"));
+                return Err(format!(
+                    "TIDINGS_SMS_COUNTRIES: {prefix:?} is neither an E.164 prefix such as +86 nor a country such as CN"
+                ));
             }
             guard.countries.push(prefix.to_owned());
         }
@@ -86,7 +97,17 @@ impl AbuseGuard {
 
     /// Whether an SMS may go to `number` at all.
     pub fn allows_country(&self, number: &str) -> bool {
-        self.countries.is_empty() || self.countries.iter().any(|p| number.starts_with(p.as_str()))
+        if self.countries.is_empty() && self.regions.is_empty() {
+            return true;
+        }
+        if self.countries.iter().any(|p| number.starts_with(p.as_str())) {
+            return true;
+        }
+        !self.regions.is_empty()
+            && phonenumber::parse(None, number)
+                .ok()
+                .and_then(|n| n.country().id())
+                .is_some_and(|id| self.regions.iter().any(|r| r == id.as_ref()))
     }
 
     /// The counter writes that count one transactional SMS of `notification_id` to `number`
@@ -252,6 +273,18 @@ mod tests {
         assert!(g.allows_country("+14155550100"));
         assert!(!g.allows_country("+88212345678"));
         assert!(AbuseGuard::default().allows_country("+88212345678"));
+    }
+
+    #[test]
+    fn countries_may_be_named_and_are_derived_from_the_number() {
+        let g = sms("US,+86", "");
+        assert_eq!(g.regions, vec!["US"]);
+        assert!(g.allows_country("+14155550100"), "San Francisco");
+        assert!(!g.allows_country("+18765550100"), "Jamaica shares +1");
+        assert!(g.allows_country("+8613800001234"));
+        assert!(!g.allows_country("+447911123456"));
+        let e = guard(&[("TIDINGS_SMS_COUNTRIES", "USA")]).unwrap_err();
+        assert!(e.contains("\"USA\""), "{e}");
     }
 
     #[test]

@@ -68,6 +68,11 @@ pub fn template(t: &TenantId, template_id: &str) -> Key {
     Key::new(format!("T#{t}#TPL#{template_id}"), "TPL")
 }
 
+/// The hosts a tenant's tracked links may lead to (`tracking::LinkHosts`).
+pub fn link_hosts(t: &TenantId) -> Key {
+    Key::new(format!("T#{t}#SETTINGS"), "LINKHOSTS")
+}
+
 pub fn idempotency(t: &TenantId, scope: &str, key: &str) -> Key {
     Key::new(format!("T#{t}#IDEM#{scope}#{key}"), "IDEM")
 }

@@ -6,17 +6,23 @@
 //!
 //! Opens and clicks are analytics: they are recorded off the request path (the handler answers
 //! first), and never on the send path.
+//!
+//! A click goes through Tidings' own domain, so it only ever leads to a host the tenant
+//! registered (`PUT /v1/settings/link-hosts`): a link to another host, say one a placeholder
+//! brought in, is left as written, untracked, and the redirect checks the host again (a host
+//! removed since the mail was sent no longer redirects). No hosts registered: no click
+//! tracking.
 
 use serde::{Deserialize, Serialize};
 use tracing::{debug, warn};
 
 use crate::deps::{CoreConfig, Deps};
-use crate::error::CoreResult;
+use crate::error::{CoreError, CoreResult};
 use crate::ids::TenantId;
 use crate::keys;
 use crate::notify::model::{Category, ChannelTask, Delivery, DeliveryStatus};
 use crate::notify::progress::{self, PAGE_ATTR, Transition};
-use crate::ports::{Channel, Update};
+use crate::ports::{Channel, Cond, Item, Update, attrs_of};
 use crate::preferences::{self, PreferencesInput};
 pub use crate::signing::TokenError;
 
@@ -78,15 +84,113 @@ fn claims_for(task: &ChannelTask, k: TokenKind, url: Option<String>) -> Claims {
     Claims { k, t: task.tenant.clone(), n: task.notification_id.clone(), u: task.user_id.clone(), c: task.channel, url }
 }
 
-/// Adds tracking and unsubscribe to an email about to be queued: click links rewritten through
-/// `/t/c/{token}`, an open pixel, and on marketing the `List-Unsubscribe` and
-/// `List-Unsubscribe-Post: List-Unsubscribe=One-Click` headers (RFC 8058).
-pub fn decorate_email(config: &CoreConfig, task: &mut ChannelTask, now_s: i64) {
+/// The hosts a tenant's tracked links may lead to: `shop.example`, or `*.shop.example` for
+/// every subdomain of it (not `shop.example` itself).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct LinkHosts {
+    #[serde(default)]
+    pub hosts: Vec<String>,
+    #[serde(default)]
+    pub updated_at: String,
+}
+
+/// The body of `PUT /v1/settings/link-hosts`: the whole list (it replaces the old one).
+#[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LinkHostsInput {
+    pub hosts: Vec<String>,
+}
+
+/// At most this many hosts per tenant.
+pub const MAX_LINK_HOSTS: usize = 100;
+
+impl LinkHosts {
+    /// Whether a link to `url` may be tracked (and redirected to): `http` or `https`, and its
+    /// host one of the list.
+    pub fn allows(&self, url: &str) -> bool {
+        let Ok(parsed) = url::Url::parse(url) else { return false };
+        let Some(host) = parsed.host_str().filter(|_| matches!(parsed.scheme(), "http" | "https")) else {
+            return false;
+        };
+        self.hosts.iter().any(|h| match h.strip_prefix("*.") {
+            Some(parent) => host.strip_suffix(parent).is_some_and(|sub| sub.len() > 1 && sub.ends_with('.')),
+            None => host == h,
+        })
+    }
+}
+
+/// A host name as the list takes it, lower case: `shop.example` or `*.shop.example`.
+fn parse_host(field: &str, given: &str) -> CoreResult<String> {
+    let bad = || CoreError::invalid(field, "not a host name such as shop.example or *.shop.example");
+    let host = given.trim().to_ascii_lowercase();
+    let name = host.strip_prefix("*.").unwrap_or(&host);
+    let labels: Vec<&str> = name.split('.').collect();
+    let label_ok = |l: &&str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    if name.len() > 253 || labels.len() < 2 || !labels.iter().all(label_ok) {
+        return Err(bad());
+    }
+    // What `url` makes of it must be the name itself (no IP address, no odd encodings).
+    match url::Url::parse(&format!("https://{name}/")).ok().and_then(|u| u.host_str().map(str::to_owned)) {
+        Some(parsed) if parsed == name && name.parse::<std::net::Ipv4Addr>().is_err() => Ok(host),
+        _ => Err(bad()),
+    }
+}
+
+/// Replaces the tenant's link hosts.
+pub async fn put_link_hosts(deps: &Deps, t: &TenantId, input: LinkHostsInput) -> CoreResult<LinkHosts> {
+    if input.hosts.len() > MAX_LINK_HOSTS {
+        return Err(CoreError::invalid("hosts", format!("at most {MAX_LINK_HOSTS} hosts")));
+    }
+    let mut hosts = Vec::with_capacity(input.hosts.len());
+    for (i, h) in input.hosts.iter().enumerate() {
+        let host = parse_host(&format!("hosts[{i}]"), h)?;
+        if !hosts.contains(&host) {
+            hosts.push(host);
+        }
+    }
+    let out = LinkHosts { hosts, updated_at: deps.clock.now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true) };
+    deps.table.put(Item::new(keys::link_hosts(t), attrs_of(&out)?), Cond::Always).await?;
+    Ok(out)
+}
+
+/// The tenant's link hosts (none when never set).
+pub async fn link_hosts(deps: &Deps, t: &TenantId) -> CoreResult<LinkHosts> {
+    match deps.table.get(&keys::link_hosts(t)).await? {
+        Some(item) => Ok(item.parse()?),
+        None => Ok(LinkHosts::default()),
+    }
+}
+
+/// The link hosts an orchestration needs: read only when its template has an email body and
+/// links are signed at all.
+pub async fn link_hosts_for(
+    deps: &Deps,
+    t: &TenantId,
+    template: Option<&crate::templates::Template>,
+) -> CoreResult<LinkHosts> {
+    let has_email = template.is_some_and(|tpl| tpl.locales.values().any(|c| c.email_body.is_some()));
+    if has_email && deps.config.signer.is_configured() { link_hosts(deps, t).await } else { Ok(LinkHosts::default()) }
+}
+
+/// Adds tracking and unsubscribe to an email about to be queued: links to the tenant's hosts
+/// rewritten through `/t/c/{token}` (others left as written), an open pixel, and on marketing
+/// the `List-Unsubscribe` and `List-Unsubscribe-Post: List-Unsubscribe=One-Click` headers
+/// (RFC 8058).
+pub fn decorate_email(config: &CoreConfig, task: &mut ChannelTask, now_s: i64, hosts: &LinkHosts) {
     if !config.signer.is_configured() {
         return;
     }
     let base = config.public_url.trim_end_matches('/').to_owned();
     task.body = rewrite_links(&task.body, |url| {
+        if !hosts.allows(url) {
+            return None;
+        }
         sign(config, &claims_for(task, TokenKind::Click, Some(url.to_owned())), OPEN_CLICK_DAYS, now_s)
             .map(|tok| format!("{base}/t/c/{tok}"))
     });
@@ -233,7 +337,8 @@ mod tests {
             body: r#"<a href="https://shop.example/sale">Sale</a>"#.into(),
             headers: Vec::new(),
         };
-        decorate_email(&c, &mut task, 0);
+        let hosts = LinkHosts { hosts: vec!["shop.example".into()], ..LinkHosts::default() };
+        decorate_email(&c, &mut task, 0, &hosts);
         assert!(task.body.contains("/t/c/"), "{}", task.body);
         assert!(task.body.contains("/t/o/"), "{}", task.body);
         let unsub = task.headers.iter().find(|(n, _)| n == "List-Unsubscribe").unwrap();
@@ -241,6 +346,55 @@ mod tests {
         assert!(task.headers.contains(&("List-Unsubscribe-Post".into(), "List-Unsubscribe=One-Click".into())));
         let tok = unsub.1.trim_start_matches("<http://127.0.0.1:8080/u/").trim_end_matches('>');
         assert_eq!(verify(&c, TokenKind::Unsubscribe, tok, 10).unwrap().u, "u1");
+    }
+
+    #[test]
+    fn only_links_to_the_tenants_hosts_are_tracked() {
+        let c = config("k1:secret-one");
+        let mut task = ChannelTask {
+            tenant: "acme".into(),
+            notification_id: "n1".into(),
+            user_id: "u1".into(),
+            channel: Channel::Email,
+            category: Category::Transactional,
+            to: "a@example.com".into(),
+            subject: None,
+            body: r#"<a href="https://shop.example/o/1">o</a> <a href="https://evil.example/x">x</a> <a href="https://shop.example@evil.example/">y</a>"#.into(),
+            headers: Vec::new(),
+        };
+        let hosts = LinkHosts { hosts: vec!["shop.example".into()], ..LinkHosts::default() };
+        decorate_email(&c, &mut task, 0, &hosts);
+        assert_eq!(task.body.matches("/t/c/").count(), 1, "{}", task.body);
+        assert!(task.body.contains(r#"href="https://evil.example/x""#), "{}", task.body);
+        assert!(task.body.contains(r#"href="https://shop.example@evil.example/""#), "{}", task.body);
+    }
+
+    #[test]
+    fn hosts_match_exactly_or_by_subdomain_wildcard() {
+        let h = LinkHosts { hosts: vec!["shop.example".into(), "*.cdn.example".into()], ..LinkHosts::default() };
+        assert!(h.allows("https://shop.example/a?b=1"));
+        assert!(h.allows("http://SHOP.example:8443/a"));
+        assert!(h.allows("https://img.cdn.example/x.png"));
+        assert!(!h.allows("https://cdn.example/x.png"));
+        assert!(!h.allows("https://evilcdn.example/"));
+        assert!(!h.allows("https://shop.example.evil.test/"));
+        assert!(!h.allows("https://shop.example@evil.test/"));
+        assert!(!h.allows("javascript://shop.example/%0aalert(1)"));
+        assert!(!LinkHosts::default().allows("https://shop.example/"));
+        for bad in [
+            "https://shop.example",
+            "shop",
+            "shop.example/path",
+            "10.0.0.1",
+            "*.",
+            "a..b",
+            "-a.example",
+            "shop.example:80",
+        ] {
+            assert!(parse_host("hosts[0]", bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_host("hosts[0]", " Shop.Example ").unwrap(), "shop.example");
+        assert_eq!(parse_host("hosts[0]", "*.cdn.example").unwrap(), "*.cdn.example");
     }
 
     #[test]

@@ -40,20 +40,17 @@ pub struct UserInput {
 }
 
 impl UserInput {
-    fn validate(&self) -> CoreResult<()> {
-        if let Some(email) = &self.email {
-            let ok = email.len() <= 254
-                && email.split_once('@').is_some_and(|(l, d)| !l.is_empty() && d.contains('.') && !d.starts_with('.'))
-                && !email.chars().any(|c| c.is_whitespace() || c.is_control());
-            if !ok {
-                return Err(CoreError::invalid("email", "not an email address"));
-            }
+    /// Checks every field and puts the phone number in its E.164 form (`+14155550100`).
+    fn validate(&mut self) -> CoreResult<()> {
+        if let Some(email) = &self.email
+            && !is_email(email)
+        {
+            return Err(CoreError::invalid("email", "not one email address, e.g. alice@example.com"));
         }
         if let Some(phone) = &self.phone {
-            let digits = phone.strip_prefix('+').unwrap_or("");
-            if digits.len() < 6 || digits.len() > 15 || !digits.chars().all(|c| c.is_ascii_digit()) {
-                return Err(CoreError::invalid("phone", "must be E.164, e.g. +8613800001234"));
-            }
+            self.phone = Some(e164(phone).ok_or_else(|| {
+                CoreError::invalid("phone", "not a valid phone number in E.164 form, e.g. +8613800001234")
+            })?);
         }
         if let Some(locale) = &self.locale
             && (locale.is_empty()
@@ -77,6 +74,25 @@ impl UserInput {
     }
 }
 
+/// One address (no display name, no list, no IP literal), with a top-level domain.
+pub fn is_email(address: &str) -> bool {
+    let options = email_address::Options::default().with_required_tld().without_display_text().without_domain_literal();
+    address.len() <= 254 && email_address::EmailAddress::parse_with_options(address, options).is_ok()
+}
+
+/// The E.164 form of a number given with its country code (`+1 415 555 0100` →
+/// `+14155550100`), when it is a valid number of a country's numbering plan.
+pub fn e164(number: &str) -> Option<String> {
+    // The parser skips what it does not understand (`ext`, a second number after a comma).
+    let plain = number.chars().all(|c| c.is_ascii_digit() || matches!(c, ' ' | '-' | '(' | ')' | '.' | '+'));
+    if !plain || !number.trim_start().starts_with('+') || number.matches('+').count() != 1 {
+        return None;
+    }
+    let parsed = phonenumber::parse(None, number).ok()?;
+    (parsed.is_valid() && parsed.extension().is_none())
+        .then(|| parsed.format().mode(phonenumber::Mode::E164).to_string())
+}
+
 /// The hidden revision of a stored user: `put_user` writes only over the revision it read, so
 /// that two concurrent writes cannot leave tag memberships that disagree with the user.
 const REVISION: &str = "rev";
@@ -86,6 +102,7 @@ const REVISION: &str = "rev";
 /// with the user's current contacts, so a campaign page reads users without a get per user.
 pub async fn put_user(deps: &Deps, t: &TenantId, user_id: &str, input: UserInput) -> CoreResult<User> {
     check_id("user_id", user_id)?;
+    let mut input = input;
     input.validate()?;
     let mut tags = Vec::with_capacity(input.tags.len());
     for tag in input.tags {
@@ -162,5 +179,44 @@ pub async fn get_user(deps: &Deps, t: &TenantId, user_id: &str) -> CoreResult<Op
     match deps.table.get(&keys::user(t, user_id)).await? {
         Some(item) => Ok(Some(item.parse()?)),
         None => Ok(None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn field_of(input: UserInput) -> Option<String> {
+        let mut input = input;
+        match input.validate() {
+            Err(CoreError::Invalid { field, .. }) => Some(field),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn an_email_is_one_address() {
+        for bad in
+            ["a@b.c,d@e.f", "a@b@c.d", "Alice <a@example.com>", "a@localhost", "a@[10.0.0.1]", "a b@example.com", ""]
+        {
+            let input = UserInput { email: Some(bad.into()), ..UserInput::default() };
+            assert_eq!(field_of(input), Some("email".into()), "{bad:?}");
+        }
+        for good in ["alice@example.com", "a.b+shop@mail.example.co.uk"] {
+            let input = UserInput { email: Some(good.into()), ..UserInput::default() };
+            assert_eq!(field_of(input), None, "{good:?}");
+        }
+    }
+
+    #[test]
+    fn a_phone_number_is_valid_and_stored_in_e164_form() {
+        for bad in ["8613800001234", "+1", "+15555550100", "+8613800001234,+14155550100", "+1 415 555 0100 ext"] {
+            let input = UserInput { phone: Some(bad.into()), ..UserInput::default() };
+            assert_eq!(field_of(input), Some("phone".into()), "{bad:?}");
+        }
+        let mut input = UserInput { phone: Some("+1 (415) 555-0100".into()), ..UserInput::default() };
+        assert!(input.validate().is_ok());
+        assert_eq!(input.phone.as_deref(), Some("+14155550100"));
+        assert_eq!(e164("+8613800001234").as_deref(), Some("+8613800001234"));
     }
 }

@@ -139,6 +139,45 @@ impl std::fmt::Debug for EmbeddedStore {
     }
 }
 
+/// Creates the data directory (and its parents) readable by its owner only (0700): it holds
+/// every tenant's contacts and the local signing key. An existing directory is left as it is.
+pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        builder.mode(0o700);
+    }
+    builder.create(dir)
+}
+
+/// Creates the database file 0600 when absent, and takes group and others' access away from
+/// an existing one and its `-wal` and `-shm` files.
+fn make_private(path: &Path) -> std::io::Result<()> {
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true).write(true).create(true).truncate(false);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    drop(options.open(path)?);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        for suffix in ["", "-wal", "-shm"] {
+            let mut name = path.as_os_str().to_owned();
+            name.push(suffix);
+            match std::fs::set_permissions(&name, std::fs::Permissions::from_mode(0o600)) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                other => other?,
+            }
+        }
+    }
+    Ok(())
+}
+
 impl EmbeddedStore {
     /// Opens (creating when absent) the store in the file at `path`, on the system clock.
     /// WAL mode, `synchronous=NORMAL`: what a call committed survives `kill -9` (see the crate
@@ -147,8 +186,11 @@ impl EmbeddedStore {
         Self::open_with_clock(path, Arc::new(SystemClock))
     }
 
-    /// Opens the store at `path`; queue delays and visibility follow `clock`.
+    /// Opens the store at `path`; queue delays and visibility follow `clock`. The file is its
+    /// owner's alone (0600, an existing one too); SQLite gives its `-wal` and `-shm` files the
+    /// database file's mode.
     pub fn open_with_clock(path: &Path, clock: Arc<dyn Clock>) -> Result<Self, StoreError> {
+        make_private(path).map_err(|e| StoreError::Unavailable(format!("{}: {e}", path.display())))?;
         let conn = Connection::open(path).map_err(db_err)?;
         // WAL + NORMAL: committed transactions survive a crash of the process.
         let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0)).map_err(db_err)?;
@@ -290,4 +332,36 @@ impl From<JoinFailed> for tidings_core::ports::QueueError {
 
 pub(crate) fn db_err(e: rusqlite::Error) -> StoreError {
     StoreError::Unavailable(format!("sqlite: {e}"))
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    fn mode(path: &Path) -> u32 {
+        std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+    }
+
+    #[test]
+    fn the_data_directory_and_the_database_files_are_the_owners_only() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("data").join("tidings");
+        create_private_dir(&dir).unwrap();
+        assert_eq!(mode(&dir), 0o700);
+        assert_eq!(mode(&tmp.path().join("data")), 0o700);
+        let path = dir.join("tidings.db");
+        let store = EmbeddedStore::open(&path).unwrap();
+        store.declare_queue(QueueConfig::new("q", 3)).unwrap();
+        for name in ["tidings.db", "tidings.db-wal", "tidings.db-shm"] {
+            assert_eq!(mode(&dir.join(name)), 0o600, "{name}");
+        }
+        drop(store);
+        // A file an older version left readable by everyone is tightened on open.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let _store = EmbeddedStore::open(&path).unwrap();
+        assert_eq!(mode(&path), 0o600);
+    }
 }

@@ -1,20 +1,21 @@
 //! Open pixel, click redirect and one-click unsubscribe: no API key, the signed token is the
 //! credential. Opens and clicks are recorded after the answer (a spawned task), never making the
-//! reader wait.
+//! reader wait. Beside them, with the tenant's key, the hosts a click may lead to.
 
-use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
-use tidings_core::tracking::{self, Claims, TokenKind};
+use axum::{Json, Router};
+use tidings_core::TenantId;
+use tidings_core::tracking::{self, Claims, LinkHosts, LinkHostsInput, TokenKind};
 
-use crate::extract::PathParams;
+use crate::extract::{Body, PathParams, Tenant};
 use crate::problem::{ApiResult, Problem};
 use crate::state::AppState;
 
 #[derive(utoipa::OpenApi)]
-#[openapi(paths(open, click, unsubscribe_page, unsubscribe))]
+#[openapi(paths(open, click, unsubscribe_page, unsubscribe, put_link_hosts, get_link_hosts))]
 pub(super) struct Api;
 
 pub fn router() -> Router<AppState> {
@@ -22,6 +23,32 @@ pub fn router() -> Router<AppState> {
         .route("/t/o/{token}", get(open))
         .route("/t/c/{token}", get(click))
         .route("/u/{token}", get(unsubscribe_page).post(unsubscribe))
+        .route("/v1/settings/link-hosts", get(get_link_hosts).put(put_link_hosts))
+}
+
+/// Replaces the hosts a tracked link may lead to: `shop.example`, or `*.shop.example` for its
+/// subdomains. Links in emails to these hosts are rewritten through `/t/c/…` (click tracking);
+/// links to any other host are left as written and go straight there, so Tidings' domain never
+/// redirects to a host the shop did not name. A host removed later stops its old links'
+/// redirects. Without hosts, no link is tracked.
+#[utoipa::path(put, path = "/v1/settings/link-hosts", tag = "tracking", security(("api_key" = [])),
+    request_body = LinkHostsInput,
+    responses((status = 200, description = "The hosts", body = LinkHosts),
+        (status = 422, description = "Not a host name; `field` names it (`hosts[0]`)", body = Problem,
+            content_type = "application/problem+json")))]
+async fn put_link_hosts(
+    State(s): State<AppState>,
+    Tenant(t): Tenant,
+    Body(input): Body<LinkHostsInput>,
+) -> ApiResult<Json<LinkHosts>> {
+    Ok(Json(tracking::put_link_hosts(&s.deps, &t, input).await?))
+}
+
+/// The hosts a tracked link may lead to (none when never set).
+#[utoipa::path(get, path = "/v1/settings/link-hosts", tag = "tracking", security(("api_key" = [])),
+    responses((status = 200, description = "The hosts", body = LinkHosts)))]
+async fn get_link_hosts(State(s): State<AppState>, Tenant(t): Tenant) -> ApiResult<Json<LinkHosts>> {
+    Ok(Json(tracking::link_hosts(&s.deps, &t).await?))
 }
 
 /// A 1×1 transparent GIF.
@@ -59,12 +86,20 @@ async fn open(State(s): State<AppState>, PathParams(token): PathParams<String>) 
 
 /// A tracked link: records the click and redirects.
 #[utoipa::path(get, path = "/t/c/{token}", tag = "tracking", params(("token" = String, Path, description = "A signed link token")),
-    responses((status = 302, description = "To the link's target"), (status = 404, description = "Invalid or expired link", body = Problem, content_type = "application/problem+json")))]
+    responses((status = 302, description = "To the link's target, a host the tenant registered"), (status = 404, description = "Invalid or expired link, or its host no longer registered (`link_host_not_allowed`)", body = Problem, content_type = "application/problem+json")))]
 async fn click(State(s): State<AppState>, PathParams(token): PathParams<String>) -> ApiResult<Response> {
     let claims = verify(&s, TokenKind::Click, &token)?;
     let Some(url) = claims.url.clone().filter(|u| u.starts_with("https://") || u.starts_with("http://")) else {
         return Err(Problem::new(StatusCode::NOT_FOUND, "invalid_token", "this link has no target").into());
     };
+    // Again at the click: the tenant may have removed the host since the mail went out.
+    let tenant = TenantId::parse(&claims.t)
+        .map_err(|_| Problem::new(StatusCode::NOT_FOUND, "invalid_token", "this link has no usable target"))?;
+    if !tracking::link_hosts(&s.deps, &tenant).await?.allows(&url) {
+        return Err(
+            Problem::new(StatusCode::NOT_FOUND, "link_host_not_allowed", "this link's host is not the shop's").into()
+        );
+    }
     let location = HeaderValue::from_str(&url)
         .map_err(|_| Problem::new(StatusCode::NOT_FOUND, "invalid_token", "this link has no usable target"))?;
     record_later(&s, claims);

@@ -26,6 +26,7 @@ use crate::ports::{Channel, Cond, Item, Key, OutMessage, Received, StoreError, U
 use crate::retry::backoff;
 use crate::templates::{self, Template};
 use crate::timers::{self, TimerTask};
+use crate::tracking::LinkHosts;
 use crate::users::{self, User};
 use crate::{devices, inbox, preferences};
 
@@ -136,6 +137,8 @@ pub(crate) async fn orchestrate_page(
 ) -> CoreResult<()> {
     use futures::{StreamExt, TryStreamExt};
     let template = templates::get_template(deps, t, &n.request.template_id).await?;
+    let hosts = crate::tracking::link_hosts_for(deps, t, template.as_ref()).await?;
+    let hosts = &hosts;
     let writer = std::sync::Arc::new(campaign::PageWriter::new(
         deps.table.clone(),
         t,
@@ -151,7 +154,7 @@ pub(crate) async fn orchestrate_page(
     let plans: Vec<Planned<'_>> = users
         .iter()
         .map(|(user_id, user)| -> Planned<'_> {
-            Box::pin(plan_user(&page_deps, t, n, user_id, user.as_ref(), template))
+            Box::pin(plan_user(&page_deps, t, n, user_id, user.as_ref(), template, hosts))
         })
         .collect();
     let planned: Vec<Vec<(String, ChannelTask)>> =
@@ -222,13 +225,14 @@ async fn plan_user(
     user_id: &str,
     user: Option<&User>,
     template: Option<&Template>,
+    hosts: &LinkHosts,
 ) -> CoreResult<Vec<(String, ChannelTask)>> {
     let prefs = preferences::get(deps, t, user_id).await?;
     let devices = devices_if_push(deps, t, n, user_id).await?;
     let r = Recipient { user_id, user, prefs: &prefs, devices: &devices };
     let mut out = Vec::new();
     for channel in channels_for(n, &r, template) {
-        if let Some(planned) = plan_delivery(deps, t, n, &r, template, channel).await? {
+        if let Some(planned) = plan_delivery(deps, t, n, &r, template, hosts, channel).await? {
             out.push(planned);
         }
     }
@@ -265,11 +269,15 @@ pub async fn resume_deferred(
         };
     }
     let template = templates::get_template(deps, t, &n.request.template_id).await?;
+    let hosts = match channel {
+        Channel::Email => crate::tracking::link_hosts_for(deps, t, template.as_ref()).await?,
+        _ => LinkHosts::default(),
+    };
     let user = users::get_user(deps, t, user_id).await?;
     let prefs = preferences::get(deps, t, user_id).await?;
     let devices = devices_if_push(deps, t, &n, user_id).await?;
     let r = Recipient { user_id, user: user.as_ref(), prefs: &prefs, devices: &devices };
-    if let Some((queue, task)) = plan_delivery(deps, t, &n, &r, template.as_ref(), channel).await? {
+    if let Some((queue, task)) = plan_delivery(deps, t, &n, &r, template.as_ref(), &hosts, channel).await? {
         let body = serde_json::to_string(&task).map_err(|e| StoreError::Corrupt(e.to_string()))?;
         deps.queues.send_batch(&queue, vec![OutMessage::new(body)]).await?;
     }
@@ -378,6 +386,7 @@ async fn plan_delivery(
     n: &Notification,
     r: &Recipient<'_>,
     template: Option<&Template>,
+    hosts: &LinkHosts,
     channel: Channel,
 ) -> CoreResult<Option<(String, ChannelTask)>> {
     let user_id = r.user_id;
@@ -399,7 +408,7 @@ async fn plan_delivery(
             return Ok(template
                 .render(channel, r.user.and_then(|u| u.locale.as_deref()), &params)
                 .ok()
-                .map(|rendered| task_of(deps, t, n, user_id, channel, to, rendered)));
+                .map(|rendered| task_of(deps, t, n, user_id, channel, to, rendered, hosts)));
         }
         Some(_) => return Ok(None),
     };
@@ -503,9 +512,11 @@ async fn plan_delivery(
     if inapp {
         return Ok(None);
     }
-    Ok(Some(task_of(deps, t, n, user_id, channel, to, rendered)))
+    Ok(Some(task_of(deps, t, n, user_id, channel, to, rendered, hosts)))
 }
 
+// The delivery's identity, its address and content, and the tenant's link hosts for the email.
+#[allow(clippy::too_many_arguments)]
 fn task_of(
     deps: &Deps,
     t: &TenantId,
@@ -514,6 +525,7 @@ fn task_of(
     channel: Channel,
     to: String,
     rendered: templates::Rendered,
+    hosts: &LinkHosts,
 ) -> (String, ChannelTask) {
     let mut task = ChannelTask {
         tenant: t.as_str().to_owned(),
@@ -527,7 +539,7 @@ fn task_of(
         headers: Vec::new(),
     };
     if channel == Channel::Email {
-        crate::tracking::decorate_email(&deps.config, &mut task, deps.clock.now().timestamp());
+        crate::tracking::decorate_email(&deps.config, &mut task, deps.clock.now().timestamp(), hosts);
     }
     (channel_queue(channel, n.priority), task)
 }
