@@ -10,7 +10,9 @@ const WAIT: Duration = Duration::from_secs(120);
 
 fn options() -> Options {
     let mut o = Options::default();
-    o.env.push(("TIDINGS_RESTOCK_MERGE_WINDOW_MS", "1500".into()));
+    // Long enough that both SKUs' events land in u1's window on a loaded machine: with 1.5 s, a
+    // CI run processed B's event 3.6 s after A's and sent two messages.
+    o.env.push(("TIDINGS_RESTOCK_MERGE_WINDOW_MS", "6000".into()));
     o.env.push(("TIDINGS_RESTOCK_BATCH_PAUSE_MS", "0".into()));
     o.env.push(("TIDINGS_RESTOCK_RETRY_DELAYS_MS", "1000,1000,1000".into()));
     o

@@ -60,15 +60,16 @@ enum Command {
     },
 }
 
+/// Global, so that they may follow the subcommand (`tidings keys create ... --backend aws`).
 #[derive(clap::Args, Clone, Debug)]
 pub struct BackendArgs {
     /// Where the embedded backend keeps its data.
-    #[arg(long, default_value = ".tidings", env = "TIDINGS_DATA_DIR")]
+    #[arg(long, default_value = ".tidings", env = "TIDINGS_DATA_DIR", global = true)]
     pub data_dir: PathBuf,
-    #[arg(long, value_enum, default_value = "embedded", env = "TIDINGS_BACKEND")]
+    #[arg(long, value_enum, default_value = "embedded", env = "TIDINGS_BACKEND", global = true)]
     pub backend: BackendKind,
     /// Create the tables and queues that template.yaml declares, where missing (emulators).
-    #[arg(long)]
+    #[arg(long, global = true)]
     pub bootstrap: bool,
 }
 

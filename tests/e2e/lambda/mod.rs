@@ -64,6 +64,10 @@ pub struct Stack {
     pub ws: String,
     pub key: String,
     pub other_key: String,
+    /// An operator's key, made by `tidings keys create --backend aws` as an operator would.
+    pub ops_key: String,
+    /// The stack's table (`TIDINGS_TABLE` for `tidings keys`).
+    pub table: String,
     pub functions: BTreeMap<String, Arc<Function>>,
     pub ledger: Arc<Mutex<proxy::Ledger>>,
     pub queue_urls: BTreeMap<String, String>,
@@ -91,6 +95,30 @@ async fn serve(router: axum::Router) -> anyhow::Result<String> {
         let _ = axum::serve(listener, router).await;
     });
     Ok(format!("http://{addr}"))
+}
+
+/// Runs `tidings keys <args> --backend aws` against `table` (the emulators of this process's
+/// environment) and returns what it printed.
+pub async fn keys_cli(table: &str, args: &[&str]) -> anyhow::Result<Value> {
+    let data = tempfile::tempdir()?;
+    let out = tokio::process::Command::new(crate::server::binary()?)
+        .arg("keys")
+        .args(args)
+        .args(["--backend", "aws", "--data-dir"])
+        .arg(data.path())
+        .env("TIDINGS_TABLE", table)
+        .env("AWS_REGION", REGION)
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .output()
+        .await?;
+    anyhow::ensure!(
+        out.status.success(),
+        "tidings keys {}: {}\n{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(serde_json::from_slice(&out.stdout)?)
 }
 
 impl Stack {
@@ -222,6 +250,11 @@ impl Stack {
                 )
                 .await?;
         }
+
+        // The first operator key, made as the README says: `tidings keys create` against the
+        // stack's table, with the caller's credentials and no running server.
+        let made = keys_cli(&table_name, &["create", "--role", "operator", "--name", "harness"]).await?;
+        let ops_key = made["key"].as_str().context("tidings keys create printed no key")?.to_owned();
 
         // The proxy every function's AWS requests go through.
         let ledger = Arc::new(Mutex::new(proxy::Ledger::default()));
@@ -370,6 +403,8 @@ impl Stack {
             ws: format!("{}/live", ws_base.replacen("http://", "ws://", 1)),
             key,
             other_key,
+            ops_key,
+            table: table_name.clone(),
             functions,
             ledger,
             queue_urls,
