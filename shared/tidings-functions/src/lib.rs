@@ -232,3 +232,18 @@ async fn serve_ws_connections(ports: AwsPorts) -> Result<(), lambda_runtime::Err
     }))
     .await
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    /// The public routes' limits key on the address API Gateway saw, from the event itself.
+    #[tokio::test]
+    async fn the_client_address_is_api_gateways_source_ip() {
+        let event = include_str!("../../tidings-api/tests/fixtures/apigw-v2-put-user.json");
+        let req = lambda_http::request::from_str(event).unwrap().map(axum::body::Body::new);
+        let req = super::source_ip(req).await;
+        let ip = req.extensions().get::<tidings_api::limits::ClientIp>().unwrap();
+        assert_eq!(ip.0, "203.0.113.7".parse::<std::net::IpAddr>().unwrap());
+    }
+}
