@@ -7,12 +7,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use async_trait::async_trait;
 use tidings_core::TenantId;
-use tidings_core::gates::GateStore;
 use tidings_core::gates::api::{ApiLimits, ApiRates, Caller, RouteClass};
+use tidings_core::gates::{GateStore, RateGate, SharedGate};
 use tidings_core::ports::{Cond, Item, Key, Page, QueryOpts, StoreError, Table, Update, Write};
 use tidings_embedded::EmbeddedStore;
 
@@ -20,45 +20,59 @@ use tidings_embedded::EmbeddedStore;
 struct Counting {
     inner: EmbeddedStore,
     requests: AtomicUsize,
+    /// Every request fails as an unreachable store would.
+    down: AtomicBool,
 }
 
 impl Counting {
-    fn count(&self) {
+    fn new() -> Arc<Self> {
+        Arc::new(Counting {
+            inner: EmbeddedStore::in_memory().unwrap(),
+            requests: AtomicUsize::new(0),
+            down: AtomicBool::new(false),
+        })
+    }
+
+    fn count(&self) -> Result<(), StoreError> {
         self.requests.fetch_add(1, Ordering::SeqCst);
+        if self.down.load(Ordering::SeqCst) {
+            return Err(StoreError::Unavailable("down".into()));
+        }
+        Ok(())
     }
 }
 
 #[async_trait]
 impl Table for Counting {
     async fn get(&self, key: &Key) -> Result<Option<Item>, StoreError> {
-        self.count();
+        self.count()?;
         self.inner.get(key).await
     }
     async fn put(&self, item: Item, cond: Cond) -> Result<(), StoreError> {
-        self.count();
+        self.count()?;
         self.inner.put(item, cond).await
     }
     async fn update(&self, key: &Key, updates: Vec<Update>, cond: Cond) -> Result<Item, StoreError> {
-        self.count();
+        self.count()?;
         self.inner.update(key, updates, cond).await
     }
     async fn delete(&self, key: &Key, cond: Cond) -> Result<(), StoreError> {
-        self.count();
+        self.count()?;
         self.inner.delete(key, cond).await
     }
     async fn transact(&self, writes: Vec<Write>) -> Result<(), StoreError> {
-        self.count();
+        self.count()?;
         self.inner.transact(writes).await
     }
     async fn query(&self, pk: &str, sk_prefix: &str, opts: QueryOpts) -> Result<Page, StoreError> {
-        self.count();
+        self.count()?;
         self.inner.query(pk, sk_prefix, opts).await
     }
 }
 
 #[tokio::test]
 async fn two_instances_share_a_tenants_bucket_at_under_one_request_each() {
-    let table = Arc::new(Counting { inner: EmbeddedStore::in_memory().unwrap(), requests: AtomicUsize::new(0) });
+    let table = Counting::new();
     let rates = ApiRates::parse("send:20").unwrap();
     // Two API instances over one table.
     let a = ApiLimits::new(rates.clone(), GateStore::Shared(table.clone()));
@@ -104,7 +118,7 @@ async fn two_instances_share_a_tenants_bucket_at_under_one_request_each() {
 /// A single instance: each lease of tokens is one conditional write, not a read and a write.
 #[tokio::test]
 async fn an_uncontended_lease_is_one_request() {
-    let table = Arc::new(Counting { inner: EmbeddedStore::in_memory().unwrap(), requests: AtomicUsize::new(0) });
+    let table = Counting::new();
     let limits = ApiLimits::new(ApiRates::parse("read:40").unwrap(), GateStore::Shared(table.clone()));
     let acme = TenantId::parse("acme").unwrap();
     // 40 requests spread over two seconds: half the rate, all admitted.
@@ -115,4 +129,37 @@ async fn an_uncontended_lease_is_one_request() {
     // Leases of 10 (a quarter of the burst of 40): 4 leases; the first also reads the item.
     let n = table.requests.load(Ordering::SeqCst);
     assert!(n <= 5, "{n} store requests for 40 admitted");
+}
+
+/// Fifty requests of one tenant at the same moment on one instance: one lease serves them all
+/// (they wait for it rather than race each other on the item), none is refused under its rate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_requests_on_one_instance_share_one_lease() {
+    let table = Counting::new();
+    let limits = Arc::new(ApiLimits::new(ApiRates::parse("send:5000").unwrap(), GateStore::Shared(table.clone())));
+    let acme = TenantId::parse("acme").unwrap();
+    let all = (0..50).map(|_| {
+        let (limits, acme) = (limits.clone(), acme.clone());
+        tokio::spawn(async move { limits.admit(Caller::Tenant(&acme), RouteClass::Send, 1_000).await.unwrap() })
+    });
+    for a in futures::future::join_all(all).await {
+        assert_eq!(a.unwrap().refused, None);
+    }
+    let n = table.requests.load(Ordering::SeqCst);
+    assert!(n <= 2, "{n} store requests: a read and one write");
+}
+
+/// A bucket the store cannot reach lets API requests through (they meet the store themselves);
+/// the provider gates back off instead.
+#[tokio::test]
+async fn an_unreachable_bucket_admits_api_requests() {
+    let table = Counting::new();
+    table.down.store(true, Ordering::SeqCst);
+    let limits = ApiLimits::new(ApiRates::parse("send:1").unwrap(), GateStore::Shared(table.clone()));
+    let acme = TenantId::parse("acme").unwrap();
+    for _ in 0..3 {
+        assert_eq!(limits.admit(Caller::Tenant(&acme), RouteClass::Send, 0).await.unwrap().refused, None);
+    }
+    let provider = SharedGate::new(table, "provider#email", 10.0);
+    assert!(provider.try_take(0).await.is_err());
 }

@@ -227,7 +227,7 @@ impl ApiLimits {
             }
         };
         let gate = self.gate(name, rate, now_ms);
-        let refused = gate.try_take(now_ms).await.err();
+        let refused = gate.try_admit(now_ms).await.err();
         let (remaining, reset) = gate.remaining(now_ms);
         let quota = rate.floor().clamp(1.0, f64::from(u32::MAX)) as u32;
         Some(Admission {

@@ -189,6 +189,11 @@ pub trait RateGate: Send + Sync + 'static {
     async fn succeeded(&self);
     /// The current rate (for metrics and tests).
     fn current_rate(&self) -> f64;
+    /// `try_take` for a request the store would serve anyway (the API's limits): a shared
+    /// bucket the store cannot reach lets it through instead of refusing it.
+    async fn try_admit(&self, now_ms: i64) -> Result<(), Duration> {
+        self.try_take(now_ms).await
+    }
     /// About how many tokens are left after the last take, and how long until the bucket is
     /// full (the API's `RateLimit` header); shared gates know it as of their last read.
     fn remaining(&self, _now_ms: i64) -> (u32, Duration) {
@@ -246,6 +251,9 @@ pub struct SharedGate {
     limit: f64,
     burst_share: f64,
     local: Mutex<Allowance>,
+    /// One lease at a time per instance: concurrent takers wait for it and share what it
+    /// brought, instead of racing each other on the item.
+    leasing: tokio::sync::Mutex<()>,
 }
 
 #[derive(Default)]
@@ -281,7 +289,54 @@ impl SharedGate {
             limit,
             burst_share,
             local: Mutex::new(Allowance { rate: limit, ..Default::default() }),
+            leasing: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// From the local allowance, if it has a token or knows the bucket is empty.
+    fn take_local(&self, now_ms: i64) -> Option<Result<(), Duration>> {
+        let mut local = self.lock();
+        if local.tokens > 0 {
+            local.tokens -= 1;
+            return Some(Ok(()));
+        }
+        (now_ms < local.empty_until_ms).then(|| Err(Duration::from_millis((local.empty_until_ms - now_ms) as u64)))
+    }
+
+    /// Takes a token, leasing more from the shared bucket when the local allowance is out.
+    async fn take(&self, now_ms: i64) -> Result<Result<(), Duration>, StoreError> {
+        if let Some(local) = self.take_local(now_ms) {
+            return Ok(local);
+        }
+        let _leasing = self.leasing.lock().await;
+        // Another taker's lease may have come in meanwhile.
+        if let Some(local) = self.take_local(now_ms) {
+            return Ok(local);
+        }
+        let chunk = self.chunk();
+        let successes = std::mem::take(&mut self.lock().successes);
+        let taken = self
+            .modify(now_ms, |b| {
+                b.succeeded(successes);
+                // The API's buckets lease (they promise a rate, not a strict window); providers'
+                // take only what is there.
+                let got = if self.burst_share >= 1.0 { b.lease(chunk, now_ms) } else { b.take(chunk, now_ms) };
+                (got, b.next_token_in(now_ms))
+            })
+            .await?;
+        let mut local = self.lock();
+        Ok(match taken {
+            (Ok(n), next) => {
+                local.tokens += n - 1;
+                // Emptied: the next take past these tokens need not ask before the next token.
+                local.empty_until_ms = now_ms.saturating_add(i64::try_from(next.as_millis()).unwrap_or(i64::MAX));
+                Ok(())
+            }
+            (Err(wait), _) => {
+                local.empty_until_ms = now_ms.saturating_add(i64::try_from(wait.as_millis()).unwrap_or(i64::MAX));
+                Err(wait)
+            }
+        })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Allowance> {
@@ -356,42 +411,20 @@ impl SharedGate {
 #[async_trait]
 impl RateGate for SharedGate {
     async fn try_take(&self, now_ms: i64) -> Result<(), Duration> {
-        {
-            let mut local = self.lock();
-            if local.tokens > 0 {
-                local.tokens -= 1;
-                return Ok(());
-            }
-            if now_ms < local.empty_until_ms {
-                return Err(Duration::from_millis((local.empty_until_ms - now_ms) as u64));
-            }
-        }
-        let chunk = self.chunk();
-        let successes = std::mem::take(&mut self.lock().successes);
-        let taken = self
-            .modify(now_ms, |b| {
-                b.succeeded(successes);
-                // The API's buckets lease (they promise a rate, not a strict window); providers'
-                // take only what is there.
-                let got = if self.burst_share >= 1.0 { b.lease(chunk, now_ms) } else { b.take(chunk, now_ms) };
-                (got, b.next_token_in(now_ms))
-            })
-            .await;
-        match taken {
-            Ok((Ok(n), next)) => {
-                let mut local = self.lock();
-                local.tokens += n - 1;
-                // Emptied: the next take past these tokens need not ask before the next token.
-                local.empty_until_ms = now_ms.saturating_add(i64::try_from(next.as_millis()).unwrap_or(i64::MAX));
-                Ok(())
-            }
-            Ok((Err(wait), _)) => {
-                let until = now_ms.saturating_add(i64::try_from(wait.as_millis()).unwrap_or(i64::MAX));
-                self.lock().empty_until_ms = until;
-                Err(wait)
-            }
+        match self.take(now_ms).await {
+            Ok(taken) => taken,
             // The store is busy: back off a little rather than send unmetered.
             Err(_) => Err(Duration::from_millis(50)),
+        }
+    }
+
+    async fn try_admit(&self, now_ms: i64) -> Result<(), Duration> {
+        match self.take(now_ms).await {
+            Ok(taken) => taken,
+            Err(e) => {
+                tracing::warn!(error = %e, "rate bucket unreachable: the request goes through unmetered");
+                Ok(())
+            }
         }
     }
 
