@@ -147,8 +147,8 @@ pub async fn a_public_route_flood_from_one_address_is_refused_and_the_api_is_not
     Ok(())
 }
 
-/// Without `--dev`, `/dev/*` answers 401 without a valid key on the embedded backend (it shows
-/// every tenant's sent bodies), and does not exist on the AWS backend (404), not even with a
+/// Without `--dev`, `/dev/*` answers 401 without a key and 403 to a tenant's key on the embedded
+/// backend (it shows every tenant's sent bodies), and does not exist on the AWS backend (404), not even with a
 /// key. With `--dev` on loopback it answers without a key.
 pub async fn dev_routes_need_a_key_or_dev_and_do_not_exist_on_aws_without_it(backend: Backend) -> anyhow::Result<()> {
     let s = Server::start(backend, Options { dev: false, ..Options::default() }).await?;
@@ -161,7 +161,13 @@ pub async fn dev_routes_need_a_key_or_dev_and_do_not_exist_on_aws_without_it(bac
             let (st, _, body) = s.raw("PUT", "/dev/providers/email", r#"{"mode":"fail_5xx"}"#, None).await?;
             assert_eq!(st, 401, "{body}");
             let (st, v) = s.call("GET", "/dev/deliveries", None).await?;
-            assert_eq!(st, 200, "a valid key may: {v}");
+            assert_eq!(
+                (st, v["code"].as_str()),
+                (403, Some("operator_only")),
+                "a tenant key saw every tenant's sends: {v}"
+            );
+            let (st, v) = s.ops("GET", "/dev/deliveries", None).await?;
+            assert_eq!(st, 200, "an operator key may: {v}");
         }
         Backend::Aws => {
             assert_eq!(st, 404, "{body}");

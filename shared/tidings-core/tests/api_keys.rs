@@ -90,7 +90,9 @@ async fn an_expired_key_is_refused() {
     assert_eq!(tenants::authenticate(&deps, &t.key).await.unwrap(), None);
     assert_eq!(tenants::get(&deps, &t.info.id).await.unwrap().status, "expired");
     let past = KeySpec { expires_at: Some(clock.now() - Duration::seconds(1)), ..tenant_spec() };
-    assert!(matches!(tenants::create(&deps, past).await, Err(CoreError::Invalid { ref field, .. }) if field == "expires_at"));
+    assert!(
+        matches!(tenants::create(&deps, past).await, Err(CoreError::Invalid { ref field, .. }) if field == "expires_at")
+    );
 }
 
 #[tokio::test]

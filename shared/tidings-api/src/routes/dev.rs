@@ -1,6 +1,6 @@
 //! `/dev/*`: local development only (present when the runtime gives dev hooks: `tidings
 //! serve`, on the AWS backend only with `--dev` against emulators on this machine; never in
-//! Lambda). Every route needs a valid API key ([`DevAccess`]), except under `tidings serve --dev`
+//! Lambda). Every route needs an operator key ([`DevAccess`]), except under `tidings serve --dev`
 //! on a loopback address.
 
 use axum::extract::{FromRequestParts, State};
@@ -54,7 +54,17 @@ impl FromRequestParts<AppState> for DevAccess {
         if dev_of(state)?.keyless() {
             return Ok(DevAccess);
         }
-        crate::extract::principal(parts, state).await.map(|_| DevAccess)
+        // Every tenant's sent bodies and OTP codes, and faults that fail every tenant's sends:
+        // an operator's, like the other system-wide routes.
+        match crate::extract::principal(parts, state).await? {
+            tidings_core::tenants::Principal::Operator { .. } => Ok(DevAccess),
+            tidings_core::tenants::Principal::Tenant { .. } => Err(Problem::new(
+                StatusCode::FORBIDDEN,
+                "operator_only",
+                "the /dev routes show and change every tenant's sends: an operator key",
+            )
+            .into()),
+        }
     }
 }
 
