@@ -25,6 +25,16 @@ pub fn router() -> Router<AppState> {
         .route("/v1/admin/keys/{key_id}/rotate", post(rotate_key))
 }
 
+/// A `tenant` field or parameter, 422 naming it when it is not a tenant id.
+fn tenant_param(t: Option<&str>) -> Result<Option<TenantId>, Problem> {
+    t.map(|t| {
+        TenantId::parse(t).map_err(|e| {
+            Problem::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_field", e.to_string()).with_field("tenant")
+        })
+    })
+    .transpose()
+}
+
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct CreateKey {
@@ -48,12 +58,7 @@ async fn create_key(
     op: Operator,
     Body(input): Body<CreateKey>,
 ) -> ApiResult<(StatusCode, Json<NewKey>)> {
-    let tenant = match input.tenant.as_deref() {
-        Some(t) => Some(TenantId::parse(t).map_err(|e| {
-            Problem::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_field", e.to_string()).with_field("tenant")
-        })?),
-        None => None,
-    };
+    let tenant = tenant_param(input.tenant.as_deref())?;
     let spec = KeySpec { role: input.role, tenant, name: input.name, expires_at: input.expires_at };
     let made = tenants::create(&s.deps, spec).await?;
     tracing::info!(key_id = %made.info.id, role = made.info.role.as_str(), tenant = ?made.info.tenant, by = %op.key_id, "api key created");
@@ -87,12 +92,7 @@ async fn list_keys(
     QueryParams(q): QueryParams<ListQuery>,
 ) -> ApiResult<Json<KeyList>> {
     let limit = PageParams { limit: q.limit, cursor: None }.limit()?;
-    let tenant = match q.tenant.as_deref() {
-        Some(t) => Some(TenantId::parse(t).map_err(|e| {
-            Problem::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_field", e.to_string()).with_field("tenant")
-        })?),
-        None => None,
-    };
+    let tenant = tenant_param(q.tenant.as_deref())?;
     let (keys, next_cursor) = tenants::list(&s.deps, tenant.as_ref(), limit, q.cursor).await?;
     Ok(Json(KeyList { keys, next_cursor }))
 }
@@ -158,4 +158,101 @@ async fn revoke_key(
     let revoked = tenants::revoke(&s.deps, &key_id).await?;
     tracing::info!(key_id = %key_id, by = %op.key_id, "api key revoked");
     Ok(Json(revoked))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use std::sync::Arc;
+
+    use axum::body::Body as HttpBody;
+    use axum::http::{Method, Request};
+    use http_body_util::BodyExt;
+    use serde_json::Value;
+    use tidings_core::dev::NullProvider;
+    use tidings_core::ports::{Provider, SystemClock};
+    use tidings_core::tenants::{self, KeySpec, Role};
+    use tidings_core::{CoreConfig, Deps, Providers};
+    use tidings_embedded::EmbeddedStore;
+    use tower::ServiceExt;
+
+    use crate::state::AppState;
+
+    async fn app() -> axum::Router {
+        let store = EmbeddedStore::in_memory().unwrap();
+        let null: Arc<dyn Provider> = Arc::new(NullProvider);
+        let deps = Deps {
+            table: Arc::new(store.clone()),
+            queues: Arc::new(store),
+            clock: Arc::new(SystemClock),
+            providers: Providers { email: null.clone(), sms: null.clone(), push: null },
+            config: Arc::new(CoreConfig::default()),
+        };
+        tenants::register(&deps, "key-ops", KeySpec { role: Role::Operator, ..Default::default() }).await.unwrap();
+        crate::app(AppState { deps, queue_names: Arc::new(Vec::new()), dev: None, live: None })
+    }
+
+    async fn call(app: &axum::Router, key: &str, method: Method, uri: &str, body: &str) -> (u16, Value) {
+        let req = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header("authorization", format!("Bearer {key}"))
+            .header("content-type", "application/json")
+            .body(HttpBody::from(body.to_owned()))
+            .unwrap();
+        let res = app.clone().oneshot(req).await.unwrap();
+        let status = res.status().as_u16();
+        let bytes = res.into_body().collect().await.unwrap().to_bytes();
+        (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    }
+
+    #[tokio::test]
+    async fn an_operator_makes_rotates_and_revokes_a_tenant_key() {
+        let app = app().await;
+        let (st, made) =
+            call(&app, "key-ops", Method::POST, "/v1/admin/keys", r#"{"role":"tenant","tenant":"acme"}"#).await;
+        assert_eq!(st, 201, "{made}");
+        let (old, id) = (made["key"].as_str().unwrap(), made["id"].as_str().unwrap());
+        assert_eq!(call(&app, old, Method::GET, "/v1/users/u1", "").await.0, 404, "the key works (no such user)");
+        // Rotation without a body: a day's grace, both work meanwhile.
+        let (st, rotated) = call(&app, "key-ops", Method::POST, &format!("/v1/admin/keys/{id}/rotate"), "").await;
+        assert_eq!(st, 201, "{rotated}");
+        let new = rotated["new"]["key"].as_str().unwrap();
+        assert!(rotated["previous"]["expires_at"].is_string(), "{rotated}");
+        assert_eq!(call(&app, old, Method::GET, "/v1/users/u1", "").await.0, 404);
+        assert_eq!(call(&app, new, Method::GET, "/v1/users/u1", "").await.0, 404);
+        // Revoked: 401 at once; listed as revoked, without a secret.
+        let (st, v) = call(&app, "key-ops", Method::DELETE, &format!("/v1/admin/keys/{id}"), "").await;
+        assert_eq!((st, v["status"].as_str()), (200, Some("revoked")), "{v}");
+        assert_eq!(call(&app, old, Method::GET, "/v1/users/u1", "").await.0, 401);
+        let (_, list) = call(&app, "key-ops", Method::GET, "/v1/admin/keys?tenant=acme", "").await;
+        assert_eq!(list["keys"].as_array().unwrap().len(), 2, "{list}");
+        assert!(!list.to_string().contains(old) && !list.to_string().contains(new), "a secret in a listing");
+    }
+
+    #[tokio::test]
+    async fn bad_input_is_422_naming_the_field() {
+        let app = app().await;
+        for (body, field) in [
+            (r#"{"role":"tenant"}"#, "tenant"),
+            (r#"{"role":"operator","tenant":"acme"}"#, "tenant"),
+            (r#"{"role":"tenant","tenant":"Not A Tenant!"}"#, "tenant"),
+            (r#"{"role":"tenant","tenant":"acme","expires_at":"2001-01-01T00:00:00Z"}"#, "expires_at"),
+        ] {
+            let (st, v) = call(&app, "key-ops", Method::POST, "/v1/admin/keys", body).await;
+            assert_eq!((st, v["field"].as_str()), (422, Some(field)), "{body}: {v}");
+        }
+        let (st, v) = call(&app, "key-ops", Method::POST, "/v1/admin/keys", r#"{"role":"root"}"#).await;
+        assert_eq!((st, v["field"].as_str()), (400, Some("role")), "{v}");
+        let (st, v) = call(&app, "key-ops", Method::POST, "/v1/admin/keys/key_nope/rotate", "").await;
+        assert_eq!(st, 404, "{v}");
+        let (_, made) =
+            call(&app, "key-ops", Method::POST, "/v1/admin/keys", r#"{"role":"tenant","tenant":"acme"}"#).await;
+        let id = made["id"].as_str().unwrap();
+        let (st, v) =
+            call(&app, "key-ops", Method::POST, &format!("/v1/admin/keys/{id}/rotate"), r#"{"grace_seconds":-1}"#)
+                .await;
+        assert_eq!((st, v["field"].as_str()), (422, Some("grace_seconds")), "{v}");
+    }
 }
