@@ -11,7 +11,7 @@ use tidings_core::TenantId;
 use tidings_core::tenants::{self, KeyInfo, KeySpec, NewKey, Role, Rotated};
 
 use crate::extract::{Body, Operator, PageParams, PathParams, QueryParams, parse_json};
-use crate::problem::{ApiResult, Problem};
+use crate::problem::{ApiError, ApiResult, Problem};
 use crate::state::AppState;
 
 #[derive(utoipa::OpenApi)]
@@ -26,10 +26,10 @@ pub fn router() -> Router<AppState> {
 }
 
 /// A `tenant` field or parameter, 422 naming it when it is not a tenant id.
-fn tenant_param(t: Option<&str>) -> Result<Option<TenantId>, Problem> {
+fn tenant_param(t: Option<&str>) -> Result<Option<TenantId>, ApiError> {
     t.map(|t| {
         TenantId::parse(t).map_err(|e| {
-            Problem::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_field", e.to_string()).with_field("tenant")
+            Problem::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_field", e.to_string()).with_field("tenant").into()
         })
     })
     .transpose()
