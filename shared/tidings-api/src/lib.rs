@@ -6,6 +6,8 @@ pub mod limits;
 pub mod problem;
 pub mod routes;
 pub mod state;
+#[cfg(test)]
+mod test_support;
 
 pub use routes::openapi::document as openapi;
 pub use routes::{app, app_with_limits};

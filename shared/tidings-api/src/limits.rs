@@ -160,26 +160,15 @@ mod tests {
 
     use axum::body::Body as HttpBody;
     use http_body_util::BodyExt;
-    use tidings_core::dev::NullProvider;
     use tidings_core::gates::GateStore;
     use tidings_core::gates::api::ApiRates;
-    use tidings_core::ports::Provider;
-    use tidings_core::{CoreConfig, Deps, Providers, tenants};
-    use tidings_embedded::EmbeddedStore;
+    use tidings_core::tenants;
     use tower::ServiceExt;
 
     use crate::state::AppState;
 
     async fn app(rates: &str) -> axum::Router {
-        let store = EmbeddedStore::in_memory().unwrap();
-        let null: Arc<dyn Provider> = Arc::new(NullProvider);
-        let deps = Deps {
-            table: Arc::new(store.clone()),
-            queues: Arc::new(store),
-            clock: Arc::new(SystemClock),
-            providers: Providers { email: null.clone(), sms: null.clone(), push: null },
-            config: Arc::new(CoreConfig::default()),
-        };
+        let deps = crate::test_support::memory_deps();
         tenants::register_key(&deps, &TenantId::parse("a").unwrap(), "key-a").await.unwrap();
         tenants::register_key(&deps, &TenantId::parse("b").unwrap(), "key-b").await.unwrap();
         let limits = Arc::new(ApiLimits::new(ApiRates::parse(rates).unwrap(), GateStore::Local));

@@ -170,25 +170,13 @@ mod tests {
     use axum::http::{Method, Request};
     use http_body_util::BodyExt;
     use serde_json::Value;
-    use tidings_core::dev::NullProvider;
-    use tidings_core::ports::{Provider, SystemClock};
     use tidings_core::tenants::{self, KeySpec, Role};
-    use tidings_core::{CoreConfig, Deps, Providers};
-    use tidings_embedded::EmbeddedStore;
     use tower::ServiceExt;
 
     use crate::state::AppState;
 
     async fn app() -> axum::Router {
-        let store = EmbeddedStore::in_memory().unwrap();
-        let null: Arc<dyn Provider> = Arc::new(NullProvider);
-        let deps = Deps {
-            table: Arc::new(store.clone()),
-            queues: Arc::new(store),
-            clock: Arc::new(SystemClock),
-            providers: Providers { email: null.clone(), sms: null.clone(), push: null },
-            config: Arc::new(CoreConfig::default()),
-        };
+        let deps = crate::test_support::memory_deps();
         tenants::register(&deps, "key-ops", KeySpec { role: Role::Operator, ..Default::default() }).await.unwrap();
         crate::app(AppState { deps, queue_names: Arc::new(Vec::new()), dev: None, live: None })
     }

@@ -148,10 +148,8 @@ mod tests {
     use axum::http::{Method, Request};
     use http_body_util::BodyExt;
     use serde_json::{Value, json};
-    use tidings_core::dev::NullProvider;
-    use tidings_core::ports::{Provider, SystemClock};
     use tidings_core::timers::TIMERS_QUEUE;
-    use tidings_core::{CoreConfig, Deps, Providers, TenantId, tenants};
+    use tidings_core::{TenantId, tenants};
     use tidings_embedded::{EmbeddedStore, QueueConfig};
     use tower::ServiceExt;
 
@@ -160,14 +158,7 @@ mod tests {
     async fn app() -> axum::Router {
         let store = EmbeddedStore::in_memory().unwrap();
         store.declare_queue(QueueConfig::new(TIMERS_QUEUE, 5)).unwrap();
-        let null: Arc<dyn Provider> = Arc::new(NullProvider);
-        let deps = Deps {
-            table: Arc::new(store.clone()),
-            queues: Arc::new(store),
-            clock: Arc::new(SystemClock),
-            providers: Providers { email: null.clone(), sms: null.clone(), push: null },
-            config: Arc::new(CoreConfig::default()),
-        };
+        let deps = crate::test_support::deps_over(store);
         tenants::register_key(&deps, &TenantId::parse("a").unwrap(), "key-a").await.unwrap();
         tenants::register_key(&deps, &TenantId::parse("b").unwrap(), "key-b").await.unwrap();
         crate::app(AppState { deps, queue_names: Arc::new(Vec::new()), dev: None, live: None })
