@@ -17,7 +17,7 @@ use super::model::{
     Allocation, Counters, LedgerKind, MAX_HOLD_SECONDS, Order, OrderItem, OrderRequest, OrderStatus, OrderView,
     SkuRecord,
 };
-use super::stock::{MAX_ATTEMPTS, StockChange, insufficient, now_text, read_cells, read_record, take_from};
+use super::stock::{Attempts, StockChange, insufficient, now_text, read_cells, read_record, take_from};
 use crate::deps::Deps;
 use crate::error::{CoreError, CoreResult};
 use crate::ids::{TenantId, check_id};
@@ -165,7 +165,8 @@ pub async fn place_order(deps: &Deps, t: &TenantId, req: &OrderRequest) -> CoreR
         records.iter().zip(&req.items).map(|(r, l)| first_plan(r, l.qty)).collect();
     let task = TimerTask::OrderExpire { tenant: t.as_str().to_owned(), order_id: req.order_id.clone() };
     let timer = timers::durable_timer(deps, expires, &task).await?;
-    for _ in 0..MAX_ATTEMPTS {
+    let mut attempts = Attempts::new();
+    while attempts.another() {
         let at = now_text(deps);
         let order = Order {
             order_id: req.order_id.clone(),
@@ -326,7 +327,8 @@ async fn settle(deps: &Deps, t: &TenantId, order_id: &str, transition: Transitio
     check_id("order_id", order_id)?;
     let key = keys::order(t, order_id);
     let mut records: BTreeMap<String, SkuRecord> = BTreeMap::new();
-    for _ in 0..MAX_ATTEMPTS {
+    let mut attempts = Attempts::new();
+    while attempts.another() {
         let Some(mut order) = load_order(deps, t, order_id).await? else {
             return Err(CoreError::NotFound { what: "order" });
         };

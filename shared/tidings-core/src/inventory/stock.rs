@@ -23,6 +23,35 @@ pub const MAX_SHARDS: u32 = 16;
 pub const MAX_UNITS: i64 = 1_000_000_000_000;
 /// How often a change is re-planned after a condition on a stale observation failed.
 pub(crate) const MAX_ATTEMPTS: usize = 16;
+/// How long one call keeps re-planning. Each write already retries DynamoDB's transaction
+/// conflicts for up to its own budget (`ConflictRetry`, 3 s), so the attempts of a hot SKU
+/// could otherwise add up to more than the 29 s API Gateway gives a request: past this the
+/// caller gets 409 `write_conflict` with `Retry-After` while there is time left to answer.
+pub(crate) const REPLAN_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The attempts of one change: at most [`MAX_ATTEMPTS`], none started after [`REPLAN_DEADLINE`].
+pub(crate) struct Attempts {
+    started: std::time::Instant,
+    deadline: std::time::Duration,
+    made: usize,
+}
+
+impl Attempts {
+    pub(crate) fn new() -> Self {
+        Self::within(REPLAN_DEADLINE)
+    }
+
+    fn within(deadline: std::time::Duration) -> Self {
+        Self { started: std::time::Instant::now(), deadline, made: 0 }
+    }
+
+    /// Whether another attempt may start (the first always does).
+    pub(crate) fn another(&mut self) -> bool {
+        let go = self.made == 0 || (self.made < MAX_ATTEMPTS && self.started.elapsed() < self.deadline);
+        self.made += 1;
+        go
+    }
+}
 
 pub(crate) fn now_text(deps: &Deps) -> String {
     deps.clock.now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
@@ -363,7 +392,8 @@ pub async fn adjust(deps: &Deps, t: &TenantId, sku_id: &str, req: &AdjustmentReq
     }
     let hash = adjustment_hash(sku_id, req);
     let idem_key = crate::keys::idempotency(t, "adjustment", &req.idempotency_key);
-    for _ in 0..MAX_ATTEMPTS {
+    let mut attempts = Attempts::new();
+    while attempts.another() {
         let Some(sku) = read_sku(deps, t, sku_id).await? else { return Err(CoreError::NotFound { what: "sku" }) };
         let units: BTreeMap<u32, i64> = if req.delta > 0 {
             spread(req.delta, sku.record.cell_count())
@@ -477,6 +507,16 @@ mod tests {
 
     fn cell(index: u32, available: i64) -> Cell {
         Cell { index, key: Key::new("p", index.to_string()), counters: Counters::new(available, 0, 0), version: 0 }
+    }
+
+    #[test]
+    fn attempts_stop_at_their_count_and_at_their_deadline() {
+        let mut a = Attempts::new();
+        assert_eq!((0..MAX_ATTEMPTS + 4).filter(|_| a.another()).count(), MAX_ATTEMPTS);
+        // Past the deadline the first attempt still runs (a call is always tried once), no other.
+        let mut late = Attempts::within(std::time::Duration::ZERO);
+        assert!(late.another());
+        assert!(!late.another());
     }
 
     #[test]
