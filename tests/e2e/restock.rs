@@ -45,7 +45,10 @@ async fn subscribe(s: &Server, user: &str, sku: &str) -> anyhow::Result<(u16, St
 }
 
 async fn stock_in(s: &Server, sku: &str, qty: i64) -> anyhow::Result<()> {
-    let body = json!({"event": "stock.in", "skuId": sku, "qty": qty, "source": "purchase_order"});
+    // Each call is another arrival of stock: an upstream id of its own.
+    static ARRIVALS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = ARRIVALS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let body = json!({"event": "stock.in", "skuId": sku, "qty": qty, "source": "purchase_order", "eventId": format!("po-{sku}-{n}")});
     let (st, v) = s.call("POST", "/v1/stock-events", Some(body)).await?;
     assert_eq!(st, 202, "{v}");
     Ok(())
@@ -108,10 +111,21 @@ pub async fn bad_input_retries_manual_and_resend(backend: Backend) -> anyhow::Re
         .call(
             "POST",
             "/v1/stock-events",
-            Some(json!({"event": "stock.in", "skuId": "A", "qty": 0, "source": "purchase_order"})),
+            Some(json!({"event": "stock.in", "skuId": "A", "qty": 0, "source": "purchase_order", "eventId": "po-0"})),
         )
         .await?;
     assert_eq!((st, v["code"].as_str().is_some()), (422, true), "{v}");
+    // The seed's own sample event has no id: refused, naming the field, nothing applied.
+    let (st, v) = s
+        .call(
+            "POST",
+            "/v1/stock-events",
+            Some(json!({"event": "stock.in", "skuId": "A", "qty": 50, "source": "purchase_order"})),
+        )
+        .await?;
+    assert_eq!((st, v["field"].as_str()), (422, Some("eventId")), "{v}");
+    let (_, a) = s.call("GET", "/v1/inventory/A", None).await?;
+    assert_eq!(a["available"], 0, "{a}");
     let (st, _) = s.call("GET", "/v1/ops/restock-notices?status=SENT", None).await?;
     assert_eq!(st, 422);
     let (_, sub) = subscribe(&s, "u1", "A").await?;

@@ -195,7 +195,7 @@ pub async fn a_day_of_a_shop_through_the_function_binaries() -> anyhow::Result<(
         &s,
         "POST",
         "/v1/stock-events",
-        Some(json!({"event": "stock.in", "skuId": "sku-day", "qty": 3, "source": "purchase_order"})),
+        Some(json!({"event": "stock.in", "skuId": "sku-day", "qty": 3, "source": "purchase_order", "eventId": "po-day-1"})),
     )
     .await?;
     ok(

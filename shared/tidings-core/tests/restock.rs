@@ -377,7 +377,8 @@ async fn review_event_and_scheduled_scan_double_guarantee() {
     sku(&w, "A", 0).await;
     subscribe(&w, "u1", "A").await;
     // The upstream event on the stock-events queue (the shape of the seed, plus the tenant).
-    let body = r#"{"event":"stock.in","skuId":"A","qty":50,"source":"purchase_order","tenant":"shop-a"}"#;
+    let body =
+        r#"{"event":"stock.in","skuId":"A","qty":50,"source":"purchase_order","eventId":"po-1","tenant":"shop-a"}"#;
     w.deps.queues.send_batch("stock-events", vec![tidings_core::ports::OutMessage::new(body)]).await.unwrap();
     settle(&w).await;
     assert_eq!(emails_to(&w, "u1").len(), 1, "the event path notifies");
@@ -403,7 +404,8 @@ async fn review_batch_idempotent_event_and_scan_send_once() {
     }
     // The same event twice (a redelivery): applied once.
     let ev: StockEvent =
-        serde_json::from_str(r#"{"event":"stock.in","skuId":"A","qty":5,"source":"purchase_order"}"#).unwrap();
+        serde_json::from_str(r#"{"event":"stock.in","skuId":"A","qty":5,"source":"purchase_order","eventId":"po-7"}"#)
+            .unwrap();
     let a = restock::apply_stock_event(&w.deps, &w.t, &ev).await.unwrap();
     let b = restock::apply_stock_event(&w.deps, &w.t, &ev).await.unwrap();
     assert_eq!((a.available, b.available), (5, 5));
@@ -714,4 +716,30 @@ async fn ten_thousand_subscribers_notified_once_in_batches() {
         }
     }
     assert_eq!(notices, 10_000);
+}
+
+/// A stock event is deduplicated by the upstream's id, never by its content: the seed's own
+/// sample (no `eventId`) is refused naming the field, and a second genuine arrival of the same
+/// quantity from the same source is applied again.
+#[tokio::test]
+async fn stock_events_need_their_id_and_a_second_arrival_counts() {
+    let w = world();
+    sku(&w, "A", 0).await;
+    let seed: StockEvent =
+        serde_json::from_str(r#"{"event":"stock.in","skuId":1001,"qty":50,"source":"purchase_order"}"#).unwrap();
+    match restock::apply_stock_event(&w.deps, &w.t, &seed).await {
+        Err(tidings_core::error::CoreError::Invalid { field, .. }) => assert_eq!(field, "eventId"),
+        other => panic!("expected a refusal naming eventId, got {other:?}"),
+    }
+    let arrival = |id: &str| -> StockEvent {
+        serde_json::from_value(serde_json::json!(
+            {"event": "stock.in", "skuId": "A", "qty": 5, "source": "purchase_order", "eventId": id}))
+        .unwrap()
+    };
+    let first = restock::apply_stock_event(&w.deps, &w.t, &arrival("po-1")).await.unwrap();
+    let second = restock::apply_stock_event(&w.deps, &w.t, &arrival("po-2")).await.unwrap();
+    let repeat = restock::apply_stock_event(&w.deps, &w.t, &arrival("po-2")).await.unwrap();
+    assert_eq!((first.available, second.available, repeat.available), (5, 10, 10));
+    assert_eq!(second.idempotency_key, repeat.idempotency_key);
+    assert_ne!(first.idempotency_key, second.idempotency_key);
 }

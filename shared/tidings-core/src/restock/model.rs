@@ -192,8 +192,8 @@ pub(crate) struct OpenWindow {
 
 /// The upstream stock event (seed 000 §2): `{"event":"stock.in","skuId":1001,"qty":50,
 /// "source":"purchase_order"}`. `skuId` may be a number or a string. On the `stock-events` queue
-/// the message also names its `tenant`; through the API the key does. `eventId`, when the
-/// upstream has one, makes the idempotency key; without it the event's content does.
+/// the message also names its `tenant`; through the API the key does. `eventId` (the upstream's
+/// id of the event, required for `stock.in`) makes the idempotency key.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct StockEvent {
     pub event: String,
@@ -203,6 +203,7 @@ pub struct StockEvent {
     pub qty: i64,
     #[serde(default)]
     pub source: String,
+    /// The upstream's id of this event: required for `stock.in` (422 naming `eventId` without it).
     #[serde(rename = "eventId", alias = "event_id", default, skip_serializing_if = "Option::is_none")]
     pub event_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

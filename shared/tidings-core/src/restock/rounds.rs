@@ -80,7 +80,7 @@ pub struct StockEventAccepted {
 }
 
 /// Applies an upstream `stock.in` as an inventory adjustment, once per event (the idempotency
-/// key is the event's id, or a hash of its content). A 0 → more change opens the round through
+/// key is a hash of the tenant and the event's required `eventId`). A 0 → more change opens the round through
 /// the stream, like any other adjustment.
 pub async fn apply_stock_event(deps: &Deps, t: &TenantId, ev: &StockEvent) -> CoreResult<StockEventAccepted> {
     if ev.event != STOCK_IN_EVENT {
@@ -91,13 +91,17 @@ pub async fn apply_stock_event(deps: &Deps, t: &TenantId, ev: &StockEvent) -> Co
         return Err(CoreError::invalid("qty", "must be a positive number of units"));
     }
     AdjustmentSource::parse(&ev.source)?;
-    if let Some(id) = &ev.event_id {
-        check_id("eventId", id)?;
-    }
-    let basis = match &ev.event_id {
-        Some(id) => format!("{t}\nid\n{id}"),
-        None => format!("{t}\n{}\n{}\n{}", ev.sku_id, ev.qty, ev.source),
+    // Without the upstream's id, a repeat of this event and a second genuine arrival of the
+    // same quantity look alike: deduplicating by content would drop the second delivery of
+    // stock for good, not deduplicating would count a redelivery twice. So the id is required.
+    let Some(id) = ev.event_id.as_deref() else {
+        return Err(CoreError::invalid(
+            "eventId",
+            "required: the upstream's own id of this event (a repeat of it is applied once, another arrival of the same quantity is applied again)",
+        ));
     };
+    check_id("eventId", id)?;
+    let basis = format!("{t}\nid\n{id}");
     let key = format!("stock-in-{}", &hex::encode(Sha256::digest(basis.as_bytes()))[..40]);
     let req = AdjustmentRequest { delta: ev.qty, source: ev.source.clone(), idempotency_key: key.clone() };
     let view = inventory::adjust(deps, t, &ev.sku_id, &req).await?;
