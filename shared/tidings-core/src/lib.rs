@@ -25,6 +25,7 @@ pub mod retry;
 pub mod roles;
 pub mod schedule;
 pub mod signing;
+pub mod sizes;
 pub mod suppression;
 pub mod templates;
 pub mod tenants;
