@@ -282,6 +282,7 @@ async fn aws_providers_send_and_classify() {
         idempotency_key: "n1:u1".into(),
         tenant: "t".into(),
         notification_id: "n1".into(),
+        marketing: false,
         user_id: "u1".into(),
         attempt: 1,
     };

@@ -33,6 +33,34 @@ impl RedriveMode {
     }
 }
 
+/// An SMS provider on AWS: either may be the primary, the other the failover
+/// (`TIDINGS_SMS_PRIMARY`, `TIDINGS_SMS_SECONDARY`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SmsProvider {
+    /// SNS `Publish` to a phone number ([`crate::SnsSms`]).
+    #[default]
+    Sns,
+    /// AWS End User Messaging SMS `SendTextMessage` ([`crate::EndUserMessagingSms`]).
+    EndUserMessaging,
+}
+
+impl SmsProvider {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.trim() {
+            "sns" => Some(SmsProvider::Sns),
+            "end-user-messaging" => Some(SmsProvider::EndUserMessaging),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SmsProvider::Sns => "sns",
+            SmsProvider::EndUserMessaging => "end-user-messaging",
+        }
+    }
+}
+
 /// A configuration value that could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -53,6 +81,10 @@ pub enum ConfigError {
 /// | `TIDINGS_SNS_APNS_ARN` | none | SNS platform application for iOS devices (APNs) |
 /// | `TIDINGS_SNS_FCM_ARN` | none | SNS platform application for Android devices (FCM) |
 #[derive(Clone, Debug, PartialEq, Eq)]
+/// | `TIDINGS_SMS_PRIMARY` | `sns` | the SMS provider: `sns` or `end-user-messaging` |
+/// | `TIDINGS_SMS_SECONDARY` | none | the other one, used while the primary's breaker is open (`none`: no failover) |
+/// | `TIDINGS_SMS_ORIGINATION_IDENTITY` | none | End User Messaging's origination identity (phone number, sender id, pool: id or ARN) |
+/// | `TIDINGS_SMS_CONFIGURATION_SET` | none | End User Messaging's configuration set (its event destinations) |
 pub struct AwsConfig {
     pub table: String,
     pub queue_prefix: String,
@@ -67,6 +99,11 @@ pub struct AwsConfig {
 }
 
 impl Default for AwsConfig {
+    pub sms_primary: SmsProvider,
+    /// The SMS failover provider; never the primary.
+    pub sms_secondary: Option<SmsProvider>,
+    pub sms_origination_identity: Option<String>,
+    pub sms_configuration_set: Option<String>,
     fn default() -> Self {
         Self {
             table: "tidings".into(),
@@ -81,10 +118,19 @@ impl Default for AwsConfig {
     }
 }
 
+            sms_primary: SmsProvider::Sns,
+            sms_secondary: None,
+            sms_origination_identity: None,
+            sms_configuration_set: None,
 const QUEUE_URL_PREFIX: &str = "TIDINGS_QUEUE_URL_";
 
 impl AwsConfig {
     /// Reads the process environment.
+fn sms_provider(var: &'static str, v: &str) -> Result<SmsProvider, ConfigError> {
+    SmsProvider::parse(v)
+        .ok_or_else(|| ConfigError::Invalid { var, reason: format!("{v:?} is neither sns nor end-user-messaging") })
+}
+
     pub fn from_env() -> Result<Self, ConfigError> {
         Self::from_vars(std::env::vars())
     }
@@ -110,6 +156,14 @@ impl AwsConfig {
                         var: "TIDINGS_REDRIVE_MODE",
                         reason: format!("{v:?} is neither message-move-task nor receive-and-resend"),
                     })?;
+                "TIDINGS_SMS_PRIMARY" if !v.is_empty() => config.sms_primary = sms_provider("TIDINGS_SMS_PRIMARY", v)?,
+                "TIDINGS_SMS_SECONDARY" if !v.is_empty() && v.trim() != "none" => {
+                    config.sms_secondary = Some(sms_provider("TIDINGS_SMS_SECONDARY", v)?);
+                }
+                "TIDINGS_SMS_ORIGINATION_IDENTITY" if !v.is_empty() => {
+                    config.sms_origination_identity = Some(v.to_string());
+                }
+                "TIDINGS_SMS_CONFIGURATION_SET" if !v.is_empty() => config.sms_configuration_set = Some(v.to_string()),
                 }
                 "TIDINGS_MAX_RECEIVES" if !v.is_empty() => {
                     config.max_receives = match v.trim().parse::<u32>() {
@@ -136,6 +190,15 @@ impl AwsConfig {
 
     /// The real name of a logical queue.
     pub fn queue_name(&self, logical: &str) -> String {
+        if config.sms_secondary == Some(config.sms_primary) {
+            return Err(ConfigError::Invalid {
+                var: "TIDINGS_SMS_SECONDARY",
+                reason: format!(
+                    "{:?} is the primary too (TIDINGS_SMS_PRIMARY): fail over to the other provider, or none",
+                    config.sms_primary.as_str()
+                ),
+            });
+        }
         format!("{}{logical}", self.queue_prefix)
     }
 
@@ -184,5 +247,33 @@ mod tests {
         assert!(AwsConfig::from_vars([("TIDINGS_REDRIVE_MODE", "sideways")]).is_err());
         assert!(AwsConfig::from_vars([("TIDINGS_MAX_RECEIVES", "0")]).is_err());
         assert!(AwsConfig::from_vars([("TIDINGS_MAX_RECEIVES", "x")]).is_err());
+    #[test]
+    fn either_sms_provider_may_be_the_primary_and_never_both() {
+        let c = AwsConfig::from_vars([
+            ("TIDINGS_SMS_PRIMARY", "end-user-messaging"),
+            ("TIDINGS_SMS_SECONDARY", "sns"),
+            ("TIDINGS_SMS_ORIGINATION_IDENTITY", "pool-1"),
+            ("TIDINGS_SMS_CONFIGURATION_SET", "tidings-sms"),
+        ])
+        .unwrap();
+        assert_eq!((c.sms_primary, c.sms_secondary), (SmsProvider::EndUserMessaging, Some(SmsProvider::Sns)));
+        assert_eq!(c.sms_origination_identity.as_deref(), Some("pool-1"));
+        assert_eq!(c.sms_configuration_set.as_deref(), Some("tidings-sms"));
+        let c = AwsConfig::from_vars([("TIDINGS_SMS_SECONDARY", "end-user-messaging")]).unwrap();
+        assert_eq!((c.sms_primary, c.sms_secondary), (SmsProvider::Sns, Some(SmsProvider::EndUserMessaging)));
+        let c = AwsConfig::from_vars([("TIDINGS_SMS_SECONDARY", "none")]).unwrap();
+        assert_eq!(c.sms_secondary, None);
+        for bad in [
+            vec![("TIDINGS_SMS_SECONDARY", "sns")],
+            vec![("TIDINGS_SMS_PRIMARY", "end-user-messaging"), ("TIDINGS_SMS_SECONDARY", "end-user-messaging")],
+            // The embedded backend's fake is no AWS provider.
+            vec![("TIDINGS_SMS_SECONDARY", "fake")],
+            vec![("TIDINGS_SMS_PRIMARY", "twilio")],
+        ] {
+            let err = AwsConfig::from_vars(bad.clone()).unwrap_err().to_string();
+            assert!(err.contains("TIDINGS_SMS_"), "{bad:?}: {err}");
+        }
+    }
+
     }
 }

@@ -15,6 +15,7 @@ pub mod live;
 mod providers;
 mod queues;
 pub mod requests;
+mod sms_voice;
 mod stream;
 mod table;
 pub mod wiring;
@@ -23,9 +24,10 @@ pub mod wiring;
 mod mock_tests;
 
 pub use bootstrap::{BootstrapError, bootstrap};
-pub use config::{AwsConfig, ConfigError, RedriveMode};
-pub use providers::{SesEmail, SnsPush, SnsSms};
+pub use config::{AwsConfig, ConfigError, RedriveMode, SmsProvider};
+pub use providers::{SNS_DELIVERY_KEY_ATTRIBUTE, SesEmail, SnsPush, SnsSms};
 pub use queues::SqsQueues;
+pub use sms_voice::{DELIVERY_KEY_CONTEXT, EndUserMessagingSms, context_delivery_key};
 pub use stream::{DynamoChangeFeed, attrs_from_stream_image, change_record_from_stream, key_from_stream_image};
 pub use table::{
     ConflictRetry, DynamoTable, ExprBuilder, attrs_from_stored, item_from_dynamo, item_to_dynamo, port_attr_name,
@@ -44,6 +46,7 @@ pub struct AwsBackend {
     sqs: aws_sdk_sqs::Client,
     sns: aws_sdk_sns::Client,
     ses: aws_sdk_sesv2::Client,
+    sms_voice: aws_sdk_pinpointsmsvoicev2::Client,
 }
 
 impl AwsBackend {
@@ -77,6 +80,9 @@ impl AwsBackend {
             sns: aws_sdk_sns::Client::from_conf(aws_sdk_sns::config::Builder::from(sdk).interceptor(counted).build()),
             ses: aws_sdk_sesv2::Client::from_conf(
                 aws_sdk_sesv2::config::Builder::from(sdk).interceptor(counted).build(),
+            ),
+            sms_voice: aws_sdk_pinpointsmsvoicev2::Client::from_conf(
+                aws_sdk_pinpointsmsvoicev2::config::Builder::from(sdk).interceptor(counted).build(),
             ),
         }
     }
@@ -115,6 +121,21 @@ impl AwsBackend {
     }
 
     pub fn push(&self) -> SnsPush {
+    /// SMS through End User Messaging, with the configured origination identity and
+    /// configuration set.
+    pub fn end_user_messaging_sms(&self) -> EndUserMessagingSms {
+        EndUserMessagingSms::new(self.sms_voice.clone())
+            .with_identity(self.config.sms_origination_identity.clone(), self.config.sms_configuration_set.clone())
+    }
+
+    /// One of the SMS providers.
+    pub fn sms_provider(&self, which: SmsProvider) -> std::sync::Arc<dyn tidings_core::ports::Provider> {
+        match which {
+            SmsProvider::Sns => std::sync::Arc::new(self.sms()),
+            SmsProvider::EndUserMessaging => std::sync::Arc::new(self.end_user_messaging_sms()),
+        }
+    }
+
         SnsPush::new(self.sns.clone())
             .with_platform_apps(self.config.sns_apns_arn.clone(), self.config.sns_fcm_arn.clone())
     }

@@ -299,6 +299,7 @@ fn message(channel: Channel, to: &str) -> OutboundMessage {
         body: "It is back".into(),
         headers: vec![("List-Unsubscribe".into(), "<https://x/u>".into())],
         idempotency_key: "n1:u1:email".into(),
+        marketing: false,
         tenant: "t".into(),
         notification_id: "n1".into(),
         user_id: "u1".into(),

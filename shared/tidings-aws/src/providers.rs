@@ -155,6 +155,9 @@ pub struct SnsSms {
 impl SnsSms {
     pub fn new(client: aws_sdk_sns::Client) -> Self {
         Self { client }
+/// The SNS message attribute that carries an SMS's delivery key.
+pub const SNS_DELIVERY_KEY_ATTRIBUTE: &str = "tidings.delivery-key";
+
     }
 }
 
@@ -167,18 +170,26 @@ impl Provider for SnsSms {
     async fn send(&self, message: &OutboundMessage) -> Result<ProviderReceipt, ProviderError> {
         let sms_type = MessageAttributeValue::builder()
             .data_type("String")
-            .string_value("Transactional")
+            .string_value(if message.marketing { "Promotional" } else { "Transactional" })
             .build()
             .map_err(build_error)?;
-        let out = self
+        let mut req = self
             .client
             .publish()
             .phone_number(&message.to)
             .message(&message.body)
-            .message_attributes("AWS.SNS.SMS.SMSType", sms_type)
-            .send()
-            .await
-            .map_err(|e| sns_error(e, false))?;
+            .message_attributes("AWS.SNS.SMS.SMSType", sms_type);
+        // SNS has no idempotency key for SMS: the delivery key goes as an attribute of the
+        // publish (README "SMS failover"), which SNS does not deduplicate on.
+        if !message.idempotency_key.is_empty() {
+            let key = MessageAttributeValue::builder()
+                .data_type("String")
+                .string_value(&message.idempotency_key)
+                .build()
+                .map_err(build_error)?;
+            req = req.message_attributes(SNS_DELIVERY_KEY_ATTRIBUTE, key);
+        }
+        let out = req.send().await.map_err(|e| sns_error(e, false))?;
         Ok(ProviderReceipt { provider_message_id: out.message_id.unwrap_or_default() })
     }
 }

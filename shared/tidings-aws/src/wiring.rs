@@ -29,7 +29,10 @@ pub struct AwsPorts {
     pub queues: Arc<dyn Queues>,
     pub feed: Arc<dyn ChangeFeed>,
     pub email: Arc<dyn Provider>,
+    /// The primary SMS provider (`TIDINGS_SMS_PRIMARY`).
     pub sms: Arc<dyn Provider>,
+    /// The one SMS fails over to while the primary's breaker is open (`TIDINGS_SMS_SECONDARY`).
+    pub sms_secondary: Option<Arc<dyn Provider>>,
     pub push: Arc<dyn Provider>,
     /// Prefix of the queue ARNs in the SQS events the local runtime builds.
     pub queue_arn_prefix: String,
@@ -186,7 +189,8 @@ impl AwsPorts {
             queues: Arc::new(backend.queues()),
             feed: Arc::new(backend.change_feed()),
             email: Arc::new(backend.email()),
-            sms: Arc::new(backend.sms()),
+            sms: backend.sms_provider(backend.config().sms_primary),
+            sms_secondary: backend.config().sms_secondary.map(|p| backend.sms_provider(p)),
             push: Arc::new(backend.push()),
             queue_arn_prefix: format!("arn:aws:sqs:{region}:000000000000:{}", backend.config().queue_prefix),
             config,
@@ -207,12 +211,13 @@ impl AwsPorts {
     }
 
     /// The providers behind the three gates (per-provider and per-tenant token buckets kept in
-    /// the table, so every Lambda instance shares them; a circuit breaker per provider).
+    /// the table, so every Lambda instance shares them; a circuit breaker per provider; SMS
+    /// failing over to the secondary while the primary's breaker is open).
     pub fn gated_providers(&self) -> Providers {
         let raw = Providers { email: self.email.clone(), sms: self.sms.clone(), push: self.push.clone() };
         tidings_core::gates::wrap(
             &raw,
-            None,
+            self.sms_secondary.clone(),
             &tidings_core::gates::GateConfig::from_env(),
             tidings_core::gates::GateStore::Shared(self.table.clone()),
         )

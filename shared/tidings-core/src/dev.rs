@@ -61,6 +61,10 @@ pub struct RecordedSend {
     /// Push: the APNs collapse id / FCM tag (the delivery key).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub collapse_id: Option<String>,
+    /// The provider that took it (`sns-sms`, `end-user-messaging`, `null`, `fake-secondary`):
+    /// which side of an SMS failover sent it.
+    #[serde(default)]
+    pub provider: String,
 }
 
 /// How long a recorded send is kept: the table's TTL removes it on AWS (emulators included),
@@ -80,6 +84,22 @@ pub struct NullProvider;
 impl Provider for NullProvider {
     fn name(&self) -> &str {
         "null"
+    }
+    async fn send(&self, _message: &OutboundMessage) -> Result<ProviderReceipt, ProviderError> {
+        Ok(ProviderReceipt { provider_message_id: new_id() })
+    }
+}
+
+/// The embedded backend's second SMS provider (`TIDINGS_SMS_SECONDARY=fake`): accepts
+/// everything, under a name of its own, so the record of sends shows which side of a failover
+/// took each message.
+#[derive(Debug, Default)]
+pub struct FakeSecondarySms;
+
+#[async_trait]
+impl Provider for FakeSecondarySms {
+    fn name(&self) -> &str {
+        "fake-secondary"
     }
     async fn send(&self, _message: &OutboundMessage) -> Result<ProviderReceipt, ProviderError> {
         Ok(ProviderReceipt { provider_message_id: new_id() })
@@ -197,7 +217,8 @@ impl Provider for DevProvider {
             at: now.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
             provider_message_id: receipt.provider_message_id.clone(),
             headers: message.headers.clone(),
-            collapse_id: (self.channel == Channel::Push).then(|| message.idempotency_key.clone()),
+            collapse_id: (self.channel == Channel::Push).then(|| crate::devices::collapse_id(&message.idempotency_key)),
+            provider: self.inner.name().to_owned(),
         };
         // Ordered by a sequence that survives restarts and clock jumps: wall time + id.
         let sk = format!("{:015}#{}", now.timestamp_millis().max(0), new_id());

@@ -27,6 +27,7 @@ async fn a_recorded_send_expires() {
         body: "123456".into(),
         headers: vec![],
         idempotency_key: "k1".into(),
+        marketing: false,
         tenant: "acme".into(),
         notification_id: "n1".into(),
         user_id: "u1".into(),

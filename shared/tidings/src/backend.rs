@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use anyhow::Context;
-use tidings_core::dev::{DevProvider, DevProviders, NullProvider};
+use tidings_core::dev::{DevProvider, DevProviders, FakeSecondarySms, NullProvider};
 use tidings_core::gates::{self, GateConfig, GateStore};
 use tidings_core::ports::{ChangeFeed, Channel, Clock, Provider, Queues, Table};
 use tidings_core::{CoreConfig, Deps, Providers};
@@ -76,7 +76,7 @@ impl Backend {
         let providers = Providers { email: dev.email.clone(), sms: dev.sms.clone(), push: dev.push.clone() };
         // `TIDINGS_SMS_SECONDARY=fake`: a second fake SMS provider to fail over to.
         let secondary = std::env::var("TIDINGS_SMS_SECONDARY").is_ok_and(|v| v == "fake").then(|| {
-            Arc::new(DevProvider::new(Channel::Sms, Arc::new(NullProvider), table.clone(), clock.clone()))
+            Arc::new(DevProvider::new(Channel::Sms, Arc::new(FakeSecondarySms), table.clone(), clock.clone()))
                 as Arc<dyn Provider>
         });
         let providers = gates::wrap(&providers, secondary, &GateConfig::from_env(), GateStore::Local);
@@ -133,11 +133,17 @@ impl Backend {
             None => Providers { email: b.email.clone(), sms: b.sms.clone(), push: b.push.clone() },
         };
         // The rate buckets live in the table: shared by every instance, as on Lambda.
-        let providers = gates::wrap(&providers, None, &GateConfig::from_env(), GateStore::Shared(table.clone()));
+        let providers = gates::wrap(&providers, secondary, &GateConfig::from_env(), GateStore::Shared(table.clone()));
         Ok(Self {
             deps: Deps { table, queues: b.queues.clone(), clock, providers, config },
             feed: b.feed.clone(),
             dev,
+        // The SMS failover provider (`TIDINGS_SMS_SECONDARY`); with `--dev` its sends are
+        // recorded too (under its own name), while faults are injected into the primary only.
+        let secondary = b.sms_secondary.clone().map(|s| match &dev {
+            Some(_) => Arc::new(DevProvider::new(Channel::Sms, s, record.clone(), clock.clone())) as Arc<dyn Provider>,
+            None => s,
+        });
             queue_names: all_queues(),
             queue_arn_prefix: b.queue_arn_prefix.clone(),
             local: tidings_aws::wiring::endpoints_are_local(),

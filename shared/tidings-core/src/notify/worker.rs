@@ -148,6 +148,7 @@ async fn call_provider(
         body: task.body.clone(),
         headers: task.headers.clone(),
         idempotency_key: format!("{}:{}:{}", task.notification_id, task.user_id, task.channel),
+        marketing: task.category == Category::Marketing,
         tenant: t.as_str().to_owned(),
         notification_id: task.notification_id.clone(),
         user_id: task.user_id.clone(),

@@ -62,6 +62,9 @@ pub struct OutboundMessage {
     /// The delivery key: passed to providers that accept an idempotency key, and used as the
     /// push collapse id / tag so that a duplicate collapses on the device.
     pub idempotency_key: String,
+    /// A marketing message, not a transactional one: SMS providers send it as promotional.
+    #[serde(default)]
+    pub marketing: bool,
     /// For the fake providers' record (never logged): tenant, notification and user.
     #[serde(default)]
     pub tenant: String,
