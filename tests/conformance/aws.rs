@@ -153,6 +153,7 @@ table_case!(conditions_semantics);
 table_case!(transact_reports_failing_index);
 table_case!(transact_rejects_invalid);
 table_case!(query_prefix_and_pagination);
+table_case!(item_and_transaction_sizes);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn transactions_all_or_nothing() {
@@ -175,6 +176,7 @@ queue_case!(queue_max_receives_then_dlq, "conf-g");
 queue_case!(queue_redrive, "conf-h");
 queue_case!(queue_stats, "conf-i");
 queue_case!(queue_long_poll, "conf-j");
+queue_case!(queue_size_limits, "conf-k");
 
 /// The table cases concurrently on one table (as the embedded suite runs them on one store),
 /// then the queue cases through `queue::ALL` concurrently, as a harness sharing one backend would
@@ -280,9 +282,9 @@ async fn aws_providers_send_and_classify() {
         body: "It is back".into(),
         headers: vec![("List-Unsubscribe".into(), "<https://example.test/u>".into())],
         idempotency_key: "n1:u1".into(),
+        marketing: false,
         tenant: "t".into(),
         notification_id: "n1".into(),
-        marketing: false,
         user_id: "u1".into(),
         attempt: 1,
     };

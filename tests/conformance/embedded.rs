@@ -75,6 +75,7 @@ table_case!(conditions_semantics);
 table_case!(transact_reports_failing_index);
 table_case!(transact_rejects_invalid);
 table_case!(query_prefix_and_pagination);
+table_case!(item_and_transaction_sizes);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn transactions_all_or_nothing() {
@@ -96,6 +97,7 @@ queue_case!(queue_max_receives_then_dlq, "conf-g");
 queue_case!(queue_redrive, "conf-h");
 queue_case!(queue_stats, "conf-i");
 queue_case!(queue_long_poll, "conf-j");
+queue_case!(queue_size_limits, "conf-k");
 
 /// All table and stream cases on one shared in-memory store, concurrently (the cases must not
 /// step on each other), and the queue cases through `queue::ALL`, as a harness that shares one

@@ -252,8 +252,11 @@ impl SqsQueues {
         ))
     }
 
+    /// `SendMessageBatch` calls split by count and by bytes ([`tidings_core::sizes::send_batches`]):
+    /// ten large emails are more than one call may carry. A message too large for any queue
+    /// refuses the whole send before any of it is sent.
     async fn send_to_url(&self, url: &str, messages: Vec<OutMessage>) -> Result<(), QueueError> {
-        for chunk in messages.chunks(MAX_BATCH) {
+        for chunk in tidings_core::sizes::send_batches(&messages)? {
             let mut entries = Vec::with_capacity(chunk.len());
             for (i, m) in chunk.iter().enumerate() {
                 entries.push(
@@ -541,6 +544,7 @@ impl Queues for SqsQueues {
     }
 
     async fn send_to_dlq(&self, queue: &str, body: String) -> Result<(), QueueError> {
+        tidings_core::sizes::check_message(&OutMessage::new(body.as_str()))?;
         let dlq = self.dlq_url(queue).await?;
         self.client.send_message().queue_url(dlq).message_body(body).send().await.map_err(queue_error)?;
         Ok(())

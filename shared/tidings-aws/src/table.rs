@@ -15,7 +15,6 @@ use aws_sdk_dynamodb::types::{
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use serde_json::Value;
-use tidings_core::ports::table::MAX_TRANSACTION_WRITES;
 use tidings_core::ports::{Attrs, CmpOp, Cond, Item, Key, Page, QueryOpts, StoreError, Table, Update, Write};
 use tidings_core::retry::backoff;
 
@@ -617,6 +616,7 @@ impl Table for DynamoTable {
     }
 
     async fn put(&self, item: Item, cond: Cond) -> Result<(), StoreError> {
+        tidings_core::sizes::check_item(&item.key, &item.attrs)?;
         let mut x = ExprBuilder::new();
         let c = x.condition(&cond)?;
         let request = self
@@ -672,12 +672,9 @@ impl Table for DynamoTable {
         if writes.is_empty() {
             return Ok(());
         }
-        if writes.len() > MAX_TRANSACTION_WRITES {
-            return Err(StoreError::Invalid(format!(
-                "{} writes in one transaction (at most {MAX_TRANSACTION_WRITES})",
-                writes.len()
-            )));
-        }
+        // Refused here, before anything is sent, with the reason (DynamoDB answers a
+        // ValidationException that names no write).
+        tidings_core::sizes::check_transaction(&writes)?;
         let mut keys = std::collections::HashSet::with_capacity(writes.len());
         for w in &writes {
             if !keys.insert(w.key()) {

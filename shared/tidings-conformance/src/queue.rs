@@ -17,7 +17,7 @@ pub type QueueCase = for<'a> fn(&'a dyn Queues, &'a str) -> futures::future::Box
 
 /// Every queue case with the conformance queue meant for it, for a harness that runs them all
 /// in one test: `for (name, queue, case) in ALL { case(&queues, queue).await }`.
-pub const ALL: [(&str, &str, QueueCase); 10] = [
+pub const ALL: [(&str, &str, QueueCase); 11] = [
     ("queue_send_receive_delete", "conf-a", |q, n| Box::pin(queue_send_receive_delete(q, n))),
     ("queue_send_many", "conf-b", |q, n| Box::pin(queue_send_many(q, n))),
     ("queue_delay", "conf-c", |q, n| Box::pin(queue_delay(q, n))),
@@ -28,6 +28,7 @@ pub const ALL: [(&str, &str, QueueCase); 10] = [
     ("queue_redrive", "conf-h", |q, n| Box::pin(queue_redrive(q, n))),
     ("queue_stats", "conf-i", |q, n| Box::pin(queue_stats(q, n))),
     ("queue_long_poll", "conf-j", |q, n| Box::pin(queue_long_poll(q, n))),
+    ("queue_size_limits", "conf-k", |q, n| Box::pin(queue_size_limits(q, n))),
 ];
 
 const LONG: Duration = Duration::from_secs(30);
@@ -390,4 +391,42 @@ pub async fn queue_long_poll(q: &dyn Queues, queue: &str) {
     let none = q.receive(queue, 10, LONG, secs(1)).await.unwrap();
     assert!(none.is_empty());
     assert!(start.elapsed() >= Duration::from_millis(900), "an empty receive waited {:?} of 1 s", start.elapsed());
+}
+
+/// SQS's size limits (`tidings_core::sizes`): ten messages of 120 KB each, more than one
+/// `SendMessageBatch` may carry (256 KiB in all; 1.2 MB is more than even a queue raised to
+/// 1 MiB takes, and than moto's batch limit), are sent by one call and each received once;
+/// a message of exactly 256 KiB is sent; one byte more is `Invalid`, and nothing of the call
+/// that carried it is sent, the small messages before it included.
+pub async fn queue_size_limits(q: &dyn Queues, queue: &str) {
+    use tidings_core::sizes::MAX_MESSAGE_BYTES;
+    let run = run_id();
+    let body = |i: usize, size: usize| {
+        let head = format!("{run}:{i:02}:");
+        format!("{head}{}", "x".repeat(size - head.len()))
+    };
+    let large: BTreeSet<String> = (0..10).map(|i| body(i, 120 * 1024)).collect();
+    q.send_batch(queue, large.iter().map(OutMessage::new).collect()).await.unwrap();
+    let got = receive_all(q, queue, &large).await;
+    delete_all(q, queue, &got).await;
+
+    let exact = body(10, MAX_MESSAGE_BYTES);
+    q.send_batch(queue, vec![OutMessage::new(exact.clone())]).await.unwrap();
+    let m = receive_body(q, queue, &exact, LONG, DEADLINE).await.expect("a message of exactly 256 KiB arrives");
+    q.delete(queue, &m.receipt).await.unwrap();
+
+    let small = format!("{run}:small");
+    let over = vec![OutMessage::new(small.clone()), OutMessage::new(body(11, MAX_MESSAGE_BYTES + 1))];
+    match q.send_batch(queue, over).await {
+        Err(QueueError::Invalid(reason)) => {
+            assert!(reason.contains(&(MAX_MESSAGE_BYTES + 1).to_string()), "the reason gives the size: {reason}")
+        }
+        other => panic!("a message over 256 KiB is Invalid, got {other:?}"),
+    }
+    let after = q.receive(queue, 10, LONG, secs(1)).await.unwrap();
+    assert!(
+        after.is_empty(),
+        "nothing of a refused call is sent: {:?}",
+        after.iter().map(|m| m.body.len()).collect::<Vec<_>>()
+    );
 }

@@ -510,3 +510,53 @@ pub async fn query_prefix_and_pagination(t: &dyn Table) {
     let expected_after: Vec<String> = expected.iter().filter(|s| s.as_str() != "p#015").cloned().collect();
     assert_eq!(seen, expected_after, "pages continue after the last item seen");
 }
+
+/// DynamoDB's size limits, counted as `tidings_core::sizes` counts them: an item of exactly
+/// 400 KB is stored and read back whole, one byte more is `Invalid` and not stored; an update
+/// that would take an item past the limit is `Invalid` and changes nothing (on DynamoDB the
+/// service itself refuses it: the count agrees with DynamoDB's at the byte); a transaction of
+/// more than 4 MB is `Invalid` and writes nothing, while ten items of 390 KB commit.
+pub async fn item_and_transaction_sizes(t: &dyn Table) {
+    use tidings_core::sizes::{MAX_ITEM_BYTES, item_size};
+    let pk = format!("sizes-{}", run_id());
+    let filled = |sk: &str, size: usize| {
+        let k = key(&pk, sk);
+        let room = size - item_size(&k, &attrs(json!({"v": ""})));
+        Item::new(k, attrs(json!({"v": "x".repeat(room)})))
+    };
+    let exact = filled("exact", MAX_ITEM_BYTES);
+    assert_eq!(item_size(&exact.key, &exact.attrs), MAX_ITEM_BYTES);
+    t.put(exact.clone(), Cond::Always).await.unwrap();
+    assert_eq!(t.get(&exact.key).await.unwrap(), Some(exact.clone()), "an item of exactly 400 KB comes back whole");
+    let over = filled("over", MAX_ITEM_BYTES + 1);
+    assert!(matches!(t.put(over.clone(), Cond::Always).await, Err(StoreError::Invalid(_))), "one byte over is Invalid");
+    assert_eq!(t.get(&over.key).await.unwrap(), None, "and is not stored");
+
+    // Grown by an update: to the limit exactly (`w`: 1 byte of name, 99 of value), then past it.
+    let grown = filled("grown", MAX_ITEM_BYTES - 100);
+    t.put(grown.clone(), Cond::Always).await.unwrap();
+    let after = t.update(&grown.key, vec![Update::set("w", "y".repeat(99))], Cond::Exists).await.unwrap();
+    assert_eq!(item_size(&after.key, &after.attrs), MAX_ITEM_BYTES);
+    let r = t.update(&grown.key, vec![Update::set("w", "y".repeat(100))], Cond::Exists).await;
+    assert!(matches!(r, Err(StoreError::Invalid(_))), "an update past 400 KB is Invalid: {r:?}");
+    let kept = t.get(&grown.key).await.unwrap().unwrap();
+    assert_eq!(kept.str("w").map(str::len), Some(99), "and changes nothing");
+
+    // Transactions: eleven items of 390 KB are over 4 MB; ten are not.
+    let puts = |n: usize, prefix: &str| -> Vec<Write> {
+        (0..n).map(|i| Write::Put { item: filled(&format!("{prefix}{i:02}"), 390_000), cond: Cond::Always }).collect()
+    };
+    assert!(matches!(t.transact(puts(11, "big")).await, Err(StoreError::Invalid(_))), "over 4 MB is Invalid");
+    assert!(collect_all(t, &pk, "big", false, 100).await.is_empty(), "nothing of it is written");
+    t.transact(puts(10, "fits")).await.unwrap();
+    assert_eq!(collect_all(t, &pk, "fits", false, 100).await.len(), 10, "3.9 MB in ten items commit");
+    let mixed = vec![
+        Write::Put { item: item(&pk, "small", json!({"v": 1})), cond: Cond::Always },
+        Write::Put { item: filled("huge", MAX_ITEM_BYTES + 1), cond: Cond::Always },
+    ];
+    assert!(
+        matches!(t.transact(mixed).await, Err(StoreError::Invalid(_))),
+        "an item over 400 KB fails its transaction"
+    );
+    assert_eq!(t.get(&key(&pk, "small")).await.unwrap(), None, "and nothing of it is written");
+}

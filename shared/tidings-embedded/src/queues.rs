@@ -7,7 +7,7 @@
 //!   the next receive instead of being returned, as SQS's redrive policy does.
 //! - Limits as SQS: at most 10 messages per receive, a delay of at most 15 minutes, a
 //!   visibility of at most 12 hours, a long-poll wait of at most 20 seconds, bodies of 1 byte
-//!   to 256 KiB.
+//!   to 256 KiB (`tidings_core::sizes`, as the AWS adapter).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -27,8 +27,6 @@ const MAX_RECEIVE: usize = 100;
 const MAX_VISIBILITY: Duration = Duration::from_secs(12 * 60 * 60);
 /// The longest long-poll wait (SQS's limit).
 const MAX_WAIT: Duration = Duration::from_secs(20);
-/// The largest body (SQS's limit).
-const MAX_BODY_BYTES: usize = 256 * 1024;
 /// How often a long poll looks again even without a signal (messages become visible as time
 /// passes, and a manual clock moves without telling anyone).
 const POLL_EVERY: Duration = Duration::from_millis(50);
@@ -231,10 +229,10 @@ impl Queues for EmbeddedStore {
             if m.delay > MAX_DELAY {
                 return Err(QueueError::Invalid(format!("delay {:?} is over 15 minutes", m.delay)));
             }
-            if m.body.is_empty() || m.body.len() > MAX_BODY_BYTES {
-                return Err(QueueError::Invalid(format!("body of {} bytes (1 to {MAX_BODY_BYTES})", m.body.len())));
-            }
         }
+        // SQS's size limits, checked as the AWS adapter checks them (one transaction here, so
+        // the batches it would split into need not be sent one by one).
+        tidings_core::sizes::send_batches(&messages)?;
         if messages.is_empty() {
             return Ok(());
         }

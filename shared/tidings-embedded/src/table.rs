@@ -5,13 +5,10 @@ use std::collections::HashSet;
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
 use serde_json::Value;
-use tidings_core::ports::table::MAX_TRANSACTION_WRITES;
 use tidings_core::ports::{Attrs, Cond, Item, Key, Page, QueryOpts, StoreError, Table, Update, Write};
 
 use crate::{EmbeddedStore, db_err};
 
-/// DynamoDB's largest item (400 KB), enforced so that both backends accept the same items.
-pub(crate) const MAX_ITEM_BYTES: usize = 400 * 1024;
 /// The default page size of a query.
 const DEFAULT_LIMIT: usize = 100;
 /// The largest page size of a query.
@@ -74,12 +71,8 @@ impl Table for EmbeddedStore {
         if writes.is_empty() {
             return Err(StoreError::Invalid("a transaction needs at least one write".into()));
         }
-        if writes.len() > MAX_TRANSACTION_WRITES {
-            return Err(StoreError::Invalid(format!(
-                "{} writes in one transaction (at most {MAX_TRANSACTION_WRITES})",
-                writes.len()
-            )));
-        }
+        // DynamoDB's limits (count, items, 4 MB in all), as the AWS adapter checks them.
+        tidings_core::sizes::check_transaction(&writes)?;
         let mut seen = HashSet::new();
         for w in &writes {
             if !seen.insert(w.key()) {
@@ -148,15 +141,9 @@ fn validate(write: &Write) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// DynamoDB's item size, counted as DynamoDB counts it (`tidings_core::sizes`).
 fn check_size(key: &Key, attrs: &Attrs) -> Result<(), StoreError> {
-    let size = key.pk.len() + key.sk.len() + serde_json::to_string(attrs).map(|s| s.len()).unwrap_or(0);
-    if size > MAX_ITEM_BYTES {
-        return Err(StoreError::Invalid(format!(
-            "item {}/{} is {size} bytes (at most {MAX_ITEM_BYTES})",
-            key.pk, key.sk
-        )));
-    }
-    Ok(())
+    tidings_core::sizes::check_item(key, attrs)
 }
 
 /// Null attributes are not stored (see [`Attrs`]).
