@@ -65,6 +65,9 @@ pub struct CoreConfig {
     /// A PEM certificate trusted for every SNS message instead of the one at `SigningCertURL`
     /// (`TIDINGS_SNS_TRUSTED_CERT_PEM`, a PEM text or a path to one). Tests and emulators only.
     pub sns_trusted_cert_pem: Option<String>,
+    /// The SNS topics whose messages the callbacks accept (`TIDINGS_SNS_TOPIC_ARNS`, comma
+    /// separated; the template sets its own topics'). None: every SNS message is refused.
+    pub sns_topic_arns: Vec<String>,
 }
 
 impl Default for CoreConfig {
@@ -86,6 +89,7 @@ impl Default for CoreConfig {
             frequency_caps: std::collections::BTreeMap::new(),
             abuse: crate::abuse::AbuseGuard::default(),
             sns_trusted_cert_pem: None,
+            sns_topic_arns: Vec::new(),
         }
     }
 }
@@ -154,6 +158,9 @@ impl CoreConfig {
         {
             c.sns_trusted_cert_pem =
                 if v.contains("-----BEGIN") { Some(v) } else { std::fs::read_to_string(v.trim()).ok() };
+        }
+        if let Ok(v) = std::env::var("TIDINGS_SNS_TOPIC_ARNS") {
+            c.sns_topic_arns = v.split(',').map(str::trim).filter(|a| !a.is_empty()).map(str::to_owned).collect();
         }
         Ok(c)
     }

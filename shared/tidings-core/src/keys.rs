@@ -163,6 +163,11 @@ pub fn provider_message(provider: &str, provider_message_id: &str) -> Key {
     Key::new(format!("PMSG#{provider}#{provider_message_id}"), "PMSG")
 }
 
+/// An SNS `MessageId` a callback applied (remembered for the event window, to ignore repeats).
+pub fn sns_message(message_id: &str) -> Key {
+    Key::new(format!("SNSMSG#{message_id}"), "SNSMSG")
+}
+
 pub const DEV_SENDS_PK: &str = "DEV#SENDS";
 
 /// Splits a tenant-owned pk `T#{tenant}#...` into the tenant and the rest.

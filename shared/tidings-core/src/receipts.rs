@@ -6,11 +6,19 @@
 //! certificate at `SigningCertURL`, which must be an `https://sns.<region>.amazonaws.com/….pem`
 //! URL (anything else is refused before any fetch). A forged or altered message is refused.
 //!
+//! A valid signature only says SNS sent the message, not that it is ours: anyone can subscribe
+//! the endpoint to a topic of their own. So before anything else the message's `TopicArn` must
+//! be one of the stack's ([`check_topic`], `TIDINGS_SNS_TOPIC_ARNS`): a subscription to any
+//! other topic is never confirmed, and its events are refused.
+//!
 //! Then: `SubscriptionConfirmation` is confirmed by fetching its `SubscribeURL` (same host
-//! rule); a `Notification` carries an SES event: `Delivery` → `delivered`, `Bounce` (permanent)
-//! → `failed` and the address suppressed, `Complaint` → the address suppressed, `Open` /
-//! `Click` → `opened` / `clicked`. The delivery is found by the provider's message id (the
-//! channel worker records it when the provider accepts a message).
+//! rule); a `Notification` older than [`EVENT_WINDOW`] (by its signed `Timestamp`) or whose
+//! `MessageId` was seen before is ignored ([`admit`]); else it carries an SES event: `Delivery`
+//! → `delivered`, `Bounce` (permanent) → `failed` and the address suppressed, `Complaint` → the
+//! address suppressed, `Open` / `Click` → `opened` / `clicked`. The delivery is found by the
+//! provider's message id (the channel worker records it, with a hash of the address it sent
+//! to, when the provider accepts a message), and an event suppresses only that address: other
+//! addresses it lists are not ours to suppress.
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
@@ -69,6 +77,80 @@ pub enum VerifyError {
     BadSignature,
     #[error("the message is not a known SNS message type")]
     UnknownType,
+    #[error("the topic {0} is not one of this stack's")]
+    TopicNotAllowed(String),
+}
+
+/// A message from a topic not in the allow-list (`TIDINGS_SNS_TOPIC_ARNS`) is refused before its
+/// signature is even checked: none of it is believed or acted on, a subscription included.
+pub fn check_topic(config: &crate::deps::CoreConfig, message: &SnsMessage) -> Result<(), VerifyError> {
+    if config.sns_topic_arns.iter().any(|t| t == &message.topic_arn) {
+        Ok(())
+    } else {
+        Err(VerifyError::TopicNotAllowed(message.topic_arn.chars().take(256).collect()))
+    }
+}
+
+/// A notification older than this (its signed `Timestamp`) is ignored: SNS retries an https
+/// delivery for about an hour, so a day is far beyond a genuine late one, and an old message
+/// captured by someone cannot be replayed once its `MessageId` is forgotten.
+pub const EVENT_WINDOW: chrono::Duration = chrono::Duration::hours(24);
+/// A notification stamped further ahead than this is ignored too (no clock is that far off).
+const FUTURE_SKEW: chrono::Duration = chrono::Duration::minutes(15);
+
+/// Whether a verified notification is to be applied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admission {
+    /// New: its `MessageId` is now remembered (until the window has passed).
+    Fresh,
+    /// Outside [`EVENT_WINDOW`] (or unreadably stamped): ignored.
+    Stale,
+    /// Its `MessageId` was seen before: ignored.
+    Replayed,
+}
+
+impl Admission {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Admission::Fresh => "fresh",
+            Admission::Stale => "stale",
+            Admission::Replayed => "replayed",
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct SeenMessage<'a> {
+    topic: &'a str,
+    ttl: i64,
+}
+
+/// Admits a verified notification once: recent, and its `MessageId` not seen before (remembered
+/// with a TTL past the window; a repeat after that is stale anyway).
+pub async fn admit(deps: &Deps, message: &SnsMessage) -> CoreResult<Admission> {
+    let Ok(stamped) = chrono::DateTime::parse_from_rfc3339(&message.timestamp) else {
+        return Ok(Admission::Stale);
+    };
+    let stamped = stamped.with_timezone(&chrono::Utc);
+    let now = deps.clock.now();
+    if stamped < now - EVENT_WINDOW || stamped > now + FUTURE_SKEW {
+        return Ok(Admission::Stale);
+    }
+    let seen = SeenMessage { topic: &message.topic_arn, ttl: (stamped + EVENT_WINDOW).timestamp() + 3600 };
+    let item = Item::new(keys::sns_message(&message.message_id), attrs_of(&seen)?);
+    match deps.table.put(item, Cond::NotExists).await {
+        Ok(()) => Ok(Admission::Fresh),
+        Err(e) if e.is_condition_failed() => Ok(Admission::Replayed),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Forgets an admitted `MessageId` whose event could not be applied, so that SNS's retry of it
+/// is applied instead of ignored.
+pub async fn forget(deps: &Deps, message: &SnsMessage) {
+    if let Err(e) = deps.table.delete(&keys::sns_message(&message.message_id), Cond::Always).await {
+        warn!(error = %e, "SNS message id not forgotten; its retry will be ignored");
+    }
 }
 
 /// Whether a URL is one SNS itself serves: `https://sns.<region>.amazonaws.com[.cn]/…`.
@@ -168,46 +250,31 @@ pub struct ProviderMessageRef {
     pub notification_id: String,
     pub user_id: String,
     pub channel: Channel,
+    /// [`suppression::address_hash`] of the address the message was sent to: the only one its
+    /// bounces and complaints may suppress.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to_hash: Option<String>,
     pub ttl: i64,
 }
 
-/// Records which delivery a provider message id belongs to (kept 30 days).
-pub async fn remember(
-    deps: &Deps,
-    provider: &str,
-    provider_message_id: &str,
-    t: &TenantId,
-    notification_id: &str,
-    user_id: &str,
-    channel: Channel,
-) -> CoreResult<()> {
-    if let Some(crate::ports::Write::Put { item, cond }) =
-        remember_write(deps, provider, provider_message_id, t, notification_id, user_id, channel)?
-    {
-        deps.table.put(item, cond).await?;
-    }
-    Ok(())
-}
-
-/// The write [`remember`] makes (`None` without a provider message id), for a caller that
-/// writes it with others.
+/// The write that records which delivery (and which address) a provider message id belongs to,
+/// kept 30 days (`None` without a provider message id), for a caller that writes it with others.
 pub fn remember_write(
     deps: &Deps,
     provider: &str,
     provider_message_id: &str,
     t: &TenantId,
-    notification_id: &str,
-    user_id: &str,
-    channel: Channel,
+    task: &crate::notify::model::ChannelTask,
 ) -> CoreResult<Option<crate::ports::Write>> {
     if provider_message_id.is_empty() {
         return Ok(None);
     }
     let r = ProviderMessageRef {
         tenant: t.as_str().to_owned(),
-        notification_id: notification_id.to_owned(),
-        user_id: user_id.to_owned(),
-        channel,
+        notification_id: task.notification_id.clone(),
+        user_id: task.user_id.clone(),
+        channel: task.channel,
+        to_hash: Some(suppression::address_hash(&task.to)),
         ttl: deps.clock.now().timestamp() + 30 * 86_400,
     };
     let item = Item::new(keys::provider_message(provider, provider_message_id), attrs_of(&r)?);
@@ -228,19 +295,27 @@ pub async fn remember_sent(
     }
     let _ = provider;
     // Keyed by channel, not by provider name: the provider's message id is what a receipt names.
-    if let Err(e) = remember(
-        deps,
-        task.channel.as_str(),
-        provider_message_id,
-        t,
-        &task.notification_id,
-        &task.user_id,
-        task.channel,
-    )
-    .await
-    {
+    let written = async {
+        if let Some(crate::ports::Write::Put { item, cond }) =
+            remember_write(deps, task.channel.as_str(), provider_message_id, t, task)?
+        {
+            deps.table.put(item, cond).await?;
+        }
+        CoreResult::Ok(())
+    };
+    if let Err(e) = written.await {
         warn!(error = %e, "provider message id not recorded; its receipts will be ignored");
     }
+}
+
+/// The hash of the address a remembered message went to; for one remembered before the hash
+/// was kept, the user's email address now.
+async fn recipient_hash(deps: &Deps, t: &TenantId, r: &ProviderMessageRef) -> CoreResult<Option<String>> {
+    if let Some(h) = &r.to_hash {
+        return Ok(Some(h.clone()));
+    }
+    let user = crate::users::get_user(deps, t, &r.user_id).await?;
+    Ok(user.and_then(|u| u.email).map(|e| suppression::address_hash(&e)))
 }
 
 fn recipients(event: &Value, section: &str, list: &str) -> Vec<String> {
@@ -296,7 +371,12 @@ pub async fn apply_ses_event(deps: &Deps, provider: &str, event: &Value) -> Core
         "Click" => (Some(DeliveryStatus::Clicked), None, None),
         _ => (None, None, None),
     };
-    if let Some((addresses, reason)) = suppress {
+    if let Some((listed, reason)) = suppress {
+        // Only the address this delivery went to: an event naming others (a forged one, or one
+        // of a message with several recipients) suppresses nobody else.
+        let ours = recipient_hash(deps, &t, &r).await?;
+        let addresses: Vec<String> =
+            listed.into_iter().filter(|a| ours.as_deref() == Some(suppression::address_hash(a).as_str())).collect();
         for a in &addresses {
             suppression::suppress(deps, &t, r.channel, a, reason).await?;
         }
@@ -344,6 +424,35 @@ pub async fn apply_ses_event(deps: &Deps, provider: &str, event: &Value) -> Core
     }
     info!(tenant = %t, event = %kind, suppressed = outcome.suppressed, "receipt applied");
     Ok(outcome)
+}
+
+/// Which callback a notification came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Callback {
+    /// SES events (`/v1/callbacks/ses`).
+    Ses,
+    /// SNS mobile-push application events (`/v1/callbacks/push`).
+    Push,
+}
+
+/// A verified `Notification` from an allowed topic, its `Message` parsed: admitted once and
+/// applied. What it did, or `{"ignored": "stale" | "replayed"}`.
+pub async fn receive(deps: &Deps, message: &SnsMessage, event: &Value, callback: Callback) -> CoreResult<Value> {
+    let admission = admit(deps, message).await?;
+    if admission != Admission::Fresh {
+        info!(topic = %message.topic_arn, why = admission.as_str(), "SNS notification ignored");
+        return Ok(serde_json::json!({"ignored": admission.as_str()}));
+    }
+    let applied = match callback {
+        Callback::Push => apply_push_event(deps, event).await.map(|o| serde_json::to_value(o).unwrap_or_default()),
+        Callback::Ses => {
+            apply_ses_event(deps, "email", event).await.map(|o| serde_json::to_value(o).unwrap_or_default())
+        }
+    };
+    if applied.is_err() {
+        forget(deps, message).await;
+    }
+    applied
 }
 
 /// What a push application event did (the answer of `POST /v1/callbacks/push`).

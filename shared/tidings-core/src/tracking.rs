@@ -4,8 +4,9 @@
 //! key id for rotation: `TIDINGS_SIGNING_KEYS`), each made for one purpose (`track.open`,
 //! `track.click`, `unsubscribe`). Without a signing key no links are added.
 //!
-//! Opens and clicks are analytics: they are recorded off the request path (the handler answers
-//! first), and never on the send path.
+//! Opens and clicks are analytics, never on the send path. The route queues each one on the
+//! timers queue before it answers (one queue send: [`queue`]), and the timers' handler applies
+//! it ([`apply`]): nothing is left to run after the answer, which Lambda would freeze.
 //!
 //! A click goes through Tidings' own domain, so it only ever leads to a host the tenant
 //! registered (`PUT /v1/settings/link-hosts`): a link to another host, say one a placeholder
@@ -14,7 +15,7 @@
 //! tracking.
 
 use serde::{Deserialize, Serialize};
-use tracing::{debug, warn};
+use tracing::debug;
 
 use crate::deps::{CoreConfig, Deps};
 use crate::error::{CoreError, CoreResult};
@@ -226,15 +227,17 @@ fn rewrite_links(body: &str, f: impl Fn(&str) -> Option<String>) -> String {
     out
 }
 
-/// Records an open or a click on the delivery (`sent`/`delivered` → `opened` → `clicked`), with
-/// its progress counters. Never fails the caller: it is analytics.
-pub async fn record(deps: &Deps, claims: &Claims) {
-    if let Err(e) = try_record(deps, claims).await {
-        warn!(error = %e, "tracking event not recorded");
-    }
+/// Queues an open or a click (one message on the timers queue, due now) for [`apply`].
+pub async fn queue(deps: &Deps, claims: &Claims) -> CoreResult<()> {
+    let now = deps.clock.now();
+    let task = crate::timers::TimerTask::Tracked { claims: claims.clone(), at_ms: now.timestamp_millis() };
+    crate::timers::schedule(deps, now, task).await
 }
 
-async fn try_record(deps: &Deps, claims: &Claims) -> CoreResult<()> {
+/// Records an open or a click made at `at_ms` on the delivery (`sent`/`delivered` → `opened` →
+/// `clicked`), with its progress counters. Idempotent: a repeat finds the delivery moved and
+/// its time set.
+pub async fn apply(deps: &Deps, claims: &Claims, at_ms: i64) -> CoreResult<()> {
     let to = match claims.k {
         TokenKind::Open => DeliveryStatus::Opened,
         TokenKind::Click => DeliveryStatus::Clicked,
@@ -242,38 +245,46 @@ async fn try_record(deps: &Deps, claims: &Claims) -> CoreResult<()> {
     };
     let t = TenantId::parse(&claims.t)?;
     let key = keys::delivery(&t, &claims.n, &claims.u, claims.c);
-    let Some(item) = deps.table.get(&key).await? else { return Ok(()) };
-    let d: Delivery = item.parse()?;
     let rank = |s: DeliveryStatus| match s {
         DeliveryStatus::Sent | DeliveryStatus::Delivered => Some(0),
         DeliveryStatus::Opened => Some(1),
         DeliveryStatus::Clicked => Some(2),
         _ => None,
     };
-    let (Some(from_rank), Some(to_rank)) = (rank(d.status), rank(to)) else { return Ok(()) };
-    let now = deps.clock.now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
-    let now2 = now.clone();
+    let at_time = chrono::DateTime::<chrono::Utc>::from_timestamp_millis(at_ms).unwrap_or_else(|| deps.clock.now());
+    let at_text = at_time.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     let at = if to == DeliveryStatus::Opened { "opened_at" } else { "clicked_at" };
-    if from_rank >= to_rank {
-        deps.table.update(&key, vec![Update::SetIfAbsent(at.into(), now2.into())], crate::ports::Cond::Exists).await?;
-        return Ok(());
+    // An open and a click of one mail can be applied at once: the one that loses the status
+    // race reads the delivery again (a few tries; the status only moves forward).
+    for _ in 0..3 {
+        let Some(item) = deps.table.get(&key).await? else { return Ok(()) };
+        let d: Delivery = item.parse()?;
+        let (Some(from_rank), Some(to_rank)) = (rank(d.status), rank(to)) else { return Ok(()) };
+        if from_rank >= to_rank {
+            deps.table.update(&key, vec![Update::SetIfAbsent(at.into(), at_text.into())], Cond::Exists).await?;
+            return Ok(());
+        }
+        let now = deps.clock.now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+        let moved = progress::transition(
+            deps,
+            Transition {
+                t: &t,
+                notification_id: &claims.n,
+                user_id: &claims.u,
+                page: item.i64(PAGE_ATTR).unwrap_or(0).max(0) as u64,
+                key: &key,
+                from: d.status,
+                to,
+                also: None,
+                updates: vec![Update::SetIfAbsent(at.into(), at_text.clone().into()), Update::set("updated_at", now)],
+            },
+        )
+        .await?;
+        debug!(moved, status = to.as_str(), "tracking event");
+        if moved {
+            return Ok(());
+        }
     }
-    let moved = progress::transition(
-        deps,
-        Transition {
-            t: &t,
-            notification_id: &claims.n,
-            user_id: &claims.u,
-            page: item.i64(PAGE_ATTR).unwrap_or(0).max(0) as u64,
-            key: &key,
-            from: d.status,
-            to,
-            also: None,
-            updates: vec![Update::SetIfAbsent(at.into(), now.into()), Update::set("updated_at", now2)],
-        },
-    )
-    .await?;
-    debug!(moved, status = to.as_str(), "tracking event");
     Ok(())
 }
 

@@ -1,6 +1,7 @@
 //! `POST /v1/callbacks/{provider}`: provider receipts. No API key: an SNS message is believed
-//! only once its signature verifies against SNS's own certificate (see
-//! `tidings_core::receipts`). Forged or altered messages get 403.
+//! only when it comes from one of the stack's topics (`TIDINGS_SNS_TOPIC_ARNS`) and its
+//! signature verifies against SNS's own certificate (see `tidings_core::receipts`). Other
+//! topics, forged or altered messages get 403; old or repeated notifications are ignored.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
@@ -12,7 +13,7 @@ use axum::routing::post;
 use axum::{Json, Router};
 use bytes::Bytes;
 use serde_json::{Value, json};
-use tidings_core::receipts::{self, SnsMessage, check_cert_url, is_sns_url};
+use tidings_core::receipts::{self, Callback, SnsMessage, check_cert_url, check_topic, is_sns_url};
 use tracing::{info, warn};
 
 use crate::extract::{MAX_BODY, PathParams, parse_json};
@@ -69,12 +70,14 @@ async fn certificate(s: &AppState, url: &str) -> ApiResult<String> {
 
 /// Provider receipts through SNS: SES events (`ses`) and SNS mobile-push application events
 /// (`push`: a delivery failure naming a dead token, or a deleted endpoint, deletes the device).
-/// No API key: the SNS signature is verified.
+/// No API key: the topic must be one of the stack's and the SNS signature must verify; a
+/// notification older than 24 hours or seen before answers 200 `{"ignored": "stale" |
+/// "replayed"}` and changes nothing.
 #[utoipa::path(post, path = "/v1/callbacks/{provider}", tag = "callbacks",
     params(("provider" = String, Path, description = "`ses` or `push`")),
     request_body(content = SnsMessage, content_type = "text/plain", description = "An SNS message (SNS posts JSON as text/plain)"),
     responses((status = 200, description = "Applied, confirmed or ignored", body = Object),
-        (status = 403, description = "The signature does not verify", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "A topic not in TIDINGS_SNS_TOPIC_ARNS (`topic_not_allowed`), or the signature does not verify (`invalid_signature`)", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "Unknown provider", body = Problem, content_type = "application/problem+json")))]
 async fn callback(
     State(s): State<AppState>,
@@ -91,6 +94,11 @@ async fn callback(
     }
     // SNS posts JSON as text/plain: the body is parsed whatever the content type says.
     let message: SnsMessage = parse_json(&body)?;
+    // Another topic's message is refused before anything is fetched for it.
+    check_topic(&s.deps.config, &message).map_err(|e| {
+        warn!(error = %e, "SNS callback from a topic not ours refused");
+        Problem::new(StatusCode::FORBIDDEN, "topic_not_allowed", e.to_string()).with_field("TopicArn")
+    })?;
     let pem = certificate(&s, &message.signing_cert_url).await?;
     message.verify_with_cert(&pem).map_err(|e| {
         warn!(error = %e, "SNS callback refused");
@@ -121,12 +129,9 @@ async fn callback(
                 Problem::new(StatusCode::BAD_REQUEST, "invalid_body", format!("Message is not JSON: {e}"))
                     .with_field("Message")
             })?;
-            let outcome = if provider == "push" {
-                serde_json::to_value(receipts::apply_push_event(&s.deps, &event).await?)
-            } else {
-                serde_json::to_value(receipts::apply_ses_event(&s.deps, "email", &event).await?)
-            };
-            Ok((StatusCode::OK, Json(outcome.unwrap_or_default())))
+            let callback = if provider == "push" { Callback::Push } else { Callback::Ses };
+            let outcome = receipts::receive(&s.deps, &message, &event, callback).await?;
+            Ok((StatusCode::OK, Json(outcome)))
         }
     }
 }

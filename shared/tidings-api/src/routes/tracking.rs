@@ -1,6 +1,7 @@
 //! Open pixel, click redirect and one-click unsubscribe: no API key, the signed token is the
-//! credential. Opens and clicks are recorded after the answer (a spawned task), never making the
-//! reader wait. Beside them, with the tenant's key, the hosts a click may lead to.
+//! credential. An open or a click is queued (one message on the timers queue) before the
+//! answer, so nothing is left to run after it: Lambda freezes an environment once it has
+//! answered. Beside them, with the tenant's key, the hosts a click may lead to.
 
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
@@ -9,6 +10,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 use tidings_core::TenantId;
 use tidings_core::tracking::{self, Claims, LinkHosts, LinkHostsInput, TokenKind};
+use tracing::warn;
 
 use crate::extract::{Body, PathParams, Tenant};
 use crate::problem::{ApiResult, Problem};
@@ -64,10 +66,13 @@ fn verify(s: &AppState, kind: TokenKind, token: &str) -> ApiResult<Claims> {
     })
 }
 
-/// Records in the background: the answer does not wait for the table.
-fn record_later(s: &AppState, claims: Claims) {
-    let deps = s.deps.clone();
-    tidings_core::roles::spawn_in_role(async move { tracking::record(&deps, &claims).await });
+/// Queues the open or click before the answer (one queue send; the timers' handler records
+/// it). A queue that cannot be reached loses this one event, never the reader's pixel or
+/// redirect: tracking is analytics.
+async fn record(s: &AppState, claims: &Claims) {
+    if let Err(e) = tracking::queue(&s.deps, claims).await {
+        warn!(error = %e, "tracking event not queued");
+    }
 }
 
 /// The open pixel: always a 1×1 GIF; a valid token records an open.
@@ -76,7 +81,7 @@ fn record_later(s: &AppState, claims: Claims) {
 async fn open(State(s): State<AppState>, PathParams(token): PathParams<String>) -> Response {
     // A bad token still gets the pixel (an image that fails shows a broken icon); it counts nothing.
     if let Ok(claims) = verify(&s, TokenKind::Open, &token) {
-        record_later(&s, claims);
+        record(&s, &claims).await;
     }
     let mut res = (StatusCode::OK, PIXEL).into_response();
     res.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("image/gif"));
@@ -102,7 +107,7 @@ async fn click(State(s): State<AppState>, PathParams(token): PathParams<String>)
     }
     let location = HeaderValue::from_str(&url)
         .map_err(|_| Problem::new(StatusCode::NOT_FOUND, "invalid_token", "this link has no usable target"))?;
-    record_later(&s, claims);
+    record(&s, &claims).await;
     let mut res = StatusCode::FOUND.into_response();
     res.headers_mut().insert(header::LOCATION, location);
     res.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));

@@ -483,16 +483,7 @@ async fn deliver_batch(
         if let Some(id) = &settled.receipt {
             sent.push(c.index);
             if c.task.channel == Channel::Email {
-                let ch = c.task.channel;
-                match crate::receipts::remember_write(
-                    deps,
-                    ch.as_str(),
-                    id,
-                    c.t,
-                    &c.task.notification_id,
-                    &c.task.user_id,
-                    ch,
-                ) {
+                match crate::receipts::remember_write(deps, c.task.channel.as_str(), id, c.t, c.task) {
                     Ok(Some(w)) => receipts.push(w),
                     Ok(None) => {}
                     Err(e) => warn!(error = %e, "provider message id not recorded; its receipts will be ignored"),

@@ -83,6 +83,10 @@ pub enum TimerTask {
     /// A marketing delivery held back by the user's quiet hours: plan it again.
     #[serde(rename = "delivery.resume")]
     DeferredDelivery { tenant: String, notification_id: String, user_id: String, channel: crate::ports::Channel },
+    /// An open or a click, queued by the tracking routes before they answer (in Lambda an
+    /// environment is frozen once it has answered, so nothing may be left to do after it).
+    #[serde(rename = "tracking.event")]
+    Tracked { claims: crate::tracking::Claims, at_ms: i64 },
 }
 
 fn one() -> u32 {
@@ -305,6 +309,7 @@ async fn run(deps: &Deps, task: &TimerTask) -> CoreResult<()> {
             let t = TenantId::parse(tenant)?;
             crate::notify::orchestrator::resume_deferred(deps, &t, notification_id, user_id, *channel).await
         }
+        TimerTask::Tracked { claims, at_ms } => crate::tracking::apply(deps, claims, *at_ms).await,
     }
 }
 
