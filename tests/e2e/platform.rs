@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use base64::Engine;
 use serde_json::{Value, json};
+use sha2::Digest as _;
 
 use crate::server::{Backend, Options, Server};
 
@@ -423,7 +424,49 @@ pub async fn push_reaches_every_device_and_a_dead_token_is_deleted(backend: Back
     let (id3, _) = notify(&s, req("push-3", &["u1"], "transactional", Some(&["push"]), 3)).await?;
     let d = settled(&s, &id3).await?;
     assert_eq!(find(&d, "u1", "push")["reason"], "no_address", "{d:?}");
+
+    // A UUID user id makes the delivery key longer than APNs's 64 bytes: the push still carries
+    // a collapse id, the key's SHA-256 in hex.
+    let uuid = "7f0c2a8e-3b1d-4c55-9a77-2f6e8d1b9c40";
+    user(&s, uuid, json!({"email": "b@example.com"})).await?;
+    // A token of this run only: moto keeps the endpoints of earlier runs.
+    let token = format!("tok-android-{}", rand::random::<u32>());
+    let (st, _) =
+        s.call("POST", "/v1/devices", Some(json!({"user_id": uuid, "platform": "android", "token": token}))).await?;
+    assert_eq!(st, 201);
+    let (id4, _) = notify(&s, req("push-4", &[uuid], "transactional", Some(&["push"]), 4)).await?;
+    settled(&s, &id4).await?;
+    let key = format!("{id4}:{uuid}:push");
+    assert!(key.len() > 64, "{key}");
+    let digest = format!("{:x}", sha2::Sha256::digest(key.as_bytes()));
+    let sends = s.sends(&id4).await?;
+    assert_eq!(sends.len(), 1, "{sends:?}");
+    assert_eq!(sends[0]["collapse_id"], digest.as_str(), "{sends:?}");
+    if backend == Backend::Aws {
+        // What SNS itself received (moto keeps each endpoint's messages): the FCM payload's
+        // collapse key and tag. (moto drops message attributes, so the APNs collapse id is
+        // checked against the SDK request in tidings-aws's mock tests.)
+        let got = moto_endpoint_messages(&crate::server::emulator(), &token).await?;
+        assert_eq!(got.len(), 1, "{got:?}");
+        let body: Value = serde_json::from_str(&got[0])?;
+        let gcm: Value = serde_json::from_str(body["GCM"].as_str().unwrap_or("{}"))?;
+        let android = &gcm["fcmV1Message"]["message"]["android"];
+        assert_eq!(android["collapse_key"], digest.as_str(), "{gcm}");
+        assert_eq!(android["notification"]["tag"], digest.as_str(), "{gcm}");
+    }
     Ok(())
+}
+
+/// The messages moto's SNS holds for the platform endpoint of `token` (its `/moto-api/data.json`).
+async fn moto_endpoint_messages(moto: &str, token: &str) -> anyhow::Result<Vec<String>> {
+    let data: Value = reqwest::get(format!("{moto}/moto-api/data.json")).await?.json().await?;
+    let endpoints = data["sns"]["PlatformEndpoint"].as_array().cloned().unwrap_or_default();
+    Ok(endpoints
+        .iter()
+        .filter(|e| e["token"] == token)
+        .flat_map(|e| e["messages"].as_object().cloned().unwrap_or_default().into_values())
+        .filter_map(|m| m.as_str().map(str::to_owned))
+        .collect())
 }
 
 /// An SNS message signed with the test key (as SNS signs: SHA256withRSA, version 2).
@@ -436,7 +479,8 @@ pub(crate) fn sns_notification(message: &Value) -> Value {
         "MessageId": format!("m-{}", rand::random::<u32>()),
         "TopicArn": "arn:aws:sns:us-east-1:123456789012:ses-events",
         "Message": message.to_string(),
-        "Timestamp": "2026-11-29T12:00:00.000Z",
+        // Now: an older notification than the callbacks' window (24 h) is ignored.
+        "Timestamp": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
         "SignatureVersion": "2",
         "SigningCertURL": "https://sns.us-east-1.amazonaws.com/SimpleNotificationService-test.pem",
     });
@@ -457,6 +501,7 @@ pub(crate) fn sns_notification(message: &Value) -> Value {
 pub async fn forged_sns_callback_is_rejected_and_a_genuine_bounce_suppresses(backend: Backend) -> anyhow::Result<()> {
     let mut opts = Options::default();
     opts.env.push(("TIDINGS_SNS_TRUSTED_CERT_PEM", SIGNING_CERT.into()));
+    opts.env.push(("TIDINGS_SNS_TOPIC_ARNS", "arn:aws:sns:us-east-1:123456789012:ses-events".into()));
     let s = Server::start(backend, opts).await?;
     template(&s).await?;
     user(&s, "u1", json!({"email": "bouncy@example.com"})).await?;
@@ -509,6 +554,7 @@ pub async fn forged_sns_callback_is_rejected_and_a_genuine_bounce_suppresses(bac
 pub async fn a_push_service_event_deletes_the_dead_device(backend: Backend) -> anyhow::Result<()> {
     let mut opts = push_options(backend).await?;
     opts.env.push(("TIDINGS_SNS_TRUSTED_CERT_PEM", SIGNING_CERT.into()));
+    opts.env.push(("TIDINGS_SNS_TOPIC_ARNS", "arn:aws:sns:us-east-1:123456789012:ses-events".into()));
     let s = Server::start(backend, opts).await?;
     template(&s).await?;
     user(&s, "u1", json!({"email": "a@example.com"})).await?;

@@ -307,6 +307,35 @@ fn message(channel: Channel, to: &str) -> OutboundMessage {
     }
 }
 
+/// A delivery key longer than APNs's 64 bytes (a UUID user id) still collapses: SNS is given
+/// its digest as the APNs collapse id and as the FCM collapse key and tag.
+#[tokio::test]
+async fn push_collapses_a_long_delivery_key_by_its_digest() {
+    use aws_sdk_sns::operation::publish::PublishOutput;
+    let key = "n_01JEXAMPLE0000000000000000:7f0c2a8e-3b1d-4c55-9a77-2f6e8d1b9c40:push";
+    let digest = tidings_core::devices::collapse_id(key);
+    assert_eq!(digest.len(), 64);
+    let expected = digest.clone();
+    let ok = mock!(aws_sdk_sns::Client::publish)
+        .match_requests(move |r| {
+            let apns = r
+                .message_attributes()
+                .and_then(|a| a.get("AWS.SNS.MOBILE.APNS.COLLAPSE_ID"))
+                .and_then(|v| v.string_value());
+            let body: serde_json::Value = serde_json::from_str(r.message().unwrap_or("{}")).unwrap_or_default();
+            let gcm: serde_json::Value = serde_json::from_str(body["GCM"].as_str().unwrap_or("{}")).unwrap_or_default();
+            let android = &gcm["fcmV1Message"]["message"]["android"];
+            apns == Some(expected.as_str())
+                && android["collapse_key"] == expected.as_str()
+                && android["notification"]["tag"] == expected.as_str()
+        })
+        .then_output(|| PublishOutput::builder().message_id("p-long").build());
+    let push = SnsPush::new(client!(aws_sdk_sns, [&ok]));
+    let mut m = message(Channel::Push, "arn:endpoint/ok");
+    m.idempotency_key = key.into();
+    assert_eq!(push.send(&m).await.unwrap().provider_message_id, "p-long");
+}
+
 #[tokio::test]
 async fn ses_sends_headers_and_classifies_errors() {
     use aws_sdk_sesv2::operation::send_email::SendEmailOutput;

@@ -102,11 +102,19 @@ fn build_error(e: impl std::fmt::Display) -> ProviderError {
 pub struct SesEmail {
     client: aws_sdk_sesv2::Client,
     from: String,
+    /// Named on every send, so SES publishes its events (delivery, bounce, complaint, open,
+    /// click) to the configuration set's destination (`TIDINGS_SES_CONFIGURATION_SET`).
+    configuration_set: Option<String>,
 }
 
 impl SesEmail {
     pub fn new(client: aws_sdk_sesv2::Client, from: impl Into<String>) -> Self {
-        Self { client, from: from.into() }
+        Self { client, from: from.into(), configuration_set: None }
+    }
+
+    pub fn with_configuration_set(mut self, name: Option<String>) -> Self {
+        self.configuration_set = name.filter(|n| !n.is_empty());
+        self
     }
 }
 
@@ -137,6 +145,7 @@ impl Provider for SesEmail {
             .client
             .send_email()
             .from_email_address(&self.from)
+            .set_configuration_set_name(self.configuration_set.clone())
             .destination(Destination::builder().to_addresses(&message.to).build())
             .content(EmailContent::builder().simple(simple).build())
             .send()
@@ -145,6 +154,9 @@ impl Provider for SesEmail {
         Ok(ProviderReceipt { provider_message_id: out.message_id.unwrap_or_default() })
     }
 }
+
+/// The SNS message attribute that carries an SMS's delivery key.
+pub const SNS_DELIVERY_KEY_ATTRIBUTE: &str = "tidings.delivery-key";
 
 /// SMS through SNS `Publish` with a phone number.
 #[derive(Clone, Debug)]
@@ -155,9 +167,6 @@ pub struct SnsSms {
 impl SnsSms {
     pub fn new(client: aws_sdk_sns::Client) -> Self {
         Self { client }
-/// The SNS message attribute that carries an SMS's delivery key.
-pub const SNS_DELIVERY_KEY_ATTRIBUTE: &str = "tidings.delivery-key";
-
     }
 }
 
@@ -196,8 +205,9 @@ impl Provider for SnsSms {
 
 /// Push through SNS mobile push. A device token becomes a platform endpoint of the platform's
 /// application (`CreatePlatformEndpoint`, idempotent for the same token); sends `Publish` to
-/// the endpoint ARN with a per-platform JSON message. The delivery key is the APNs collapse id
-/// and the FCM tag, so that a duplicate collapses on the device. A disabled or deleted endpoint
+/// the endpoint ARN with a per-platform JSON message. The delivery key (`devices::collapse_id`:
+/// itself, or its digest when longer than APNs's 64 bytes) is the APNs collapse id and the FCM
+/// collapse key and tag, so that a duplicate collapses on the device. A disabled or deleted endpoint
 /// (APNs 410, FCM `UNREGISTERED`) answers `InvalidToken`.
 #[derive(Clone, Debug)]
 pub struct SnsPush {
@@ -222,7 +232,7 @@ impl SnsPush {
 /// The SNS message of a push: `default`, plus APNs and FCM payloads carrying the collapse key.
 pub fn push_payload(message: &OutboundMessage) -> String {
     let title = message.subject.clone().unwrap_or_default();
-    let key = &message.idempotency_key;
+    let key = &tidings_core::devices::collapse_id(&message.idempotency_key);
     let apns = serde_json::json!({"aps": {"alert": {"title": title, "body": message.body}}});
     let fcm =
         serde_json::json!({"notification": {"title": title, "body": message.body, "tag": key}, "collapse_key": key});
@@ -275,11 +285,11 @@ impl Provider for SnsPush {
     async fn send(&self, message: &OutboundMessage) -> Result<ProviderReceipt, ProviderError> {
         let mut req =
             self.client.publish().target_arn(&message.to).message_structure("json").message(push_payload(message));
-        // APNs takes at most 64 bytes.
-        if !message.idempotency_key.is_empty() && message.idempotency_key.len() <= 64 {
+        // APNs takes at most 64 bytes: `collapse_id` keeps to that.
+        if !message.idempotency_key.is_empty() {
             let collapse = MessageAttributeValue::builder()
                 .data_type("String")
-                .string_value(&message.idempotency_key)
+                .string_value(tidings_core::devices::collapse_id(&message.idempotency_key))
                 .build()
                 .map_err(build_error)?;
             req = req.message_attributes("AWS.SNS.MOBILE.APNS.COLLAPSE_ID", collapse);

@@ -58,7 +58,7 @@ pub struct RecordedSend {
     pub provider_message_id: String,
     #[serde(default)]
     pub headers: Vec<(String, String)>,
-    /// Push: the APNs collapse id / FCM tag (the delivery key).
+    /// Push: the APNs collapse id / FCM tag (`devices::collapse_id` of the delivery key).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub collapse_id: Option<String>,
     /// The provider that took it (`sns-sms`, `end-user-messaging`, `null`, `fake-secondary`):

@@ -61,6 +61,23 @@ fn endpoint_key(address: &str) -> crate::ports::Key {
     keys::push_endpoint(&token_hash(address))
 }
 
+/// The longest collapse id a push carries: APNs refuses an `apns-collapse-id` over 64 bytes, and
+/// FCM's collapse key and tag are given the same bound.
+pub const MAX_COLLAPSE_ID: usize = 64;
+
+/// The APNs collapse id and the FCM collapse key / tag of a push: its delivery key when that fits
+/// [`MAX_COLLAPSE_ID`], else the key's SHA-256 in hex (64 characters). Either way it is the same
+/// on every retry of one delivery, so a duplicate replaces the first on the device, and differs
+/// between deliveries. A delivery key holds the user id, so the digest is what most shops get
+/// (a UUID alone is 36 characters).
+pub fn collapse_id(delivery_key: &str) -> String {
+    if delivery_key.len() <= MAX_COLLAPSE_ID {
+        delivery_key.to_owned()
+    } else {
+        hex::encode(Sha256::digest(delivery_key.as_bytes()))
+    }
+}
+
 pub fn check_token(token: &str) -> CoreResult<()> {
     if token.is_empty() || token.len() > 4096 || token.chars().any(|c| c.is_whitespace() || c.is_control()) {
         return Err(CoreError::invalid("token", "must be 1 to 4096 characters without spaces"));
@@ -285,4 +302,23 @@ pub async fn send(
         reason: "the user has no registered device".into(),
         code: PermanentCode::InvalidToken,
     }))
+}
+
+#[cfg(test)]
+mod collapse_tests {
+    use super::*;
+
+    #[test]
+    fn collapse_ids_fit_apns_and_stay_the_same_per_delivery() {
+        let short = "n_01:u1:push";
+        assert_eq!(collapse_id(short), short);
+        let long = "n_01JEXAMPLE0000000000000000:7f0c2a8e-3b1d-4c55-9a77-2f6e8d1b9c40:push";
+        let id = collapse_id(long);
+        assert!(long.len() > MAX_COLLAPSE_ID);
+        assert_eq!(id.len(), MAX_COLLAPSE_ID);
+        assert_eq!(id, collapse_id(long), "the same on every retry");
+        assert_ne!(id, collapse_id(&long.replace("7f0c", "7f0d")), "another delivery, another id");
+        let exactly = "k".repeat(MAX_COLLAPSE_ID);
+        assert_eq!(collapse_id(&exactly), exactly);
+    }
 }
