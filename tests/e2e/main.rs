@@ -21,6 +21,7 @@ mod server;
 mod shipped;
 
 /// Declares each test once per backend: `on_both_backends!(module as module_tests: test, ...)`
+mod sms_failover;
 /// makes `module_tests::embedded::test` and `module_tests::aws::test` from `module::test`.
 macro_rules! on_both_backends {
     ($group:ident as $tests:ident: $($name:ident),* $(,)?) => {
@@ -134,6 +135,8 @@ on_both_backends!(isolation as isolation_tests: no_route_shows_or_changes_anothe
 
 on_both_backends!(contention as contention_tests:
     concurrent_otp_accepts_on_one_template_are_all_accepted,
+on_both_backends!(sms_failover as sms_failover_tests: sms_fails_over_to_the_second_provider_and_back);
+
     concurrent_otps_against_the_limits_get_exactly_the_limit_through,
 );
 
