@@ -68,6 +68,9 @@ pub struct CoreConfig {
     /// The SNS topics whose messages the callbacks accept (`TIDINGS_SNS_TOPIC_ARNS`, comma
     /// separated; the template sets its own topics'). None: every SNS message is refused.
     pub sns_topic_arns: Vec<String>,
+    /// How old a notification still `accepted` must be before the tick's sweep queues it again
+    /// (`TIDINGS_RELAY_SWEEP_AFTER_S`; see [`crate::notify::sweep`]).
+    pub relay_sweep_after: Duration,
 }
 
 impl Default for CoreConfig {
@@ -90,6 +93,7 @@ impl Default for CoreConfig {
             abuse: crate::abuse::AbuseGuard::default(),
             sns_trusted_cert_pem: None,
             sns_topic_arns: Vec::new(),
+            relay_sweep_after: Duration::from_secs(300),
         }
     }
 }
@@ -136,6 +140,9 @@ impl CoreConfig {
         }
         c.hold_times = crate::inventory::HoldTimes::from_env();
         c.restock = crate::restock::RestockConfig::from_env();
+        if let Some(v) = ms("TIDINGS_RELAY_SWEEP_AFTER_S") {
+            c.relay_sweep_after = Duration::from_secs(v);
+        }
         if let Some(v) = ms("TIDINGS_CAMPAIGN_PAGE_SIZE") {
             c.campaign_page_size = v.clamp(1, 1000) as usize;
         }

@@ -187,9 +187,10 @@ pub const ALL_QUEUES: &[&str] = &[
     "stock-events",
 ];
 
-/// Whether a queue has a worker. `inventory-review` is read by operators, not by code.
+/// Whether a queue has a worker. `inventory-review` and `stream-failures` are read by
+/// operators, not by code.
 pub fn is_consumed(queue: &str) -> bool {
-    queue != crate::inventory::REVIEW_QUEUE
+    queue != crate::inventory::REVIEW_QUEUE && queue != crate::notify::relay::STREAM_FAILURES_QUEUE
 }
 
 /// Whether a queue has a DLQ: only a consumed one (nothing dead-letters from a queue nobody

@@ -898,3 +898,50 @@ async fn unregistering_a_token_another_tenant_uses_keeps_its_endpoint() {
     devices::unregister(&w.deps, &other, "tok-shared").await.unwrap();
     assert_eq!(*w.push.unregistered.lock().unwrap(), ["tok-shared"]);
 }
+
+async fn queued_requests(w: &World) -> u64 {
+    let mut n = 0;
+    for q in ["requests-high", "requests-normal", "requests-low"] {
+        n += depth(w, q).await;
+    }
+    n
+}
+
+/// 坑: the outbox's stream record is lost (given up on after the mapping's retries, trimmed
+/// before it was replayed) and the notification stays `accepted` for good. The tick's sweep
+/// queues it again once it is older than the configured age, each minute once; a repeated
+/// relay of the same notification (sweep, replay, a late stream record) sends nothing twice.
+#[tokio::test]
+async fn a_notification_whose_stream_record_was_lost_is_swept_once_old_enough() {
+    use tidings_core::notify::relay::Redriven;
+    use tidings_core::notify::sweep;
+    let w = world_with(CoreConfig {
+        retry_base: Duration::from_secs(1),
+        relay_sweep_after: Duration::from_secs(300),
+        ..CoreConfig::default()
+    })
+    .await;
+    let id = accept(&w, request("lost-1", "transactional", "email", 1)).await;
+    // The stream record is lost: read and committed without being relayed.
+    let records = w.feed.next_batch(1000).await.unwrap();
+    w.feed.commit(&records).await.unwrap();
+    assert_eq!(sweep::sweep(&w.deps).await.unwrap().redriven, 0, "too young");
+    w.clock.advance(chrono::Duration::minutes(4));
+    assert_eq!(sweep::sweep(&w.deps).await.unwrap().redriven, 0, "still younger than the age");
+    assert_eq!(queued_requests(&w).await, 0);
+    w.clock.advance(chrono::Duration::minutes(3));
+    let report = sweep::sweep(&w.deps).await.unwrap();
+    assert_eq!((report.checked, report.redriven), (1, 1), "{report:?}");
+    assert_eq!(sweep::sweep(&w.deps).await.unwrap().checked, 0, "each minute is swept once");
+    // Two more relays of the same notification before any is handled.
+    let key = keys::notification(&w.t, &id);
+    assert_eq!(relay::redrive(&w.deps, &key).await.unwrap(), Redriven::Queued);
+    assert_eq!(relay::redrive(&w.deps, &key).await.unwrap(), Redriven::Queued);
+    assert_eq!(queued_requests(&w).await, 3);
+    drain(&w).await;
+    assert_eq!(delivery(&w, &id, Channel::Email).await.status, DeliveryStatus::Sent);
+    assert_eq!(w.email.calls().len(), 1, "three requests for one notification: one send");
+    assert_eq!(relay::redrive(&w.deps, &key).await.unwrap(), Redriven::NothingToDo, "no longer accepted");
+    let view = api::get_notification(&w.deps, &w.t, &id).await.unwrap().unwrap();
+    assert_ne!(view.status, NotificationStatus::Accepted);
+}

@@ -124,7 +124,13 @@ pub fn tick() -> ExitCode {
     run(Function::Tick, |ports| async move {
         tidings_lambda::serve_queue_and_schedule(ports.deps(), ports.queue_prefix().to_owned(), |deps| async move {
             let report = tidings_core::timers::tick(&deps).await?;
-            Ok(serde_json::to_value(report)?)
+            // The relay's safety net: notifications still `accepted` are queued again.
+            let swept = tidings_core::notify::sweep::sweep(&deps).await?;
+            let mut report = serde_json::to_value(report)?;
+            if let Some(fields) = report.as_object_mut() {
+                fields.insert("relay_sweep".into(), serde_json::to_value(swept)?);
+            }
+            Ok(report)
         })
         .await
     })

@@ -13,8 +13,8 @@ use tidings_core::live::LivePush;
 use tidings_core::messages::{dispatch_batch_until, settle_batch};
 use tidings_core::notify::relay;
 use tidings_core::ports::table::stored;
-use tidings_core::ports::{Attrs, ChangeRecord, Clock, Key, Received, SystemClock};
-use tracing::error;
+use tidings_core::ports::{Attrs, ChangeRecord, Clock, Key, OutMessage, Received, SystemClock};
+use tracing::{error, warn};
 
 /// Every queue of a deployment, by logical name.
 pub const ALL_QUEUES: &[&str] = tidings_core::messages::ALL_QUEUES;
@@ -170,9 +170,25 @@ where
     F: FnOnce(Deps) -> Fut,
     Fut: std::future::Future<Output = Result<Value, lambda_runtime::Error>>,
 {
+    handle_queue_or_schedule_until(deps, prefix, payload, None, on_schedule).await
+}
+
+/// [`handle_queue_or_schedule`] whose SQS batches keep to `deadline` (see
+/// [`handle_sqs_batch_until`]): what would not end before it is handed back.
+pub async fn handle_queue_or_schedule_until<F, Fut>(
+    deps: Deps,
+    prefix: &str,
+    payload: Value,
+    deadline: Option<std::time::Instant>,
+    on_schedule: F,
+) -> Result<Value, lambda_runtime::Error>
+where
+    F: FnOnce(Deps) -> Fut,
+    Fut: std::future::Future<Output = Result<Value, lambda_runtime::Error>>,
+{
     if payload.get("Records").is_some() {
         let batch: SqsEvent = serde_json::from_value(payload)?;
-        return Ok(serde_json::to_value(handle_sqs_batch(&deps, prefix, batch).await)?);
+        return Ok(serde_json::to_value(handle_sqs_batch_until(&deps, prefix, batch, deadline).await)?);
     }
     on_schedule(deps).await
 }
@@ -190,7 +206,9 @@ where
     lambda_runtime::run(lambda_runtime::service_fn(|event: lambda_runtime::LambdaEvent<Value>| {
         let (deps, prefix, on_schedule) = (deps.clone(), prefix.clone(), on_schedule.clone());
         async move {
-            let answer = handle_queue_or_schedule(deps, &prefix, event.payload, on_schedule).await;
+            let deadline = send_deadline(event.context.deadline);
+            let answer =
+                handle_queue_or_schedule_until(deps, &prefix, event.payload, Some(deadline), on_schedule).await;
             flush_metrics();
             answer
         }
@@ -213,13 +231,18 @@ fn image_of(item: &serde_dynamo::Item) -> Result<(Option<Key>, Attrs), serde_dyn
 
 /// The core's view of a stream record; `None` for records that are not Tidings items.
 pub fn change_record_of(r: &EventRecord) -> Option<ChangeRecord> {
-    let (key, _) = image_of(&r.change.keys).ok()?;
-    let key = key?;
-    let (_, old) = image_of(&r.change.old_image).ok()?;
-    let (_, new) = image_of(&r.change.new_image).ok()?;
+    read_change_record(r).ok()
+}
+
+/// The core's view of a stream record, or why it cannot be read (a poison record).
+pub fn read_change_record(r: &EventRecord) -> Result<ChangeRecord, String> {
+    let (key, _) = image_of(&r.change.keys).map_err(|e| format!("unreadable keys: {e}"))?;
+    let key = key.ok_or_else(|| "keys without a string pk and sk".to_owned())?;
+    let (_, old) = image_of(&r.change.old_image).map_err(|e| format!("unreadable old image: {e}"))?;
+    let (_, new) = image_of(&r.change.new_image).map_err(|e| format!("unreadable new image: {e}"))?;
     let is_remove = r.event_name == "REMOVE";
     let is_insert = r.event_name == "INSERT";
-    Some(ChangeRecord {
+    Ok(ChangeRecord {
         seq: r.change.sequence_number.clone().unwrap_or_default(),
         key,
         old: if is_insert || r.change.old_image.is_empty() { None } else { Some(old) },
@@ -257,23 +280,58 @@ pub fn event_record_of(c: &ChangeRecord) -> Result<EventRecord, serde_dynamo::Er
     Ok(r)
 }
 
-/// Handles a DynamoDB stream batch (the outbox relay). On failure the batch is reported from
-/// its first record, so the event source mapping retries it (and bisects it). Inbox writes are
-/// then pushed to live connections (best effort: never fails the batch).
+/// Handles a DynamoDB stream batch (the outbox relay), record by record in order. A poison
+/// record (one that can never be relayed: unreadable, or an unreadable notification) is
+/// recorded alone on the stream-failures queue with its keys ([`relay::StreamFailure`]) and the
+/// batch goes on. On a retryable failure the first record that failed is reported (its
+/// sequence number in `batchItemFailures`): the records before it are done, and the event
+/// source mapping retries, and bisects, from it. The records done are then pushed to live
+/// connections (best effort: never fails the batch).
 pub async fn handle_stream_event(deps: &Deps, live: &dyn LivePush, event: DynamoDbEvent) -> DynamoDbEventResponse {
-    let records: Vec<ChangeRecord> = event.records.iter().filter_map(change_record_of).collect();
-    let mut response = DynamoDbEventResponse::default();
-    let relayed = relay::handle_changes(deps, &records).await;
-    if relayed.is_ok() {
-        tidings_core::live::handle_changes(deps, live, &records).await;
-    }
-    if let Err(e) = relayed {
-        error!(error = %e, "relay failed; the batch will be retried");
-        if let Some(first) = event.records.first() {
-            let mut failure = DynamoDbBatchItemFailure::default();
-            failure.item_identifier = first.change.sequence_number.clone();
-            response.batch_item_failures.push(failure);
+    let mut readable: Vec<(usize, ChangeRecord)> = Vec::with_capacity(event.records.len());
+    let mut poison: Vec<(usize, String)> = Vec::new();
+    for (i, r) in event.records.iter().enumerate() {
+        match read_change_record(r) {
+            Ok(c) => readable.push((i, c)),
+            Err(why) => poison.push((i, why)),
         }
+    }
+    let changes: Vec<ChangeRecord> = readable.iter().map(|(_, c)| c.clone()).collect();
+    let report = relay::relay_changes(deps, &changes).await;
+    let position = |i: usize| readable.get(i).map_or(0, |(at, _)| *at);
+    let mut failed_at = report.failed.as_ref().map(|(i, e)| {
+        error!(error = %e, "relay failed; the batch is retried from this record");
+        position(*i)
+    });
+    poison.extend(report.poison.iter().map(|(i, why)| (position(*i), why.clone())));
+    poison.retain(|(i, _)| failed_at.is_none_or(|f| *i < f));
+    poison.sort_by_key(|(i, _)| *i);
+    if let Some(&(first, _)) = poison.first() {
+        let mut messages = Vec::with_capacity(poison.len());
+        for (i, why) in &poison {
+            let Some(r) = event.records.get(*i) else { continue };
+            let keys = serde_json::to_value(&r.change.keys).unwrap_or(Value::Null);
+            let failure =
+                relay::StreamFailure::poison(r.change.sequence_number.clone(), r.event_source_arn.clone(), keys, why);
+            warn!(sequence_number = ?r.change.sequence_number, reason = %why, "poison stream record recorded on stream-failures");
+            match serde_json::to_string(&failure) {
+                Ok(body) => messages.push(OutMessage::new(body)),
+                Err(e) => error!(error = %e, "a stream failure that does not serialize"),
+            }
+        }
+        if let Err(e) = deps.queues.send_batch(relay::STREAM_FAILURES_QUEUE, messages).await {
+            error!(error = %e, "poison records not recorded; the batch is retried from the first");
+            failed_at = Some(failed_at.map_or(first, |f| f.min(first)));
+        }
+    }
+    let done: Vec<ChangeRecord> =
+        readable.into_iter().filter(|(i, _)| failed_at.is_none_or(|f| *i < f)).map(|(_, c)| c).collect();
+    tidings_core::live::handle_changes(deps, live, &done).await;
+    let mut response = DynamoDbEventResponse::default();
+    if let Some(record) = failed_at.and_then(|f| event.records.get(f)) {
+        let mut failure = DynamoDbBatchItemFailure::default();
+        failure.item_identifier = record.change.sequence_number.clone();
+        response.batch_item_failures.push(failure);
     }
     response
 }

@@ -1,7 +1,7 @@
 //! Malformed queue messages and stream records never crash a batch: garbage on every queue goes
 //! to that queue's DLQ with a reason (never a panic, never a batch item failure that would bring
-//! it back forever), and unreadable stream records are skipped while the rest of the batch is
-//! relayed.
+//! it back forever), and unreadable stream records are recorded on the stream-failures queue
+//! while the rest of the batch is relayed.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::Arc;
@@ -22,6 +22,7 @@ fn fixture() -> (Deps, EmbeddedStore) {
     for q in tidings_lambda::ALL_QUEUES {
         store.declare_queue(QueueConfig::new(*q, 5)).unwrap();
     }
+    store.declare_queue(QueueConfig::new(tidings_core::notify::relay::STREAM_FAILURES_QUEUE, 1000)).unwrap();
     let table: Arc<dyn Table> = Arc::new(store.clone());
     let null: Arc<dyn Provider> = Arc::new(NullProvider);
     let deps = Deps {
@@ -114,7 +115,7 @@ fn stream_record(name: &str, keys: Value, new: Option<Value>, seq: &str) -> Valu
 }
 
 #[tokio::test]
-async fn unreadable_stream_records_are_skipped_and_the_rest_relayed() {
+async fn unreadable_stream_records_are_recorded_and_the_rest_relayed() {
     let (deps, _store) = fixture();
     let key = |pk: &str, sk: &str| json!({"pk": {"S": pk}, "sk": {"S": sk}});
     let good = json!({
@@ -148,4 +149,21 @@ async fn unreadable_stream_records_are_skipped_and_the_rest_relayed() {
     // The unknown event name carries n1's image without an old image: read as an insert (the
     // orchestrator is idempotent, so a second request for n1 is harmless).
     assert!(!ids.is_empty() && ids.iter().all(|id| id == "n1"), "only the good notification is relayed: {ids:?}");
+    // Records 1 to 5 can never be relayed: each is recorded alone, with its sequence number.
+    let failures = deps
+        .queues
+        .receive(tidings_core::notify::relay::STREAM_FAILURES_QUEUE, 10, Duration::from_secs(30), Duration::ZERO)
+        .await
+        .unwrap();
+    let mut seqs: Vec<String> = failures
+        .iter()
+        .map(|m| {
+            let f: tidings_core::notify::relay::StreamFailure = serde_json::from_str(&m.body).unwrap();
+            assert_eq!(f.batch.batch_size, 1);
+            assert_eq!(f.context.condition, tidings_core::notify::relay::POISON_CONDITION);
+            f.batch.start_sequence_number.unwrap()
+        })
+        .collect();
+    seqs.sort();
+    assert_eq!(seqs, ["1", "2", "3", "4", "5"]);
 }

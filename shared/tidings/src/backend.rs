@@ -68,6 +68,11 @@ impl Backend {
         for q in &queue_names {
             store.declare_queue(tidings_embedded::QueueConfig::new(q.clone(), config.max_receives))?;
         }
+        // Read by operators only: nothing there is ever dead-lettered for being read.
+        store.declare_queue(tidings_embedded::QueueConfig::new(
+            tidings_core::notify::relay::STREAM_FAILURES_QUEUE,
+            1000,
+        ))?;
         let feed: Arc<dyn ChangeFeed> = Arc::new(store.change_feed("relay"));
         let table: Arc<dyn Table> = Arc::new(store.clone());
         let queues: Arc<dyn Queues> = Arc::new(store);
@@ -118,7 +123,8 @@ impl Backend {
         }
         let b = tidings_aws::wiring::AwsPorts::from_env(
             args.bootstrap,
-            &all_queues(),
+            // With the stream's on-failure queue, as `template.yaml` has it.
+            &[all_queues(), vec![tidings_core::notify::relay::STREAM_FAILURES_QUEUE.to_owned()]].concat(),
             // The signer is the one `open` chose (the configured keys, else a local key file).
             tidings_aws::wiring::Needs { signer: false, public_url: false },
         )

@@ -17,6 +17,7 @@ mod keys;
 mod runtime;
 mod schedules;
 mod serve;
+mod stream_failures;
 
 #[derive(Parser)]
 #[command(name = "tidings", version, about = "Notifications and inventory consistency for online shops")]
@@ -105,6 +106,11 @@ enum OpsCommand {
         #[command(subcommand)]
         command: DlqCommand,
     },
+    /// Stream records the relay did not relay (the stream's on-failure queue).
+    StreamFailures {
+        #[command(subcommand)]
+        command: stream_failures::StreamFailuresCommand,
+    },
 }
 
 #[derive(Subcommand)]
@@ -170,6 +176,9 @@ async fn main() -> anyhow::Result<()> {
         Command::Bench { command: BenchCommand::Campaign(args) } => bench::campaign(args).await,
         Command::Bench { command: BenchCommand::Reserve(args) } => bench_reserve::reserve(args).await,
         Command::Keys { command, backend } => keys::run(command, &backend).await,
+        Command::Ops { command: OpsCommand::StreamFailures { command }, backend } => {
+            stream_failures::run(command, &backend).await
+        }
         Command::Ops { command: OpsCommand::Dlq { command }, backend } => {
             let clock = std::sync::Arc::new(tidings_core::ports::SystemClock);
             let b = backend::Backend::open(&backend, clock).await?;

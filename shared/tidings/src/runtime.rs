@@ -144,12 +144,20 @@ async fn relay_loop(deps: Deps, live: Arc<dyn LivePush>, feed: Arc<dyn ChangeFee
         }
         let response =
             roles::acting_as("outbox-relay", tidings_lambda::handle_stream_event(&deps, live.as_ref(), event)).await;
-        if response.batch_item_failures.is_empty() {
-            if let Err(e) = roles::acting_as(roles::EVENT_SOURCE, feed.commit(&records)).await {
-                warn!(error = %e, "committing the stream position failed; records will come again");
-            }
-        } else {
-            // Not committed: the same records come again (at least once), after a pause.
+        // As the event source mapping does: the position moves to just before the first
+        // record that failed (all of them when none did).
+        let failed = response.batch_item_failures.first().and_then(|f| f.item_identifier.clone());
+        let done = match &failed {
+            Some(seq) => records.iter().position(|r| &r.seq == seq).unwrap_or(0),
+            None => records.len(),
+        };
+        if done > 0
+            && let Err(e) = roles::acting_as(roles::EVENT_SOURCE, feed.commit(&records[..done])).await
+        {
+            warn!(error = %e, "committing the stream position failed; records will come again");
+        }
+        if failed.is_some() {
+            // The failed record and those after it come again (at least once), after a pause.
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
     }

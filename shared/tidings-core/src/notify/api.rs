@@ -79,6 +79,10 @@ pub async fn accept(deps: &Deps, t: &TenantId, mut req: NotificationRequest) -> 
         item: Item::new(keys::notification(t, &notification.notification_id), attrs_of(&notification)?),
         cond: Cond::NotExists,
     });
+    // The relay's safety net finds it by this entry if its stream record is lost.
+    if notification.status == NotificationStatus::Accepted {
+        writes.push(super::sweep::watch_write(t, &notification.notification_id, notification.created_ms));
+    }
     let first_limit = writes.len();
     writes.extend(limits.iter().map(|l| l.write.clone()));
     if notification.user_triggered {

@@ -7,5 +7,6 @@ pub mod orchestrator;
 pub mod policy;
 pub mod progress;
 pub mod relay;
+pub mod sweep;
 pub mod verification;
 pub mod worker;

@@ -1,0 +1,119 @@
+//! The relay's safety net: notifications still `accepted` some time after they were accepted
+//! (their stream record given up on by the event source mapping, or trimmed from the stream
+//! before a failure was replayed) are queued again, on the tick's schedule.
+//!
+//! The accept transaction also puts a watch entry in the minute of its acceptance (sharded, so
+//! a busy minute is not one hot partition):
+//!
+//! | item | pk | sk |
+//! |---|---|---|
+//! | watch entry | `RELAY#WATCH#{yyyyMMddHHmm}#{shard}` | the notification's pk |
+//! | how far the sweep has gone | `RELAY#SWEPT` | `CURSOR` |
+//!
+//! [`sweep`] reads each minute once, when all of it is older than
+//! [`crate::CoreConfig::relay_sweep_after`] (`TIDINGS_RELAY_SWEEP_AFTER_S`, 300 by default),
+//! and re-drives every notification of it still `accepted` ([`super::relay::redrive`]). A repeat
+//! (two sweeps at once, a sweep beside a late relay) is absorbed by the orchestrator: a
+//! notification is moved to `processing` once, a page done is not done again, and a delivery is
+//! made by a conditional put.
+
+use serde::{Deserialize, Serialize};
+use tracing::{info, warn};
+
+use super::relay::{Redriven, redrive};
+use crate::deps::Deps;
+use crate::error::CoreResult;
+use crate::ids::TenantId;
+use crate::keys::{self, NOTIFICATION_SK};
+use crate::ports::{Cond, Item, Key, QueryOpts, Update, Write};
+
+/// Partitions of a minute's watch entries.
+pub const WATCH_SHARDS: u32 = 4;
+/// The most minutes one sweep reads (a sweep after a long pause catches up over a few ticks).
+pub const MINUTES_PER_SWEEP: i64 = 30;
+/// How far back the first sweep of a deployment looks.
+pub const FIRST_LOOK_BACK_MINUTES: i64 = 60;
+const MINUTE_MS: i64 = 60_000;
+/// Watch entries are kept a week (DynamoDB TTL); a sweep reads them long before.
+const KEEP_S: i64 = 7 * 24 * 3600;
+const CURSOR_PK: &str = "RELAY#SWEPT";
+const CURSOR_SK: &str = "CURSOR";
+
+/// What a sweep did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SweepReport {
+    pub minutes: u64,
+    pub checked: u64,
+    pub redriven: u64,
+}
+
+fn shard_of(notification_id: &str) -> u32 {
+    // FNV-1a: stable across processes and versions.
+    let mut h: u32 = 0x811c_9dc5;
+    for b in notification_id.bytes() {
+        h ^= u32::from(b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    h % WATCH_SHARDS
+}
+
+fn watch_pk(minute_ms: i64, shard: u32) -> String {
+    format!("RELAY#WATCH#{}#{shard}", crate::timers::bucket_of(minute_ms))
+}
+
+/// The watch entry of a notification accepted at `created_ms`, for the accept transaction.
+pub fn watch_write(t: &TenantId, notification_id: &str, created_ms: i64) -> Write {
+    let minute = created_ms.div_euclid(MINUTE_MS) * MINUTE_MS;
+    let key = Key::new(watch_pk(minute, shard_of(notification_id)), keys::notification_pk(t, notification_id));
+    let mut attrs = crate::ports::Attrs::new();
+    attrs.insert("ttl".into(), (created_ms / 1000 + KEEP_S).into());
+    Write::Put { item: Item::new(key, attrs), cond: Cond::Always }
+}
+
+/// Re-drives the notifications still `accepted` of every minute that is now old enough and not
+/// swept yet (at most [`MINUTES_PER_SWEEP`]). Run on the tick's schedule.
+pub async fn sweep(deps: &Deps) -> CoreResult<SweepReport> {
+    let age_ms = i64::try_from(deps.config.relay_sweep_after.as_millis()).unwrap_or(i64::MAX);
+    let now = deps.clock.now_ms();
+    // The last minute all of whose notifications are older than the age.
+    let last = (now.saturating_sub(age_ms) - MINUTE_MS).div_euclid(MINUTE_MS) * MINUTE_MS;
+    let cursor_key = Key::new(CURSOR_PK, CURSOR_SK);
+    let swept = deps.table.get(&cursor_key).await?.and_then(|i| i.i64("minute_ms"));
+    let mut minute = match swept {
+        Some(m) => m + MINUTE_MS,
+        None => last - (FIRST_LOOK_BACK_MINUTES - 1) * MINUTE_MS,
+    };
+    let mut report = SweepReport::default();
+    while minute <= last && report.minutes < MINUTES_PER_SWEEP as u64 {
+        for shard in 0..WATCH_SHARDS {
+            let pk = watch_pk(minute, shard);
+            let mut cursor = None;
+            loop {
+                let page = deps.table.query(&pk, "", QueryOpts { limit: 100, cursor, descending: false }).await?;
+                for entry in &page.items {
+                    report.checked += 1;
+                    let key = Key::new(entry.key.sk.clone(), NOTIFICATION_SK);
+                    match redrive(deps, &key).await {
+                        Ok(Redriven::Queued) => report.redriven += 1,
+                        Ok(Redriven::NothingToDo) => {}
+                        // An unreadable notification stays as it is: the stream's poison record
+                        // names it on the stream-failures queue.
+                        Err(e) if !e.is_retryable() => warn!(error = %e, pk = %key.pk, "not re-driven"),
+                        Err(e) => return Err(e),
+                    }
+                }
+                cursor = page.next_cursor;
+                if cursor.is_none() {
+                    break;
+                }
+            }
+        }
+        deps.table.update(&cursor_key, vec![Update::set("minute_ms", minute)], Cond::Always).await?;
+        report.minutes += 1;
+        minute += MINUTE_MS;
+    }
+    if report.redriven > 0 {
+        info!(redriven = report.redriven, checked = report.checked, "notifications still accepted were queued again");
+    }
+    Ok(report)
+}
