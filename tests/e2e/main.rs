@@ -15,13 +15,15 @@ mod limits;
 mod live;
 mod notify;
 mod platform;
+mod rates_shipped;
+mod receipts_shipped;
 mod restock;
 mod safety;
 mod server;
 mod shipped;
+mod sms_failover;
 
 /// Declares each test once per backend: `on_both_backends!(module as module_tests: test, ...)`
-mod sms_failover;
 /// makes `module_tests::embedded::test` and `module_tests::aws::test` from `module::test`.
 macro_rules! on_both_backends {
     ($group:ident as $tests:ident: $($name:ident),* $(,)?) => {
@@ -133,10 +135,10 @@ async fn aws_dev_against_a_remote_endpoint_refuses_to_start() -> anyhow::Result<
 
 on_both_backends!(isolation as isolation_tests: no_route_shows_or_changes_another_tenants_data);
 
-on_both_backends!(contention as contention_tests:
-    concurrent_otp_accepts_on_one_template_are_all_accepted,
 on_both_backends!(sms_failover as sms_failover_tests: sms_fails_over_to_the_second_provider_and_back);
 
+on_both_backends!(contention as contention_tests:
+    concurrent_otp_accepts_on_one_template_are_all_accepted,
     concurrent_otps_against_the_limits_get_exactly_the_limit_through,
 );
 
@@ -154,7 +156,26 @@ async fn a_policy_without_a_needed_statement_fails_its_function() -> anyhow::Res
     shipped::a_policy_without_a_needed_statement_fails_its_function().await
 }
 
+/// Opens and clicks through the function binaries, the API never thawed after it answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn opens_and_clicks_under_environments_frozen_after_answering_are_all_recorded() -> anyhow::Result<()> {
+    receipts_shipped::opens_and_clicks_under_environments_frozen_after_answering_are_all_recorded().await
+}
+
+/// SES events through the template's configuration set, topic and subscription; other topics refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ses_events_arrive_through_the_templates_topic_and_another_topics_are_refused() -> anyhow::Result<()> {
+    receipts_shipped::ses_events_arrive_through_the_templates_topic_and_another_topics_are_refused().await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_local_public_url_stops_the_functions_that_make_links() -> anyhow::Result<()> {
     shipped::a_local_public_url_stops_the_functions_that_make_links().await
+}
+
+/// The template's provider and tenant rates, two channel-worker processes drawing from the
+/// shared buckets at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_workers_behind_one_shared_gate_never_exceed_the_rate() -> anyhow::Result<()> {
+    rates_shipped::two_workers_behind_one_shared_gate_never_exceed_the_rate().await
 }

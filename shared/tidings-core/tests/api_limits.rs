@@ -163,3 +163,31 @@ async fn an_unreachable_bucket_admits_api_requests() {
     let provider = SharedGate::new(table, "provider#email", 10.0);
     assert!(provider.try_take(0).await.is_err());
 }
+
+/// Two instances' provider gates on one shared bucket (one table), taking greedily at once on a
+/// manual millisecond clock: together never more than the rate in any second, and not starved.
+#[tokio::test]
+async fn two_instances_on_one_shared_bucket_never_exceed_its_rate() {
+    const RATE: f64 = 50.0;
+    let table = Counting::new();
+    let gates = [SharedGate::new(table.clone(), "provider#email", RATE), SharedGate::new(table, "provider#email", RATE)];
+    let mut sends: Vec<i64> = Vec::new();
+    for now in 0..5_000i64 {
+        // Both instances ask at every millisecond, in turn, until each is refused.
+        for gate in &gates {
+            while gate.try_take(now).await.is_ok() {
+                sends.push(now);
+            }
+        }
+    }
+    let mut most = 0;
+    let mut start = 0;
+    for end in 0..sends.len() {
+        while sends[end] - sends[start] >= 1000 {
+            start += 1;
+        }
+        most = most.max(end - start + 1);
+    }
+    assert!(most as f64 <= RATE, "{most} sends in one second from two instances, rate {RATE}");
+    assert!(sends.len() as f64 >= RATE * 5.0 * 0.5, "only {} sends in 5 s", sends.len());
+}

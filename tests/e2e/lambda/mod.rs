@@ -2,7 +2,8 @@
 //! (`.aws-sam/build/<Function>/bootstrap`) in processes of its own under a Lambda Runtime API,
 //! with the environment and the policy the template gives it; the table, queues and parameters
 //! the template names are made in the emulators (DynamoDB Local, moto); the harness plays the
-//! event source mappings, the schedules and API Gateway from what the template declares.
+//! event source mappings, the schedules, API Gateway, SNS's https subscriptions and SES's event
+//! publishing from what the template declares.
 //!
 //! The harness adds to a function's environment only what a deployed function gets from AWS
 //! itself: the Runtime API and `AWS_LAMBDA_*` variables, the region, credentials (one access key
@@ -13,6 +14,7 @@
 pub mod gateway;
 pub mod proxy;
 pub mod runtime;
+pub mod sns;
 pub mod sources;
 pub mod template;
 
@@ -40,8 +42,14 @@ pub struct Options {
     pub parameters: Vec<(String, String)>,
     /// Policy statements taken out (function binary, `Sid`): what a policy that lacks them does.
     pub without_statements: Vec<(&'static str, &'static str)>,
+    /// Function timeouts instead of the template's (function binary, seconds): the deadline
+    /// a test's function is told, for a test of what a handler does as it nears it.
+    pub timeouts: Vec<(&'static str, u64)>,
     /// Start every function before the first event (and fail if one does not start).
     pub warm: bool,
+    /// Functions whose environments are never thawed once they answer (see
+    /// `runtime::Function::never_thaw`): what is left to run after an answer is lost.
+    pub never_thawed: Vec<&'static str>,
 }
 
 impl Default for Options {
@@ -53,7 +61,9 @@ impl Default for Options {
             visibility_s: None,
             parameters: Vec::new(),
             without_statements: Vec::new(),
+            timeouts: Vec::new(),
             warm: true,
+            never_thawed: Vec::new(),
         }
     }
 }
@@ -76,6 +86,8 @@ pub struct Stack {
     pub stream_given_up: Arc<std::sync::atomic::AtomicU64>,
     pub public_url: String,
     pub http: reqwest::Client,
+    /// The HTTP API's id (the host of its `execute-api` URL, which subscriptions name).
+    pub http_api_id: String,
     stop: watch::Sender<bool>,
 }
 
@@ -155,6 +167,10 @@ impl Stack {
             ("EmailFrom".into(), email_from),
             ("SigningKeyParam".into(), signing_param),
             ("MaxReceives".into(), opts.max_receives.to_string()),
+            // The emulators take any rate: the template's defaults (a new account's quotas, SES
+            // 14/s) would only slow the other scenarios down; the rates' own test names its own.
+            ("ProviderRates".into(), String::new()),
+            ("TenantRates".into(), String::new()),
         ]);
         for (platform, param) in [("APNS", "SnsApnsArn"), ("GCM", "SnsFcmArn")] {
             let app = sns
@@ -293,6 +309,10 @@ impl Stack {
 
         let mut functions = BTreeMap::new();
         for f in &spec.functions {
+            let f = &match opts.timeouts.iter().find(|(binary, _)| *binary == f.binary) {
+                Some(&(_, timeout_s)) => template::FunctionSpec { timeout_s, ..f.clone() },
+                None => f.clone(),
+            };
             let mut env = f.env.clone();
             env.insert("HARNESS_STACK".into(), stack.clone());
             for (k, v) in [
@@ -308,6 +328,9 @@ impl Stack {
                 env.insert(k.into(), v);
             }
             let function = Arc::new(Function::new(f.clone(), env, binaries.clone(), opts.concurrency, log_dir.clone()));
+            if opts.never_thawed.contains(&f.binary.as_str()) {
+                function.never_thaw();
+            }
             functions.insert(f.binary.clone(), function);
         }
         let ws_function = functions[&ws_function_spec.binary].clone();
@@ -412,6 +435,7 @@ impl Stack {
             stream_given_up,
             public_url: opts.public_url,
             http,
+            http_api_id: format!("http{stack}"),
             stop,
         })
     }
@@ -460,6 +484,72 @@ impl Stack {
             .send()
             .await?;
         Ok((res.status().as_u16(), res.text().await?))
+    }
+
+    /// Where an https subscription's endpoint leads: it must be this stack's HTTP API.
+    fn subscribed_url(&self, endpoint: &str) -> anyhow::Result<String> {
+        let host = format!("https://{}.execute-api.{REGION}.amazonaws.com/", self.http_api_id);
+        let path = endpoint.strip_prefix(&host).with_context(|| format!("{endpoint} is not this stack's HTTP API"))?;
+        Ok(format!("{}/{path}", self.api))
+    }
+
+    /// Delivers a signed SNS message as SNS does to every https subscription of its topic that
+    /// the template declares: (endpoint, status, body) per subscription (none: nothing listens).
+    pub async fn deliver(&self, envelope: &Value) -> anyhow::Result<Vec<(String, u16, String)>> {
+        let topic = envelope["TopicArn"].as_str().unwrap_or_default();
+        let mut out = Vec::new();
+        for sub in self.spec.subscriptions.iter().filter(|s| s.topic_arn == topic && s.protocol == "https") {
+            let res = self
+                .http
+                .post(self.subscribed_url(&sub.endpoint)?)
+                .header("content-type", "text/plain; charset=UTF-8")
+                .header("x-amz-sns-message-type", envelope["Type"].as_str().unwrap_or_default())
+                .header("x-amz-sns-message-id", envelope["MessageId"].as_str().unwrap_or_default())
+                .header("x-amz-sns-topic-arn", topic)
+                .body(envelope.to_string())
+                .send()
+                .await?;
+            out.push((sub.endpoint.clone(), res.status().as_u16(), res.text().await?));
+        }
+        Ok(out)
+    }
+
+    /// Publishes `message` to a topic of the stack (a new `MessageId`), delivered as
+    /// [`Stack::deliver`] does; the envelope is answered too (to deliver it again).
+    pub async fn publish(
+        &self,
+        topic_arn: &str,
+        message: &Value,
+    ) -> anyhow::Result<(Value, Vec<(String, u16, String)>)> {
+        let envelope = sns::notification(topic_arn, message);
+        let delivered = self.deliver(&envelope).await?;
+        Ok((envelope, delivered))
+    }
+
+    /// What SES does with an event of a mail it accepted: an event of `event_type` (`Delivery`,
+    /// `Bounce`, `Complaint`, ...) with its `detail`, published to the topic of every enabled
+    /// event destination of the configuration set the send named whose types include it.
+    pub async fn ses_event(
+        &self,
+        send: &proxy::ProviderCall,
+        event_type: &str,
+        detail: Value,
+    ) -> anyhow::Result<Vec<(Value, Vec<(String, u16, String)>)>> {
+        let mut section = event_type.to_owned();
+        section[..1].make_ascii_lowercase();
+        let mut event = json!({"eventType": event_type, "mail": {
+            "timestamp": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            "messageId": send.message_id, "destination": [send.to], "source": "no-reply@shop.test"}});
+        event[section.as_str()] = detail;
+        let mut out = Vec::new();
+        for d in self.spec.event_destinations.iter().filter(|d| {
+            d.enabled && !send.configuration_set.is_empty() && d.configuration_set == send.configuration_set
+        }) {
+            if d.event_types.iter().any(|t| t.eq_ignore_ascii_case(event_type)) {
+                out.push(self.publish(&d.topic_arn, &event).await?);
+            }
+        }
+        Ok(out)
     }
 
     pub fn sends(&self) -> Vec<proxy::ProviderCall> {

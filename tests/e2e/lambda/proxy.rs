@@ -24,6 +24,16 @@ pub struct ProviderCall {
     pub to: String,
     pub subject: String,
     pub body: String,
+    /// The provider's id of the message (SES's `MessageId`), as its receipts name it.
+    pub message_id: String,
+    /// The SES configuration set the send named (empty when none).
+    pub configuration_set: String,
+    /// When the provider's answer came back (ms since the Unix epoch).
+    pub at_ms: u128,
+}
+
+fn now_ms() -> u128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis())
 }
 
 #[derive(Default)]
@@ -281,6 +291,13 @@ pub fn describe(
             let address = from.rsplit('<').next().unwrap_or_default().trim_end_matches('>').to_owned();
             let domain = address.split('@').nth(1).unwrap_or_default().to_owned();
             let mut needs = Vec::new();
+            // A send naming a configuration set is authorized on it as well.
+            if let Some(set) = json["ConfigurationSetName"].as_str() {
+                let mut n =
+                    need(&format!("ses:{op}"), Some(format!("arn:aws:ses:{REGION}:{ACCOUNT}:configuration-set/{set}")));
+                n.context.insert("ses:FromAddress".into(), address.clone());
+                needs.push(n);
+            }
             // Either identity (the address, or its domain) authorizes the send.
             for identity in [address.clone(), domain] {
                 let mut n =
@@ -302,14 +319,37 @@ pub fn describe(
                 format!("arn:aws:execute-api:{REGION}:{ACCOUNT}:{websocket_api_id}/{stage}/{}/{rest}", method.as_str());
             (format!("ApiGatewayManagement.{op}"), vec![need("execute-api:ManageConnections", Some(resource))])
         }
+        "sms-voice" => {
+            // AWS End User Messaging SMS (`PinpointSMSVoiceV2.SendTextMessage`): authorized on the
+            // origination identity (the account's choice when none is named) and the
+            // configuration set.
+            let op = target.split('.').nth(1).unwrap_or("Unknown").to_owned();
+            let arn = |kind: &str, id: &str| format!("arn:aws:sms-voice:{REGION}:{ACCOUNT}:{kind}/{id}");
+            let identity = match json["OriginationIdentity"].as_str() {
+                Some(id) if id.starts_with("arn:") => id.to_owned(),
+                Some(id) if id.starts_with("pool-") => arn("pool", id),
+                Some(id) if id.starts_with('+') || id.starts_with("phone-") => arn("phone-number", id),
+                Some(id) => arn("sender-id", id),
+                None => arn("phone-number", "*"),
+            };
+            let mut needs = vec![need(&format!("sms-voice:{op}"), Some(identity))];
+            if let Some(set) = json["ConfigurationSetName"].as_str() {
+                let set = if set.starts_with("arn:") { set.to_owned() } else { arn("configuration-set", set) };
+                needs.push(need(&format!("sms-voice:{op}"), Some(set)));
+            }
+            (format!("SmsVoiceV2.{op}"), needs)
+        }
         other => (format!("{other}.Unknown"), vec![need(&format!("{other}:Unknown"), None)]),
     }
 }
 
-/// Whether the needs are met: all of them, except SES's, where one identity is enough.
+/// Whether the needs are met: all of them, except SES's, where one identity is enough (and the
+/// configuration set, when the send names one).
 fn authorized(service: &str, statements: &[Statement], needs: &[Need]) -> bool {
     if service == "ses" {
-        return needs.iter().any(|n| allowed(statements, n));
+        let (sets, identities): (Vec<&Need>, Vec<&Need>) =
+            needs.iter().partition(|n| n.resource.as_deref().is_some_and(|r| r.contains(":configuration-set/")));
+        return identities.iter().any(|n| allowed(statements, n)) && sets.iter().all(|n| allowed(statements, n));
     }
     needs.iter().all(|n| allowed(statements, n))
 }
@@ -331,10 +371,11 @@ fn denied(service: &str, message: String) -> Response {
         .into_response()
 }
 
-fn record_send(ledger: &mut Ledger, function: &str, service: &str, body: &[u8]) {
+fn record_send(ledger: &mut Ledger, function: &str, service: &str, body: &[u8], answer: &[u8]) {
     match service {
         "ses" => {
             let v: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+            let answered: Value = serde_json::from_slice(answer).unwrap_or(Value::Null);
             let simple = &v["Content"]["Simple"];
             let body = simple["Body"]["Html"]["Data"].as_str().or(simple["Body"]["Text"]["Data"].as_str());
             for to in v["Destination"]["ToAddresses"].as_array().into_iter().flatten() {
@@ -344,6 +385,9 @@ fn record_send(ledger: &mut Ledger, function: &str, service: &str, body: &[u8]) 
                     to: to.as_str().unwrap_or_default().to_owned(),
                     subject: simple["Subject"]["Data"].as_str().unwrap_or_default().to_owned(),
                     body: body.unwrap_or_default().to_owned(),
+                    message_id: answered["MessageId"].as_str().unwrap_or_default().to_owned(),
+                    configuration_set: v["ConfigurationSetName"].as_str().unwrap_or_default().to_owned(),
+                    at_ms: now_ms(),
                 });
             }
         }
@@ -363,6 +407,9 @@ fn record_send(ledger: &mut Ledger, function: &str, service: &str, body: &[u8]) 
                 to,
                 subject: f.get("Subject").cloned().unwrap_or_default(),
                 body: f.get("Message").cloned().unwrap_or_default(),
+                message_id: String::new(),
+                configuration_set: String::new(),
+                at_ms: now_ms(),
             });
         }
         _ => {}
@@ -399,6 +446,9 @@ impl Proxy {
         {
             return self.message_move(&operation, &body).await;
         }
+        if service == "sms-voice" {
+            return self.send_text_message(function, &operation, &body);
+        }
         let upstream = match service.as_str() {
             "dynamodb" => &self.dynamodb,
             "execute-api" => &self.websocket,
@@ -425,7 +475,7 @@ impl Proxy {
         let bytes = answer.bytes().await.unwrap_or_default();
         if status.is_success() {
             let mut ledger = self.ledger.lock().unwrap_or_else(|e| e.into_inner());
-            record_send(&mut ledger, function, &service, &body);
+            record_send(&mut ledger, function, &service, &body, &bytes);
             if service == "dynamodb" && operation.starts_with("DynamoDB.") {
                 let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
                 let answered: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
@@ -437,6 +487,31 @@ impl Proxy {
         let mut response = (status, bytes).into_response();
         response.headers_mut().extend(out_headers);
         response
+    }
+}
+
+impl Proxy {
+    /// End User Messaging's `SendTextMessage`, which moto lacks (it answers 500), answered here
+    /// once authorized: a message id, and the send recorded as the service received it.
+    fn send_text_message(&self, function: &str, operation: &str, body: &[u8]) -> Response {
+        let json_type = [("content-type", "application/x-amz-json-1.0")];
+        if operation != "SmsVoiceV2.SendTextMessage" {
+            let body = json!({"__type": "UnknownOperationException", "message": operation});
+            return (StatusCode::BAD_REQUEST, json_type, body.to_string()).into_response();
+        }
+        let v: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+        let message_id = uuid::Uuid::new_v4().to_string();
+        self.ledger.lock().unwrap_or_else(|e| e.into_inner()).sends.push(ProviderCall {
+            function: function.to_owned(),
+            channel: "sms",
+            to: v["DestinationPhoneNumber"].as_str().unwrap_or_default().to_owned(),
+            subject: String::new(),
+            body: v["MessageBody"].as_str().unwrap_or_default().to_owned(),
+            message_id: message_id.clone(),
+            configuration_set: v["ConfigurationSetName"].as_str().unwrap_or_default().to_owned(),
+            at_ms: now_ms(),
+        });
+        (StatusCode::OK, json_type, json!({"MessageId": message_id}).to_string()).into_response()
     }
 }
 
@@ -593,5 +668,50 @@ mod tests {
         assert!(allowed(std::slice::from_ref(&s), &n));
         s.condition = Some(json!({"IpAddress": {"aws:SourceIp": "1.2.3.4"}}));
         assert!(!allowed(&[s], &n));
+    }
+
+    /// The template's channel worker may send through End User Messaging (its origination
+    /// identity and configuration set, or the account's choice); no other function may.
+    #[test]
+    fn only_the_channel_worker_may_send_sms_through_end_user_messaging() {
+        let template = super::super::template::decode().unwrap();
+        let parameters = BTreeMap::from([
+            ("PublicUrl".to_owned(), "https://notify.shop.example".to_owned()),
+            ("EmailFrom".to_owned(), "no-reply@shop.example".to_owned()),
+        ]);
+        let other = BTreeMap::from([
+            ("InboxWebSocketApi".to_owned(), "ws1".to_owned()),
+            ("InboxWebSocketStage".to_owned(), "live".to_owned()),
+            ("HttpApi".to_owned(), "http1".to_owned()),
+            ("Table.StreamArn".to_owned(), "arn:aws:dynamodb:us-east-1:123456789012:table/t/stream/1".to_owned()),
+        ]);
+        let names = super::super::template::Names { stack: "s", parameters: &parameters, other };
+        let spec = super::super::template::stack(&template, &names).unwrap();
+        let mut headers = HeaderMap::new();
+        headers.insert("x-amz-target", "PinpointSMSVoiceV2.SendTextMessage".parse().unwrap());
+        let requests = [
+            json!({"DestinationPhoneNumber": "+14155550100", "MessageBody": "hi"}),
+            json!({"DestinationPhoneNumber": "+14155550100", "MessageBody": "hi",
+                   "OriginationIdentity": "pool-0123", "ConfigurationSetName": "tidings-sms"}),
+        ];
+        for body in &requests {
+            let (op, needs) =
+                describe("sms-voice", &Method::POST, &"/".parse().unwrap(), &headers, body.to_string().as_bytes(), "ws");
+            assert_eq!(op, "SmsVoiceV2.SendTextMessage");
+            assert!(needs.iter().all(|n| n.action == "sms-voice:SendTextMessage"), "{needs:?}");
+            for f in &spec.functions {
+                let ok = authorized("sms-voice", &f.statements, &needs);
+                assert_eq!(ok, f.binary == "channel-worker", "{}: {body}", f.binary);
+            }
+        }
+        let worker = spec.functions.iter().find(|f| f.binary == "channel-worker").unwrap();
+        assert_eq!(worker.env.get("TIDINGS_SMS_PRIMARY").map(String::as_str), Some("sns"));
+        assert_eq!(worker.env.get("TIDINGS_SMS_SECONDARY").map(String::as_str), Some("end-user-messaging"));
+        // Another account's pool is not this policy's.
+        let foreign = json!({"DestinationPhoneNumber": "+14155550100", "MessageBody": "hi",
+            "OriginationIdentity": "arn:aws:sms-voice:us-east-1:999999999999:pool/pool-x"});
+        let (_, needs) =
+            describe("sms-voice", &Method::POST, &"/".parse().unwrap(), &headers, foreign.to_string().as_bytes(), "ws");
+        assert!(!authorized("sms-voice", &worker.statements, &needs));
     }
 }
