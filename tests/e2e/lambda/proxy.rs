@@ -695,8 +695,14 @@ mod tests {
                    "OriginationIdentity": "pool-0123", "ConfigurationSetName": "tidings-sms"}),
         ];
         for body in &requests {
-            let (op, needs) =
-                describe("sms-voice", &Method::POST, &"/".parse().unwrap(), &headers, body.to_string().as_bytes(), "ws");
+            let (op, needs) = describe(
+                "sms-voice",
+                &Method::POST,
+                &"/".parse().unwrap(),
+                &headers,
+                body.to_string().as_bytes(),
+                "ws",
+            );
             assert_eq!(op, "SmsVoiceV2.SendTextMessage");
             assert!(needs.iter().all(|n| n.action == "sms-voice:SendTextMessage"), "{needs:?}");
             for f in &spec.functions {
