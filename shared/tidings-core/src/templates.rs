@@ -610,7 +610,9 @@ pub async fn put_template(deps: &Deps, t: &TenantId, template_id: &str, input: T
         updated_at: deps.clock.now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
     };
     template.validate()?;
-    deps.table.put(Item::new(keys::template(t, template_id), attrs_of(&template)?), Cond::Always).await?;
+    let item = Item::new(keys::template(t, template_id), attrs_of(&template)?);
+    crate::sizes::check_stored("locales", &item)?;
+    deps.table.put(item, Cond::Always).await?;
     Ok(template)
 }
 

@@ -75,10 +75,12 @@ pub async fn accept(deps: &Deps, t: &TenantId, mut req: NotificationRequest) -> 
         };
         writes.push(Write::Put { item: Item::new(key.clone(), attrs_of(&record)?), cond: Cond::NotExists });
     }
-    writes.push(Write::Put {
-        item: Item::new(keys::notification(t, &notification.notification_id), attrs_of(&notification)?),
-        cond: Cond::NotExists,
-    });
+    let stored = Item::new(keys::notification(t, &notification.notification_id), attrs_of(&notification)?);
+    // Too large to store (large params): 422 naming the request's largest field, before
+    // anything is written.
+    let field = stored.attrs.get("request").and_then(|r| r.as_object()).and_then(crate::sizes::largest_attr);
+    crate::sizes::check_stored(field.unwrap_or("params"), &stored)?;
+    writes.push(Write::Put { item: stored, cond: Cond::NotExists });
     // The relay's safety net finds it by this entry if its stream record is lost.
     if notification.status == NotificationStatus::Accepted {
         writes.push(super::sweep::watch_write(t, &notification.notification_id, notification.created_ms));

@@ -250,8 +250,12 @@ impl PageWriter {
         let mut skip = HashSet::new();
         // Room for the counters: at most one update per shard.
         let room = MAX_TRANSACTION_WRITES - progress::COUNTER_SHARDS as usize;
+        // And bytes (in-app messages are up to 16 KiB each): DynamoDB's 4 MB a transaction,
+        // less room for the counters.
+        let room_bytes = crate::sizes::MAX_TRANSACTION_BYTES - 64 * 1024;
         let mut chunk: Vec<Unit> = Vec::new();
         let mut size = 0;
+        let mut bytes = 0;
         // The shared gates the chunk writes (hashed): a transaction may name an item once, and
         // two units can share a gate (two users with one phone number share its counters). The
         // other writes are the unit's own (its delivery, its cap, its inbox message).
@@ -259,12 +263,15 @@ impl PageWriter {
         let mut gates: HashSet<u64> = HashSet::new();
         for unit in units {
             let shares = unit.gate_hashes(&hasher).any(|h| gates.contains(&h));
-            if (size + unit.writes.len() > room || shares) && !chunk.is_empty() {
+            let unit_bytes: usize = unit.writes.iter().map(crate::sizes::write_size).sum();
+            if (size + unit.writes.len() > room || bytes + unit_bytes > room_bytes || shares) && !chunk.is_empty() {
                 self.write_chunk(std::mem::take(&mut chunk), now_ms, &mut skip).await?;
                 size = 0;
+                bytes = 0;
                 gates.clear();
             }
             size += unit.writes.len();
+            bytes += unit_bytes;
             gates.extend(unit.gate_hashes(&hasher));
             chunk.push(unit);
         }

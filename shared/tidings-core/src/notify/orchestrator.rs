@@ -408,7 +408,8 @@ async fn plan_delivery(
             return Ok(template
                 .render(channel, r.user.and_then(|u| u.locale.as_deref()), &params)
                 .ok()
-                .map(|rendered| task_of(deps, t, n, user_id, channel, to, rendered, hosts)));
+                .map(|rendered| task_of(deps, t, n, user_id, channel, to, rendered, hosts))
+                .filter(|(_, task)| queued_size(task).is_ok()));
         }
         Some(_) => return Ok(None),
     };
@@ -466,9 +467,27 @@ async fn plan_delivery(
             return Ok(None);
         }
     };
+    let inapp = channel == Channel::Inapp;
+    // The task as it will be queued. Too large for a queue message (a long email whose links
+    // the tracking made longer still), the delivery fails here, for good, rather than its
+    // page being retried until its DLQ.
+    let (task, inbox_content) = match inapp {
+        true => (None, Some(rendered)),
+        false => (Some(task_of(deps, t, n, user_id, channel, to, rendered, hosts)), None),
+    };
+    if let Some((_, task)) = &task
+        && let Err(size) = queued_size(task)
+    {
+        delivery.status = DeliveryStatus::Failed;
+        delivery.last_error = Some(format!(
+            "too_large: the {channel} is {size} bytes as a queue message; a queue message holds at most {}",
+            crate::sizes::MAX_MESSAGE_BYTES
+        ));
+        write_final(deps, t, n, key, &delivery, deferred).await?;
+        return Ok(None);
+    }
     let gate_reasons: Vec<policy::SuppressReason> = writes.iter().map(policy::gate_reason).collect();
     let mut all = writes;
-    let inapp = channel == Channel::Inapp;
     if inapp {
         delivery.status = DeliveryStatus::Sent;
         delivery.attempts = 1;
@@ -487,13 +506,13 @@ async fn plan_delivery(
             cond: Cond::And(vec![Cond::eq("status", "pending"), Cond::AttrExists("deferred_until".into())]),
         },
     });
-    if inapp {
+    if let Some(rendered) = inbox_content {
         all.extend(inbox::message_writes(
             t,
             user_id,
             n,
-            rendered.subject.clone().unwrap_or_default(),
-            rendered.body.clone(),
+            rendered.subject.unwrap_or_default(),
+            rendered.body,
             &delivery.updated_at,
         )?);
     }
@@ -509,10 +528,13 @@ async fn plan_delivery(
         Err(StoreError::ConditionFailed { .. }) => return Ok(None),
         Err(e) => return Err(e.into()),
     }
-    if inapp {
-        return Ok(None);
-    }
-    Ok(Some(task_of(deps, t, n, user_id, channel, to, rendered, hosts)))
+    Ok(task)
+}
+
+/// The size of a task as a queue message, or `Err` with it when no queue message can hold it.
+fn queued_size(task: &ChannelTask) -> Result<usize, usize> {
+    let size = serde_json::to_vec(task).map(|b| b.len()).unwrap_or(usize::MAX);
+    if size <= crate::sizes::MAX_MESSAGE_BYTES { Ok(size) } else { Err(size) }
 }
 
 // The delivery's identity, its address and content, and the tenant's link hosts for the email.
