@@ -23,6 +23,7 @@ mod server;
 mod shipped;
 mod sms_failover;
 
+mod sizes;
 /// Declares each test once per backend: `on_both_backends!(module as module_tests: test, ...)`
 /// makes `module_tests::embedded::test` and `module_tests::aws::test` from `module::test`.
 macro_rules! on_both_backends {
@@ -70,6 +71,11 @@ on_both_backends!(live as live_tests:
 on_both_backends!(console as console_tests: console_shows_the_system_and_redrives);
 
 on_both_backends!(campaign as campaign_tests: a_segment_campaign_reaches_each_member_once_and_an_otp_is_not_held_up);
+
+on_both_backends!(sizes as sizes_tests:
+    a_page_of_large_emails_is_delivered_in_full,
+    oversized_params_and_bodies_answer_422_naming_the_field,
+);
 
 /// The campaign at 2,000 through the function binaries, with its AWS requests counted (the
 /// embedded backend has no requests to count; its figures are `tidings bench campaign`'s).
