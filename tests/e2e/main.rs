@@ -4,6 +4,7 @@
 //! same test bodies run on both.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod alarms;
 mod campaign;
 mod console;
 mod contention;
@@ -17,13 +18,14 @@ mod notify;
 mod platform;
 mod rates_shipped;
 mod receipts_shipped;
+mod relay_limits;
 mod restock;
 mod safety;
 mod server;
 mod shipped;
+mod sizes;
 mod sms_failover;
 
-mod sizes;
 /// Declares each test once per backend: `on_both_backends!(module as module_tests: test, ...)`
 /// makes `module_tests::embedded::test` and `module_tests::aws::test` from `module::test`.
 macro_rules! on_both_backends {
@@ -70,12 +72,12 @@ on_both_backends!(live as live_tests:
 
 on_both_backends!(console as console_tests: console_shows_the_system_and_redrives);
 
-on_both_backends!(campaign as campaign_tests: a_segment_campaign_reaches_each_member_once_and_an_otp_is_not_held_up);
-
 on_both_backends!(sizes as sizes_tests:
     a_page_of_large_emails_is_delivered_in_full,
     oversized_params_and_bodies_answer_422_naming_the_field,
 );
+
+on_both_backends!(campaign as campaign_tests: a_segment_campaign_reaches_each_member_once_and_an_otp_is_not_held_up);
 
 /// The campaign at 2,000 through the function binaries, with its AWS requests counted (the
 /// embedded backend has no requests to count; its figures are `tidings bench campaign`'s).
@@ -184,4 +186,16 @@ async fn a_local_public_url_stops_the_functions_that_make_links() -> anyhow::Res
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_workers_behind_one_shared_gate_never_exceed_the_rate() -> anyhow::Result<()> {
     rates_shipped::two_workers_behind_one_shared_gate_never_exceed_the_rate().await
+}
+
+/// A poison stream record ends alone on stream-failures (listed, replayed); its batch is relayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_poison_stream_record_ends_alone_on_stream_failures_and_its_batch_is_relayed() -> anyhow::Result<()> {
+    relay_limits::a_poison_stream_record_ends_alone_on_stream_failures_and_its_batch_is_relayed().await
+}
+
+/// An orchestrator batch that cannot end before its deadline hands the rest back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slow_orchestrator_batch_hands_back_what_it_cannot_finish() -> anyhow::Result<()> {
+    relay_limits::a_slow_orchestrator_batch_hands_back_what_it_cannot_finish().await
 }
