@@ -178,3 +178,51 @@ where
             .map_err(|e| Problem::new(StatusCode::BAD_REQUEST, "invalid_path", e.body_text()).into())
     }
 }
+
+/// The `Idempotency-Key` request header, beside a body's `idempotency_key` (the habit of most
+/// notification and payment APIs). Its value may be bare (`k-1`) or a quoted structured-field
+/// string (`"k-1"`, as the IETF draft writes it); the key's own rules are the body field's.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct IdempotencyKey(pub Option<String>);
+
+pub const IDEMPOTENCY_KEY_HEADER: &str = "Idempotency-Key";
+
+impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKey {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        let Some(value) = parts.headers.get(IDEMPOTENCY_KEY_HEADER) else { return Ok(IdempotencyKey(None)) };
+        let invalid = |detail: &str| -> ApiError {
+            Problem::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_field",
+                format!("{IDEMPOTENCY_KEY_HEADER}: {detail}"),
+            )
+            .with_field(IDEMPOTENCY_KEY_HEADER)
+            .into()
+        };
+        let text = value.to_str().map_err(|_| invalid("must be printable ASCII"))?.trim();
+        let key = text.strip_prefix('"').and_then(|t| t.strip_suffix('"')).unwrap_or(text);
+        if key.is_empty() {
+            return Err(invalid("must not be empty"));
+        }
+        Ok(IdempotencyKey(Some(key.to_owned())))
+    }
+}
+
+impl IdempotencyKey {
+    /// The request's key: the header's or the body's, the same when both are given (422 naming
+    /// the header when they differ: which one the client meant cannot be known).
+    pub fn merge(self, body: Option<String>) -> Result<Option<String>, ApiError> {
+        match (self.0, body) {
+            (Some(h), Some(b)) if h != b => Err(Problem::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_field",
+                format!("{IDEMPOTENCY_KEY_HEADER}: differs from the body's idempotency_key"),
+            )
+            .with_field(IDEMPOTENCY_KEY_HEADER)
+            .into()),
+            (h, b) => Ok(b.or(h)),
+        }
+    }
+}

@@ -9,7 +9,7 @@ use tidings_core::inventory::{
     self, AdjustmentRequest, LedgerPage, OrderRequest, OrderView, ReconcileReport, StockView, WarmUpRequest,
 };
 
-use crate::extract::{Body, PageParams, PathParams, QueryParams, Tenant};
+use crate::extract::{Body, IdempotencyKey, PageParams, PathParams, QueryParams, Tenant};
 use crate::problem::{ApiResult, Problem};
 use crate::state::AppState;
 
@@ -55,15 +55,20 @@ async fn show_stock(
 }
 
 #[utoipa::path(post, path = "/v1/inventory/{sku_id}/adjustments", tag = "inventory", security(("api_key" = [])),
-    params(("sku_id" = String, Path, description = "The SKU id")), request_body = AdjustmentRequest,
+    params(("sku_id" = String, Path, description = "The SKU id"),
+        ("Idempotency-Key" = Option<String>, Header, description = "The body's `idempotency_key` as a header (either, or both the same; 422 when they differ)")),
+    request_body = AdjustmentRequest,
     responses((status = 200, description = "The stock after the adjustment", body = StockView), (status = 404, description = "No such SKU", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`insufficient_stock`, or the idempotency key was used with another body", body = Problem, content_type = "application/problem+json")))]
 async fn adjust(
     State(s): State<AppState>,
     Tenant(t): Tenant,
     PathParams(sku_id): PathParams<String>,
-    Body(req): Body<AdjustmentRequest>,
+    header: IdempotencyKey,
+    Body(mut req): Body<AdjustmentRequest>,
 ) -> ApiResult<Json<StockView>> {
+    let body = Some(std::mem::take(&mut req.idempotency_key)).filter(|k| !k.is_empty());
+    req.idempotency_key = header.merge(body)?.unwrap_or_default();
     Ok(Json(inventory::adjust(&s.deps, &t, &sku_id, &req).await?))
 }
 
@@ -265,6 +270,22 @@ mod tests {
         let adj = r#"{"delta": 3, "source": "purchase_order", "idempotency_key": "k"}"#;
         let (status, body) = call(&app, "key-a", Method::POST, "/v1/inventory/1001/adjustments", Some(adj)).await;
         assert_eq!((status, body["available"].clone()), (200, json!(5)));
+        // No key at all: 422 naming the body's field; the header alone is the key.
+        let adj = r#"{"delta": 1, "source": "purchase_order"}"#;
+        let (status, body) = call(&app, "key-a", Method::POST, "/v1/inventory/1001/adjustments", Some(adj)).await;
+        assert_eq!((status, body["field"].clone()), (422, json!("idempotency_key")), "{body}");
+        let req = Request::builder()
+            .method(Method::POST)
+            .uri("/v1/inventory/1001/adjustments")
+            .header("authorization", "Bearer key-a")
+            .header("content-type", "application/json")
+            .header("idempotency-key", "k")
+            .body(HttpBody::from(r#"{"delta": 3, "source": "purchase_order"}"#))
+            .unwrap();
+        let res = app.clone().oneshot(req).await.unwrap();
+        let bytes = res.into_body().collect().await.unwrap().to_bytes();
+        let body: Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(body["available"], json!(5), "the header's k is the body's k: applied once: {body}");
         let (status, _) = call(&app, "key-a", Method::GET, "/v1/inventory/1001/ledger?limit=0", None).await;
         assert_eq!(status, 422);
         let (status, _) = call(&app, "key-a", Method::GET, "/v1/inventory/1001/ledger?cursor=zz", None).await;

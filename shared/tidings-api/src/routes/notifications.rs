@@ -6,7 +6,7 @@ use tidings_core::notify::api::{self, Accepted, DeliveryPage, NotificationView};
 use tidings_core::notify::model::NotificationRequest;
 use tidings_core::notify::verification::{self, Verified};
 
-use crate::extract::{Body, PageParams, PathParams, QueryParams, Tenant};
+use crate::extract::{Body, IdempotencyKey, PageParams, PathParams, QueryParams, Tenant};
 use crate::problem::{ApiResult, Problem};
 use crate::state::AppState;
 
@@ -25,6 +25,7 @@ pub fn router() -> Router<AppState> {
 
 /// 202 once the request is durably written (the write is the outbox).
 #[utoipa::path(post, path = "/v1/notifications", tag = "notifications", security(("api_key" = [])),
+    params(("Idempotency-Key" = Option<String>, Header, description = "The body's `idempotency_key` as a header (either, or both the same; 422 when they differ)")),
     request_body = NotificationRequest,
     responses((status = 202, description = "Accepted (or scheduled); the same id for a repeated idempotency key", body = Accepted),
         (status = 409, description = "`idempotency_conflict`: the key was used with another body", body = Problem, content_type = "application/problem+json"),
@@ -33,8 +34,10 @@ pub fn router() -> Router<AppState> {
 async fn create(
     State(s): State<AppState>,
     Tenant(t): Tenant,
-    Body(req): Body<NotificationRequest>,
+    header: IdempotencyKey,
+    Body(mut req): Body<NotificationRequest>,
 ) -> ApiResult<(StatusCode, Json<Accepted>)> {
+    req.idempotency_key = header.merge(req.idempotency_key.take())?;
     let accepted = api::accept(&s.deps, &t, req).await?;
     Ok((StatusCode::ACCEPTED, Json(accepted)))
 }
@@ -99,5 +102,83 @@ async fn verified(
     match verification::verify(&s.deps, &t, &id).await? {
         Some(v) => Ok(Json(v)),
         None => Err(Problem::not_found("notification").into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use std::sync::Arc;
+
+    use axum::body::Body as HttpBody;
+    use axum::http::{Method, Request};
+    use http_body_util::BodyExt;
+    use serde_json::{Value, json};
+    use tidings_core::TenantId;
+    use tidings_core::tenants;
+    use tower::ServiceExt;
+
+    use crate::state::AppState;
+
+    async fn app() -> axum::Router {
+        let deps = crate::test_support::memory_deps();
+        tenants::register_key(&deps, &TenantId::parse("a").unwrap(), "key-a").await.unwrap();
+        crate::app(AppState { deps, queue_names: Arc::new(Vec::new()), dev: None, live: None })
+    }
+
+    async fn call(app: &axum::Router, method: Method, uri: &str, key: Option<&str>, body: Value) -> (u16, Value) {
+        let mut req = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header("authorization", "Bearer key-a")
+            .header("content-type", "application/json");
+        if let Some(k) = key {
+            req = req.header("idempotency-key", k);
+        }
+        let res = app.clone().oneshot(req.body(HttpBody::from(body.to_string())).unwrap()).await.unwrap();
+        let status = res.status().as_u16();
+        let bytes = res.into_body().collect().await.unwrap().to_bytes();
+        (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    }
+
+    fn send(n: i64) -> Value {
+        json!({"recipients": {"user_ids": ["u1"]}, "template_id": "t", "params": {"n": n},
+               "category": "transactional", "channels": ["email"]})
+    }
+
+    /// The header is the body's `idempotency_key` by another name: the same key and body answer
+    /// the first notification, another body 409, header and field different 422 naming the header.
+    #[tokio::test]
+    async fn the_idempotency_key_header_keeps_the_body_fields_rules() {
+        let app = app().await;
+        let template =
+            json!({"default_locale": "en", "locales": {"en": {"email_subject": "S", "email_body": "B {{ n }}"}}});
+        assert_eq!(call(&app, Method::PUT, "/v1/templates/t", None, template).await.0, 200);
+        assert_eq!(call(&app, Method::PUT, "/v1/users/u1", None, json!({"email": "a@example.com"})).await.0, 200);
+
+        let (st, first) = call(&app, Method::POST, "/v1/notifications", Some("k-1"), send(1)).await;
+        assert_eq!(st, 202, "{first}");
+        let (st, again) = call(&app, Method::POST, "/v1/notifications", Some("\"k-1\""), send(1)).await;
+        assert_eq!((st, &again["notification_id"]), (202, &first["notification_id"]), "quoted: the same key");
+        let mut in_body = send(1);
+        in_body["idempotency_key"] = json!("k-1");
+        let (st, same) = call(&app, Method::POST, "/v1/notifications", None, in_body.clone()).await;
+        assert_eq!(
+            (st, &same["notification_id"]),
+            (202, &first["notification_id"]),
+            "the body's field is the same key"
+        );
+        let (st, both) = call(&app, Method::POST, "/v1/notifications", Some("k-1"), in_body.clone()).await;
+        assert_eq!((st, &both["notification_id"]), (202, &first["notification_id"]));
+
+        let (st, v) = call(&app, Method::POST, "/v1/notifications", Some("k-1"), send(2)).await;
+        assert_eq!((st, v["code"].as_str()), (409, Some("idempotency_conflict")), "{v}");
+        let (st, v) = call(&app, Method::POST, "/v1/notifications", Some("k-2"), in_body).await;
+        assert_eq!((st, v["field"].as_str()), (422, Some("Idempotency-Key")), "{v}");
+        let (st, v) = call(&app, Method::POST, "/v1/notifications", Some("\"\""), send(3)).await;
+        assert_eq!((st, v["field"].as_str()), (422, Some("Idempotency-Key")), "{v}");
+        let (st, v) = call(&app, Method::POST, "/v1/notifications", Some("a#b"), send(3)).await;
+        assert_eq!(st, 422, "the key's own rules apply to the header: {v}");
     }
 }

@@ -313,6 +313,8 @@ pub struct WarmUpRequest {
 pub struct AdjustmentRequest {
     pub delta: i64,
     pub source: String,
+    /// Required, here or as the `Idempotency-Key` header.
+    #[serde(default)]
     pub idempotency_key: String,
 }
 
