@@ -10,7 +10,6 @@ use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
 
 use crate::lambda::{Options, Stack};
-use crate::platform::sns_notification;
 
 const WAIT: Duration = Duration::from_secs(180);
 
@@ -169,8 +168,13 @@ pub async fn a_day_of_a_shop_through_the_function_binaries() -> anyhow::Result<(
     let event = json!({"EndpointArn": endpoint, "EventType": "DeliveryFailure", "FailureType": "EndpointDisabled",
         "FailureMessage": "x", "MessageId": "m", "Resource": "arn:aws:sns:us-east-1:123456789012:app/APNS/x",
         "Service": "SNS", "Time": "2026-11-30T00:00:00.000Z"});
-    let (st, body) = s.raw("POST", "/v1/callbacks/push", &sns_notification(&event).to_string(), "text/plain").await?;
-    anyhow::ensure!(st == 200, "push callback: {st} {body}");
+    // Published to the template's push events topic, delivered by its subscription.
+    let push_topic = crate::lambda::template::topic_arn(&s.spec.name, "PushEventsTopic");
+    let (_, delivered) = s.publish(&push_topic, &event).await?;
+    anyhow::ensure!(
+        delivered.len() == 1 && delivered[0].1 == 200 && delivered[0].0.ends_with("/v1/callbacks/push"),
+        "push callback: {delivered:?}"
+    );
     let (st, _) =
         s.call("POST", "/v1/devices", Some(json!({"user_id": "u1", "platform": "ios", "token": "tok-day-1"}))).await?;
     assert_eq!(st, 201, "the dead device was deleted");

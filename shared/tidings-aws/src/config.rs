@@ -76,61 +76,65 @@ pub enum ConfigError {
 /// | `TIDINGS_QUEUE_PREFIX` | `tidings-` | logical queue `q` is `{prefix}q`, its DLQ `{prefix}q-dlq` |
 /// | `TIDINGS_QUEUE_URL_<NAME>` | none | explicit URL of logical queue `<name>` (upper case, `-` as `_`; `..._DLQ` for its DLQ) |
 /// | `TIDINGS_EMAIL_FROM` | `no-reply@tidings.local` | SES sender |
+/// | `TIDINGS_SES_CONFIGURATION_SET` | none | SES configuration set every send names (its events reach `/v1/callbacks/ses`) |
 /// | `TIDINGS_REDRIVE_MODE` | `message-move-task` | or `receive-and-resend` (moto) |
 /// | `TIDINGS_MAX_RECEIVES` | `5` | `maxReceiveCount` of the redrive policies [`crate::bootstrap`] creates |
 /// | `TIDINGS_SNS_APNS_ARN` | none | SNS platform application for iOS devices (APNs) |
 /// | `TIDINGS_SNS_FCM_ARN` | none | SNS platform application for Android devices (FCM) |
-#[derive(Clone, Debug, PartialEq, Eq)]
 /// | `TIDINGS_SMS_PRIMARY` | `sns` | the SMS provider: `sns` or `end-user-messaging` |
 /// | `TIDINGS_SMS_SECONDARY` | none | the other one, used while the primary's breaker is open (`none`: no failover) |
 /// | `TIDINGS_SMS_ORIGINATION_IDENTITY` | none | End User Messaging's origination identity (phone number, sender id, pool: id or ARN) |
 /// | `TIDINGS_SMS_CONFIGURATION_SET` | none | End User Messaging's configuration set (its event destinations) |
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AwsConfig {
     pub table: String,
     pub queue_prefix: String,
     /// Explicit queue URLs by real queue name suffix: key `requests-high` or `requests-high-dlq`.
     pub queue_urls: BTreeMap<String, String>,
     pub email_from: String,
+    /// The SES configuration set sends name (`TIDINGS_SES_CONFIGURATION_SET`).
+    pub ses_configuration_set: Option<String>,
     pub redrive_mode: RedriveMode,
     pub max_receives: u32,
     /// SNS platform applications that device tokens become endpoints of.
     pub sns_apns_arn: Option<String>,
     pub sns_fcm_arn: Option<String>,
-}
-
-impl Default for AwsConfig {
     pub sms_primary: SmsProvider,
     /// The SMS failover provider; never the primary.
     pub sms_secondary: Option<SmsProvider>,
     pub sms_origination_identity: Option<String>,
     pub sms_configuration_set: Option<String>,
+}
+
+impl Default for AwsConfig {
     fn default() -> Self {
         Self {
             table: "tidings".into(),
             queue_prefix: "tidings-".into(),
             queue_urls: BTreeMap::new(),
             email_from: "no-reply@tidings.local".into(),
+            ses_configuration_set: None,
             redrive_mode: RedriveMode::MessageMoveTask,
             max_receives: 5,
             sns_apns_arn: None,
             sns_fcm_arn: None,
-        }
-    }
-}
-
             sms_primary: SmsProvider::Sns,
             sms_secondary: None,
             sms_origination_identity: None,
             sms_configuration_set: None,
-const QUEUE_URL_PREFIX: &str = "TIDINGS_QUEUE_URL_";
+        }
+    }
+}
 
-impl AwsConfig {
-    /// Reads the process environment.
 fn sms_provider(var: &'static str, v: &str) -> Result<SmsProvider, ConfigError> {
     SmsProvider::parse(v)
         .ok_or_else(|| ConfigError::Invalid { var, reason: format!("{v:?} is neither sns nor end-user-messaging") })
 }
 
+const QUEUE_URL_PREFIX: &str = "TIDINGS_QUEUE_URL_";
+
+impl AwsConfig {
+    /// Reads the process environment.
     pub fn from_env() -> Result<Self, ConfigError> {
         Self::from_vars(std::env::vars())
     }
@@ -149,13 +153,9 @@ fn sms_provider(var: &'static str, v: &str) -> Result<SmsProvider, ConfigError> 
                 "TIDINGS_TABLE" if !v.is_empty() => config.table = v.to_string(),
                 "TIDINGS_QUEUE_PREFIX" => config.queue_prefix = v.to_string(),
                 "TIDINGS_EMAIL_FROM" if !v.is_empty() => config.email_from = v.to_string(),
+                "TIDINGS_SES_CONFIGURATION_SET" if !v.is_empty() => config.ses_configuration_set = Some(v.to_string()),
                 "TIDINGS_SNS_APNS_ARN" if !v.is_empty() => config.sns_apns_arn = Some(v.to_string()),
                 "TIDINGS_SNS_FCM_ARN" if !v.is_empty() => config.sns_fcm_arn = Some(v.to_string()),
-                "TIDINGS_REDRIVE_MODE" if !v.is_empty() => {
-                    config.redrive_mode = RedriveMode::parse(v).ok_or_else(|| ConfigError::Invalid {
-                        var: "TIDINGS_REDRIVE_MODE",
-                        reason: format!("{v:?} is neither message-move-task nor receive-and-resend"),
-                    })?;
                 "TIDINGS_SMS_PRIMARY" if !v.is_empty() => config.sms_primary = sms_provider("TIDINGS_SMS_PRIMARY", v)?,
                 "TIDINGS_SMS_SECONDARY" if !v.is_empty() && v.trim() != "none" => {
                     config.sms_secondary = Some(sms_provider("TIDINGS_SMS_SECONDARY", v)?);
@@ -164,6 +164,11 @@ fn sms_provider(var: &'static str, v: &str) -> Result<SmsProvider, ConfigError> 
                     config.sms_origination_identity = Some(v.to_string());
                 }
                 "TIDINGS_SMS_CONFIGURATION_SET" if !v.is_empty() => config.sms_configuration_set = Some(v.to_string()),
+                "TIDINGS_REDRIVE_MODE" if !v.is_empty() => {
+                    config.redrive_mode = RedriveMode::parse(v).ok_or_else(|| ConfigError::Invalid {
+                        var: "TIDINGS_REDRIVE_MODE",
+                        reason: format!("{v:?} is neither message-move-task nor receive-and-resend"),
+                    })?;
                 }
                 "TIDINGS_MAX_RECEIVES" if !v.is_empty() => {
                     config.max_receives = match v.trim().parse::<u32>() {
@@ -185,11 +190,6 @@ fn sms_provider(var: &'static str, v: &str) -> Result<SmsProvider, ConfigError> 
                 }
             }
         }
-        Ok(config)
-    }
-
-    /// The real name of a logical queue.
-    pub fn queue_name(&self, logical: &str) -> String {
         if config.sms_secondary == Some(config.sms_primary) {
             return Err(ConfigError::Invalid {
                 var: "TIDINGS_SMS_SECONDARY",
@@ -199,6 +199,11 @@ fn sms_provider(var: &'static str, v: &str) -> Result<SmsProvider, ConfigError> 
                 ),
             });
         }
+        Ok(config)
+    }
+
+    /// The real name of a logical queue.
+    pub fn queue_name(&self, logical: &str) -> String {
         format!("{}{logical}", self.queue_prefix)
     }
 
@@ -243,11 +248,6 @@ mod tests {
     }
 
     #[test]
-    fn rejects_bad_values() {
-        assert!(AwsConfig::from_vars([("TIDINGS_REDRIVE_MODE", "sideways")]).is_err());
-        assert!(AwsConfig::from_vars([("TIDINGS_MAX_RECEIVES", "0")]).is_err());
-        assert!(AwsConfig::from_vars([("TIDINGS_MAX_RECEIVES", "x")]).is_err());
-    #[test]
     fn either_sms_provider_may_be_the_primary_and_never_both() {
         let c = AwsConfig::from_vars([
             ("TIDINGS_SMS_PRIMARY", "end-user-messaging"),
@@ -275,5 +275,10 @@ mod tests {
         }
     }
 
+    #[test]
+    fn rejects_bad_values() {
+        assert!(AwsConfig::from_vars([("TIDINGS_REDRIVE_MODE", "sideways")]).is_err());
+        assert!(AwsConfig::from_vars([("TIDINGS_MAX_RECEIVES", "0")]).is_err());
+        assert!(AwsConfig::from_vars([("TIDINGS_MAX_RECEIVES", "x")]).is_err());
     }
 }

@@ -114,13 +114,13 @@ impl AwsBackend {
 
     pub fn email(&self) -> SesEmail {
         SesEmail::new(self.ses.clone(), self.config.email_from.clone())
+            .with_configuration_set(self.config.ses_configuration_set.clone())
     }
 
     pub fn sms(&self) -> SnsSms {
         SnsSms::new(self.sns.clone())
     }
 
-    pub fn push(&self) -> SnsPush {
     /// SMS through End User Messaging, with the configured origination identity and
     /// configuration set.
     pub fn end_user_messaging_sms(&self) -> EndUserMessagingSms {
@@ -136,6 +136,7 @@ impl AwsBackend {
         }
     }
 
+    pub fn push(&self) -> SnsPush {
         SnsPush::new(self.sns.clone())
             .with_platform_apps(self.config.sns_apns_arn.clone(), self.config.sns_fcm_arn.clone())
     }

@@ -91,6 +91,8 @@ pub fn http_response(payload: &[u8]) -> Response {
     };
     let mut response = (status, body).into_response();
     let headers = response.headers_mut();
+    // The function's own content type, not the one a byte body defaults to.
+    headers.remove(axum::http::header::CONTENT_TYPE);
     for (k, val) in v["headers"].as_object().into_iter().flatten() {
         if let (Ok(name), Some(Ok(value))) = (k.parse::<axum::http::HeaderName>(), val.as_str().map(str::parse)) {
             headers.append(name, value);

@@ -163,6 +163,10 @@ pub struct Function {
     slots: Semaphore,
     stats_handle: Arc<Mutex<Stats>>,
     log_dir: PathBuf,
+    /// Lambda freezes an environment once it has answered and may never thaw it: with this
+    /// set, every environment is stopped as soon as it answers (work left for after the answer
+    /// is lost, as it can be on Lambda), and each invocation starts a new one.
+    never_thawed: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -209,7 +213,13 @@ impl Function {
             slots: Semaphore::new(concurrency.max(1)),
             stats_handle: Arc::new(Mutex::new(Stats::default())),
             log_dir,
+            never_thawed: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Stops every environment of this function as soon as it answers (see `never_thawed`).
+    pub fn never_thaw(&self) {
+        self.never_thawed.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     fn stats(&self) -> std::sync::MutexGuard<'_, Stats> {
@@ -342,7 +352,9 @@ impl Function {
                 if payload.is_err() {
                     self.stats().errors += 1;
                 }
-                if env.child.try_wait().ok().flatten().is_none() {
+                if self.never_thawed.load(std::sync::atomic::Ordering::SeqCst) {
+                    let _ = env.child.start_kill();
+                } else if env.child.try_wait().ok().flatten().is_none() {
                     self.idle.lock().unwrap_or_else(|e| e.into_inner()).push(env);
                 }
                 Ok(Invoked { payload, timed_out: false })

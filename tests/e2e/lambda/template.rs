@@ -89,6 +89,24 @@ pub struct TableSpec {
     pub properties: Value,
 }
 
+/// An SNS subscription (`AWS::SNS::Subscription`), resolved.
+#[derive(Clone, Debug)]
+pub struct SubscriptionSpec {
+    pub topic_arn: String,
+    pub protocol: String,
+    pub endpoint: String,
+}
+
+/// An SES configuration set's event destination (`AWS::SES::ConfigurationSetEventDestination`).
+#[derive(Clone, Debug)]
+pub struct EventDestinationSpec {
+    pub configuration_set: String,
+    pub enabled: bool,
+    /// As the template writes them: `send`, `delivery`, `bounce`, ...
+    pub event_types: Vec<String>,
+    pub topic_arn: String,
+}
+
 /// The stack as the emulators will hold it.
 #[derive(Clone, Debug)]
 pub struct StackSpec {
@@ -96,6 +114,8 @@ pub struct StackSpec {
     pub functions: Vec<FunctionSpec>,
     pub queues: Vec<QueueSpec>,
     pub table: TableSpec,
+    pub subscriptions: Vec<SubscriptionSpec>,
+    pub event_destinations: Vec<EventDestinationSpec>,
 }
 
 /// What the harness names things that CloudFormation would name.
@@ -116,6 +136,11 @@ pub fn table_name(stack: &str) -> String {
 
 pub fn table_arn(name: &str) -> String {
     format!("arn:aws:dynamodb:{REGION}:{ACCOUNT}:table/{name}")
+}
+
+/// The ARN of an SNS topic the template makes (CloudFormation names it after the stack).
+pub fn topic_arn(stack: &str, logical: &str) -> String {
+    format!("arn:aws:sns:{REGION}:{ACCOUNT}:{stack}-{logical}")
 }
 
 impl Names<'_> {
@@ -149,6 +174,13 @@ impl Names<'_> {
                         // Ref of a queue is its URL; the harness only needs its name-bearing form.
                         let qn = self.resolve(template, &template["Resources"][name]["Properties"]["QueueName"])?;
                         format!("http://sqs.{REGION}.localhost/{ACCOUNT}/{}", scalar(&qn))
+                    }
+                    Some("AWS::SNS::Topic") => topic_arn(self.stack, name),
+                    Some("AWS::SES::ConfigurationSet") => {
+                        match self.resolve(template, &template["Resources"][name]["Properties"]["Name"])? {
+                            Value::Null => format!("{}-{name}", self.stack),
+                            given => scalar(&given),
+                        }
                     }
                     Some(t) => bail!("Ref {name} of a {t}: not known to the harness"),
                     None => bail!("Ref {name}: no such parameter or resource"),
@@ -285,6 +317,8 @@ pub fn stack(template: &Value, names: &Names<'_>) -> anyhow::Result<StackSpec> {
     let mut functions = Vec::new();
     let mut queues = Vec::new();
     let mut table = None;
+    let mut subscriptions = Vec::new();
+    let mut event_destinations = Vec::new();
     for (logical, res) in resources {
         let props = &res["Properties"];
         match res["Type"].as_str() {
@@ -395,10 +429,36 @@ pub fn stack(template: &Value, names: &Names<'_>) -> anyhow::Result<StackSpec> {
             Some("AWS::DynamoDB::Table") => {
                 table = Some(TableSpec { logical_id: logical.clone(), properties: names.resolve(template, props)? });
             }
+            // A conditional subscription (the alarm e-mail) is not the harness's to play.
+            Some("AWS::SNS::Subscription") if res.get("Condition").is_none() => {
+                let p = names.resolve(template, props)?;
+                subscriptions.push(SubscriptionSpec {
+                    topic_arn: scalar(&p["TopicArn"]),
+                    protocol: scalar(&p["Protocol"]),
+                    endpoint: scalar(&p["Endpoint"]),
+                });
+            }
+            Some("AWS::SES::ConfigurationSetEventDestination") => {
+                let p = names.resolve(template, props)?;
+                let d = &p["EventDestination"];
+                event_destinations.push(EventDestinationSpec {
+                    configuration_set: scalar(&p["ConfigurationSetName"]),
+                    enabled: d["Enabled"] == json!(true) || d["Enabled"] == json!("true"),
+                    event_types: listed(&d["MatchingEventTypes"]).iter().map(scalar).collect(),
+                    topic_arn: scalar(&d["SnsDestination"]["TopicARN"]),
+                });
+            }
             _ => {}
         }
     }
-    Ok(StackSpec { name: names.stack.to_owned(), functions, queues, table: table.context("no table in template")? })
+    Ok(StackSpec {
+        name: names.stack.to_owned(),
+        functions,
+        queues,
+        table: table.context("no table in template")?,
+        subscriptions,
+        event_destinations,
+    })
 }
 
 /// The logical id of the queue with ARN `arn`.
