@@ -15,7 +15,7 @@ use tidings_core::messages::{ALL_QUEUES, dispatch_batch, settle_batch};
 use tidings_core::notify::api;
 use tidings_core::notify::model::{Delivery, DeliveryStatus, NotificationRequest, NotificationStatus};
 use tidings_core::notify::relay;
-use tidings_core::ports::{ChangeFeed, Channel, OutboundMessage, Provider, ProviderError, ProviderReceipt, Table};
+use tidings_core::ports::{ChangeFeed, Channel, OutboundMessage, Provider, ProviderError, ProviderReceipt};
 use tidings_core::sizes::{MAX_ITEM_BYTES, MAX_MESSAGE_BYTES};
 use tidings_core::users::{self, UserInput};
 use tidings_core::{CoreConfig, CoreError, Deps, Providers, TenantId, keys, templates};
@@ -41,7 +41,6 @@ impl Provider for Recorder {
 
 struct World {
     deps: Deps,
-    store: EmbeddedStore,
     feed: EmbeddedChangeFeed,
     email: Arc<Recorder>,
     t: TenantId,
@@ -62,7 +61,7 @@ async fn world() -> World {
         config: Arc::new(CoreConfig { retry_base: Duration::from_millis(10), ..CoreConfig::default() }),
     };
     let t = TenantId::parse("shop-a").unwrap();
-    World { feed: store.change_feed("relay"), store, deps, email, t }
+    World { feed: store.change_feed("relay"), deps, email, t }
 }
 
 async fn template(w: &World, id: &str, email_body: &str) {
@@ -194,7 +193,6 @@ async fn an_email_too_large_for_a_queue_message_fails_for_good() {
     for q in ALL_QUEUES.iter().filter(|q| tidings_core::messages::has_dlq(q)) {
         assert_eq!(w.deps.queues.stats(q).await.unwrap().dlq_depth, 0, "{q}: nothing dead-lettered");
     }
-    let _ = &w.store;
 }
 
 /// What the API stores from other requests is bounded by their own validation well inside an
