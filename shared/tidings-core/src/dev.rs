@@ -56,7 +56,9 @@ pub struct RecordedSend {
     pub at: String,
     #[serde(default)]
     pub provider_message_id: String,
+    /// (name, value) pairs, each a two-string array (no tuple schema: client generators refuse it).
     #[serde(default)]
+    #[schema(value_type = Vec<Vec<String>>)]
     pub headers: Vec<(String, String)>,
     /// Push: the APNs collapse id / FCM tag (`devices::collapse_id` of the delivery key).
     #[serde(default, skip_serializing_if = "Option::is_none")]

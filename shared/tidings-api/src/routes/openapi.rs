@@ -120,6 +120,24 @@ impl Modify for Conventions {
                 add_problem_answers(op);
             }
         }
+        unique_operation_ids(doc);
+    }
+}
+
+/// utoipa names an operation after its handler, and handlers of different modules share names
+/// (`cancel` of notifications, orders and schedules), which breaks client generators: an id
+/// is prefixed with its tag (`notifications_cancel`), a stable name per route.
+fn unique_operation_ids(doc: &mut Document) {
+    for item in doc.paths.paths.values_mut() {
+        let ops = [&mut item.get, &mut item.put, &mut item.post, &mut item.delete, &mut item.patch];
+        for op in ops.into_iter().flatten() {
+            let tag = op.tags.as_ref().and_then(|t| t.first()).cloned();
+            if let (Some(tag), Some(id)) = (tag, op.operation_id.as_mut())
+                && !id.starts_with(&format!("{tag}_"))
+            {
+                *id = format!("{tag}_{id}");
+            }
+        }
     }
 }
 
@@ -201,6 +219,21 @@ mod tests {
             }
         }
         out
+    }
+
+    #[test]
+    fn operation_ids_are_unique() {
+        let doc = serde_json::to_value(document()).unwrap();
+        let mut seen = std::collections::BTreeMap::new();
+        for (path, item) in doc["paths"].as_object().unwrap() {
+            for (method, op) in item.as_object().unwrap() {
+                let Some(id) = op["operationId"].as_str() else { continue };
+                if let Some(other) = seen.insert(id.to_owned(), format!("{method} {path}")) {
+                    panic!("operationId {id} twice: {other} and {method} {path}");
+                }
+            }
+        }
+        assert!(seen.contains_key("notifications_cancel"), "{seen:?}");
     }
 
     #[test]
