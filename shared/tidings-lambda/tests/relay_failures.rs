@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use tidings_core::dev::NullProvider;
 use tidings_core::live::NoLive;
 use tidings_core::notify::relay::{POISON_CONDITION, STREAM_FAILURES_QUEUE, StreamFailure};
-use tidings_core::ports::{Clock, Provider, Queues, SystemClock, Table};
+use tidings_core::ports::{Clock, Provider, SystemClock, Table};
 use tidings_core::{CoreConfig, Deps, Providers};
 use tidings_embedded::{EmbeddedStore, QueueConfig};
 
