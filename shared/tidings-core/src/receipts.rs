@@ -15,7 +15,7 @@
 //! rule); a `Notification` older than [`EVENT_WINDOW`] (by its signed `Timestamp`) or whose
 //! `MessageId` was seen before is ignored ([`admit`]); else it carries an SES event: `Delivery`
 //! → `delivered`, `Bounce` (permanent) → `failed` and the address suppressed, `Complaint` → the
-//! address suppressed, `Open` / `Click` → `opened` / `clicked`. The delivery is found by the
+//! address suppressed, `Reject` → `failed`, `Open` / `Click` → `opened` / `clicked`. The delivery is found by the
 //! provider's message id (the channel worker records it, with a hash of the address it sent
 //! to, when the provider accepts a message), and an event suppresses only that address: other
 //! addresses it lists are not ours to suppress.
@@ -366,6 +366,12 @@ pub async fn apply_ses_event(deps: &Deps, provider: &str, event: &Value) -> Core
             None,
             Some("complaint".to_owned()),
             Some((recipients(event, "complaint", "complainedRecipients"), SuppressionReason::Complaint)),
+        ),
+        // SES took the mail and then refused to send it (a virus): it never left.
+        "Reject" => (
+            Some(DeliveryStatus::Failed),
+            Some(format!("reject: {}", event["reject"]["reason"].as_str().unwrap_or_default())),
+            None,
         ),
         "Open" => (Some(DeliveryStatus::Opened), None, None),
         "Click" => (Some(DeliveryStatus::Clicked), None, None),

@@ -242,6 +242,20 @@ async fn a_genuine_bounce_suppresses_once_and_replays_and_old_events_are_ignored
         &bounce(&pm, &["buyer@example.com"]),
     );
     assert_eq!(callback(&w, &late).await.unwrap()["suppressed"], 1);
+
+    // A Reject (SES took the mail, then refused to send it): the delivery failed, nobody suppressed.
+    let req: NotificationRequest = serde_json::from_value(json!({"idempotency_key": "k-reject",
+        "recipients": {"user_ids": ["u2"]}, "template_id": "msg", "params": {"n": 1},
+        "category": "transactional", "channels": ["email"]}))
+    .unwrap();
+    let id = api::accept(&w.deps, &w.t, req).await.unwrap().notification_id;
+    drain(&w).await;
+    let pm = delivery(&w, &id, "u2").await.provider_message_id.unwrap();
+    let reject = json!({"eventType": "Reject", "mail": {"messageId": pm}, "reject": {"reason": "Bad content"}});
+    let out = callback(&w, &sns(OUR_TOPIC, "m-reject", w.deps.clock.now(), &reject)).await.unwrap();
+    assert_eq!((out["matched"].as_bool(), out["suppressed"].as_u64()), (Some(true), Some(0)), "{out}");
+    assert_eq!(delivery(&w, &id, "u2").await.status, DeliveryStatus::Failed);
+    assert!(!suppressed(&w, "victim@example.com").await);
 }
 
 /// Opens and clicks are one message each on the timers queue (nothing is left to run after the
