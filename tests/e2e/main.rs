@@ -158,6 +158,12 @@ async fn a_day_of_a_shop_through_the_function_binaries() -> anyhow::Result<()> {
 }
 
 /// Taking a needed statement out of a function's policy makes that function fail, so the day
+/// A page of ten 110 KB emails through the function binaries is delivered in full.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_page_of_large_emails_through_the_function_binaries() -> anyhow::Result<()> {
+    sizes::a_page_of_large_emails_through_the_function_binaries().await
+}
+
 /// above would fail too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_policy_without_a_needed_statement_fails_its_function() -> anyhow::Result<()> {

@@ -104,3 +104,43 @@ pub async fn oversized_params_and_bodies_answer_422_naming_the_field(backend: Ba
     assert_eq!(st, 404, "nothing stored: {v}");
     Ok(())
 }
+
+/// The same page of ten 110 KB emails through the function binaries (`crate::lambda`): the
+/// orchestrator's channel tasks go out in as many `SendMessageBatch` calls as their bytes need,
+/// the channel worker sends each through SES (moto) once, whole, and the notification completes.
+pub async fn a_page_of_large_emails_through_the_function_binaries() -> anyhow::Result<()> {
+    use crate::lambda::{Options as StackOptions, Stack};
+    let s = Stack::start(StackOptions::default()).await?;
+    let html = format!(
+        "<html><body>{}<p>Order {{{{ order_id }}}}</p></body></html>",
+        "<p>Your order is on its way.</p>".repeat(3_500)
+    );
+    let template = json!({"default_locale": "en", "locales": {"en": {"email_subject": "Order {{ order_id }}", "email_body": html}}});
+    let (st, v) = s.call("PUT", "/v1/templates/large", Some(template)).await?;
+    anyhow::ensure!(st == 200, "template: {st} {v}");
+    let users: Vec<String> = (0..10).map(|i| format!("big{i}")).collect();
+    for u in &users {
+        let (st, v) =
+            s.call("PUT", &format!("/v1/users/{u}"), Some(json!({"email": format!("{u}@example.com")}))).await?;
+        anyhow::ensure!(st == 200, "user: {st} {v}");
+    }
+    let body = json!({"idempotency_key": "large-1", "recipients": {"user_ids": users}, "template_id": "large",
+        "params": {"order_id": "A-77"}, "category": "transactional", "channels": ["email"]});
+    let (st, v) = s.call("POST", "/v1/notifications", Some(body)).await?;
+    anyhow::ensure!(st == 202, "notification: {st} {v}\nrefused: {:?}", s.refused());
+    let id = v["notification_id"].as_str().unwrap_or_default().to_owned();
+    let view = s
+        .eventually(Duration::from_secs(180), "the page of large emails completed", || async {
+            let (_, v) = s.call("GET", &format!("/v1/notifications/{id}"), None).await?;
+            Ok((v["status"] == "completed").then_some(v))
+        })
+        .await?;
+    assert_eq!(view["counts"]["sent"], 10, "{view}");
+    let mails: Vec<_> = s.sends().into_iter().filter(|x| x.channel == "email").collect();
+    assert_eq!(mails.len(), 10, "each email once through SES");
+    for m in &mails {
+        assert!(m.body.len() > 100_000 && m.body.contains("Order A-77"), "sent whole ({} bytes)", m.body.len());
+    }
+    assert!(s.refused().is_empty(), "no call outside the template's policies: {:?}", s.refused());
+    Ok(())
+}
