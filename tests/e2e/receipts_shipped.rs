@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::lambda::proxy::ProviderCall;
-use crate::lambda::{Options, Stack, sns, template};
+use crate::lambda::{Options, Published, Stack, sns, template};
 
 const WAIT: Duration = Duration::from_secs(180);
 
@@ -140,7 +140,7 @@ pub async fn ses_events_arrive_through_the_templates_topic_and_another_topics_ar
         assert_eq!(Some(&m.configuration_set), set.as_ref(), "SendEmail names the template's configuration set");
         assert_eq!(of(&d, u)["provider_message_id"].as_str(), Some(m.message_id.as_str()), "{d:?}");
     }
-    let applied = |published: Vec<(Value, Vec<(String, u16, String)>)>| -> anyhow::Result<(Value, Value)> {
+    let applied = |published: Vec<Published>| -> anyhow::Result<(Value, Value)> {
         anyhow::ensure!(published.len() == 1, "one event destination publishes it: {published:?}");
         let (envelope, delivered) = published.into_iter().next().unwrap_or_default();
         anyhow::ensure!(delivered.len() == 1, "one subscription delivers it: {delivered:?}");

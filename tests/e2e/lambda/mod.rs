@@ -30,6 +30,11 @@ use self::runtime::{Binaries, Function};
 use self::sources::Dynamo;
 use self::template::{REGION, Source, StackSpec};
 
+/// What SNS's delivery of one message answered, per https subscription: (endpoint, status, body).
+pub type Delivered = Vec<(String, u16, String)>;
+/// A published message's envelope (to deliver it again) and its deliveries.
+pub type Published = (Value, Delivered);
+
 pub struct Options {
     pub public_url: String,
     pub max_receives: u32,
@@ -495,7 +500,7 @@ impl Stack {
 
     /// Delivers a signed SNS message as SNS does to every https subscription of its topic that
     /// the template declares: (endpoint, status, body) per subscription (none: nothing listens).
-    pub async fn deliver(&self, envelope: &Value) -> anyhow::Result<Vec<(String, u16, String)>> {
+    pub async fn deliver(&self, envelope: &Value) -> anyhow::Result<Delivered> {
         let topic = envelope["TopicArn"].as_str().unwrap_or_default();
         let mut out = Vec::new();
         for sub in self.spec.subscriptions.iter().filter(|s| s.topic_arn == topic && s.protocol == "https") {
@@ -516,11 +521,7 @@ impl Stack {
 
     /// Publishes `message` to a topic of the stack (a new `MessageId`), delivered as
     /// [`Stack::deliver`] does; the envelope is answered too (to deliver it again).
-    pub async fn publish(
-        &self,
-        topic_arn: &str,
-        message: &Value,
-    ) -> anyhow::Result<(Value, Vec<(String, u16, String)>)> {
+    pub async fn publish(&self, topic_arn: &str, message: &Value) -> anyhow::Result<Published> {
         let envelope = sns::notification(topic_arn, message);
         let delivered = self.deliver(&envelope).await?;
         Ok((envelope, delivered))
@@ -534,7 +535,7 @@ impl Stack {
         send: &proxy::ProviderCall,
         event_type: &str,
         detail: Value,
-    ) -> anyhow::Result<Vec<(Value, Vec<(String, u16, String)>)>> {
+    ) -> anyhow::Result<Vec<Published>> {
         let mut section = event_type.to_owned();
         section[..1].make_ascii_lowercase();
         let mut event = json!({"eventType": event_type, "mail": {
