@@ -25,6 +25,7 @@ mod server;
 mod shipped;
 mod sizes;
 mod sms_failover;
+mod sms_shipped;
 
 /// Declares each test once per backend: `on_both_backends!(module as module_tests: test, ...)`
 /// makes `module_tests::embedded::test` and `module_tests::aws::test` from `module::test`.
@@ -144,6 +145,13 @@ async fn aws_dev_against_a_remote_endpoint_refuses_to_start() -> anyhow::Result<
 on_both_backends!(isolation as isolation_tests: no_route_shows_or_changes_another_tenants_data);
 
 on_both_backends!(sms_failover as sms_failover_tests: sms_fails_over_to_the_second_provider_and_back);
+
+/// End User Messaging as the SMS primary through the function binaries, with the template's
+/// environment and policy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn end_user_messaging_as_the_sms_primary_through_the_function_binaries() -> anyhow::Result<()> {
+    sms_shipped::end_user_messaging_as_the_primary_through_the_function_binaries().await
+}
 
 on_both_backends!(contention as contention_tests:
     concurrent_otp_accepts_on_one_template_are_all_accepted,
