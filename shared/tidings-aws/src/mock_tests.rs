@@ -577,3 +577,22 @@ async fn malformed_provider_answers_are_transient() {
     let e = sms.send(&message(Channel::Sms, "+14155550100")).await.unwrap_err();
     assert!(matches!(e, ProviderError::Transient { .. }), "{e:?}");
 }
+
+/// Every send names the configuration set it was given (`TIDINGS_SES_CONFIGURATION_SET`), so SES
+/// publishes its events; without one, none.
+#[tokio::test]
+async fn ses_names_its_configuration_set() {
+    use aws_sdk_sesv2::operation::send_email::SendEmailOutput;
+    let named = mock!(aws_sdk_sesv2::Client::send_email)
+        .match_requests(|r| r.configuration_set_name() == Some("shop-mail"))
+        .then_output(|| SendEmailOutput::builder().message_id("m-set").build());
+    let ses =
+        SesEmail::new(client!(aws_sdk_sesv2, [&named]), "from@x.test").with_configuration_set(Some("shop-mail".into()));
+    assert_eq!(ses.send(&message(Channel::Email, "ok@x.test")).await.unwrap().provider_message_id, "m-set");
+    let unnamed = mock!(aws_sdk_sesv2::Client::send_email)
+        .match_requests(|r| r.configuration_set_name().is_none())
+        .then_output(|| SendEmailOutput::builder().message_id("m-none").build());
+    let ses =
+        SesEmail::new(client!(aws_sdk_sesv2, [&unnamed]), "from@x.test").with_configuration_set(Some(String::new()));
+    assert_eq!(ses.send(&message(Channel::Email, "ok@x.test")).await.unwrap().provider_message_id, "m-none");
+}
