@@ -170,7 +170,8 @@ async fn an_unreachable_bucket_admits_api_requests() {
 async fn two_instances_on_one_shared_bucket_never_exceed_its_rate() {
     const RATE: f64 = 50.0;
     let table = Counting::new();
-    let gates = [SharedGate::new(table.clone(), "provider#email", RATE), SharedGate::new(table, "provider#email", RATE)];
+    let gates =
+        [SharedGate::new(table.clone(), "provider#email", RATE), SharedGate::new(table, "provider#email", RATE)];
     let mut sends: Vec<i64> = Vec::new();
     for now in 0..5_000i64 {
         // Both instances ask at every millisecond, in turn, until each is refused.
