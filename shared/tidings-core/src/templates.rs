@@ -311,6 +311,15 @@ fn check_params(params: &Value) -> Result<(), TemplateError> {
 
 /// What [`Template::validate`] checks of one field; the trial render runs with `params` and
 /// undefined placeholders allowed, so only the limits can fail it.
+/// The most an email body may take in its queue message (as a JSON string), leaving room for
+/// the task's other fields, its subject and headers (`crate::sizes::MAX_MESSAGE_BYTES` in all).
+pub const MAX_QUEUED_EMAIL_BODY: usize = crate::sizes::MAX_MESSAGE_BYTES - 8 * 1024;
+
+/// A text's length as a JSON string (quotes, backslashes and control characters are escaped).
+fn queued_len(text: &str) -> usize {
+    serde_json::to_string(text).map_or(usize::MAX, |s| s.len())
+}
+
 fn check_field(field: Field, text: &str, params: &Value) -> Result<(), TemplateError> {
     if text.len() > field.max_source() {
         return Err(TemplateError::Limit(format!(
@@ -325,6 +334,15 @@ fn check_field(field: Field, text: &str, params: &Value) -> Result<(), TemplateE
     env.add_template_owned(field.template_name(), text.to_owned()).map_err(|e| TemplateError::Render(e.to_string()))?;
     match run(&env, field, params, field.max_rendered()) {
         Err(e @ TemplateError::Limit(_)) => Err(e),
+        // An email goes to its channel worker as one queue message (its text escaped as JSON,
+        // beside the task's other fields): a body that cannot fit one even without its
+        // placeholders could never be sent.
+        Ok(rendered) if field == Field::EmailBody && queued_len(&rendered) > MAX_QUEUED_EMAIL_BODY => {
+            Err(TemplateError::Limit(format!(
+                "the email body is {} bytes in a queue message even without its placeholders; at most {MAX_QUEUED_EMAIL_BODY}",
+                queued_len(&rendered)
+            )))
+        }
         Ok(rendered) if field == Field::Sms && sms_segments(&rendered) > SMS_MAX_SEGMENTS => {
             Err(TemplateError::Limit(format!(
                 "the SMS is {} segments even without its placeholders; at most {SMS_MAX_SEGMENTS}",
@@ -835,6 +853,14 @@ mod tests {
             t.locales.insert(l.into(), t.locales["en"].clone());
         }
         refused_at_save(&t, "locales", "at most 262144");
+    }
+
+    /// An email body within its source and rendered limits that cannot fit a queue message once
+    /// escaped as JSON (127 KB of quotes are 254 KB there) is refused at save; 100 KB of them fit.
+    #[test]
+    fn an_email_body_too_large_for_a_queue_message_is_refused_at_save() {
+        refused_at_save(&one("email_body", &"\"".repeat(127 * 1024)), "locales.en.email_body", "queue message");
+        assert!(one("email_body", &"\"".repeat(100 * 1024)).validate().is_ok());
     }
 
     #[test]
