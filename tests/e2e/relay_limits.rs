@@ -137,13 +137,60 @@ pub async fn a_poison_stream_record_ends_alone_on_stream_failures_and_its_batch_
     let kept = stream_failures_cli(&s, "replay").await?;
     assert_eq!(kept["kept"].as_array().map(Vec::len), Some(1), "{kept}");
     db.call("DynamoDB_20120810.PutItem", json!({"TableName": s.table, "Item": copy("relay-poison")})).await?;
+    // Beside it, an entry as the mapping writes one when it gives a batch up (positions only,
+    // tests/e2e/lambda/sources.rs give_up), naming the same record: replay reads it back from
+    // the stream.
+    let seq = entry["start_sequence_number"].as_str().unwrap_or_default().to_owned();
+    let (stream_arn, shard) = shard_of(&s, &db, &seq).await?;
+    let given_up = json!({
+        "requestContext": {"condition": "RetryAttemptsExhausted", "approximateInvokeCount": 11},
+        "DDBStreamBatchInfo": {"shardId": shard, "streamArn": stream_arn, "batchSize": 1,
+            "startSequenceNumber": seq, "endSequenceNumber": seq}
+    });
+    let url = s.queue_urls.get("StreamFailuresQueue").context("no StreamFailuresQueue")?;
+    s.sqs.send_message().queue_url(url).message_body(given_up.to_string()).send().await?;
     let replayed = stream_failures_cli(&s, "replay").await?;
-    assert_eq!(replayed["replayed"].as_array().map(Vec::len), Some(1), "{replayed}");
-    assert_eq!(replayed["replayed"][0]["replayed"], true, "{replayed}");
+    assert_eq!(replayed["kept"], json!([]), "{replayed}");
+    let done = replayed["replayed"].as_array().cloned().unwrap_or_default();
+    assert_eq!(done.len(), 2, "{replayed}");
+    assert!(done.iter().any(|e| e["condition"] == "PoisonRecord" && e["replayed"] == true), "{replayed}");
+    assert!(
+        done.iter().any(|e| e["condition"] == "RetryAttemptsExhausted" && e["records"] == 1),
+        "the record read back from the stream: {replayed}"
+    );
     completed(&s, "relay-poison").await?;
     let after = stream_failures_cli(&s, "list").await?;
-    assert_eq!(after["stream_failures"], json!([]), "the replayed entry is deleted");
+    assert_eq!(after["stream_failures"], json!([]), "the replayed entries are deleted");
+    // Five notifications to u0 (the first, three copies, the fixed one), each sent once though
+    // the fixed one was re-driven twice.
+    s.eventually(WAIT, "five sends", || async { Ok((s.sends().len() >= 5).then_some(())) }).await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(s.sends().len(), 5, "{:?}", s.sends());
     Ok(())
+}
+
+/// The stack's stream and the shard that holds sequence number `seq`.
+async fn shard_of(s: &Stack, db: &Dynamo, seq: &str) -> anyhow::Result<(String, String)> {
+    let table = db.call("DynamoDB_20120810.DescribeTable", json!({"TableName": s.table})).await?;
+    let arn = table["Table"]["LatestStreamArn"].as_str().context("the table's stream")?.to_owned();
+    let url =
+        std::env::var("AWS_ENDPOINT_URL_DYNAMODB_STREAMS").ok().filter(|v| !v.is_empty()).unwrap_or(db.url.clone());
+    let streams = Dynamo { url, http: db.http.clone() };
+    let d = streams.call("DynamoDBStreams_20120810.DescribeStream", json!({"StreamArn": arn})).await?;
+    // Sequence numbers are decimal strings of any length.
+    let le = |a: &str, b: &str| (a.len(), a) <= (b.len(), b);
+    let shard = d["StreamDescription"]["Shards"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|sh| {
+            let range = &sh["SequenceNumberRange"];
+            range["StartingSequenceNumber"].as_str().is_some_and(|start| le(start, seq))
+                && range["EndingSequenceNumber"].as_str().is_none_or(|end| le(seq, end))
+        })
+        .and_then(|sh| sh["ShardId"].as_str())
+        .context("no shard holds the record")?;
+    Ok((arn, shard.to_owned()))
 }
 
 pub async fn a_slow_orchestrator_batch_hands_back_what_it_cannot_finish() -> anyhow::Result<()> {

@@ -63,6 +63,68 @@ pub fn change_record_from_stream(record: &Record) -> Result<ChangeRecord, StoreE
     Ok(ChangeRecord { seq, key, old, new })
 }
 
+/// GetRecords calls one [`records_between`] makes at most.
+const RANGE_READS: usize = 100;
+
+/// The records of shard `shard` of the stream `stream_arn` from sequence number `start` to `end`
+/// (both included), as an event source mapping's on-failure record names them. An error when
+/// the stream no longer has them (past its 24 hours, `TrimmedDataAccessException`) or the shard
+/// is gone.
+pub async fn records_between(
+    streams: &aws_sdk_dynamodbstreams::Client,
+    stream_arn: &str,
+    shard: &str,
+    start: &str,
+    end: &str,
+) -> Result<Vec<ChangeRecord>, StoreError> {
+    let first = streams
+        .get_shard_iterator()
+        .stream_arn(stream_arn)
+        .shard_id(shard)
+        .shard_iterator_type(ShardIteratorType::AtSequenceNumber)
+        .sequence_number(start)
+        .send()
+        .await
+        .map_err(stream_error)?;
+    let mut iterator = first.shard_iterator;
+    let mut out = Vec::new();
+    for _ in 0..RANGE_READS {
+        let Some(it) = iterator.take() else { break };
+        let page = streams.get_records().shard_iterator(it).limit(1000).send().await.map_err(stream_error)?;
+        let empty = page.records().is_empty();
+        for record in page.records() {
+            let change = change_record_from_stream(record)?;
+            if seq_cmp(&change.seq, end) == std::cmp::Ordering::Greater {
+                return Ok(out);
+            }
+            let last = seq_cmp(&change.seq, end) == std::cmp::Ordering::Equal;
+            out.push(change);
+            if last {
+                return Ok(out);
+            }
+        }
+        iterator = page.next_shard_iterator;
+        // An open shard answers empty pages at its end: nothing more to come for this range.
+        if empty && !out.is_empty() {
+            break;
+        }
+    }
+    Ok(out)
+}
+
+impl crate::AwsBackend {
+    /// [`records_between`] with this backend's DynamoDB Streams client.
+    pub async fn stream_records_between(
+        &self,
+        stream_arn: &str,
+        shard: &str,
+        start: &str,
+        end: &str,
+    ) -> Result<Vec<ChangeRecord>, StoreError> {
+        records_between(&self.streams, stream_arn, shard, start, end).await
+    }
+}
+
 /// Compares two sequence numbers (decimal strings of any length).
 fn seq_cmp(a: &str, b: &str) -> std::cmp::Ordering {
     let a = a.trim_start_matches('0');

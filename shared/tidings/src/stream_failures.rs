@@ -5,12 +5,14 @@
 //! Two kinds of entries are there: the relay's own record of a poison record (condition
 //! `PoisonRecord`, with the record's keys), and the event source mapping's record of a batch it
 //! gave up on after its retries (`RetryAttemptsExhausted`: the shard and the range of sequence
-//! numbers, no keys). `replay` re-drives the item an entry names
+//! numbers, no keys). `replay` re-drives the items an entry names
 //! ([`tidings_core::notify::relay::redrive`]: a notification still `accepted` is queued again, a
 //! campaign page task not done is queued again, anything else has nothing waiting on it) and
-//! deletes the entries it replayed. An entry without keys names no item: it stays, and the
-//! tick's sweep re-drives its notifications once they are old enough
-//! ([`tidings_core::notify::sweep`]). An entry whose item still does not parse stays too.
+//! deletes the entries it replayed. A mapping's entry names its items by their positions: on
+//! `--backend aws` they are read back from the stream (which keeps them 24 hours). An entry
+//! whose records the stream no longer has stays, and the tick's sweep re-drives its
+//! notifications still `accepted` ([`tidings_core::notify::sweep`]); so does an entry whose item
+//! still does not parse.
 //!
 //! Every command prints one JSON document on stdout.
 
@@ -21,7 +23,7 @@ use clap::Subcommand;
 use serde_json::{Value, json};
 use tidings_core::Deps;
 use tidings_core::notify::relay::{self, Redriven, STREAM_FAILURES_QUEUE, StreamFailure};
-use tidings_core::ports::{Received, SystemClock};
+use tidings_core::ports::{Key, Received, SystemClock};
 
 use crate::BackendArgs;
 use crate::backend::Backend;
@@ -74,6 +76,46 @@ fn view(entry: &Received, failure: Option<&StreamFailure>) -> Value {
     }
 }
 
+/// The keys of the records a mapping's entry names by position, read back from the stream.
+#[cfg(feature = "aws")]
+async fn keys_at_positions(args: &BackendArgs, failure: &StreamFailure) -> anyhow::Result<Vec<Key>> {
+    let b = &failure.batch;
+    let (Some(arn), Some(shard), Some(start), Some(end)) =
+        (&b.stream_arn, &b.shard_id, &b.start_sequence_number, &b.end_sequence_number)
+    else {
+        anyhow::bail!("no keys and no complete position");
+    };
+    if args.backend != crate::BackendKind::Aws {
+        anyhow::bail!("positions are read from the DynamoDB stream: use --backend aws");
+    }
+    let aws = tidings_aws::AwsBackend::from_env().await?;
+    let records = aws
+        .stream_records_between(arn, shard, start, end)
+        .await
+        .map_err(|e| anyhow::anyhow!("the stream no longer has these records ({e}): the tick's sweep re-drives their notifications still accepted"))?;
+    Ok(records.into_iter().filter(|r| relay::streamed(&r.key)).map(|r| r.key).collect())
+}
+
+#[cfg(not(feature = "aws"))]
+async fn keys_at_positions(_args: &BackendArgs, _failure: &StreamFailure) -> anyhow::Result<Vec<Key>> {
+    anyhow::bail!("positions are read from the DynamoDB stream: a build with `--features aws` and --backend aws")
+}
+
+/// Re-drives every item an entry names; `Ok((named, queued))` when all of them were handled.
+async fn replay_one(deps: &Deps, args: &BackendArgs, failure: &StreamFailure) -> anyhow::Result<(usize, u64)> {
+    let keys = match failure.key() {
+        Some(key) => vec![key],
+        None => keys_at_positions(args, failure).await?,
+    };
+    let mut queued = 0;
+    for key in &keys {
+        if relay::redrive(deps, key).await? == Redriven::Queued {
+            queued += 1;
+        }
+    }
+    Ok((keys.len(), queued))
+}
+
 pub async fn run(command: StreamFailuresCommand, args: &BackendArgs) -> anyhow::Result<()> {
     let backend = Backend::open(args, Arc::new(SystemClock)).await?;
     let deps = &backend.deps;
@@ -90,23 +132,24 @@ pub async fn run(command: StreamFailuresCommand, args: &BackendArgs) -> anyhow::
             let mut kept = Vec::new();
             let mut left = Vec::new();
             for e in entries {
-                let failure = serde_json::from_str::<StreamFailure>(&e.body).ok();
-                let Some(key) = failure.as_ref().and_then(StreamFailure::key) else {
-                    let mut v = view(&e, failure.as_ref());
-                    v["kept"] = json!("no keys: the tick's sweep re-drives its notifications still accepted");
+                let Ok(failure) = serde_json::from_str::<StreamFailure>(&e.body) else {
+                    let mut v = view(&e, None);
+                    v["kept"] = json!("not a stream failure record");
                     kept.push(v);
                     left.push(e);
                     continue;
                 };
-                match relay::redrive(deps, &key).await {
-                    Ok(outcome) => {
+                match replay_one(deps, args, &failure).await {
+                    Ok((named, queued)) => {
                         deps.queues.delete(STREAM_FAILURES_QUEUE, &e.receipt).await?;
-                        let mut v = view(&e, failure.as_ref());
-                        v["replayed"] = json!(outcome == Redriven::Queued);
+                        let mut v = view(&e, Some(&failure));
+                        v["replayed"] = json!(queued > 0);
+                        v["records"] = json!(named);
+                        v["queued"] = json!(queued);
                         replayed.push(v);
                     }
                     Err(err) => {
-                        let mut v = view(&e, failure.as_ref());
+                        let mut v = view(&e, Some(&failure));
                         v["kept"] = json!(err.to_string());
                         kept.push(v);
                         left.push(e);
