@@ -658,6 +658,24 @@ mod tests {
         assert!(!allowed(&[st(&["sqs:SendMessage"], &[&queue_arn("s-email-high")])], &needs[0]));
     }
 
+    /// A send naming a configuration set needs the grant on it besides one identity's.
+    #[test]
+    fn a_send_naming_a_configuration_set_needs_it_granted() {
+        let body = json!({"FromEmailAddress": "a@shop.example", "ConfigurationSetName": "mail",
+            "Destination": {"ToAddresses": ["b@x.example"]}});
+        let uri = "/v2/email/outbound-emails".parse().unwrap();
+        let (op, needs) = describe("ses", &Method::POST, &uri, &HeaderMap::new(), body.to_string().as_bytes(), "ws");
+        assert_eq!(op, "SESv2.SendEmail");
+        let identity = format!("arn:aws:ses:{REGION}:{ACCOUNT}:identity/shop.example");
+        let set = format!("arn:aws:ses:{REGION}:{ACCOUNT}:configuration-set/mail");
+        assert!(!authorized("ses", &[st(&["ses:SendEmail"], &[&identity])], &needs), "no grant on the set");
+        assert!(!authorized("ses", &[st(&["ses:SendEmail"], &[&set])], &needs), "no identity");
+        assert!(authorized("ses", &[st(&["ses:SendEmail"], &[&identity, &set])], &needs));
+        let unnamed = json!({"FromEmailAddress": "a@shop.example"}).to_string();
+        let (_, needs) = describe("ses", &Method::POST, &uri, &HeaderMap::new(), unnamed.as_bytes(), "ws");
+        assert!(authorized("ses", &[st(&["ses:SendEmail"], &[&identity])], &needs), "no set named, none needed");
+    }
+
     #[test]
     fn a_condition_it_cannot_read_refuses() {
         let mut s = st(&["ses:SendEmail"], &["*"]);
