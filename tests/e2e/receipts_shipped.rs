@@ -136,6 +136,13 @@ pub async fn ses_events_arrive_through_the_templates_topic_and_another_topics_ar
         .map(|f| f.env["TIDINGS_SES_CONFIGURATION_SET"].clone());
     let (ok_mail, bouncy, angry) =
         (sent_to(&s, "ok@example.com")?, sent_to(&s, "bouncy@example.com")?, sent_to(&s, "angry@example.com")?);
+    // The configuration set publishes every event a shop needs, to a topic the API hears.
+    let destinations: Vec<_> =
+        s.spec.event_destinations.iter().filter(|d| Some(&d.configuration_set) == set.as_ref() && d.enabled).collect();
+    assert_eq!(destinations.len(), 1, "{:?}", s.spec.event_destinations);
+    for t in ["send", "delivery", "bounce", "complaint", "reject", "open", "click"] {
+        assert!(destinations[0].event_types.iter().any(|x| x == t), "{t}: {:?}", destinations[0]);
+    }
     for (m, u) in [(&ok_mail, "u0"), (&bouncy, "u1"), (&angry, "u2")] {
         assert_eq!(Some(&m.configuration_set), set.as_ref(), "SendEmail names the template's configuration set");
         assert_eq!(of(&d, u)["provider_message_id"].as_str(), Some(m.message_id.as_str()), "{d:?}");
