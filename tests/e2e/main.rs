@@ -158,6 +158,12 @@ on_both_backends!(contention as contention_tests:
     concurrent_otps_against_the_limits_get_exactly_the_limit_through,
 );
 
+/// A page of ten 110 KB emails through the function binaries is delivered in full.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_page_of_large_emails_through_the_function_binaries() -> anyhow::Result<()> {
+    sizes::a_page_of_large_emails_through_the_function_binaries().await
+}
+
 /// A day of a shop through the binaries `sam build` makes, each under a Lambda Runtime API with
 /// the environment and IAM policy `template.yaml` gives it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -166,12 +172,6 @@ async fn a_day_of_a_shop_through_the_function_binaries() -> anyhow::Result<()> {
 }
 
 /// Taking a needed statement out of a function's policy makes that function fail, so the day
-/// A page of ten 110 KB emails through the function binaries is delivered in full.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_page_of_large_emails_through_the_function_binaries() -> anyhow::Result<()> {
-    sizes::a_page_of_large_emails_through_the_function_binaries().await
-}
-
 /// above would fail too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_policy_without_a_needed_statement_fails_its_function() -> anyhow::Result<()> {

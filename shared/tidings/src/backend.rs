@@ -138,18 +138,18 @@ impl Backend {
             Some(d) => Providers { email: d.email.clone(), sms: d.sms.clone(), push: d.push.clone() },
             None => Providers { email: b.email.clone(), sms: b.sms.clone(), push: b.push.clone() },
         };
-        // The rate buckets live in the table: shared by every instance, as on Lambda.
-        let providers = gates::wrap(&providers, secondary, &GateConfig::from_env(), GateStore::Shared(table.clone()));
-        Ok(Self {
-            deps: Deps { table, queues: b.queues.clone(), clock, providers, config },
-            feed: b.feed.clone(),
-            dev,
         // The SMS failover provider (`TIDINGS_SMS_SECONDARY`); with `--dev` its sends are
         // recorded too (under its own name), while faults are injected into the primary only.
         let secondary = b.sms_secondary.clone().map(|s| match &dev {
             Some(_) => Arc::new(DevProvider::new(Channel::Sms, s, record.clone(), clock.clone())) as Arc<dyn Provider>,
             None => s,
         });
+        // The rate buckets live in the table: shared by every instance, as on Lambda.
+        let providers = gates::wrap(&providers, secondary, &GateConfig::from_env(), GateStore::Shared(table.clone()));
+        Ok(Self {
+            deps: Deps { table, queues: b.queues.clone(), clock, providers, config },
+            feed: b.feed.clone(),
+            dev,
             queue_names: all_queues(),
             queue_arn_prefix: b.queue_arn_prefix.clone(),
             local: tidings_aws::wiring::endpoints_are_local(),
