@@ -4,10 +4,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use base64::Engine;
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
@@ -15,9 +14,7 @@ use tidings_core::messages::{ALL_QUEUES, dispatch, settle};
 use tidings_core::notify::api;
 use tidings_core::notify::model::{Delivery, DeliveryStatus, NotificationRequest};
 use tidings_core::notify::relay;
-use tidings_core::ports::{
-    ChangeFeed, Channel, ManualClock, OutboundMessage, Provider, ProviderError, ProviderReceipt,
-};
+use tidings_core::ports::{ChangeFeed, Channel, ManualClock};
 use tidings_core::receipts::{self, Callback, SnsMessage, VerifyError};
 use tidings_core::suppression;
 use tidings_core::timers::TIMERS_QUEUE;
@@ -26,27 +23,13 @@ use tidings_core::users::{self, UserInput};
 use tidings_core::{CoreConfig, Deps, Providers, TenantId, keys, templates};
 use tidings_embedded::{EmbeddedChangeFeed, EmbeddedStore, QueueConfig};
 
+mod support;
+use support::Recorder;
+
 const CERT: &str = include_str!("../../../tests/fixtures/sns/test-signing-cert.pem");
 const KEY: &str = include_str!("../../../tests/fixtures/sns/test-signing-key.pem");
 const OUR_TOPIC: &str = "arn:aws:sns:us-east-1:123456789012:stack-SesEventsTopic";
 const THEIR_TOPIC: &str = "arn:aws:sns:us-east-1:666666666666:attacker";
-
-#[derive(Default)]
-struct Recorder {
-    calls: Mutex<Vec<OutboundMessage>>,
-}
-
-#[async_trait]
-impl Provider for Recorder {
-    fn name(&self) -> &str {
-        "recorder"
-    }
-    async fn send(&self, message: &OutboundMessage) -> Result<ProviderReceipt, ProviderError> {
-        let mut calls = self.calls.lock().unwrap();
-        calls.push(message.clone());
-        Ok(ProviderReceipt { provider_message_id: format!("pm-{}", calls.len()) })
-    }
-}
 
 struct World {
     deps: Deps,

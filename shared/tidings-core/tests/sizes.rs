@@ -6,38 +6,22 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use serde_json::json;
 use tidings_core::messages::{ALL_QUEUES, dispatch_batch, settle_batch};
 use tidings_core::notify::api;
 use tidings_core::notify::model::{Delivery, DeliveryStatus, NotificationRequest, NotificationStatus};
 use tidings_core::notify::relay;
-use tidings_core::ports::{ChangeFeed, Channel, OutboundMessage, Provider, ProviderError, ProviderReceipt};
+use tidings_core::ports::{ChangeFeed, Channel};
 use tidings_core::sizes::{MAX_ITEM_BYTES, MAX_MESSAGE_BYTES};
 use tidings_core::users::{self, UserInput};
 use tidings_core::{CoreConfig, CoreError, Deps, Providers, TenantId, keys, templates};
 use tidings_embedded::{EmbeddedChangeFeed, EmbeddedStore, QueueConfig};
 
-/// A provider that records what it sent.
-#[derive(Default)]
-struct Recorder {
-    sent: Mutex<Vec<OutboundMessage>>,
-}
-
-#[async_trait]
-impl Provider for Recorder {
-    fn name(&self) -> &str {
-        "recorder"
-    }
-    async fn send(&self, message: &OutboundMessage) -> Result<ProviderReceipt, ProviderError> {
-        let mut sent = self.sent.lock().unwrap();
-        sent.push(message.clone());
-        Ok(ProviderReceipt { provider_message_id: format!("pm-{}", sent.len()) })
-    }
-}
+mod support;
+use support::Recorder;
 
 struct World {
     deps: Deps,

@@ -451,21 +451,34 @@ impl RateGate for SharedGate {
     }
 }
 
+/// What a provider's bucket promises, measured: the most of `times_ms` (sorted, in
+/// milliseconds) that fall in any window of one second. The gates' tests hold it to the rate.
+pub fn most_in_any_second(times_ms: &[i64]) -> usize {
+    let mut best = 0;
+    let mut start = 0;
+    for end in 0..times_ms.len() {
+        while times_ms[end] - times_ms[start] >= 1000 {
+            start += 1;
+        }
+        best = best.max(end - start + 1);
+    }
+    best
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Every send time, the most sends in any window of one second.
     fn max_per_second(times: &[i64]) -> usize {
-        let mut best = 0;
-        let mut start = 0;
-        for end in 0..times.len() {
-            while times[end] - times[start] >= 1000 {
-                start += 1;
-            }
-            best = best.max(end - start + 1);
-        }
-        best
+        most_in_any_second(times)
+    }
+
+    #[test]
+    fn windows_of_one_second() {
+        assert_eq!(max_per_second(&[]), 0);
+        assert_eq!(max_per_second(&[0, 999]), 2);
+        assert_eq!(max_per_second(&[0, 1000, 2000]), 1);
+        assert_eq!(max_per_second(&[0, 10, 20, 1500, 1600, 1700, 1800]), 4);
     }
 
     #[test]
