@@ -31,11 +31,12 @@ pub async fn run(deps: &Deps, name: &str) -> Result<Option<serde_json::Value>, S
     .await
 }
 
-/// The tick's work, as the `tick` function does it on its schedule: the due timer buckets,
-/// then the relay's sweep of notifications still `accepted` ([`tidings_core::notify::sweep`]).
+/// The tick's work, as the `tick` function does it on its schedule: the due timer buckets and,
+/// beside them, the relay's sweep of notifications still `accepted`
+/// ([`tidings_core::notify::sweep`]).
 async fn tick(deps: &Deps) -> tidings_core::error::CoreResult<serde_json::Value> {
-    let fired = timers::tick(deps).await?;
-    let swept = tidings_core::notify::sweep::sweep(deps).await?;
+    let (fired, swept) = tokio::join!(timers::tick(deps), tidings_core::notify::sweep::sweep(deps));
+    let (fired, swept) = (fired?, swept?);
     let mut report = serde_json::to_value(fired).unwrap_or_default();
     if let Some(fields) = report.as_object_mut() {
         fields.insert("relay_sweep".into(), serde_json::to_value(swept).unwrap_or_default());

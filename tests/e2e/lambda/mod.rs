@@ -48,7 +48,10 @@ pub struct Options {
     /// Policy statements taken out (function binary, `Sid`): what a policy that lacks them does.
     pub without_statements: Vec<(&'static str, &'static str)>,
     /// Function timeouts instead of the template's (function binary, seconds): the deadline
-    /// a test's function is told, for a test of what a handler does as it nears it.
+    /// a test's function is told, for a test of what a handler does as it nears it. In seconds
+    /// of this machine, not stretched for emulation as the template's are: a handler keeps a
+    /// fixed margin before its deadline, so a stretched short timeout would widen its window far
+    /// more than emulation slows its work, and the deadline would not be met under qemu.
     pub timeouts: Vec<(&'static str, u64)>,
     /// Start every function before the first event (and fail if one does not start).
     pub warm: bool,
@@ -315,7 +318,10 @@ impl Stack {
         let mut functions = BTreeMap::new();
         for f in &spec.functions {
             let f = &match opts.timeouts.iter().find(|(binary, _)| *binary == f.binary) {
-                Some(&(_, timeout_s)) => template::FunctionSpec { timeout_s, ..f.clone() },
+                // The runtime stretches every timeout by the time scale: undone for these.
+                Some(&(_, timeout_s)) => {
+                    template::FunctionSpec { timeout_s: timeout_s.div_ceil(binaries.time_scale()), ..f.clone() }
+                }
                 None => f.clone(),
             };
             let mut env = f.env.clone();

@@ -31,6 +31,9 @@ use crate::ports::{Cond, Item, Key, QueryOpts, Update, Write};
 pub const WATCH_SHARDS: u32 = 4;
 /// The most minutes one sweep reads (a sweep after a long pause catches up over a few ticks).
 pub const MINUTES_PER_SWEEP: i64 = 30;
+/// Minutes read at once (each its WATCH_SHARDS partitions): a sweep is a few round trips, not
+/// one per partition.
+const MINUTES_AT_ONCE: usize = 6;
 /// How far back the first sweep of a deployment looks.
 pub const FIRST_LOOK_BACK_MINUTES: i64 = 60;
 const MINUTE_MS: i64 = 60_000;
@@ -70,6 +73,31 @@ pub fn watch_write(t: &TenantId, notification_id: &str, created_ms: i64) -> Writ
     Write::Put { item: Item::new(key, attrs), cond: Cond::Always }
 }
 
+/// One partition of a minute's watch entries: (entries read, notifications re-driven).
+async fn sweep_partition(deps: &Deps, pk: String) -> CoreResult<(u64, u64)> {
+    let (mut checked, mut redriven) = (0, 0);
+    let mut cursor = None;
+    loop {
+        let page = deps.table.query(&pk, "", QueryOpts { limit: 100, cursor, descending: false }).await?;
+        for entry in &page.items {
+            checked += 1;
+            let key = Key::new(entry.key.sk.clone(), NOTIFICATION_SK);
+            match redrive(deps, &key).await {
+                Ok(Redriven::Queued) => redriven += 1,
+                Ok(Redriven::NothingToDo) => {}
+                // An unreadable notification stays as it is: the stream's poison record names it
+                // on the stream-failures queue.
+                Err(e) if !e.is_retryable() => warn!(error = %e, pk = %key.pk, "not re-driven"),
+                Err(e) => return Err(e),
+            }
+        }
+        cursor = page.next_cursor;
+        if cursor.is_none() {
+            return Ok((checked, redriven));
+        }
+    }
+}
+
 /// Re-drives the notifications still `accepted` of every minute that is now old enough and not
 /// swept yet (at most [`MINUTES_PER_SWEEP`]). Run on the tick's schedule.
 pub async fn sweep(deps: &Deps) -> CoreResult<SweepReport> {
@@ -79,38 +107,25 @@ pub async fn sweep(deps: &Deps) -> CoreResult<SweepReport> {
     let last = (now.saturating_sub(age_ms) - MINUTE_MS).div_euclid(MINUTE_MS) * MINUTE_MS;
     let cursor_key = Key::new(CURSOR_PK, CURSOR_SK);
     let swept = deps.table.get(&cursor_key).await?.and_then(|i| i.i64("minute_ms"));
-    let mut minute = match swept {
+    let minute = match swept {
         Some(m) => m + MINUTE_MS,
         None => last - (FIRST_LOOK_BACK_MINUTES - 1) * MINUTE_MS,
     };
     let mut report = SweepReport::default();
-    while minute <= last && report.minutes < MINUTES_PER_SWEEP as u64 {
-        for shard in 0..WATCH_SHARDS {
-            let pk = watch_pk(minute, shard);
-            let mut cursor = None;
-            loop {
-                let page = deps.table.query(&pk, "", QueryOpts { limit: 100, cursor, descending: false }).await?;
-                for entry in &page.items {
-                    report.checked += 1;
-                    let key = Key::new(entry.key.sk.clone(), NOTIFICATION_SK);
-                    match redrive(deps, &key).await {
-                        Ok(Redriven::Queued) => report.redriven += 1,
-                        Ok(Redriven::NothingToDo) => {}
-                        // An unreadable notification stays as it is: the stream's poison record
-                        // names it on the stream-failures queue.
-                        Err(e) if !e.is_retryable() => warn!(error = %e, pk = %key.pk, "not re-driven"),
-                        Err(e) => return Err(e),
-                    }
-                }
-                cursor = page.next_cursor;
-                if cursor.is_none() {
-                    break;
-                }
-            }
+    // The minutes due, read a few at a time with their shards at once (a tick after a pause has
+    // up to MINUTES_PER_SWEEP of them), the cursor written once per group read in full.
+    let due: Vec<i64> = (0..MINUTES_PER_SWEEP).map(|i| minute + i * MINUTE_MS).take_while(|m| *m <= last).collect();
+    for group in due.chunks(MINUTES_AT_ONCE) {
+        let reads =
+            group.iter().flat_map(|&m| (0..WATCH_SHARDS).map(move |shard| sweep_partition(deps, watch_pk(m, shard))));
+        for done in futures::future::join_all(reads).await {
+            let (checked, redriven) = done?;
+            report.checked += checked;
+            report.redriven += redriven;
         }
-        deps.table.update(&cursor_key, vec![Update::set("minute_ms", minute)], Cond::Always).await?;
-        report.minutes += 1;
-        minute += MINUTE_MS;
+        let Some(&through) = group.last() else { break };
+        deps.table.update(&cursor_key, vec![Update::set("minute_ms", through)], Cond::Always).await?;
+        report.minutes += group.len() as u64;
     }
     if report.redriven > 0 {
         info!(redriven = report.redriven, checked = report.checked, "notifications still accepted were queued again");
