@@ -5,16 +5,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use base64::Engine;
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
-use tidings_core::messages::{ALL_QUEUES, dispatch, settle};
+use tidings_core::messages::ALL_QUEUES;
 use tidings_core::notify::api;
 use tidings_core::notify::model::{Delivery, DeliveryStatus, NotificationRequest};
-use tidings_core::notify::relay;
-use tidings_core::ports::{ChangeFeed, Channel, ManualClock};
+use tidings_core::ports::{Channel, ManualClock};
 use tidings_core::receipts::{self, Callback, SnsMessage, VerifyError};
 use tidings_core::suppression;
 use tidings_core::timers::TIMERS_QUEUE;
@@ -72,23 +70,7 @@ async fn world() -> World {
 
 /// Everything, until quiet.
 async fn drain(w: &World) {
-    for _ in 0..50 {
-        let records = w.feed.next_batch(1000).await.unwrap();
-        relay::handle_changes(&w.deps, &records).await.unwrap();
-        w.feed.commit(&records).await.unwrap();
-        let mut did = records.len();
-        for q in ALL_QUEUES.iter().filter(|q| tidings_core::messages::is_consumed(q)) {
-            let got = w.deps.queues.receive(q, 10, Duration::from_secs(60), Duration::ZERO).await.unwrap();
-            for m in &got {
-                let outcome = dispatch(&w.deps, q, m).await;
-                settle(w.deps.queues.as_ref(), q, m, &outcome, w.deps.clock.now(), true).await.unwrap();
-            }
-            did += got.len();
-        }
-        if did == 0 {
-            return;
-        }
-    }
+    support::drain(&w.deps, &w.feed, support::Handling::One).await;
 }
 
 /// One email to `user`, sent; its delivery.

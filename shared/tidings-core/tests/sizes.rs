@@ -10,10 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
-use tidings_core::messages::{ALL_QUEUES, dispatch_batch, settle_batch};
+use tidings_core::messages::ALL_QUEUES;
 use tidings_core::notify::api;
 use tidings_core::notify::model::{Delivery, DeliveryStatus, NotificationRequest, NotificationStatus};
-use tidings_core::notify::relay;
 use tidings_core::ports::{ChangeFeed, Channel};
 use tidings_core::sizes::{MAX_ITEM_BYTES, MAX_MESSAGE_BYTES};
 use tidings_core::users::{self, UserInput};
@@ -74,21 +73,7 @@ fn request(key: &str, template_id: &str, user_ids: &[String], params: serde_json
 
 /// The relay and every queue, batch by batch, until nothing moves.
 async fn drain(w: &World) {
-    for _ in 0..50 {
-        let records = w.feed.next_batch(1000).await.unwrap();
-        relay::handle_changes(&w.deps, &records).await.unwrap();
-        w.feed.commit(&records).await.unwrap();
-        let mut did = records.len();
-        for q in ALL_QUEUES.iter().filter(|q| tidings_core::messages::is_consumed(q)) {
-            let got = w.deps.queues.receive(q, 10, Duration::from_secs(60), Duration::ZERO).await.unwrap();
-            did += got.len();
-            let outcomes = dispatch_batch(&w.deps, q, &got).await;
-            settle_batch(w.deps.queues.as_ref(), q, &got, outcomes, w.deps.clock.now(), true).await;
-        }
-        if did == 0 {
-            return;
-        }
-    }
+    support::drain(&w.deps, &w.feed, support::Handling::Batch).await;
 }
 
 async fn delivery(w: &World, id: &str, user_id: &str) -> Delivery {
