@@ -8,6 +8,29 @@
 
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
+/// A client of an AWS SDK crate whose answers are `aws_smithy_mocks` rules, for the unit tests
+/// (`client!(aws_sdk_sns, [&rule])`). Defined before the modules so that every one can use it.
+#[cfg(test)]
+macro_rules! client {
+    ($krate:ident, $rules:expr) => {{
+        let mut interceptor =
+            aws_smithy_mocks::MockResponseInterceptor::new().rule_mode(aws_smithy_mocks::RuleMode::MatchAny);
+        for rule in $rules {
+            interceptor = interceptor.with_rule(rule);
+        }
+        $krate::Client::from_conf(
+            $krate::Config::builder()
+                .behavior_version($krate::config::BehaviorVersion::latest())
+                .region($krate::config::Region::new("us-east-1"))
+                .credentials_provider($krate::config::Credentials::new("test", "test", None, None, "test"))
+                .retry_config($krate::config::retry::RetryConfig::disabled())
+                .http_client(aws_smithy_mocks::create_mock_http_client())
+                .interceptor(interceptor)
+                .build(),
+        )
+    }};
+}
+
 mod bootstrap;
 mod config;
 mod error;

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use aws_smithy_mocks::{MockResponseInterceptor, Rule, RuleMode, mock};
+use aws_smithy_mocks::{Rule, mock};
 use serde_json::json;
 use tidings_core::ports::{
     Channel, Cond, Item, Key, OutMessage, OutboundMessage, PermanentCode, Provider, ProviderError, QueryOpts,
@@ -15,25 +15,6 @@ use crate::{AwsConfig, ConflictRetry, DynamoTable, RedriveMode, SesEmail, SnsPus
 
 /// A client of `$krate` answering from the rules (the equivalent of `mock_client!` without the
 /// SDK crates' `test-util` feature).
-macro_rules! client {
-    ($krate:ident, $rules:expr) => {{
-        let mut interceptor = MockResponseInterceptor::new().rule_mode(RuleMode::MatchAny);
-        for rule in $rules {
-            interceptor = interceptor.with_rule(rule);
-        }
-        $krate::Client::from_conf(
-            $krate::Config::builder()
-                .behavior_version($krate::config::BehaviorVersion::latest())
-                .region($krate::config::Region::new("us-east-1"))
-                .credentials_provider($krate::config::Credentials::new("test", "test", None, None, "test"))
-                .retry_config($krate::config::retry::RetryConfig::disabled())
-                .http_client(aws_smithy_mocks::create_mock_http_client())
-                .interceptor(interceptor)
-                .build(),
-        )
-    }};
-}
-
 fn dynamo_error(code: &str, extra: serde_json::Value) -> String {
     let mut body = json!({"__type": format!("com.amazonaws.dynamodb.v20120810#{code}"), "message": code});
     if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {

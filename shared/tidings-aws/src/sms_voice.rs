@@ -127,28 +127,11 @@ mod tests {
 
     use aws_sdk_pinpointsmsvoicev2 as sms_voice;
     use aws_sdk_pinpointsmsvoicev2::operation::send_text_message::SendTextMessageOutput;
-    use aws_smithy_mocks::{MockResponseInterceptor, Rule, RuleMode, mock};
+    use aws_smithy_mocks::mock;
     use serde_json::json;
     use tidings_core::ports::{Channel, OutboundMessage, PermanentCode, Provider, ProviderError};
 
     use super::*;
-
-    fn client(rules: &[&Rule]) -> sms_voice::Client {
-        let mut interceptor = MockResponseInterceptor::new().rule_mode(RuleMode::MatchAny);
-        for rule in rules {
-            interceptor = interceptor.with_rule(rule);
-        }
-        sms_voice::Client::from_conf(
-            sms_voice::Config::builder()
-                .behavior_version(sms_voice::config::BehaviorVersion::latest())
-                .region(sms_voice::config::Region::new("us-east-1"))
-                .credentials_provider(sms_voice::config::Credentials::new("test", "test", None, None, "test"))
-                .retry_config(sms_voice::config::retry::RetryConfig::disabled())
-                .http_client(aws_smithy_mocks::create_mock_http_client())
-                .interceptor(interceptor)
-                .build(),
-        )
-    }
 
     fn sms(to: &str, marketing: bool) -> OutboundMessage {
         OutboundMessage {
@@ -182,7 +165,7 @@ mod tests {
                     && key_of(r) == Some("n1:u1:sms")
             })
             .then_output(|| SendTextMessageOutput::builder().message_id("eum-1").build());
-        let provider = EndUserMessagingSms::new(client(&[&ok]))
+        let provider = EndUserMessagingSms::new(client!(sms_voice, [&ok]))
             .with_identity(Some("pool-0123".into()), Some("tidings-sms".into()));
         assert_eq!(provider.name(), "end-user-messaging");
         let receipt = provider.send(&sms("+15555550100", false)).await.unwrap();
@@ -200,7 +183,7 @@ mod tests {
                     && key_of(r) == Some("n1:u1:sms")
             })
             .then_output(|| SendTextMessageOutput::builder().message_id("eum-2").build());
-        let provider = EndUserMessagingSms::new(client(&[&ok]));
+        let provider = EndUserMessagingSms::new(client!(sms_voice, [&ok]));
         assert_eq!(provider.send(&sms("+15555550100", true)).await.unwrap().provider_message_id, "eum-2");
         assert_eq!(ok.num_calls(), 1);
     }
@@ -216,7 +199,7 @@ mod tests {
         let ok = mock!(sms_voice::Client::send_text_message)
             .match_requests(move |r| key_of(r) == Some(expected.as_str()))
             .then_output(|| SendTextMessageOutput::builder().message_id("eum-3").build());
-        let provider = EndUserMessagingSms::new(client(&[&ok]));
+        let provider = EndUserMessagingSms::new(client!(sms_voice, [&ok]));
         let mut m = sms("+15555550100", false);
         m.idempotency_key = long;
         assert_eq!(provider.send(&m).await.unwrap().provider_message_id, "eum-3");
@@ -252,8 +235,10 @@ mod tests {
             400,
             error("ValidationException", "Invalid destination phone number: not a valid E.164 number"),
         );
-        let provider =
-            EndUserMessagingSms::new(client(&[&throttled, &internal, &spend, &no_pool, &opted_out, &invalid]));
+        let provider = EndUserMessagingSms::new(client!(
+            sms_voice,
+            [&throttled, &internal, &spend, &no_pool, &opted_out, &invalid]
+        ));
         for to in ["+15555550001", "+15555550002", "+15555550003", "+15555550004"] {
             let e = provider.send(&sms(to, false)).await.unwrap_err();
             assert!(matches!(e, ProviderError::Transient { .. }), "{to}: {e:?}");
@@ -287,20 +272,7 @@ mod tests {
                     && attr(r, crate::SNS_DELIVERY_KEY_ATTRIBUTE).as_deref() == Some("n1:u1:sms")
             })
             .then_output(|| PublishOutput::builder().message_id("sns-2").build());
-        let mut interceptor = MockResponseInterceptor::new().rule_mode(RuleMode::MatchAny);
-        for rule in [&transactional, &promotional] {
-            interceptor = interceptor.with_rule(rule);
-        }
-        let client = aws_sdk_sns::Client::from_conf(
-            aws_sdk_sns::Config::builder()
-                .behavior_version(aws_sdk_sns::config::BehaviorVersion::latest())
-                .region(aws_sdk_sns::config::Region::new("us-east-1"))
-                .credentials_provider(aws_sdk_sns::config::Credentials::new("test", "test", None, None, "test"))
-                .retry_config(aws_sdk_sns::config::retry::RetryConfig::disabled())
-                .http_client(aws_smithy_mocks::create_mock_http_client())
-                .interceptor(interceptor)
-                .build(),
-        );
+        let client = client!(aws_sdk_sns, [&transactional, &promotional]);
         let sns = crate::SnsSms::new(client);
         assert_eq!(sns.send(&sms("+15555550100", false)).await.unwrap().provider_message_id, "sns-1");
         assert_eq!(sns.send(&sms("+15555550199", true)).await.unwrap().provider_message_id, "sns-2");
