@@ -66,6 +66,17 @@ pub const ALL: &[&str] = &[
     COLD_STARTS,
 ];
 
+/// Counts this environment's start (once: a Lambda function's first flush carries it).
+pub fn cold_start() {
+    static STARTED: std::sync::Once = std::sync::Once::new();
+    STARTED.call_once(|| metrics::counter!(COLD_STARTS).increment(1));
+}
+
+/// Records the busy time of one batch of `queue` (see [`WORKER_BUSY_MS`]).
+pub fn record_busy(queue: &str, busy: Duration) {
+    metrics::counter!(WORKER_BUSY_MS, "queue" => queue.to_owned()).increment(busy.as_millis() as u64);
+}
+
 /// Records the accepted → provider latency of one send accepted by its provider.
 pub fn record_delivery_latency(channel: &str, priority: &str, accepted_ms: i64, now_ms: i64) {
     let ms = now_ms.saturating_sub(accepted_ms).max(0) as f64;

@@ -78,6 +78,7 @@ where
     Fut: std::future::Future<Output = Result<(), lambda_runtime::Error>>,
 {
     tidings_lambda::init_tracing();
+    tidings_lambda::init_metrics(function.name());
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

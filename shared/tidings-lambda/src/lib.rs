@@ -27,13 +27,31 @@ pub fn init_tracing() {
     tidings_core::metrics::install();
 }
 
-/// Writes the metrics gathered since the last flush as one CloudWatch embedded-metric-format
-/// line on stdout, where Lambda's log stream turns it into metrics (namespace `Tidings`) with no
-/// API call. Called at the end of every invocation.
+/// The `function` dimension of this process's metrics.
+static FUNCTION: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Names this process's function in its metrics: Lambda's name for it
+/// (`AWS_LAMBDA_FUNCTION_NAME`, what the dashboard's `!Ref`s give), else `role` (the binary's
+/// name); and counts the environment's start ([`tidings_core::metrics::COLD_STARTS`]).
+pub fn init_metrics(role: &str) {
+    let name = std::env::var("AWS_LAMBDA_FUNCTION_NAME").ok().filter(|v| !v.is_empty());
+    let _ = FUNCTION.set(name.unwrap_or_else(|| role.to_owned()));
+    tidings_core::metrics::cold_start();
+}
+
+/// The metrics gathered since the last flush, as CloudWatch embedded-metric-format documents.
+pub fn metrics_documents() -> Vec<String> {
+    let function = FUNCTION.get().map_or("unknown", String::as_str);
+    tidings_core::metrics::installed()
+        .map(|r| r.emf(tidings_core::metrics::NAMESPACE, function, SystemClock.now_ms()))
+        .unwrap_or_default()
+}
+
+/// Writes the metrics gathered since the last flush as CloudWatch embedded-metric-format
+/// lines on stdout, where Lambda's log stream turns them into metrics (namespace `Tidings`)
+/// with no API call. Called at the end of every invocation.
 pub fn flush_metrics() {
-    if let Some(recorder) = tidings_core::metrics::installed()
-        && let Some(line) = recorder.emf("Tidings", SystemClock.now_ms())
-    {
+    for line in metrics_documents() {
         // EMF is read from stdout by design; this is not logging.
         #[allow(clippy::print_stdout)]
         {
@@ -91,9 +109,11 @@ pub async fn handle_sqs_event_until(
     deadline: Option<std::time::Instant>,
 ) -> SqsBatchResponse {
     let mut response = SqsBatchResponse::default();
+    let started = std::time::Instant::now();
     let messages: Vec<Received> = event.records.iter().map(received_of).collect();
     let outcomes = dispatch_batch_until(deps, queue, &messages, deadline).await;
     let processed = settle_batch(deps.queues.as_ref(), queue, &messages, outcomes, deps.clock.now(), false).await;
+    tidings_core::metrics::record_busy(queue, started.elapsed());
     for (message, processed) in messages.iter().zip(processed) {
         if !processed {
             let mut failure = BatchItemFailure::default();
