@@ -52,6 +52,9 @@ enum Command {
         #[command(flatten)]
         backend: BackendArgs,
     },
+    /// Prints the OpenAPI document that `GET /openapi.json` serves (the committed
+    /// `openapi.json`: `cargo run -q -p tidings -- openapi > openapi.json`).
+    Openapi,
     /// Operations on a running deployment's data.
     Ops {
         #[command(subcommand)]
@@ -176,6 +179,10 @@ async fn main() -> anyhow::Result<()> {
         Command::Bench { command: BenchCommand::Campaign(args) } => bench::campaign(args).await,
         Command::Bench { command: BenchCommand::Reserve(args) } => bench_reserve::reserve(args).await,
         Command::Keys { command, backend } => keys::run(command, &backend).await,
+        Command::Openapi => {
+            print!("{}", tidings_api::routes::openapi::document_json()?);
+            Ok(())
+        }
         Command::Ops { command: OpsCommand::StreamFailures { command }, backend } => {
             stream_failures::run(command, &backend).await
         }

@@ -31,6 +31,7 @@ use crate::state::AppState;
         (name = "notifications"), (name = "inbox"), (name = "inventory"), (name = "restock"),
         (name = "ops", description = "Operators' view of the system: an operator key"),
         (name = "admin", description = "API keys: an operator key"), (name = "callbacks"), (name = "tracking"),
+        (name = "webhooks", description = "Endpoints the shop is posted events to, signed as Standard Webhooks says"),
         (name = "dev", description = "Local development hooks: only `tidings serve` has them")
     )
 )]
@@ -61,11 +62,19 @@ pub fn document() -> Document {
         super::restock::Api::openapi(),
         super::callbacks::Api::openapi(),
         super::tracking::Api::openapi(),
+        super::webhooks::Api::openapi(),
     ] {
         doc.merge(part);
     }
     Conventions.modify(&mut doc);
     doc
+}
+
+/// The document as `tidings openapi` prints it and the committed `openapi.json` holds it.
+pub fn document_json() -> serde_json::Result<String> {
+    let mut text = serde_json::to_string_pretty(&document())?;
+    text.push('\n');
+    Ok(text)
 }
 
 pub(super) fn router() -> Router<AppState> {
@@ -170,6 +179,66 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
     use super::document;
+
+    /// The committed `openapi.json` (what client generators and CI read) is what the server
+    /// serves at `GET /openapi.json`.
+    #[tokio::test]
+    async fn the_committed_openapi_json_is_the_served_document() {
+        use axum::body::Body;
+        use http_body_util::BodyExt;
+        use tower::ServiceExt;
+
+        let state = crate::AppState {
+            deps: crate::test_support::memory_deps(),
+            queue_names: std::sync::Arc::new(Vec::new()),
+            dev: None,
+            live: None,
+        };
+        let req = axum::http::Request::get("/openapi.json").body(Body::empty()).unwrap();
+        let res = crate::app(state).oneshot(req).await.unwrap();
+        assert_eq!(res.status(), 200);
+        let served: serde_json::Value =
+            serde_json::from_slice(&res.into_body().collect().await.unwrap().to_bytes()).unwrap();
+        assert_eq!(served, serde_json::to_value(document()).unwrap());
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../openapi.json");
+        let regenerate = "regenerate it: cargo run -q -p tidings -- openapi > openapi.json";
+        let committed = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}; {regenerate}"));
+        let committed: serde_json::Value =
+            serde_json::from_str(&committed).unwrap_or_else(|e| panic!("{path} is not JSON ({e}); {regenerate}"));
+        if committed != served {
+            let first = first_difference(&committed, &served, String::new());
+            panic!("openapi.json differs from the served document at {first}; {regenerate}");
+        }
+        assert_eq!(std::fs::read_to_string(path).unwrap(), super::document_json().unwrap(), "formatting; {regenerate}");
+    }
+
+    /// The JSON pointer of the first place where `a` and `b` differ.
+    fn first_difference(a: &serde_json::Value, b: &serde_json::Value, at: String) -> String {
+        use serde_json::Value::{Array, Object};
+        match (a, b) {
+            (Object(x), Object(y)) => {
+                for key in x.keys().chain(y.keys()) {
+                    let here = format!("{at}/{}", key.replace('~', "~0").replace('/', "~1"));
+                    match (x.get(key), y.get(key)) {
+                        (Some(p), Some(q)) if p == q => {}
+                        (Some(p), Some(q)) => return first_difference(p, q, here),
+                        (None, _) => return format!("{here} (only served)"),
+                        (_, None) => return format!("{here} (only in the file)"),
+                    }
+                }
+                at
+            }
+            (Array(x), Array(y)) if x.len() == y.len() => {
+                for (i, (p, q)) in x.iter().zip(y).enumerate() {
+                    if p != q {
+                        return first_difference(p, q, format!("{at}/{i}"));
+                    }
+                }
+                at
+            }
+            _ => at,
+        }
+    }
 
     /// `(METHOD, path)` of every `.route(...)` in the route modules' sources.
     fn routes_in_source() -> Vec<(String, String)> {
