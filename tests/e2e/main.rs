@@ -28,6 +28,7 @@ mod sms_failover;
 mod sms_shipped;
 
 /// Declares each test once per backend: `on_both_backends!(module as module_tests: test, ...)`
+mod webhooks;
 /// makes `module_tests::embedded::test` and `module_tests::aws::test` from `module::test`.
 macro_rules! on_both_backends {
     ($group:ident as $tests:ident: $($name:ident),* $(,)?) => {
@@ -157,6 +158,17 @@ on_both_backends!(contention as contention_tests:
     concurrent_otp_accepts_on_one_template_are_all_accepted,
     concurrent_otps_against_the_limits_get_exactly_the_limit_through,
 );
+
+on_both_backends!(webhooks as webhooks_tests:
+    subscribed_events_arrive_once_signed_and_only_to_their_subscribers,
+    a_failing_receiver_is_retried_dead_lettered_and_redriven_once,
+);
+
+/// A webhook posted through the function binaries, each under its template policy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_webhook_through_the_function_binaries() -> anyhow::Result<()> {
+    webhooks::a_webhook_through_the_function_binaries().await
+}
 
 /// A page of ten 110 KB emails through the function binaries is delivered in full.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -36,3 +36,4 @@ pub mod users;
 pub use deps::{CoreConfig, Deps, Providers};
 pub use error::{CoreError, CoreResult};
 pub use ids::TenantId;
+pub mod webhooks;

@@ -185,6 +185,7 @@ pub const ALL_QUEUES: &[&str] = &[
     "timers",
     "inventory-review",
     "stock-events",
+    crate::webhooks::WEBHOOKS_QUEUE,
 ];
 
 /// Whether a queue has a worker. `inventory-review` and `stream-failures` are read by
@@ -249,6 +250,8 @@ pub async fn dispatch(deps: &crate::Deps, queue: &str, message: &Received) -> Ou
         crate::restock::handle_stock_event_message(deps, message).await
     } else if queue == crate::timers::TIMERS_QUEUE {
         crate::timers::handle_timer_message(deps, message).await
+    } else if queue == crate::webhooks::WEBHOOKS_QUEUE {
+        crate::webhooks::handle_webhook_message(deps, message).await
     } else {
         Outcome::Reject(format!("no handler for queue {queue}"))
     }

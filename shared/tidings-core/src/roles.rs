@@ -56,6 +56,8 @@ pub fn consumer_of(queue: &str) -> &'static str {
         "tick"
     } else if queue == crate::restock::STOCK_EVENTS_QUEUE {
         "restock-scan"
+    } else if queue == crate::webhooks::WEBHOOKS_QUEUE {
+        "channel-worker"
     } else {
         "unattributed"
     }

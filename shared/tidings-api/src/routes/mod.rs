@@ -23,6 +23,7 @@ mod templates;
 mod tracking;
 mod users;
 
+mod webhooks;
 /// The whole API, without rate limits (tests that call the router directly).
 pub fn app(state: AppState) -> Router {
     app_with_limits(state, std::sync::Arc::new(tidings_core::gates::api::ApiLimits::off()))
@@ -45,7 +46,8 @@ pub fn app_with_limits(state: AppState, limits: std::sync::Arc<tidings_core::gat
         .merge(inventory::router())
         .merge(restock::router())
         .merge(ops::router())
-        .merge(admin::router());
+        .merge(admin::router())
+        .merge(webhooks::router());
     if state.dev.is_some() {
         router = router.merge(dev::router());
     }

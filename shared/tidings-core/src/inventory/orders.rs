@@ -404,6 +404,20 @@ async fn settle(deps: &Deps, t: &TenantId, order_id: &str, transition: Transitio
             };
             writes.extend(change.writes()?);
         }
+        // The `order.expired` webhook event, in the expiry's own transaction (an order at the
+        // transaction's limit has no room left for it: it is then not told).
+        if transition == Transition::Expire && writes.len() < MAX_TRANSACTION_WRITES {
+            let data =
+                serde_json::json!({"order_id": order_id, "user_id": order.user_id, "expires_at": order.expires_at});
+            let event = crate::webhooks::Event::of(
+                deps,
+                t,
+                crate::webhooks::EventType::OrderExpired,
+                &[order_id, &order.created_at],
+                data,
+            );
+            writes.extend(crate::webhooks::event_writes(deps, t, vec![event]).await?);
+        }
         match deps.table.transact(writes).await {
             Ok(()) => {
                 order.status = status;

@@ -106,6 +106,24 @@ fn transition_parts(tr: Transition<'_>) -> (Write, Option<(Key, &'static str, &'
     (Write::Update { key: tr.key.clone(), updates, cond }, counter)
 }
 
+/// The webhook events of transitions (`crate::webhooks`), put in the same transaction as the
+/// status changes they tell of: none, and no read, when no transition is an event.
+async fn webhook_writes(deps: &Deps, trs: &[Transition<'_>]) -> Result<Vec<Write>, StoreError> {
+    let mut by_tenant: std::collections::BTreeMap<&str, (&TenantId, Vec<crate::webhooks::Event>)> = Default::default();
+    for tr in trs {
+        if let Some(e) =
+            crate::webhooks::delivery_event(deps, tr.t, tr.notification_id, tr.user_id, &tr.key.sk, tr.from, tr.to)
+        {
+            by_tenant.entry(tr.t.as_str()).or_insert_with(|| (tr.t, Vec::new())).1.push(e);
+        }
+    }
+    let mut writes = Vec::new();
+    for (_, (t, events)) in by_tenant {
+        writes.extend(crate::webhooks::event_writes(deps, t, events).await?);
+    }
+    Ok(writes)
+}
+
 /// Several transitions (at most 30) and `extra` unconditional writes in one transaction, their
 /// counter changes summed per counter item: what a channel worker records for a batch of
 /// sends. Each answer is [`transition`]'s. When the transaction fails (a delivery moved by
@@ -130,6 +148,7 @@ pub async fn transition_many(
         }
     }
     writes.extend(counter_writes(changes, now_ms));
+    writes.extend(webhook_writes(deps, &trs).await?);
     writes.extend(extra.iter().cloned());
     if !trs.is_empty() && deps.table.transact(writes).await.is_ok() {
         return Ok(vec![true; trs.len()]);
@@ -152,11 +171,13 @@ pub async fn transition_many(
 /// was not in `from` (someone else moved it: nothing is changed, nothing counted). Transaction
 /// conflicts (DynamoDB, on a busy counter) are retried here, briefly.
 pub async fn transition(deps: &Deps, tr: Transition<'_>) -> Result<bool, StoreError> {
+    let events = webhook_writes(deps, std::slice::from_ref(&tr)).await?;
     let (write, counter) = transition_parts(tr);
     let mut writes = vec![write];
     if let Some((key, from, to)) = counter {
         writes.push(counter_write(key, &[(from, -1), (to, 1)], deps.clock.now_ms()));
     }
+    writes.extend(events);
     let mut attempt = 0u32;
     loop {
         let result = if writes.len() == 1 {

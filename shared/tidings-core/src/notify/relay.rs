@@ -26,13 +26,14 @@ use crate::ports::{ChangeRecord, Item, Key, OutMessage, StoreError};
 pub const STREAM_FAILURES_QUEUE: &str = "stream-failures";
 
 /// Whether the relay (with the live feed and back-in-stock rounds) acts on changes of the item
-/// `key`: new notifications (`N`), campaign page tasks (`P#`), stock items (`STOCK`) and inbox
-/// messages (`M#`). The same filter as the event source mapping's `FilterCriteria` in
+/// `key`: new notifications (`N`), campaign page tasks (`P#`), stock items (`STOCK`), inbox
+/// messages (`M#`) and webhook events (`WHEVT`). The same filter as the event source mapping's `FilterCriteria` in
 /// `template.yaml`; the embedded store records only these changes (a campaign's deliveries,
 /// counters and receipts are most of its writes and nobody reads their changes).
 pub fn streamed(key: &crate::ports::Key) -> bool {
     let sk = key.sk.as_str();
     sk == NOTIFICATION_SK
+        || sk == crate::webhooks::EVENT_SK
         || sk == crate::inventory::keys::STOCK_SK
         || sk.starts_with(keys::PAGE_PREFIX)
         || sk.starts_with(keys::INBOX_MESSAGE_PREFIX)
@@ -76,6 +77,16 @@ fn step_of(record: &ChangeRecord) -> CoreResult<Step> {
     }
     if record.key.sk == crate::inventory::keys::STOCK_SK {
         return Ok(Step::Stock);
+    }
+    // A webhook event (an outbox entry put beside its fact).
+    if record.key.sk == crate::webhooks::EVENT_SK {
+        if !record.is_insert() {
+            return Ok(Step::Nothing);
+        }
+        return Ok(match record.new.as_ref().and_then(|new| crate::webhooks::relayed(&record.key, new)) {
+            Some(body) => Step::Send(crate::webhooks::WEBHOOKS_QUEUE.to_owned(), OutMessage::new(body)),
+            None => Step::Poison("unreadable webhook event".into()),
+        });
     }
     if record.key.sk != NOTIFICATION_SK || !record.is_insert() {
         return Ok(Step::Nothing);
@@ -283,6 +294,9 @@ pub enum Redriven {
 /// absorbs a repeated request (see [`super::orchestrator`]). An item that still does not parse
 /// is an error (it stays where it was recorded).
 pub async fn redrive(deps: &Deps, key: &Key) -> CoreResult<Redriven> {
+    if key.sk == crate::webhooks::EVENT_SK {
+        return Ok(if crate::webhooks::redrive(deps, key).await? { Redriven::Queued } else { Redriven::NothingToDo });
+    }
     let is_page = key.sk.starts_with(keys::PAGE_PREFIX);
     if key.sk != NOTIFICATION_SK && !is_page {
         return Ok(Redriven::NothingToDo);

@@ -424,6 +424,19 @@ async fn claim(
             item: Item::new(keys::message_entry(t, &window.window_id, &batch), attrs_of(&item)?),
             cond: Cond::Always,
         });
+        // The `restock.notified` webhook event, in the notice's own transaction.
+        let data = serde_json::json!({
+            "sku_id": sku, "user_id": entry.user_id, "round": round,
+            "batch_no": batch, "subscription_id": entry.subscription_id,
+        });
+        let event = crate::webhooks::Event::of(
+            deps,
+            t,
+            crate::webhooks::EventType::RestockNotified,
+            &[&batch, &entry.user_id],
+            data,
+        );
+        writes.extend(crate::webhooks::event_writes(deps, t, vec![event]).await?);
         match deps.table.transact(writes).await {
             Ok(()) => return Ok(Claim::Claimed),
             Err(StoreError::ConditionFailed { index: 0 }) => return Ok(Claim::Already),
