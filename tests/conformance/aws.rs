@@ -153,6 +153,7 @@ table_case!(conditions_semantics);
 table_case!(transact_reports_failing_index);
 table_case!(transact_rejects_invalid);
 table_case!(query_prefix_and_pagination);
+table_case!(query_range_and_pagination);
 table_case!(item_and_transaction_sizes);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

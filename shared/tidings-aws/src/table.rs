@@ -726,6 +726,45 @@ impl Table for DynamoTable {
         };
         Ok(Page { items, next_cursor })
     }
+
+    async fn query_range(&self, pk: &str, from: &str, to: &str, opts: QueryOpts) -> Result<Page, StoreError> {
+        // DynamoDB refuses a BETWEEN whose bounds are out of order; the port answers nothing.
+        if from > to {
+            return Ok(Page::default());
+        }
+        let limit = match opts.limit {
+            0 => DEFAULT_LIMIT,
+            n => n.min(MAX_LIMIT),
+        };
+        let mut x = ExprBuilder::new();
+        let pk_name = x.name(PK);
+        let pk_value = x.value(AttributeValue::S(pk.to_string()));
+        let sk_name = x.name(SK);
+        let lo = x.value(AttributeValue::S(from.to_string()));
+        let hi = x.value(AttributeValue::S(to.to_string()));
+        let key_cond = format!("{pk_name} = {pk_value} AND {sk_name} BETWEEN {lo} AND {hi}");
+        let start = opts.cursor.as_deref().map(|c| decode_cursor(c, pk)).transpose()?;
+        let out = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .key_condition_expression(key_cond)
+            .set_expression_attribute_names(x.take_names())
+            .set_expression_attribute_values(x.take_values())
+            .scan_index_forward(!opts.descending)
+            .limit(i32::try_from(limit).unwrap_or(i32::MAX))
+            .consistent_read(true)
+            .set_exclusive_start_key(start)
+            .send()
+            .await
+            .map_err(store_error)?;
+        let items = out.items.unwrap_or_default().into_iter().map(item_from_dynamo).collect::<Result<Vec<_>, _>>()?;
+        let next_cursor = match out.last_evaluated_key {
+            Some(k) if !k.is_empty() => Some(encode_cursor(&k)?),
+            _ => None,
+        };
+        Ok(Page { items, next_cursor })
+    }
 }
 
 #[cfg(test)]

@@ -23,6 +23,10 @@
 //! | provider message → delivery | `PMSG#{provider}#{provider_message_id}` | `PMSG` |
 //! | push endpoint → device (SNS events name only the endpoint) | `PUSHEP#{sha256(address)}` | `PUSHEP` |
 //! | fake provider send (dev) | `DEV#SENDS` | `{at_ms:015}#{id}` |
+//! | a user erased (`crate::erasure`) | `T#t#U#{user}` | `ERASED` |
+//! | users list entry (`crate::lists`) | `T#t#USERS` | `U#{user}` |
+//! | templates list entry | `T#t#TPLS` | `TPL#{id}` |
+//! | notifications list entry, by time | `T#t#NLIST` | `{created_ms:015}#{id}` |
 
 use crate::ids::TenantId;
 use crate::ports::{Channel, Key};
@@ -169,6 +173,45 @@ pub fn sns_message(message_id: &str) -> Key {
 }
 
 pub const DEV_SENDS_PK: &str = "DEV#SENDS";
+
+/// The record that a user was erased, kept in the user's partition when the rest goes
+/// (`crate::erasure`): work queued before the erasure checks it and does not send.
+pub fn erasure(t: &TenantId, user_id: &str) -> Key {
+    Key::new(user_pk(t, user_id), "ERASED")
+}
+
+/// The partition of a tenant's users list (`crate::lists`), one entry per user in user-id order.
+pub fn users_list_pk(t: &TenantId) -> String {
+    format!("T#{t}#USERS")
+}
+
+/// The sort-key prefix of users list entries (never `N`, `P#`, `M#` or `STOCK`: not streamed).
+pub const USER_ENTRY_PREFIX: &str = "U#";
+
+pub fn user_entry(t: &TenantId, user_id: &str) -> Key {
+    Key::new(users_list_pk(t), format!("{USER_ENTRY_PREFIX}{user_id}"))
+}
+
+pub fn templates_list_pk(t: &TenantId) -> String {
+    format!("T#{t}#TPLS")
+}
+
+pub const TEMPLATE_ENTRY_PREFIX: &str = "TPL#";
+
+pub fn template_entry(t: &TenantId, template_id: &str) -> Key {
+    Key::new(templates_list_pk(t), format!("{TEMPLATE_ENTRY_PREFIX}{template_id}"))
+}
+
+/// The partition of a tenant's notifications list, sorted by acceptance time.
+pub fn notifications_list_pk(t: &TenantId) -> String {
+    format!("T#{t}#NLIST")
+}
+
+pub fn notification_entry(t: &TenantId, created_ms: i64, notification_id: &str) -> Key {
+    Key::new(notifications_list_pk(t), format!("{:015}#{notification_id}", created_ms.max(0)))
+}
+/// `--manual-clock`'s time, kept with the data so that a restart resumes it (dev.rs).
+pub const DEV_CLOCK_PK: &str = "DEV#CLOCK";
 
 /// Splits a tenant-owned pk `T#{tenant}#...` into the tenant and the rest.
 pub fn tenant_of(pk: &str) -> Option<(TenantId, &str)> {

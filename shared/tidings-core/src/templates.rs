@@ -630,7 +630,9 @@ pub async fn put_template(deps: &Deps, t: &TenantId, template_id: &str, input: T
     template.validate()?;
     let item = Item::new(keys::template(t, template_id), attrs_of(&template)?);
     crate::sizes::check_stored("locales", &item)?;
-    deps.table.put(item, Cond::Always).await?;
+    // With its entry in the tenant's templates list (`crate::lists`), in one transaction.
+    let entry = crate::lists::template_entry_write(t, &template)?;
+    deps.table.transact(vec![crate::ports::Write::Put { item, cond: Cond::Always }, entry]).await?;
     Ok(template)
 }
 

@@ -141,6 +141,8 @@ pub async fn put_user(deps: &Deps, t: &TenantId, user_id: &str, input: UserInput
             .map(|tag| Write::Delete { key: keys::tag_member(t, tag, user_id), cond: Cond::Always })
             .collect();
         let mut writes = vec![Write::Put { item: Item::new(key.clone(), attrs), cond }];
+        // Its entry in the tenant's users list, with it (`crate::lists`).
+        writes.push(crate::lists::user_entry_write(t, &user)?);
         writes.extend(user.tags.iter().map(|tag| Write::Put {
             item: Item::new(keys::tag_member(t, tag, user_id), member.clone()),
             cond: Cond::Always,

@@ -97,6 +97,20 @@ impl Table for EmbeddedStore {
         let descending = opts.descending;
         self.with_reader(move |conn| query_page(conn, &pk, &prefix, after.as_deref(), descending, limit)).await
     }
+
+    async fn query_range(&self, pk: &str, from: &str, to: &str, opts: QueryOpts) -> Result<Page, StoreError> {
+        let limit = match opts.limit {
+            0 => DEFAULT_LIMIT,
+            n => n.min(MAX_LIMIT),
+        };
+        let after = match &opts.cursor {
+            None => None,
+            Some(c) => Some(decode_cursor(c)?),
+        };
+        let (pk, from, to) = (pk.to_owned(), from.to_owned(), to.to_owned());
+        let descending = opts.descending;
+        self.with_reader(move |conn| range_page(conn, &pk, &from, &to, after.as_deref(), descending, limit)).await
+    }
 }
 
 impl EmbeddedStore {
@@ -264,6 +278,53 @@ fn decode_cursor(cursor: &str) -> Result<String, StoreError> {
         .ok()
         .and_then(|b| String::from_utf8(b).ok())
         .ok_or_else(|| StoreError::Invalid(format!("bad query cursor {cursor:?}")))
+}
+
+/// One page of [`Table::query_range`]: `from <= sk <= to`, narrowed by the cursor on the side
+/// the page moves to (one bound on each side, as in [`query_page`]).
+fn range_page(
+    conn: &Connection,
+    pk: &str,
+    from: &str,
+    to: &str,
+    after: Option<&str>,
+    descending: bool,
+    limit: usize,
+) -> Result<Page, StoreError> {
+    let (mut lower, mut upper) = ((">=", from.to_owned()), ("<=", to.to_owned()));
+    if let Some(after) = after {
+        if descending {
+            if after <= to {
+                upper = ("<", after.to_owned());
+            }
+        } else if after >= from {
+            lower = (">", after.to_owned());
+        }
+    }
+    let sql = format!(
+        "SELECT sk, attrs FROM items WHERE pk = ?1 AND sk {} ?2 AND sk {} ?3 ORDER BY sk {} LIMIT ?4",
+        lower.0,
+        upper.0,
+        if descending { "DESC" } else { "ASC" }
+    );
+    let fetch = i64::try_from(limit + 1).unwrap_or(i64::MAX);
+    let mut stmt = conn.prepare_cached(&sql).map_err(db_err)?;
+    let rows = stmt
+        .query_map(params![pk, lower.1, upper.1, fetch], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
+        .map_err(db_err)?;
+    let mut items = Vec::new();
+    let mut more = false;
+    for row in rows {
+        let (sk, json) = row.map_err(db_err)?;
+        if items.len() == limit {
+            more = true;
+            break;
+        }
+        let attrs = parse_attrs(&format!("{pk}/{sk}"), &json)?;
+        items.push(Item::new(Key::new(pk, sk), attrs));
+    }
+    let next_cursor = if more { items.last().map(|i| encode_cursor(&i.key.sk)) } else { None };
+    Ok(Page { items, next_cursor })
 }
 
 fn query_page(

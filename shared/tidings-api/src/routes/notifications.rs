@@ -2,8 +2,9 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use tidings_core::lists::{self, NotificationFilter, NotificationPage};
 use tidings_core::notify::api::{self, Accepted, DeliveryPage, NotificationView};
-use tidings_core::notify::model::NotificationRequest;
+use tidings_core::notify::model::{NotificationRequest, NotificationStatus};
 use tidings_core::notify::verification::{self, Verified};
 
 use crate::extract::{Body, IdempotencyKey, PageParams, PathParams, QueryParams, Tenant};
@@ -11,12 +12,12 @@ use crate::problem::{ApiResult, Problem};
 use crate::state::AppState;
 
 #[derive(utoipa::OpenApi)]
-#[openapi(paths(create, show, deliveries, cancel, verified))]
+#[openapi(paths(create, list, show, deliveries, cancel, verified))]
 pub(super) struct Api;
 
 pub fn router() -> Router<AppState> {
     Router::new()
-        .route("/v1/notifications", post(create))
+        .route("/v1/notifications", post(create).get(list))
         .route("/v1/notifications/{id}", get(show))
         .route("/v1/notifications/{id}/deliveries", get(deliveries))
         .route("/v1/notifications/{id}/cancel", post(cancel))
@@ -40,6 +41,40 @@ async fn create(
     req.idempotency_key = header.merge(req.idempotency_key.take())?;
     let accepted = api::accept(&s.deps, &t, req).await?;
     Ok((StatusCode::ACCEPTED, Json(accepted)))
+}
+
+#[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+struct ListQuery {
+    /// Only notifications in this status (as `GET /v1/notifications/{id}` shows it).
+    status: Option<NotificationStatus>,
+    /// Accepted at or after this time (RFC 3339).
+    #[param(value_type = Option<String>, format = DateTime, example = "2026-12-01T00:00:00Z")]
+    since: Option<chrono::DateTime<chrono::Utc>>,
+    /// Accepted before this time (RFC 3339).
+    #[param(value_type = Option<String>, format = DateTime, example = "2026-12-02T00:00:00Z")]
+    until: Option<chrono::DateTime<chrono::Utc>>,
+    /// Items per page, 1 to 500 (default 50).
+    #[param(minimum = 1, maximum = 500)]
+    limit: Option<usize>,
+    /// The `next_cursor` of the previous page.
+    cursor: Option<String>,
+}
+
+/// The tenant's notifications, newest first, with their status and counts. With `status`, a
+/// page holds the matches among up to 1000 notifications it looked at: it may hold fewer than
+/// `limit` (even none) and still have a `next_cursor`. Notifications accepted before this list
+/// existed are not in it.
+#[utoipa::path(get, path = "/v1/notifications", tag = "notifications", security(("api_key" = [])), params(ListQuery),
+    responses((status = 200, description = "One page of notifications", body = NotificationPage)))]
+async fn list(
+    State(s): State<AppState>,
+    Tenant(t): Tenant,
+    QueryParams(q): QueryParams<ListQuery>,
+) -> ApiResult<Json<NotificationPage>> {
+    let limit = PageParams { limit: q.limit, cursor: None }.limit()?;
+    let filter = NotificationFilter { status: q.status, since: q.since, until: q.until };
+    Ok(Json(lists::notifications(&s.deps, &t, &filter, limit, q.cursor).await?))
 }
 
 #[utoipa::path(get, path = "/v1/notifications/{id}", tag = "notifications", security(("api_key" = [])),

@@ -81,6 +81,8 @@ pub async fn accept(deps: &Deps, t: &TenantId, mut req: NotificationRequest) -> 
     let field = stored.attrs.get("request").and_then(|r| r.as_object()).and_then(crate::sizes::largest_attr);
     crate::sizes::check_stored(field.unwrap_or("params"), &stored)?;
     writes.push(Write::Put { item: stored, cond: Cond::NotExists });
+    // Its entry in the tenant's notifications list, in the same transaction (`crate::lists`).
+    writes.push(crate::lists::notification_entry_write(t, &notification)?);
     // The relay's safety net finds it by this entry if its stream record is lost.
     if notification.status == NotificationStatus::Accepted {
         writes.push(super::sweep::watch_write(t, &notification.notification_id, notification.created_ms));
@@ -161,6 +163,13 @@ pub async fn load(deps: &Deps, t: &TenantId, id: &str) -> CoreResult<Option<Noti
 pub async fn get_notification(deps: &Deps, t: &TenantId, id: &str) -> CoreResult<Option<NotificationView>> {
     check_id("notification_id", id)?;
     let Some(n) = load(deps, t, id).await? else { return Ok(None) };
+    Ok(Some(view_of(deps, t, n).await?))
+}
+
+/// What `GET /v1/notifications/{id}` shows of a notification item: its status (`completed`
+/// once every page is done and nothing is queued) and its counts.
+pub async fn view_of(deps: &Deps, t: &TenantId, n: Notification) -> CoreResult<NotificationView> {
+    let id = n.notification_id.as_str();
     let (counts, expanded, oldest_pending_ms, all_pages_done) = if n.counted {
         let p = super::progress::read(deps, t, id).await?;
         // Pages may finish out of order: done when every page up to the last one is.
@@ -177,7 +186,7 @@ pub async fn get_notification(deps: &Deps, t: &TenantId, id: &str) -> CoreResult
         NotificationStatus::Processing if all_pages_done && counts.queued == 0 => NotificationStatus::Completed,
         other => other,
     };
-    Ok(Some(NotificationView {
+    Ok(NotificationView {
         notification_id: n.notification_id,
         status,
         category: n.request.category,
@@ -188,7 +197,7 @@ pub async fn get_notification(deps: &Deps, t: &TenantId, id: &str) -> CoreResult
         counts,
         expanded,
         oldest_pending_age_s,
-    }))
+    })
 }
 
 /// Counts by reading every delivery: only for notifications accepted before the counters.

@@ -417,6 +417,10 @@ impl Table for PageWriter {
     async fn query(&self, pk: &str, sk_prefix: &str, opts: QueryOpts) -> Result<Page, StoreError> {
         self.inner.query(pk, sk_prefix, opts).await
     }
+
+    async fn query_range(&self, pk: &str, from: &str, to: &str, opts: QueryOpts) -> Result<Page, StoreError> {
+        self.inner.query_range(pk, from, to, opts).await
+    }
 }
 
 /// How long a channel worker may act on a campaign's status read earlier: a cancelled

@@ -191,6 +191,7 @@ fn prefetch_keys(deps: &Deps, t: &TenantId, n: &Notification, users: &[(String, 
     let no_prefs = preferences::Preferences::default();
     for (user_id, user) in users {
         keys.push(keys::preferences(t, user_id));
+        keys.push(keys::erasure(t, user_id));
         // Addresses and zone as the policy reads them (devices are not read ahead: push has no
         // suppression list).
         let r = Recipient { user_id, user: user.as_ref(), prefs: &no_prefs, devices: &[] };
@@ -414,6 +415,13 @@ async fn plan_delivery(
         Some(_) => return Ok(None),
     };
     let mut delivery = new_delivery(n, user_id, channel, &now);
+    // An erased user gets nothing (`crate::erasure`).
+    if crate::erasure::stops_planning(deps, t, n, user_id, r.user).await? {
+        delivery.status = DeliveryStatus::Suppressed;
+        delivery.reason = Some(crate::erasure::REASON.into());
+        write_final(deps, t, n, key, &delivery, deferred).await?;
+        return Ok(None);
+    }
     let (to, writes) = match policy::check(deps, t, n, r, channel).await? {
         Verdict::Suppress(reason) => {
             delivery.status = DeliveryStatus::Suppressed;

@@ -52,11 +52,23 @@ async fn deliver(deps: &Deps, t: &TenantId, task: &ChannelTask, receive_count: u
     let key = keys::delivery(t, &task.notification_id, &task.user_id, task.channel);
     let now_ms = deps.clock.now_ms();
 
-    if super::campaign::status(deps, t, &task.notification_id).await? == Some(NotificationStatus::Cancelled) {
+    // Not sent: its notification was cancelled, or its user erased since it was accepted
+    // (`crate::erasure`; the task's address is from before).
+    let stopped =
+        if super::campaign::status(deps, t, &task.notification_id).await? == Some(NotificationStatus::Cancelled) {
+            Some("cancelled")
+        } else if crate::erasure::stops_send(deps, t, task).await? {
+            Some(crate::erasure::REASON)
+        } else {
+            None
+        };
+    if let Some(reason) = stopped {
         if let Some(item) = deps.table.get(&key).await? {
             let d: Delivery = item.parse()?;
-            if matches!(d.status, DeliveryStatus::Pending | DeliveryStatus::Dead) {
-                let updates = vec![Update::set("reason", "cancelled"), Update::set("updated_at", now_str(deps))];
+            // A claim whose lease ran out (a worker stopped mid-send) is closed too.
+            let stale = d.status == DeliveryStatus::Sending && d.lease_until_ms.is_some_and(|l| l < now_ms);
+            if matches!(d.status, DeliveryStatus::Pending | DeliveryStatus::Dead) || (stale && reason != "cancelled") {
+                let updates = vec![Update::set("reason", reason), Update::set("updated_at", now_str(deps))];
                 move_delivery(
                     deps,
                     t,
@@ -389,11 +401,18 @@ async fn deliver_batch(
     if candidates.len() < 2 {
         return Ok(Vec::new());
     }
-    let keys: Vec<Key> = candidates.iter().map(|c| c.3.clone()).collect();
-    let items = deps.table.get_many(&keys).await?;
+    // The deliveries, and their users' erasure records in the same read.
+    let mut keys: Vec<Key> = candidates.iter().map(|c| c.3.clone()).collect();
+    keys.extend(candidates.iter().map(|c| keys::erasure(c.1, &c.2.user_id)));
+    let mut items = deps.table.get_many(&keys).await?;
+    let erased = items.split_off(candidates.len().min(items.len()));
     let mut claims = Vec::new();
     let mut claimed = Vec::new();
-    for ((index, t, task, key), item) in candidates.into_iter().zip(items) {
+    for (((index, t, task, key), item), erased) in candidates.into_iter().zip(items).zip(erased) {
+        // An erased user's task: the single path decides (`crate::erasure`).
+        if erased.is_some() {
+            continue;
+        }
         let Some(item) = item else { continue };
         let Ok(d) = item.parse::<Delivery>() else { continue };
         if d.status != DeliveryStatus::Pending {

@@ -331,6 +331,14 @@ pub trait Table: Send + Sync + 'static {
 
     /// Items of one partition whose sort key starts with `sk_prefix`, in sort-key order.
     async fn query(&self, pk: &str, sk_prefix: &str, opts: QueryOpts) -> Result<Page, StoreError>;
+
+    /// Items of one partition whose sort key is between `from` and `to`, both included (byte
+    /// order, DynamoDB's `BETWEEN`), in sort-key order; an empty page when `from > to`. The
+    /// backends answer it as one query; a wrapper that does not pass it on refuses it.
+    async fn query_range(&self, pk: &str, from: &str, to: &str, opts: QueryOpts) -> Result<Page, StoreError> {
+        let _ = (pk, from, to, opts);
+        Err(StoreError::Invalid("this table does not answer range queries".into()))
+    }
 }
 
 /// A committed write, as the change stream delivers it.
