@@ -93,6 +93,7 @@ on_both_backends!(platform as platform_tests:
     frequency_cap_suppresses_the_fourth_marketing_message,
     opted_out_users_get_nothing_and_one_click_unsubscribe_works,
     scheduled_send_fires_at_send_at_and_cancel_stops_it,
+    a_manual_clock_keeps_its_time_across_kill_9,
     push_reaches_every_device_and_a_dead_token_is_deleted,
     forged_sns_callback_is_rejected_and_a_genuine_bounce_suppresses,
     a_push_service_event_deletes_the_dead_device,

@@ -725,3 +725,50 @@ pub async fn verification_ratio_counts_codes_nobody_used(backend: Backend) -> an
     assert_eq!((st, &v["field"]), (422, &json!("hours")), "{v}");
     Ok(())
 }
+
+/// `--manual-clock` keeps its time with the data: advanced an hour, killed with `kill -9` and
+/// started again, the server resumes at the advanced time, and a scheduled send and an order's
+/// hold set against it come due when the clock moves on.
+pub async fn a_manual_clock_keeps_its_time_across_kill_9(backend: Backend) -> anyhow::Result<()> {
+    let mut s = Server::start(backend, manual()).await?;
+    template(&s).await?;
+    user(&s, "u1", json!({"email": "a@example.com"})).await?;
+    let t0 = now(&s).await?;
+    advance(&s, 3600).await?;
+    let t1 = now(&s).await?;
+    assert_eq!((t1 - t0).num_seconds(), 3600);
+    let mut a = req("later", &["u1"], "transactional", Some(&["email"]), 1);
+    // 20 minutes: past SQS's 15-minute delays, so a minute bucket fired by the tick (a queue's
+    // delay runs in real seconds on moto, whatever the manual clock says).
+    a["send_at"] = json!((t1 + chrono::Duration::minutes(20)).to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
+    let (a, st) = notify(&s, a).await?;
+    assert_eq!(st, "scheduled");
+    s.call("PUT", "/v1/inventory/clock-sku", Some(json!({"on_hand": 1}))).await?;
+    let order =
+        json!({"order_id": "held", "user_id": "u1", "items": [{"sku_id": "clock-sku", "qty": 1}], "hold_seconds": 300});
+    let (st, v) = s.call("POST", "/v1/orders", Some(order)).await?;
+    assert_eq!(st, 201, "{v}");
+
+    s.kill9_and_restart().await?;
+    let t2 = now(&s).await?;
+    assert_eq!(t2, t1, "the clock resumed where it stood, not at the wall clock");
+    assert!(s.sends(&a).await?.is_empty(), "nothing came due without the clock moving");
+    let (_, v) = s.call("GET", "/v1/orders/held", None).await?;
+    assert_eq!(v["status"], "PENDING", "{v}");
+
+    advance(&s, 21 * 60).await?;
+    s.eventually(WAIT, "the scheduled send after the restart", || async {
+        Ok((!s.sends(&a).await?.is_empty()).then_some(()))
+    })
+    .await?;
+    s.eventually(WAIT, "the hold to expire after the restart", || async {
+        let (_, o) = s.call("GET", "/v1/orders/held", None).await?;
+        Ok((o["status"] == "CANCELLED").then_some(()))
+    })
+    .await?;
+    assert_eq!(s.sends(&a).await?.len(), 1, "sent once");
+    // And a second restart still keeps the later time.
+    s.kill9_and_restart().await?;
+    assert_eq!((now(&s).await? - t1).num_seconds(), 21 * 60);
+    Ok(())
+}

@@ -56,6 +56,8 @@ pub struct Server {
     _tmp: std::sync::Arc<tempfile::TempDir>,
     env: Vec<(String, String)>,
     dev: bool,
+    /// `serve --manual-clock`, on every start of this server (restarts included).
+    manual_clock: bool,
     pub http: reqwest::Client,
 }
 
@@ -113,9 +115,10 @@ impl Server {
             _tmp: tmp,
             env,
             dev: opts.dev,
+            manual_clock: opts.manual_clock,
             http: reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?,
         };
-        s.spawn(opts.manual_clock).await?;
+        s.spawn().await?;
         Ok(s)
     }
 
@@ -123,7 +126,7 @@ impl Server {
         self.key.replace("key-acme-", "key-globex-")
     }
 
-    async fn spawn(&mut self, manual_clock: bool) -> anyhow::Result<()> {
+    async fn spawn(&mut self) -> anyhow::Result<()> {
         let mut cmd = Command::new(binary()?);
         cmd.arg("serve").arg("--addr").arg("127.0.0.1:0").arg("--data-dir").arg(&self.data_dir);
         cmd.arg("--backend").arg(match self.backend {
@@ -133,7 +136,7 @@ impl Server {
         if self.backend == Backend::Aws {
             cmd.arg("--bootstrap");
         }
-        if manual_clock {
+        if self.manual_clock {
             cmd.arg("--manual-clock");
         }
         if self.dev {
@@ -215,7 +218,7 @@ impl Server {
         if let Some(point) = crash_at {
             self.env.push(("TIDINGS_CRASH_AT".into(), point.into()));
         }
-        self.spawn(false).await
+        self.spawn().await
     }
 
     /// `kill -9`, then start again on the same data.
@@ -224,7 +227,7 @@ impl Server {
             child.start_kill()?; // SIGKILL
             child.wait().await?;
         }
-        self.spawn(false).await
+        self.spawn().await
     }
 
     pub async fn call(&self, method: &str, path: &str, body: Option<Value>) -> anyhow::Result<(u16, Value)> {

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{CoreError, CoreResult};
 use crate::ids::new_id;
-use crate::keys::DEV_SENDS_PK;
+use crate::keys::{DEV_CLOCK_PK, DEV_SENDS_PK};
 use crate::ports::{
     Channel, Clock, Cond, Item, Key, OutboundMessage, PermanentCode, Platform, Provider, ProviderError,
     ProviderReceipt, QueryOpts, SystemClock, Table, attrs_of,
@@ -250,6 +250,32 @@ impl DevProviders {
             Channel::Push => Some(&self.push),
             Channel::Inapp => None,
         }
+    }
+}
+
+const DEV_CLOCK_SK: &str = "manual";
+
+/// The time `--manual-clock` last stood at on this data, if it ever ran on it. A restart resumes
+/// from it: started from the wall clock instead, everything scheduled or held against the
+/// advanced time would be in the future again and never come due.
+pub async fn stored_manual_clock(table: &dyn Table) -> CoreResult<Option<chrono::DateTime<chrono::Utc>>> {
+    let item = table.get(&Key::new(DEV_CLOCK_PK, DEV_CLOCK_SK)).await?;
+    Ok(item.and_then(|i| i.i64("now_ms")).and_then(chrono::DateTime::from_timestamp_millis))
+}
+
+/// Keeps the manual clock's time with the data, before the move is answered. Never backwards:
+/// of two moves written out of order the later time stays.
+pub async fn store_manual_clock(table: &dyn Table, now: chrono::DateTime<chrono::Utc>) -> CoreResult<()> {
+    let ms = now.timestamp_millis();
+    let key = Key::new(DEV_CLOCK_PK, DEV_CLOCK_SK);
+    let not_later = Cond::Or(vec![
+        Cond::AttrNotExists("now_ms".into()),
+        Cond::Cmp("now_ms".into(), crate::ports::CmpOp::Lt, ms.into()),
+    ]);
+    match table.update(&key, vec![crate::ports::Update::set("now_ms", ms)], not_later).await {
+        Ok(_) => Ok(()),
+        Err(e) if e.is_condition_failed() => Ok(()),
+        Err(e) => Err(e.into()),
     }
 }
 

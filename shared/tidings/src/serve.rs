@@ -142,6 +142,17 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     let backend = roles::acting_as(roles::STARTUP, Backend::open_for(&args.backend, clock, args.dev)).await?;
     let keys = roles::acting_as(roles::STARTUP, api_keys(&backend, &args)).await?;
+    if let Some(m) = &manual {
+        // The manual clock resumes where it stood on this data, before any worker reads it.
+        let table = backend.deps.table.as_ref();
+        match roles::acting_as(roles::STARTUP, tidings_core::dev::stored_manual_clock(table)).await? {
+            Some(stored) => {
+                m.set(stored);
+                info!(now = %stored, "manual clock resumed");
+            }
+            None => roles::acting_as(roles::STARTUP, tidings_core::dev::store_manual_clock(table, m.now())).await?,
+        }
+    }
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let hub = Arc::new(tidings_api::routes::live::LocalHub::default());

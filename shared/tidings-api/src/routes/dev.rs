@@ -156,7 +156,8 @@ struct Advance {
 /// Moves the manual clock forward and runs what fell due (`tidings serve --manual-clock` only).
 #[utoipa::path(post, path = "/dev/clock/advance", tag = "dev", security(("api_key" = [])), request_body = Advance,
     responses((status = 200, description = "The new now", body = ClockView),
-        (status = 409, description = "`not_manual_clock`: the server runs on the system clock", body = Problem, content_type = "application/problem+json")))]
+        (status = 409, description = "`not_manual_clock`: the server runs on the system clock", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "`clock_not_stored`: the store did not take the new time", body = Problem, content_type = "application/problem+json")))]
 async fn advance(_: DevAccess, State(s): State<AppState>, Body(a): Body<Advance>) -> ApiResult<Json<ClockView>> {
     let d = dev_of(&s)?;
     let Some(clock) = d.manual_clock() else {
@@ -170,6 +171,16 @@ async fn advance(_: DevAccess, State(s): State<AppState>, Body(a): Body<Advance>
             .into());
     }
     let now = clock.advance(chrono::Duration::seconds(a.seconds));
+    // Kept with the data before answering: a restart (even `kill -9`) resumes from here.
+    if let Err(e) = tidings_core::dev::store_manual_clock(s.deps.table.as_ref(), now).await {
+        tracing::error!(error = %e, "the manual clock's time was not stored");
+        return Err(Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "clock_not_stored",
+            "the clock moved but its time was not stored; advance again (0 seconds stores it)",
+        )
+        .into());
+    }
     d.clock_moved();
     Ok(Json(ClockView { now: now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true), manual: None }))
 }
