@@ -75,7 +75,7 @@ async fn certificate(s: &AppState, url: &str) -> ApiResult<String> {
 /// "replayed"}` and changes nothing.
 #[utoipa::path(post, path = "/v1/callbacks/{provider}", tag = "callbacks",
     params(("provider" = String, Path, description = "`ses` or `push`")),
-    request_body(content = SnsMessage, content_type = "text/plain", description = "An SNS message (SNS posts JSON as text/plain)"),
+    request_body(content = SnsMessage, content_type = "text/plain; charset=UTF-8", description = "An SNS message: SNS posts its JSON with this content type (the body is read as JSON whatever the content type says)"),
     responses((status = 200, description = "Applied, confirmed or ignored", body = Object),
         (status = 403, description = "A topic not in TIDINGS_SNS_TOPIC_ARNS (`topic_not_allowed`), or the signature does not verify (`invalid_signature`)", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "Unknown provider", body = Problem, content_type = "application/problem+json")))]

@@ -60,6 +60,14 @@ const PIXEL: &[u8] = &[
     0x02, 0x44, 0x01, 0x00, 0x3b,
 ];
 
+// The pixel's body in the OpenAPI document: binary, not a JSON array of integers, so a
+// generated client reads it as bytes.
+/// The image's bytes.
+#[derive(utoipa::ToSchema)]
+#[schema(value_type = String, format = Binary)]
+#[allow(dead_code)] // describes the answer's bytes to the document; PIXEL is what is sent
+struct Gif(Vec<u8>);
+
 fn verify(s: &AppState, kind: TokenKind, token: &str) -> ApiResult<Claims> {
     tracking::verify(&s.deps.config, kind, token, s.deps.clock.now().timestamp()).map_err(|e| {
         Problem::new(StatusCode::NOT_FOUND, "invalid_token", format!("this link is not valid: {e}")).into()
@@ -77,7 +85,7 @@ async fn record(s: &AppState, claims: &Claims) {
 
 /// The open pixel: always a 1×1 GIF; a valid token records an open.
 #[utoipa::path(get, path = "/t/o/{token}", tag = "tracking", params(("token" = String, Path, description = "A signed link token")),
-    responses((status = 200, description = "A 1×1 GIF", content_type = "image/gif", body = Vec<u8>)))]
+    responses((status = 200, description = "A 1×1 GIF", content_type = "image/gif", body = inline(Gif))))]
 async fn open(State(s): State<AppState>, PathParams(token): PathParams<String>) -> Response {
     // A bad token still gets the pixel (an image that fails shows a broken icon); it counts nothing.
     if let Ok(claims) = verify(&s, TokenKind::Open, &token) {
