@@ -60,6 +60,9 @@ fi
 echo "== schemathesis (the API fuzzed from its own /openapi.json: no 5xx, no schema violation)"
 bash infra/schemathesis.sh
 
+echo "== generated clients (Python and TypeScript, from openapi.json, end to end against tidings serve)"
+bash infra/clients.sh
+
 echo "== clippy"
 cargo clippy --locked --workspace --all-targets -- -D warnings
 
