@@ -53,7 +53,6 @@ if [ "${1:-}" = "generate" ]; then exit 0; fi
 echo "-- type-check (tsc --noEmit, strict) and compile the TypeScript end-to-end script"
 (cd "$TS_DIR" && npx --no-install tsc --noEmit -p . && npx --no-install tsc -p .) \
     || fail "tests/clients/typescript/e2e.ts does not type-check against the generated types"
-"$VENV/bin/python" -m py_compile "$PY_DIR/e2e.py"
 
 echo "-- tidings serve on $BASE (embedded backend, a fresh data dir)"
 work="$(mktemp -d)"
