@@ -9,6 +9,8 @@ mod campaign;
 mod console;
 mod contention;
 mod crash;
+mod dashboard;
+mod figures;
 mod inventory;
 mod isolation;
 mod lambda;
@@ -73,6 +75,8 @@ on_both_backends!(live as live_tests:
 );
 
 on_both_backends!(console as console_tests: console_shows_the_system_and_redrives);
+
+on_both_backends!(figures as figures_tests: a_backlog_shows_its_oldest_age_growing_then_falling_and_every_figure);
 
 on_both_backends!(sizes as sizes_tests:
     a_page_of_large_emails_is_delivered_in_full,

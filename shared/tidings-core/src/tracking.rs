@@ -347,6 +347,8 @@ mod tests {
             subject: Some("Sale".into()),
             body: r#"<a href="https://shop.example/sale">Sale</a>"#.into(),
             headers: Vec::new(),
+            accepted_ms: None,
+            priority: None,
         };
         let hosts = LinkHosts { hosts: vec!["shop.example".into()], ..LinkHosts::default() };
         decorate_email(&c, &mut task, 0, &hosts);
@@ -372,6 +374,8 @@ mod tests {
             subject: None,
             body: r#"<a href="https://shop.example/o/1">o</a> <a href="https://evil.example/x">x</a> <a href="https://shop.example@evil.example/">y</a>"#.into(),
             headers: Vec::new(),
+            accepted_ms: None,
+            priority: None,
         };
         let hosts = LinkHosts { hosts: vec!["shop.example".into()], ..LinkHosts::default() };
         decorate_email(&c, &mut task, 0, &hosts);

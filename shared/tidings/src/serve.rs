@@ -156,7 +156,19 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let hub = Arc::new(tidings_api::routes::live::LocalHub::default());
-    tidings_core::metrics::install();
+    // Every metric also to Prometheus, whose text `GET /metrics` renders (no listener of its own).
+    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let scrape = prometheus.handle();
+    tidings_core::metrics::install_with(Some(Box::new(prometheus)));
+    let render = scrape.clone();
+    tidings_core::metrics::set_exposition(Box::new(move || render.render()));
+    // The summaries' windows move on only when kept (an exporter's listener would do it).
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+            scrape.run_upkeep();
+        }
+    });
     let mut workers = crate::runtime::start(
         backend.deps.clone(),
         hub.clone(),

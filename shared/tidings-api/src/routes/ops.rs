@@ -10,13 +10,14 @@ use crate::problem::{ApiError, ApiResult, Problem};
 use crate::state::AppState;
 
 #[derive(utoipa::OpenApi)]
-#[openapi(paths(queues, redrive, metrics, verification))]
+#[openapi(paths(queues, redrive, metrics, prometheus, verification))]
 pub(super) struct Api;
 
 pub fn router() -> Router<AppState> {
     Router::new()
         .route("/v1/ops/queues", get(queues))
         .route("/v1/ops/metrics", get(metrics))
+        .route("/metrics", get(prometheus))
         .route("/v1/ops/verification", get(verification))
         .route("/v1/ops/dlq/{queue}/redrive", post(redrive))
 }
@@ -80,6 +81,23 @@ async fn metrics(State(s): State<AppState>, _op: Operator) -> ApiResult<Json<Val
         report.oldest_age_s.insert(name.clone(), stats.oldest_age_s as f64);
     }
     Ok(Json(json!(report)))
+}
+
+/// The same figures for a Prometheus scrape, in its text format: every metric of the process
+/// with its labels (histograms as summaries with their quantiles). Only `tidings serve` has it
+/// (404 on Lambda, where the figures are CloudWatch's). An operator key, like `metrics`: the
+/// figures are every tenant's (a scrape sends it as `authorization: Bearer <key>`).
+#[utoipa::path(get, path = "/metrics", tag = "ops", security(("operator_key" = [])),
+    responses((status = 200, description = "The Prometheus text exposition format", body = String, content_type = "text/plain; version=0.0.4",
+            example = "# TYPE tidings_provider_calls counter\ntidings_provider_calls{channel=\"email\",provider=\"fake-email\",result=\"ok\"} 12\n"),
+        (status = 401, description = "No key, or an unknown one", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "`operator_only`: a tenant's key", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "Not served here (a Lambda function)", body = Problem, content_type = "application/problem+json")))]
+async fn prometheus(_op: Operator) -> ApiResult<([(axum::http::header::HeaderName, &'static str); 1], String)> {
+    match tidings_core::metrics::exposition() {
+        Some(text) => Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)),
+        None => Err(Problem::not_found("a Prometheus endpoint in this process").into()),
+    }
 }
 
 #[derive(Debug, serde::Deserialize, utoipa::IntoParams)]

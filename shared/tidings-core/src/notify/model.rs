@@ -340,4 +340,22 @@ pub struct ChannelTask {
     pub body: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub headers: Vec<(String, String)>,
+    /// When its notification was accepted (ms since the epoch, the notification's
+    /// `created_ms`): the start of the accepted → provider latency.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accepted_ms: Option<i64>,
+    /// Its notification's priority (absent in tasks queued before it was carried: then the
+    /// category's default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<Priority>,
+}
+
+impl ChannelTask {
+    /// Its notification's priority.
+    pub fn priority(&self) -> Priority {
+        self.priority.unwrap_or(match self.category {
+            Category::Transactional => Priority::High,
+            Category::Marketing => Priority::Low,
+        })
+    }
 }

@@ -567,6 +567,8 @@ fn task_of(
         subject: rendered.subject,
         body: rendered.body,
         headers: Vec::new(),
+        accepted_ms: Some(n.created_ms),
+        priority: Some(n.priority),
     };
     if channel == Channel::Email {
         crate::tracking::decorate_email(&deps.config, &mut task, deps.clock.now().timestamp(), hosts);

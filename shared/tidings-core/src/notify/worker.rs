@@ -168,10 +168,20 @@ async fn call_provider(
     };
     crate::crash::point("worker.before_provider");
     // Push goes to every device of the user (`devices::send_to_devices`).
-    match tokio::time::timeout(deps.config.provider_timeout, crate::devices::send(deps, t, provider, &message)).await {
-        Ok(r) => r,
-        Err(_) => Err(ProviderError::transient("timeout")),
+    let result =
+        match tokio::time::timeout(deps.config.provider_timeout, crate::devices::send(deps, t, provider, &message))
+            .await
+        {
+            Ok(r) => r,
+            Err(_) => Err(ProviderError::transient("timeout")),
+        };
+    if result.is_ok()
+        && let Some(accepted_ms) = task.accepted_ms
+    {
+        let priority = task.priority().as_str();
+        crate::metrics::record_delivery_latency(task.channel.as_str(), priority, accepted_ms, deps.clock.now_ms());
     }
+    result
 }
 
 /// What a provider's answer makes of a claimed delivery.
