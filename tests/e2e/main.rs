@@ -21,6 +21,7 @@ mod platform;
 mod rates_shipped;
 mod receipts_shipped;
 mod relay_limits;
+mod resources;
 mod restock;
 mod safety;
 mod server;
@@ -28,9 +29,9 @@ mod shipped;
 mod sizes;
 mod sms_failover;
 mod sms_shipped;
+mod webhooks;
 
 /// Declares each test once per backend: `on_both_backends!(module as module_tests: test, ...)`
-mod webhooks;
 /// makes `module_tests::embedded::test` and `module_tests::aws::test` from `module::test`.
 macro_rules! on_both_backends {
     ($group:ident as $tests:ident: $($name:ident),* $(,)?) => {
@@ -54,6 +55,8 @@ macro_rules! on_both_backends {
         }
     };
 }
+
+on_both_backends!(resources as resources_tests: lists_erase_and_preview);
 
 on_both_backends!(notify as notify_tests:
     two_users_on_email_and_sms_get_exactly_four_sends,
@@ -159,11 +162,6 @@ async fn end_user_messaging_as_the_sms_primary_through_the_function_binaries() -
     sms_shipped::end_user_messaging_as_the_primary_through_the_function_binaries().await
 }
 
-on_both_backends!(contention as contention_tests:
-    concurrent_otp_accepts_on_one_template_are_all_accepted,
-    concurrent_otps_against_the_limits_get_exactly_the_limit_through,
-);
-
 on_both_backends!(webhooks as webhooks_tests:
     subscribed_events_arrive_once_signed_and_only_to_their_subscribers,
     a_failing_receiver_is_retried_dead_lettered_and_redriven_once,
@@ -174,6 +172,11 @@ on_both_backends!(webhooks as webhooks_tests:
 async fn a_webhook_through_the_function_binaries() -> anyhow::Result<()> {
     webhooks::a_webhook_through_the_function_binaries().await
 }
+
+on_both_backends!(contention as contention_tests:
+    concurrent_otp_accepts_on_one_template_are_all_accepted,
+    concurrent_otps_against_the_limits_get_exactly_the_limit_through,
+);
 
 /// A page of ten 110 KB emails through the function binaries is delivered in full.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
