@@ -20,7 +20,7 @@ use crate::templates::{self, LocaleContent, Template, TemplateError};
 pub struct PreviewRequest {
     /// The notification's `params`.
     #[serde(default = "empty_object")]
-    #[schema(example = json!({"order_id": "123"}))]
+    #[schema(value_type = Object, example = json!({"order_id": "123"}))]
     pub params: Value,
     /// The reader's locale: one of the template's, exactly or by its language (`zh` finds
     /// `zh-CN`); a channel that locale has no content for falls back to the default locale, as
@@ -35,7 +35,7 @@ pub struct PreviewRequest {
     /// The `user_id` placeholder, which a send fills with the recipient's id (default
     /// `preview`).
     #[serde(default)]
-    #[schema(example = "u1")]
+    #[schema(example = "u1", min_length = 1, max_length = 128, pattern = "^[A-Za-z0-9._:@+-]+$")]
     pub user_id: Option<String>,
 }
 
