@@ -160,7 +160,7 @@ const VIEW_CONCURRENCY: usize = 16;
 /// is at or after `since` exactly when `m >= ceil_ms(since)`.
 fn ceil_ms(at: DateTime<Utc>) -> i64 {
     let ms = at.timestamp_millis();
-    if at.timestamp_subsec_nanos() % 1_000_000 == 0 { ms } else { ms + 1 }
+    if at.timestamp_subsec_nanos().is_multiple_of(1_000_000) { ms } else { ms + 1 }
 }
 
 /// One page of the tenant's notifications, newest first. The time range is the query's key
