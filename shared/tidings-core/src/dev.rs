@@ -39,7 +39,15 @@ pub struct FaultConfig {
     /// Fail only the next n sends, then behave as `ok`. Absent: fail every send.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fail_first_n: Option<u32>,
+    /// A slow provider: every send waits this long before it is answered (in any mode), at
+    /// most 60 000 ms. The provider timeout still applies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(maximum = 60000, example = 1500)]
+    pub delay_ms: Option<u64>,
 }
+
+/// The longest [`FaultConfig::delay_ms`].
+pub const MAX_DELAY_MS: u64 = 60_000;
 
 /// One accepted send, as `GET /dev/deliveries` lists it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -144,6 +152,12 @@ impl DevProvider {
         self.state.lock().unwrap_or_else(|p| p.into_inner()).config.clone()
     }
 
+    /// How long a send waits before it is answered.
+    fn delay(&self) -> Option<Duration> {
+        let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.config.delay_ms.filter(|&ms| ms > 0).map(|ms| Duration::from_millis(ms.min(MAX_DELAY_MS)))
+    }
+
     /// The fault to inject for this send, if any.
     fn next_fault(&self) -> Option<(FaultMode, Option<u64>)> {
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -186,6 +200,9 @@ impl Provider for DevProvider {
                 reason: "the push service answered 410 Unregistered".into(),
                 code: PermanentCode::InvalidToken,
             });
+        }
+        if let Some(delay) = self.delay() {
+            tokio::time::sleep(delay).await;
         }
         if let Some((mode, retry_after_s)) = self.next_fault() {
             return Err(match mode {

@@ -4,6 +4,7 @@
 
 pub mod abuse;
 pub mod crash;
+pub mod dead_letters;
 pub mod deps;
 pub mod dev;
 pub mod devices;

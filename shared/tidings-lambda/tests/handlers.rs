@@ -100,7 +100,12 @@ async fn sqs_batch_sends_and_rejects_malformed_messages_to_the_dlq() {
 async fn sqs_batch_reports_transient_failures_as_batch_item_failures() {
     let f = fixture();
     pending_delivery(&f).await;
-    f.email.configure(FaultConfig { mode: FaultMode::Fail5xx, retry_after_s: None, fail_first_n: None });
+    f.email.configure(FaultConfig {
+        mode: FaultMode::Fail5xx,
+        retry_after_s: None,
+        fail_first_n: None,
+        delay_ms: None,
+    });
     let mut event: SqsEvent = load("sqs-channel-tasks.json");
     event.records.truncate(1);
     let response = tidings_lambda::handle_sqs_batch(&f.deps, "tidings-", event.clone()).await;

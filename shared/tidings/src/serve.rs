@@ -44,6 +44,31 @@ impl DevControl for Dev {
     }
 }
 
+/// The console's link. The keys ride in the URL's fragment, which a browser never sends (so
+/// no server or proxy logs them); the page moves them to its session storage and takes them
+/// off the address bar. Without a printed operator key (keys from the environment) the link
+/// has none and the page asks for it. A wildcard address is opened on loopback.
+fn console_url(addr: std::net::SocketAddr, operator: Option<&str>, tenant: Option<&str>) -> String {
+    let mut addr = addr;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(if addr.is_ipv4() {
+            std::net::Ipv4Addr::LOCALHOST.into()
+        } else {
+            std::net::Ipv6Addr::LOCALHOST.into()
+        });
+    }
+    // Generated keys are URL-safe base64; a key that is not is left out rather than mangled.
+    let url_safe = |k: &&str| k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    let mut fragment = Vec::new();
+    if let Some(key) = operator.filter(url_safe) {
+        fragment.push(format!("key={key}"));
+        if let Some(tenant) = tenant.filter(url_safe) {
+            fragment.push(format!("tenant_key={tenant}"));
+        }
+    }
+    if fragment.is_empty() { format!("http://{addr}/") } else { format!("http://{addr}/#{}", fragment.join("&")) }
+}
+
 /// The keys a local run prints.
 struct LocalKeys {
     tenant: Option<String>,
@@ -197,6 +222,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let limits = Arc::new(ApiLimits::new(rates, store));
     let listener = tokio::net::TcpListener::bind(args.addr).await.with_context(|| format!("binding {}", args.addr))?;
     let addr = listener.local_addr()?;
+    let console = console_url(addr, keys.operator.as_deref(), keys.tenant.as_deref());
     println!("Tidings is listening on http://{addr} (backend: {:?})", args.backend.backend);
     if let Some(key) = keys.tenant {
         println!("API key for tenant demo: {key}");
@@ -205,6 +231,10 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(key) = keys.operator {
         println!("Operator key (the console, /v1/ops, /v1/admin): {key}");
         println!("  try: curl -H 'Authorization: Bearer {key}' http://{addr}/v1/ops/queues");
+    }
+    // The console is served with the `/dev` routes.
+    if state.dev.is_some() {
+        println!("Console: {console}");
     }
     info!(%addr, "serving");
     // Every request is the API function's (the WebSocket route says it is `ws-connections`).
@@ -219,4 +249,23 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let _ = stop_tx.send(true);
     workers.shutdown().await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::console_url;
+
+    /// The link `serve` prints: keys in the fragment only (never the path or query, which reach
+    /// the server), loopback for a wildcard address, no key that would need escaping.
+    #[test]
+    fn the_console_link_carries_the_keys_in_its_fragment() {
+        let at = |a: &str| a.parse::<std::net::SocketAddr>().unwrap_or_else(|e| panic!("{a}: {e}"));
+        assert_eq!(
+            console_url(at("127.0.0.1:8080"), Some("tk_op-1"), Some("tk_demo_2")),
+            "http://127.0.0.1:8080/#key=tk_op-1&tenant_key=tk_demo_2"
+        );
+        assert_eq!(console_url(at("0.0.0.0:8080"), Some("tk_op"), None), "http://127.0.0.1:8080/#key=tk_op");
+        assert_eq!(console_url(at("[::]:8080"), None, Some("tk_demo")), "http://[::1]:8080/", "no operator key: none");
+        assert_eq!(console_url(at("127.0.0.1:1"), Some("a&b=c"), Some("tk")), "http://127.0.0.1:1/");
+    }
 }

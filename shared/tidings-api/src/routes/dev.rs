@@ -23,19 +23,11 @@ pub(super) struct Api;
 
 pub fn router() -> Router<AppState> {
     Router::new()
-        .route("/", get(console))
         .route("/dev/deliveries", get(deliveries))
         .route("/dev/providers/{channel}", put(configure_provider).get(provider_config))
         .route("/dev/clock", get(clock))
         .route("/dev/clock/advance", post(advance))
         .route("/dev/schedules/{name}/run", post(run_schedule))
-}
-
-/// The local console: queues and DLQs (with a redrive button), recent deliveries, a user's
-/// inbox, campaign progress, stock and restock notices, refreshed every two seconds. A static
-/// page calling the API with the key the user types (kept in the browser's local storage).
-async fn console() -> axum::response::Html<&'static str> {
-    axum::response::Html(include_str!("../console.html"))
 }
 
 fn dev_of(s: &AppState) -> ApiResult<&dyn DevControl> {
@@ -99,7 +91,8 @@ async fn deliveries(
 
 /// Makes a local fake provider fail, throttle or time out (`tidings serve` only).
 #[utoipa::path(put, path = "/dev/providers/{channel}", tag = "dev", security(("api_key" = [])), params(("channel" = String, Path, description = "email, sms or push")), request_body = FaultConfig,
-    responses((status = 200, description = "The provider's behaviour now", body = FaultConfig)))]
+    responses((status = 200, description = "The provider's behaviour now", body = FaultConfig),
+        (status = 422, description = "`invalid_field`: a bad `channel`, or `delay_ms` over 60000", body = Problem, content_type = "application/problem+json")))]
 async fn configure_provider(
     _: DevAccess,
     State(s): State<AppState>,
@@ -107,6 +100,11 @@ async fn configure_provider(
     Body(config): Body<FaultConfig>,
 ) -> ApiResult<Json<FaultConfig>> {
     let channel = channel_of(&name)?;
+    if config.delay_ms.is_some_and(|ms| ms > dev::MAX_DELAY_MS) {
+        return Err(Problem::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_field", "delay_ms is at most 60000")
+            .with_field("delay_ms")
+            .into());
+    }
     let d = dev_of(&s)?;
     let p = d.providers().get(channel).ok_or_else(|| Problem::not_found("provider"))?;
     p.configure(config);

@@ -9,6 +9,7 @@ use crate::state::AppState;
 
 mod admin;
 mod callbacks;
+mod console;
 mod dev;
 mod devices;
 mod inbox;
@@ -22,8 +23,8 @@ mod restock;
 mod templates;
 mod tracking;
 mod users;
-
 mod webhooks;
+
 /// The whole API, without rate limits (tests that call the router directly).
 pub fn app(state: AppState) -> Router {
     app_with_limits(state, std::sync::Arc::new(tidings_core::gates::api::ApiLimits::off()))
@@ -49,7 +50,7 @@ pub fn app_with_limits(state: AppState, limits: std::sync::Arc<tidings_core::gat
         .merge(admin::router())
         .merge(webhooks::router());
     if state.dev.is_some() {
-        router = router.merge(dev::router());
+        router = router.merge(dev::router()).merge(console::router());
     }
     router
         .fallback(|| async { Problem::new(StatusCode::NOT_FOUND, "no_route", "no such route") })
