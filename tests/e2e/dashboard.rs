@@ -18,8 +18,11 @@ struct Line {
     dimensions: Vec<(String, String)>,
 }
 
-/// The dashboard's body (its `${..}` left as written) and its lines by widget title.
-fn dashboard(t: &Value) -> anyhow::Result<(String, Vec<(String, Vec<Line>)>)> {
+/// A widget's title and lines.
+type Widget = (String, Vec<Line>);
+
+/// The dashboard's body (its `${..}` left as written) and its widgets.
+fn dashboard(t: &Value) -> anyhow::Result<(String, Vec<Widget>)> {
     let resources = t["Resources"].as_object().into_iter().flatten();
     let dashboards: Vec<&Value> =
         resources.filter(|(_, r)| r["Type"] == "AWS::CloudWatch::Dashboard").map(|(_, r)| r).collect();
@@ -52,7 +55,7 @@ fn dashboard(t: &Value) -> anyhow::Result<(String, Vec<(String, Vec<Line>)>)> {
 }
 
 /// Whether some widget has a line of `namespace`/`metric` with the dimension `name` = `value`.
-fn shows(widgets: &[(String, Vec<Line>)], namespace: &str, metric: &str, name: &str, value: &str) -> bool {
+fn shows(widgets: &[Widget], namespace: &str, metric: &str, name: &str, value: &str) -> bool {
     widgets.iter().flat_map(|(_, lines)| lines).any(|l| {
         l.namespace == namespace && l.metric == metric && l.dimensions.iter().any(|(n, v)| n == name && v == value)
     })
