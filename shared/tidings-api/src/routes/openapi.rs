@@ -44,8 +44,8 @@ async fn healthz() -> &'static str {
     "ok"
 }
 
-/// The whole document: every route module's paths.
-pub fn document() -> Document {
+/// The whole document: every route module's paths, as JSON (what `GET /openapi.json` serves).
+pub fn document() -> serde_json::Value {
     let mut doc = ApiDoc::openapi();
     for part in [
         super::users::Api::openapi(),
@@ -67,7 +67,202 @@ pub fn document() -> Document {
         doc.merge(part);
     }
     Conventions.modify(&mut doc);
-    doc
+    exact(doc)
+}
+
+/// An id a client gives (`tidings_core::ids::check_id`): 1 to 128 of `[A-Za-z0-9._:@+-]`.
+fn id_schema() -> serde_json::Value {
+    serde_json::json!({"type": "string", "minLength": 1, "maxLength": 128, "pattern": "^[A-Za-z0-9._:@+-]+$"})
+}
+
+/// Path parameters checked as ids, by name.
+const ID_PATH_PARAMS: [&str; 7] =
+    ["user_id", "template_id", "sku_id", "order_id", "subscription_id", "id", "message_id"];
+
+/// Body properties checked as ids: `(schema, property)`; a property of type array has id items.
+const ID_PROPERTIES: [(&str, &str); 14] = [
+    ("DeviceInput", "user_id"),
+    ("AdjustmentRequest", "idempotency_key"),
+    ("OrderRequest", "order_id"),
+    ("OrderRequest", "user_id"),
+    ("OrderRequest", "category"),
+    ("WarmUpRequest", "category"),
+    ("OrderLine", "sku_id"),
+    ("SubscriptionRequest", "user_id"),
+    ("SubscriptionRequest", "sku_id"),
+    ("SubscriptionRequest", "spu_id"),
+    ("ResendRequest", "batch_no"),
+    ("NotificationRequest", "template_id"),
+    ("Recipients", "segment"),
+    ("Recipients", "user_ids"),
+];
+
+/// What the server enforces beyond the types utoipa derives, stated where it applies (the
+/// rules live in `tidings-core`; the tests below check a few of them against the server):
+/// ids' patterns and lengths, `limit` ranges, push tokens, HH:MM times, shard counts.
+fn exact(doc: Document) -> serde_json::Value {
+    let mut v = serde_json::to_value(&doc).unwrap_or_default();
+    constrain(&mut v);
+    link(&mut v);
+    v
+}
+
+/// The chains a client follows (and schemathesis' stateful phase with it): `(from path, from
+/// method, statuses, link name, to operationId, to's parameters as runtime expressions)`.
+type Link = (
+    &'static str,
+    &'static str,
+    &'static [&'static str],
+    &'static str,
+    &'static str,
+    &'static [(&'static str, &'static str)],
+);
+
+const USER: &[(&str, &str)] = &[("user_id", "$request.path.user_id")];
+const NOTIFICATION: &[(&str, &str)] = &[("id", "$response.body#/notification_id")];
+const TEMPLATE: &[(&str, &str)] = &[("template_id", "$request.path.template_id")];
+const ORDER: &[(&str, &str)] = &[("order_id", "$response.body#/order_id")];
+const SUBSCRIPTION: &[(&str, &str)] = &[("subscription_id", "$response.body#/subscription_id")];
+
+const LINKS: &[Link] = &[
+    ("/v1/users/{user_id}", "put", &["200"], "GetUser", "users_get_user", USER),
+    ("/v1/users/{user_id}", "put", &["200"], "GetPreferences", "preferences_get_preferences", USER),
+    ("/v1/users/{user_id}", "put", &["200"], "PutPreferences", "preferences_put_preferences", USER),
+    ("/v1/users/{user_id}", "put", &["200"], "ListInbox", "inbox_list", USER),
+    ("/v1/users/{user_id}", "put", &["200"], "ListDevices", "devices_list_devices", USER),
+    ("/v1/users/{user_id}", "put", &["200"], "ListStockSubscriptions", "restock_list_for_user", USER),
+    ("/v1/users/{user_id}", "put", &["200"], "EraseUser", "users_erase_user", USER),
+    ("/v1/notifications", "post", &["202"], "GetNotification", "notifications_show", NOTIFICATION),
+    ("/v1/notifications", "post", &["202"], "ListDeliveries", "notifications_deliveries", NOTIFICATION),
+    ("/v1/notifications", "post", &["202"], "CancelNotification", "notifications_cancel", NOTIFICATION),
+    (
+        "/v1/notifications/{id}",
+        "get",
+        &["200"],
+        "ListDeliveries",
+        "notifications_deliveries",
+        &[("id", "$request.path.id")],
+    ),
+    ("/v1/templates/{template_id}", "put", &["200"], "GetTemplate", "templates_get_template", TEMPLATE),
+    ("/v1/templates/{template_id}", "put", &["200"], "PreviewTemplate", "templates_preview_template", TEMPLATE),
+    ("/v1/orders", "post", &["200", "201"], "GetOrder", "inventory_show_order", ORDER),
+    ("/v1/orders", "post", &["200", "201"], "PayOrder", "inventory_pay", ORDER),
+    ("/v1/orders", "post", &["200", "201"], "CancelOrder", "inventory_cancel", ORDER),
+    ("/v1/stock-subscriptions", "post", &["200", "201"], "CancelSubscription", "restock_cancel", SUBSCRIPTION),
+    (
+        "/v1/inventory/{sku_id}",
+        "put",
+        &["200"],
+        "GetStock",
+        "inventory_show_stock",
+        &[("sku_id", "$request.path.sku_id")],
+    ),
+    ("/v1/inventory/{sku_id}", "put", &["200"], "GetLedger", "inventory_ledger", &[("sku_id", "$request.path.sku_id")]),
+];
+
+/// A user written with `PUT /v1/users/{user_id}` is the recipient of a notification: the link
+/// carries the body, with the user's id in it.
+fn link(v: &mut serde_json::Value) {
+    use serde_json::{Value, json};
+    let ids: std::collections::BTreeSet<String> = v["paths"]
+        .as_object()
+        .into_iter()
+        .flat_map(|p| p.values())
+        .filter_map(Value::as_object)
+        .flat_map(|item| item.values())
+        .filter_map(|op| op["operationId"].as_str().map(str::to_owned))
+        .collect();
+    for (path, method, statuses, name, to, params) in LINKS {
+        if !ids.contains(*to) {
+            continue;
+        }
+        let parameters: serde_json::Map<String, Value> =
+            params.iter().map(|(k, e)| ((*k).to_owned(), Value::from(*e))).collect();
+        for status in *statuses {
+            let pointer = format!("/paths/{}/{method}/responses/{status}", path.replace('~', "~0").replace('/', "~1"));
+            if let Some(response) = v.pointer_mut(&pointer).and_then(Value::as_object_mut) {
+                let links = response.entry("links").or_insert_with(|| json!({}));
+                links[*name] = json!({"operationId": to, "parameters": parameters});
+            }
+        }
+    }
+    let send = json!({
+        "operationId": "notifications_create",
+        "requestBody": {
+            "recipients": {"user_ids": ["$request.path.user_id"]},
+            "template_id": "welcome",
+            "category": "transactional",
+            "channels": ["inapp"]
+        }
+    });
+    if ids.contains("notifications_create")
+        && let Some(response) =
+            v.pointer_mut("/paths/~1v1~1users~1{user_id}/put/responses/200").and_then(Value::as_object_mut)
+    {
+        let links = response.entry("links").or_insert_with(|| json!({}));
+        links["SendToUser"] = send;
+    }
+}
+
+fn constrain(v: &mut serde_json::Value) {
+    use serde_json::{Value, json};
+    if let Some(paths) = v.get_mut("paths").and_then(Value::as_object_mut) {
+        for (path, item) in paths.iter_mut() {
+            let Some(item) = item.as_object_mut() else { continue };
+            for op in item.values_mut() {
+                let Some(params) = op.get_mut("parameters").and_then(Value::as_array_mut) else { continue };
+                for param in params {
+                    let name = param["name"].as_str().unwrap_or_default().to_owned();
+                    let place = param["in"].as_str().unwrap_or_default().to_owned();
+                    let schema = match (place.as_str(), name.as_str()) {
+                        ("path", n) if ID_PATH_PARAMS.contains(&n) => id_schema(),
+                        ("path", "token") if path.starts_with("/v1/devices/") => {
+                            json!({"type": "string", "minLength": 1, "maxLength": 4096, "pattern": "^[^\\s\\x00-\\x1f\\x7f-\\x9f]+$"})
+                        }
+                        ("query", "limit") => {
+                            json!({"type": "integer", "minimum": 1, "maximum": 500, "default": 50})
+                        }
+                        _ => continue,
+                    };
+                    param["schema"] = schema;
+                }
+            }
+        }
+    }
+    let Some(schemas) = v.pointer_mut("/components/schemas").and_then(Value::as_object_mut) else { return };
+    for (schema, property) in ID_PROPERTIES {
+        let Some(prop) = schemas.get_mut(schema).and_then(|s| s.pointer_mut(&format!("/properties/{property}"))) else {
+            continue;
+        };
+        let nullable = prop["type"].as_array().is_some_and(|t| t.iter().any(|t| t == "null"));
+        let is_array =
+            prop["type"] == "array" || prop["type"].as_array().is_some_and(|t| t.iter().any(|t| t == "array"));
+        if is_array {
+            prop["items"] = id_schema();
+        } else {
+            let description = prop.get("description").cloned();
+            *prop = id_schema();
+            if nullable {
+                prop["type"] = json!(["string", "null"]);
+            }
+            if let Some(d) = description {
+                prop["description"] = d;
+            }
+        }
+    }
+    if let Some(prop) = schemas.get_mut("DeviceInput").and_then(|s| s.pointer_mut("/properties/token")) {
+        *prop =
+            json!({"type": "string", "minLength": 1, "maxLength": 4096, "pattern": "^[^\\s\\x00-\\x1f\\x7f-\\x9f]+$"});
+    }
+    if let Some(q) = schemas.get_mut("QuietHours").and_then(|s| s.get_mut("properties")) {
+        for end in ["start", "end"] {
+            q[end] = json!({"type": "string", "pattern": "^([01][0-9]|2[0-3]):[0-5][0-9]$", "example": if end == "start" { "22:00" } else { "08:00" }});
+        }
+    }
+    if let Some(shards) = schemas.get_mut("WarmUpRequest").and_then(|s| s.pointer_mut("/properties/shards")) {
+        shards["minimum"] = json!(1);
+        shards["maximum"] = json!(tidings_core::inventory::MAX_SHARDS);
+    }
 }
 
 /// The document as `tidings openapi` prints it and the committed `openapi.json` holds it.
