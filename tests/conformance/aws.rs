@@ -281,6 +281,7 @@ async fn aws_providers_send_and_classify() {
         to: to.into(),
         subject: Some("Back in stock".into()),
         body: "It is back".into(),
+        html: None,
         headers: vec![("List-Unsubscribe".into(), "<https://example.test/u>".into())],
         idempotency_key: "n1:u1".into(),
         marketing: false,

@@ -10,6 +10,7 @@ mod console;
 mod contention;
 mod crash;
 mod dashboard;
+mod email_parts;
 mod figures;
 mod inventory;
 mod isolation;
@@ -80,6 +81,10 @@ on_both_backends!(live as live_tests:
 on_both_backends!(console as console_tests: console_shows_the_system_and_redrives);
 
 on_both_backends!(figures as figures_tests: a_backlog_shows_its_oldest_age_growing_then_falling_and_every_figure);
+
+on_both_backends!(email_parts as email_parts_tests:
+    an_email_has_a_text_part_without_markup_and_an_html_part_with_the_pixel,
+);
 
 on_both_backends!(sizes as sizes_tests:
     a_page_of_large_emails_is_delivered_in_full,

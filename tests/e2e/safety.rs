@@ -212,7 +212,7 @@ pub async fn clicks_redirect_only_to_the_shops_hosts(backend: Backend) -> anyhow
     )
     .await?;
     let sent = s.eventually(WAIT, "the email", || async { Ok(s.sends(&id).await?.into_iter().next()) }).await?;
-    let body = sent["body"].as_str().unwrap_or_default().to_owned();
+    let body = sent["html"].as_str().unwrap_or_default().to_owned();
     assert_eq!(body.matches("/t/c/").count(), 1, "{body}");
     assert!(body.contains("href=\"https://reviews.example/s1\""), "left as written: {body}");
     let click = body.split("/t/c/").nth(1).unwrap().split('"').next().unwrap().to_owned();

@@ -278,6 +278,7 @@ fn message(channel: Channel, to: &str) -> OutboundMessage {
         to: to.into(),
         subject: Some("Back in stock".into()),
         body: "It is back".into(),
+        html: None,
         headers: vec![("List-Unsubscribe".into(), "<https://x/u>".into())],
         idempotency_key: "n1:u1:email".into(),
         marketing: false,
@@ -576,4 +577,39 @@ async fn ses_names_its_configuration_set() {
     let ses =
         SesEmail::new(client!(aws_sdk_sesv2, [&unnamed]), "from@x.test").with_configuration_set(Some(String::new()));
     assert_eq!(ses.send(&message(Channel::Email, "ok@x.test")).await.unwrap().provider_message_id, "m-none");
+}
+
+/// An email's two parts go as one `Simple` message with a `Text` and an `Html` body, both UTF-8;
+/// a message without an HTML part (a task queued before emails had one) goes as text alone.
+#[tokio::test]
+async fn ses_sends_the_text_and_the_html_part() {
+    use aws_sdk_sesv2::operation::send_email::{SendEmailInput, SendEmailOutput};
+    fn parts(r: &SendEmailInput) -> (Option<(&str, Option<&str>)>, Option<(&str, Option<&str>)>) {
+        let body = r.content().and_then(|c| c.simple()).and_then(|s| s.body());
+        fn part(c: Option<&aws_sdk_sesv2::types::Content>) -> Option<(&str, Option<&str>)> {
+            c.map(|c| (c.data(), c.charset()))
+        }
+        (part(body.and_then(|b| b.text())), part(body.and_then(|b| b.html())))
+    }
+    let to = |r: &SendEmailInput, a: &str| r.destination().map(|d| d.to_addresses()) == Some(&[a.to_string()][..]);
+    let both = mock!(aws_sdk_sesv2::Client::send_email)
+        .match_requests(move |r| {
+            to(r, "both@x.test")
+                && parts(r)
+                    == (
+                        Some(("Back: https://shop.example/t/c/tok", Some("UTF-8"))),
+                        Some(("<p>Back</p><img src=\"https://shop.example/t/o/tok\">", Some("UTF-8"))),
+                    )
+        })
+        .then_output(|| SendEmailOutput::builder().message_id("m-both").build());
+    let text = mock!(aws_sdk_sesv2::Client::send_email)
+        .match_requests(move |r| to(r, "text@x.test") && parts(r) == (Some(("It is back", Some("UTF-8"))), None))
+        .then_output(|| SendEmailOutput::builder().message_id("m-text").build());
+    let ses = SesEmail::new(client!(aws_sdk_sesv2, [&both, &text]), "from@x.test");
+    let mut m = message(Channel::Email, "both@x.test");
+    m.body = "Back: https://shop.example/t/c/tok".into();
+    m.html = Some("<p>Back</p><img src=\"https://shop.example/t/o/tok\">".into());
+    assert_eq!(ses.send(&m).await.unwrap().provider_message_id, "m-both");
+    assert_eq!(ses.send(&message(Channel::Email, "text@x.test")).await.unwrap().provider_message_id, "m-text");
+    assert_eq!((both.num_calls(), text.num_calls()), (1, 1));
 }

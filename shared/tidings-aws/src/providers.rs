@@ -97,7 +97,8 @@ fn build_error(e: impl std::fmt::Display) -> ProviderError {
     permanent(format!("message could not be built: {e}"), PermanentCode::Rejected)
 }
 
-/// Email through SES v2 `SendEmail` (simple content: subject, text body, extra headers).
+/// Email through SES v2 `SendEmail` (simple content: subject, the text part and the HTML part,
+/// extra headers).
 #[derive(Clone, Debug)]
 pub struct SesEmail {
     client: aws_sdk_sesv2::Client,
@@ -133,11 +134,10 @@ impl Provider for SesEmail {
             .collect::<Result<Vec<_>, _>>()?;
         let simple = Message::builder()
             .subject(utf8(message.subject.as_deref().unwrap_or_default())?)
-            // Bodies with markup (links, the open pixel) go as HTML too; text stays for plain readers.
-            .body(if message.body.contains('<') {
-                Body::builder().text(utf8(&message.body)?).html(utf8(&message.body)?).build()
-            } else {
-                Body::builder().text(utf8(&message.body)?).build()
+            // Both parts (README, "Email parts"): readers show the HTML, or the text without it.
+            .body(match &message.html {
+                Some(html) => Body::builder().text(utf8(&message.body)?).html(utf8(html)?).build(),
+                None => Body::builder().text(utf8(&message.body)?).build(),
             })
             .set_headers(if headers.is_empty() { None } else { Some(headers) })
             .build();

@@ -139,6 +139,7 @@ mod tests {
             to: to.into(),
             subject: None,
             body: "Your code is 123456".into(),
+            html: None,
             headers: vec![],
             idempotency_key: "n1:u1:sms".into(),
             marketing,

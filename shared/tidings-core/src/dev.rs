@@ -58,7 +58,11 @@ pub struct RecordedSend {
     pub to: String,
     #[serde(default)]
     pub subject: Option<String>,
+    /// The message; for an email, its text part.
     pub body: String,
+    /// An email's HTML part (absent on the other channels).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub html: Option<String>,
     pub notification_id: String,
     pub attempt: u32,
     pub at: String,
@@ -231,6 +235,7 @@ impl Provider for DevProvider {
             to: message.to.clone(),
             subject: message.subject.clone(),
             body: message.body.clone(),
+            html: message.html.clone(),
             notification_id: message.notification_id.clone(),
             attempt: message.attempt,
             at: now.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),

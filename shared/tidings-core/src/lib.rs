@@ -8,6 +8,7 @@ pub mod dead_letters;
 pub mod deps;
 pub mod dev;
 pub mod devices;
+pub mod email;
 pub mod erasure;
 pub mod error;
 pub mod gates;

@@ -1,8 +1,13 @@
 //! Templates: per-locale content for each channel, rendered with minijinja.
 //!
 //! Placeholders are `{{ name }}`. An undefined placeholder is an error (strict mode): the send
-//! fails permanently with `template_error` instead of going out with a hole in it. Email bodies
-//! are HTML-escaped.
+//! fails permanently with `template_error` instead of going out with a hole in it.
+//!
+//! An email has a text part, `email_body`, and an HTML part, `email_html` (README, "Email
+//! parts"); either may be left out and is then derived from the other ([`crate::email`]). Only
+//! the HTML part escapes placeholders as HTML; the text part takes them as they are. An
+//! `email_body` written as HTML (with tags) and no `email_html` is the HTML part: templates
+//! written before there was an `email_html` kept their markup there.
 //!
 //! Templates are tenant code running in workers that every tenant shares, so rendering is
 //! bounded (README, "Template limits"): fuel per render, a recursion limit, a size cap on each
@@ -37,8 +42,23 @@ use crate::ports::{Channel, Cond, Item, attrs_of};
 pub struct LocaleContent {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub email_subject: Option<String>,
+    /// The email's text part (plain text, placeholders not escaped); HTML is derived from it when
+    /// `email_html` is absent. Written as HTML (with tags) and without `email_html`, it is taken
+    /// as the HTML part instead and the text is derived (templates made before `email_html`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(
+        max_length = 131072,
+        example = "Hi {{ name }},\n\nyour order {{ order_id }} is on its way: https://shop.example/o/{{ order_id }}"
+    )]
     pub email_body: Option<String>,
+    /// The email's HTML part (placeholders HTML-escaped); the text part is derived from it when
+    /// `email_body` is absent. With both given, `email_body` must be plain text (no tags).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(
+        max_length = 131072,
+        example = "<p>Hi {{ name }},</p><p>your order <a href=\"https://shop.example/o/{{ order_id }}\">{{ order_id }}</a> is on its way.</p>"
+    )]
+    pub email_html: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sms: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -66,7 +86,11 @@ pub struct Template {
 pub struct Rendered {
     /// Email subject, push title or in-app title.
     pub subject: Option<String>,
+    /// The message; for an email, its text part.
     pub body: String,
+    /// An email's HTML part (always there for an email, written or derived); `None` otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub html: Option<String>,
     pub locale: String,
 }
 
@@ -119,6 +143,7 @@ pub const PUSH_MAX_BYTES: usize = 3_500;
 pub enum Field {
     EmailSubject,
     EmailBody,
+    EmailHtml,
     Sms,
     PushTitle,
     PushBody,
@@ -127,9 +152,10 @@ pub enum Field {
 }
 
 impl Field {
-    pub const ALL: [Field; 7] = [
+    pub const ALL: [Field; 8] = [
         Field::EmailSubject,
         Field::EmailBody,
+        Field::EmailHtml,
         Field::Sms,
         Field::PushTitle,
         Field::PushBody,
@@ -141,6 +167,7 @@ impl Field {
         match self {
             Field::EmailSubject => "email_subject",
             Field::EmailBody => "email_body",
+            Field::EmailHtml => "email_html",
             Field::Sms => "sms",
             Field::PushTitle => "push_title",
             Field::PushBody => "push_body",
@@ -152,7 +179,7 @@ impl Field {
     /// The largest source, in bytes.
     pub fn max_source(self) -> usize {
         match self {
-            Field::EmailBody => 128 * 1024,
+            Field::EmailBody | Field::EmailHtml => 128 * 1024,
             Field::InappBody => 16 * 1024,
             Field::Sms | Field::PushBody => 4 * 1024,
             Field::EmailSubject | Field::PushTitle | Field::InappTitle => 1024,
@@ -163,7 +190,7 @@ impl Field {
     /// title and body together to [`PUSH_MAX_BYTES`]).
     pub fn max_rendered(self) -> usize {
         match self {
-            Field::EmailBody => 256 * 1024,
+            Field::EmailBody | Field::EmailHtml => 256 * 1024,
             // A header line is at most 998 characters (RFC 5322).
             Field::EmailSubject => 998,
             Field::Sms => 4 * 1024,
@@ -177,6 +204,7 @@ impl Field {
         match self {
             Field::EmailSubject => c.email_subject.as_deref(),
             Field::EmailBody => c.email_body.as_deref(),
+            Field::EmailHtml => c.email_html.as_deref(),
             Field::Sms => c.sms.as_deref(),
             Field::PushTitle => c.push_title.as_deref(),
             Field::PushBody => c.push_body.as_deref(),
@@ -185,9 +213,136 @@ impl Field {
         }
     }
 
-    /// Email bodies are HTML: escaped by the engine.
-    fn template_name(self) -> &'static str {
-        if self == Field::EmailBody { "body.html" } else { "body.txt" }
+    /// Whether this field of `c` is HTML, its placeholders escaped: the HTML part of an email.
+    fn is_html(self, c: &LocaleContent) -> bool {
+        match self {
+            Field::EmailHtml => true,
+            Field::EmailBody => matches!(EmailParts::of(c), Some(EmailParts::Html(Field::EmailBody, _))),
+            _ => false,
+        }
+    }
+}
+
+/// The engine's name for a field's template: `.html` ones escape their placeholders.
+fn template_name(html: bool) -> &'static str {
+    if html { "body.html" } else { "body.txt" }
+}
+
+/// Where a locale's two email parts come from (module documentation).
+#[derive(Clone, Copy, Debug)]
+enum EmailParts<'a> {
+    /// Both written: `email_body` the text, `email_html` the HTML.
+    Both(&'a str, &'a str),
+    /// The text only: the HTML is derived from it.
+    Text(&'a str),
+    /// The HTML only (`email_html`, or an `email_body` written as HTML): the text is derived.
+    Html(Field, &'a str),
+}
+
+impl<'a> EmailParts<'a> {
+    fn of(c: &'a LocaleContent) -> Option<Self> {
+        match (c.email_body.as_deref(), c.email_html.as_deref()) {
+            (Some(text), Some(html)) => Some(EmailParts::Both(text, html)),
+            (None, Some(html)) => Some(EmailParts::Html(Field::EmailHtml, html)),
+            (Some(body), None) if source_has_markup(body) => Some(EmailParts::Html(Field::EmailBody, body)),
+            (Some(text), None) => Some(EmailParts::Text(text)),
+            (None, None) => None,
+        }
+    }
+}
+
+/// Whether a template's own text (not its tags and expressions) holds HTML markup.
+fn source_has_markup(source: &str) -> bool {
+    #[allow(clippy::default_constructed_unit_structs)]
+    let syntax = SyntaxConfig::default();
+    tokenize(source, false, syntax, WhitespaceConfig::default())
+        .filter_map(Result::ok)
+        .any(|(token, _)| matches!(token, Token::TemplateData(text) if crate::email::has_markup(text)))
+}
+
+/// Renders both parts of an email, deriving the one not written. The error names the field it
+/// comes from.
+fn render_email(
+    parts: EmailParts<'_>,
+    params: &Value,
+    undefined: UndefinedBehavior,
+) -> Result<(String, String), (Field, TemplateError)> {
+    let cap = Field::EmailHtml.max_rendered();
+    let render = |field: Field, source: &str, html: bool| {
+        render_source(field, source, html, params, cap, undefined).map_err(|e| (field, e))
+    };
+    match parts {
+        EmailParts::Both(text, html) => {
+            Ok((render(Field::EmailBody, text, false)?, render(Field::EmailHtml, html, true)?))
+        }
+        EmailParts::Text(source) => {
+            let text = render(Field::EmailBody, source, false)?;
+            let html = crate::email::text_to_html(&text);
+            if html.len() > cap {
+                return Err((
+                    Field::EmailBody,
+                    TemplateError::Limit(format!(
+                        "the HTML made from email_body is {} bytes; at most {cap}",
+                        html.len()
+                    )),
+                ));
+            }
+            Ok((text, html))
+        }
+        EmailParts::Html(field, source) => {
+            let html = render(field, source, true)?;
+            let text = crate::email::html_to_text(&html);
+            if text.len() > cap {
+                return Err((
+                    field,
+                    TemplateError::Limit(format!(
+                        "the text made from {} is {} bytes; at most {cap}",
+                        field.name(),
+                        text.len()
+                    )),
+                ));
+            }
+            Ok((text, html))
+        }
+    }
+}
+
+/// What [`Template::validate`] checks of a locale's email as a whole: a text part with tags
+/// beside an HTML part is refused (the text part holds no markup), and both parts, rendered
+/// without placeholders, must fit a queue message together.
+fn check_email(parts: EmailParts<'_>, params: &Value) -> Result<(), (Field, TemplateError)> {
+    if let EmailParts::Both(text, _) = parts
+        && source_has_markup(text)
+    {
+        return Err((
+            Field::EmailBody,
+            TemplateError::Render(
+                "the text part must be plain text, without HTML tags, when email_html is given".into(),
+            ),
+        ));
+    }
+    match render_email(parts, params, UndefinedBehavior::Chainable) {
+        Err((field, e @ TemplateError::Limit(_))) => Err((field, e)),
+        // An email goes to its channel worker as one queue message (both parts escaped as JSON,
+        // beside the task's other fields): parts that cannot fit one even without their
+        // placeholders could never be sent.
+        Ok((text, html)) if queued_len(&text).saturating_add(queued_len(&html)) > MAX_QUEUED_EMAIL_BODY => {
+            let field = match parts {
+                EmailParts::Both(..) if queued_len(&text) >= queued_len(&html) => Field::EmailBody,
+                EmailParts::Both(..) => Field::EmailHtml,
+                EmailParts::Text(_) => Field::EmailBody,
+                EmailParts::Html(field, _) => field,
+            };
+            Err((
+                field,
+                TemplateError::Limit(format!(
+                    "the email's text and HTML parts are {} bytes in a queue message even without its placeholders; at most {MAX_QUEUED_EMAIL_BODY}",
+                    queued_len(&text).saturating_add(queued_len(&html))
+                )),
+            ))
+        }
+        // Anything else depends on the variables a notification brings.
+        _ => Ok(()),
     }
 }
 
@@ -207,10 +362,15 @@ impl Template {
             ));
         }
         for (locale, c) in &self.locales {
+            let invalid = |field: Field, e: TemplateError| {
+                CoreError::invalid(format!("locales.{locale}.{}", field.name()), e.message())
+            };
             for field in Field::ALL {
                 let Some(text) = field.of(c) else { continue };
-                check_field(field, text, &json_empty())
-                    .map_err(|e| CoreError::invalid(format!("locales.{locale}.{}", field.name()), e.message()))?;
+                check_field(field, text, field.is_html(c), &json_empty()).map_err(|e| invalid(field, e))?;
+            }
+            if let Some(parts) = EmailParts::of(c) {
+                check_email(parts, &json_empty()).map_err(|(field, e)| invalid(field, e))?;
             }
         }
         Ok(())
@@ -256,15 +416,20 @@ impl Template {
         let (subject_field, body_field) = fields_of(channel);
         check_params(params)?;
         let subject = match subject_field.and_then(|f| f.of(c).map(|text| (f, text))) {
-            Some((f, text)) => Some(render_field(f, text, params, f.max_rendered())?),
+            Some((f, text)) => Some(render_field(f, text, false, params, f.max_rendered())?),
             None => None,
         };
+        if channel == Channel::Email {
+            let parts = EmailParts::of(c).ok_or(TemplateError::NoContent(channel))?;
+            let (body, html) = render_email(parts, params, UndefinedBehavior::Strict).map_err(|(_, e)| e)?;
+            return Ok(Rendered { subject, body, html: Some(html), locale: locale.to_owned() });
+        }
         let body = body_field.of(c).ok_or(TemplateError::NoContent(channel))?;
         let cap = match channel {
             Channel::Push => PUSH_MAX_BYTES.saturating_sub(subject.as_ref().map_or(0, String::len)),
             _ => body_field.max_rendered(),
         };
-        let body = render_field(body_field, body, params, cap)?;
+        let body = render_field(body_field, body, false, params, cap)?;
         if channel == Channel::Sms {
             let segments = sms_segments(&body);
             if segments > SMS_MAX_SEGMENTS {
@@ -273,7 +438,7 @@ impl Template {
                 )));
             }
         }
-        Ok(Rendered { subject, body, locale: locale.to_owned() })
+        Ok(Rendered { subject, body, html: None, locale: locale.to_owned() })
     }
 }
 
@@ -309,10 +474,9 @@ fn check_params(params: &Value) -> Result<(), TemplateError> {
     }
 }
 
-/// What [`Template::validate`] checks of one field; the trial render runs with `params` and
-/// undefined placeholders allowed, so only the limits can fail it.
-/// The most an email body may take in its queue message (as a JSON string), leaving room for
-/// the task's other fields, its subject and headers (`crate::sizes::MAX_MESSAGE_BYTES` in all).
+/// The most an email's two parts together may take in its queue message (as JSON strings),
+/// leaving room for the task's other fields, its subject and headers
+/// (`crate::sizes::MAX_MESSAGE_BYTES` in all).
 pub const MAX_QUEUED_EMAIL_BODY: usize = crate::sizes::MAX_MESSAGE_BYTES - 8 * 1024;
 
 /// A text's length as a JSON string (quotes, backslashes and control characters are escaped).
@@ -320,7 +484,10 @@ fn queued_len(text: &str) -> usize {
     serde_json::to_string(text).map_or(usize::MAX, |s| s.len())
 }
 
-fn check_field(field: Field, text: &str, params: &Value) -> Result<(), TemplateError> {
+/// What [`Template::validate`] checks of one field; the trial render runs with `params` and
+/// undefined placeholders allowed, so only the limits can fail it (an email's parts together
+/// are checked by [`check_email`]).
+fn check_field(field: Field, text: &str, html: bool, params: &Value) -> Result<(), TemplateError> {
     if text.len() > field.max_source() {
         return Err(TemplateError::Limit(format!(
             "the source is {} bytes; at most {}",
@@ -331,18 +498,9 @@ fn check_field(field: Field, text: &str, params: &Value) -> Result<(), TemplateE
     sandbox(text)?;
     let mut env = environment();
     env.set_undefined_behavior(UndefinedBehavior::Chainable);
-    env.add_template_owned(field.template_name(), text.to_owned()).map_err(|e| TemplateError::Render(e.to_string()))?;
-    match run(&env, field, params, field.max_rendered()) {
+    env.add_template_owned(template_name(html), text.to_owned()).map_err(|e| TemplateError::Render(e.to_string()))?;
+    match run(&env, field, html, params, field.max_rendered()) {
         Err(e @ TemplateError::Limit(_)) => Err(e),
-        // An email goes to its channel worker as one queue message (its text escaped as JSON,
-        // beside the task's other fields): a body that cannot fit one even without its
-        // placeholders could never be sent.
-        Ok(rendered) if field == Field::EmailBody && queued_len(&rendered) > MAX_QUEUED_EMAIL_BODY => {
-            Err(TemplateError::Limit(format!(
-                "the email body is {} bytes in a queue message even without its placeholders; at most {MAX_QUEUED_EMAIL_BODY}",
-                queued_len(&rendered)
-            )))
-        }
         Ok(rendered) if field == Field::Sms && sms_segments(&rendered) > SMS_MAX_SEGMENTS => {
             Err(TemplateError::Limit(format!(
                 "the SMS is {} segments even without its placeholders; at most {SMS_MAX_SEGMENTS}",
@@ -354,20 +512,32 @@ fn check_field(field: Field, text: &str, params: &Value) -> Result<(), TemplateE
     }
 }
 
-/// Renders one field, within its limits.
-fn render_field(field: Field, text: &str, params: &Value, cap: usize) -> Result<String, TemplateError> {
+/// Renders one field, within its limits (`html`: its placeholders escaped as HTML).
+fn render_field(field: Field, text: &str, html: bool, params: &Value, cap: usize) -> Result<String, TemplateError> {
+    render_source(field, text, html, params, cap, UndefinedBehavior::Strict)
+}
+
+fn render_source(
+    field: Field,
+    text: &str,
+    html: bool,
+    params: &Value,
+    cap: usize,
+    undefined: UndefinedBehavior,
+) -> Result<String, TemplateError> {
     if text.len() > field.max_source() {
         return Err(TemplateError::Limit(format!("{} is over {} bytes", field.name(), field.max_source())));
     }
     // Again at render: a template stored before these rules were checked at save.
     sandbox(text)?;
     let mut env = environment();
-    env.add_template_owned(field.template_name(), text.to_owned()).map_err(|e| TemplateError::Render(e.to_string()))?;
-    run(&env, field, params, cap)
+    env.set_undefined_behavior(undefined);
+    env.add_template_owned(template_name(html), text.to_owned()).map_err(|e| TemplateError::Render(e.to_string()))?;
+    run(&env, field, html, params, cap)
 }
 
-fn run(env: &Environment<'_>, field: Field, params: &Value, cap: usize) -> Result<String, TemplateError> {
-    let tmpl = env.get_template(field.template_name()).map_err(|e| TemplateError::Render(e.to_string()))?;
+fn run(env: &Environment<'_>, field: Field, html: bool, params: &Value, cap: usize) -> Result<String, TemplateError> {
+    let tmpl = env.get_template(template_name(html)).map_err(|e| TemplateError::Render(e.to_string()))?;
     let mut out = CappedWriter { buf: Vec::new(), cap };
     match tmpl.render_captured_to(params, &mut out) {
         Ok(_) => String::from_utf8(out.buf).map_err(|e| TemplateError::Render(e.to_string())),
@@ -472,7 +642,7 @@ pub fn sms_segments(text: &str) -> usize {
 
 fn body_of(c: &LocaleContent, channel: Channel) -> Option<&str> {
     match channel {
-        Channel::Email => c.email_body.as_deref(),
+        Channel::Email => c.email_body.as_deref().or(c.email_html.as_deref()),
         Channel::Sms => c.sms.as_deref(),
         Channel::Push => c.push_body.as_deref(),
         Channel::Inapp => c.inapp_body.as_deref(),
@@ -482,6 +652,7 @@ fn body_of(c: &LocaleContent, channel: Channel) -> Option<&str> {
 static EMPTY_CONTENT: &LocaleContent = &LocaleContent {
     email_subject: None,
     email_body: None,
+    email_html: None,
     sms: None,
     push_title: None,
     push_body: None,
@@ -685,13 +856,95 @@ mod tests {
     }
 
     #[test]
-    fn email_body_is_escaped_but_sms_is_not() {
+    fn the_html_part_is_escaped_but_the_text_part_and_sms_are_not() {
         let t = tpl();
         let p = json!({"order_id": "<b>", "name": "<script>"});
-        let email = t.render(Channel::Email, Some("en"), &p);
-        assert!(matches!(&email, Ok(r) if r.body == "<p>Hi &lt;script&gt;</p>"), "{email:?}");
-        assert!(matches!(&email, Ok(r) if r.subject.as_deref() == Some("Order <b> shipped")));
-        assert_eq!(t.render(Channel::Sms, Some("en"), &p).map(|r| r.body), Ok("Order <b> shipped".into()));
+        let email = t.render(Channel::Email, Some("en"), &p).unwrap();
+        assert_eq!(email.html.as_deref(), Some("<p>Hi &lt;script&gt;</p>"));
+        assert_eq!(email.body, "Hi <script>", "the text part shows the value as it is");
+        assert_eq!(email.subject.as_deref(), Some("Order <b> shipped"));
+        assert_eq!(
+            t.render(Channel::Sms, Some("en"), &p).map(|r| (r.body, r.html)),
+            Ok(("Order <b> shipped".into(), None))
+        );
+    }
+
+    fn email(body: Option<&str>, html: Option<&str>) -> Template {
+        let content = LocaleContent {
+            email_subject: Some("Order {{ order_id }}".into()),
+            email_body: body.map(Into::into),
+            email_html: html.map(Into::into),
+            ..Default::default()
+        };
+        Template {
+            template_id: "t".into(),
+            default_locale: "en".into(),
+            locales: BTreeMap::from([("en".into(), content)]),
+            updated_at: String::new(),
+        }
+    }
+
+    /// A text-only template (every template saved before `email_html`) still sends: its text as
+    /// written, placeholders unescaped, and an HTML part made from it, escaped, in paragraphs,
+    /// with its URL an anchor.
+    #[test]
+    fn a_text_only_template_gets_an_html_part_made_from_its_text() {
+        let t = email(
+            Some("Hi {{ name }},\nyour order {{ order_id }} shipped.\n\nTrack: https://shop.example/o/{{ order_id }}"),
+            None,
+        );
+        assert!(t.validate().is_ok());
+        let r = t.render(Channel::Email, None, &json!({"name": "Tom & <Jerry>", "order_id": "7"})).unwrap();
+        assert_eq!(r.body, "Hi Tom & <Jerry>,\nyour order 7 shipped.\n\nTrack: https://shop.example/o/7");
+        assert_eq!(
+            r.html.as_deref(),
+            Some(
+                "<p>Hi Tom &amp; &lt;Jerry&gt;,<br>\nyour order 7 shipped.</p>\n\
+                 <p>Track: <a href=\"https://shop.example/o/7\">https://shop.example/o/7</a></p>\n"
+            )
+        );
+        // As stored before (no `email_html` key), it reads and writes back unchanged.
+        let stored = json!({"template_id": "t", "default_locale": "en", "updated_at": "",
+            "locales": {"en": {"email_subject": "S", "email_body": "B {{ n }}"}}});
+        let read: Template = serde_json::from_value(stored.clone()).unwrap();
+        assert_eq!(read.locales["en"].email_html, None);
+        assert_eq!(serde_json::to_value(&read).unwrap(), stored);
+        let r = read.render(Channel::Email, None, &json!({"n": 1})).unwrap();
+        assert_eq!((r.body.as_str(), r.html.as_deref()), ("B 1", Some("<p>B 1</p>\n")));
+    }
+
+    /// An HTML-only template (in `email_html`, or in `email_body` with tags, as written before
+    /// `email_html`) gets a text part made from its rendered HTML: no tags, the links' URLs bare.
+    #[test]
+    fn an_html_only_template_gets_a_text_part_without_markup() {
+        let html = "<html><body><h1>Hi {{ name }}</h1><p>Order <a href=\"https://shop.example/o/{{ order_id }}\">{{ order_id }}</a></p></body></html>";
+        for t in [email(None, Some(html)), email(Some(html), None)] {
+            assert!(t.validate().is_ok());
+            let r = t.render(Channel::Email, None, &json!({"name": "<i>Al</i>", "order_id": "7"})).unwrap();
+            let h = r.html.clone().unwrap_or_default();
+            assert!(h.contains("<h1>Hi &lt;i&gt;Al&lt;&#x2f;i&gt;</h1>"), "escaped in HTML: {h}");
+            assert!(!crate::email::has_markup(&r.body.replace("<i>Al</i>", "")), "{}", r.body);
+            assert!(r.body.contains("Hi <i>Al</i>"), "the value itself, unescaped: {}", r.body);
+            assert_eq!(r.body, "Hi <i>Al</i>\n\nOrder 7 (https://shop.example/o/7)");
+        }
+    }
+
+    #[test]
+    fn both_parts_written_render_each_and_the_text_part_must_be_plain() {
+        let t = email(Some("Hi {{ name }}: https://shop.example/"), Some("<p>Hi <b>{{ name }}</b></p>"));
+        assert!(t.validate().is_ok());
+        let r = t.render(Channel::Email, None, &json!({"name": "A&B", "order_id": "7"})).unwrap();
+        assert_eq!(r.body, "Hi A&B: https://shop.example/");
+        assert_eq!(r.html.as_deref(), Some("<p>Hi <b>A&amp;B</b></p>"));
+        // Tags in the text part beside an HTML part: refused, naming the text part.
+        refused_at_save(&email(Some("<p>Hi</p>"), Some("<p>Hi</p>")), "locales.en.email_body", "plain text");
+        // Only in an expression, a `<` is no tag.
+        assert!(email(Some("{{ 1 < 2 }} {{ '<b>' }}"), Some("<p>x</p>")).validate().is_ok());
+        // Each part is checked like any field.
+        refused_at_save(&email(Some("x"), Some(HOSTILE)), "locales.en.email_html", "`*`");
+        refused_at_save(&email(None, Some(&"h".repeat(128 * 1024 + 1))), "locales.en.email_html", "at most 131072");
+        // The HTML part alone is email content (the channel is available).
+        assert!(email(None, Some("<p>x</p>")).has_channel(Channel::Email, None));
     }
 
     #[test]
@@ -857,12 +1110,21 @@ mod tests {
         refused_at_save(&t, "locales", "at most 262144");
     }
 
-    /// An email body within its source and rendered limits that cannot fit a queue message once
-    /// escaped as JSON (127 KB of quotes are 254 KB there) is refused at save; 100 KB of them fit.
+    /// An email within its source and rendered limits whose two parts cannot fit a queue
+    /// message together once escaped as JSON is refused at save, naming the larger part written:
+    /// 64 KB of quotes are 128 KB there, and the HTML made from them as much again; 60 KB fit.
     #[test]
-    fn an_email_body_too_large_for_a_queue_message_is_refused_at_save() {
-        refused_at_save(&one("email_body", &"\"".repeat(127 * 1024)), "locales.en.email_body", "queue message");
-        assert!(one("email_body", &"\"".repeat(100 * 1024)).validate().is_ok());
+    fn an_email_too_large_for_a_queue_message_is_refused_at_save() {
+        refused_at_save(&one("email_body", &"\"".repeat(64 * 1024)), "locales.en.email_body", "queue message");
+        assert!(one("email_body", &"\"".repeat(60 * 1024)).validate().is_ok());
+        // Both parts count: each fits alone, not together.
+        let half = "\"".repeat(64 * 1024);
+        refused_at_save(&email(Some(&half), Some(&format!("<p>{half}</p>"))), "locales.en.email_html", "queue message");
+        assert!(
+            email(Some(&"\"".repeat(40 * 1024)), Some(&format!("<p>{}</p>", "\"".repeat(40 * 1024))))
+                .validate()
+                .is_ok()
+        );
     }
 
     #[test]

@@ -175,29 +175,38 @@ pub async fn link_hosts_for(
     t: &TenantId,
     template: Option<&crate::templates::Template>,
 ) -> CoreResult<LinkHosts> {
-    let has_email = template.is_some_and(|tpl| tpl.locales.values().any(|c| c.email_body.is_some()));
+    let has_email =
+        template.is_some_and(|tpl| tpl.locales.values().any(|c| c.email_body.is_some() || c.email_html.is_some()));
     if has_email && deps.config.signer.is_configured() { link_hosts(deps, t).await } else { Ok(LinkHosts::default()) }
 }
 
 /// Adds tracking and unsubscribe to an email about to be queued: links to the tenant's hosts
-/// rewritten through `/t/c/{token}` (others left as written), an open pixel, and on marketing
-/// the `List-Unsubscribe` and `List-Unsubscribe-Post: List-Unsubscribe=One-Click` headers
-/// (RFC 8058).
+/// rewritten through `/t/c/{token}` (others left as written) in both parts, bare URLs in the
+/// text part and `href`s in the HTML part; an open pixel in the HTML part only (the text part
+/// stays free of markup); and on marketing the `List-Unsubscribe` and
+/// `List-Unsubscribe-Post: List-Unsubscribe=One-Click` headers (RFC 8058).
 pub fn decorate_email(config: &CoreConfig, task: &mut ChannelTask, now_s: i64, hosts: &LinkHosts) {
     if !config.signer.is_configured() {
         return;
     }
     let base = config.public_url.trim_end_matches('/').to_owned();
-    task.body = rewrite_links(&task.body, |url| {
+    let click = |url: &str| {
         if !hosts.allows(url) {
             return None;
         }
         sign(config, &claims_for(task, TokenKind::Click, Some(url.to_owned())), OPEN_CLICK_DAYS, now_s)
             .map(|tok| format!("{base}/t/c/{tok}"))
-    });
-    if let Some(tok) = sign(config, &claims_for(task, TokenKind::Open, None), OPEN_CLICK_DAYS, now_s) {
-        task.body.push_str(&format!("\n<img src=\"{base}/t/o/{tok}\" width=\"1\" height=\"1\" alt=\"\">"));
+    };
+    let body = crate::email::rewrite_text_links(&task.body, click);
+    let mut html = task.html.as_deref().map(|h| rewrite_links(h, click));
+    if let Some(html) = &mut html
+        && let Some(tok) = sign(config, &claims_for(task, TokenKind::Open, None), OPEN_CLICK_DAYS, now_s)
+    {
+        let pixel = format!("<img src=\"{base}/t/o/{tok}\" width=\"1\" height=\"1\" alt=\"\">");
+        *html = crate::email::append_to_body(html, &pixel);
     }
+    task.body = body;
+    task.html = html;
     if task.category == Category::Marketing
         && let Some(tok) = sign(config, &claims_for(task, TokenKind::Unsubscribe, None), UNSUBSCRIBE_DAYS, now_s)
     {
@@ -345,15 +354,17 @@ mod tests {
             category: Category::Marketing,
             to: "a@example.com".into(),
             subject: Some("Sale".into()),
-            body: r#"<a href="https://shop.example/sale">Sale</a>"#.into(),
+            body: "Sale: https://shop.example/sale".into(),
+            html: Some(r#"<a href="https://shop.example/sale">Sale</a>"#.into()),
             headers: Vec::new(),
             accepted_ms: None,
             priority: None,
         };
         let hosts = LinkHosts { hosts: vec!["shop.example".into()], ..LinkHosts::default() };
         decorate_email(&c, &mut task, 0, &hosts);
-        assert!(task.body.contains("/t/c/"), "{}", task.body);
-        assert!(task.body.contains("/t/o/"), "{}", task.body);
+        let html = task.html.clone().unwrap_or_default();
+        assert!(html.contains("/t/c/") && task.body.contains("/t/c/"), "{html} / {}", task.body);
+        assert!(html.contains("/t/o/"), "{html}");
         let unsub = task.headers.iter().find(|(n, _)| n == "List-Unsubscribe").unwrap();
         assert!(unsub.1.starts_with("<http://127.0.0.1:8080/u/"), "{unsub:?}");
         assert!(task.headers.contains(&("List-Unsubscribe-Post".into(), "List-Unsubscribe=One-Click".into())));
@@ -372,16 +383,69 @@ mod tests {
             category: Category::Transactional,
             to: "a@example.com".into(),
             subject: None,
-            body: r#"<a href="https://shop.example/o/1">o</a> <a href="https://evil.example/x">x</a> <a href="https://shop.example@evil.example/">y</a>"#.into(),
+            body: "o https://shop.example/o/1 x https://evil.example/x y https://shop.example@evil.example/".into(),
+            html: Some(r#"<a href="https://shop.example/o/1">o</a> <a href="https://evil.example/x">x</a> <a href="https://shop.example@evil.example/">y</a>"#.into()),
             headers: Vec::new(),
             accepted_ms: None,
             priority: None,
         };
         let hosts = LinkHosts { hosts: vec!["shop.example".into()], ..LinkHosts::default() };
         decorate_email(&c, &mut task, 0, &hosts);
+        let html = task.html.clone().unwrap_or_default();
+        assert_eq!(html.matches("/t/c/").count(), 1, "{html}");
+        assert!(html.contains(r#"href="https://evil.example/x""#), "{html}");
+        assert!(html.contains(r#"href="https://shop.example@evil.example/""#), "{html}");
         assert_eq!(task.body.matches("/t/c/").count(), 1, "{}", task.body);
-        assert!(task.body.contains(r#"href="https://evil.example/x""#), "{}", task.body);
-        assert!(task.body.contains(r#"href="https://shop.example@evil.example/""#), "{}", task.body);
+        assert!(task.body.contains(" https://evil.example/x "), "{}", task.body);
+        assert!(task.body.ends_with(" https://shop.example@evil.example/"), "{}", task.body);
+    }
+
+    fn email_task(body: &str, html: &str) -> ChannelTask {
+        ChannelTask {
+            tenant: "acme".into(),
+            notification_id: "n1".into(),
+            user_id: "u1".into(),
+            channel: Channel::Email,
+            category: Category::Transactional,
+            to: "a@example.com".into(),
+            subject: Some("Order".into()),
+            body: body.into(),
+            html: Some(html.into()),
+            headers: Vec::new(),
+            accepted_ms: None,
+            priority: None,
+        }
+    }
+
+    /// The open pixel goes into the HTML part only, before its `</body>`; a click link is
+    /// rewritten in both parts to the same signed redirect; the text part holds no markup.
+    #[test]
+    fn the_pixel_goes_only_into_the_html_part_and_links_are_rewritten_in_both() {
+        let c = config("k1:secret-one");
+        let hosts = LinkHosts { hosts: vec!["shop.example".into()], ..LinkHosts::default() };
+        let mut task = email_task(
+            "Your order: https://shop.example/o/1?a=1&b=2.\n\nThanks",
+            r#"<html><body><p>Your <a href="https://shop.example/o/1?a=1&amp;b=2">order</a>.</p></body></html>"#,
+        );
+        decorate_email(&c, &mut task, 0, &hosts);
+        let html = task.html.clone().unwrap_or_default();
+        assert!(!crate::email::has_markup(&task.body), "{}", task.body);
+        assert!(!task.body.contains("/t/o/"), "no pixel in the text part: {}", task.body);
+        assert_eq!(html.matches("/t/o/").count(), 1, "{html}");
+        assert!(html.ends_with("alt=\"\">\n</body></html>"), "{html}");
+        let in_text = task.body.split("Your order: ").nth(1).unwrap().split(".\n").next().unwrap().to_owned();
+        assert!(in_text.starts_with("http://127.0.0.1:8080/t/c/"), "{}", task.body);
+        let in_html = html.split("href=\"").nth(1).unwrap().split('"').next().unwrap();
+        assert_eq!(in_text, in_html, "one redirect for one link");
+        let tok = in_text.trim_start_matches("http://127.0.0.1:8080/t/c/");
+        assert_eq!(
+            verify(&c, TokenKind::Click, tok, 10).unwrap().url.as_deref(),
+            Some("https://shop.example/o/1?a=1&b=2")
+        );
+        // Without a signing key nothing is added to either part.
+        let mut plain = email_task("https://shop.example/o/1", r#"<a href="https://shop.example/o/1">o</a>"#);
+        decorate_email(&CoreConfig::default(), &mut plain, 0, &hosts);
+        assert_eq!(plain, email_task("https://shop.example/o/1", r#"<a href="https://shop.example/o/1">o</a>"#));
     }
 
     #[test]

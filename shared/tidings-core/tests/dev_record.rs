@@ -25,6 +25,7 @@ async fn a_recorded_send_expires() {
         to: "a@example.com".into(),
         subject: Some("Your code".into()),
         body: "123456".into(),
+        html: None,
         headers: vec![],
         idempotency_key: "k1".into(),
         marketing: false,

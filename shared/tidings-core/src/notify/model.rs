@@ -337,7 +337,11 @@ pub struct ChannelTask {
     pub to: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subject: Option<String>,
+    /// The message; for an email, its text part.
     pub body: String,
+    /// An email's HTML part (README, "Email parts").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub html: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub headers: Vec<(String, String)>,
     /// When its notification was accepted (ms since the epoch, the notification's

@@ -566,6 +566,7 @@ fn task_of(
         to,
         subject: rendered.subject,
         body: rendered.body,
+        html: rendered.html,
         headers: Vec::new(),
         accepted_ms: Some(n.created_ms),
         priority: Some(n.priority),

@@ -158,6 +158,7 @@ async fn call_provider(
         to: task.to.clone(),
         subject: task.subject.clone(),
         body: task.body.clone(),
+        html: task.html.clone(),
         headers: task.headers.clone(),
         idempotency_key: format!("{}:{}:{}", task.notification_id, task.user_id, task.channel),
         marketing: task.category == Category::Marketing,

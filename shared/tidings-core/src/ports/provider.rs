@@ -55,7 +55,11 @@ pub struct OutboundMessage {
     /// Email subject or push title.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subject: Option<String>,
+    /// The message; for an email, its text part (no markup).
     pub body: String,
+    /// An email's HTML part; `None` on the other channels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub html: Option<String>,
     /// Extra email headers (`List-Unsubscribe`, ...).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub headers: Vec<(String, String)>,

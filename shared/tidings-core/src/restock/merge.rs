@@ -98,6 +98,7 @@ async fn ensure_template(deps: &Deps, t: &TenantId) -> CoreResult<()> {
         email_body: Some(
             "Good news: {{ sku_list }} {% if count > 1 %}are{% else %}is{% endif %} back in stock.".into(),
         ),
+        email_html: None,
         sms: Some("Back in stock: {{ sku_list }}".into()),
         push_title: Some("Back in stock".into()),
         push_body: Some("{{ sku_list }}".into()),
@@ -107,6 +108,7 @@ async fn ensure_template(deps: &Deps, t: &TenantId) -> CoreResult<()> {
     let zh = LocaleContent {
         email_subject: Some("到货通知：{{ sku_list }}".into()),
         email_body: Some("您关注的 {{ count }} 件商品已到货：{{ sku_list }}".into()),
+        email_html: None,
         sms: Some("您关注的商品已到货：{{ sku_list }}".into()),
         push_title: Some("到货通知".into()),
         push_body: Some("{{ sku_list }}".into()),
