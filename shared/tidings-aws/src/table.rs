@@ -728,8 +728,9 @@ impl Table for DynamoTable {
     }
 
     async fn query_range(&self, pk: &str, from: &str, to: &str, opts: QueryOpts) -> Result<Page, StoreError> {
-        // DynamoDB refuses a BETWEEN whose bounds are out of order; the port answers nothing.
-        if from > to {
+        // DynamoDB refuses a BETWEEN whose bounds are out of order, and an empty string in a key
+        // condition: the port answers nothing for the first, and reads "" as the start.
+        if from > to || to.is_empty() {
             return Ok(Page::default());
         }
         let limit = match opts.limit {
@@ -740,9 +741,13 @@ impl Table for DynamoTable {
         let pk_name = x.name(PK);
         let pk_value = x.value(AttributeValue::S(pk.to_string()));
         let sk_name = x.name(SK);
-        let lo = x.value(AttributeValue::S(from.to_string()));
         let hi = x.value(AttributeValue::S(to.to_string()));
-        let key_cond = format!("{pk_name} = {pk_value} AND {sk_name} BETWEEN {lo} AND {hi}");
+        let key_cond = if from.is_empty() {
+            format!("{pk_name} = {pk_value} AND {sk_name} <= {hi}")
+        } else {
+            let lo = x.value(AttributeValue::S(from.to_string()));
+            format!("{pk_name} = {pk_value} AND {sk_name} BETWEEN {lo} AND {hi}")
+        };
         let start = opts.cursor.as_deref().map(|c| decode_cursor(c, pk)).transpose()?;
         let out = self
             .client

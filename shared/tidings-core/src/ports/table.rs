@@ -333,7 +333,8 @@ pub trait Table: Send + Sync + 'static {
     async fn query(&self, pk: &str, sk_prefix: &str, opts: QueryOpts) -> Result<Page, StoreError>;
 
     /// Items of one partition whose sort key is between `from` and `to`, both included (byte
-    /// order, DynamoDB's `BETWEEN`), in sort-key order; an empty page when `from > to`. The
+    /// order, DynamoDB's `BETWEEN`; an empty `from` is the partition's start), in sort-key order;
+    /// an empty page when `from > to`. The
     /// backends answer it as one query; a wrapper that does not pass it on refuses it.
     async fn query_range(&self, pk: &str, from: &str, to: &str, opts: QueryOpts) -> Result<Page, StoreError> {
         let _ = (pk, from, to, opts);
