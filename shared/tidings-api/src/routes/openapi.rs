@@ -274,7 +274,55 @@ pub fn document_json() -> serde_json::Result<String> {
 
 pub(super) fn router() -> Router<AppState> {
     let doc = document();
-    Router::new().route("/healthz", get(healthz)).route("/openapi.json", get(move || async move { Json(doc) }))
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/openapi.json", get(move || async move { Json(doc) }))
+        .route("/docs", get(docs_page))
+        .route("/docs/", get(docs_page))
+        .route("/docs/{*file}", get(docs_file))
+}
+
+/// The API reference (`GET /docs`, no key): Swagger UI over `/openapi.json`. Its paths are
+/// relative to `/docs` (`openapi.json` is `/openapi.json`, `docs/x.js` is `/docs/x.js`), so the
+/// page works under a path prefix too (an API Gateway stage).
+const DOCS_PAGE: &str = r##"<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>Tidings API reference</title>
+<link rel="stylesheet" href="docs/swagger-ui.css">
+</head>
+<body>
+<div id="swagger-ui"></div>
+<script src="docs/swagger-ui-bundle.js"></script>
+<script>
+window.ui = SwaggerUIBundle({ url: "openapi.json", dom_id: "#swagger-ui" });
+</script>
+</body>
+</html>
+"##;
+
+async fn docs_page(uri: axum::http::Uri) -> axum::response::Response {
+    use axum::response::{Html, IntoResponse, Redirect};
+    // Under `/docs/` the relative paths would point one level too deep.
+    if uri.path().ends_with('/') {
+        return Redirect::permanent("../docs").into_response();
+    }
+    Html(DOCS_PAGE).into_response()
+}
+
+/// Swagger UI's own files (its script and style), from the crate.
+async fn docs_file(axum::extract::Path(file): axum::extract::Path<String>) -> axum::response::Response {
+    use axum::http::{StatusCode, header};
+    use axum::response::IntoResponse;
+    let config = std::sync::Arc::new(utoipa_swagger_ui::Config::from("/openapi.json"));
+    match utoipa_swagger_ui::serve(&file, config) {
+        Ok(Some(f)) => ([(header::CONTENT_TYPE, f.content_type)], f.bytes.into_owned()).into_response(),
+        Ok(None) => Problem::new(StatusCode::NOT_FOUND, "no_route", "no such file of the docs page").into_response(),
+        Err(_) => {
+            Problem::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "the docs page is unavailable").into_response()
+        }
+    }
 }
 
 /// What every operation shares, added once here rather than repeated on each handler: the
@@ -405,6 +453,41 @@ mod tests {
             panic!("openapi.json differs from the served document at {first}; {regenerate}");
         }
         assert_eq!(std::fs::read_to_string(path).unwrap(), super::document_json().unwrap(), "formatting; {regenerate}");
+    }
+
+    /// `GET /docs` is the reference page, without a key: HTML that loads the document and
+    /// Swagger UI's files from this server (no CDN), and those files are served.
+    #[tokio::test]
+    async fn the_docs_page_is_served_without_a_key() {
+        use axum::body::Body;
+        use http_body_util::BodyExt;
+        use tower::ServiceExt;
+
+        let state = crate::AppState {
+            deps: crate::test_support::memory_deps(),
+            queue_names: std::sync::Arc::new(Vec::new()),
+            dev: None,
+            live: None,
+        };
+        let app = crate::app(state);
+        let get = |uri: &str| axum::http::Request::get(uri).body(Body::empty()).unwrap();
+        let res = app.clone().oneshot(get("/docs")).await.unwrap();
+        assert_eq!(res.status(), 200);
+        assert!(res.headers()["content-type"].to_str().unwrap().starts_with("text/html"));
+        let page = String::from_utf8(res.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap();
+        // Relative to `/docs`: `/openapi.json` and `/docs/swagger-ui-bundle.js`.
+        assert!(page.contains(r#"url: "openapi.json""#), "{page}");
+        assert!(!page.contains("https://"), "nothing from another host: {page}");
+        for (file, kind) in [("/docs/swagger-ui-bundle.js", "javascript"), ("/docs/swagger-ui.css", "css")] {
+            assert!(page.contains(&file[1..]), "{file} in {page}");
+            let res = app.clone().oneshot(get(file)).await.unwrap();
+            assert_eq!(res.status(), 200, "{file}");
+            assert!(res.headers()["content-type"].to_str().unwrap().contains(kind), "{file}");
+        }
+        let res = app.clone().oneshot(get("/openapi.json")).await.unwrap();
+        assert_eq!(res.status(), 200);
+        let res = app.clone().oneshot(get("/docs/no-such-file.js")).await.unwrap();
+        assert_eq!(res.status(), 404);
     }
 
     /// The JSON pointer of the first place where `a` and `b` differ.
