@@ -253,6 +253,8 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
     use super::console_url;
 
     /// The link `serve` prints: keys in the fragment only (never the path or query, which reach
