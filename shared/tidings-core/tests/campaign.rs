@@ -227,10 +227,16 @@ async fn cancel_stops_the_rest_and_counts_say_so() {
     users_with_tag(&w, 300, "vip").await;
     template(&w).await;
     let accepted = api::accept(&w.deps, &w.t, campaign("sale-3", "vip")).await.unwrap();
-    // Expand the first page only, then cancel.
-    let records = w.feed.next_batch(1000).await.unwrap();
-    relay::handle_changes(&w.deps, &records).await.unwrap();
-    w.feed.commit(&records).await.unwrap();
+    // Expand the first page only, then cancel. Every change is relayed first (the users and
+    // their list entries come before the notification's own record).
+    loop {
+        let records = w.feed.next_batch(1000).await.unwrap();
+        if records.is_empty() {
+            break;
+        }
+        relay::handle_changes(&w.deps, &records).await.unwrap();
+        w.feed.commit(&records).await.unwrap();
+    }
     let got = w.deps.queues.receive("requests-low", 1, Duration::from_secs(60), Duration::ZERO).await.unwrap();
     let outcome = dispatch(&w.deps, "requests-low", &got[0]).await;
     settle(w.deps.queues.as_ref(), "requests-low", &got[0], &outcome, w.deps.clock.now(), true).await.unwrap();
