@@ -12,6 +12,11 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 BIN="${TIDINGS_BIN:-$PWD/target/debug/tidings}"
 PORT="${SCHEMATHESIS_PORT:-18099}"
 MAX_EXAMPLES="${SCHEMATHESIS_MAX_EXAMPLES:-100}"
+PHASES="${SCHEMATHESIS_PHASES:-examples,coverage,fuzzing,stateful}"
+# `all` (SCHEMATHESIS_CHECKS=all) still reports schema-valid requests refused (cursors the
+# server did not give, IANA zones, template and webhook rules not yet in the document: README,
+# "OpenAPI"); until it finds nothing, the default is the checks that pass.
+CHECKS="${SCHEMATHESIS_CHECKS:-not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance}"
 BASE="http://127.0.0.1:$PORT"
 
 infra/.venv/bin/pip install --quiet 'schemathesis==4.32.5'
@@ -47,7 +52,8 @@ status=0
 root="$PWD"
 (cd "$work" && "$root/infra/.venv/bin/schemathesis" run "$BASE/openapi.json" \
     --header "Authorization: Bearer $key" \
-    --checks not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance \
+    --checks "$CHECKS" \
+    --phases "$PHASES" \
     --max-examples "$MAX_EXAMPLES" \
     --seed 7 \
     --workers 1 \
