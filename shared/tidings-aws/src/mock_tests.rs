@@ -584,9 +584,11 @@ async fn ses_names_its_configuration_set() {
 #[tokio::test]
 async fn ses_sends_the_text_and_the_html_part() {
     use aws_sdk_sesv2::operation::send_email::{SendEmailInput, SendEmailOutput};
-    fn parts(r: &SendEmailInput) -> (Option<(&str, Option<&str>)>, Option<(&str, Option<&str>)>) {
+    /// A body part's data and charset.
+    type Part<'a> = Option<(&'a str, Option<&'a str>)>;
+    fn parts(r: &SendEmailInput) -> (Part<'_>, Part<'_>) {
         let body = r.content().and_then(|c| c.simple()).and_then(|s| s.body());
-        fn part(c: Option<&aws_sdk_sesv2::types::Content>) -> Option<(&str, Option<&str>)> {
+        fn part(c: Option<&aws_sdk_sesv2::types::Content>) -> Part<'_> {
             c.map(|c| (c.data(), c.charset()))
         }
         (part(body.and_then(|b| b.text())), part(body.and_then(|b| b.html())))
