@@ -19,6 +19,7 @@ mod limits;
 mod live;
 mod notify;
 mod platform;
+mod progress;
 mod rates_shipped;
 mod receipts_shipped;
 mod relay_limits;
@@ -237,4 +238,11 @@ async fn a_poison_stream_record_ends_alone_on_stream_failures_and_its_batch_is_r
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_slow_orchestrator_batch_hands_back_what_it_cannot_finish() -> anyhow::Result<()> {
     relay_limits::a_slow_orchestrator_batch_hands_back_what_it_cannot_finish().await
+}
+
+/// `--bootstrap` on AWS tells each table, queue, DLQ and sender, created then found (AWS only:
+/// the embedded backend's progress is tested in the `tidings` crate).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bootstrap_on_aws_tells_each_resource_created_then_found() -> anyhow::Result<()> {
+    progress::bootstrap_on_aws_tells_each_resource_created_then_found().await
 }

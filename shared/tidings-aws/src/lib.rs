@@ -46,7 +46,7 @@ pub mod wiring;
 #[cfg(test)]
 mod mock_tests;
 
-pub use bootstrap::{BootstrapError, bootstrap};
+pub use bootstrap::{BootstrapError, BootstrapReport, Bootstrapped, bootstrap, bootstrap_reporting};
 pub use config::{AwsConfig, ConfigError, RedriveMode, SmsProvider};
 pub use providers::{SNS_DELIVERY_KEY_ATTRIBUTE, SesEmail, SnsPush, SnsSms};
 pub use queues::SqsQueues;

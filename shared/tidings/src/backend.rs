@@ -9,6 +9,7 @@ use tidings_core::gates::{self, GateConfig, GateStore};
 use tidings_core::ports::{ChangeFeed, Channel, Clock, Provider, Queues, Table};
 use tidings_core::{CoreConfig, Deps, Providers};
 
+use crate::progress::Progress;
 use crate::{BackendArgs, BackendKind};
 
 /// Every queue of the system.
@@ -60,19 +61,36 @@ impl Backend {
         tidings_embedded::create_private_dir(&args.data_dir)
             .with_context(|| format!("creating {}", args.data_dir.display()))?;
         let path = args.data_dir.join("tidings.db");
+        let progress = args.bootstrap.then(|| Progress::spinner("bootstrap"));
+        let existed = path.exists();
         let store = tidings_embedded::EmbeddedStore::open_with_clock(&path, clock.clone())
             .with_context(|| format!("opening {}", path.display()))?;
         // What the relay reads, as the event source mapping filters it on AWS.
         store.set_stream_filter(tidings_core::notify::relay::streamed);
+        if let Some(p) = &progress {
+            p.step(format!("database {}: {}", path.display(), if existed { "found" } else { "created" }));
+        }
         let queue_names = all_queues();
         for q in &queue_names {
             store.declare_queue(tidings_embedded::QueueConfig::new(q.clone(), config.max_receives))?;
+            if let Some(p) = &progress {
+                p.step(format!("queue {q}: declared"));
+            }
         }
         // Read by operators only: nothing there is ever dead-lettered for being read.
         store.declare_queue(tidings_embedded::QueueConfig::new(
             tidings_core::notify::relay::STREAM_FAILURES_QUEUE,
             1000,
         ))?;
+        if let Some(p) = progress {
+            p.step(format!("queue {}: declared", tidings_core::notify::relay::STREAM_FAILURES_QUEUE));
+            p.finish(format!(
+                "database {} and {} queues ready in {:.1} s",
+                if existed { "found" } else { "created" },
+                queue_names.len() + 1,
+                p.elapsed_s()
+            ));
+        }
         let feed: Arc<dyn ChangeFeed> = Arc::new(store.change_feed("relay"));
         let table: Arc<dyn Table> = Arc::new(store.clone());
         let queues: Arc<dyn Queues> = Arc::new(store);
@@ -121,10 +139,12 @@ impl Backend {
                  record every body sent, OTP codes included, in the table)"
             );
         }
+        if args.bootstrap {
+            bootstrap_aws().await?;
+        }
         let b = tidings_aws::wiring::AwsPorts::from_env(
-            args.bootstrap,
-            // With the stream's on-failure queue, as `template.yaml` has it.
-            &[all_queues(), vec![tidings_core::notify::relay::STREAM_FAILURES_QUEUE.to_owned()]].concat(),
+            false,
+            &[],
             // The signer is the one `open` chose (the configured keys, else a local key file).
             tidings_aws::wiring::Needs { signer: false, public_url: false },
         )
@@ -155,6 +175,34 @@ impl Backend {
             local: tidings_aws::wiring::endpoints_are_local(),
         })
     }
+}
+
+/// `--bootstrap` on AWS: the table, every queue with the stream's on-failure queue (as
+/// `template.yaml` has them) and the sender, one line each as it is created or found.
+#[cfg(feature = "aws")]
+async fn bootstrap_aws() -> anyhow::Result<()> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let names = [all_queues(), vec![tidings_core::notify::relay::STREAM_FAILURES_QUEUE.to_owned()]].concat();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let progress = Progress::spinner("bootstrap");
+    let (created, found) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    let report = |kind: &str, name: &str, done: tidings_aws::Bootstrapped| {
+        match done {
+            tidings_aws::Bootstrapped::Created => created.fetch_add(1, Ordering::Relaxed),
+            _ => found.fetch_add(1, Ordering::Relaxed),
+        };
+        progress.step(format!("{kind} {name}: {}", done.as_str()));
+    };
+    let backend = tidings_aws::AwsBackend::from_env().await?;
+    tidings_aws::bootstrap_reporting(&backend, &names, &report).await?;
+    progress.finish(format!(
+        "{} created, {} found (table, {} queues and DLQs, sender) in {:.1} s",
+        created.load(Ordering::Relaxed),
+        found.load(Ordering::Relaxed),
+        names.len(),
+        progress.elapsed_s()
+    ));
+    Ok(())
 }
 
 /// Without `TIDINGS_SIGNING_KEYS`, the local runtime makes a random key once and keeps it in the

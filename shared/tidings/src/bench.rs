@@ -22,6 +22,8 @@ use tidings_core::ports::{
 use tidings_core::users::User;
 use tidings_core::{CoreConfig, Deps, Providers, TenantId, templates};
 
+use crate::progress::Progress;
+
 #[derive(clap::Args, Clone, Debug)]
 pub struct CampaignArgs {
     /// Users in the segment.
@@ -97,7 +99,8 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 /// Writes the users and their tag memberships directly, 50 users per transaction.
-async fn seed_users(table: &dyn Table, t: &TenantId, n: u64) -> anyhow::Result<()> {
+async fn seed_users(table: &dyn Table, t: &TenantId, n: u64, progress: &Progress) -> anyhow::Result<()> {
+    progress.set(0, "");
     let mut writes = Vec::with_capacity(100);
     for i in 0..n {
         let id = user_id(i);
@@ -115,11 +118,13 @@ async fn seed_users(table: &dyn Table, t: &TenantId, n: u64) -> anyhow::Result<(
         writes.push(Write::Put { item: Item::new(keys::tag_member(t, TAG, &id), attrs), cond: Cond::Always });
         if writes.len() >= 100 {
             table.transact(std::mem::take(&mut writes)).await?;
+            progress.set(i + 1, "");
         }
     }
     if !writes.is_empty() {
         table.transact(writes).await?;
     }
+    progress.set(n, "");
     Ok(())
 }
 
@@ -160,7 +165,8 @@ pub async fn campaign(args: CampaignArgs) -> anyhow::Result<()> {
     tidings_core::metrics::install();
 
     let seeding = Instant::now();
-    seed_users(table.as_ref(), &t, n).await?;
+    let progress = Progress::bar("seeding", n, "users");
+    seed_users(table.as_ref(), &t, n, &progress).await?;
     let otp_user = User { user_id: "otp-user".into(), email: Some("otp@example.com".into()), ..Default::default() };
     tidings_core::users::put_user(
         &deps,
@@ -175,7 +181,7 @@ pub async fn campaign(args: CampaignArgs) -> anyhow::Result<()> {
     }))?;
     templates::put_template(&deps, &t, "promo", template).await?;
     let seeded_s = seeding.elapsed().as_secs_f64();
-    println!("seeded {n} users in {seeded_s:.1} s ({})", path.display());
+    progress.finish(format!("seeded {n} users in {seeded_s:.1} s ({})", path.display()));
 
     let pools = crate::runtime::Pools {
         low: args.workers.unwrap_or_else(|| crate::runtime::Pools::from_env().low.max(16)),
@@ -236,23 +242,22 @@ pub async fn campaign(args: CampaignArgs) -> anyhow::Result<()> {
     };
 
     let mut rss_at_100k = None;
-    let mut last = (Instant::now(), 0u64);
+    // The rate is over the last 5 s (or less, at the start); a plain line every 5 s, as the
+    // drain was always reported.
+    let mut window = (Instant::now(), 0u64);
     let deadline = started + Duration::from_secs(args.timeout_s);
+    let drain = Progress::bar("campaign", n, "sent").every(Duration::from_secs(5));
     loop {
         tokio::time::sleep(Duration::from_millis(500)).await;
         let done = provider.delivered.load(Ordering::Relaxed);
         if rss_at_100k.is_none() && done >= n.min(100_000) {
             rss_at_100k = peak_rss_mib();
         }
-        if last.0.elapsed() >= Duration::from_secs(5) {
-            let rate = (done - last.1) as f64 / last.0.elapsed().as_secs_f64();
-            let queued = deps.queues.stats("email-low").await.map(|s| s.visible + s.in_flight).unwrap_or(0);
-            println!(
-                "  {:>6.1} s: {done} sent ({rate:.0}/s), {queued} queued, peak RSS {:.0} MiB",
-                started.elapsed().as_secs_f64(),
-                peak_rss_mib().unwrap_or(0.0)
-            );
-            last = (Instant::now(), done);
+        let rate = done.saturating_sub(window.1) as f64 / window.0.elapsed().as_secs_f64().max(0.001);
+        let queued = deps.queues.stats("email-low").await.map(|s| s.visible + s.in_flight).unwrap_or(0);
+        drain.set(done, format!("{rate:.0}/s, {queued} queued, peak RSS {:.0} MiB", peak_rss_mib().unwrap_or(0.0)));
+        if window.0.elapsed() >= Duration::from_secs(5) {
+            window = (Instant::now(), done);
         }
         if done >= n || Instant::now() > deadline {
             break;
@@ -307,6 +312,13 @@ pub async fn campaign(args: CampaignArgs) -> anyhow::Result<()> {
         "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
         "metrics": tidings_core::metrics::installed().map(|r| r.report()),
     });
+    drain.finish(format!(
+        "{once} of {n} recipients sent once in {elapsed:.1} s ({:.0}/s), {dupes} more than once, {missing} missing; \
+         {} transactional sent meanwhile, p99 {:.1} ms",
+        once as f64 / elapsed,
+        lat.len(),
+        percentile(&lat, 0.99)
+    ));
     println!("{}", serde_json::to_string_pretty(&report)?);
     // Queue depths at the end (all should be empty).
     for q in &queue_names {

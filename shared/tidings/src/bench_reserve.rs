@@ -5,13 +5,15 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use tidings_core::dev::NullProvider;
 use tidings_core::inventory::{self, OrderLine, OrderRequest, WarmUpRequest};
 use tidings_core::ports::{Provider, SystemClock};
 use tidings_core::{CoreConfig, CoreError, Deps, Providers, TenantId};
+
+use crate::progress::Progress;
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct ReserveArgs {
@@ -83,11 +85,33 @@ pub async fn reserve(args: ReserveArgs) -> anyhow::Result<()> {
             }
         });
     }
+    let progress = Arc::new(Progress::bar("reserve", args.orders, "orders"));
+    let report_progress = |progress: &Progress| {
+        let (a, r) = (accepted.load(Ordering::Relaxed), refused.load(Ordering::Relaxed));
+        progress.set(a + r, format!("{a} accepted, {r} refused"));
+    };
+    let ticker = {
+        let (progress, accepted, refused) = (progress.clone(), accepted.clone(), refused.clone());
+        tokio::spawn(async move {
+            loop {
+                let (a, r) = (accepted.load(Ordering::Relaxed), refused.load(Ordering::Relaxed));
+                progress.set(a + r, format!("{a} accepted, {r} refused"));
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        })
+    };
     let mut latencies = Vec::new();
-    while let Some(done) = workers.join_next().await {
-        latencies.extend(done??);
+    let joined = async {
+        while let Some(done) = workers.join_next().await {
+            latencies.extend(done??);
+        }
+        Ok::<_, anyhow::Error>(())
     }
+    .await;
+    ticker.abort();
+    joined?;
     let elapsed = started.elapsed().as_secs_f64();
+    report_progress(&progress);
     latencies.sort_by(f64::total_cmp);
     let pct = |p: f64| latencies.get(((latencies.len() as f64 - 1.0) * p).round() as usize).copied().unwrap_or(0.0);
 
@@ -111,5 +135,10 @@ pub async fn reserve(args: ReserveArgs) -> anyhow::Result<()> {
     anyhow::ensure!(stock.reserved == i64::try_from(want)?, "reserved {} != {want}", stock.reserved);
     anyhow::ensure!(report.discrepancies.is_empty(), "reconcile found {:?}", report.discrepancies);
     println!("invariants hold: never oversold, counters = ledger");
+    progress.finish(format!(
+        "placed {} orders in {elapsed:.1} s ({:.0}/s): {accepted} accepted, {refused} refused, never oversold",
+        args.orders,
+        args.orders as f64 / elapsed
+    ));
     Ok(())
 }

@@ -64,6 +64,7 @@ fn tenant(t: Option<&str>) -> anyhow::Result<Option<TenantId>> {
 pub async fn run(command: KeysCommand, args: &BackendArgs) -> anyhow::Result<()> {
     let backend = Backend::open(args, Arc::new(SystemClock)).await?;
     let deps = &backend.deps;
+    let started = std::time::Instant::now();
     let out = match command {
         KeysCommand::Create { role, tenant: t, name, expires_at } => {
             let role = match role {
@@ -85,6 +86,7 @@ pub async fn run(command: KeysCommand, args: &BackendArgs) -> anyhow::Result<()>
                     None => break,
                 }
             }
+            eprintln!("keys: listed {} key(s) in {:.1} s", all.len(), started.elapsed().as_secs_f64());
             serde_json::json!({ "keys": all })
         }
         KeysCommand::Rotate { key_id, grace_seconds } => {

@@ -14,6 +14,7 @@ mod backend;
 mod bench;
 mod bench_reserve;
 mod keys;
+mod progress;
 mod runtime;
 mod schedules;
 mod serve;

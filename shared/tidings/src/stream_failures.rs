@@ -27,6 +27,7 @@ use tidings_core::ports::{Key, Received, SystemClock};
 
 use crate::BackendArgs;
 use crate::backend::Backend;
+use crate::progress::Progress;
 
 #[derive(Subcommand)]
 pub enum StreamFailuresCommand {
@@ -125,13 +126,18 @@ pub async fn run(command: StreamFailuresCommand, args: &BackendArgs) -> anyhow::
             let listed: Vec<Value> =
                 entries.iter().map(|e| view(e, serde_json::from_str::<StreamFailure>(&e.body).ok().as_ref())).collect();
             release(deps, &entries).await;
+            eprintln!("stream failures: listed {} entr{}", listed.len(), if listed.len() == 1 { "y" } else { "ies" });
             json!({ "stream_failures": listed })
         }
         StreamFailuresCommand::Replay => {
             let mut replayed = Vec::new();
             let mut kept = Vec::new();
             let mut left = Vec::new();
-            for e in entries {
+            let total = entries.len();
+            let progress = Progress::bar("replay", u64::try_from(total).unwrap_or(u64::MAX), "entries");
+            let (mut records, mut requeued) = (0usize, 0u64);
+            for (i, e) in entries.into_iter().enumerate() {
+                progress.set(i as u64, format!("{} replayed, {} kept", replayed.len(), kept.len()));
                 let Ok(failure) = serde_json::from_str::<StreamFailure>(&e.body) else {
                     let mut v = view(&e, None);
                     v["kept"] = json!("not a stream failure record");
@@ -147,6 +153,8 @@ pub async fn run(command: StreamFailuresCommand, args: &BackendArgs) -> anyhow::
                         v["records"] = json!(named);
                         v["queued"] = json!(queued);
                         replayed.push(v);
+                        records += named;
+                        requeued += queued;
                     }
                     Err(err) => {
                         let mut v = view(&e, Some(&failure));
@@ -157,6 +165,13 @@ pub async fn run(command: StreamFailuresCommand, args: &BackendArgs) -> anyhow::
                 }
             }
             release(deps, &left).await;
+            progress.set(total as u64, format!("{} replayed, {} kept", replayed.len(), kept.len()));
+            progress.finish(format!(
+                "replayed {} of {total} entries in {:.1} s ({records} records, {requeued} queued again), {} kept",
+                replayed.len(),
+                progress.elapsed_s(),
+                kept.len()
+            ));
             json!({ "replayed": replayed, "kept": kept })
         }
     };
