@@ -6,8 +6,12 @@
 use anyhow::{Context, ensure};
 
 async fn keys_list_bootstrap(run: &str) -> anyhow::Result<String> {
+    // Its own data directory: the command keeps a local signing key there, which would
+    // otherwise land in the test's working directory (the repository).
+    let data = tempfile::tempdir()?;
     let out = tokio::process::Command::new(crate::server::binary()?)
-        .args(["keys", "list", "--backend", "aws", "--bootstrap"])
+        .args(["keys", "list", "--backend", "aws", "--bootstrap", "--data-dir"])
+        .arg(data.path())
         .env("TIDINGS_TABLE", format!("{run}-table"))
         .env("TIDINGS_QUEUE_PREFIX", format!("{run}-"))
         .env("TIDINGS_LOG", "warn")
