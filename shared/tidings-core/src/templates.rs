@@ -782,23 +782,69 @@ fn describe(e: &minijinja::Error) -> String {
     }
 }
 
-/// The body of `PUT /v1/templates/{id}`.
+/// The body of `PUT /v1/templates/{id}`. A locale's content is read here from JSON only when it
+/// is an object (`locales_of`): serde would read an array as the struct's fields in order.
 #[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TemplateInput {
+    /// One of the keys of `locales`.
+    #[schema(min_length = 1, max_length = 35, pattern = "^[A-Za-z0-9_-]{1,35}$", example = "en")]
     pub default_locale: String,
-    pub locales: BTreeMap<String, LocaleContent>,
+    /// Content by locale key: a language tag such as `en` or `zh-CN` (1 to 35 of
+    /// `[A-Za-z0-9_-]`, as a user's `locale`), at least one.
+    #[schema(value_type = BTreeMap<String, LocaleContent>)]
+    pub locales: BTreeMap<String, Value>,
+}
+
+/// Whether `key` is a locale key: 1 to 35 of `[A-Za-z0-9_-]` (a user's `locale` has the same rule).
+pub fn is_locale_key(key: &str) -> bool {
+    !key.is_empty() && key.len() <= 35 && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+}
+
+/// Each locale's content of a template body: an object with the fields of [`LocaleContent`],
+/// under a locale key; the error names the locale (`locales.<key>`) or its field.
+fn locales_of(input: BTreeMap<String, Value>) -> CoreResult<BTreeMap<String, LocaleContent>> {
+    if input.is_empty() {
+        return Err(CoreError::invalid("locales", "at least one locale"));
+    }
+    let mut out = BTreeMap::new();
+    for (key, value) in input {
+        if !is_locale_key(&key) {
+            return Err(CoreError::invalid(
+                format!("locales.{key}"),
+                "not a locale key: 1 to 35 of [A-Za-z0-9_-], a language tag such as en or zh-CN",
+            ));
+        }
+        if !value.is_object() {
+            return Err(CoreError::invalid(
+                format!("locales.{key}"),
+                "must be an object of the locale's content fields",
+            ));
+        }
+        let content = serde_json::from_value::<LocaleContent>(value)
+            .map_err(|e| CoreError::invalid(format!("locales.{key}"), e.to_string()))?;
+        out.insert(key, content);
+    }
+    Ok(out)
+}
+
+/// The template a body makes, checked as [`Template::validate`] does and its locales as
+/// `locales_of` does.
+fn template_of(template_id: &str, input: TemplateInput, updated_at: String) -> CoreResult<Template> {
+    let locales = locales_of(input.locales)?;
+    if !is_locale_key(&input.default_locale) {
+        return Err(CoreError::invalid("default_locale", "not a locale key: one of the keys of locales"));
+    }
+    let template =
+        Template { template_id: template_id.to_owned(), default_locale: input.default_locale, locales, updated_at };
+    template.validate()?;
+    Ok(template)
 }
 
 pub async fn put_template(deps: &Deps, t: &TenantId, template_id: &str, input: TemplateInput) -> CoreResult<Template> {
     check_id("template_id", template_id)?;
-    let template = Template {
-        template_id: template_id.to_owned(),
-        default_locale: input.default_locale,
-        locales: input.locales,
-        updated_at: deps.clock.now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-    };
-    template.validate()?;
+    let now = deps.clock.now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let template = template_of(template_id, input, now)?;
     let item = Item::new(keys::template(t, template_id), attrs_of(&template)?);
     crate::sizes::check_stored("locales", &item)?;
     // With its entry in the tenant's templates list (`crate::lists`), in one transaction.
@@ -968,6 +1014,38 @@ mod tests {
             locales: BTreeMap::from([("en".into(), content)]),
             updated_at: String::new(),
         }
+    }
+
+    /// A body whose locale is not an object (serde would read an array as the struct's fields),
+    /// whose locale key is empty or not a language tag, or whose default locale is empty or not
+    /// among the keys is refused naming the field; a good one is taken.
+    #[test]
+    fn a_template_body_needs_object_locales_under_locale_keys() {
+        let refused = |body: Value, field: &str, says: &str| {
+            let input: TemplateInput = serde_json::from_value(body.clone()).unwrap();
+            match template_of("t", input, String::new()) {
+                Err(CoreError::Invalid { field: f, detail }) => {
+                    assert_eq!(f, field, "{body}: {detail}");
+                    assert!(detail.contains(says), "{body}: {detail}");
+                }
+                other => panic!("{body} accepted: {other:?}"),
+            }
+        };
+        refused(json!({"default_locale": "", "locales": {"": [null, null]}}), "locales.", "not a locale key");
+        refused(json!({"default_locale": "en", "locales": {"en": [null, null]}}), "locales.en", "must be an object");
+        refused(json!({"default_locale": "en", "locales": {"en": "hi"}}), "locales.en", "must be an object");
+        refused(json!({"default_locale": "en", "locales": {"en": {"sms": 1}}}), "locales.en", "invalid type");
+        refused(json!({"default_locale": "en", "locales": {"en": {"nope": "x"}}}), "locales.en", "unknown field");
+        refused(json!({"default_locale": "en", "locales": {"e n": {"sms": "x"}}}), "locales.e n", "not a locale key");
+        refused(json!({"default_locale": "en", "locales": {}}), "locales", "at least one");
+        refused(json!({"default_locale": "", "locales": {"en": {"sms": "x"}}}), "default_locale", "not a locale key");
+        refused(json!({"default_locale": "de", "locales": {"en": {"sms": "x"}}}), "default_locale", "one of the keys");
+        let input: TemplateInput =
+            serde_json::from_value(json!({"default_locale": "zh-CN", "locales": {"zh-CN": {"sms": "x"}, "en_GB": {}}}))
+                .unwrap();
+        let t = template_of("t", input, String::new()).unwrap();
+        assert_eq!(t.locales.keys().collect::<Vec<_>>(), ["en_GB", "zh-CN"]);
+        assert_eq!(t.locales["zh-CN"].sms.as_deref(), Some("x"));
     }
 
     fn refused_at_save(t: &Template, field: &str, says: &str) {

@@ -210,6 +210,11 @@ fn constrain(v: &mut serde_json::Value) {
         for (path, item) in paths.iter_mut() {
             let Some(item) = item.as_object_mut() else { continue };
             for op in item.values_mut() {
+                // Public routes (health, tracking links, unsubscribe pages, provider callbacks,
+                // the live feed's own token) say so: no API key.
+                if let Some(op) = op.as_object_mut() {
+                    op.entry("security").or_insert_with(|| json!([]));
+                }
                 let Some(params) = op.get_mut("parameters").and_then(Value::as_array_mut) else { continue };
                 for param in params {
                     let name = param["name"].as_str().unwrap_or_default().to_owned();
@@ -258,6 +263,20 @@ fn constrain(v: &mut serde_json::Value) {
         for end in ["start", "end"] {
             q[end] = json!({"type": "string", "pattern": "^([01][0-9]|2[0-3]):[0-5][0-9]$", "example": if end == "start" { "22:00" } else { "08:00" }});
         }
+    }
+    // `tidings_core::templates::locales_of`: keys as a user's `locale`, each an object, one at least.
+    if let Some(t) = schemas.get_mut("TemplateInput") {
+        if let Some(locales) = t.pointer_mut("/properties/locales") {
+            locales["minProperties"] = json!(1);
+            locales["propertyNames"] = json!({"type": "string", "pattern": "^[A-Za-z0-9_-]{1,35}$"});
+        }
+        t["example"] = json!({
+            "default_locale": "en",
+            "locales": {
+                "en": {"email_subject": "Order {{ order_id }} shipped", "email_body": "Hi {{ name }}, order {{ order_id }} is on its way.", "sms": "Order {{ order_id }} shipped", "inapp_body": "Order {{ order_id }} shipped"},
+                "zh-CN": {"sms": "订单 {{ order_id }} 已发货"}
+            }
+        });
     }
     if let Some(shards) = schemas.get_mut("WarmUpRequest").and_then(|s| s.pointer_mut("/properties/shards")) {
         shards["minimum"] = json!(1);
@@ -619,5 +638,28 @@ mod tests {
             "{get_user}"
         );
         assert!(doc["paths"]["/dev/clock/advance"]["post"]["tags"][0] == "dev");
+        assert_eq!(doc["paths"]["/healthz"]["get"]["security"], serde_json::json!([]), "public: no key");
+        assert_eq!(doc["paths"]["/v1/callbacks/{provider}"]["post"]["security"], serde_json::json!([]));
+    }
+
+    /// A template body's locale keys are stated as `tidings_core::templates::is_locale_key`
+    /// checks them, and its example is a template the server saves.
+    #[test]
+    fn the_template_body_states_its_locale_rules() {
+        let doc = serde_json::to_value(document()).unwrap();
+        let input = &doc["components"]["schemas"]["TemplateInput"];
+        assert_eq!(input["properties"]["locales"]["minProperties"], 1);
+        let pattern = input["properties"]["locales"]["propertyNames"]["pattern"].as_str().unwrap();
+        assert_eq!(pattern, input["properties"]["default_locale"]["pattern"].as_str().unwrap());
+        assert_eq!(pattern, "^[A-Za-z0-9_-]{1,35}$");
+        // What that pattern matches, and what it does not, is what the server takes.
+        for key in ["en", "zh-CN", "en_GB", &"x".repeat(35)] {
+            assert!(tidings_core::templates::is_locale_key(key), "{key:?}");
+        }
+        for key in ["", "e n", &"x".repeat(36), "é", "en.GB"] {
+            assert!(!tidings_core::templates::is_locale_key(key), "{key:?}");
+        }
+        let example: tidings_core::templates::TemplateInput = serde_json::from_value(input["example"].clone()).unwrap();
+        assert!(example.locales.contains_key(&example.default_locale));
     }
 }
