@@ -691,10 +691,6 @@ impl Table for DynamoTable {
     }
 
     async fn query(&self, pk: &str, sk_prefix: &str, opts: QueryOpts) -> Result<Page, StoreError> {
-        let limit = match opts.limit {
-            0 => DEFAULT_LIMIT,
-            n => n.min(MAX_LIMIT),
-        };
         let mut x = ExprBuilder::new();
         let pk_name = x.name(PK);
         let pk_value = x.value(AttributeValue::S(pk.to_string()));
@@ -704,27 +700,7 @@ impl Table for DynamoTable {
             let p = x.value(AttributeValue::S(sk_prefix.to_string()));
             key_cond.push_str(&format!(" AND begins_with({sk_name}, {p})"));
         }
-        let start = opts.cursor.as_deref().map(|c| decode_cursor(c, pk)).transpose()?;
-        let out = self
-            .client
-            .query()
-            .table_name(&self.table)
-            .key_condition_expression(key_cond)
-            .set_expression_attribute_names(x.take_names())
-            .set_expression_attribute_values(x.take_values())
-            .scan_index_forward(!opts.descending)
-            .limit(i32::try_from(limit).unwrap_or(i32::MAX))
-            .consistent_read(true)
-            .set_exclusive_start_key(start)
-            .send()
-            .await
-            .map_err(store_error)?;
-        let items = out.items.unwrap_or_default().into_iter().map(item_from_dynamo).collect::<Result<Vec<_>, _>>()?;
-        let next_cursor = match out.last_evaluated_key {
-            Some(k) if !k.is_empty() => Some(encode_cursor(&k)?),
-            _ => None,
-        };
-        Ok(Page { items, next_cursor })
+        self.run_query(pk, key_cond, x, opts).await
     }
 
     async fn query_range(&self, pk: &str, from: &str, to: &str, opts: QueryOpts) -> Result<Page, StoreError> {
@@ -733,10 +709,6 @@ impl Table for DynamoTable {
         if from > to || to.is_empty() {
             return Ok(Page::default());
         }
-        let limit = match opts.limit {
-            0 => DEFAULT_LIMIT,
-            n => n.min(MAX_LIMIT),
-        };
         let mut x = ExprBuilder::new();
         let pk_name = x.name(PK);
         let pk_value = x.value(AttributeValue::S(pk.to_string()));
@@ -747,6 +719,24 @@ impl Table for DynamoTable {
         } else {
             let lo = x.value(AttributeValue::S(from.to_string()));
             format!("{pk_name} = {pk_value} AND {sk_name} BETWEEN {lo} AND {hi}")
+        };
+        self.run_query(pk, key_cond, x, opts).await
+    }
+}
+
+impl DynamoTable {
+    /// One page of a query of partition `pk` under `key_cond` (whose names and values `x`
+    /// holds), from the cursor on: what `query` and `query_range` share.
+    async fn run_query(
+        &self,
+        pk: &str,
+        key_cond: String,
+        mut x: ExprBuilder,
+        opts: QueryOpts,
+    ) -> Result<Page, StoreError> {
+        let limit = match opts.limit {
+            0 => DEFAULT_LIMIT,
+            n => n.min(MAX_LIMIT),
         };
         let start = opts.cursor.as_deref().map(|c| decode_cursor(c, pk)).transpose()?;
         let out = self

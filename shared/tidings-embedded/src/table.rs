@@ -312,19 +312,7 @@ fn range_page(
     let rows = stmt
         .query_map(params![pk, lower.1, upper.1, fetch], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
         .map_err(db_err)?;
-    let mut items = Vec::new();
-    let mut more = false;
-    for row in rows {
-        let (sk, json) = row.map_err(db_err)?;
-        if items.len() == limit {
-            more = true;
-            break;
-        }
-        let attrs = parse_attrs(&format!("{pk}/{sk}"), &json)?;
-        items.push(Item::new(Key::new(pk, sk), attrs));
-    }
-    let next_cursor = if more { items.last().map(|i| encode_cursor(&i.key.sk)) } else { None };
-    Ok(Page { items, next_cursor })
+    page_of(pk, rows, limit, |_| true)
 }
 
 fn query_page(
@@ -365,11 +353,22 @@ fn query_page(
     let rows = stmt
         .query_map(rusqlite::params_from_iter(args), |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
         .map_err(db_err)?;
+    page_of(pk, rows, limit, |sk| sk.starts_with(prefix))
+}
+
+/// A page of `limit` items from rows of one more than that (`(sk, attrs)` in order), the
+/// rows `keep` refuses left out; the next cursor when the extra row was there.
+fn page_of(
+    pk: &str,
+    rows: impl Iterator<Item = rusqlite::Result<(String, String)>>,
+    limit: usize,
+    keep: impl Fn(&str) -> bool,
+) -> Result<Page, StoreError> {
     let mut items = Vec::new();
     let mut more = false;
     for row in rows {
         let (sk, json) = row.map_err(db_err)?;
-        if !sk.starts_with(prefix) {
+        if !keep(&sk) {
             continue;
         }
         if items.len() == limit {
