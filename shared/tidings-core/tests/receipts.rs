@@ -9,7 +9,6 @@ use std::sync::Arc;
 use base64::Engine;
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
-use tidings_core::messages::ALL_QUEUES;
 use tidings_core::notify::api;
 use tidings_core::notify::model::{Delivery, DeliveryStatus, NotificationRequest};
 use tidings_core::ports::{Channel, ManualClock};
@@ -19,7 +18,7 @@ use tidings_core::timers::TIMERS_QUEUE;
 use tidings_core::tracking::{self, Claims, TokenKind};
 use tidings_core::users::{self, UserInput};
 use tidings_core::{CoreConfig, Deps, Providers, TenantId, keys, templates};
-use tidings_embedded::{EmbeddedChangeFeed, EmbeddedStore, QueueConfig};
+use tidings_embedded::EmbeddedChangeFeed;
 
 mod support;
 use support::Recorder;
@@ -36,25 +35,12 @@ struct World {
     t: TenantId,
 }
 
-fn start() -> DateTime<Utc> {
-    DateTime::parse_from_rfc3339("2026-12-01T10:00:00Z").unwrap().with_timezone(&Utc)
-}
-
 async fn world() -> World {
-    let clock = Arc::new(ManualClock::new(start()));
-    let store = EmbeddedStore::in_memory_with_clock(clock.clone()).unwrap();
-    for q in ALL_QUEUES {
-        store.declare_queue(QueueConfig::new(*q, 5)).unwrap();
-    }
+    let (store, clock) = support::store_on_manual_clock(5);
     let recorder = Arc::new(Recorder::default());
     let config = CoreConfig { sns_topic_arns: vec![OUR_TOPIC.into()], ..CoreConfig::default() };
-    let deps = Deps {
-        table: Arc::new(store.clone()),
-        queues: Arc::new(store.clone()),
-        clock: clock.clone(),
-        providers: Providers { email: recorder.clone(), sms: recorder.clone(), push: recorder },
-        config: Arc::new(config),
-    };
+    let providers = Providers { email: recorder.clone(), sms: recorder.clone(), push: recorder };
+    let deps = support::deps(&store, clock.clone(), providers, config);
     let t = TenantId::parse("shop-a").unwrap();
     let w = World { feed: store.change_feed("relay"), deps, clock, t };
     let input = serde_json::from_value(json!({"default_locale": "en", "locales": {"en": {

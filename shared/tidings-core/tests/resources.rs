@@ -10,13 +10,12 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
-use support::{Handling, Recorder, drain};
+use support::{Handling, Recorder, drain, start};
 use tidings_core::devices::{self, DeviceInput};
 use tidings_core::error::CoreError;
 use tidings_core::lists::{self, NotificationFilter};
-use tidings_core::messages::{ALL_QUEUES, dispatch, settle};
+use tidings_core::messages::{dispatch, settle};
 use tidings_core::notify::api;
 use tidings_core::notify::model::{Delivery, DeliveryStatus, NotificationRequest, NotificationStatus};
 use tidings_core::ports::{ChangeFeed, Channel, ManualClock, Platform};
@@ -26,7 +25,7 @@ use tidings_core::restock::subscriptions;
 use tidings_core::template_preview::{self, PreviewRequest};
 use tidings_core::users::{self, UserInput};
 use tidings_core::{CoreConfig, Deps, Providers, TenantId, erasure, inbox, keys, templates};
-use tidings_embedded::{EmbeddedChangeFeed, EmbeddedStore, QueueConfig};
+use tidings_embedded::EmbeddedChangeFeed;
 
 struct World {
     deps: Deps,
@@ -37,28 +36,13 @@ struct World {
     b: TenantId,
 }
 
-fn start() -> DateTime<Utc> {
-    DateTime::parse_from_rfc3339("2026-12-01T10:00:00Z").unwrap().with_timezone(&Utc)
-}
-
 async fn world() -> World {
-    let clock = Arc::new(ManualClock::new(start()));
-    let store = EmbeddedStore::in_memory_with_clock(clock.clone()).unwrap();
-    for q in ALL_QUEUES {
-        store.declare_queue(QueueConfig::new(*q, 5)).unwrap();
-    }
+    let (store, clock) = support::store_on_manual_clock(5);
     let email = Arc::new(Recorder::default());
-    let deps = Deps {
-        table: Arc::new(store.clone()),
-        queues: Arc::new(store.clone()),
-        clock: clock.clone(),
-        providers: Providers {
-            email: email.clone(),
-            sms: Arc::new(Recorder::default()),
-            push: Arc::new(Recorder::default()),
-        },
-        config: Arc::new(CoreConfig { retry_base: Duration::from_secs(1), ..CoreConfig::default() }),
-    };
+    let providers =
+        Providers { email: email.clone(), sms: Arc::new(Recorder::default()), push: Arc::new(Recorder::default()) };
+    let config = CoreConfig { retry_base: Duration::from_secs(1), ..CoreConfig::default() };
+    let deps = support::deps(&store, clock.clone(), providers, config);
     let w = World {
         feed: store.change_feed("relay"),
         deps,

@@ -17,7 +17,7 @@ use tidings_core::ports::{ChangeFeed, Channel};
 use tidings_core::sizes::{MAX_ITEM_BYTES, MAX_MESSAGE_BYTES};
 use tidings_core::users::{self, UserInput};
 use tidings_core::{CoreConfig, CoreError, Deps, Providers, TenantId, keys, templates};
-use tidings_embedded::{EmbeddedChangeFeed, EmbeddedStore, QueueConfig};
+use tidings_embedded::{EmbeddedChangeFeed, EmbeddedStore};
 
 mod support;
 use support::Recorder;
@@ -30,19 +30,12 @@ struct World {
 }
 
 async fn world() -> World {
-    let store = EmbeddedStore::in_memory().unwrap();
-    for q in ALL_QUEUES {
-        store.declare_queue(QueueConfig::new(*q, 3)).unwrap();
-    }
+    let store = support::store_with_queues(EmbeddedStore::in_memory().unwrap(), 3);
     let email = Arc::new(Recorder::default());
     let other = Arc::new(Recorder::default());
-    let deps = Deps {
-        table: Arc::new(store.clone()),
-        queues: Arc::new(store.clone()),
-        clock: Arc::new(tidings_core::ports::SystemClock),
-        providers: Providers { email: email.clone(), sms: other.clone(), push: other },
-        config: Arc::new(CoreConfig { retry_base: Duration::from_millis(10), ..CoreConfig::default() }),
-    };
+    let providers = Providers { email: email.clone(), sms: other.clone(), push: other };
+    let config = CoreConfig { retry_base: Duration::from_millis(10), ..CoreConfig::default() };
+    let deps = support::deps(&store, Arc::new(tidings_core::ports::SystemClock), providers, config);
     let t = TenantId::parse("shop-a").unwrap();
     World { feed: store.change_feed("relay"), deps, email, t }
 }

@@ -6,16 +6,14 @@
 
 use std::sync::Arc;
 
-use chrono::{DateTime, Utc};
 use serde_json::json;
-use tidings_core::messages::ALL_QUEUES;
 use tidings_core::notify::api;
 use tidings_core::notify::model::NotificationRequest;
-use tidings_core::ports::{ChangeFeed, ManualClock};
+use tidings_core::ports::ChangeFeed;
 use tidings_core::users::{self, UserInput};
 use tidings_core::webhooks::{self, EVENT_SK, EndpointInput, EventType, WEBHOOKS_QUEUE};
 use tidings_core::{CoreConfig, Deps, Providers, TenantId, templates};
-use tidings_embedded::{EmbeddedChangeFeed, EmbeddedStore, QueueConfig};
+use tidings_embedded::EmbeddedChangeFeed;
 
 mod support;
 use support::Recorder;
@@ -29,20 +27,10 @@ struct World {
 }
 
 async fn world() -> World {
-    let start = DateTime::parse_from_rfc3339("2026-12-01T10:00:00Z").unwrap().with_timezone(&Utc);
-    let clock = Arc::new(ManualClock::new(start));
-    let store = EmbeddedStore::in_memory_with_clock(clock.clone()).unwrap();
-    for q in ALL_QUEUES {
-        store.declare_queue(QueueConfig::new(*q, 5)).unwrap();
-    }
+    let (store, clock) = support::store_on_manual_clock(5);
     let recorder = Arc::new(Recorder::default());
-    let deps = Deps {
-        table: Arc::new(store.clone()),
-        queues: Arc::new(store.clone()),
-        clock,
-        providers: Providers { email: recorder.clone(), sms: recorder.clone(), push: recorder },
-        config: Arc::new(CoreConfig::default()),
-    };
+    let providers = Providers { email: recorder.clone(), sms: recorder.clone(), push: recorder };
+    let deps = support::deps(&store, clock, providers, CoreConfig::default());
     let t = TenantId::parse("shop-a").unwrap();
     let w = World { feed: store.change_feed("relay"), audit: store.change_feed("audit"), deps, t };
     let input = serde_json::from_value(json!({"default_locale": "en", "locales": {"en": {
