@@ -37,8 +37,8 @@ pub mod tenants;
 pub mod timers;
 pub mod tracking;
 pub mod users;
+pub mod webhooks;
 
 pub use deps::{CoreConfig, Deps, Providers};
 pub use error::{CoreError, CoreResult};
 pub use ids::TenantId;
-pub mod webhooks;
