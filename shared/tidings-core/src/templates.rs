@@ -830,7 +830,7 @@ fn locales_of(input: BTreeMap<String, Value>) -> CoreResult<BTreeMap<String, Loc
 
 /// The template a body makes, checked as [`Template::validate`] does and its locales as
 /// `locales_of` does.
-fn template_of(template_id: &str, input: TemplateInput, updated_at: String) -> CoreResult<Template> {
+pub fn template_of(template_id: &str, input: TemplateInput, updated_at: String) -> CoreResult<Template> {
     let locales = locales_of(input.locales)?;
     if !is_locale_key(&input.default_locale) {
         return Err(CoreError::invalid("default_locale", "not a locale key: one of the keys of locales"));

@@ -33,13 +33,7 @@ pub fn request_parsers(data: &[u8]) {
         let _ = req.validate_schedule(chrono_now());
     }
     if let Some(tpl) = parse::<TemplateInput>(data) {
-        let template = tidings_core::templates::Template {
-            template_id: "t".into(),
-            default_locale: tpl.default_locale,
-            locales: tpl.locales,
-            updated_at: String::new(),
-        };
-        let _ = template.validate();
+        let _ = tidings_core::templates::template_of("t", tpl, String::new());
     }
     let _ = parse::<UserInput>(data);
     let _ = parse::<OrderRequest>(data);
