@@ -286,9 +286,24 @@ fn constrain(v: &mut serde_json::Value) {
 
 /// The document as `tidings openapi` prints it and the committed `openapi.json` holds it.
 pub fn document_json() -> serde_json::Result<String> {
-    let mut text = serde_json::to_string_pretty(&document())?;
+    let mut text = serde_json::to_string_pretty(&keys_sorted(document()))?;
     text.push('\n');
     Ok(text)
+}
+
+/// The value with every object's keys in byte order. serde_json keeps maps in insertion order
+/// when some crate of the build turns on its `preserve_order` feature (a workspace build does,
+/// `cargo run -p tidings` alone does not): sorted, the committed file is the same either way.
+fn keys_sorted(value: serde_json::Value) -> serde_json::Value {
+    match value {
+        serde_json::Value::Object(map) => {
+            let mut entries: Vec<(String, serde_json::Value)> = map.into_iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(&b.0));
+            serde_json::Value::Object(entries.into_iter().map(|(k, v)| (k, keys_sorted(v))).collect())
+        }
+        serde_json::Value::Array(items) => serde_json::Value::Array(items.into_iter().map(keys_sorted).collect()),
+        other => other,
+    }
 }
 
 pub(super) fn router() -> Router<AppState> {
