@@ -91,7 +91,9 @@ pub async fn a_segment_campaign_reaches_each_member_once_and_an_otp_is_not_held_
     let at = |v: &Value| v["at"].as_str().unwrap_or_default().to_owned();
     let otp_at = at(&s.sends(&otp).await?[0]);
     let last_campaign_at = s.sends(&campaign).await?.iter().map(at).max().unwrap_or_default();
-    eprintln!("otp sent {otp_latency:?} after it was posted; at {otp_at}, the campaign's last send at {last_campaign_at}");
+    eprintln!(
+        "otp sent {otp_latency:?} after it was posted; at {otp_at}, the campaign's last send at {last_campaign_at}"
+    );
     assert!(otp_at < last_campaign_at, "the otp waited for the campaign: {otp_at} after {last_campaign_at}");
     assert_eq!(view["counts"]["sent"], members, "{view}");
     assert_eq!(view["counts"]["queued"], 0, "{view}");
