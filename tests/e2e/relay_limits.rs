@@ -194,12 +194,20 @@ async fn shard_of(s: &Stack, db: &Dynamo, seq: &str) -> anyhow::Result<(String, 
 }
 
 pub async fn a_slow_orchestrator_batch_hands_back_what_it_cannot_finish() -> anyhow::Result<()> {
-    // A short timeout (8 s, less the 5 s the handler keeps for what follows its work): a batch
-    // of ten notifications of fifteen users each cannot be orchestrated within it. Two receives
-    // before the DLQ: a hand back that charged one would dead-letter a message.
+    // A timeout of 30 s (the handler keeps its last 5 s for what follows its work)
+    // and every AWS request of the orchestrator slowed by 250 ms: one notification of fifteen
+    // users takes a few seconds however loaded this machine is, so the first of a batch always
+    // ends in time, and a batch of ten cannot (the work's length is set by the added latency, not
+    // by the machine's speed, which under qemu on a busy CI runner varies several-fold). Two
+    // receives before the DLQ: a hand back that charged one would dead-letter a message.
     let users = 15;
-    let s =
-        Stack::start(Options { timeouts: vec![("orchestrator", 8)], max_receives: 2, ..Options::default() }).await?;
+    let s = Stack::start(Options {
+        timeouts: vec![("orchestrator", 30)],
+        latency: vec![("orchestrator", Duration::from_millis(250))],
+        max_receives: 2,
+        ..Options::default()
+    })
+    .await?;
     setup(&s, users).await?;
     let posts = (0..10).map(|i| {
         let s = &s;

@@ -58,6 +58,8 @@ pub struct Options {
     /// Functions whose environments are never thawed once they answer (see
     /// `runtime::Function::never_thaw`): what is left to run after an answer is lost.
     pub never_thawed: Vec<&'static str>,
+    /// Time added to each AWS request of these functions (see `proxy::Proxy::latency`).
+    pub latency: Vec<(&'static str, Duration)>,
 }
 
 impl Default for Options {
@@ -72,6 +74,7 @@ impl Default for Options {
             timeouts: Vec::new(),
             warm: true,
             never_thawed: Vec::new(),
+            latency: Vec::new(),
         }
     }
 }
@@ -300,6 +303,7 @@ impl Stack {
             ledger: ledger.clone(),
             sqs: sqs.clone(),
             moves: Mutex::new(Vec::new()),
+            latency: opts.latency.iter().map(|(f, d)| ((*f).to_owned(), *d)).collect(),
         };
         for f in &spec.functions {
             proxy.callers.insert(access_key(&f.binary), (f.binary.clone(), f.statements.clone()));

@@ -100,6 +100,10 @@ pub struct Proxy {
     /// For the SQS operations moto lacks (message move tasks), done here once authorized.
     pub sqs: aws_sdk_sqs::Client,
     pub moves: Mutex<Vec<Value>>,
+    /// Time added to every authorized request of a function (binary → delay): a slow network
+    /// or a throttled table, so a test sets how long a function's work takes in time that does
+    /// not depend on how loaded this machine is.
+    pub latency: BTreeMap<String, std::time::Duration>,
 }
 
 /// One authorization a request needs.
@@ -440,6 +444,9 @@ impl Proxy {
             );
             self.ledger.lock().unwrap_or_else(|e| e.into_inner()).refused.push(message.clone());
             return denied(&service, message);
+        }
+        if let Some(delay) = self.latency.get(function) {
+            tokio::time::sleep(*delay).await;
         }
         if service == "sqs"
             && (operation.starts_with("SQS.StartMessageMoveTask") || operation.starts_with("SQS.ListMessageMoveTasks"))
