@@ -8,7 +8,7 @@ use bytes::Bytes;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use tidings_core::TenantId;
-use tidings_core::tenants::{self, Principal};
+use tidings_core::ops::tenants::{self, Principal};
 
 use crate::problem::{ApiError, Problem};
 use crate::state::AppState;

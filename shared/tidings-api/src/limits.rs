@@ -162,7 +162,7 @@ mod tests {
     use http_body_util::BodyExt;
     use tidings_core::gates::GateStore;
     use tidings_core::gates::api::ApiRates;
-    use tidings_core::tenants;
+    use tidings_core::ops::tenants;
     use tower::ServiceExt;
 
     use crate::state::AppState;

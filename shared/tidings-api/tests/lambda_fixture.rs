@@ -8,7 +8,7 @@ use http_body_util::BodyExt;
 use tidings_api::AppState;
 use tidings_core::dev::NullProvider;
 use tidings_core::ports::{Clock, SystemClock};
-use tidings_core::{CoreConfig, Deps, Providers, TenantId, tenants};
+use tidings_core::{CoreConfig, Deps, Providers, TenantId, ops::tenants};
 use tidings_embedded::EmbeddedStore;
 use tower::ServiceExt;
 

@@ -6,7 +6,7 @@ use aws_sdk_apigatewaymanagement::error::ProvideErrorMetadata;
 use aws_sdk_apigatewaymanagement::primitives::Blob;
 use tidings_core::Deps;
 use tidings_core::TenantId;
-use tidings_core::live::{self, LiveEvent, LivePush};
+use tidings_core::inbox::live::{self, LiveEvent, LivePush};
 use tracing::{debug, warn};
 
 pub struct ApiGatewayLive {
@@ -59,7 +59,7 @@ mod tests {
     use std::sync::Arc;
 
     use aws_smithy_mocks::{MockResponseInterceptor, RuleMode, mock};
-    use tidings_core::live::{LiveMessage, remember_connection};
+    use tidings_core::inbox::live::{LiveMessage, remember_connection};
     use tidings_core::ports::{Clock, SystemClock};
     use tidings_core::{CoreConfig, Providers};
 

@@ -295,7 +295,7 @@ fn message(channel: Channel, to: &str) -> OutboundMessage {
 async fn push_collapses_a_long_delivery_key_by_its_digest() {
     use aws_sdk_sns::operation::publish::PublishOutput;
     let key = "n_01JEXAMPLE0000000000000000:7f0c2a8e-3b1d-4c55-9a77-2f6e8d1b9c40:push";
-    let digest = tidings_core::devices::collapse_id(key);
+    let digest = tidings_core::people::devices::collapse_id(key);
     assert_eq!(digest.len(), 64);
     let expected = digest.clone();
     let ok = mock!(aws_sdk_sns::Client::publish)

@@ -232,7 +232,7 @@ impl SnsPush {
 /// The SNS message of a push: `default`, plus APNs and FCM payloads carrying the collapse key.
 pub fn push_payload(message: &OutboundMessage) -> String {
     let title = message.subject.clone().unwrap_or_default();
-    let key = &tidings_core::devices::collapse_id(&message.idempotency_key);
+    let key = &tidings_core::people::devices::collapse_id(&message.idempotency_key);
     let apns = serde_json::json!({"aps": {"alert": {"title": title, "body": message.body}}});
     let fcm =
         serde_json::json!({"notification": {"title": title, "body": message.body, "tag": key}, "collapse_key": key});
@@ -289,7 +289,7 @@ impl Provider for SnsPush {
         if !message.idempotency_key.is_empty() {
             let collapse = MessageAttributeValue::builder()
                 .data_type("String")
-                .string_value(tidings_core::devices::collapse_id(&message.idempotency_key))
+                .string_value(tidings_core::people::devices::collapse_id(&message.idempotency_key))
                 .build()
                 .map_err(build_error)?;
             req = req.message_attributes("AWS.SNS.MOBILE.APNS.COLLAPSE_ID", collapse);

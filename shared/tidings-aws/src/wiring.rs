@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use tidings_core::live::{LivePush, NoLive};
+use tidings_core::inbox::live::{LivePush, NoLive};
 use tidings_core::ports::{ChangeFeed, Provider, Queues, SystemClock, Table};
 use tidings_core::{CoreConfig, Deps, Providers};
 

@@ -60,8 +60,8 @@ pub struct CoreConfig {
     /// Per-tenant caps (`TIDINGS_FREQUENCY_CAPS="acme:5,globex:2"`).
     pub frequency_caps: std::collections::BTreeMap<String, u32>,
     /// The abuse guard: SMS countries and per-number limits, per-requester limits
-    /// (see [`crate::abuse`]).
-    pub abuse: crate::abuse::AbuseGuard,
+    /// (see [`crate::notify::abuse`]).
+    pub abuse: crate::notify::abuse::AbuseGuard,
     /// A PEM certificate trusted for every SNS message instead of the one at `SigningCertURL`
     /// (`TIDINGS_SNS_TRUSTED_CERT_PEM`, a PEM text or a path to one). Tests and emulators only.
     pub sns_trusted_cert_pem: Option<String>,
@@ -90,7 +90,7 @@ impl Default for CoreConfig {
             campaign_page_size: 1000,
             frequency_cap: 3,
             frequency_caps: std::collections::BTreeMap::new(),
-            abuse: crate::abuse::AbuseGuard::default(),
+            abuse: crate::notify::abuse::AbuseGuard::default(),
             sns_trusted_cert_pem: None,
             sns_topic_arns: Vec::new(),
             relay_sweep_after: Duration::from_secs(300),
@@ -159,7 +159,7 @@ impl CoreConfig {
                 }
             }
         }
-        c.abuse = crate::abuse::AbuseGuard::from_env()?;
+        c.abuse = crate::notify::abuse::AbuseGuard::from_env()?;
         if let Ok(v) = std::env::var("TIDINGS_SNS_TRUSTED_CERT_PEM")
             && !v.trim().is_empty()
         {

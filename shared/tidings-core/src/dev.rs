@@ -241,7 +241,8 @@ impl Provider for DevProvider {
             at: now.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
             provider_message_id: receipt.provider_message_id.clone(),
             headers: message.headers.clone(),
-            collapse_id: (self.channel == Channel::Push).then(|| crate::devices::collapse_id(&message.idempotency_key)),
+            collapse_id: (self.channel == Channel::Push)
+                .then(|| crate::people::devices::collapse_id(&message.idempotency_key)),
             provider: self.inner.name().to_owned(),
         };
         // Ordered by a sequence that survives restarts and clock jumps: wall time + id.

@@ -23,7 +23,7 @@
 //! | provider message → delivery | `PMSG#{provider}#{provider_message_id}` | `PMSG` |
 //! | push endpoint → device (SNS events name only the endpoint) | `PUSHEP#{sha256(address)}` | `PUSHEP` |
 //! | fake provider send (dev) | `DEV#SENDS` | `{at_ms:015}#{id}` |
-//! | a user erased (`crate::erasure`) | `T#t#U#{user}` | `ERASED` |
+//! | a user erased (`crate::people::erasure`) | `T#t#U#{user}` | `ERASED` |
 //! | users list entry (`crate::lists`) | `T#t#USERS` | `U#{user}` |
 //! | templates list entry | `T#t#TPLS` | `TPL#{id}` |
 //! | notifications list entry, by time | `T#t#NLIST` | `{created_ms:015}#{id}` |
@@ -175,7 +175,7 @@ pub fn sns_message(message_id: &str) -> Key {
 pub const DEV_SENDS_PK: &str = "DEV#SENDS";
 
 /// The record that a user was erased, kept in the user's partition when the rest goes
-/// (`crate::erasure`): work queued before the erasure checks it and does not send.
+/// (`crate::people::erasure`): work queued before the erasure checks it and does not send.
 pub fn erasure(t: &TenantId, user_id: &str) -> Key {
     Key::new(user_pk(t, user_id), "ERASED")
 }

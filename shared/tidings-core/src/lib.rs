@@ -2,14 +2,9 @@
 //! the local runtime are thin wiring around the handlers here.
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
-pub mod abuse;
 pub mod crash;
-pub mod dead_letters;
 pub mod deps;
 pub mod dev;
-pub mod devices;
-pub mod email;
-pub mod erasure;
 pub mod error;
 pub mod gates;
 pub mod ids;
@@ -17,26 +12,20 @@ pub mod inbox;
 pub mod inventory;
 pub mod keys;
 pub mod lists;
-pub mod live;
 pub mod messages;
 pub mod metrics;
 pub mod notify;
+pub mod ops;
+pub mod people;
 pub mod ports;
-pub mod preferences;
-pub mod receipts;
 pub mod restock;
 pub mod retry;
 pub mod roles;
-pub mod schedule;
 pub mod signing;
 pub mod sizes;
-pub mod suppression;
-pub mod template_preview;
 pub mod templates;
-pub mod tenants;
 pub mod timers;
 pub mod tracking;
-pub mod users;
 pub mod webhooks;
 
 pub use deps::{CoreConfig, Deps, Providers};

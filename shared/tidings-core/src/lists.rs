@@ -13,15 +13,15 @@ use futures::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 
 use crate::deps::Deps;
-use crate::devices::Device;
 use crate::error::{CoreError, CoreResult};
 use crate::ids::{TenantId, check_id};
 use crate::keys;
 use crate::notify::api::{NotificationView, view_of};
 use crate::notify::model::{Notification, NotificationStatus};
+use crate::people::devices::Device;
+use crate::people::users::User;
 use crate::ports::{Cond, Item, QueryOpts, Write, attrs_of};
 use crate::templates::Template;
-use crate::users::User;
 
 /// The entry of a notification in its tenant's list: written by `notify::api::accept` with the
 /// notification.

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Duration, Utc};
 use tidings_core::dev::NullProvider;
+use tidings_core::ops::tenants::{self, KeySpec, Principal, Role};
 use tidings_core::ports::{Clock, Cond, Item, ManualClock, attrs_of};
-use tidings_core::tenants::{self, KeySpec, Principal, Role};
 use tidings_core::{CoreConfig, CoreError, Deps, Providers, TenantId, keys};
 use tidings_embedded::EmbeddedStore;
 

@@ -15,11 +15,11 @@ use tidings_core::messages::{ALL_QUEUES, dispatch, settle};
 use tidings_core::notify::api::{self, NotificationView};
 use tidings_core::notify::model::{DeliveryStatus, NotificationRequest, NotificationStatus};
 use tidings_core::notify::relay;
+use tidings_core::people::users::{self, UserInput};
 use tidings_core::ports::{self, StoreError};
 use tidings_core::ports::{
     ChangeFeed, Channel, ManualClock, OutMessage, OutboundMessage, Provider, ProviderError, ProviderReceipt,
 };
-use tidings_core::users::{self, UserInput};
 use tidings_core::{CoreConfig, Deps, Providers, TenantId, templates};
 use tidings_embedded::{EmbeddedStore, QueueConfig};
 
@@ -768,7 +768,7 @@ async fn sms_world(users: usize, numbers: usize, limits: &str) -> (World, Arc<Re
     w.deps.table = counting.clone();
     w.deps.providers.sms = sms.clone();
     let limits = limits.to_owned();
-    let abuse = tidings_core::abuse::AbuseGuard::from_settings(|name| {
+    let abuse = tidings_core::notify::abuse::AbuseGuard::from_settings(|name| {
         (name == "TIDINGS_SMS_NUMBER_LIMITS").then(|| limits.clone())
     })
     .unwrap();

@@ -15,11 +15,11 @@ use tidings_core::notify::model::{
     ChannelTask, Delivery, DeliveryStatus, NotificationRequest, NotificationStatus, Requester,
 };
 use tidings_core::notify::relay;
+use tidings_core::people::preferences::{self, PreferencesInput, QuietHours};
+use tidings_core::people::users::{self, UserInput};
 use tidings_core::ports::{
     ChangeFeed, Channel, ManualClock, OutboundMessage, Provider, ProviderError, ProviderReceipt, Update,
 };
-use tidings_core::preferences::{self, PreferencesInput, QuietHours};
-use tidings_core::users::{self, UserInput};
 use tidings_core::{CoreConfig, Deps, Providers, TenantId, keys, templates};
 use tidings_embedded::{EmbeddedChangeFeed, EmbeddedStore, QueueConfig};
 
@@ -298,7 +298,7 @@ fn guarded(countries: &str, limits: &str) -> CoreConfig {
 }
 
 fn guarded_by(settings: &[(&str, &str)]) -> CoreConfig {
-    let abuse = tidings_core::abuse::AbuseGuard::from_settings(|name| {
+    let abuse = tidings_core::notify::abuse::AbuseGuard::from_settings(|name| {
         settings.iter().find(|(n, _)| *n == name).map(|(_, v)| (*v).to_owned())
     })
     .unwrap();
@@ -823,9 +823,9 @@ async fn step(w: &World, to: DateTime<Utc>) {
 /// from that user.
 #[tokio::test]
 async fn push_service_events_delete_dead_tokens_and_keep_the_rest() {
-    use tidings_core::devices::{self, DeviceInput};
+    use tidings_core::people::devices::{self, DeviceInput};
     use tidings_core::ports::Platform;
-    use tidings_core::receipts::apply_push_event;
+    use tidings_core::tracking::receipts::apply_push_event;
     let w = world().await;
     let other = TenantId::parse("shop-b").unwrap();
     let register = |t: TenantId, user: &'static str, token: &'static str| {
@@ -883,7 +883,7 @@ async fn push_service_events_delete_dead_tokens_and_keep_the_rest() {
 /// registered it first leaves the endpoint to the other; the last one deletes it.
 #[tokio::test]
 async fn unregistering_a_token_another_tenant_uses_keeps_its_endpoint() {
-    use tidings_core::devices::{self, DeviceInput};
+    use tidings_core::people::devices::{self, DeviceInput};
     use tidings_core::ports::Platform;
     let w = world().await;
     let other = TenantId::parse("shop-b").unwrap();

@@ -11,12 +11,12 @@ use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 use tidings_core::notify::api;
 use tidings_core::notify::model::{Delivery, DeliveryStatus, NotificationRequest};
+use tidings_core::people::suppression;
+use tidings_core::people::users::{self, UserInput};
 use tidings_core::ports::{Channel, ManualClock};
-use tidings_core::receipts::{self, Callback, SnsMessage, VerifyError};
-use tidings_core::suppression;
 use tidings_core::timers::TIMERS_QUEUE;
+use tidings_core::tracking::receipts::{self, Callback, SnsMessage, VerifyError};
 use tidings_core::tracking::{self, Claims, TokenKind};
-use tidings_core::users::{self, UserInput};
 use tidings_core::{CoreConfig, Deps, Providers, TenantId, keys, templates};
 use tidings_embedded::EmbeddedChangeFeed;
 

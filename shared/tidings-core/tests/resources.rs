@@ -12,19 +12,19 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use support::{Handling, Recorder, drain, start};
-use tidings_core::devices::{self, DeviceInput};
 use tidings_core::error::CoreError;
 use tidings_core::lists::{self, NotificationFilter};
 use tidings_core::messages::{dispatch, settle};
 use tidings_core::notify::api;
 use tidings_core::notify::model::{Delivery, DeliveryStatus, NotificationRequest, NotificationStatus};
+use tidings_core::people::devices::{self, DeviceInput};
+use tidings_core::people::preferences::{self, PreferencesInput};
+use tidings_core::people::users::{self, UserInput};
 use tidings_core::ports::{ChangeFeed, Channel, ManualClock, Platform};
-use tidings_core::preferences::{self, PreferencesInput};
 use tidings_core::restock::model::SubscriptionRequest;
 use tidings_core::restock::subscriptions;
-use tidings_core::template_preview::{self, PreviewRequest};
-use tidings_core::users::{self, UserInput};
-use tidings_core::{CoreConfig, Deps, Providers, TenantId, erasure, inbox, keys, templates};
+use tidings_core::templates::preview::{self, PreviewRequest};
+use tidings_core::{CoreConfig, Deps, Providers, TenantId, inbox, keys, people::erasure, templates};
 use tidings_embedded::EmbeddedChangeFeed;
 
 struct World {
@@ -404,7 +404,7 @@ async fn a_preview_renders_as_a_send_would() {
         "zh-CN": {"sms": "订单 {{ order_id }}"}}}))
     .unwrap();
     templates::put_template(&w.deps, &w.a, "t", input).await.unwrap();
-    let p = |v: Value| template_preview::preview(&w.deps, &w.a, "t", preview_req(v));
+    let p = |v: Value| preview::preview(&w.deps, &w.a, "t", preview_req(v));
 
     let got = p(json!({"params": {"order_id": "1", "name": "<b>"}, "locale": "zh"})).await.unwrap().unwrap();
     let parts: Vec<(Channel, &str, Option<&str>, Option<&str>)> =
@@ -436,8 +436,8 @@ async fn a_preview_renders_as_a_send_would() {
     assert_eq!(invalid_field(e), "params", "a limit, as a send meets it");
     let only_sms = p(json!({"params": {"order_id": "2"}, "channels": ["sms"]})).await.unwrap().unwrap();
     assert_eq!(only_sms.parts.len(), 1);
-    let missing = template_preview::preview(&w.deps, &w.a, "nope", preview_req(json!({}))).await.unwrap();
+    let missing = preview::preview(&w.deps, &w.a, "nope", preview_req(json!({}))).await.unwrap();
     assert!(missing.is_none());
-    let other = template_preview::preview(&w.deps, &w.b, "t", preview_req(json!({}))).await.unwrap();
+    let other = preview::preview(&w.deps, &w.b, "t", preview_req(json!({}))).await.unwrap();
     assert!(other.is_none(), "another tenant's template is not found");
 }

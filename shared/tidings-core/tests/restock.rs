@@ -12,9 +12,9 @@ use chrono::{DateTime, Utc};
 use tidings_core::dev::NullProvider;
 use tidings_core::inventory::{self, AdjustmentRequest, OrderLine, OrderRequest, WarmUpRequest};
 use tidings_core::messages::{self, ALL_QUEUES};
+use tidings_core::people::users::{self, UserInput};
 use tidings_core::ports::{ChangeFeed, ManualClock, OutboundMessage, Provider, ProviderError, ProviderReceipt, Table};
 use tidings_core::restock::{self, NoticeStatus, RestockConfig, StockEvent, SubscriptionRequest, SubscriptionStatus};
-use tidings_core::users::{self, UserInput};
 use tidings_core::{CoreConfig, Deps, Providers, TenantId};
 use tidings_embedded::{EmbeddedChangeFeed, EmbeddedStore, QueueConfig};
 

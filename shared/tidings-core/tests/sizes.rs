@@ -13,9 +13,9 @@ use serde_json::json;
 use tidings_core::messages::ALL_QUEUES;
 use tidings_core::notify::api;
 use tidings_core::notify::model::{Delivery, DeliveryStatus, NotificationRequest, NotificationStatus};
+use tidings_core::people::users::{self, UserInput};
 use tidings_core::ports::{ChangeFeed, Channel};
 use tidings_core::sizes::{MAX_ITEM_BYTES, MAX_MESSAGE_BYTES};
-use tidings_core::users::{self, UserInput};
 use tidings_core::{CoreConfig, CoreError, Deps, Providers, TenantId, keys, templates};
 use tidings_embedded::{EmbeddedChangeFeed, EmbeddedStore};
 

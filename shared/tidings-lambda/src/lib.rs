@@ -9,7 +9,7 @@ use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent
 use aws_lambda_events::streams::{DynamoDbBatchItemFailure, DynamoDbEventResponse};
 use serde_json::Value;
 use tidings_core::Deps;
-use tidings_core::live::LivePush;
+use tidings_core::inbox::live::LivePush;
 use tidings_core::messages::{dispatch_batch_until, settle_batch};
 use tidings_core::notify::relay;
 use tidings_core::ports::table::stored;
@@ -346,7 +346,7 @@ pub async fn handle_stream_event(deps: &Deps, live: &dyn LivePush, event: Dynamo
     }
     let done: Vec<ChangeRecord> =
         readable.into_iter().filter(|(i, _)| failed_at.is_none_or(|f| *i < f)).map(|(_, c)| c).collect();
-    tidings_core::live::handle_changes(deps, live, &done).await;
+    tidings_core::inbox::live::handle_changes(deps, live, &done).await;
     let mut response = DynamoDbEventResponse::default();
     if let Some(record) = failed_at.and_then(|f| event.records.get(f)) {
         let mut failure = DynamoDbBatchItemFailure::default();

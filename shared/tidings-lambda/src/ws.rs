@@ -3,7 +3,7 @@
 use aws_lambda_events::apigw::ApiGatewayWebsocketProxyRequest;
 use serde::Deserialize;
 use tidings_core::Deps;
-use tidings_core::live::{self, LiveEvent, LivePush};
+use tidings_core::inbox::live::{self, LiveEvent, LivePush};
 use tracing::warn;
 
 #[derive(Deserialize)]

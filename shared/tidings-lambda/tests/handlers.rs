@@ -49,7 +49,7 @@ fn load<T: serde::de::DeserializeOwned>(name: &str) -> T {
 async fn stream_event_relays_new_notifications_only() {
     let f = fixture();
     let event: DynamoDbEvent = load("dynamodb-stream-notification.json");
-    let response = tidings_lambda::handle_stream_event(&f.deps, &tidings_core::live::NoLive, event).await;
+    let response = tidings_lambda::handle_stream_event(&f.deps, &tidings_core::inbox::live::NoLive, event).await;
     assert!(response.batch_item_failures.is_empty());
     let got = f.deps.queues.receive("requests-high", 10, Duration::from_secs(30), Duration::ZERO).await.unwrap();
     assert_eq!(got.len(), 1, "one request for the one new notification; the profile change is ignored");

@@ -141,7 +141,7 @@ async fn unreadable_stream_records_are_recorded_and_the_rest_relayed() {
         stream_record("INSERT", key("T#acme#N#n1", "N"), Some(good), "8"),
     ];
     let event: DynamoDbEvent = serde_json::from_value(json!({"Records": records})).unwrap();
-    let response = tidings_lambda::handle_stream_event(&deps, &tidings_core::live::NoLive, event).await;
+    let response = tidings_lambda::handle_stream_event(&deps, &tidings_core::inbox::live::NoLive, event).await;
     assert!(response.batch_item_failures.is_empty(), "{:?}", response.batch_item_failures);
     let got = deps.queues.receive("requests-high", 10, Duration::from_secs(30), Duration::ZERO).await.unwrap();
     let ids: Vec<Value> =

@@ -10,7 +10,7 @@ use std::time::Duration;
 use aws_lambda_events::dynamodb::Event as DynamoDbEvent;
 use serde_json::{Value, json};
 use tidings_core::dev::NullProvider;
-use tidings_core::live::NoLive;
+use tidings_core::inbox::live::NoLive;
 use tidings_core::notify::relay::{POISON_CONDITION, STREAM_FAILURES_QUEUE, StreamFailure};
 use tidings_core::ports::{Clock, Provider, SystemClock, Table};
 use tidings_core::{CoreConfig, Deps, Providers};

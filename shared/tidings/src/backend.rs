@@ -213,7 +213,7 @@ fn local_signing_key(dir: &std::path::Path) -> anyhow::Result<tidings_core::sign
         Ok(s) if !s.trim().is_empty() => s.trim().to_owned(),
         _ => {
             tidings_embedded::create_private_dir(dir)?;
-            let secret = tidings_core::tenants::generate_key();
+            let secret = tidings_core::ops::tenants::generate_key();
             write_private(&path, &secret)?;
             secret
         }

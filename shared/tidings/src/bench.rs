@@ -16,10 +16,10 @@ use serde_json::json;
 use tidings_core::gates::{self, GateConfig, GateStore};
 use tidings_core::keys;
 use tidings_core::notify::api;
+use tidings_core::people::users::User;
 use tidings_core::ports::{
     Cond, Item, OutboundMessage, Provider, ProviderError, ProviderReceipt, SystemClock, Table, Write, attrs_of,
 };
-use tidings_core::users::User;
 use tidings_core::{CoreConfig, Deps, Providers, TenantId, templates};
 
 use crate::progress::Progress;
@@ -168,11 +168,11 @@ pub async fn campaign(args: CampaignArgs) -> anyhow::Result<()> {
     let progress = Progress::bar("seeding", n, "users");
     seed_users(table.as_ref(), &t, n, &progress).await?;
     let otp_user = User { user_id: "otp-user".into(), email: Some("otp@example.com".into()), ..Default::default() };
-    tidings_core::users::put_user(
+    tidings_core::people::users::put_user(
         &deps,
         &t,
         "otp-user",
-        tidings_core::users::UserInput { email: otp_user.email.clone(), ..Default::default() },
+        tidings_core::people::users::UserInput { email: otp_user.email.clone(), ..Default::default() },
     )
     .await?;
     let template = serde_json::from_value(json!({
@@ -191,7 +191,7 @@ pub async fn campaign(args: CampaignArgs) -> anyhow::Result<()> {
     let feed: Arc<dyn tidings_core::ports::ChangeFeed> = Arc::new(store.change_feed("relay"));
     let mut workers = crate::runtime::start_with(
         deps.clone(),
-        Arc::new(tidings_core::live::NoLive),
+        Arc::new(tidings_core::inbox::live::NoLive),
         feed,
         queue_names.clone(),
         "arn:tidings:embedded:local:0:".into(),

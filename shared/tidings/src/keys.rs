@@ -10,8 +10,8 @@ use std::sync::Arc;
 use chrono::{DateTime, Duration, Utc};
 use clap::Subcommand;
 use tidings_core::TenantId;
+use tidings_core::ops::tenants::{self, KeySpec, Role};
 use tidings_core::ports::SystemClock;
-use tidings_core::tenants::{self, KeySpec, Role};
 
 use crate::BackendArgs;
 use crate::backend::Backend;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use aws_lambda_events::dynamodb::Event as DynamoDbEvent;
 use aws_lambda_events::event::sqs::SqsEvent;
 use tidings_core::Deps;
-use tidings_core::live::LivePush;
+use tidings_core::inbox::live::LivePush;
 use tidings_core::ports::ChangeFeed;
 use tidings_core::roles;
 use tokio::sync::watch;

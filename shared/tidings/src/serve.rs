@@ -8,9 +8,9 @@ use tidings_api::{AppState, DevControl};
 use tidings_core::dev::DevProviders;
 use tidings_core::gates::GateStore;
 use tidings_core::gates::api::{ApiLimits, ApiRates};
+use tidings_core::ops::tenants::{KeySpec, Role};
 use tidings_core::ports::{Clock, ManualClock, SystemClock};
-use tidings_core::tenants::{KeySpec, Role};
-use tidings_core::{Deps, TenantId, roles, tenants};
+use tidings_core::{Deps, TenantId, ops::tenants, roles};
 use tokio::sync::watch;
 use tracing::info;
 

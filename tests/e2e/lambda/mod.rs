@@ -267,7 +267,7 @@ impl Stack {
         let key = format!("tk_acme_{:032x}", rand::random::<u128>());
         let other_key = format!("tk_globex_{:032x}", rand::random::<u128>());
         for (tenant, k) in [("acme", &key), ("globex", &other_key)] {
-            let hash = tidings_core::tenants::hash_key(k);
+            let hash = tidings_core::ops::tenants::hash_key(k);
             dynamo
                 .call(
                     "DynamoDB_20120810.PutItem",

@@ -9,9 +9,9 @@ use tidings_api::extract::parse_json;
 use tidings_core::dev::FaultConfig;
 use tidings_core::inventory::{AdjustmentRequest, OrderRequest, WarmUpRequest};
 use tidings_core::notify::model::NotificationRequest;
+use tidings_core::people::users::UserInput;
 use tidings_core::signing::Signer;
 use tidings_core::templates::TemplateInput;
-use tidings_core::users::UserInput;
 
 /// Parses `data` as `T` the way a handler's `Body<T>` does: an error is a 400 problem naming a
 /// stable code, never a panic.

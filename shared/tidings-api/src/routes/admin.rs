@@ -8,7 +8,7 @@ use axum::{Json, Router};
 use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 use tidings_core::TenantId;
-use tidings_core::tenants::{self, KeyInfo, KeySpec, NewKey, Role, Rotated};
+use tidings_core::ops::tenants::{self, KeyInfo, KeySpec, NewKey, Role, Rotated};
 
 use crate::extract::{Body, Operator, PageParams, PathParams, QueryParams, parse_json};
 use crate::problem::{ApiError, ApiResult, Problem};
@@ -170,7 +170,7 @@ mod tests {
     use axum::http::{Method, Request};
     use http_body_util::BodyExt;
     use serde_json::Value;
-    use tidings_core::tenants::{self, KeySpec, Role};
+    use tidings_core::ops::tenants::{self, KeySpec, Role};
     use tower::ServiceExt;
 
     use crate::state::AppState;

@@ -1,6 +1,6 @@
 //! `POST /v1/callbacks/{provider}`: provider receipts. No API key: an SNS message is believed
 //! only when it comes from one of the stack's topics (`TIDINGS_SNS_TOPIC_ARNS`) and its
-//! signature verifies against SNS's own certificate (see `tidings_core::receipts`). Other
+//! signature verifies against SNS's own certificate (see `tidings_core::tracking::receipts`). Other
 //! topics, forged or altered messages get 403; old or repeated notifications are ignored.
 
 use std::collections::HashMap;
@@ -13,7 +13,7 @@ use axum::routing::post;
 use axum::{Json, Router};
 use bytes::Bytes;
 use serde_json::{Value, json};
-use tidings_core::receipts::{self, Callback, SnsMessage, check_cert_url, check_topic, is_sns_url};
+use tidings_core::tracking::receipts::{self, Callback, SnsMessage, check_cert_url, check_topic, is_sns_url};
 use tracing::{info, warn};
 
 use crate::extract::{MAX_BODY, PathParams, parse_json};

@@ -49,8 +49,8 @@ impl FromRequestParts<AppState> for DevAccess {
         // Every tenant's sent bodies and OTP codes, and faults that fail every tenant's sends:
         // an operator's, like the other system-wide routes.
         match crate::extract::principal(parts, state).await? {
-            tidings_core::tenants::Principal::Operator { .. } => Ok(DevAccess),
-            tidings_core::tenants::Principal::Tenant { .. } => Err(Problem::new(
+            tidings_core::ops::tenants::Principal::Operator { .. } => Ok(DevAccess),
+            tidings_core::ops::tenants::Principal::Tenant { .. } => Err(Problem::new(
                 StatusCode::FORBIDDEN,
                 "operator_only",
                 "the /dev routes show and change every tenant's sends: an operator key",

@@ -2,7 +2,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::{delete, post};
 use axum::{Json, Router};
-use tidings_core::devices::{self, Device, DeviceInput};
+use tidings_core::people::devices::{self, Device, DeviceInput};
 
 use crate::extract::{Body, PathParams, Tenant};
 use crate::problem::ApiResult;

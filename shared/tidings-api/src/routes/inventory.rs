@@ -154,7 +154,7 @@ mod tests {
     use http_body_util::BodyExt;
     use serde_json::{Value, json};
     use tidings_core::timers::TIMERS_QUEUE;
-    use tidings_core::{TenantId, tenants};
+    use tidings_core::{TenantId, ops::tenants};
     use tidings_embedded::{EmbeddedStore, QueueConfig};
     use tower::ServiceExt;
 

@@ -16,7 +16,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 use tidings_core::TenantId;
-use tidings_core::live::{self, FeedToken, LiveEvent, LivePush};
+use tidings_core::inbox::live::{self, FeedToken, LiveEvent, LivePush};
 use tokio::sync::mpsc;
 use tracing::debug;
 

@@ -151,7 +151,7 @@ mod tests {
     use http_body_util::BodyExt;
     use serde_json::{Value, json};
     use tidings_core::TenantId;
-    use tidings_core::tenants;
+    use tidings_core::ops::tenants;
     use tower::ServiceExt;
 
     use crate::state::AppState;

@@ -66,7 +66,7 @@ struct DeadLetterList {
     #[schema(example = "sms-high")]
     queue: String,
     /// Up to `limit` of the queue's dead letters, each with why it is there (no message text).
-    dead_letters: Vec<tidings_core::dead_letters::DeadLetter>,
+    dead_letters: Vec<tidings_core::ops::dead_letters::DeadLetter>,
 }
 
 /// A queue's dead letters with their reasons, without removing them (an operator key, like
@@ -89,7 +89,7 @@ async fn dead_letters(
     }
     let mut dead_letters = Vec::new();
     for m in s.deps.queues.peek_dlq(&queue, limit).await.map_err(queue_error)? {
-        dead_letters.push(tidings_core::dead_letters::explain(&s.deps, &m).await);
+        dead_letters.push(tidings_core::ops::dead_letters::explain(&s.deps, &m).await);
     }
     Ok(Json(DeadLetterList { queue, dead_letters }))
 }
@@ -178,7 +178,7 @@ mod tests {
     use http_body_util::BodyExt;
     use serde_json::{Value, json};
     use tidings_core::TenantId;
-    use tidings_core::tenants::{self, KeySpec, Role};
+    use tidings_core::ops::tenants::{self, KeySpec, Role};
     use tower::ServiceExt;
 
     use crate::state::AppState;

@@ -1,7 +1,7 @@
 use axum::extract::State;
 use axum::routing::put;
 use axum::{Json, Router};
-use tidings_core::preferences::{self, Preferences, PreferencesInput};
+use tidings_core::people::preferences::{self, Preferences, PreferencesInput};
 
 use crate::extract::{Body, PathParams, Tenant};
 use crate::problem::ApiResult;

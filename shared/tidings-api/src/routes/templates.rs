@@ -2,7 +2,7 @@ use axum::extract::State;
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use tidings_core::lists::{self, TemplatePage};
-use tidings_core::template_preview::{self, Preview, PreviewRequest};
+use tidings_core::templates::preview::{self, Preview, PreviewRequest};
 use tidings_core::templates::{self, Template, TemplateInput};
 
 use crate::extract::{Body, PageParams, PathParams, QueryParams, Tenant};
@@ -48,7 +48,7 @@ async fn preview_template(
     PathParams(id): PathParams<String>,
     Body(req): Body<PreviewRequest>,
 ) -> ApiResult<Json<Preview>> {
-    match template_preview::preview(&s.deps, &t, &id, req).await? {
+    match preview::preview(&s.deps, &t, &id, req).await? {
         Some(p) => Ok(Json(p)),
         None => Err(Problem::not_found("template").into()),
     }

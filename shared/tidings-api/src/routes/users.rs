@@ -3,7 +3,7 @@ use axum::http::StatusCode;
 use axum::routing::{get, put};
 use axum::{Json, Router};
 use tidings_core::lists::{self, DevicePage, UserPage};
-use tidings_core::users::{self, User, UserInput};
+use tidings_core::people::users::{self, User, UserInput};
 
 use crate::extract::{Body, PageParams, PathParams, QueryParams, Tenant};
 use crate::problem::{ApiResult, Problem};
@@ -44,7 +44,7 @@ async fn erase_user(
     Tenant(t): Tenant,
     PathParams(user_id): PathParams<String>,
 ) -> ApiResult<StatusCode> {
-    tidings_core::erasure::erase(&s.deps, &t, &user_id).await?;
+    tidings_core::people::erasure::erase(&s.deps, &t, &user_id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use super::GateStore;
 use super::token_bucket::{LocalGate, RateGate, SharedGate};
-use crate::abuse::{ip_subject, subject_hash};
 use crate::ids::TenantId;
+use crate::notify::abuse::{ip_subject, subject_hash};
 
 /// Which bucket a request takes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

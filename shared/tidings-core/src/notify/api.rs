@@ -52,7 +52,7 @@ pub async fn accept(deps: &Deps, t: &TenantId, mut req: NotificationRequest) -> 
     };
     let notification = Notification {
         notification_id: new_id(),
-        // A scheduled notification's insert makes the relay set its timers (`crate::schedule`).
+        // A scheduled notification's insert makes the relay set its timers (`crate::timers::schedule`).
         status: if req.is_scheduled(now) { NotificationStatus::Scheduled } else { NotificationStatus::Accepted },
         priority: req.priority(),
         request: req,

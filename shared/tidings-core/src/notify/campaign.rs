@@ -132,7 +132,7 @@ impl Unit {
         self.writes
             .iter()
             .take(self.gates)
-            .filter(|w| crate::abuse::is_counter(w.key()))
+            .filter(|w| crate::notify::abuse::is_counter(w.key()))
             .map(move |w| hasher.hash_one(w.key()))
     }
 }

@@ -1,5 +1,6 @@
 //! Notifications: accept → relay → orchestrator → channel worker.
 
+pub mod abuse;
 pub mod api;
 pub mod campaign;
 pub mod model;

@@ -81,7 +81,7 @@ pub struct NotificationRequest {
     #[serde(default)]
     pub local_time: bool,
     /// Who asked for this message (an OTP's end user, as the shop's endpoint saw them), for
-    /// the per-requester limits (`crate::abuse`). Counted at accept, never stored.
+    /// the per-requester limits (`crate::notify::abuse`). Counted at accept, never stored.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requester: Option<Requester>,
 }

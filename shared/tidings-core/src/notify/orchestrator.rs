@@ -3,7 +3,7 @@
 //! the inbox). Idempotent: a delivery is created by a conditional put, so a repeated request
 //! message creates nothing twice; deliveries still `pending` are queued again (the channel
 //! worker deduplicates). Quiet hours defer a delivery through a timer
-//! ([`resume_deferred`]); scheduled sends start through one (`crate::schedule`).
+//! ([`resume_deferred`]); scheduled sends start through one (`crate::timers::schedule`).
 
 use std::collections::BTreeMap;
 
@@ -20,15 +20,16 @@ use super::progress;
 use crate::deps::Deps;
 use crate::error::CoreResult;
 use crate::ids::TenantId;
+use crate::inbox;
 use crate::keys;
 use crate::messages::Outcome;
+use crate::people::users::{self, User};
+use crate::people::{devices, preferences};
 use crate::ports::{Channel, Cond, Item, Key, OutMessage, Received, StoreError, Update, Write, attrs_of};
 use crate::retry::backoff;
 use crate::templates::{self, Template};
 use crate::timers::{self, TimerTask};
 use crate::tracking::LinkHosts;
-use crate::users::{self, User};
-use crate::{devices, inbox, preferences};
 
 /// Handles one request message.
 pub async fn handle_request_message(deps: &Deps, message: &Received) -> Outcome {
@@ -200,7 +201,7 @@ fn prefetch_keys(deps: &Deps, t: &TenantId, n: &Notification, users: &[(String, 
             if matches!(channel, Channel::Email | Channel::Sms)
                 && let Some(address) = r.address(channel)
             {
-                keys.push(crate::suppression::key_of(t, channel, &address));
+                keys.push(crate::people::suppression::key_of(t, channel, &address));
             }
             if marketing && channel != Channel::Inapp {
                 keys.push(policy::cap_key(t, user_id, r.zone(), channel, now));
@@ -415,10 +416,10 @@ async fn plan_delivery(
         Some(_) => return Ok(None),
     };
     let mut delivery = new_delivery(n, user_id, channel, &now);
-    // An erased user gets nothing (`crate::erasure`).
-    if crate::erasure::stops_planning(deps, t, n, user_id, r.user).await? {
+    // An erased user gets nothing (`crate::people::erasure`).
+    if crate::people::erasure::stops_planning(deps, t, n, user_id, r.user).await? {
         delivery.status = DeliveryStatus::Suppressed;
-        delivery.reason = Some(crate::erasure::REASON.into());
+        delivery.reason = Some(crate::people::erasure::REASON.into());
         write_final(deps, t, n, key, &delivery, deferred).await?;
         return Ok(None);
     }

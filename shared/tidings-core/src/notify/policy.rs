@@ -5,7 +5,7 @@
 //! 2. the category turned off → `category_off` (marketing only)
 //! 3. the channel available: turned on (`channel_off`), an address or a valid push token
 //!    (`no_address`), the address not on the suppression list (`address_suppressed`); an SMS
-//!    number in an allowed country (`country_not_allowed`, see [`crate::abuse`])
+//!    number in an allowed country (`country_not_allowed`, see [`crate::notify::abuse`])
 //! 4. quiet hours in the user's zone: marketing is deferred to the end of the window (never
 //!    dropped)
 //! 5. the frequency cap: marketing, per user, channel and day in the user's zone, default 3
@@ -14,11 +14,11 @@
 //!
 //! Transactional notifications skip 1 and 2: `unsubscribe_all` and the categories are marketing
 //! opt-outs, and a user who left the newsletter still gets the password reset and the security
-//! alert. The transactional category cannot be turned off ([`crate::preferences`]); a channel
+//! alert. The transactional category cannot be turned off ([`crate::people::preferences`]); a channel
 //! the user turned off or has no address for (3) still stops it.
 //! Transactional notifications skip 4 and 5 too: a one-time password at 3 a.m. goes at once. Their
 //! SMS count against the per-number limits instead (`number_rate_limited`, see
-//! [`crate::abuse`]), so skipping the cap does not leave the door open to SMS pumping.
+//! [`crate::notify::abuse`]), so skipping the cap does not leave the door open to SMS pumping.
 //! In-app messages are silent, so quiet hours and caps do not apply to them either.
 //!
 //! Other gates (campaign segments, rate limits) belong beside these, as further functions called
@@ -28,14 +28,14 @@ use chrono::{DateTime, Duration, Utc};
 
 use super::model::{Category, Notification};
 use crate::deps::Deps;
-use crate::devices::Device;
 use crate::error::CoreResult;
 use crate::ids::TenantId;
 use crate::keys;
+use crate::people::devices::Device;
+use crate::people::preferences::{Preferences, local_instant, zone_of};
+use crate::people::suppression;
+use crate::people::users::User;
 use crate::ports::{Channel, Cond, Key, Update, Write};
-use crate::preferences::{Preferences, local_instant, zone_of};
-use crate::suppression;
-use crate::users::User;
 
 /// Why a delivery was suppressed (the delivery's `reason`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -187,7 +187,7 @@ pub async fn check(
 /// condition: a per-number SMS limit, else the frequency cap.
 pub fn gate_reason(gate: &Write) -> SuppressReason {
     match gate {
-        Write::Update { key, .. } if crate::abuse::is_counter(key) => SuppressReason::NumberRateLimited,
+        Write::Update { key, .. } if crate::notify::abuse::is_counter(key) => SuppressReason::NumberRateLimited,
         _ => SuppressReason::FrequencyCap,
     }
 }

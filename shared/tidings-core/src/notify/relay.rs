@@ -165,7 +165,7 @@ pub async fn relay_changes(deps: &Deps, records: &[ChangeRecord]) -> RelayReport
             break;
         }
         let done = match own_write {
-            Step::Scheduled(tenant, n) => crate::schedule::on_scheduled(deps, &tenant, &n).await,
+            Step::Scheduled(tenant, n) => crate::timers::schedule::on_scheduled(deps, &tenant, &n).await,
             _ => crate::restock::on_stock_changes(deps, std::slice::from_ref(record)).await,
         };
         if let Err(e) = done {
@@ -318,7 +318,7 @@ pub async fn redrive(deps: &Deps, key: &Key) -> CoreResult<Redriven> {
         match n.status {
             NotificationStatus::Accepted => {}
             NotificationStatus::Scheduled => {
-                crate::schedule::on_scheduled(deps, &tenant, &n).await?;
+                crate::timers::schedule::on_scheduled(deps, &tenant, &n).await?;
                 return Ok(Redriven::Queued);
             }
             _ => return Ok(Redriven::NothingToDo),

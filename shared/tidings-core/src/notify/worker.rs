@@ -53,12 +53,12 @@ async fn deliver(deps: &Deps, t: &TenantId, task: &ChannelTask, receive_count: u
     let now_ms = deps.clock.now_ms();
 
     // Not sent: its notification was cancelled, or its user erased since it was accepted
-    // (`crate::erasure`; the task's address is from before).
+    // (`crate::people::erasure`; the task's address is from before).
     let stopped =
         if super::campaign::status(deps, t, &task.notification_id).await? == Some(NotificationStatus::Cancelled) {
             Some("cancelled")
-        } else if crate::erasure::stops_send(deps, t, task).await? {
-            Some(crate::erasure::REASON)
+        } else if crate::people::erasure::stops_send(deps, t, task).await? {
+            Some(crate::people::erasure::REASON)
         } else {
             None
         };
@@ -116,7 +116,7 @@ async fn deliver(deps: &Deps, t: &TenantId, task: &ChannelTask, receive_count: u
     // Phase two: record what happened.
     let settled = settle(deps, task, provider.name(), claimed.attempts, receive_count, result);
     if let Some(id) = &settled.receipt {
-        crate::receipts::remember_sent(deps, provider.name(), id, t, task).await;
+        crate::tracking::receipts::remember_sent(deps, provider.name(), id, t, task).await;
     }
     move_delivery(deps, t, task, &key, Some(page), DeliveryStatus::Sending, settled.to, settled.updates).await?;
     if settled.receipt.is_some() {
@@ -169,13 +169,15 @@ async fn call_provider(
     };
     crate::crash::point("worker.before_provider");
     // Push goes to every device of the user (`devices::send_to_devices`).
-    let result =
-        match tokio::time::timeout(deps.config.provider_timeout, crate::devices::send(deps, t, provider, &message))
-            .await
-        {
-            Ok(r) => r,
-            Err(_) => Err(ProviderError::transient("timeout")),
-        };
+    let result = match tokio::time::timeout(
+        deps.config.provider_timeout,
+        crate::people::devices::send(deps, t, provider, &message),
+    )
+    .await
+    {
+        Ok(r) => r,
+        Err(_) => Err(ProviderError::transient("timeout")),
+    };
     if result.is_ok()
         && let Some(accepted_ms) = task.accepted_ms
     {
@@ -420,7 +422,7 @@ async fn deliver_batch(
     let mut claims = Vec::new();
     let mut claimed = Vec::new();
     for (((index, t, task, key), item), erased) in candidates.into_iter().zip(items).zip(erased) {
-        // An erased user's task: the single path decides (`crate::erasure`).
+        // An erased user's task: the single path decides (`crate::people::erasure`).
         if erased.is_some() {
             continue;
         }
@@ -513,7 +515,7 @@ async fn deliver_batch(
         if let Some(id) = &settled.receipt {
             sent.push(c.index);
             if c.task.channel == Channel::Email {
-                match crate::receipts::remember_write(deps, c.task.channel.as_str(), id, c.t, c.task) {
+                match crate::tracking::receipts::remember_write(deps, c.task.channel.as_str(), id, c.t, c.task) {
                     Ok(Some(w)) => receipts.push(w),
                     Ok(None) => {}
                     Err(e) => warn!(error = %e, "provider message id not recorded; its receipts will be ignored"),

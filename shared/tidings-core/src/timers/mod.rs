@@ -23,6 +23,8 @@
 //! twice (a tick that dies between sending and deleting), so every task is idempotent (expiry
 //! is conditioned on the order being PENDING and past due).
 
+pub mod schedule;
+
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -303,7 +305,7 @@ async fn run(deps: &Deps, task: &TimerTask) -> CoreResult<()> {
         }
         TimerTask::ScheduledSend { tenant, notification_id, users, group, groups } => {
             let t = TenantId::parse(tenant)?;
-            crate::schedule::fire(deps, &t, notification_id, users.clone(), *group, *groups).await
+            crate::timers::schedule::fire(deps, &t, notification_id, users.clone(), *group, *groups).await
         }
         TimerTask::DeferredDelivery { tenant, notification_id, user_id, channel } => {
             let t = TenantId::parse(tenant)?;

@@ -4,7 +4,7 @@
 //! fails permanently with `template_error` instead of going out with a hole in it.
 //!
 //! An email has a text part, `email_body`, and an HTML part, `email_html` (README, "Email
-//! parts"); either may be left out and is then derived from the other ([`crate::email`]). Only
+//! parts"); either may be left out and is then derived from the other ([`crate::templates::email`]). Only
 //! the HTML part escapes placeholders as HTML; the text part takes them as they are. An
 //! `email_body` written as HTML (with tags) and no `email_html` is the HTML part: templates
 //! written before there was an `email_html` kept their markup there.
@@ -19,6 +19,9 @@
 //! `escape` are replaced by versions that refuse a result over [`MAX_VALUE_BYTES`] before
 //! building it, and a placeholder value over that size is refused too. Breaking a limit fails
 //! the delivery with `template_error`, permanently, and touches nothing else.
+
+pub mod email;
+pub mod preview;
 
 use std::collections::BTreeMap;
 
@@ -257,7 +260,7 @@ fn source_has_markup(source: &str) -> bool {
     let syntax = SyntaxConfig::default();
     tokenize(source, false, syntax, WhitespaceConfig::default())
         .filter_map(Result::ok)
-        .any(|(token, _)| matches!(token, Token::TemplateData(text) if crate::email::has_markup(text)))
+        .any(|(token, _)| matches!(token, Token::TemplateData(text) if crate::templates::email::has_markup(text)))
 }
 
 /// Renders both parts of an email, deriving the one not written. The error names the field it
@@ -277,7 +280,7 @@ fn render_email(
         }
         EmailParts::Text(source) => {
             let text = render(Field::EmailBody, source, false)?;
-            let html = crate::email::text_to_html(&text);
+            let html = crate::templates::email::text_to_html(&text);
             if html.len() > cap {
                 return Err((
                     Field::EmailBody,
@@ -291,7 +294,7 @@ fn render_email(
         }
         EmailParts::Html(field, source) => {
             let html = render(field, source, true)?;
-            let text = crate::email::html_to_text(&html);
+            let text = crate::templates::email::html_to_text(&html);
             if text.len() > cap {
                 return Err((
                     field,
@@ -969,7 +972,7 @@ mod tests {
             let r = t.render(Channel::Email, None, &json!({"name": "<i>Al</i>", "order_id": "7"})).unwrap();
             let h = r.html.clone().unwrap_or_default();
             assert!(h.contains("<h1>Hi &lt;i&gt;Al&lt;&#x2f;i&gt;</h1>"), "escaped in HTML: {h}");
-            assert!(!crate::email::has_markup(&r.body.replace("<i>Al</i>", "")), "{}", r.body);
+            assert!(!crate::templates::email::has_markup(&r.body.replace("<i>Al</i>", "")), "{}", r.body);
             assert!(r.body.contains("Hi <i>Al</i>"), "the value itself, unescaped: {}", r.body);
             assert_eq!(r.body, "Hi <i>Al</i>\n\nOrder 7 (https://shop.example/o/7)");
         }

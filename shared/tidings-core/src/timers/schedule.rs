@@ -26,9 +26,9 @@ use crate::ids::TenantId;
 use crate::notify::api::load;
 use crate::notify::model::{Notification, NotificationStatus};
 use crate::notify::{campaign, orchestrator};
-use crate::preferences::{local_instant, zone_of};
+use crate::people::preferences::{local_instant, zone_of};
+use crate::people::users;
 use crate::timers::{self, TimerTask};
-use crate::users;
 
 /// The relay's part: sets the timers of a newly accepted scheduled notification.
 pub async fn on_scheduled(deps: &Deps, t: &TenantId, n: &Notification) -> CoreResult<()> {

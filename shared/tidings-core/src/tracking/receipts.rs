@@ -38,8 +38,8 @@ use crate::ids::TenantId;
 use crate::keys;
 use crate::notify::model::{Delivery, DeliveryStatus};
 use crate::notify::progress::{self, PAGE_ATTR, Transition};
+use crate::people::suppression::{self, SuppressionReason};
 use crate::ports::{Channel, Cond, Item, Update, attrs_of};
-use crate::suppression::{self, SuppressionReason};
 
 /// An SNS HTTP(S) message, as posted to a subscribed endpoint.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -314,7 +314,7 @@ async fn recipient_hash(deps: &Deps, t: &TenantId, r: &ProviderMessageRef) -> Co
     if let Some(h) = &r.to_hash {
         return Ok(Some(h.clone()));
     }
-    let user = crate::users::get_user(deps, t, &r.user_id).await?;
+    let user = crate::people::users::get_user(deps, t, &r.user_id).await?;
     Ok(user.and_then(|u| u.email).map(|e| suppression::address_hash(&e)))
 }
 
@@ -494,14 +494,14 @@ pub async fn apply_push_event(deps: &Deps, event: &Value) -> CoreResult<PushEven
         warn!(event = %kind, "push event without an endpoint; ignored");
         return Ok(outcome);
     }
-    let Some((t, device)) = crate::devices::by_address(deps, endpoint).await? else {
+    let Some((t, device)) = crate::people::devices::by_address(deps, endpoint).await? else {
         info!(event = %kind, "push event for an endpoint we do not know; ignored");
         return Ok(outcome);
     };
     outcome.matched = true;
     if dead {
         warn!(tenant = %t, event = %kind, failure, "the push service reports the endpoint gone; deleting the device");
-        crate::devices::remove_invalid(deps, &t, &device).await?;
+        crate::people::devices::remove_invalid(deps, &t, &device).await?;
         outcome.removed = true;
     } else {
         info!(tenant = %t, event = %kind, failure, "push event noted; the device is kept");
@@ -513,8 +513,8 @@ pub async fn apply_push_event(deps: &Deps, event: &Value) -> CoreResult<PushEven
 mod tests {
     use super::*;
 
-    const CERT: &str = include_str!("../../../tests/fixtures/sns/test-signing-cert.pem");
-    const KEY: &str = include_str!("../../../tests/fixtures/sns/test-signing-key.pem");
+    const CERT: &str = include_str!("../../../../tests/fixtures/sns/test-signing-cert.pem");
+    const KEY: &str = include_str!("../../../../tests/fixtures/sns/test-signing-key.pem");
 
     fn signed(version: &str) -> SnsMessage {
         use rsa::pkcs1v15::SigningKey;

@@ -14,6 +14,8 @@
 //! removed since the mail was sent no longer redirects). No hosts registered: no click
 //! tracking.
 
+pub mod receipts;
+
 use serde::{Deserialize, Serialize};
 use tracing::debug;
 
@@ -23,8 +25,8 @@ use crate::ids::TenantId;
 use crate::keys;
 use crate::notify::model::{Category, ChannelTask, Delivery, DeliveryStatus};
 use crate::notify::progress::{self, PAGE_ATTR, Transition};
+use crate::people::preferences::{self, PreferencesInput};
 use crate::ports::{Channel, Cond, Item, Update, attrs_of};
-use crate::preferences::{self, PreferencesInput};
 pub use crate::signing::TokenError;
 
 /// What a token is for (its purpose).
@@ -197,13 +199,13 @@ pub fn decorate_email(config: &CoreConfig, task: &mut ChannelTask, now_s: i64, h
         sign(config, &claims_for(task, TokenKind::Click, Some(url.to_owned())), OPEN_CLICK_DAYS, now_s)
             .map(|tok| format!("{base}/t/c/{tok}"))
     };
-    let body = crate::email::rewrite_text_links(&task.body, click);
+    let body = crate::templates::email::rewrite_text_links(&task.body, click);
     let mut html = task.html.as_deref().map(|h| rewrite_links(h, click));
     if let Some(html) = &mut html
         && let Some(tok) = sign(config, &claims_for(task, TokenKind::Open, None), OPEN_CLICK_DAYS, now_s)
     {
         let pixel = format!("<img src=\"{base}/t/o/{tok}\" width=\"1\" height=\"1\" alt=\"\">");
-        *html = crate::email::append_to_body(html, &pixel);
+        *html = crate::templates::email::append_to_body(html, &pixel);
     }
     task.body = body;
     task.html = html;
@@ -429,7 +431,7 @@ mod tests {
         );
         decorate_email(&c, &mut task, 0, &hosts);
         let html = task.html.clone().unwrap_or_default();
-        assert!(!crate::email::has_markup(&task.body), "{}", task.body);
+        assert!(!crate::templates::email::has_markup(&task.body), "{}", task.body);
         assert!(!task.body.contains("/t/o/"), "no pixel in the text part: {}", task.body);
         assert_eq!(html.matches("/t/o/").count(), 1, "{html}");
         assert!(html.ends_with("alt=\"\">\n</body></html>"), "{html}");

@@ -22,10 +22,10 @@ use crate::error::CoreResult;
 use crate::ids::{TenantId, check_id};
 use crate::keys;
 use crate::notify::model::{ChannelTask, Notification};
+use crate::people::users::User;
 use crate::ports::table::MAX_TRANSACTION_WRITES;
 use crate::ports::{Cond, Key, QueryOpts, StoreError, Update, Write};
 use crate::restock;
-use crate::users::User;
 
 /// The `reason` of a delivery suppressed because its user was erased.
 pub const REASON: &str = "erased";
@@ -131,8 +131,8 @@ pub async fn erase(deps: &Deps, t: &TenantId, user_id: &str) -> CoreResult<()> {
             break;
         }
         for item in &page.items {
-            if let Ok(device) = item.parse::<crate::devices::Device>() {
-                crate::devices::unregister(deps, t, &device.token).await?;
+            if let Ok(device) = item.parse::<crate::people::devices::Device>() {
+                crate::people::devices::unregister(deps, t, &device.token).await?;
             }
             // A device whose token index names another user is this user's no more; gone too.
             deps.table.delete(&item.key, Cond::Always).await?;

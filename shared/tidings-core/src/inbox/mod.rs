@@ -1,6 +1,8 @@
 //! The in-app inbox: per user, newest first, with an unread counter kept in the same
 //! transaction as each message (seed 004 §5.8).
 
+pub mod live;
+
 use serde::{Deserialize, Serialize};
 
 use crate::deps::Deps;
