@@ -110,7 +110,7 @@ impl ChangeFeed for EmbeddedChangeFeed {
             tokio::pin!(notified);
             notified.as_mut().enable();
             let consumer = self.consumer.clone();
-            let batch = self.store.with_conn(move |conn, _| read_after(conn, &consumer, max)).await?;
+            let batch = self.store.with_reader(move |conn| read_after(conn, &consumer, max)).await?;
             if !batch.is_empty() {
                 return Ok(batch);
             }

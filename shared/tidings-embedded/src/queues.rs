@@ -106,15 +106,14 @@ impl EmbeddedStore {
         if !(1..=1000).contains(&config.max_receives) {
             return Err(QueueError::Invalid(format!("max_receives {} (1 to 1000)", config.max_receives)));
         }
-        {
-            let conn = self.inner.conn.lock().unwrap_or_else(|p| p.into_inner());
+        self.with_conn_blocking(|conn| {
             conn.execute(
                 "INSERT INTO queues (name, max_receives) VALUES (?1, ?2)
                  ON CONFLICT (name) DO UPDATE SET max_receives = excluded.max_receives",
                 params![config.name, config.max_receives],
             )
-            .map_err(q_err)?;
-        }
+            .map_err(q_err)
+        })?;
         let mut queues = self.inner.queues.write().unwrap_or_else(|p| p.into_inner());
         queues.extend(specs_for(&config.name, config.max_receives));
         Ok(())
