@@ -1,5 +1,6 @@
-//! The Tidings HTTP API (`../shared/API.md`): one axum router, served by `lambda_http` in the
-//! `api` Lambda function and by `axum::serve` in `tidings serve`.
+//! The Tidings HTTP API (its contract is the committed `openapi.json`; README, "API reference"):
+//! one axum router, served by `lambda_http` in the `api` Lambda function and by `axum::serve` in
+//! `tidings serve`.
 
 pub mod extract;
 pub mod limits;

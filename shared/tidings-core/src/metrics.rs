@@ -1,6 +1,6 @@
-//! Metrics, through the `metrics` facade (seed 003, "上线后看什么": oldest pending age, sends per
-//! second, 429 ratio, retry and dead-letter ratios, accepted → provider latency per channel and
-//! priority, worker concurrency).
+//! Metrics, through the `metrics` facade (what shows a system falling behind: oldest pending age,
+//! sends per second, 429 ratio, retry and dead-letter ratios, accepted → provider latency per
+//! channel and priority, worker concurrency).
 //!
 //! The core only emits (`metrics::counter!(..)`); what records them is the wiring's choice:
 //! [`LocalRecorder`] keeps them in process, for `GET /v1/ops/metrics` under `tidings serve`, and

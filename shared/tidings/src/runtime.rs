@@ -20,7 +20,7 @@ pub const WORKERS_PER_QUEUE: usize = 2;
 
 /// The worker pools. High-priority queues (`requests-high`, `*-high`) run on a runtime of
 /// their own, with their own threads (and blocking pool), so a campaign draining the low
-/// queues never takes the threads an OTP needs (seed 004 §5.3: "每个优先级有独立的 Worker 池").
+/// queues never takes the threads an OTP needs (docs/delivery.md, "Priorities").
 /// Sizes are fixed: a 429 slows the rate gates down, it never adds workers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Pools {

@@ -1,5 +1,4 @@
-//! Inventory and orders (API.md "Inventory and orders"); the rules live in
-//! `tidings_core::inventory`.
+//! Inventory and orders; the rules live in `tidings_core::inventory` (docs/inventory.md).
 
 use axum::extract::State;
 use axum::http::StatusCode;

@@ -1,4 +1,4 @@
-//! Back-in-stock (API.md "Back-in-stock", "Operations"); the rules live in
+//! Back-in-stock (docs/restock.md); the rules live in
 //! `tidings_core::restock`.
 
 use axum::extract::State;

@@ -1,4 +1,5 @@
-//! A circuit breaker per provider (seed 004 §5.3: "每个供应商配熔断器，错误率超过阈值就暂停调用").
+//! A circuit breaker per provider: calls pause while its error ratio is over a threshold
+//! (docs/gates.md, "Circuit breaker").
 //!
 //! Closed: calls pass; outcomes of the last `window` are kept. When at least `min_calls` ended
 //! and the share of transient failures (5xx, timeouts, 429) reaches `error_ratio`, it opens.

@@ -1,4 +1,4 @@
-//! The gates in front of the providers (seed 003: "这里至少有三道闸门"), as `Provider`
+//! The gates in front of the providers (docs/gates.md), as `Provider`
 //! decorators so that the channel worker does not change:
 //!
 //! 1. a token bucket per provider, shared by every instance ([`SharedGate`] in the table on

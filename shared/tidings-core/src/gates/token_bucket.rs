@@ -2,14 +2,15 @@
 //!
 //! A bucket of capacity `burst` refilled at `rate - burst` per second lets through at most
 //! `rate` sends in any window of one second (`burst + refill · 1 s`), spread out rather than
-//! in one block (seed 004 §5.5: "均匀摊到发送窗口里").
+//! in one block (docs/gates.md).
 //!
 //! The API's buckets (`super::api`) hold a whole second's quota instead (`burst_share` 1) and
 //! refill at the rate: a client may send a second's quota at once, then the rate.
 //!
 //! AIMD on 429: the rate halves (never below 1/s) and the bucket pauses for the provider's
 //! `Retry-After`; each accepted send adds back 1% of the configured rate. The number of workers
-//! never changes: fewer tokens, not more callers (seed 003: "最危险的反应是继续扩容 Worker").
+//! never changes: fewer tokens, not more callers (more workers against a throttling provider
+//! only get the account blocked sooner).
 
 use std::sync::Mutex;
 use std::time::Duration;

@@ -1,5 +1,5 @@
-//! Live in-app delivery (seed 004 §5.8: "when the user is online, push over WebSocket; when not,
-//! they pull it when they open the app"). The inbox is the truth: an inbox write is committed
+//! Live in-app delivery (docs/inbox.md): when the user is online, push over WebSocket; when not,
+//! they pull it when they open the app. The inbox is the truth: an inbox write is committed
 //! first, and its change-stream record is then pushed to the user's live connections. A failed
 //! push never affects delivery to the inbox.
 //!
@@ -19,7 +19,7 @@ use crate::ports::{ChangeRecord, Cond, Item, Key, QueryOpts};
 use crate::signing::TokenError;
 use serde_json::Value;
 
-/// What a live connection receives (API.md, "In-app inbox").
+/// What a live connection receives (docs/inbox.md, "The live feed").
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type")]
 pub enum LiveEvent {

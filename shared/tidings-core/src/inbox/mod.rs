@@ -1,5 +1,5 @@
 //! The in-app inbox: per user, newest first, with an unread counter kept in the same
-//! transaction as each message (seed 004 §5.8).
+//! transaction as each message (docs/inbox.md).
 
 pub mod live;
 

@@ -1,14 +1,14 @@
-//! Inventory without overselling (issue 4; seed `002_a08ef0ae9b7985f1.txt`).
+//! Inventory without overselling (issue 4; docs/inventory.md).
 //!
 //! # The model
 //!
 //! Each SKU has three counters, `available`, `reserved` (held by PENDING orders) and `sold`,
-//! and a ledger. There is one store only (no Redis gate to drift from the database: the seed's
-//! 坑2 cannot happen), and every change is **one transaction** that
+//! and a ledger. There is one store only (no cache in front of the database to drift from it:
+//! a counter and its record cannot part), and every change is **one transaction** that
 //!
-//! - moves the counters by increments (`ADD`), never by writing a computed value (坑3), each
-//!   decrement guarded by a condition `counter >= amount` evaluated by the store at commit (坑1:
-//!   there is no read-then-write window to oversell in);
+//! - moves the counters by increments (`ADD`), never by writing a computed value (which would
+//!   overwrite other changes), each decrement guarded by a condition `counter >= amount`
+//!   evaluated by the store at commit (there is no read-then-write window to oversell in);
 //! - writes the ledger entry for that change (so the sums of a SKU's ledger deltas equal its
 //!   counters, always, warm-up included);
 //! - for orders, is conditioned on the order's status, so pay, cancel and expiry that race on
@@ -23,10 +23,10 @@
 //! Holds expire through [`crate::timers`] (not DynamoDB TTL, which can be days late): the order
 //! transaction also writes a durable timer for `expires_at`, and a hold of 15 minutes or less
 //! also gets a delayed message on the timers queue so it expires on time. Hold times come from
-//! [`HoldTimes`] per category (坑4), `hold_seconds` overrides.
+//! [`HoldTimes`] per category (not one global value), `hold_seconds` overrides.
 //!
-//! [`reconcile`] re-sums every SKU's ledger per SKU and per shard (坑5), records each difference
-//! for review and reports it, without fixing it.
+//! [`reconcile`] re-sums every SKU's ledger per SKU and per shard (totals alone hide errors that
+//! cancel out), records each difference for review and reports it, without fixing it.
 //!
 //! # Hot SKUs: sharded counters
 //!

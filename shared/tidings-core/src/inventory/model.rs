@@ -155,8 +155,8 @@ pub struct ShardDelta {
     pub sold: i64,
 }
 
-/// One line of the stock ledger (seed 002 `stock_flow`): written in the same transaction as
-/// the counter change it records, so the sums of an SKU's deltas always equal its counters.
+/// One line of the stock ledger (docs/inventory.md, "The ledger"): written in the same transaction
+/// as the counter change it records, so the sums of an SKU's deltas always equal its counters.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct LedgerEntry {
     pub entry_id: String,
@@ -340,8 +340,8 @@ pub struct OrderRequest {
     pub category: Option<String>,
 }
 
-/// How long an unpaid order holds its stock, per category (seed 002, 坑4: "promotion items 15
-/// minutes, ordinary ones 30; one hard-coded global value wrongly kills slow payers").
+/// How long an unpaid order holds its stock, per category: promotion items 15 minutes, ordinary
+/// ones 30; one global value would cancel slow payers (docs/inventory.md, "Holds expire").
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HoldTimes {
     pub default: Duration,

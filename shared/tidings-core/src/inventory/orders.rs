@@ -2,7 +2,8 @@
 //!
 //! Every state change is one transaction conditioned on the order being `PENDING`, so when
 //! pay, cancel and expiry race on one order exactly one of them commits, and a hold is released
-//! at most once (seed 002 §3 and §5: PENDING → PAID / CANCELLED, each through the ledger).
+//! at most once (PENDING → PAID / CANCELLED, each through the ledger: docs/inventory.md, "Holds
+//! expire").
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -78,8 +79,9 @@ fn request_hash(req: &OrderRequest) -> CoreResult<String> {
     Ok(hex::encode(Sha256::digest(&canonical)))
 }
 
-/// The hold time (seed 002, 坑4): `hold_seconds` if given, else the order's category, else the
-/// shortest hold among its SKUs' categories (scarce promotion stock is not held for long).
+/// The hold time (per category, not one global value): `hold_seconds` if given, else the order's
+/// category, else the shortest hold among its SKUs' categories (scarce promotion stock is not held
+/// for long).
 fn hold_for(deps: &Deps, req: &OrderRequest, records: &[SkuRecord]) -> Duration {
     if let Some(s) = req.hold_seconds {
         return Duration::from_secs(s.unsigned_abs());
@@ -136,10 +138,10 @@ async fn replan(deps: &Deps, t: &TenantId, record: &SkuRecord, qty: i64) -> Core
 }
 
 /// Places an order: one transaction puts the order (if absent), reserves every line with a
-/// condition `available >= qty` on each counter it touches (seed 002, 坑1: never read-then-
-/// write), writes one ledger entry per SKU (坑2) and the durable expiry timer. Short on any
-/// SKU: 409 `insufficient_stock` naming it, and nothing is held. The same order again: the
-/// order as it is, nothing held twice.
+/// condition `available >= qty` on each counter it touches (never read-then-write:
+/// docs/inventory.md, "Never oversell"), writes one ledger entry per SKU in the same transaction
+/// and the durable expiry timer. Short on any SKU: 409 `insufficient_stock` naming it, and nothing
+/// is held. The same order again: the order as it is, nothing held twice.
 pub async fn place_order(deps: &Deps, t: &TenantId, req: &OrderRequest) -> CoreResult<PlacedOrder> {
     validate(req)?;
     let hash = request_hash(req)?;

@@ -1,5 +1,5 @@
-//! Reconciliation (seed 002 §4 and 坑5): every SKU's ledger is summed, per SKU and per shard,
-//! and compared with its counters. A difference is recorded for review (an item under
+//! Reconciliation (docs/inventory.md, "Reconciliation"): every SKU's ledger is summed, per SKU and
+//! per shard, and compared with its counters. A difference is recorded for review (an item under
 //! `T#t#INVREVIEW` and a message on [`REVIEW_QUEUE`]) and reported; it is never "fixed" here,
 //! because a silent fix hides exactly the errors (a lost write, a release applied twice) that
 //! reconciliation exists to surface.

@@ -136,10 +136,11 @@ pub(crate) async fn read_cells(deps: &Deps, t: &TenantId, record: &SkuRecord) ->
 }
 
 /// One change to one SKU's counters, as a list of transaction writes: every touched cell is
-/// updated by increments (`Add`, never a `Set` of a computed value: seed 002, 坑3), each
-/// decrement is guarded by a `>=` condition (never below zero: 坑1), the ledger entry goes in
-/// the same transaction (坑2), and a change that lifts available from 0 increments
-/// `restock_round` in that transaction too.
+/// updated by increments (`Add`, never a `Set` of a computed value, which would overwrite
+/// other orders' changes), each decrement is guarded by a `>=` condition checked at commit (no
+/// read-then-write window to oversell in), the ledger entry goes in the same transaction (so
+/// counter and ledger cannot drift apart; docs/inventory.md, "Never oversell"), and a change that
+/// lifts available from 0 increments `restock_round` in that transaction too.
 pub(crate) struct StockChange<'a> {
     pub tenant: &'a TenantId,
     pub record: &'a SkuRecord,
@@ -288,7 +289,7 @@ fn check_category(category: Option<&str>) -> CoreResult<()> {
     }
 }
 
-/// Warm-up (seed 002 §5): creates the SKU with `on_hand` available, once. A repeat never
+/// Warm-up: creates the SKU with `on_hand` available, once. A repeat never
 /// overwrites, so an adjustment made since is never lost; it answers the stock as it is and
 /// `false`. The stock item, its shards, the `warm_up` ledger entry and the catalogue entry are
 /// one transaction.

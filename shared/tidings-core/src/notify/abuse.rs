@@ -1,6 +1,7 @@
-//! The abuse guard of user-triggered messages (seed 004 §5.4: skipping the frequency cap is not
-//! the same as leaving the door open). Transactional messages — one-time passwords above all —
-//! skip quiet hours and the user's frequency cap, so they are guarded instead:
+//! The abuse guard of user-triggered messages (docs/gates.md, "Abuse guard": skipping the
+//! frequency cap must not leave the door open to SMS pumping). Transactional messages — one-time
+//! passwords above all — skip quiet hours and the user's frequency cap, so they are guarded
+//! instead:
 //!
 //! - **countries** (SMS pumping): `TIDINGS_SMS_COUNTRIES="+86,+44,US,CA"` lists where SMS may
 //!   go (any category): E.164 prefixes, or ISO 3166 country codes, the country derived from the

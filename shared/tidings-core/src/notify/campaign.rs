@@ -1,5 +1,5 @@
-//! Campaigns: a notification to a segment (a tag), expanded page by page (seed 003: "任务生成器
-//! 使用用户主键做游标分页"; seed 004 §5.5: "每 1000 人打包成一个任务").
+//! Campaigns: a notification to a segment (a tag), expanded page by page with a cursor over the
+//! user ids, up to 1,000 users a page task, never loaded whole (docs/delivery.md, "Campaigns").
 //!
 //! - Each page is one request-queue task `{tenant, notification_id, page, cursor}`. A page reads
 //!   its users from the tag index with the cursor, and before planning them puts the *next*

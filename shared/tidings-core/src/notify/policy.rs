@@ -1,5 +1,5 @@
-//! Whether, and when, one user gets one notification on one channel: seed 004 §5.4, in its
-//! order.
+//! Whether, and when, one user gets one notification on one channel, in this order
+//! (docs/delivery.md, "Orchestrate").
 //!
 //! 1. global unsubscribe → `unsubscribed` (marketing only)
 //! 2. the category turned off → `category_off` (marketing only)
@@ -125,7 +125,7 @@ impl Recipient<'_> {
     }
 }
 
-/// The checks, in the seed's order.
+/// The checks, in the order of the module doc (cheapest opt-outs first, the cap last).
 pub async fn check(
     deps: &Deps,
     t: &TenantId,

@@ -1,5 +1,5 @@
-//! How many one-time codes were used (seed 004 §5.4: watch the share of codes sent that nobody
-//! verifies — the mark of SMS pumping, where a script asks for codes nobody reads).
+//! How many one-time codes were used (docs/gates.md, "Abuse guard": watch the share of codes sent
+//! that nobody verifies — the mark of SMS pumping, where a script asks for codes nobody reads).
 //!
 //! A notification accepted with a `requester` is user-triggered: its template's count of
 //! `accepted` for the hour goes up in the accept transaction. When the shop's user enters the

@@ -1,13 +1,13 @@
 //! The channel worker: sends one rendered task through its provider.
 //!
-//! Transactional: two phases on the delivery key (seed 004 §5.2). Claim `sending` with a short
-//! lease, call the provider, then `sent`. A crash before the call lets the lease run out and the
-//! send happen later (nothing lost); a crash after the provider accepted but before `sent` is
-//! written causes at most one duplicate. Marketing: one write before sending (at most once): a
-//! crash after the claim loses that send rather than risk a second one. The claim still carries
-//! a lease: when the task comes back after it ran out, the delivery is closed as `failed` with
-//! reason `outcome_unknown` (the provider may or may not have taken it; it is not sent again),
-//! so a campaign's progress still completes.
+//! Transactional: two phases on the delivery key (docs/delivery.md, "Send: the rule of once").
+//! Claim `sending` with a short lease, call the provider, then `sent`. A crash before the call lets
+//! the lease run out and the send happen later (nothing lost); a crash after the provider accepted
+//! but before `sent` is written causes at most one duplicate. Marketing: one write before sending
+//! (at most once): a crash after the claim loses that send rather than risk a second one. The claim
+//! still carries a lease: when the task comes back after it ran out, the delivery is closed as
+//! `failed` with reason `outcome_unknown` (the provider may or may not have taken it; it is not
+//! sent again), so a campaign's progress still completes.
 
 use std::time::Duration;
 

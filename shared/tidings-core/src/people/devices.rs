@@ -1,5 +1,5 @@
-//! Push devices (seed 004 §5.7): a user has any number of tokens; push goes to every one; a
-//! token the platform answers as gone (APNs 410, FCM `UNREGISTERED`, SNS `EndpointDisabled`)
+//! Push devices (docs/people.md, "Devices"): a user has any number of tokens; push goes to every
+//! one; a token the platform answers as gone (APNs 410, FCM `UNREGISTERED`, SNS `EndpointDisabled`)
 //! is deleted at once, so it is not sent to again.
 //!
 //! Each device is two items written together: the device under its user (listed when sending)

@@ -1,5 +1,5 @@
 //! A user's preferences: global unsubscribe, per category, per channel, quiet hours in the
-//! user's own IANA zone (seed 004 §5.4). Stored next to the user's profile.
+//! user's own IANA zone (docs/people.md, "Preferences"). Stored next to the user's profile.
 
 use std::collections::BTreeMap;
 

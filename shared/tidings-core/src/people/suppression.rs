@@ -1,6 +1,7 @@
 //! The suppression list: addresses that must not be sent to again (hard bounces and
 //! complaints), per tenant and channel. Checked by the orchestrator as part of "is the channel
-//! available" (seed 004 §5.4 step 3); written by the receipts of `POST /v1/callbacks/{provider}`.
+//! available" (check 3 of `crate::notify::policy`); written by the receipts of `POST
+//! /v1/callbacks/{provider}`.
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};

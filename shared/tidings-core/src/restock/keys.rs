@@ -15,8 +15,8 @@
 //! | merged message (one per window) | `T#t#RMSG#{window_id}` | `MSG` |
 //! | one SKU in a merged message | `T#t#RMSG#{window_id}` | `E#{batch_no}` |
 //!
-//! The notice log's key is `(batch_no, user)`, and `batch_no` names the SKU: that is the
-//! seed's `uk_notice (sku_id, user_id, batch_no)`.
+//! The notice log's key is `(batch_no, user)`, and `batch_no` names the SKU: one notice per
+//! `(sku, user, batch_no)` (docs/restock.md, "Rounds").
 
 use crate::ids::TenantId;
 use crate::ports::Key;

@@ -1,4 +1,4 @@
-//! Merged messages and retries (seed 000 §4–§5).
+//! Merged messages and retries (docs/restock.md, "Merge per buyer", "Retries and manual resend").
 //!
 //! A user's notices wait in a window (default 60 s) opened by the first one; when it closes,
 //! every SKU in it goes out as **one** notification (template `restock`) through the normal
@@ -339,7 +339,7 @@ pub async fn check(deps: &Deps, t: &TenantId, window_id: &str, attempt: u32) -> 
                 info!(tenant = %t, window_id, attempt, "restock message retries exhausted: MANUAL");
                 return set_notices(deps, t, user, &message.items, NoticeStatus::Manual, &[]).await;
             }
-            // Users who cancelled since are not retried (seed 000 §5).
+            // Users who cancelled since are not retried: they asked for nothing more.
             let (keep, cancelled) = split_cancelled(deps, t, &message.items).await?;
             set_notices(deps, t, user, &cancelled, NoticeStatus::Cancelled, &[]).await?;
             if keep.is_empty() {

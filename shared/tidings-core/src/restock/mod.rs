@@ -1,4 +1,4 @@
-//! Back-in-stock alerts (issue 3; seed `000_b8f88220a1c75690.txt`): subscriptions, restock
+//! Back-in-stock alerts (issue 3; docs/restock.md): subscriptions, restock
 //! rounds, paced waves, merged messages, retries and manual resend.
 //!
 //! - [`subscriptions`]: at most one WAITING subscription per (tenant, sku, user) by a

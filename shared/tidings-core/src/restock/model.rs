@@ -5,8 +5,8 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 
-/// A subscription's life (seed 000 §1): WAITING → NOTIFIED / CANCELLED / EXPIRED. Rows are never
-/// deleted. A NOTIFIED one may still be cancelled (that stops its retries).
+/// A subscription's life (docs/restock.md, "Subscriptions"): WAITING → NOTIFIED / CANCELLED /
+/// EXPIRED. Rows are never deleted. A NOTIFIED one may still be cancelled (that stops its retries).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum SubscriptionStatus {
@@ -89,7 +89,7 @@ pub struct RestockRound {
     pub next_wave_ms: i64,
 }
 
-/// What became of one notice (seed 000 §3/§5: PENDING/SENT/FAILED/MANUAL, plus the rest).
+/// What became of one notice (docs/restock.md, "Retries and manual resend").
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum NoticeStatus {
@@ -190,7 +190,7 @@ pub(crate) struct OpenWindow {
     pub closes_ms: i64,
 }
 
-/// The upstream stock event (seed 000 §2): `{"event":"stock.in","skuId":1001,"qty":50,
+/// The upstream stock event: `{"event":"stock.in","skuId":1001,"qty":50,
 /// "source":"purchase_order"}`. `skuId` may be a number or a string. On the `stock-events` queue
 /// the message also names its `tenant`; through the API the key does. `eventId` (the upstream's
 /// id of the event, required for `stock.in`) makes the idempotency key.

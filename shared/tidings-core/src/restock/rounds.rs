@@ -1,14 +1,15 @@
-//! Restock rounds (seed 000 §2–§4): a SKU's stock going from 0 to more opens a round (the
-//! inventory increments `restock_round` in the same transaction); `batch_no` comes from
+//! Restock rounds (docs/restock.md, "Rounds"): a SKU's stock going from 0 to more opens a round
+//! (the inventory increments `restock_round` in the same transaction); `batch_no` comes from
 //! `(sku, round)` only, so the stream, a stock event and the scan all land on the same notice
 //! keys and each user is notified once per round.
 //!
 //! A round is sent in **waves** paced by stock: a wave may notify `k × available` users (oldest
 //! first), stock is read again before every batch of a wave, and a sold-out SKU stops the wave
 //! and leaves the rest WAITING. Each notice is one transaction: the notice-log put
-//! (`NotExists`: the seed's unique key, which is also the lock between instances), the round's
-//! count (conditioned on the wave's quota), the subscription leaving WAITING, and the SKU's entry
-//! in the user's merge window. A crash anywhere leaves either all of it or none of it.
+//! (`NotExists` on `(sku, user, batch_no)`: the deduplication, which is also the lock between
+//! instances), the round's count (conditioned on the wave's quota), the subscription leaving
+//! WAITING, and the SKU's entry in the user's merge window. A crash anywhere leaves either all
+//! of it or none of it.
 
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -320,7 +321,8 @@ async fn continue_wave(deps: &Deps, t: &TenantId, sku: &str, round: i64, wave: u
             out.stopped = "no_waiters".into();
             return Ok(out);
         }
-        // The seed's pause between batches: the channels are not flooded by one SKU.
+        // A pause between batches: the channels are not flooded by one SKU (docs/restock.md,
+        // "Waves").
         if !cfg.batch_pause.is_zero() {
             tokio::time::sleep(cfg.batch_pause).await;
         }
@@ -462,9 +464,10 @@ pub struct ScanReport {
     pub expired: u64,
 }
 
-/// The scheduled safety net (seed 000 §2): for every SKU with WAITING subscribers and stock,
-/// queue its current round (the same `batch_no` the event used, so nothing is sent twice and
-/// nothing is lost when an event was); expire WAITING subscriptions older than the maximum age.
+/// The scheduled safety net (a lost stock event must not mean no alert ever): for every SKU with
+/// WAITING subscribers and stock, queue its current round (the same `batch_no` the event used, so
+/// nothing is sent twice and nothing is lost when an event was); expire WAITING subscriptions older
+/// than the maximum age.
 pub async fn scan(deps: &Deps) -> CoreResult<ScanReport> {
     let mut report = ScanReport::default();
     let max_age_ms = i64::try_from(deps.config.restock.max_age.as_millis()).unwrap_or(i64::MAX);

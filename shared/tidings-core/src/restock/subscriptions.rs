@@ -1,7 +1,7 @@
-//! Subscriptions (seed 000 §1): at most one WAITING per (tenant, sku, user), enforced by a
-//! conditional put of a lock item; a repeat returns the WAITING one. Leaving WAITING is one
-//! transaction that updates both copies, drops the lock and the index entry, so the lock, the
-//! index and the status never disagree.
+//! Subscriptions (docs/restock.md, "Subscriptions"): at most one WAITING per (tenant, sku, user),
+//! enforced by a conditional put of a lock item; a repeat returns the WAITING one. Leaving WAITING
+//! is one transaction that updates both copies, drops the lock and the index entry, so the lock,
+//! the index and the status never disagree.
 
 use serde::Serialize;
 use serde_json::{Value, json};

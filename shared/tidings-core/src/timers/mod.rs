@@ -1,4 +1,4 @@
-//! Timers (DESIGN.md "Timers"): one mechanism for everything that must happen later (hold
+//! Timers (docs/timers.md): one mechanism for everything that must happen later (hold
 //! expiry now; scheduled sends, quiet-hours deferrals and long backoffs can join as new
 //! [`TimerTask`] kinds).
 //!
@@ -60,7 +60,7 @@ pub enum TimerTask {
     /// Expire an order's hold if it is still PENDING and past `expires_at`.
     #[serde(rename = "order.expire")]
     OrderExpire { tenant: String, order_id: String },
-    /// Run the next wave of a restock round (seed 000: inventory-paced waves).
+    /// Run the next wave of a restock round (waves paced by stock: docs/restock.md, "Waves").
     #[serde(rename = "restock.wave")]
     RestockWave { tenant: String, sku_id: String, round: i64, wave: u32 },
     /// Close a user's restock merge window and send its message.

@@ -1,7 +1,7 @@
-//! Scheduled sends (seed 004 §5.6): a notification with `send_at` is accepted as `scheduled`;
-//! its insert, read from the change stream by the relay ([`on_scheduled`]), sets a timer (the
-//! shared mechanism: an SQS delay under 15 minutes, else a minute bucket fired by `tick` under a
-//! lease). When the timer fires ([`fire`]) the notification is orchestrated like any other.
+//! Scheduled sends (docs/timers.md, "Scheduled sends"): a notification with `send_at` is accepted
+//! as `scheduled`; its insert, read from the change stream by the relay ([`on_scheduled`]), sets a
+//! timer (the shared mechanism: an SQS delay under 15 minutes, else a minute bucket fired by `tick`
+//! under a lease). When the timer fires ([`fire`]) the notification is orchestrated like any other.
 //! Cancelling it before then (`scheduled` → `cancelled`) makes the timer find nothing to do.
 //!
 //! `local_time: true`: `send_at`'s wall-clock time is used in each user's zone, so the users are

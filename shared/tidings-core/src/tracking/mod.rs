@@ -1,4 +1,4 @@
-//! Tracking and one-click unsubscribe (seed 004 §5.7; RFC 8058).
+//! Tracking and one-click unsubscribe (docs/tracking.md; RFC 8058).
 //!
 //! Links carry tokens signed by the shared [`crate::signing::Signer`] (HMAC-SHA256, expiry,
 //! key id for rotation: `TIDINGS_SIGNING_KEYS`), each made for one purpose (`track.open`,
