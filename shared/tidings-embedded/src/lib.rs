@@ -10,7 +10,10 @@
 //! (`kill -9`). Syncs are grouped: one covers every commit made while the one before it ran
 //! (group commit), so concurrent writers share the disk's latency instead of queueing behind
 //! one sync each. WAL mode, `synchronous=NORMAL` plus that sync after each commit: what
-//! `synchronous=FULL` promises, with one sync for many commits. A store in memory keeps nothing.
+//! `synchronous=FULL` promises, with one sync for many commits. A sync that fails leaves the
+//! store answering [`StoreError::Unavailable`] to everything after it (the kernel may have
+//! dropped the pages it could not write) until the process opens it again. A store in memory
+//! keeps nothing.
 //!
 //! # Concurrency
 //!
