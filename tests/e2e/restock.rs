@@ -1,4 +1,4 @@
-//! Back-in-stock alerts, end to end (issue 3, seed 000), on both backends.
+//! Back-in-stock alerts, end to end (issue 3, docs/restock.md), on both backends.
 
 use std::time::Duration;
 
@@ -115,7 +115,7 @@ pub async fn bad_input_retries_manual_and_resend(backend: Backend) -> anyhow::Re
         )
         .await?;
     assert_eq!((st, v["code"].as_str().is_some()), (422, true), "{v}");
-    // The seed's own sample event has no id: refused, naming the field, nothing applied.
+    // The upstream's sample shape has no id: refused, naming the field, nothing applied.
     let (st, v) = s
         .call(
             "POST",

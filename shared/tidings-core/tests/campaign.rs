@@ -1,5 +1,6 @@
 //! Campaigns against the embedded store: paged expansion over the tag index, idempotent pages,
-//! progress counters, cancel; the gates in front of the providers (seed 003, issue 6).
+//! progress counters, cancel; the gates in front of the providers (docs/delivery.md, "Campaigns";
+//! docs/gates.md; issue 6).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 

@@ -1,6 +1,6 @@
 //! Inventory and timers against the embedded store (SQLite), through the ports only.
 //!
-//! Each of seed 002's pitfalls (坑1–坑5) has a test named after it.
+//! Each pitfall of docs/inventory.md has a test named after it (`pit1_` to `pit5_`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -164,7 +164,8 @@ async fn concurrent_orders(w: &World, prefix: &str, n: usize, lines: &[(&str, i6
 // Seed 002's pitfalls
 // ---------------------------------------------------------------------------------------------
 
-/// 坑1: "check-then-act (SELECT, then UPDATE) oversells under concurrency; the deduction must be atomic."
+/// Pitfall 1: check-then-act (read, then write) oversells under concurrency; the deduction must be
+/// atomic.
 #[tokio::test(flavor = "multi_thread", worker_threads = 8)]
 async fn pit1_check_then_act_never_oversells() {
     let w = world();
@@ -183,7 +184,8 @@ async fn pit1_check_then_act_never_oversells() {
     assert_consistent(&w, &["hot", "multi"]).await;
 }
 
-/// 坑1 with a sharded hot SKU: reserving from random shards with fallback still never oversells.
+/// Pitfall 1 with a sharded hot SKU: reserving from random shards with fallback still never
+/// oversells.
 #[tokio::test(flavor = "multi_thread", worker_threads = 8)]
 async fn pit1_sharded_counter_never_oversells() {
     let w = world();
@@ -214,7 +216,8 @@ async fn pit1_sharded_counter_never_oversells() {
     assert_consistent(&w, &["hot8", "split"]).await;
 }
 
-/// 坑2: "deduction and persistence drift apart (Redis deducted, DB not synced) and a restart loses it."
+/// Pitfall 2: the deduction and its record drift apart (a cache deducted, the database not) and a
+/// restart loses one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn pit2_counter_and_ledger_are_one_write_and_survive_a_restart() {
     let path = std::env::temp_dir().join(format!("tidings-inventory-{}.db", uuid_like()));
@@ -261,7 +264,8 @@ fn uuid_like() -> String {
     format!("{}-{}", std::process::id(), Utc::now().timestamp_nanos_opt().unwrap_or(0))
 }
 
-/// 坑3: "restoring stock on timeout with SET overwrites other orders' deductions; it must be an increment."
+/// Pitfall 3: restoring stock on timeout with a set overwrites other orders' deductions; it must be
+/// an increment.
 #[tokio::test(flavor = "multi_thread", worker_threads = 8)]
 async fn pit3_release_is_an_increment_not_a_set() {
     let w = world();
@@ -289,7 +293,8 @@ async fn pit3_release_is_an_increment_not_a_set() {
     assert_consistent(&w, &skus.iter().map(String::as_str).collect::<Vec<_>>()).await;
 }
 
-/// 坑4: "a hard-coded timeout: promotion items 15 min, ordinary 30; configure per category, not one global value."
+/// Pitfall 4: a hard-coded timeout: promotion items 15 min, ordinary 30; configure per category,
+/// not one global value.
 #[tokio::test]
 async fn pit4_hold_time_is_per_category() {
     let w = world();
@@ -342,7 +347,8 @@ impl NowMs for ManualClock {
     }
 }
 
-/// 坑5: "reconciling only totals misses errors in between; compare every SKU against its ledger and queue the difference for people."
+/// Pitfall 5: reconciling only totals misses errors in between; compare every SKU against its
+/// ledger and queue the difference for people.
 #[tokio::test]
 async fn pit5_reconcile_checks_each_sku_against_its_ledger() {
     let w = world();

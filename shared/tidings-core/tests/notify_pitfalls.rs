@@ -1,5 +1,6 @@
-//! Seed 004 §6, "面试中常见的坑": each pitfall has a test named after it, against the embedded
-//! store through the ports. Plus the policy order of §5.4 and scheduled sends in local time.
+//! The pitfalls of notification delivery (docs/delivery.md, docs/gates.md): each has a test named
+//! after it, against the embedded store through the ports. Plus the order of the policy checks
+//! (`notify::policy`) and scheduled sends in local time.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -164,9 +165,9 @@ async fn depth(w: &World, queue: &str) -> u64 {
     s.visible + s.delayed + s.in_flight
 }
 
-/// 坑: 所有通知共用一个队列，没有优先级. An OTP and a marketing message never share a queue: the
-/// request and channel queues are split by priority, and a marketing backlog leaves the OTP's
-/// lane empty.
+/// Pitfall: one queue for every notification, no priorities (docs/delivery.md, "Priorities"). An
+/// OTP and a marketing message never share a queue: the request and channel queues are split by
+/// priority, and a marketing backlog leaves the OTP's lane empty.
 #[tokio::test]
 async fn all_notifications_share_one_queue_without_priority() {
     let w = world().await;
@@ -195,10 +196,10 @@ async fn futures_ids(w: &World, reqs: Vec<NotificationRequest>) -> Vec<String> {
     out
 }
 
-/// 坑: 只讲重试不讲去重，或者声称能做到端到端恰好一次. Retries carry the same delivery key (the
-/// provider's idempotency key and the push collapse id), and a task delivered twice sends once.
-/// What is *not* claimed: a crash between the provider's acceptance and our `sent` can send twice
-/// (the next test shows the window's other side).
+/// Pitfall: retries without deduplication, or a claim of end-to-end exactly once. Retries carry the
+/// same delivery key (the provider's idempotency key and the push collapse id), and a task
+/// delivered twice sends once. What is *not* claimed: a crash between the provider's acceptance and
+/// our `sent` can send twice (the next test shows the window's other side).
 #[tokio::test]
 async fn retries_without_dedup_or_claiming_exactly_once() {
     let w = world().await;
@@ -240,7 +241,8 @@ async fn claim_and_die(w: &World, id: &str, lease: Duration) {
     w.deps.table.update(&key, claim, tidings_core::ports::Cond::eq("status", "pending")).await.unwrap();
 }
 
-/// 坑: 发送前一步写死去重键，崩溃时把验证码丢掉. A transactional send claims its key with a lease
+/// Pitfall: a one-step "done" key written before sending, which loses the OTP on a crash
+/// (docs/delivery.md, "Send: the rule of once"). A transactional send claims its key with a lease
 /// (`sending`), and a crash before the provider call only delays it: once the lease runs out
 /// the redelivered task sends. (Marketing, by design, writes once and accepts the loss.)
 #[tokio::test]
@@ -314,7 +316,8 @@ async fn sms_reasons(w: &World, ids: &[String]) -> Vec<Option<String>> {
     out
 }
 
-/// 坑 (seed 004 §5.4): 跳过频控不等于不设防. An OTP skips quiet hours and the frequency cap, so
+/// Pitfall: skipping the frequency cap is not the same as leaving the door open
+/// (docs/gates.md, "Abuse guard"). An OTP skips quiet hours and the frequency cap, so
 /// the number it goes to is limited instead: beyond `TIDINGS_SMS_NUMBER_LIMITS` the delivery is
 /// suppressed (`number_rate_limited`), the provider never called; the next window sends again;
 /// a notification orchestrated twice (the relay delivering its event twice) counts once.
@@ -376,10 +379,11 @@ fn from(key: &str, ip: &str) -> NotificationRequest {
     req
 }
 
-/// The OTP endpoint limited per requester (seed 004 §5.4: 按手机号、IP、设备限流): beyond the
-/// IP's limit `accept` refuses with `rate_limited` naming `requester.ip` and the time left,
-/// and writes nothing; a repeated request (same idempotency key) is answered as before without
-/// counting; twelve concurrent requests against a limit of three accept exactly three.
+/// The OTP endpoint limited per requester (limits per number, IP and device:
+/// docs/gates.md, "Abuse guard"): beyond the IP's limit `accept` refuses with `rate_limited` naming `requester.ip` and
+/// the time left, and writes nothing; a repeated request (same idempotency key) is answered as
+/// before without counting; twelve concurrent requests against a limit of three accept exactly
+/// three.
 #[tokio::test]
 async fn the_otp_endpoint_is_limited_per_requester_ip() {
     let w = world_with(guarded_by(&[("TIDINGS_REQUESTER_IP_LIMITS", "3/1h")])).await;
@@ -417,10 +421,10 @@ async fn the_otp_endpoint_is_limited_per_requester_ip() {
     assert_eq!((accepted, limited), (3, 9), "{results:?}");
 }
 
-/// Seed 004 §5.4: 监控"发了验证码却没人验证"的比例. User-triggered notifications (accepted with a
-/// `requester`) are counted per template and hour, and so are those the shop reports verified
-/// (once each, however often reported, in the hour they were accepted): the ratio is what an
-/// operator watches for codes requested that nobody uses.
+/// Watch the share of codes sent that nobody verifies (docs/gates.md, "Abuse guard").
+/// User-triggered notifications (accepted with a `requester`) are counted per template and hour,
+/// and so are those the shop reports verified (once each, however often reported, in the hour they
+/// were accepted): the ratio is what an operator watches for codes requested that nobody uses.
 #[tokio::test]
 async fn codes_nobody_verifies_show_in_the_verification_ratio() {
     use tidings_core::notify::verification;
@@ -503,7 +507,8 @@ async fn sms_to_a_country_not_allowed_is_suppressed() {
     assert_eq!(sms_reasons(&w, &[id]).await, vec![Some("country_not_allowed".into())]);
 }
 
-/// 坑: 忽略上游"事务提交了、事件没发出去"的情况. Accepting is one write, and that write is the
+/// Pitfall: ignoring the upstream gap where a transaction commits and its event is never sent
+/// (docs/delivery.md, "Accept"). Accepting is one write, and that write is the
 /// outbox: a process that dies right after it loses nothing, the change stream still has the
 /// record and the relay queues it (again, harmlessly, if it had already).
 #[tokio::test]
@@ -526,9 +531,9 @@ async fn committed_but_never_published_event() {
     assert_eq!(delivery(&w, &id, Channel::Sms).await.status, DeliveryStatus::Sent);
 }
 
-/// 坑: 免打扰和频控把验证码也拦住了. At 03:00 in the user's zone, inside quiet hours and over the
-/// day's marketing cap, the OTP goes at once; marketing waits for the window's end (deferred,
-/// not dropped) and the one over the cap is suppressed.
+/// Pitfall: quiet hours and the frequency cap blocking the OTP too. At 03:00 in the user's zone,
+/// inside quiet hours and over the day's marketing cap, the OTP goes at once; marketing waits for
+/// the window's end (deferred, not dropped) and the one over the cap is suppressed.
 #[tokio::test]
 async fn quiet_hours_and_frequency_caps_block_the_otp() {
     let w = world().await;
@@ -572,10 +577,11 @@ async fn quiet_hours_and_frequency_caps_block_the_otp() {
     assert_eq!(delivery(&w, &promo, Channel::Sms).await.status, DeliveryStatus::Sent);
 }
 
-/// 坑: 没考虑第三方供应商的限速和故障切换. A 429 is transient and its `Retry-After` is honoured:
-/// the task comes back no sooner, the delivery stays `pending` (not failed, not dead), and it is
-/// sent once when the provider takes it. (The shared rate gates, the circuit breaker and SMS
-/// failover are in `gates`; see `tests/campaign.rs`: `a_429_with_retry_after_slows_the_gate_down`,
+/// Pitfall: ignoring the providers' rate limits and failover (docs/gates.md). A 429 is transient
+/// and its `Retry-After` is honoured: the task comes back no sooner, the delivery stays `pending`
+/// (not failed, not dead), and it is sent once when the provider takes it. (The shared rate gates,
+/// the circuit breaker and SMS failover are in `gates`; see `tests/campaign.rs`:
+/// `a_429_with_retry_after_slows_the_gate_down`,
 /// `the_breaker_opens_and_sms_fails_over_then_returns`.)
 #[tokio::test]
 async fn provider_rate_limits_and_failover_ignored() {
@@ -602,7 +608,8 @@ async fn provider_rate_limits_and_failover_ignored() {
     assert_eq!(w.sms.calls().len(), 2);
 }
 
-/// §5.4's order: global unsubscribe before category before channel before address.
+/// The policy's order (`notify::policy`, docs/delivery.md, "Orchestrate"): global unsubscribe
+/// before category before channel before address.
 #[tokio::test]
 async fn checks_run_in_the_seeds_order_and_record_their_reason() {
     let w = world().await;
@@ -816,11 +823,11 @@ async fn step(w: &World, to: DateTime<Utc>) {
     drain(w).await;
 }
 
-/// Seed 004 §5.7, the push service's own word: SNS's application events (a `DeliveryFailure`
-/// naming a dead token, an `EndpointDeleted`) delete the device they name, in whichever tenant
-/// it is, as a send answered as gone would. A failure that says nothing about the token keeps
-/// the device; an endpoint nobody has is ignored; a token that moved to another user is deleted
-/// from that user.
+/// The push service's own word (docs/people.md, "Devices"): SNS's application events (a
+/// `DeliveryFailure` naming a dead token, an `EndpointDeleted`) delete the device they name, in
+/// whichever tenant it is, as a send answered as gone would. A failure that says nothing about the
+/// token keeps the device; an endpoint nobody has is ignored; a token that moved to another user is
+/// deleted from that user.
 #[tokio::test]
 async fn push_service_events_delete_dead_tokens_and_keep_the_rest() {
     use tidings_core::people::devices::{self, DeviceInput};
@@ -907,7 +914,7 @@ async fn queued_requests(w: &World) -> u64 {
     n
 }
 
-/// 坑: the outbox's stream record is lost (given up on after the mapping's retries, trimmed
+/// Pitfall: the outbox's stream record is lost (given up on after the mapping's retries, trimmed
 /// before it was replayed) and the notification stays `accepted` for good. The tick's sweep
 /// queues it again once it is older than the configured age, each minute once; a repeated
 /// relay of the same notification (sweep, replay, a late stream record) sends nothing twice.

@@ -1,6 +1,7 @@
 //! Back-in-stock alerts against the embedded store (SQLite), through the ports only, with the
-//! manual clock. Every item of seed 000's pitfall list (踩坑清单) and review list (上线复盘清单)
-//! has a test named after it.
+//! manual clock. Every pitfall of docs/restock.md has a `pitfall_*` test, and every item of
+//! the launch review (unique constraint, event plus scan, batch idempotency, paced batches, one
+//! message per user, retry cap and manual resend) a `review_*` test.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -189,7 +190,7 @@ fn email_count(w: &World) -> usize {
     w.email.sent.lock().unwrap().len()
 }
 
-/// Seed 000 踩坑清单: "订阅唯一键不带 status，用户第二次订阅直接撞键失败" (a unique key without status makes the second subscription fail).
+/// Pitfall: a unique key without the status makes the second subscription fail.
 #[tokio::test]
 async fn pitfall_unique_key_without_status_blocks_second_subscription() {
     let w = world();
@@ -220,7 +221,7 @@ async fn pitfall_unique_key_without_status_blocks_second_subscription() {
     );
 }
 
-/// Seed 000 踩坑清单: "只做事件触发不做扫描兜底，事件丢失后到货永远不通知" (events only, no scan: a lost event means no alert ever).
+/// Pitfall: events only, no scan: a lost event means no alert ever.
 #[tokio::test]
 async fn pitfall_event_only_without_scan_never_notifies_after_a_lost_event() {
     let w = world();
@@ -239,7 +240,7 @@ async fn pitfall_event_only_without_scan_never_notifies_after_a_lost_event() {
     assert_eq!(emails_to(&w, "u1").len(), 1, "the scan catches what the event missed");
 }
 
-/// Seed 000 踩坑清单: "通知不做幂等表，事件和扫描重复触发导致同一条消息发两遍" (no idempotency table: event and scan both fire and the message goes twice).
+/// Pitfall: no idempotency table: event and scan both fire and the message goes twice.
 #[tokio::test]
 async fn pitfall_no_idempotency_table_event_and_scan_send_twice() {
     let w = world();
@@ -264,7 +265,7 @@ async fn pitfall_no_idempotency_table_event_and_scan_send_twice() {
     assert_eq!(notice.status, NoticeStatus::Sent);
 }
 
-/// Seed 000 踩坑清单: "到货一次性全量逐条推送，通道被打爆、大量失败" (pushing everyone at once, one by one, floods the channel).
+/// Pitfall: pushing everyone at once, one by one, floods the channel.
 #[tokio::test]
 async fn pitfall_full_fanout_at_once_floods_the_channel() {
     let w = world_with(RestockConfig { batch_size: 100, ..fast() });
@@ -279,7 +280,7 @@ async fn pitfall_full_fanout_at_once_floods_the_channel() {
     assert_eq!(report.stopped, "no_waiters");
 }
 
-/// Seed 000 踩坑清单: "多 SKU 到货不合并，一个用户同时收七八条消息被投诉" (several SKUs back at once, not merged: seven or eight messages to one user).
+/// Pitfall: several SKUs back at once, not merged: seven or eight messages to one user.
 #[tokio::test]
 async fn pitfall_unmerged_skus_send_seven_messages_to_one_user() {
     let w = world();
@@ -300,7 +301,7 @@ async fn pitfall_unmerged_skus_send_seven_messages_to_one_user() {
     }
 }
 
-/// Seed 000 踩坑清单: "失败重试不做退避，短时间高频重试加剧通道故障" (retries without backoff hammer a failing channel).
+/// Pitfall: retries without backoff hammer a failing channel.
 #[tokio::test]
 async fn pitfall_retry_without_backoff_hammers_the_channel() {
     let w = world();
@@ -376,7 +377,7 @@ async fn review_event_and_scheduled_scan_double_guarantee() {
     user(&w, "u2").await;
     sku(&w, "A", 0).await;
     subscribe(&w, "u1", "A").await;
-    // The upstream event on the stock-events queue (the shape of the seed, plus the tenant).
+    // The upstream event on the stock-events queue (the upstream's shape, plus the tenant).
     let body =
         r#"{"event":"stock.in","skuId":"A","qty":50,"source":"purchase_order","eventId":"po-1","tenant":"shop-a"}"#;
     w.deps.queues.send_batch("stock-events", vec![tidings_core::ports::OutMessage::new(body)]).await.unwrap();
@@ -718,9 +719,9 @@ async fn ten_thousand_subscribers_notified_once_in_batches() {
     assert_eq!(notices, 10_000);
 }
 
-/// A stock event is deduplicated by the upstream's id, never by its content: the seed's own
-/// sample (no `eventId`) is refused naming the field, and a second genuine arrival of the same
-/// quantity from the same source is applied again.
+/// A stock event is deduplicated by the upstream's id, never by its content: the upstream's
+/// sample shape (no `eventId`) is refused naming the field, and a second genuine arrival of the
+/// same quantity from the same source is applied again.
 #[tokio::test]
 async fn stock_events_need_their_id_and_a_second_arrival_counts() {
     let w = world();
