@@ -187,3 +187,17 @@ pub struct Deps {
     pub providers: Providers,
     pub config: Arc<CoreConfig>,
 }
+
+impl Deps {
+    /// The one place `Deps` is assembled: by the wiring of each backend and by the tests' world
+    /// alike. `config` is a `CoreConfig` or an `Arc` of one already shared.
+    pub fn new(
+        table: Arc<dyn Table>,
+        queues: Arc<dyn Queues>,
+        clock: Arc<dyn Clock>,
+        providers: Providers,
+        config: impl Into<Arc<CoreConfig>>,
+    ) -> Self {
+        Self { table, queues, clock, providers, config: config.into() }
+    }
+}
