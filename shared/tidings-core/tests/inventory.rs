@@ -161,7 +161,7 @@ async fn concurrent_orders(w: &World, prefix: &str, n: usize, lines: &[(&str, i6
 }
 
 // ---------------------------------------------------------------------------------------------
-// Seed 002's pitfalls
+// The pitfalls of docs/inventory.md
 // ---------------------------------------------------------------------------------------------
 
 /// Pitfall 1: check-then-act (read, then write) oversells under concurrency; the deduction must be

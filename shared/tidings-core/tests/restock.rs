@@ -332,7 +332,8 @@ async fn pitfall_retry_without_backoff_hammers_the_channel() {
     assert_eq!(notice.attempts, 2);
 }
 
-/// Seed 000 上线复盘清单: "订阅表是否有 sku + user 维度的唯一约束，状态机是否覆盖 WAITING/NOTIFIED/CANCELLED" (a sku + user unique constraint, and a state machine covering WAITING/NOTIFIED/CANCELLED).
+/// Launch review: a sku + user unique constraint, and a state machine covering
+/// WAITING/NOTIFIED/CANCELLED (docs/restock.md, "Subscriptions").
 #[tokio::test]
 async fn review_unique_constraint_on_sku_and_user_and_state_machine() {
     let w = world();
@@ -369,7 +370,7 @@ async fn review_unique_constraint_on_sku_and_user_and_state_machine() {
     assert!(restock::cancel(&w.deps, &w.t, &old).await.is_err(), "EXPIRED cannot be cancelled");
 }
 
-/// Seed 000 上线复盘清单: "到货触发是否有实时事件加定时扫描双重保障" (real-time events and a scheduled scan, both).
+/// Launch review: real-time events and a scheduled scan, both (docs/restock.md, "Rounds").
 #[tokio::test]
 async fn review_event_and_scheduled_scan_double_guarantee() {
     let w = world();
@@ -393,7 +394,8 @@ async fn review_event_and_scheduled_scan_double_guarantee() {
     assert_eq!(emails_to(&w, "u2").len(), 1, "the scan path notifies");
 }
 
-/// Seed 000 上线复盘清单: "通知是否按批次幂等去重，事件与扫描重复触发是否只发一次" (notices deduplicated per batch; event and scan together send once).
+/// Launch review: notices deduplicated per batch; event and scan together send once
+/// (docs/restock.md, "Rounds").
 #[tokio::test]
 async fn review_batch_idempotent_event_and_scan_send_once() {
     let w = world();
@@ -432,7 +434,8 @@ async fn review_batch_idempotent_event_and_scan_send_once() {
     }
 }
 
-/// Seed 000 上线复盘清单: "大批量到货是否分片限流，通道是否设置了退避" (large restocks sharded and paced; backoff on the channel).
+/// Launch review: large restocks sharded and paced; backoff on the channel
+/// (docs/restock.md, "Waves").
 #[tokio::test]
 async fn review_large_restock_batched_and_paced() {
     let w = world_with(RestockConfig { batch_size: 10, batch_pause: Duration::from_millis(30), ..fast() });
@@ -450,7 +453,7 @@ async fn review_large_restock_batched_and_paced() {
     assert_eq!(d, vec![Duration::from_secs(60), Duration::from_secs(300), Duration::from_secs(1800)]);
 }
 
-/// Seed 000 上线复盘清单: "同一用户多 SKU 到货是否合并为一条消息" (one user, several SKUs back: one message).
+/// Launch review: one user, several SKUs back: one message (docs/restock.md, "Merge per buyer").
 #[tokio::test]
 async fn review_one_message_per_user_for_several_skus() {
     let w = world();
@@ -485,7 +488,8 @@ async fn review_one_message_per_user_for_several_skus() {
     assert_eq!(emails_to(&w, "u1").len(), 2);
 }
 
-/// Seed 000 上线复盘清单: "失败重试是否有次数上限与手动补发入口" (retries capped, and a manual resend).
+/// Launch review: retries capped, and a manual resend
+/// (docs/restock.md, "Retries and manual resend").
 #[tokio::test]
 async fn review_retry_cap_and_manual_resend() {
     let w = world();
