@@ -19,9 +19,19 @@ pub fn check_id(field: &str, value: &str) -> Result<(), CoreError> {
     Ok(())
 }
 
-/// A tenant's id (checked like a client id).
+/// A tenant's id (checked like a client id), checked again whenever it is read from a message
+/// or an item: a value of this type is always valid.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "String")]
 pub struct TenantId(String);
+
+impl TryFrom<String> for TenantId {
+    type Error = CoreError;
+    fn try_from(value: String) -> Result<Self, CoreError> {
+        check_id("tenant", &value)?;
+        Ok(Self(value))
+    }
+}
 
 impl TenantId {
     pub fn parse(value: &str) -> Result<Self, CoreError> {
@@ -65,6 +75,15 @@ mod tests {
         assert!(check_id("user_id", "a/b").is_err());
         assert!(check_id("user_id", "").is_err());
         assert!(check_id("user_id", &"x".repeat(129)).is_err());
+    }
+
+    #[test]
+    fn a_tenant_is_checked_when_it_deserializes() {
+        let t: TenantId = serde_json::from_str(r#""shop-1""#).unwrap();
+        assert_eq!(t.as_str(), "shop-1");
+        assert_eq!(serde_json::to_string(&t).unwrap(), r#""shop-1""#);
+        assert!(serde_json::from_str::<TenantId>(r#""a#b""#).is_err());
+        assert!(serde_json::from_str::<TenantId>(r#""""#).is_err());
     }
 
     #[test]

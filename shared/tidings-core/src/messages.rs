@@ -2,23 +2,7 @@
 
 use std::time::Duration;
 
-/// What a handler decided for one message.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Outcome {
-    /// Done (or nothing to do): delete the message.
-    Done,
-    /// Try again after this delay: the message's visibility is set to it and it is reported as
-    /// a batch item failure; after `max_receives` the queue moves it to the DLQ.
-    Retry(Duration),
-    /// Not started (a batch's deadline came first): the message goes back untouched as a new
-    /// copy, so the receive it was given does not count towards the DLQ (a retry would: a
-    /// message handed back a few times under load would be dead-lettered without ever having
-    /// been tried). Falls back to a retry at once if the copy cannot be sent.
-    HandBack,
-    /// The message can never be processed (malformed): it goes straight to the DLQ with the
-    /// reason, and the batch goes on.
-    Reject(String),
-}
+pub use crate::outcome::Outcome;
 
 /// The body put on a DLQ for a rejected message: what an operator needs to judge it.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
@@ -220,7 +204,7 @@ pub async fn dispatch_batch_until(
     deadline: Option<std::time::Instant>,
 ) -> Vec<Outcome> {
     if ["email-", "sms-", "push-"].iter().any(|p| queue.starts_with(p)) {
-        return crate::notify::worker::handle_channel_batch_until(deps, messages, deadline).await;
+        return crate::tasks::handle_batch::<crate::notify::worker::ChannelSend>(deps, messages, deadline).await;
     }
     // One by one (requests, timers, stock events). After the first, which always runs so a
     // batch always makes progress, a message is not started when the longest one so far would
@@ -245,7 +229,9 @@ pub async fn dispatch(deps: &crate::Deps, queue: &str, message: &Received) -> Ou
     if queue.starts_with("requests-") {
         crate::notify::orchestrator::handle_request_message(deps, message).await
     } else if ["email-", "sms-", "push-"].iter().any(|p| queue.starts_with(p)) {
-        crate::notify::worker::handle_channel_message(deps, message).await
+        let one =
+            crate::tasks::handle_batch::<crate::notify::worker::ChannelSend>(deps, std::slice::from_ref(message), None);
+        one.await.into_iter().next().unwrap_or(Outcome::Retry(Duration::ZERO))
     } else if queue == crate::restock::STOCK_EVENTS_QUEUE {
         crate::restock::handle_stock_event_message(deps, message).await
     } else if queue == crate::timers::TIMERS_QUEUE {

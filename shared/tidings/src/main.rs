@@ -138,10 +138,7 @@ async fn why_dead(deps: &tidings_core::Deps, body: &str) -> String {
     let Ok(task) = serde_json::from_str::<ChannelTask>(body) else {
         return "not a Tidings message (see its body with the queue's tools)".into();
     };
-    let Ok(tenant) = tidings_core::TenantId::parse(&task.tenant) else {
-        return "channel task with a bad tenant".into();
-    };
-    let key = tidings_core::keys::delivery(&tenant, &task.notification_id, &task.user_id, task.channel);
+    let key = tidings_core::keys::delivery(&task.tenant, &task.notification_id, &task.user_id, task.channel);
     match deps.table.get(&key).await.map(|i| i.map(|i| i.parse::<Delivery>())) {
         Ok(Some(Ok(d))) => format!(
             "{} to {} of notification {}: status {}, {} attempt(s), last error {:?}, first failure {}",

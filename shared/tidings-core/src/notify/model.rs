@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::error::{CoreError, CoreResult};
-use crate::ids::check_id;
+use crate::ids::{TenantId, check_id};
 use crate::ports::Channel;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -329,7 +329,7 @@ impl RequestMessage {
 /// The channel queue message: one rendered send.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ChannelTask {
-    pub tenant: String,
+    pub tenant: TenantId,
     pub notification_id: String,
     pub user_id: String,
     pub channel: Channel,

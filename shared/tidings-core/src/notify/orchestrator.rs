@@ -22,7 +22,7 @@ use crate::error::CoreResult;
 use crate::ids::TenantId;
 use crate::inbox;
 use crate::keys;
-use crate::messages::Outcome;
+use crate::outcome::Outcome;
 use crate::people::users::{self, User};
 use crate::people::{devices, preferences};
 use crate::ports::{Channel, Cond, Item, Key, OutMessage, Received, StoreError, Update, Write, attrs_of};
@@ -559,7 +559,7 @@ fn task_of(
     hosts: &LinkHosts,
 ) -> (String, ChannelTask) {
     let mut task = ChannelTask {
-        tenant: t.as_str().to_owned(),
+        tenant: t.clone(),
         notification_id: n.notification_id.clone(),
         user_id: user_id.to_owned(),
         channel,

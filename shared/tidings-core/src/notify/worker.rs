@@ -21,26 +21,27 @@ use crate::deps::Deps;
 use crate::error::CoreResult;
 use crate::ids::{TenantId, mask_address};
 use crate::keys;
-use crate::messages::Outcome;
+use crate::outcome::Outcome;
 use crate::ports::table::MAX_TRANSACTION_WRITES;
-use crate::ports::{
-    Channel, Cond, Key, OutboundMessage, ProviderError, ProviderReceipt, Received, StoreError, Update, Write,
-};
+use crate::ports::{Channel, Cond, Key, OutboundMessage, ProviderError, ProviderReceipt, StoreError, Update, Write};
 use crate::retry::backoff;
+use crate::tasks::Task;
 
-/// Handles one channel task message.
-pub async fn handle_channel_message(deps: &Deps, message: &Received) -> Outcome {
-    let (tenant, task) = match parse(message) {
-        Ok(parsed) => parsed,
-        Err(outcome) => return outcome,
-    };
-    match deliver(deps, &tenant, &task, message.receive_count).await {
-        Ok(outcome) => outcome,
-        Err(e) => {
-            warn!(error = %e, "delivery bookkeeping failed; will retry");
-            Outcome::Retry(backoff(message.receive_count, deps.config.retry_base, deps.config.retry_cap, None))
-        }
+/// The channel lanes' step: a batch of channel tasks ([`handle_channel_batch_until`]).
+pub struct ChannelSend;
+
+impl crate::tasks::BatchStep for ChannelSend {
+    type Body = ChannelTask;
+    const WHAT: &'static str = "channel task";
+    async fn run_batch(deps: &Deps, tasks: &[Task<ChannelTask>], deadline: Option<std::time::Instant>) -> Vec<Outcome> {
+        handle_channel_batch_until(deps, tasks, deadline).await
     }
+}
+
+/// Handles one channel task.
+pub async fn handle_channel_message(deps: &Deps, task: &Task<ChannelTask>) -> Outcome {
+    let result = deliver(deps, &task.body.tenant, &task.body, task.receive_count).await;
+    crate::tasks::classify(deps, "channel task", task.receive_count, result)
 }
 
 fn now_str(deps: &Deps) -> String {
@@ -264,8 +265,8 @@ fn settle(
 /// progress counters and receipts. Anything unusual (a cancelled campaign, a redriven dead
 /// delivery, a claim lost to another worker, a task seen twice in the batch) takes the path of
 /// a single message, which knows every case.
-pub async fn handle_channel_batch(deps: &Deps, messages: &[Received]) -> Vec<Outcome> {
-    handle_channel_batch_until(deps, messages, None).await
+pub async fn handle_channel_batch(deps: &Deps, tasks: &[Task<ChannelTask>]) -> Vec<Outcome> {
+    handle_channel_batch_until(deps, tasks, None).await
 }
 
 /// [`handle_channel_batch`] with a deadline: a claimed send whose provider call could not end
@@ -276,19 +277,12 @@ pub async fn handle_channel_batch(deps: &Deps, messages: &[Received]) -> Vec<Out
 /// the deadline for the gates' wait and the record.
 pub async fn handle_channel_batch_until(
     deps: &Deps,
-    messages: &[Received],
+    tasks: &[Task<ChannelTask>],
     deadline: Option<std::time::Instant>,
 ) -> Vec<Outcome> {
-    let mut outcomes: Vec<Option<Outcome>> = vec![None; messages.len()];
-    let mut parsed: Vec<(usize, TenantId, ChannelTask)> = Vec::with_capacity(messages.len());
-    for (i, message) in messages.iter().enumerate() {
-        match parse(message) {
-            Ok((t, task)) => parsed.push((i, t, task)),
-            Err(outcome) => outcomes[i] = Some(outcome),
-        }
-    }
-    if parsed.len() > 1 {
-        match deliver_batch(deps, messages, &parsed, deadline).await {
+    let mut outcomes: Vec<Option<Outcome>> = vec![None; tasks.len()];
+    if tasks.len() > 1 {
+        match deliver_batch(deps, tasks, deadline).await {
             Ok(done) => {
                 for (i, outcome) in done {
                     outcomes[i] = Some(outcome);
@@ -301,25 +295,17 @@ pub async fn handle_channel_batch_until(
     // another provider call can end before the deadline; after the first, the others are
     // handed back untouched.
     let mut handled = 0usize;
-    for (i, message) in messages.iter().enumerate() {
+    for (i, task) in tasks.iter().enumerate() {
         if outcomes[i].is_none() {
             if handled > 0 && too_late(deps, deadline) {
                 outcomes[i] = Some(Outcome::HandBack);
                 continue;
             }
-            outcomes[i] = Some(handle_channel_message(deps, message).await);
+            outcomes[i] = Some(handle_channel_message(deps, task).await);
             handled += 1;
         }
     }
     outcomes.into_iter().map(|o| o.unwrap_or(Outcome::Done)).collect()
-}
-
-fn parse(message: &Received) -> Result<(TenantId, ChannelTask), Outcome> {
-    let task: ChannelTask =
-        serde_json::from_str(&message.body).map_err(|e| Outcome::Reject(format!("malformed channel task: {e}")))?;
-    let tenant =
-        TenantId::parse(&task.tenant).map_err(|_| Outcome::Reject("channel task with an invalid tenant".into()))?;
-    Ok((tenant, task))
 }
 
 /// Sends in flight at once for one batch.
@@ -383,16 +369,16 @@ impl Claimed<'_> {
 /// others are left to the single path. Nothing is claimed when this fails before the claim.
 async fn deliver_batch(
     deps: &Deps,
-    messages: &[Received],
-    parsed: &[(usize, TenantId, ChannelTask)],
+    tasks: &[Task<ChannelTask>],
     deadline: Option<std::time::Instant>,
 ) -> CoreResult<Vec<(usize, Outcome)>> {
     let now_ms = deps.clock.now_ms();
     // Tasks of cancelled notifications, and a second task for one delivery: the single path.
-    let mut candidates = Vec::with_capacity(parsed.len());
+    let mut candidates = Vec::with_capacity(tasks.len());
     let mut seen = std::collections::HashSet::new();
     let mut status: std::collections::HashMap<&str, Option<NotificationStatus>> = Default::default();
-    for (i, t, task) in parsed {
+    for (i, Task { body: task, .. }) in tasks.iter().enumerate() {
+        let t = &task.tenant;
         let key = keys::delivery(t, &task.notification_id, &task.user_id, task.channel);
         // Transactional messages one by one: a crash after a provider call then costs at most
         // the one duplicate the two-phase send promises, not one per message of the batch.
@@ -408,7 +394,7 @@ async fn deliver_batch(
             }
         };
         if s != Some(NotificationStatus::Cancelled) {
-            candidates.push((*i, t, task, key));
+            candidates.push((i, t, task, key));
         }
     }
     if candidates.len() < 2 {
@@ -510,7 +496,7 @@ async fn deliver_batch(
                 continue;
             }
         };
-        let receive_count = messages.get(c.index).map_or(1, |m| m.receive_count);
+        let receive_count = tasks.get(c.index).map_or(1, |m| m.receive_count);
         let settled = settle(deps, c.task, &provider, c.attempts, receive_count, result);
         if let Some(id) = &settled.receipt {
             sent.push(c.index);
@@ -556,7 +542,7 @@ async fn deliver_batch(
             warn!(error = %e, "recording a batch of sends failed; will retry");
             for (i, outcome) in &mut done {
                 if matches!(outcome, Outcome::Done) {
-                    let count = messages.get(*i).map_or(1, |m| m.receive_count);
+                    let count = tasks.get(*i).map_or(1, |m| m.receive_count);
                     *outcome = Outcome::Retry(backoff(count, deps.config.retry_base, deps.config.retry_cap, None));
                 }
             }

@@ -27,7 +27,7 @@ use crate::deps::Deps;
 use crate::error::{CoreError, CoreResult};
 use crate::ids::{TenantId, check_id};
 use crate::inventory::{self, AdjustmentRequest, AdjustmentSource, StockView};
-use crate::messages::Outcome;
+use crate::outcome::Outcome;
 use crate::ports::{ChangeRecord, Cond, Item, OutMessage, QueryOpts, Received, StoreError, Update, Write, attrs_of};
 use crate::retry::backoff;
 

@@ -35,7 +35,7 @@ use crate::deps::Deps;
 use crate::error::{CoreError, CoreResult};
 use crate::ids::{TenantId, new_id};
 use crate::inventory::{self, Settlement};
-use crate::messages::Outcome;
+use crate::outcome::Outcome;
 use crate::ports::queue::MAX_DELAY;
 use crate::ports::{Cond, Item, Key, OutMessage, QueryOpts, Received, StoreError, Update, Write, attrs_of};
 use crate::retry::backoff;

@@ -84,7 +84,14 @@ pub fn verify(config: &CoreConfig, kind: TokenKind, token: &str, now_s: i64) -> 
 }
 
 fn claims_for(task: &ChannelTask, k: TokenKind, url: Option<String>) -> Claims {
-    Claims { k, t: task.tenant.clone(), n: task.notification_id.clone(), u: task.user_id.clone(), c: task.channel, url }
+    Claims {
+        k,
+        t: task.tenant.as_str().to_owned(),
+        n: task.notification_id.clone(),
+        u: task.user_id.clone(),
+        c: task.channel,
+        url,
+    }
 }
 
 /// The hosts a tenant's tracked links may lead to: `shop.example`, or `*.shop.example` for
@@ -349,7 +356,7 @@ mod tests {
     fn marketing_email_gets_one_click_unsubscribe_headers_and_tracking() {
         let c = config("k1:secret-one");
         let mut task = ChannelTask {
-            tenant: "acme".into(),
+            tenant: TenantId::parse("acme").unwrap(),
             notification_id: "n1".into(),
             user_id: "u1".into(),
             channel: Channel::Email,
@@ -378,7 +385,7 @@ mod tests {
     fn only_links_to_the_tenants_hosts_are_tracked() {
         let c = config("k1:secret-one");
         let mut task = ChannelTask {
-            tenant: "acme".into(),
+            tenant: TenantId::parse("acme").unwrap(),
             notification_id: "n1".into(),
             user_id: "u1".into(),
             channel: Channel::Email,
@@ -404,7 +411,7 @@ mod tests {
 
     fn email_task(body: &str, html: &str) -> ChannelTask {
         ChannelTask {
-            tenant: "acme".into(),
+            tenant: TenantId::parse("acme").unwrap(),
             notification_id: "n1".into(),
             user_id: "u1".into(),
             channel: Channel::Email,
