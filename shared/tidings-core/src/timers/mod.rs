@@ -1,6 +1,6 @@
-//! Timers (docs/timers.md): one mechanism for everything that must happen later (hold
-//! expiry now; scheduled sends, quiet-hours deferrals and long backoffs can join as new
-//! [`TimerTask`] kinds).
+//! Timers (docs/timers.md): one mechanism for everything that must happen later, each a
+//! [`TimerTask`] kind: hold expiry, scheduled sends, quiet-hours resumes, restock waves, flushes
+//! and checks, and the tracking routes' opens and clicks.
 //!
 //! - Due within 15 minutes: a message on the [`TIMERS_QUEUE`] with that SQS delay.
 //! - Later: a timer item in a minute bucket, and the bucket in a small index of open buckets:
