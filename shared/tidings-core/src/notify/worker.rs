@@ -1,13 +1,31 @@
-//! The channel worker: sends one rendered task through its provider.
+//! The channel worker: sends rendered channel tasks through their providers, under the rule of
+//! once (docs/delivery.md, "Send: the rule of once").
 //!
-//! Transactional: two phases on the delivery key (docs/delivery.md, "Send: the rule of once").
-//! Claim `sending` with a short lease, call the provider, then `sent`. A crash before the call lets
-//! the lease run out and the send happen later (nothing lost); a crash after the provider accepted
-//! but before `sent` is written causes at most one duplicate. Marketing: one write before sending
-//! (at most once): a crash after the claim loses that send rather than risk a second one. The claim
-//! still carries a lease: when the task comes back after it ran out, the delivery is closed as
-//! `failed` with reason `outcome_unknown` (the provider may or may not have taken it; it is not
-//! sent again), so a campaign's progress still completes.
+//! One algorithm in four steps, each a function below. A single task is a batch of one
+//! ([`deliver`]); in a batch, the plain marketing sends go through the same steps together
+//! ([`deliver_batch`]) and everything else goes alone.
+//!
+//! 1. **Select** ([`stopped`], [`select_batch`]): a task of a cancelled notification, or of a user
+//!    erased since it was accepted, is not sent; its delivery is closed as `suppressed`. Together
+//!    go only marketing tasks whose delivery is plainly `pending`; anything unusual (transactional,
+//!    a redriven dead delivery, a task seen twice, an erased user) goes alone, which knows every
+//!    case.
+//! 2. **Claim** ([`claim_one`], [`claim_batch`]): before any provider call, the delivery moves to
+//!    `sending` with a lease, by a conditional write ([`claim_of`]); only the worker whose write
+//!    won sends. Transactional: claimable from `pending`, or from `sending` once the lease ran out
+//!    (its worker stopped). Marketing: from `pending` only, so it is sent at most once; an expired
+//!    marketing claim is closed as `failed` (`outcome_unknown`), never sent again
+//!    ([`already_claimed`]).
+//! 3. **Send** ([`send_all`]): each claimed delivery's provider call, with the delivery key as its
+//!    idempotency key and within the provider timeout, a few at a time through the rate gates; a
+//!    call that could outlast the batch's deadline is not started (its claim is given back).
+//! 4. **Record** ([`record_all`]): the provider's answer moves the delivery out of `sending`
+//!    (`sent`, `failed`, back to `pending` for a retry, or `dead`) with its progress counters and
+//!    receipt, in one transaction.
+//!
+//! A crash between send and record leaves the claim, and the delivery key resolves it when the
+//! task comes back: transactional, sent again once the lease ran out (at most one duplicate,
+//! nothing lost); marketing, closed without a second send.
 
 use std::time::Duration;
 
@@ -44,86 +62,215 @@ pub async fn handle_channel_message(deps: &Deps, task: &Task<ChannelTask>) -> Ou
     crate::tasks::classify(deps, "channel task", task.receive_count, result)
 }
 
+/// Handles a batch of channel task messages (what one receive or one Lambda event holds), one
+/// outcome per message in order. Marketing sends, a campaign's bulk, cost four store calls for
+/// the whole batch instead of four per message: the deliveries read at once, claimed in one transaction,
+/// sent concurrently (through the rate gates), and recorded in one transaction with their
+/// progress counters and receipts. Anything unusual (a cancelled campaign, a redriven dead
+/// delivery, a claim lost to another worker, a task seen twice in the batch) takes the path of
+/// a single message, which knows every case.
+pub async fn handle_channel_batch(deps: &Deps, tasks: &[Task<ChannelTask>]) -> Vec<Outcome> {
+    handle_channel_batch_until(deps, tasks, None).await
+}
+
+/// [`handle_channel_batch`] with a deadline: a claimed send whose provider call could not end
+/// before it (`now + provider timeout > deadline`) is not started, unless it is in the first
+/// wave of [`SEND_CONCURRENCY`] (progress is always made); its delivery goes back to `pending`
+/// and its message is handed back ([`Outcome::HandBack`]). Messages handled one by one
+/// (transactional ones) stop the same way after the first. Callers leave themselves room after
+/// the deadline for the gates' wait and the record.
+pub async fn handle_channel_batch_until(
+    deps: &Deps,
+    tasks: &[Task<ChannelTask>],
+    deadline: Option<std::time::Instant>,
+) -> Vec<Outcome> {
+    let mut outcomes: Vec<Option<Outcome>> = vec![None; tasks.len()];
+    if tasks.len() > 1 {
+        match deliver_batch(deps, tasks, deadline).await {
+            Ok(done) => {
+                for (i, outcome) in done {
+                    outcomes[i] = Some(outcome);
+                }
+            }
+            Err(e) => warn!(error = %e, "batch bookkeeping failed; each message on its own"),
+        }
+    }
+    // The rest one by one (transactional messages, and what the batch path left), as long as
+    // another provider call can end before the deadline; after the first, the others are
+    // handed back untouched.
+    let mut handled = 0usize;
+    for (i, task) in tasks.iter().enumerate() {
+        if outcomes[i].is_none() {
+            if handled > 0 && too_late(deps, deadline) {
+                outcomes[i] = Some(Outcome::HandBack);
+                continue;
+            }
+            outcomes[i] = Some(handle_channel_message(deps, task).await);
+            handled += 1;
+        }
+    }
+    outcomes.into_iter().map(|o| o.unwrap_or(Outcome::Done)).collect()
+}
+
 fn now_str(deps: &Deps) -> String {
     deps.clock.now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
+/// One task through the four steps: a batch of one, with every case a batch leaves alone.
 #[instrument(skip(deps, t, task), fields(tenant = %t, notification_id = %task.notification_id, channel = %task.channel))]
 async fn deliver(deps: &Deps, t: &TenantId, task: &ChannelTask, receive_count: u32) -> CoreResult<Outcome> {
     let key = keys::delivery(t, &task.notification_id, &task.user_id, task.channel);
     let now_ms = deps.clock.now_ms();
-
-    // Not sent: its notification was cancelled, or its user erased since it was accepted
-    // (`crate::people::erasure`; the task's address is from before).
-    let stopped =
-        if super::campaign::status(deps, t, &task.notification_id).await? == Some(NotificationStatus::Cancelled) {
-            Some("cancelled")
-        } else if crate::people::erasure::stops_send(deps, t, task).await? {
-            Some(crate::people::erasure::REASON)
-        } else {
-            None
-        };
-    if let Some(reason) = stopped {
-        if let Some(item) = deps.table.get(&key).await? {
-            let d: Delivery = item.parse()?;
-            // A claim whose lease ran out (a worker stopped mid-send) is closed too.
-            let stale = d.status == DeliveryStatus::Sending && d.lease_until_ms.is_some_and(|l| l < now_ms);
-            if matches!(d.status, DeliveryStatus::Pending | DeliveryStatus::Dead) || (stale && reason != "cancelled") {
-                let updates = vec![Update::set("reason", reason), Update::set("updated_at", now_str(deps))];
-                move_delivery(
-                    deps,
-                    t,
-                    task,
-                    &key,
-                    Some(page_of(&item).unwrap_or(0)),
-                    d.status,
-                    DeliveryStatus::Suppressed,
-                    updates,
-                )
-                .await?;
-            }
-        }
+    if let Some(reason) = stopped(deps, t, task).await? {
+        close_stopped(deps, t, task, &key, reason, now_ms).await?;
         return Ok(Outcome::Done);
     }
+    let claimed = match claim_one(deps, t, task, receive_count, key, now_ms).await? {
+        Ok(claimed) => [claimed],
+        Err(not_ours) => return Ok(not_ours),
+    };
+    let attempts = send_all(deps, &claimed, None).await;
+    let outcomes = record_all(deps, &claimed, attempts).await;
+    Ok(outcomes.into_iter().next().unwrap_or(Outcome::Retry(Duration::ZERO)))
+}
 
-    // Phase one: claim the delivery.
-    let transactional = task.category == Category::Transactional;
-    let (updates, cond) = claim_of(deps, transactional, now_ms);
-    let claimed_item = match deps.table.update(&key, updates.clone(), cond).await {
-        Ok(item) => item,
-        // A dead delivery redriven: claimed with its counters (dead → queued).
-        Err(StoreError::ConditionFailed { .. }) => {
-            match move_delivery(deps, t, task, &key, None, DeliveryStatus::Dead, DeliveryStatus::Sending, updates)
-                .await?
-            {
-                true => match deps.table.get(&key).await? {
-                    Some(item) => item,
-                    None => return Ok(Outcome::Done),
-                },
-                false => return already_claimed(deps, t, task, &key, now_ms).await,
-            }
+/// The plain marketing sends of a batch through the four steps together: four store calls for
+/// the whole batch instead of four per task. Returns the outcomes of the tasks it handled; the
+/// others are left to [`deliver`]. Nothing is claimed when this fails before the claim.
+async fn deliver_batch(
+    deps: &Deps,
+    tasks: &[Task<ChannelTask>],
+    deadline: Option<std::time::Instant>,
+) -> CoreResult<Vec<(usize, Outcome)>> {
+    let selected = select_batch(deps, tasks).await?;
+    let claimed = claim_batch(deps, selected).await?;
+    if claimed.is_empty() {
+        return Ok(Vec::new());
+    }
+    let attempts = send_all(deps, &claimed, deadline).await;
+    let outcomes = record_all(deps, &claimed, attempts).await;
+    Ok(claimed.iter().map(|c| c.index).zip(outcomes).collect())
+}
+
+// Step 1: select.
+
+/// Why a task is not sent at all: its notification was cancelled, or its user erased since it
+/// was accepted (`crate::people::erasure`; the task's address is from before).
+async fn stopped(deps: &Deps, t: &TenantId, task: &ChannelTask) -> CoreResult<Option<&'static str>> {
+    Ok(if super::campaign::status(deps, t, &task.notification_id).await? == Some(NotificationStatus::Cancelled) {
+        Some("cancelled")
+    } else if crate::people::erasure::stops_send(deps, t, task).await? {
+        Some(crate::people::erasure::REASON)
+    } else {
+        None
+    })
+}
+
+/// Closes the delivery of a stopped task as `suppressed` when it is not being sent: `pending`,
+/// `dead`, or (for an erased user) a claim whose lease ran out (a worker stopped mid-send).
+async fn close_stopped(
+    deps: &Deps,
+    t: &TenantId,
+    task: &ChannelTask,
+    key: &Key,
+    reason: &str,
+    now_ms: i64,
+) -> CoreResult<()> {
+    let Some(item) = deps.table.get(key).await? else { return Ok(()) };
+    let d: Delivery = item.parse()?;
+    let stale = d.status == DeliveryStatus::Sending && d.lease_until_ms.is_some_and(|l| l < now_ms);
+    if matches!(d.status, DeliveryStatus::Pending | DeliveryStatus::Dead) || (stale && reason != "cancelled") {
+        let updates = vec![Update::set("reason", reason), Update::set("updated_at", now_str(deps))];
+        let page = Some(page_of(&item).unwrap_or(0));
+        move_delivery(deps, t, task, key, page, d.status, DeliveryStatus::Suppressed, updates).await?;
+    }
+    Ok(())
+}
+
+/// The tasks of a batch that can be claimed together: marketing, of a notification not
+/// cancelled, the first task for its delivery, whose user has no erasure record and whose
+/// delivery is `pending`. Fewer than two: none (the single path is as cheap).
+async fn select_batch<'a>(deps: &Deps, tasks: &'a [Task<ChannelTask>]) -> CoreResult<Vec<Claimed<'a>>> {
+    let mut candidates = Vec::with_capacity(tasks.len());
+    let mut seen = std::collections::HashSet::new();
+    let mut status: std::collections::HashMap<&str, Option<NotificationStatus>> = Default::default();
+    for (i, Task { body: task, .. }) in tasks.iter().enumerate() {
+        let t = &task.tenant;
+        let key = keys::delivery(t, &task.notification_id, &task.user_id, task.channel);
+        // Transactional messages one by one: a crash after a provider call then costs at most
+        // the one duplicate the two-phase send promises, not one per message of the batch.
+        if task.category == Category::Transactional || !seen.insert(key.clone()) {
+            continue;
         }
-        Err(e) => return Err(e.into()),
-    };
-    let page = page_of(&claimed_item).unwrap_or(0);
-    let claimed: Delivery = claimed_item.parse()?;
-
-    // The provider call.
-    let Some(provider) = deps.providers.for_channel(task.channel) else {
-        return Ok(Outcome::Reject(format!("channel {} has no provider", task.channel)));
-    };
-    let result = call_provider(deps, t, task, provider.as_ref(), claimed.attempts).await;
-
-    // Phase two: record what happened.
-    let settled = settle(deps, task, provider.name(), claimed.attempts, receive_count, result);
-    if let Some(id) = &settled.receipt {
-        crate::tracking::receipts::remember_sent(deps, provider.name(), id, t, task).await;
+        let s = match status.get(task.notification_id.as_str()) {
+            Some(s) => *s,
+            None => {
+                let s = super::campaign::status(deps, t, &task.notification_id).await?;
+                status.insert(&task.notification_id, s);
+                s
+            }
+        };
+        if s != Some(NotificationStatus::Cancelled) {
+            candidates.push((i, t, task, key));
+        }
     }
-    move_delivery(deps, t, task, &key, Some(page), DeliveryStatus::Sending, settled.to, settled.updates).await?;
-    if settled.receipt.is_some() {
-        crate::crash::point("worker.after_sent");
+    if candidates.len() < 2 {
+        return Ok(Vec::new());
     }
-    Ok(settled.outcome)
+    // The deliveries, and their users' erasure records in the same read.
+    let mut keys: Vec<Key> = candidates.iter().map(|c| c.3.clone()).collect();
+    keys.extend(candidates.iter().map(|c| keys::erasure(c.1, &c.2.user_id)));
+    let mut items = deps.table.get_many(&keys).await?;
+    let erased = items.split_off(candidates.len().min(items.len()));
+    let mut selected = Vec::with_capacity(candidates.len());
+    for (((index, t, task, key), item), erased) in candidates.into_iter().zip(items).zip(erased) {
+        // An erased user's task: the single path decides (`crate::people::erasure`).
+        if erased.is_some() {
+            continue;
+        }
+        let Some(item) = item else { continue };
+        let Ok(d) = item.parse::<Delivery>() else { continue };
+        if d.status != DeliveryStatus::Pending {
+            continue;
+        }
+        let receive_count = tasks.get(index).map_or(1, |m| m.receive_count);
+        let page = page_of(&item).unwrap_or(0);
+        selected.push(Claimed { index, t, task, receive_count, key, page, attempts: d.attempts.saturating_add(1) });
+    }
+    Ok(selected)
+}
+
+// Step 2: claim.
+
+/// A claimed delivery: this worker's to send and to record.
+struct Claimed<'a> {
+    /// Its task's place in the batch (0 for a batch of one).
+    index: usize,
+    t: &'a TenantId,
+    task: &'a ChannelTask,
+    receive_count: u32,
+    key: Key,
+    /// The expansion page that created it (its progress counters).
+    page: u64,
+    /// Its attempts, this one included.
+    attempts: u32,
+}
+
+impl Claimed<'_> {
+    /// Its move out of `sending`, with the progress counters.
+    fn moved_to(&self, to: DeliveryStatus, updates: Vec<Update>) -> progress::Transition<'_> {
+        progress::Transition {
+            t: self.t,
+            notification_id: &self.task.notification_id,
+            user_id: &self.task.user_id,
+            page: self.page,
+            key: &self.key,
+            from: DeliveryStatus::Sending,
+            to,
+            also: None,
+            updates,
+        }
+    }
 }
 
 /// The claim of a delivery (phase one): its updates and condition. Both carry a lease; a
@@ -144,6 +291,155 @@ fn claim_of(deps: &Deps, transactional: bool, now_ms: i64) -> (Vec<Update>, Cond
         Update::set("lease_until_ms", now_ms + lease.as_millis() as i64),
     ];
     (updates, cond)
+}
+
+/// The claim of one task's delivery ([`claim_of`]); a dead delivery redriven is claimed with
+/// its counters (`dead` → `sending`). `Err(outcome)`: the delivery is not this worker's to send
+/// ([`already_claimed`]).
+async fn claim_one<'a>(
+    deps: &Deps,
+    t: &'a TenantId,
+    task: &'a ChannelTask,
+    receive_count: u32,
+    key: Key,
+    now_ms: i64,
+) -> CoreResult<Result<Claimed<'a>, Outcome>> {
+    let (updates, cond) = claim_of(deps, task.category == Category::Transactional, now_ms);
+    let item = match deps.table.update(&key, updates.clone(), cond).await {
+        Ok(item) => item,
+        Err(StoreError::ConditionFailed { .. }) => {
+            let redriven =
+                move_delivery(deps, t, task, &key, None, DeliveryStatus::Dead, DeliveryStatus::Sending, updates)
+                    .await?;
+            if !redriven {
+                return Ok(Err(already_claimed(deps, t, task, &key, now_ms).await?));
+            }
+            match deps.table.get(&key).await? {
+                Some(item) => item,
+                None => return Ok(Err(Outcome::Done)),
+            }
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let page = page_of(&item).unwrap_or(0);
+    let d: Delivery = item.parse()?;
+    Ok(Ok(Claimed { index: 0, t, task, receive_count, key, page, attempts: d.attempts }))
+}
+
+/// The claims of a batch's selected deliveries, in transactions of up to 100 (DynamoDB's
+/// limit): the ones claimed. A chunk that fails (someone else moved one of its deliveries)
+/// goes the single way, message by message.
+async fn claim_batch<'a>(deps: &Deps, selected: Vec<Claimed<'a>>) -> CoreResult<Vec<Claimed<'a>>> {
+    let now_ms = deps.clock.now_ms();
+    let claims: Vec<Write> = selected
+        .iter()
+        .map(|c| {
+            let (updates, cond) = claim_of(deps, false, now_ms);
+            Write::Update { key: c.key.clone(), updates, cond }
+        })
+        .collect();
+    let mut kept = Vec::with_capacity(selected.len());
+    let mut selected = selected.into_iter();
+    for chunk in claims.chunks(MAX_TRANSACTION_WRITES) {
+        let part: Vec<Claimed<'_>> = selected.by_ref().take(chunk.len()).collect();
+        match deps.table.transact(chunk.to_vec()).await {
+            Ok(()) => kept.extend(part),
+            Err(StoreError::ConditionFailed { .. }) | Err(StoreError::Conflict) => {}
+            Err(e) if kept.is_empty() => return Err(e.into()),
+            Err(e) => warn!(error = %e, "claiming part of a batch failed; those go one by one"),
+        }
+    }
+    Ok(kept)
+}
+
+/// The reason of a marketing delivery closed after its claim's lease ran out.
+pub const OUTCOME_UNKNOWN: &str = "outcome_unknown";
+
+/// The claim failed: someone sent it already, it is final, or a lease is running. A marketing
+/// claim whose lease ran out belonged to a worker that stopped between its claim and its record
+/// (a crash, or a record that failed): it is closed as `failed` (`outcome_unknown`), not sent.
+async fn already_claimed(
+    deps: &Deps,
+    t: &TenantId,
+    task: &ChannelTask,
+    key: &crate::ports::Key,
+    now_ms: i64,
+) -> CoreResult<Outcome> {
+    let Some(item) = deps.table.get(key).await? else {
+        warn!("channel task without a delivery record; dropped");
+        return Ok(Outcome::Done);
+    };
+    let d: Delivery = item.parse()?;
+    if d.status != DeliveryStatus::Sending {
+        return Ok(Outcome::Done);
+    }
+    // Claims made before marketing claims had a lease count as expired.
+    let lease_until = d.lease_until_ms.unwrap_or(now_ms);
+    if lease_until > now_ms || d.category == Category::Transactional {
+        let wait_ms = lease_until.saturating_sub(now_ms).max(0) as u64;
+        return Ok(Outcome::Retry(Duration::from_millis(wait_ms + 500)));
+    }
+    warn!(
+        to = %mask_address(&task.to),
+        "a marketing claim outlived its lease: closed as failed (outcome unknown), not sent again"
+    );
+    let updates = vec![
+        Update::set("reason", OUTCOME_UNKNOWN),
+        Update::set("last_error", "the worker stopped after claiming; not sent again (marketing is at most once)"),
+        Update::set("updated_at", now_str(deps)),
+        Update::Remove("lease_until_ms".into()),
+    ];
+    let page = page_of(&item).unwrap_or(0);
+    move_delivery(deps, t, task, key, Some(page), DeliveryStatus::Sending, DeliveryStatus::Failed, updates).await?;
+    Ok(Outcome::Done)
+}
+
+// Step 3: send.
+
+/// Sends in flight at once for one batch.
+const SEND_CONCURRENCY: usize = 16;
+
+/// What became of one claimed send.
+enum Attempt {
+    /// The provider was called.
+    Called(String, Result<ProviderReceipt, ProviderError>),
+    /// No provider for the channel.
+    NoProvider,
+    /// Not started: the batch's deadline was too near.
+    Released,
+}
+
+/// Whether a provider call started now could outlast `deadline`.
+fn too_late(deps: &Deps, deadline: Option<std::time::Instant>) -> bool {
+    deadline.is_some_and(|d| std::time::Instant::now() + deps.config.provider_timeout > d)
+}
+
+/// The provider calls of claimed deliveries, one attempt each, in order. A few at a time: the
+/// gates in front of the providers pace them, and a batch of a hundred waiting at once for a
+/// slow gate would outwait it (`GATE_REFUSAL`, a retry). The first wave always goes (so a batch
+/// always makes progress, however short the time); a later send is not started when its
+/// provider call could outlast the deadline.
+async fn send_all(deps: &Deps, claimed: &[Claimed<'_>], deadline: Option<std::time::Instant>) -> Vec<Attempt> {
+    type Sending<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Attempt> + Send + 'a>>;
+    let sends: Vec<Sending<'_>> = claimed
+        .iter()
+        .enumerate()
+        .map(|(i, c)| -> Sending<'_> {
+            Box::pin(async move {
+                if i >= SEND_CONCURRENCY && too_late(deps, deadline) {
+                    return Attempt::Released;
+                }
+                match deps.providers.for_channel(c.task.channel) {
+                    Some(provider) => {
+                        let result = call_provider(deps, c.t, c.task, provider.as_ref(), c.attempts).await;
+                        Attempt::Called(provider.name().to_owned(), result)
+                    }
+                    None => Attempt::NoProvider,
+                }
+            })
+        })
+        .collect();
+    futures::stream::iter(sends).buffered(SEND_CONCURRENCY).collect().await
 }
 
 /// The provider call of a claimed delivery, within the provider timeout.
@@ -187,6 +483,12 @@ async fn call_provider(
     }
     result
 }
+
+// Step 4: record.
+
+/// Deliveries recorded in one transaction: each with its receipt and counters, well under the
+/// 100 writes of a transaction.
+const RECORD_CHUNK: usize = 25;
 
 /// What a provider's answer makes of a claimed delivery.
 struct Settled {
@@ -258,231 +560,24 @@ fn settle(
     }
 }
 
-/// Handles a batch of channel task messages (what one receive or one Lambda event holds), one
-/// outcome per message in order. Marketing sends, a campaign's bulk, cost four store calls for
-/// the whole batch instead of four per message: the deliveries read at once, claimed in one transaction,
-/// sent concurrently (through the rate gates), and recorded in one transaction with their
-/// progress counters and receipts. Anything unusual (a cancelled campaign, a redriven dead
-/// delivery, a claim lost to another worker, a task seen twice in the batch) takes the path of
-/// a single message, which knows every case.
-pub async fn handle_channel_batch(deps: &Deps, tasks: &[Task<ChannelTask>]) -> Vec<Outcome> {
-    handle_channel_batch_until(deps, tasks, None).await
-}
-
-/// [`handle_channel_batch`] with a deadline: a claimed send whose provider call could not end
-/// before it (`now + provider timeout > deadline`) is not started, unless it is in the first
-/// wave of [`SEND_CONCURRENCY`] (progress is always made); its delivery goes back to `pending`
-/// and its message is handed back ([`Outcome::HandBack`]). Messages handled one by one
-/// (transactional ones) stop the same way after the first. Callers leave themselves room after
-/// the deadline for the gates' wait and the record.
-pub async fn handle_channel_batch_until(
-    deps: &Deps,
-    tasks: &[Task<ChannelTask>],
-    deadline: Option<std::time::Instant>,
-) -> Vec<Outcome> {
-    let mut outcomes: Vec<Option<Outcome>> = vec![None; tasks.len()];
-    if tasks.len() > 1 {
-        match deliver_batch(deps, tasks, deadline).await {
-            Ok(done) => {
-                for (i, outcome) in done {
-                    outcomes[i] = Some(outcome);
-                }
-            }
-            Err(e) => warn!(error = %e, "batch bookkeeping failed; each message on its own"),
-        }
-    }
-    // The rest one by one (transactional messages, and what the batch path left), as long as
-    // another provider call can end before the deadline; after the first, the others are
-    // handed back untouched.
-    let mut handled = 0usize;
-    for (i, task) in tasks.iter().enumerate() {
-        if outcomes[i].is_none() {
-            if handled > 0 && too_late(deps, deadline) {
-                outcomes[i] = Some(Outcome::HandBack);
-                continue;
-            }
-            outcomes[i] = Some(handle_channel_message(deps, task).await);
-            handled += 1;
-        }
-    }
-    outcomes.into_iter().map(|o| o.unwrap_or(Outcome::Done)).collect()
-}
-
-/// Sends in flight at once for one batch.
-const SEND_CONCURRENCY: usize = 16;
-
-/// Deliveries recorded in one transaction: each with its receipt and counters, well under the
-/// 100 writes of a transaction.
-const RECORD_CHUNK: usize = 25;
-
-/// The user a receipt write names.
-fn receipt_user(w: &Write) -> Option<String> {
-    match w {
-        Write::Put { item, .. } => item.str("user_id").map(str::to_owned),
-        _ => None,
-    }
-}
-
-/// What became of one claimed send of a batch.
-enum Attempt {
-    /// The provider was called.
-    Called(String, Result<ProviderReceipt, ProviderError>),
-    /// No provider for the channel.
-    NoProvider,
-    /// Not started: the batch's deadline was too near.
-    Released,
-}
-
-/// Whether a provider call started now could outlast `deadline`.
-fn too_late(deps: &Deps, deadline: Option<std::time::Instant>) -> bool {
-    deadline.is_some_and(|d| std::time::Instant::now() + deps.config.provider_timeout > d)
-}
-
-/// A delivery claimed by [`deliver_batch`].
-struct Claimed<'a> {
-    index: usize,
-    t: &'a TenantId,
-    task: &'a ChannelTask,
-    key: Key,
-    page: u64,
-    attempts: u32,
-}
-
-impl Claimed<'_> {
-    /// Its move out of `sending`, with the progress counters.
-    fn moved_to(&self, to: DeliveryStatus, updates: Vec<Update>) -> progress::Transition<'_> {
-        progress::Transition {
-            t: self.t,
-            notification_id: &self.task.notification_id,
-            user_id: &self.task.user_id,
-            page: self.page,
-            key: &self.key,
-            from: DeliveryStatus::Sending,
-            to,
-            also: None,
-            updates,
-        }
-    }
-}
-
-/// The batch path of [`handle_channel_batch`]: the outcomes of the messages it handled; the
-/// others are left to the single path. Nothing is claimed when this fails before the claim.
-async fn deliver_batch(
-    deps: &Deps,
-    tasks: &[Task<ChannelTask>],
-    deadline: Option<std::time::Instant>,
-) -> CoreResult<Vec<(usize, Outcome)>> {
-    let now_ms = deps.clock.now_ms();
-    // Tasks of cancelled notifications, and a second task for one delivery: the single path.
-    let mut candidates = Vec::with_capacity(tasks.len());
-    let mut seen = std::collections::HashSet::new();
-    let mut status: std::collections::HashMap<&str, Option<NotificationStatus>> = Default::default();
-    for (i, Task { body: task, .. }) in tasks.iter().enumerate() {
-        let t = &task.tenant;
-        let key = keys::delivery(t, &task.notification_id, &task.user_id, task.channel);
-        // Transactional messages one by one: a crash after a provider call then costs at most
-        // the one duplicate the two-phase send promises, not one per message of the batch.
-        if task.category == Category::Transactional || !seen.insert(key.clone()) {
-            continue;
-        }
-        let s = match status.get(task.notification_id.as_str()) {
-            Some(s) => *s,
-            None => {
-                let s = super::campaign::status(deps, t, &task.notification_id).await?;
-                status.insert(&task.notification_id, s);
-                s
-            }
-        };
-        if s != Some(NotificationStatus::Cancelled) {
-            candidates.push((i, t, task, key));
-        }
-    }
-    if candidates.len() < 2 {
-        return Ok(Vec::new());
-    }
-    // The deliveries, and their users' erasure records in the same read.
-    let mut keys: Vec<Key> = candidates.iter().map(|c| c.3.clone()).collect();
-    keys.extend(candidates.iter().map(|c| keys::erasure(c.1, &c.2.user_id)));
-    let mut items = deps.table.get_many(&keys).await?;
-    let erased = items.split_off(candidates.len().min(items.len()));
-    let mut claims = Vec::new();
-    let mut claimed = Vec::new();
-    for (((index, t, task, key), item), erased) in candidates.into_iter().zip(items).zip(erased) {
-        // An erased user's task: the single path decides (`crate::people::erasure`).
-        if erased.is_some() {
-            continue;
-        }
-        let Some(item) = item else { continue };
-        let Ok(d) = item.parse::<Delivery>() else { continue };
-        if d.status != DeliveryStatus::Pending {
-            continue;
-        }
-        let (updates, cond) = claim_of(deps, false, now_ms);
-        claims.push(Write::Update { key: key.clone(), updates, cond });
-        let page = page_of(&item).unwrap_or(0);
-        claimed.push(Claimed { index, t, task, key, page, attempts: d.attempts.saturating_add(1) });
-    }
-    if claims.is_empty() {
-        return Ok(Vec::new());
-    }
-    // Claimed in transactions of up to 100 (DynamoDB's limit); a chunk that fails (someone
-    // else moved one of its deliveries) goes the single way, message by message.
-    let mut kept = Vec::with_capacity(claimed.len());
-    let mut claimed = claimed.into_iter();
-    for chunk in claims.chunks(MAX_TRANSACTION_WRITES) {
-        let part: Vec<Claimed<'_>> = claimed.by_ref().take(chunk.len()).collect();
-        match deps.table.transact(chunk.to_vec()).await {
-            Ok(()) => kept.extend(part),
-            Err(StoreError::ConditionFailed { .. }) | Err(StoreError::Conflict) => {}
-            Err(e) if kept.is_empty() => return Err(e.into()),
-            Err(e) => warn!(error = %e, "claiming part of a batch failed; those go one by one"),
-        }
-    }
-    let claimed = kept;
-    if claimed.is_empty() {
-        return Ok(Vec::new());
-    }
-
-    // Sent a few at a time: the gates in front of the providers pace them, and a batch of a
-    // hundred waiting at once for a slow gate would outwait it (`GATE_REFUSAL`, a retry).
-    type Sending<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Attempt> + Send + 'a>>;
-    // The first wave always goes (so a batch always makes progress, however short the time);
-    // a later send is not started when its provider call could outlast the deadline.
-    let sends: Vec<Sending<'_>> = claimed
-        .iter()
-        .enumerate()
-        .map(|(i, c)| -> Sending<'_> {
-            Box::pin(async move {
-                if i >= SEND_CONCURRENCY && too_late(deps, deadline) {
-                    return Attempt::Released;
-                }
-                match deps.providers.for_channel(c.task.channel) {
-                    Some(provider) => {
-                        let result = call_provider(deps, c.t, c.task, provider.as_ref(), c.attempts).await;
-                        Attempt::Called(provider.name().to_owned(), result)
-                    }
-                    None => Attempt::NoProvider,
-                }
-            })
-        })
-        .collect();
-    let results: Vec<_> = futures::stream::iter(sends).buffered(SEND_CONCURRENCY).collect().await;
-
-    let mut done = Vec::with_capacity(claimed.len());
+/// What each attempt makes of its claimed delivery ([`settle`]), recorded in transactions of up
+/// to [`RECORD_CHUNK`] deliveries with their progress counters and receipts: one outcome per
+/// claimed delivery, in order. A send not started goes back to `pending` as if never claimed;
+/// one without a provider is left claimed.
+async fn record_all(deps: &Deps, claimed: &[Claimed<'_>], attempts: Vec<Attempt>) -> Vec<Outcome> {
+    let mut outcomes = Vec::with_capacity(claimed.len());
     let mut transitions = Vec::with_capacity(claimed.len());
     let mut receipts = Vec::new();
-    let mut sent = Vec::new();
+    let mut sent = 0usize;
     let mut released = 0usize;
-    for (c, result) in claimed.iter().zip(results) {
-        let (provider, result) = match result {
+    for (c, attempt) in claimed.iter().zip(attempts) {
+        let (provider, result) = match attempt {
             Attempt::Called(provider, result) => (provider, result),
             Attempt::NoProvider => {
-                // No provider for the channel: left claimed, as the single path leaves it.
-                done.push((c.index, Outcome::Reject(format!("channel {} has no provider", c.task.channel))));
+                outcomes.push(Outcome::Reject(format!("channel {} has no provider", c.task.channel)));
                 continue;
             }
             Attempt::Released => {
-                // Not started before the deadline: handed back, as if never claimed.
                 released += 1;
                 transitions.push(c.moved_to(
                     DeliveryStatus::Pending,
@@ -492,14 +587,13 @@ async fn deliver_batch(
                         Update::Remove("lease_until_ms".into()),
                     ],
                 ));
-                done.push((c.index, Outcome::HandBack));
+                outcomes.push(Outcome::HandBack);
                 continue;
             }
         };
-        let receive_count = tasks.get(c.index).map_or(1, |m| m.receive_count);
-        let settled = settle(deps, c.task, &provider, c.attempts, receive_count, result);
+        let settled = settle(deps, c.task, &provider, c.attempts, c.receive_count, result);
         if let Some(id) = &settled.receipt {
-            sent.push(c.index);
+            sent += 1;
             if c.task.channel == Channel::Email {
                 match crate::tracking::receipts::remember_write(deps, c.task.channel.as_str(), id, c.t, c.task) {
                     Ok(Some(w)) => receipts.push(w),
@@ -509,12 +603,11 @@ async fn deliver_batch(
             }
         }
         transitions.push(c.moved_to(settled.to, settled.updates));
-        done.push((c.index, settled.outcome));
+        outcomes.push(settled.outcome);
     }
     if released > 0 {
         info!(released, "the batch's deadline was near: sends not started were handed back");
     }
-    // Recorded in transactions of up to 25 deliveries (with their receipts and counters).
     let mut recorded = Ok(());
     let mut receipts = receipts.into_iter().peekable();
     let mut transitions = transitions.into_iter().peekable();
@@ -531,24 +624,31 @@ async fn deliver_batch(
     }
     match recorded {
         Ok(()) => {
-            for _ in &sent {
+            for _ in 0..sent {
                 crate::crash::point("worker.after_sent");
             }
         }
         Err(e) => {
-            // Sent but not recorded: as in the single path, the message comes again and finds
-            // the delivery claimed (marketing: done; transactional: after the lease, at most
-            // one duplicate).
-            warn!(error = %e, "recording a batch of sends failed; will retry");
-            for (i, outcome) in &mut done {
+            // Sent but not recorded: the task comes again and finds the delivery claimed
+            // (marketing: done; transactional: after the lease, at most one duplicate).
+            warn!(error = %e, "recording sends failed; will retry");
+            for (c, outcome) in claimed.iter().zip(&mut outcomes) {
                 if matches!(outcome, Outcome::Done) {
-                    let count = tasks.get(*i).map_or(1, |m| m.receive_count);
-                    *outcome = Outcome::Retry(backoff(count, deps.config.retry_base, deps.config.retry_cap, None));
+                    *outcome =
+                        Outcome::Retry(backoff(c.receive_count, deps.config.retry_base, deps.config.retry_cap, None));
                 }
             }
         }
     }
-    Ok(done)
+    outcomes
+}
+
+/// The user a receipt write names.
+fn receipt_user(w: &Write) -> Option<String> {
+    match w {
+        Write::Put { item, .. } => item.str("user_id").map(str::to_owned),
+        _ => None,
+    }
 }
 
 /// The expansion page a delivery was created by (its progress counters).
@@ -585,46 +685,4 @@ async fn move_delivery(
         updates,
     };
     Ok(progress::transition(deps, tr).await?)
-}
-
-/// The reason of a marketing delivery closed after its claim's lease ran out.
-pub const OUTCOME_UNKNOWN: &str = "outcome_unknown";
-
-/// The claim failed: someone sent it already, it is final, or a lease is running. A marketing
-/// claim whose lease ran out belonged to a worker that stopped between its claim and its record
-/// (a crash, or a record that failed): it is closed as `failed` (`outcome_unknown`), not sent.
-async fn already_claimed(
-    deps: &Deps,
-    t: &TenantId,
-    task: &ChannelTask,
-    key: &crate::ports::Key,
-    now_ms: i64,
-) -> CoreResult<Outcome> {
-    let Some(item) = deps.table.get(key).await? else {
-        warn!("channel task without a delivery record; dropped");
-        return Ok(Outcome::Done);
-    };
-    let d: Delivery = item.parse()?;
-    if d.status != DeliveryStatus::Sending {
-        return Ok(Outcome::Done);
-    }
-    // Claims made before marketing claims had a lease count as expired.
-    let lease_until = d.lease_until_ms.unwrap_or(now_ms);
-    if lease_until > now_ms || d.category == Category::Transactional {
-        let wait_ms = lease_until.saturating_sub(now_ms).max(0) as u64;
-        return Ok(Outcome::Retry(Duration::from_millis(wait_ms + 500)));
-    }
-    warn!(
-        to = %mask_address(&task.to),
-        "a marketing claim outlived its lease: closed as failed (outcome unknown), not sent again"
-    );
-    let updates = vec![
-        Update::set("reason", OUTCOME_UNKNOWN),
-        Update::set("last_error", "the worker stopped after claiming; not sent again (marketing is at most once)"),
-        Update::set("updated_at", now_str(deps)),
-        Update::Remove("lease_until_ms".into()),
-    ];
-    let page = page_of(&item).unwrap_or(0);
-    move_delivery(deps, t, task, key, Some(page), DeliveryStatus::Sending, DeliveryStatus::Failed, updates).await?;
-    Ok(Outcome::Done)
 }
