@@ -21,7 +21,7 @@ use tidings_core::{CoreConfig, Deps, Providers, TenantId, keys, templates};
 use tidings_embedded::EmbeddedChangeFeed;
 
 mod support;
-use support::Recorder;
+use support::{Recorder, TestWorld};
 
 const CERT: &str = include_str!("../../../tests/fixtures/sns/test-signing-cert.pem");
 const KEY: &str = include_str!("../../../tests/fixtures/sns/test-signing-key.pem");
@@ -36,13 +36,12 @@ struct World {
 }
 
 async fn world() -> World {
-    let (store, clock) = support::store_on_manual_clock(5);
     let recorder = Arc::new(Recorder::default());
     let config = CoreConfig { sns_topic_arns: vec![OUR_TOPIC.into()], ..CoreConfig::default() };
     let providers = Providers { email: recorder.clone(), sms: recorder.clone(), push: recorder };
-    let deps = support::deps(&store, clock.clone(), providers, config);
+    let tw = TestWorld::builder().all_queues(5).providers(providers).config(config).build();
     let t = TenantId::parse("shop-a").unwrap();
-    let w = World { feed: store.change_feed("relay"), deps, clock, t };
+    let w = World { feed: tw.feed("relay"), clock: tw.clock(), deps: tw.deps, t };
     let input = serde_json::from_value(json!({"default_locale": "en", "locales": {"en": {
         "email_subject": "S {{ n }}", "email_body": "B {{ n }}"}}}))
     .unwrap();

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::{Handling, Recorder, drain, start};
+use support::{Handling, Recorder, TestWorld, drain, start};
 use tidings_core::error::CoreError;
 use tidings_core::lists::{self, NotificationFilter};
 use tidings_core::messages::{dispatch, settle};
@@ -24,7 +24,7 @@ use tidings_core::ports::{ChangeFeed, Channel, ManualClock, Platform};
 use tidings_core::restock::model::SubscriptionRequest;
 use tidings_core::restock::subscriptions;
 use tidings_core::templates::preview::{self, PreviewRequest};
-use tidings_core::{CoreConfig, Deps, Providers, TenantId, inbox, keys, people::erasure, templates};
+use tidings_core::{CoreConfig, Deps, TenantId, inbox, keys, people::erasure, templates};
 use tidings_embedded::EmbeddedChangeFeed;
 
 struct World {
@@ -37,16 +37,19 @@ struct World {
 }
 
 async fn world() -> World {
-    let (store, clock) = support::store_on_manual_clock(5);
     let email = Arc::new(Recorder::default());
-    let providers =
-        Providers { email: email.clone(), sms: Arc::new(Recorder::default()), push: Arc::new(Recorder::default()) };
     let config = CoreConfig { retry_base: Duration::from_secs(1), ..CoreConfig::default() };
-    let deps = support::deps(&store, clock.clone(), providers, config);
+    let tw = TestWorld::builder()
+        .all_queues(5)
+        .email(email.clone())
+        .sms(Arc::new(Recorder::default()))
+        .push(Arc::new(Recorder::default()))
+        .config(config)
+        .build();
     let w = World {
-        feed: store.change_feed("relay"),
-        deps,
-        clock,
+        feed: tw.feed("relay"),
+        clock: tw.clock(),
+        deps: tw.deps,
         email,
         a: TenantId::parse("shop-a").unwrap(),
         b: TenantId::parse("shop-b").unwrap(),

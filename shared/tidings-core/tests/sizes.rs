@@ -17,10 +17,10 @@ use tidings_core::people::users::{self, UserInput};
 use tidings_core::ports::{ChangeFeed, Channel};
 use tidings_core::sizes::{MAX_ITEM_BYTES, MAX_MESSAGE_BYTES};
 use tidings_core::{CoreConfig, CoreError, Deps, Providers, TenantId, keys, templates};
-use tidings_embedded::{EmbeddedChangeFeed, EmbeddedStore};
+use tidings_embedded::EmbeddedChangeFeed;
 
 mod support;
-use support::Recorder;
+use support::{Recorder, TestWorld};
 
 struct World {
     deps: Deps,
@@ -30,14 +30,13 @@ struct World {
 }
 
 async fn world() -> World {
-    let store = support::store_with_queues(EmbeddedStore::in_memory().unwrap(), 3);
     let email = Arc::new(Recorder::default());
     let other = Arc::new(Recorder::default());
     let providers = Providers { email: email.clone(), sms: other.clone(), push: other };
     let config = CoreConfig { retry_base: Duration::from_millis(10), ..CoreConfig::default() };
-    let deps = support::deps(&store, Arc::new(tidings_core::ports::SystemClock), providers, config);
+    let tw = TestWorld::builder().system_clock().all_queues(3).providers(providers).config(config).build();
     let t = TenantId::parse("shop-a").unwrap();
-    World { feed: store.change_feed("relay"), deps, email, t }
+    World { feed: tw.feed("relay"), deps: tw.deps, email, t }
 }
 
 async fn template(w: &World, id: &str, email_body: &str) {

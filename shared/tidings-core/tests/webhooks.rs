@@ -12,11 +12,11 @@ use tidings_core::notify::model::NotificationRequest;
 use tidings_core::people::users::{self, UserInput};
 use tidings_core::ports::ChangeFeed;
 use tidings_core::webhooks::{self, EVENT_SK, EndpointInput, EventType, WEBHOOKS_QUEUE};
-use tidings_core::{CoreConfig, Deps, Providers, TenantId, templates};
+use tidings_core::{Deps, Providers, TenantId, templates};
 use tidings_embedded::EmbeddedChangeFeed;
 
 mod support;
-use support::Recorder;
+use support::{Recorder, TestWorld};
 
 struct World {
     deps: Deps,
@@ -27,12 +27,11 @@ struct World {
 }
 
 async fn world() -> World {
-    let (store, clock) = support::store_on_manual_clock(5);
     let recorder = Arc::new(Recorder::default());
     let providers = Providers { email: recorder.clone(), sms: recorder.clone(), push: recorder };
-    let deps = support::deps(&store, clock, providers, CoreConfig::default());
+    let tw = TestWorld::builder().all_queues(5).providers(providers).build();
     let t = TenantId::parse("shop-a").unwrap();
-    let w = World { feed: store.change_feed("relay"), audit: store.change_feed("audit"), deps, t };
+    let w = World { feed: tw.feed("relay"), audit: tw.feed("audit"), deps: tw.deps, t };
     let input = serde_json::from_value(json!({"default_locale": "en", "locales": {"en": {
         "email_subject": "S", "email_body": "B"}}}))
     .unwrap();

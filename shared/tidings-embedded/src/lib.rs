@@ -58,6 +58,8 @@ mod durability;
 mod feed;
 mod queues;
 mod table;
+#[cfg(feature = "test-support")]
+pub mod test_world;
 
 use std::collections::HashMap;
 use std::path::Path;

@@ -1,0 +1,185 @@
+//! One world for tests (feature `test-support`, turned on by dev-dependencies only, so no
+//! production build carries it): an in-memory embedded store as table and queues, a manual or
+//! the system clock, fake providers, and a configuration, assembled into the core's [`Deps`]
+//! through [`Deps::new`].
+//!
+//! ```ignore
+//! let w = TestWorld::builder().start_at("2026-11-29T00:00:00Z").all_queues(5).email(recorder).build();
+//! ```
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test support: a broken set-up should fail loudly
+
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use tidings_core::dev::NullProvider;
+use tidings_core::messages::ALL_QUEUES;
+use tidings_core::ports::{Clock, ManualClock, OutboundMessage, Provider, ProviderError, ProviderReceipt, SystemClock};
+use tidings_core::{CoreConfig, Deps, Providers};
+
+use crate::{EmbeddedChangeFeed, EmbeddedStore, QueueConfig};
+
+/// Where a manual clock starts unless [`TestWorldBuilder::start_at`] says otherwise.
+pub const DEFAULT_START: &str = "2026-12-01T10:00:00Z";
+
+/// The core's dependencies over one in-memory embedded store, with the handles a test drives.
+pub struct TestWorld {
+    pub deps: Deps,
+    /// The store behind `deps.table` and `deps.queues`.
+    pub store: EmbeddedStore,
+    /// The manual clock (`None` on the system clock).
+    pub manual_clock: Option<Arc<ManualClock>>,
+}
+
+impl TestWorld {
+    pub fn builder() -> TestWorldBuilder {
+        TestWorldBuilder::default()
+    }
+
+    /// The manual clock; a world built with [`TestWorldBuilder::system_clock`] has none.
+    pub fn clock(&self) -> Arc<ManualClock> {
+        self.manual_clock.clone().expect("this test world runs on the system clock")
+    }
+
+    /// A change feed of the store, read as `consumer`.
+    pub fn feed(&self, consumer: &str) -> EmbeddedChangeFeed {
+        self.store.change_feed(consumer)
+    }
+}
+
+/// How a [`TestWorld`] is made; every part has a default: a manual clock at [`DEFAULT_START`],
+/// providers that accept everything ([`NullProvider`]), [`CoreConfig::default`], no queue
+/// declared.
+pub struct TestWorldBuilder {
+    start: DateTime<Utc>,
+    system_clock: bool,
+    store: Option<EmbeddedStore>,
+    email: Option<Arc<dyn Provider>>,
+    sms: Option<Arc<dyn Provider>>,
+    push: Option<Arc<dyn Provider>>,
+    providers: Option<Providers>,
+    config: CoreConfig,
+    queues: Vec<(&'static str, u32)>,
+}
+
+impl Default for TestWorldBuilder {
+    fn default() -> Self {
+        Self {
+            start: parse_start(DEFAULT_START),
+            system_clock: false,
+            store: None,
+            email: None,
+            sms: None,
+            push: None,
+            providers: None,
+            config: CoreConfig::default(),
+            queues: Vec::new(),
+        }
+    }
+}
+
+fn parse_start(rfc3339: &str) -> DateTime<Utc> {
+    DateTime::parse_from_rfc3339(rfc3339).expect("an RFC 3339 start").with_timezone(&Utc)
+}
+
+impl TestWorldBuilder {
+    /// The manual clock starts at `rfc3339`.
+    pub fn start_at(mut self, rfc3339: &str) -> Self {
+        self.start = parse_start(rfc3339);
+        self
+    }
+
+    /// The system clock instead of a manual one.
+    pub fn system_clock(mut self) -> Self {
+        self.system_clock = true;
+        self
+    }
+
+    /// This store instead of a fresh in-memory one (its own clock stays; the world's clock is
+    /// then the system clock unless the store was made on a manual clock the test keeps).
+    pub fn store(mut self, store: EmbeddedStore) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    pub fn email(mut self, provider: Arc<dyn Provider>) -> Self {
+        self.email = Some(provider);
+        self
+    }
+
+    pub fn sms(mut self, provider: Arc<dyn Provider>) -> Self {
+        self.sms = Some(provider);
+        self
+    }
+
+    pub fn push(mut self, provider: Arc<dyn Provider>) -> Self {
+        self.push = Some(provider);
+        self
+    }
+
+    /// All three providers at once (e.g. already behind the gates); wins over
+    /// [`Self::email`], [`Self::sms`] and [`Self::push`].
+    pub fn providers(mut self, providers: Providers) -> Self {
+        self.providers = Some(providers);
+        self
+    }
+
+    pub fn config(mut self, config: CoreConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Declares these queues, each with `max_receives` receives before its DLQ.
+    pub fn queues(mut self, names: &[&'static str], max_receives: u32) -> Self {
+        self.queues.extend(names.iter().map(|q| (*q, max_receives)));
+        self
+    }
+
+    /// Declares every queue of the system ([`ALL_QUEUES`]).
+    pub fn all_queues(self, max_receives: u32) -> Self {
+        self.queues(ALL_QUEUES, max_receives)
+    }
+
+    pub fn build(self) -> TestWorld {
+        let manual_clock = (!self.system_clock && self.store.is_none()).then(|| Arc::new(ManualClock::new(self.start)));
+        let clock: Arc<dyn Clock> = match &manual_clock {
+            Some(c) => c.clone(),
+            None => Arc::new(SystemClock),
+        };
+        let store = match self.store {
+            Some(store) => store,
+            None => EmbeddedStore::in_memory_with_clock(clock.clone()).unwrap(),
+        };
+        for (q, max_receives) in &self.queues {
+            store.declare_queue(QueueConfig::new(*q, *max_receives)).unwrap();
+        }
+        let null = || -> Arc<dyn Provider> { Arc::new(NullProvider) };
+        let providers = self.providers.unwrap_or_else(|| Providers {
+            email: self.email.unwrap_or_else(null),
+            sms: self.sms.unwrap_or_else(null),
+            push: self.push.unwrap_or_else(null),
+        });
+        let deps = Deps::new(Arc::new(store.clone()), Arc::new(store.clone()), clock, providers, self.config);
+        TestWorld { deps, store, manual_clock }
+    }
+}
+
+/// A fake provider that accepts every send and records it; its message ids are `pm-1`,
+/// `pm-2`, ...
+#[derive(Default)]
+pub struct Recorder {
+    pub sent: Mutex<Vec<OutboundMessage>>,
+}
+
+#[async_trait]
+impl Provider for Recorder {
+    fn name(&self) -> &str {
+        "recorder"
+    }
+    async fn send(&self, message: &OutboundMessage) -> Result<ProviderReceipt, ProviderError> {
+        let mut sent = self.sent.lock().unwrap_or_else(|p| p.into_inner());
+        sent.push(message.clone());
+        Ok(ProviderReceipt { provider_message_id: format!("pm-{}", sent.len()) })
+    }
+}
