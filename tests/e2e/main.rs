@@ -172,6 +172,7 @@ on_both_backends!(webhooks as webhooks_tests:
     subscribed_events_arrive_once_signed_and_only_to_their_subscribers,
     a_failing_receiver_is_retried_dead_lettered_and_redriven_once,
     each_endpoint_is_posted_to_at_its_own_rate_and_loses_nothing,
+    a_campaigns_end_is_posted_once,
 );
 
 /// A webhook posted through the function binaries, each under its template policy.

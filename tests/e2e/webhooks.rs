@@ -326,6 +326,55 @@ pub async fn each_endpoint_is_posted_to_at_its_own_rate_and_loses_nothing(backen
     Ok(())
 }
 
+/// A campaign's end is told once: a segment campaign to eight members, an endpoint subscribed
+/// to `campaign.completed` (and another to `delivery.sent` only): once the campaign reads
+/// `completed`, the tick posts one signed `campaign.completed` with its counts, and further
+/// ticks post nothing more; the other endpoint never gets it.
+pub async fn a_campaigns_end_is_posted_once(backend: Backend) -> anyhow::Result<()> {
+    let s = Server::start(backend, options(Vec::new())).await?;
+    setup(&s).await?;
+    for i in 0..8 {
+        let body = json!({"email": format!("c{i}@example.com"), "tags": ["vip"]});
+        let (st, v) = s.call("PUT", &format!("/v1/users/c{i}"), Some(body)).await?;
+        assert_eq!(st, 200, "{v}");
+    }
+    let (done_rx, sent_rx) = (Receiver::start().await?, Receiver::start().await?);
+    endpoint(&s, &done_rx, &["campaign.completed"]).await?;
+    endpoint(&s, &sent_rx, &["delivery.sent"]).await?;
+    let body = json!({"idempotency_key": "wh-campaign", "recipients": {"segment": "vip"}, "template_id": "shipped",
+        "params": {"order_id": "sale"}, "category": "marketing", "channels": ["email"]});
+    let (st, v) = s.call("POST", "/v1/notifications", Some(body)).await?;
+    assert_eq!(st, 202, "{v}");
+    let id = v["notification_id"].as_str().unwrap().to_owned();
+    s.eventually(WAIT, "the campaign to complete", || async {
+        let (_, v) = s.call("GET", &format!("/v1/notifications/{id}"), None).await?;
+        Ok((v["status"] == "completed").then_some(()))
+    })
+    .await?;
+    assert!(done_rx.posts().is_empty() || done_rx.posts().iter().all(|p| p.kind == "campaign.completed"));
+    let (st, v) = s.call("POST", "/dev/schedules/tick/run", None).await?;
+    assert_eq!(st, 200, "{v}");
+    let post = s
+        .eventually(WAIT, "the campaign.completed post", || async {
+            Ok(done_rx.posts().into_iter().find(|p| p.kind == "campaign.completed"))
+        })
+        .await?;
+    assert_eq!(post.verified_by, vec![0], "{post:?}");
+    assert_eq!(post.body["data"]["notification_id"], id.as_str(), "{post:?}");
+    assert_eq!(post.body["data"]["segment"], "vip", "{post:?}");
+    assert_eq!(post.body["data"]["counts"]["sent"].as_u64(), Some(8), "{post:?}");
+    for _ in 0..2 {
+        let (st, _) = s.call("POST", "/dev/schedules/tick/run", None).await?;
+        assert_eq!(st, 200);
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await; // anything repeated would show by now
+    let done = done_rx.posts();
+    assert_eq!(done.len(), 1, "told once: {done:#?}");
+    assert!(sent_rx.posts().iter().all(|p| p.kind == "delivery.sent"), "{:#?}", sent_rx.posts());
+    assert_eq!(sent_rx.delivered().len(), 8);
+    Ok(())
+}
+
 /// A receiver answering 500 is retried until the queue dead-letters the event; once it is back,
 /// the ops redrive delivers it, once. A receiver answering 410 is tried once and recorded failed.
 pub async fn a_failing_receiver_is_retried_dead_lettered_and_redriven_once(backend: Backend) -> anyhow::Result<()> {

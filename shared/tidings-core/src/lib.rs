@@ -22,6 +22,7 @@ pub mod ports;
 pub mod restock;
 pub mod retry;
 pub mod roles;
+pub mod schedules;
 pub mod signing;
 pub mod sizes;
 pub mod tasks;

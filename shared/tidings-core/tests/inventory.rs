@@ -8,16 +8,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use tidings_core::dev::NullProvider;
 use tidings_core::inventory::{
     self, AdjustmentRequest, Counters, HoldTimes, LedgerKind, OrderLine, OrderRequest, OrderStatus, REVIEW_QUEUE,
     Settlement, WarmUpRequest,
 };
 use tidings_core::messages::Outcome;
-use tidings_core::ports::{ManualClock, Provider, Queues, Update};
+use tidings_core::ports::{ManualClock, Queues, Update};
 use tidings_core::timers::{self, TIMERS_QUEUE, TimerMessage, TimerTask};
-use tidings_core::{CoreConfig, CoreError, Deps, Providers, TenantId};
-use tidings_embedded::{EmbeddedStore, QueueConfig};
+use tidings_core::{CoreConfig, CoreError, Deps, TenantId};
+use tidings_embedded::EmbeddedStore;
+use tidings_embedded::test_world::{TestWorld, TestWorldBuilder};
 
 struct World {
     deps: Deps,
@@ -26,28 +26,23 @@ struct World {
     t: TenantId,
 }
 
+const START: &str = "2026-11-29T00:00:00Z";
+
 fn start() -> DateTime<Utc> {
-    DateTime::parse_from_rfc3339("2026-11-29T00:00:00Z").unwrap().with_timezone(&Utc)
+    DateTime::parse_from_rfc3339(START).unwrap().with_timezone(&Utc)
+}
+
+fn world_of(builder: TestWorldBuilder, config: CoreConfig) -> World {
+    let tw = builder.queues(&[TIMERS_QUEUE, REVIEW_QUEUE], 5).config(config).build();
+    World { clock: tw.clock(), deps: tw.deps, store: tw.store, t: TenantId::parse("shop-a").unwrap() }
 }
 
 fn world_on(store: EmbeddedStore, clock: Arc<ManualClock>, config: CoreConfig) -> World {
-    store.declare_queue(QueueConfig::new(TIMERS_QUEUE, 5)).unwrap();
-    store.declare_queue(QueueConfig::new(REVIEW_QUEUE, 5)).unwrap();
-    let null: Arc<dyn Provider> = Arc::new(NullProvider);
-    let deps = Deps {
-        table: Arc::new(store.clone()),
-        queues: Arc::new(store.clone()),
-        clock: clock.clone(),
-        providers: Providers { email: null.clone(), sms: null.clone(), push: null },
-        config: Arc::new(config),
-    };
-    World { deps, clock, store, t: TenantId::parse("shop-a").unwrap() }
+    world_of(TestWorld::builder().store(store).manual_clock(clock), config)
 }
 
 fn world_with(config: CoreConfig) -> World {
-    let clock = Arc::new(ManualClock::new(start()));
-    let store = EmbeddedStore::in_memory_with_clock(clock.clone()).unwrap();
-    world_on(store, clock, config)
+    world_of(TestWorld::builder().start_at(START), config)
 }
 
 fn world() -> World {

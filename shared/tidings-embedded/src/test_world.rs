@@ -54,6 +54,7 @@ impl TestWorld {
 pub struct TestWorldBuilder {
     start: DateTime<Utc>,
     system_clock: bool,
+    manual_clock: Option<Arc<ManualClock>>,
     store: Option<EmbeddedStore>,
     email: Option<Arc<dyn Provider>>,
     sms: Option<Arc<dyn Provider>>,
@@ -68,6 +69,7 @@ impl Default for TestWorldBuilder {
         Self {
             start: parse_start(DEFAULT_START),
             system_clock: false,
+            manual_clock: None,
             store: None,
             email: None,
             sms: None,
@@ -96,8 +98,14 @@ impl TestWorldBuilder {
         self
     }
 
-    /// This store instead of a fresh in-memory one (its own clock stays; the world's clock is
-    /// then the system clock unless the store was made on a manual clock the test keeps).
+    /// This manual clock (e.g. the one a store opened from a file runs on) instead of a new one.
+    pub fn manual_clock(mut self, clock: Arc<ManualClock>) -> Self {
+        self.manual_clock = Some(clock);
+        self
+    }
+
+    /// This store instead of a fresh in-memory one: the store keeps its own clock, so give the
+    /// world the same ([`Self::manual_clock`] or [`Self::system_clock`]).
     pub fn store(mut self, store: EmbeddedStore) -> Self {
         self.store = Some(store);
         self
@@ -142,7 +150,9 @@ impl TestWorldBuilder {
     }
 
     pub fn build(self) -> TestWorld {
-        let manual_clock = (!self.system_clock && self.store.is_none()).then(|| Arc::new(ManualClock::new(self.start)));
+        let start = self.start;
+        let manual_clock =
+            (!self.system_clock).then(|| self.manual_clock.unwrap_or_else(|| Arc::new(ManualClock::new(start))));
         let clock: Arc<dyn Clock> = match &manual_clock {
             Some(c) => c.clone(),
             None => Arc::new(SystemClock),

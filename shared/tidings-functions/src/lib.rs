@@ -124,16 +124,7 @@ pub fn channel_worker() -> ExitCode {
 pub fn tick() -> ExitCode {
     run(Function::Tick, |ports| async move {
         tidings_lambda::serve_queue_and_schedule(ports.deps(), ports.queue_prefix().to_owned(), |deps| async move {
-            // The due timers and the relay's safety net (notifications still `accepted` are
-            // queued again), side by side: neither waits on the other's reads.
-            let (report, swept) =
-                tokio::join!(tidings_core::timers::tick(&deps), tidings_core::notify::sweep::sweep(&deps));
-            let (report, swept) = (report?, swept?);
-            let mut report = serde_json::to_value(report)?;
-            if let Some(fields) = report.as_object_mut() {
-                fields.insert("relay_sweep".into(), serde_json::to_value(swept)?);
-            }
-            Ok(report)
+            Ok(tidings_core::schedules::every_minute(&deps).await?)
         })
         .await
     })

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use tidings_core::{Deps, inventory, restock, roles, timers};
+use tidings_core::{Deps, inventory, restock, roles};
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
 use tracing::warn;
@@ -21,7 +21,7 @@ pub async fn run(deps: &Deps, name: &str) -> Result<Option<serde_json::Value>, S
     let Some(&(job, _)) = SCHEDULES.iter().find(|(n, _)| *n == name) else { return Ok(None) };
     roles::acting_as(job, async {
         let result = match job {
-            "tick" => tick(deps).await,
+            "tick" => tidings_core::schedules::every_minute(deps).await,
             "restock-scan" => restock::scan(deps).await.map(|r| serde_json::to_value(r).unwrap_or_default()),
             "reconcile" => inventory::reconcile(deps, None).await.map(|r| serde_json::to_value(r).unwrap_or_default()),
             _ => return Ok(None),
@@ -29,19 +29,6 @@ pub async fn run(deps: &Deps, name: &str) -> Result<Option<serde_json::Value>, S
         result.map(Some).map_err(|e| e.to_string())
     })
     .await
-}
-
-/// The tick's work, as the `tick` function does it on its schedule: the due timer buckets and,
-/// beside them, the relay's sweep of notifications still `accepted`
-/// ([`tidings_core::notify::sweep`]).
-async fn tick(deps: &Deps) -> tidings_core::error::CoreResult<serde_json::Value> {
-    let (fired, swept) = tokio::join!(timers::tick(deps), tidings_core::notify::sweep::sweep(deps));
-    let (fired, swept) = (fired?, swept?);
-    let mut report = serde_json::to_value(fired).unwrap_or_default();
-    if let Some(fields) = report.as_object_mut() {
-        fields.insert("relay_sweep".into(), serde_json::to_value(swept).unwrap_or_default());
-    }
-    Ok(report)
 }
 
 /// Starts the periodic jobs. `clock_moved` wakes the tick at once (for `--manual-clock`).

@@ -100,14 +100,21 @@ pub async fn finish_page(
 
 /// Records the last page of a campaign on its notification (the status is `completed` once
 /// every page up to it is done and nothing is queued).
+///
+/// A campaign (a counted notification) is then put in the open list whose completion the tick
+/// tells the shop of ([`super::completion`]).
 pub async fn set_last_page(deps: &Deps, t: &TenantId, notification_id: &str, page: u64) -> CoreResult<()> {
-    deps.table
+    let n = deps
+        .table
         .update(
             &keys::notification(t, notification_id),
             vec![Update::set("last_page", page), Update::set("orchestrated", true)],
             Cond::Exists,
         )
         .await?;
+    if n.attrs.get("counted").and_then(|v| v.as_bool()) == Some(true) {
+        super::completion::watch(deps, t, notification_id).await?;
+    }
     Ok(())
 }
 

@@ -3,6 +3,7 @@
 pub mod abuse;
 pub mod api;
 pub mod campaign;
+pub mod completion;
 pub mod model;
 pub mod orchestrator;
 pub mod policy;
