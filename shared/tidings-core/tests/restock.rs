@@ -10,14 +10,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use tidings_core::dev::NullProvider;
 use tidings_core::inventory::{self, AdjustmentRequest, OrderLine, OrderRequest, WarmUpRequest};
 use tidings_core::messages::{self, ALL_QUEUES};
 use tidings_core::people::users::{self, UserInput};
 use tidings_core::ports::{ChangeFeed, ManualClock, OutboundMessage, Provider, ProviderError, ProviderReceipt, Table};
 use tidings_core::restock::{self, NoticeStatus, RestockConfig, StockEvent, SubscriptionRequest, SubscriptionStatus};
-use tidings_core::{CoreConfig, Deps, Providers, TenantId};
-use tidings_embedded::{EmbeddedChangeFeed, EmbeddedStore, QueueConfig};
+use tidings_core::{CoreConfig, Deps, TenantId};
+use tidings_embedded::test_world::TestWorld;
+use tidings_embedded::{EmbeddedChangeFeed, EmbeddedStore};
 
 /// What the fake email provider does.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -86,30 +86,24 @@ fn fast() -> RestockConfig {
 
 fn world_with(restock: RestockConfig) -> World {
     let clock = Arc::new(ManualClock::new(start()));
-    let store = EmbeddedStore::in_memory_with_clock(clock.clone()).unwrap();
-    for q in ALL_QUEUES {
-        store.declare_queue(QueueConfig::new(*q, 2)).unwrap();
-    }
-    let null: Arc<dyn Provider> = Arc::new(NullProvider);
     let email = Arc::new(Recorder {
         sent: Mutex::new(Vec::new()),
         calls: Mutex::new(Vec::new()),
         mode: Mutex::new(Mode::Ok),
         clock: clock.clone(),
     });
-    let deps = Deps {
-        table: Arc::new(store.clone()),
-        queues: Arc::new(store.clone()),
-        clock: clock.clone(),
-        providers: Providers { email: email.clone(), sms: null.clone(), push: null },
-        config: Arc::new(config(restock)),
-    };
+    let tw = TestWorld::builder()
+        .manual_clock(clock.clone())
+        .all_queues(2)
+        .email(email.clone())
+        .config(config(restock))
+        .build();
     World {
-        deps,
         clock,
-        feed: store.change_feed("restock-test"),
+        feed: tw.feed("restock-test"),
         email,
-        store: store.clone(),
+        deps: tw.deps,
+        store: tw.store,
         t: TenantId::parse("shop-a").unwrap(),
     }
 }
