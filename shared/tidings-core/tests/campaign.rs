@@ -22,7 +22,8 @@ use tidings_core::ports::{
     ChangeFeed, Channel, ManualClock, OutMessage, OutboundMessage, Provider, ProviderError, ProviderReceipt,
 };
 use tidings_core::{CoreConfig, Deps, Providers, TenantId, templates};
-use tidings_embedded::{EmbeddedStore, QueueConfig};
+use tidings_embedded::EmbeddedStore;
+use tidings_embedded::test_world::TestWorld;
 
 /// A provider that counts what it accepted, per user, and can be told to fail.
 #[derive(Default)]
@@ -69,28 +70,25 @@ struct World {
     t: TenantId,
 }
 
+const START: &str = "2026-11-29T12:00:00Z";
+
 fn start() -> DateTime<Utc> {
-    DateTime::parse_from_rfc3339("2026-11-29T12:00:00Z").unwrap().with_timezone(&Utc)
+    DateTime::parse_from_rfc3339(START).unwrap().with_timezone(&Utc)
 }
 
 fn world(page_size: usize) -> World {
-    let clock = Arc::new(ManualClock::new(start()));
-    let store = EmbeddedStore::in_memory_with_clock(clock.clone()).unwrap();
-    for q in ALL_QUEUES {
-        store.declare_queue(QueueConfig::new(*q, 5)).unwrap();
-    }
     let email = Recording::named("fake-email");
     let other: Arc<dyn Provider> = Recording::named("fake-other");
     let config = CoreConfig { campaign_page_size: page_size, frequency_cap: 100, ..CoreConfig::default() };
-    let deps = Deps {
-        table: Arc::new(store.clone()),
-        queues: Arc::new(store.clone()),
-        clock,
-        providers: Providers { email: email.clone(), sms: other.clone(), push: other },
-        config: Arc::new(config),
-    };
-    let feed = store.change_feed("relay");
-    World { deps, store, feed, email, t: TenantId::parse("shop-a").unwrap() }
+    let tw = TestWorld::builder()
+        .start_at(START)
+        .all_queues(5)
+        .email(email.clone())
+        .sms(other.clone())
+        .push(other)
+        .config(config)
+        .build();
+    World { feed: tw.feed("relay"), deps: tw.deps, store: tw.store, email, t: TenantId::parse("shop-a").unwrap() }
 }
 
 async fn users_with_tag(w: &World, n: usize, tag: &str) {
@@ -443,11 +441,6 @@ fn busiest_second(times: &mut [std::time::Instant]) -> usize {
 async fn a_rate_limited_provider_is_never_exceeded_and_nothing_is_lost() {
     const MEMBERS: usize = 150;
     const GATE: usize = 40;
-    let clock = Arc::new(tidings_core::ports::SystemClock);
-    let store = EmbeddedStore::in_memory_with_clock(clock.clone()).unwrap();
-    for q in ALL_QUEUES {
-        store.declare_queue(QueueConfig::new(*q, 20)).unwrap();
-    }
     let provider = Arc::new(SlidingLimit { limit: 25, calls: Mutex::default(), accepted: Mutex::default() });
     let other: Arc<dyn Provider> = Recording::named("fake-other");
     let gate_config = GateConfig {
@@ -469,17 +462,11 @@ async fn a_rate_limited_provider_is_never_exceeded_and_nothing_is_lost() {
         retry_cap: Duration::from_secs(2),
         ..CoreConfig::default()
     };
-    let deps = Deps {
-        table: Arc::new(store.clone()),
-        queues: Arc::new(store.clone()),
-        clock,
-        providers,
-        config: Arc::new(config),
-    };
+    let tw = TestWorld::builder().system_clock().all_queues(20).providers(providers).config(config).build();
     let w = World {
-        deps,
-        feed: store.change_feed("relay"),
-        store,
+        feed: tw.feed("relay"),
+        deps: tw.deps,
+        store: tw.store,
         email: Recording::named("unused"),
         t: TenantId::parse("shop-a").unwrap(),
     };

@@ -21,8 +21,9 @@ use tidings_core::people::users::{self, UserInput};
 use tidings_core::ports::{
     ChangeFeed, Channel, ManualClock, OutboundMessage, Provider, ProviderError, ProviderReceipt, Update,
 };
-use tidings_core::{CoreConfig, Deps, Providers, TenantId, keys, templates};
-use tidings_embedded::{EmbeddedChangeFeed, EmbeddedStore, QueueConfig};
+use tidings_core::{CoreConfig, Deps, TenantId, keys, templates};
+use tidings_embedded::EmbeddedChangeFeed;
+use tidings_embedded::test_world::TestWorld;
 
 /// A provider that records every call (with its idempotency key) and fails as told.
 #[derive(Default)]
@@ -70,8 +71,10 @@ struct World {
 }
 
 /// 2026-11-29 19:00 UTC = 03:00 the next day in Shanghai.
+const START: &str = "2026-11-29T19:00:00Z";
+
 fn start() -> DateTime<Utc> {
-    DateTime::parse_from_rfc3339("2026-11-29T19:00:00Z").unwrap().with_timezone(&Utc)
+    DateTime::parse_from_rfc3339(START).unwrap().with_timezone(&Utc)
 }
 
 async fn world() -> World {
@@ -79,23 +82,19 @@ async fn world() -> World {
 }
 
 async fn world_with(config: CoreConfig) -> World {
-    let clock = Arc::new(ManualClock::new(start()));
-    let store = EmbeddedStore::in_memory_with_clock(clock.clone()).unwrap();
-    for q in ALL_QUEUES {
-        store.declare_queue(QueueConfig::new(*q, 5)).unwrap();
-    }
     let sms = Arc::new(Recorder::default());
     let email = Arc::new(Recorder::default());
     let push = Arc::new(Recorder::default());
-    let deps = Deps {
-        table: Arc::new(store.clone()),
-        queues: Arc::new(store.clone()),
-        clock: clock.clone(),
-        providers: Providers { email: email.clone(), sms: sms.clone(), push: push.clone() },
-        config: Arc::new(config),
-    };
+    let tw = TestWorld::builder()
+        .start_at(START)
+        .all_queues(5)
+        .email(email.clone())
+        .sms(sms.clone())
+        .push(push.clone())
+        .config(config)
+        .build();
     let t = TenantId::parse("shop-a").unwrap();
-    let w = World { feed: store.change_feed("relay"), deps, clock, sms, email, push, t };
+    let w = World { feed: tw.feed("relay"), clock: tw.clock(), deps: tw.deps, sms, email, push, t };
     let input = serde_json::from_value(json!({"default_locale": "en", "locales": {"en": {
         "sms": "Code {{ n }}", "email_subject": "S {{ n }}", "email_body": "B {{ n }}"}}}))
     .unwrap();
