@@ -12,8 +12,6 @@ use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::types::{
     AttributeValue, ConditionCheck, Delete, KeysAndAttributes, Put, ReturnValue, TransactWriteItem, Update as DynUpdate,
 };
-use base64::Engine as _;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use serde_json::Value;
 use tidings_core::ports::{Attrs, CmpOp, Cond, Item, Key, Page, QueryOpts, StoreError, Table, Update, Write};
 use tidings_core::retry::backoff;
@@ -462,26 +460,53 @@ fn cancellation_from_message(message: &str) -> StoreError {
 // ---------------------------------------------------------------------------------------------
 // Cursor
 
-#[derive(serde::Serialize, serde::Deserialize)]
-struct Cursor {
-    pk: String,
-    sk: String,
-}
-
+/// A page's cursor is the sort key of its last item, in hex, as the embedded backend writes it
+/// (`QueryOpts::cursor`): the partition is the query's own, so a cursor cannot leave it.
 fn encode_cursor(key: &HashMap<String, AttributeValue>) -> Result<String, StoreError> {
-    let key = key_from_dynamo(key)?;
-    let json =
-        serde_json::to_vec(&Cursor { pk: key.pk, sk: key.sk }).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-    Ok(URL_SAFE_NO_PAD.encode(json))
+    Ok(hex::encode(key_from_dynamo(key)?.sk))
 }
 
-fn decode_cursor(cursor: &str, pk: &str) -> Result<HashMap<String, AttributeValue>, StoreError> {
-    let bytes = URL_SAFE_NO_PAD.decode(cursor).map_err(|e| StoreError::Invalid(format!("bad cursor: {e}")))?;
-    let c: Cursor = serde_json::from_slice(&bytes).map_err(|e| StoreError::Invalid(format!("bad cursor: {e}")))?;
-    if c.pk != pk {
-        return Err(StoreError::Invalid("cursor of another partition".into()));
+/// Any hex string is a position in the partition (bytes that are not UTF-8 read as U+FFFD).
+fn decode_cursor(cursor: &str) -> Result<String, StoreError> {
+    let bytes = hex::decode(cursor).map_err(|e| StoreError::Invalid(format!("bad cursor: {e}")))?;
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// Where a page starts, for a cursor's sort key `after`.
+#[derive(Debug, PartialEq)]
+enum Start {
+    /// After this item (DynamoDB's `ExclusiveStartKey`).
+    After(HashMap<String, AttributeValue>),
+    /// At the first item: the cursor is before the query's range in its order.
+    First,
+    /// Nothing is left: the cursor is past the range.
+    Past,
+}
+
+/// The start of a page from `after` (a sort key or any string), for a query of `pk` whose sort
+/// keys are those `within` takes and `before` tells below the range: DynamoDB refuses a start
+/// key outside the key condition, an empty one and one over its 1,024-byte limit, where the
+/// embedded backend just compares (`sk > after`).
+fn start_of(
+    pk: &str,
+    after: &str,
+    descending: bool,
+    within: impl Fn(&str) -> bool,
+    before: impl Fn(&str) -> bool,
+) -> Start {
+    let mut end = after.len().min(1024);
+    while !after.is_char_boundary(end) {
+        end -= 1;
     }
-    Ok(key_to_dynamo(&Key::new(c.pk, c.sk)))
+    let after = &after[..end];
+    let below = after.is_empty() || before(after);
+    if !after.is_empty() && within(after) {
+        Start::After(key_to_dynamo(&Key::new(pk, after)))
+    } else if below != descending {
+        Start::First
+    } else {
+        Start::Past
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -700,7 +725,11 @@ impl Table for DynamoTable {
             let p = x.value(AttributeValue::S(sk_prefix.to_string()));
             key_cond.push_str(&format!(" AND begins_with({sk_name}, {p})"));
         }
-        self.run_query(pk, key_cond, x, opts).await
+        let start =
+            opts.cursor.as_deref().map(decode_cursor).transpose()?.map(|after| {
+                start_of(pk, &after, opts.descending, |sk| sk.starts_with(sk_prefix), |sk| sk < sk_prefix)
+            });
+        self.run_query(key_cond, x, opts, start).await
     }
 
     async fn query_range(&self, pk: &str, from: &str, to: &str, opts: QueryOpts) -> Result<Page, StoreError> {
@@ -720,7 +749,13 @@ impl Table for DynamoTable {
             let lo = x.value(AttributeValue::S(from.to_string()));
             format!("{pk_name} = {pk_value} AND {sk_name} BETWEEN {lo} AND {hi}")
         };
-        self.run_query(pk, key_cond, x, opts).await
+        let start = opts
+            .cursor
+            .as_deref()
+            .map(decode_cursor)
+            .transpose()?
+            .map(|after| start_of(pk, &after, opts.descending, |sk| from <= sk && sk <= to, |sk| sk < from));
+        self.run_query(key_cond, x, opts, start).await
     }
 }
 
@@ -729,16 +764,20 @@ impl DynamoTable {
     /// holds), from the cursor on: what `query` and `query_range` share.
     async fn run_query(
         &self,
-        pk: &str,
         key_cond: String,
         mut x: ExprBuilder,
         opts: QueryOpts,
+        start: Option<Start>,
     ) -> Result<Page, StoreError> {
         let limit = match opts.limit {
             0 => DEFAULT_LIMIT,
             n => n.min(MAX_LIMIT),
         };
-        let start = opts.cursor.as_deref().map(|c| decode_cursor(c, pk)).transpose()?;
+        let start = match start {
+            Some(Start::Past) => return Ok(Page::default()),
+            Some(Start::After(key)) => Some(key),
+            Some(Start::First) | None => None,
+        };
         let out = self
             .client
             .query()
@@ -849,9 +888,31 @@ mod tests {
     fn cursors_round_trip() {
         let k = key_to_dynamo(&Key::new("p", "s/1"));
         let c = encode_cursor(&k).unwrap();
-        assert_eq!(decode_cursor(&c, "p").unwrap(), k);
-        assert!(decode_cursor(&c, "q").is_err());
-        assert!(decode_cursor("!!", "p").is_err());
+        assert_eq!(c, hex::encode("s/1"), "the embedded backend's cursor");
+        assert_eq!(decode_cursor(&c).unwrap(), "s/1");
+        assert_eq!(decode_cursor("ff").unwrap(), "\u{FFFD}", "any hex is a position");
+        assert!(decode_cursor("!!").is_err());
+        assert!(decode_cursor("abc").is_err(), "odd length");
+    }
+
+    /// A cursor the server never gave still starts a page: after it when it is in the range,
+    /// else at the first item or past the last, as the embedded backend's comparison does.
+    #[test]
+    fn any_cursor_starts_a_page_dynamodb_takes() {
+        let within = |sk: &str| sk.starts_with("e#");
+        let before = |sk: &str| sk < "e#";
+        let after = |sk: &str| Start::After(key_to_dynamo(&Key::new("p", sk)));
+        assert_eq!(start_of("p", "e#5", false, within, before), after("e#5"));
+        assert_eq!(start_of("p", "a", false, within, before), Start::First);
+        assert_eq!(start_of("p", "a", true, within, before), Start::Past);
+        assert_eq!(start_of("p", "z", false, within, before), Start::Past);
+        assert_eq!(start_of("p", "z", true, within, before), Start::First);
+        assert_eq!(start_of("p", "", false, |_| true, |_| false), Start::First, "no empty start key");
+        assert_eq!(start_of("p", "", true, |_| true, |_| false), Start::Past);
+        let long = format!("e#{}", "\u{FFFD}".repeat(400));
+        let Start::After(key) = start_of("p", &long, false, within, before) else { panic!("in the range") };
+        let AttributeValue::S(sk) = &key[SK] else { panic!("a string key") };
+        assert!(sk.len() <= 1024 && long.starts_with(sk.as_str()), "within DynamoDB's key size");
     }
 
     #[test]

@@ -255,7 +255,9 @@ impl Write {
 pub struct QueryOpts {
     /// At most this many items (the backends may cap it; 0 means the default, 100).
     pub limit: usize,
-    /// The `next_cursor` of the previous page.
+    /// The `next_cursor` of the previous page: the sort key of its last item in hex, in every
+    /// backend. Any hex string is a position (the page starts after it, at the range's first item
+    /// or past its last), so only one that is not hex is refused (`StoreError::Invalid`).
     pub cursor: Option<String>,
     /// Newest first (descending sort key).
     pub descending: bool,
