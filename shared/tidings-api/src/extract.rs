@@ -104,20 +104,52 @@ where
     }
 }
 
-/// Parses JSON, naming the path of the field at fault.
+/// Parses JSON, naming the path of the field at fault. A whole-number float (`1.0`) is the
+/// integer it equals, as JSON Schema says (`type: integer` takes it): when an integer field
+/// refuses one, the body is read again with such floats as integers.
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    let de = &mut serde_json::Deserializer::from_slice(bytes);
-    serde_path_to_error::deserialize(de).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.into_inner();
-        let field = if path == "." { None } else { Some(path) };
-        let code = if inner.is_syntax() || inner.is_eof() { "malformed_json" } else { "invalid_body" };
-        let mut p = Problem::new(StatusCode::BAD_REQUEST, code, inner.to_string());
-        if let Some(field) = field {
-            p = p.with_field(field);
+    match serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(bytes)) {
+        Err(e) if e.inner().to_string().starts_with("invalid type: floating point") => {
+            let value: serde_json::Value =
+                serde_json::from_slice(bytes).map_err(|e| json_problem(".".to_owned(), e))?;
+            serde_path_to_error::deserialize(whole_floats_as_integers(value))
+                .map_err(|e| json_problem(e.path().to_string(), e.into_inner()))
         }
-        ApiError::from(p)
-    })
+        other => other.map_err(|e| json_problem(e.path().to_string(), e.into_inner())),
+    }
+}
+
+/// `value` with every float that is a whole number in `i64` range as that integer.
+fn whole_floats_as_integers(value: serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match value {
+        Value::Number(n) => match n.as_f64() {
+            // The bounds are exact in f64 (-2^63 and 2^63); 2^63 itself is out of range.
+            Some(f)
+                if !n.is_i64()
+                    && !n.is_u64()
+                    && f.fract() == 0.0
+                    && (-9.223_372_036_854_776e18..9.223_372_036_854_776e18).contains(&f) =>
+            {
+                #[allow(clippy::cast_possible_truncation)]
+                Value::from(f as i64)
+            }
+            _ => Value::Number(n),
+        },
+        Value::Array(items) => Value::Array(items.into_iter().map(whole_floats_as_integers).collect()),
+        Value::Object(map) => Value::Object(map.into_iter().map(|(k, v)| (k, whole_floats_as_integers(v))).collect()),
+        other => other,
+    }
+}
+
+/// A 400 naming the field at `path` (`.` is the body as a whole).
+fn json_problem(path: String, inner: serde_json::Error) -> ApiError {
+    let code = if inner.is_syntax() || inner.is_eof() { "malformed_json" } else { "invalid_body" };
+    let mut p = Problem::new(StatusCode::BAD_REQUEST, code, inner.to_string());
+    if path != "." {
+        p = p.with_field(path);
+    }
+    ApiError::from(p)
 }
 
 /// `?limit=&cursor=`: default 50, at most 500.
