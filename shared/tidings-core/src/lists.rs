@@ -173,10 +173,11 @@ pub async fn notifications(
     limit: usize,
     cursor: Option<String>,
 ) -> CoreResult<NotificationPage> {
+    // An empty window holds no notification: an empty page, as any other window with none.
     if let (Some(since), Some(until)) = (filter.since, filter.until)
         && since > until
     {
-        return Err(CoreError::invalid("until", "must not be before since"));
+        return Ok(NotificationPage { items: Vec::new(), next_cursor: None });
     }
     let pk = keys::notifications_list_pk(t);
     // Entries are `{created_ms:015}#{id}`: `{ms:015}` sorts before every entry of that
