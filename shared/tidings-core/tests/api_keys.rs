@@ -5,26 +5,15 @@
 
 use std::sync::Arc;
 
-use chrono::{DateTime, Duration, Utc};
-use tidings_core::dev::NullProvider;
+use chrono::Duration;
 use tidings_core::ops::tenants::{self, KeySpec, Principal, Role};
 use tidings_core::ports::{Clock, Cond, Item, ManualClock, attrs_of};
-use tidings_core::{CoreConfig, CoreError, Deps, Providers, TenantId, keys};
-use tidings_embedded::EmbeddedStore;
+use tidings_core::{CoreError, Deps, TenantId, keys};
+use tidings_embedded::test_world::TestWorld;
 
 fn world() -> (Deps, Arc<ManualClock>) {
-    let start: DateTime<Utc> = DateTime::parse_from_rfc3339("2026-12-01T10:00:00Z").unwrap().with_timezone(&Utc);
-    let clock = Arc::new(ManualClock::new(start));
-    let store = EmbeddedStore::in_memory_with_clock(clock.clone()).unwrap();
-    let none = Arc::new(NullProvider);
-    let deps = Deps {
-        table: Arc::new(store.clone()),
-        queues: Arc::new(store),
-        clock: clock.clone(),
-        providers: Providers { email: none.clone(), sms: none.clone(), push: none },
-        config: Arc::new(CoreConfig::default()),
-    };
-    (deps, clock)
+    let w = TestWorld::builder().start_at("2026-12-01T10:00:00Z").build();
+    (w.deps.clone(), w.clock())
 }
 
 fn acme() -> TenantId {
