@@ -201,13 +201,7 @@ impl AwsPorts {
     /// The core's dependencies, with the real providers and the system clock (Lambda).
     pub fn deps(&self) -> Deps {
         let config = self.config.clone();
-        Deps {
-            table: self.table.clone(),
-            queues: self.queues.clone(),
-            clock: Arc::new(SystemClock),
-            providers: self.gated_providers(),
-            config: Arc::new(config),
-        }
+        Deps::new(self.table.clone(), self.queues.clone(), Arc::new(SystemClock), self.gated_providers(), config)
     }
 
     /// The providers behind the three gates (per-provider and per-tenant token buckets kept in

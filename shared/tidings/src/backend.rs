@@ -104,7 +104,7 @@ impl Backend {
         });
         let providers = gates::wrap(&providers, secondary, &GateConfig::from_env(), GateStore::Local);
         Ok(Self {
-            deps: Deps { table, queues, clock, providers, config },
+            deps: Deps::new(table, queues, clock, providers, config),
             feed,
             dev: Some(dev),
             queue_names,
@@ -167,7 +167,7 @@ impl Backend {
         // The rate buckets live in the table: shared by every instance, as on Lambda.
         let providers = gates::wrap(&providers, secondary, &GateConfig::from_env(), GateStore::Shared(table.clone()));
         Ok(Self {
-            deps: Deps { table, queues: b.queues.clone(), clock, providers, config },
+            deps: Deps::new(table, b.queues.clone(), clock, providers, config),
             feed: b.feed.clone(),
             dev,
             queue_names: all_queues(),

@@ -159,8 +159,7 @@ pub async fn campaign(args: CampaignArgs) -> anyhow::Result<()> {
         GateStore::Local,
     );
     let table: Arc<dyn Table> = Arc::new(store.clone());
-    let deps =
-        Deps { table: table.clone(), queues: Arc::new(store.clone()), clock, providers, config: Arc::new(config) };
+    let deps = Deps::new(table.clone(), Arc::new(store.clone()), clock, providers, config);
     let t = TenantId::parse("bench").map_err(|e| anyhow::anyhow!("{e}"))?;
     tidings_core::metrics::install();
 

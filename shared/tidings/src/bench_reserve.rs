@@ -39,13 +39,14 @@ pub async fn reserve(args: ReserveArgs) -> anyhow::Result<()> {
         .with_context(|| format!("opening {}", path.display()))?;
     store.declare_queue(tidings_embedded::QueueConfig::new("timers", 5))?;
     let null: Arc<dyn Provider> = Arc::new(NullProvider);
-    let deps = Deps {
-        table: Arc::new(store.clone()),
-        queues: Arc::new(store),
+    let providers = Providers { email: null.clone(), sms: null.clone(), push: null };
+    let deps = Deps::new(
+        Arc::new(store.clone()),
+        Arc::new(store),
         clock,
-        providers: Providers { email: null.clone(), sms: null.clone(), push: null },
-        config: Arc::new(CoreConfig::from_env().map_err(anyhow::Error::msg)?),
-    };
+        providers,
+        Arc::new(CoreConfig::from_env().map_err(anyhow::Error::msg)?),
+    );
     let t = TenantId::parse("bench").map_err(|e| anyhow::anyhow!("{e}"))?;
     let shards = (args.shards > 1).then_some(args.shards);
     inventory::warm_up(&deps, &t, "hot", &WarmUpRequest { on_hand: args.units, shards, category: None }).await?;
