@@ -4,26 +4,24 @@
 //!
 //! # Durability
 //!
-//! A call that returned `Ok` (and a read that returned what it found) has its transaction on
-//! disk: the write-ahead log was synced (`fdatasync`) after the commit and before the answer,
-//! so it survives a power loss or an operating-system crash, not only the process being killed
-//! (`kill -9`). Syncs are grouped: one covers every commit made while the one before it ran
-//! (group commit), so concurrent writers share the disk's latency instead of queueing behind
-//! one sync each. WAL mode, `synchronous=NORMAL` plus that sync after each commit: what
-//! `synchronous=FULL` promises, with one sync for many commits. A sync that fails leaves the
-//! store answering [`StoreError::Unavailable`] to everything after it (the kernel may have
-//! dropped the pages it could not write) until the process opens it again. A store in memory
-//! keeps nothing.
+//! A call that returned `Ok` has its transaction on disk: the write-ahead log was synced
+//! (`fsync`) before the answer, so it survives a power loss or an operating-system crash, not
+//! only the process being killed (`kill -9`). Syncs are grouped (group commit): the writes
+//! that arrive while one transaction commits are applied together in the next, one after the
+//! other, each in a savepoint of its own, and committed with one sync (`writer.rs`). WAL mode,
+//! `synchronous=FULL`. A reader sees a commit only once it is synced, so what a read returns is
+//! on disk too. A store in memory keeps nothing.
 //!
 //! # Concurrency
 //!
-//! One `rusqlite::Connection` writes, behind a mutex; statements run on the calling thread
-//! (they take microseconds), what may take long in `tokio::task::spawn_blocking`, and the wait
-//! for the sync is an `await`, outside the lock: the next writers commit while the disk works.
-//! Writes are serialised, so transactions never conflict ([`StoreError::Conflict`] is never
-//! returned); conditions are evaluated with [`Cond::holds`] inside a `BEGIN IMMEDIATE`
-//! transaction, each request in its own transaction (one request's failed condition rolls back
-//! nothing of another's). Reads run on reader connections beside the writer.
+//! One `rusqlite::Connection` writes, behind a mutex. In a store in a file, a writer thread
+//! runs the writes in groups (above) and answers each after its group's commit; the caller
+//! awaits the answer, so the async runtime never waits for the disk. Writes are serialised, so
+//! transactions never conflict ([`StoreError::Conflict`] is never returned); conditions are
+//! evaluated with [`Cond::holds`] inside the writer's transaction, and a request whose
+//! condition fails rolls back its own savepoint only, nothing of the others in its group.
+//! Reads run on reader connections beside the writer; what may take long (a scan of a whole
+//! queue, a redrive, trimming the stream) runs in `tokio::task::spawn_blocking`.
 //!
 //! # Use
 //!
@@ -54,12 +52,12 @@
 //!
 //! [`Cond::holds`]: tidings_core::ports::Cond::holds
 
-mod durability;
 mod feed;
 mod queues;
 mod table;
 #[cfg(feature = "test-support")]
 pub mod test_world;
+mod writer;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -69,9 +67,9 @@ use rusqlite::Connection;
 use tidings_core::ports::{Clock, StoreError, SystemClock};
 use tokio::sync::Notify;
 
-use durability::NotDurable;
 pub use feed::EmbeddedChangeFeed;
 pub use queues::QueueConfig;
+use writer::NotCommitted;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS items (
@@ -130,8 +128,9 @@ pub(crate) struct Inner {
     pub(crate) stream_filter: std::sync::OnceLock<StreamFilter>,
     /// Read-only connections of a store in a file (none in memory: reads then use `conn`).
     pub(crate) readers: std::sync::OnceLock<Vec<Mutex<Connection>>>,
-    /// The group commit of a store in a file (none in memory: nothing is on disk).
-    pub(crate) wal: std::sync::OnceLock<durability::WalSync>,
+    /// The writer thread of a store in a file (none in memory: writes run on the caller's
+    /// thread, there is no disk to wait for).
+    pub(crate) writer: std::sync::OnceLock<writer::Writer>,
 }
 
 /// Read-only connections of a store in a file.
@@ -206,13 +205,13 @@ impl EmbeddedStore {
     pub fn open_with_clock(path: &Path, clock: Arc<dyn Clock>) -> Result<Self, StoreError> {
         make_private(path).map_err(|e| StoreError::Unavailable(format!("{}: {e}", path.display())))?;
         let conn = Connection::open(path).map_err(db_err)?;
-        // WAL + NORMAL: SQLite syncs the WAL before each checkpoint and the database file after
-        // it; the sync after each commit is the store's own (durability.rs), grouped.
+        // WAL + FULL: each commit syncs the WAL before it counts (and before readers see it);
+        // the writer thread makes one commit of many requests (writer.rs).
         let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0)).map_err(db_err)?;
         if !mode.eq_ignore_ascii_case("wal") {
             return Err(StoreError::Unavailable(format!("could not enable WAL (journal_mode={mode})")));
         }
-        conn.pragma_update(None, "synchronous", "NORMAL").map_err(db_err)?;
+        conn.pragma_update(None, "synchronous", "FULL").map_err(db_err)?;
         // A page cache of 32 MiB (the default is 2 MiB): a campaign's working set (queued
         // messages, deliveries being claimed and recorded, the indexes) stays in memory
         // instead of being read again through the kernel on every statement.
@@ -221,9 +220,9 @@ impl EmbeddedStore {
         // into the database file, and a page written many times between two is copied once.
         conn.pragma_update(None, "wal_autocheckpoint", 10_000).map_err(db_err)?;
         let store = Self::setup(conn, clock)?;
-        let wal = durability::WalSync::start(path)
-            .map_err(|e| StoreError::Unavailable(format!("{}: {e}", path.display())))?;
-        let _ = store.inner.wal.set(wal);
+        let writer = writer::Writer::start(Arc::downgrade(&store.inner))
+            .map_err(|e| StoreError::Unavailable(format!("writer thread: {e}")))?;
+        let _ = store.inner.writer.set(writer);
         // Readers beside the writer: in WAL mode a reader sees every committed transaction
         // and never waits for the writer, so reads (a campaign's planning and claiming read
         // as much as they write) run on another core while the writer commits.
@@ -263,7 +262,7 @@ impl EmbeddedStore {
                 queues: RwLock::new(declared),
                 stream_filter: std::sync::OnceLock::new(),
                 readers: std::sync::OnceLock::new(),
-                wal: std::sync::OnceLock::new(),
+                writer: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -281,103 +280,79 @@ impl EmbeddedStore {
         self.inner.clock.clone()
     }
 
-    /// Runs `f` on the connection, on the calling thread, then waits (outside the lock) until
-    /// what it committed, or read, is on disk. A statement or a small transaction takes
-    /// microseconds: handing each to a blocking thread and back cost more than the work (it was
-    /// most of a campaign's CPU), and the connection serialises them anyway. `f` never awaits,
-    /// so the lock is held only while SQLite works; what may take long (a scan of a whole
-    /// queue, a redrive, trimming the stream) goes through [`Self::with_conn_offloaded`].
+    /// Runs `f` on the writer's connection and returns once what it wrote is on disk. In a
+    /// store in a file, `f` goes to the writer thread and runs in the next group (see the
+    /// crate docs); in memory, it runs on the calling thread. A statement or a small
+    /// transaction takes microseconds; what may take long (a scan of a whole queue, a redrive,
+    /// trimming the stream) goes through [`Self::with_conn_offloaded`]. A write in `f` opens a
+    /// savepoint (not a transaction: it runs inside its group's), so that a failure rolls back
+    /// its own writes only.
     pub(crate) async fn with_conn<T, E, F>(&self, f: F) -> Result<T, E>
     where
-        E: From<NotDurable>,
-        F: FnOnce(&mut Connection, &Inner) -> Result<T, E>,
+        T: Send + 'static,
+        E: Send + 'static + From<NotCommitted>,
+        F: FnOnce(&mut Connection, &Inner) -> Result<T, E> + Send + 'static,
     {
-        let (out, wait_for) = {
+        let Some(writer) = self.inner.writer.get() else {
             let mut conn = self.inner.conn.lock().unwrap_or_else(|p| p.into_inner());
-            match self.inner.wal.get() {
-                None => return f(&mut conn, &self.inner),
-                Some(wal) => wal.book(&mut conn, |conn| f(conn, &self.inner)),
-            }
+            return f(&mut conn, &self.inner);
         };
-        self.durable::<E>(wait_for).await?;
-        out
+        let (tx, rx) = tokio::sync::oneshot::channel::<Result<T, E>>();
+        let job: writer::Job = Box::new(move |at| {
+            let out = at.map(|(conn, inner)| f(conn, inner));
+            Box::new(move |committed| {
+                let answer = match (committed, out) {
+                    (Ok(()), Some(out)) => out,
+                    (Err(e), _) => Err(E::from(e)),
+                    (Ok(()), None) => Err(E::from(NotCommitted("the work did not run".into()))),
+                };
+                // A caller that went away (a cancelled request) needs no answer.
+                let _ = tx.send(answer);
+            })
+        });
+        if writer.submit(job).is_err() {
+            return Err(E::from(NotCommitted("the writer thread stopped".into())));
+        }
+        rx.await.unwrap_or_else(|_| Err(E::from(NotCommitted("the writer thread stopped".into()))))
     }
 
     /// Runs a read on a reader connection (the first free one; else waits for one), or on
-    /// the writer's connection for a store in memory. Returns once every commit the read may
-    /// have seen is on disk.
+    /// the writer's connection for a store in memory. A reader sees only synced commits.
     pub(crate) async fn with_reader<T, E, F>(&self, f: F) -> Result<T, E>
     where
-        E: From<NotDurable>,
-        F: FnOnce(&Connection) -> Result<T, E>,
+        T: Send + 'static,
+        E: Send + 'static + From<NotCommitted>,
+        F: FnOnce(&Connection) -> Result<T, E> + Send + 'static,
     {
         let Some(readers) = self.inner.readers.get().filter(|r| !r.is_empty()) else {
             return self.with_conn(|conn, _| f(conn)).await;
         };
-        let out = 'read: {
-            for reader in readers {
-                if let Ok(conn) = reader.try_lock() {
-                    break 'read f(&conn);
-                }
+        for reader in readers {
+            if let Ok(conn) = reader.try_lock() {
+                return f(&conn);
             }
-            let at = READ_TURN.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % readers.len();
-            let conn = readers[at].lock().unwrap_or_else(|p| p.into_inner());
-            f(&conn)
-        };
-        if let Some(wal) = self.inner.wal.get() {
-            self.durable::<E>(wal.read_mark()).await?;
         }
-        out
+        let at = READ_TURN.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % readers.len();
+        let conn = readers[at].lock().unwrap_or_else(|p| p.into_inner());
+        f(&conn)
     }
 
     /// Runs `f` on the connection in a blocking thread: for work that may take long (scans of a
-    /// whole queue, redrives, trimming the stream). Returns once what it committed is on disk.
+    /// whole queue, redrives, trimming the stream). Its statements commit on their own, each
+    /// synced (`synchronous=FULL`).
     pub(crate) async fn with_conn_offloaded<T, E, F>(&self, f: F) -> Result<T, E>
     where
         T: Send + 'static,
-        E: Send + 'static + From<JoinFailed> + From<NotDurable>,
+        E: Send + 'static + From<JoinFailed>,
         F: FnOnce(&mut Connection, &Inner) -> Result<T, E> + Send + 'static,
     {
         let inner = self.inner.clone();
-        let (out, wait_for) = tokio::task::spawn_blocking(move || {
+        tokio::task::spawn_blocking(move || {
             let mut conn = inner.conn.lock().unwrap_or_else(|p| p.into_inner());
-            match inner.wal.get() {
-                None => (f(&mut conn, &inner), 0),
-                Some(wal) => wal.book(&mut conn, |conn| f(conn, &inner)),
-            }
+            f(&mut conn, &inner)
         })
         .await
-        .map_err(|e| E::from(JoinFailed(e.to_string())))?;
-        self.durable::<E>(wait_for).await?;
-        out
-    }
-
-    /// Waits until the work numbered `number` is on disk (at once for a store in memory).
-    async fn durable<E: From<NotDurable>>(&self, number: u64) -> Result<(), E> {
-        match self.inner.wal.get() {
-            None => Ok(()),
-            Some(wal) => wal.durable(number).await.map_err(E::from),
-        }
-    }
-
-    /// Runs `f` on the connection on the calling thread and syncs what it committed before
-    /// returning, blocking: for the store's set-up (declaring queues), outside any request.
-    pub(crate) fn with_conn_blocking<T, E, F>(&self, f: F) -> Result<T, E>
-    where
-        E: From<NotDurable>,
-        F: FnOnce(&mut Connection) -> Result<T, E>,
-    {
-        let (out, wait_for) = {
-            let mut conn = self.inner.conn.lock().unwrap_or_else(|p| p.into_inner());
-            match self.inner.wal.get() {
-                None => return f(&mut conn),
-                Some(wal) => wal.book(&mut conn, f),
-            }
-        };
-        if let Some(wal) = self.inner.wal.get() {
-            wal.wait_blocking(wait_for)?;
-        }
-        out
+        .map_err(|e| E::from(JoinFailed(e.to_string())))?
     }
 }
 

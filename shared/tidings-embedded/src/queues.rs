@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use rusqlite::{Connection, TransactionBehavior, params};
+use rusqlite::{Connection, params};
 use tidings_core::ports::queue::MAX_DELAY;
 use tidings_core::ports::{OutMessage, QueueError, QueueStats, Queues, Received};
 
@@ -106,14 +106,17 @@ impl EmbeddedStore {
         if !(1..=1000).contains(&config.max_receives) {
             return Err(QueueError::Invalid(format!("max_receives {} (1 to 1000)", config.max_receives)));
         }
-        self.with_conn_blocking(|conn| {
+        {
+            // Not through the writer thread: declaring is set-up, synchronous, outside any
+            // request; the statement commits on its own, synced.
+            let conn = self.inner.conn.lock().unwrap_or_else(|p| p.into_inner());
             conn.execute(
                 "INSERT INTO queues (name, max_receives) VALUES (?1, ?2)
                  ON CONFLICT (name) DO UPDATE SET max_receives = excluded.max_receives",
                 params![config.name, config.max_receives],
             )
-            .map_err(q_err)
-        })?;
+            .map_err(q_err)?;
+        }
         let mut queues = self.inner.queues.write().unwrap_or_else(|p| p.into_inner());
         queues.extend(specs_for(&config.name, config.max_receives));
         Ok(())
@@ -158,7 +161,7 @@ impl EmbeddedStore {
         let (got, moved) = self
             .with_conn(move |conn, inner| {
                 let now = inner.clock.now_ms();
-                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(q_err)?;
+                let tx = conn.savepoint().map_err(q_err)?;
                 let mut got = Vec::new();
                 let mut moved = 0usize;
                 // Keyset over (sent_at_ms, seq): oldest first, each candidate looked at once.
@@ -239,7 +242,7 @@ impl Queues for EmbeddedStore {
         let queue = queue.to_owned();
         self.with_conn(move |conn, inner| {
             let now = inner.clock.now_ms();
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(q_err)?;
+            let tx = conn.savepoint().map_err(q_err)?;
             {
                 let mut stmt = tx
                     .prepare_cached(
@@ -339,7 +342,7 @@ impl Queues for EmbeddedStore {
         }
         let (queue, receipts) = (queue.to_owned(), receipts.to_vec());
         self.with_conn(move |conn, _| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(q_err)?;
+            let tx = conn.savepoint().map_err(q_err)?;
             {
                 let mut stmt = tx
                     .prepare_cached("DELETE FROM messages WHERE seq = ?1 AND queue = ?2 AND receipt = ?3")

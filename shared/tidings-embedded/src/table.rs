@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 
 use async_trait::async_trait;
-use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
+use rusqlite::{Connection, OptionalExtension, params};
 use serde_json::Value;
 use tidings_core::ports::{Attrs, Cond, Item, Key, Page, QueryOpts, StoreError, Table, Update, Write};
 
@@ -122,7 +122,9 @@ impl EmbeddedStore {
         }
         let (after, appended) = self
             .with_conn(move |conn, inner| {
-                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(db_err)?;
+                // A savepoint: inside the writer's group transaction (see writer.rs), a failure
+                // rolls back this request's writes only.
+                let tx = conn.savepoint().map_err(db_err)?;
                 let mut after = Vec::with_capacity(writes.len());
                 let mut appended = false;
                 let filter = inner.stream_filter.get().copied();
@@ -168,7 +170,7 @@ fn strip_nulls(attrs: &mut Attrs) {
 /// Applies one write inside the transaction. Returns the item after it and whether a change
 /// record was appended (only for items the stream filter accepts, when there is one).
 fn apply_write(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     write: Write,
     index: usize,
     filter: Option<crate::StreamFilter>,
@@ -273,10 +275,10 @@ fn encode_cursor(sk: &str) -> String {
     hex::encode(sk.as_bytes())
 }
 
-fn decode_cursor(cursor: &str) -> Result<String, StoreError> {
-    hex::decode(cursor)
 /// Any hex string is a position in the partition (bytes that are not UTF-8 read as U+FFFD):
 /// the query compares it with the sort keys, so a cursor the server never gave pages too.
+fn decode_cursor(cursor: &str) -> Result<String, StoreError> {
+    hex::decode(cursor)
         .map(|b| String::from_utf8_lossy(&b).into_owned())
         .map_err(|_| StoreError::Invalid(format!("bad query cursor {cursor:?}")))
 }
@@ -403,7 +405,7 @@ mod tests {
             assert_eq!(decode_cursor(&encode_cursor(sk)).unwrap(), sk);
         }
         assert!(decode_cursor("zz").is_err());
-    }
-}
         assert!(decode_cursor("abc").is_err(), "odd length");
         assert_eq!(decode_cursor("ff").unwrap(), "\u{FFFD}", "any hex is a position");
+    }
+}
