@@ -227,6 +227,13 @@ fn constrain(v: &mut serde_json::Value) {
                         ("query", "limit") => {
                             json!({"type": "integer", "minimum": 1, "maximum": 500, "default": 50})
                         }
+                        ("query", "template_id") => id_schema(),
+                        // `tidings_core::ports::QueryOpts::cursor`: any hex string is a position.
+                        ("query", "cursor") => json!({"type": "string", "pattern": "^([0-9A-Fa-f]{2})*$"}),
+                        // `tidings_core::restock::list_notices`: only the manual queue is listed.
+                        ("query", "status") if path == "/v1/ops/restock-notices" => {
+                            json!({"type": "string", "enum": ["MANUAL"], "default": "MANUAL"})
+                        }
                         _ => continue,
                     };
                     param["schema"] = schema;
@@ -282,7 +289,93 @@ fn constrain(v: &mut serde_json::Value) {
         shards["minimum"] = json!(1);
         shards["maximum"] = json!(tidings_core::inventory::MAX_SHARDS);
     }
+    constrain_bodies(schemas);
 }
+
+/// The body rules `tidings-core` checks beyond the types: stock counts and order lines
+/// (`inventory`), enums kept as strings in the types (adjustment sources, stock events, the
+/// channels of preferences, the events an endpoint subscribes to), IANA zones, link hosts.
+fn constrain_bodies(schemas: &mut serde_json::Map<String, serde_json::Value>) {
+    use serde_json::json;
+    use tidings_core::inventory::MAX_QTY;
+    use tidings_core::inventory::model::MAX_HOLD_SECONDS;
+    use tidings_core::inventory::stock::MAX_UNITS;
+    use tidings_core::notify::model::MAX_USER_IDS;
+    // `tidings_core::webhooks`: every event type but `webhook.test`, which only the test route sends.
+    let subscribable: Vec<serde_json::Value> = schemas
+        .get("EventType")
+        .and_then(|e| e["enum"].as_array())
+        .into_iter()
+        .flatten()
+        .filter(|e| *e != "webhook.test")
+        .cloned()
+        .collect();
+    let mut set = |schema: &str, property: &str, rule: serde_json::Value| {
+        let Some(prop) = schemas.get_mut(schema).and_then(|s| s.pointer_mut(&format!("/properties/{property}"))) else {
+            return;
+        };
+        if let (Some(prop), Some(rule)) = (prop.as_object_mut(), rule.as_object()) {
+            prop.extend(rule.clone());
+        }
+    };
+    set("WarmUpRequest", "on_hand", json!({"minimum": 0, "maximum": MAX_UNITS}));
+    set("AdjustmentRequest", "delta", json!({"minimum": -MAX_UNITS, "maximum": MAX_UNITS, "not": {"const": 0}}));
+    set("AdjustmentRequest", "source", json!({"enum": ["purchase_order", "return", "transfer", "manual", "damage"]}));
+    set("OrderRequest", "items", json!({"minItems": 1}));
+    set("OrderLine", "qty", json!({"minimum": 1, "maximum": MAX_QTY}));
+    set("StockEvent", "event", json!({"enum": ["stock.in"]}));
+    set("StockEvent", "qty", json!({"minimum": 1}));
+    set("OrderRequest", "hold_seconds", json!({"minimum": 1, "maximum": MAX_HOLD_SECONDS}));
+    set("UserInput", "tags", json!({"items": id_schema(), "maxItems": 50}));
+    set("NotificationRequest", "channels", json!({"minItems": 1}));
+    set(
+        "PreferencesInput",
+        "categories",
+        json!({"propertyNames": {"type": "string", "enum": ["transactional", "marketing"]}}),
+    );
+    set("NotificationRequest", "params", json!({"type": "object"}));
+    let channels = json!({"type": "string", "enum": ["email", "sms", "push", "inapp"]});
+    set("PreferencesInput", "channels", json!({"propertyNames": channels}));
+    let zones: Vec<&str> = chrono_tz::TZ_VARIANTS.iter().map(|z| z.name()).collect();
+    set(
+        "UserInput",
+        "timezone",
+        json!({"enum": zones.iter().map(|z| json!(z)).chain([json!(null)]).collect::<Vec<_>>()}),
+    );
+    set("LinkHostsInput", "hosts", json!({"items": {"type": "string", "pattern": LINK_HOST_PATTERN}}));
+    set("EndpointInput", "events", json!({"items": {"type": "string", "enum": subscribable}}));
+    // Repeats are one subscription (the server keeps each type once): no count to exceed.
+    if let Some(events) = schemas
+        .get_mut("EndpointInput")
+        .and_then(|s| s.pointer_mut("/properties/events"))
+        .and_then(|e| e.as_object_mut())
+    {
+        events.remove("maxItems");
+    }
+    // `NotificationRequest::validate`: exactly one of `user_ids` (1 to 1,000) and `segment`;
+    // `local_time` needs `send_at`.
+    if let Some(recipients) = schemas.get_mut("Recipients") {
+        recipients["oneOf"] = json!([
+            {"required": ["user_ids"], "properties": {"user_ids": {"type": "array", "minItems": 1, "maxItems": MAX_USER_IDS}, "segment": {"type": "null"}}},
+            {"required": ["segment"], "properties": {"segment": {"type": "string"}, "user_ids": {"type": "null"}}}
+        ]);
+    }
+    if let Some(request) = schemas.get_mut("NotificationRequest") {
+        request["if"] = json!({"required": ["local_time"], "properties": {"local_time": {"const": true}}});
+        request["then"] = json!({"required": ["send_at"], "properties": {"send_at": {"type": "string"}}});
+    }
+}
+
+/// A host of `PUT /v1/settings/link-hosts` as `tidings_core::tracking` takes it: `shop.example`
+/// or `*.shop.example`, any case, blanks around it trimmed; two labels at least, each 1 to 63
+/// letters, digits and inner hyphens, the name at most 253 characters; no punycode label (`xn--`)
+/// and a last label that is no number (URLs read those as IPv4 addresses).
+const LINK_HOST_PATTERN: &str = concat!(
+    r"^[ \t\n\r]*(\*\.)?(?=[A-Za-z0-9.-]{1,253}[ \t\n\r]*$)",
+    r"((?![xX][nN]--)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+",
+    r"(?![xX][nN]--)(?!0[xX][0-9A-Fa-f]*[ \t\n\r]*$)(?=[A-Za-z0-9-]*[A-Za-z])[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?",
+    r"[ \t\n\r]*$"
+);
 
 /// The document as `tidings openapi` prints it and the committed `openapi.json` holds it.
 pub fn document_json() -> serde_json::Result<String> {
@@ -522,6 +615,70 @@ mod tests {
         assert_eq!(res.status(), 200);
         let res = app.clone().oneshot(get("/docs/no-such-file.js")).await.unwrap();
         assert_eq!(res.status(), 404);
+    }
+
+    /// What the document lets a client send, the server takes: any hex cursor (a position, not
+    /// only a cursor it gave), whole-number floats where integers are asked, an empty time
+    /// window; and what it refuses, it refuses naming the field.
+    #[tokio::test]
+    async fn schema_valid_requests_are_taken_and_the_rest_refused_by_field() {
+        use axum::body::Body;
+        use axum::http::{Method, Request};
+        use http_body_util::BodyExt;
+        use serde_json::{Value, json};
+        use tidings_core::{TenantId, ops::tenants};
+        use tower::ServiceExt;
+
+        let deps = crate::test_support::memory_deps();
+        tenants::register_key(&deps, &TenantId::parse("a").unwrap(), "key-a").await.unwrap();
+        let state = crate::AppState { deps, queue_names: std::sync::Arc::new(Vec::new()), dev: None, live: None };
+        let app = crate::app(state);
+        let call = |method: Method, uri: &str, body: Option<Value>| {
+            let req = Request::builder()
+                .method(method)
+                .uri(uri)
+                .header("authorization", "Bearer key-a")
+                .header("content-type", "application/json")
+                .body(Body::from(body.map(|b| b.to_string()).unwrap_or_default()))
+                .unwrap();
+            let app = app.clone();
+            async move {
+                let res = app.oneshot(req).await.unwrap();
+                let status = res.status().as_u16();
+                let bytes = res.into_body().collect().await.unwrap().to_bytes();
+                (status, serde_json::from_slice::<Value>(&bytes).unwrap_or(Value::Null))
+            }
+        };
+        let doc = serde_json::to_value(document()).unwrap();
+        let pattern = doc["paths"]["/v1/users"]["get"]["parameters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == "cursor")
+            .map(|p| p["schema"]["pattern"].clone())
+            .unwrap();
+        assert_eq!(pattern, "^([0-9A-Fa-f]{2})*$");
+        for cursor in ["", "ff", "00", "7e7e", "C3A9"] {
+            for list in ["/v1/users", "/v1/templates", "/v1/users/u1/devices", "/v1/users/u1/inbox"] {
+                let (status, body) = call(Method::GET, &format!("{list}?cursor={cursor}"), None).await;
+                assert_eq!(status, 200, "{list}?cursor={cursor}: {body}");
+            }
+        }
+        for cursor in ["zz", "abc"] {
+            let (status, body) = call(Method::GET, &format!("/v1/users?cursor={cursor}"), None).await;
+            assert_eq!((status, &body["field"]), (422, &json!("cursor")), "{cursor}: {body}");
+        }
+        let (status, body) = call(Method::PUT, "/v1/inventory/s1", Some(json!({"on_hand": 5.0}))).await;
+        assert_eq!((status, &body["available"]), (201, &json!(5)), "{body}");
+        let (status, body) = call(Method::PUT, "/v1/inventory/s1", Some(json!({"on_hand": 5.5}))).await;
+        assert_eq!((status, &body["field"]), (400, &json!("on_hand")), "{body}");
+        let (status, body) = call(Method::PUT, "/v1/inventory/s1", Some(json!({"on_hand": -1.0}))).await;
+        assert_eq!((status, &body["field"]), (422, &json!("on_hand")), "{body}");
+        let window = "/v1/notifications?since=2026-01-02T00:00:00Z&until=2026-01-01T00:00:00Z";
+        let (status, body) = call(Method::GET, window, None).await;
+        assert_eq!((status, &body["items"]), (200, &json!([])), "{body}");
+        let (status, body) = call(Method::PUT, "/v1/settings/link-hosts", Some(json!({"hosts": ["a.1"]}))).await;
+        assert_eq!((status, &body["field"]), (422, &json!("hosts[0]")), "{body}");
     }
 
     /// The JSON pointer of the first place where `a` and `b` differ.
