@@ -15,6 +15,7 @@ mod figures;
 mod inventory;
 mod isolation;
 mod lambda;
+mod lanes;
 mod limits;
 mod live;
 mod notify;

@@ -155,90 +155,15 @@ pub async fn settle_batch(
     processed
 }
 
-/// Every queue of a deployment, by logical name (each has a DLQ `{name}-dlq`).
-pub const ALL_QUEUES: &[&str] = &[
-    "requests-high",
-    "requests-normal",
-    "requests-low",
-    "email-high",
-    "email-low",
-    "sms-high",
-    "sms-low",
-    "push-high",
-    "push-low",
-    "timers",
-    "inventory-review",
-    "stock-events",
-    crate::webhooks::WEBHOOKS_QUEUE,
-];
+pub use crate::lanes::ALL_QUEUES;
+pub use crate::router::{dispatch, dispatch_batch, dispatch_batch_until};
 
-/// Whether a queue has a worker. `inventory-review` and `stream-failures` are read by
-/// operators, not by code.
+/// Whether a queue has a worker (see [`crate::lanes::Lane::consumer`]).
 pub fn is_consumed(queue: &str) -> bool {
-    queue != crate::inventory::REVIEW_QUEUE && queue != crate::notify::relay::STREAM_FAILURES_QUEUE
+    crate::lanes::Lane::from_name(queue).is_some_and(crate::lanes::Lane::is_consumed)
 }
 
-/// Whether a queue has a DLQ: only a consumed one (nothing dead-letters from a queue nobody
-/// receives from; `template.yaml` gives `inventory-review` none).
+/// Whether a queue has a DLQ: only a consumed one (see [`crate::lanes::Lane::dlq`]).
 pub fn has_dlq(queue: &str) -> bool {
     is_consumed(queue)
-}
-
-/// Routes a batch of messages of one queue: channel tasks are handled as a batch
-/// ([`crate::notify::worker::handle_channel_batch`]), the others one by one. One outcome per
-/// message, in order.
-pub async fn dispatch_batch(deps: &crate::Deps, queue: &str, messages: &[Received]) -> Vec<Outcome> {
-    dispatch_batch_until(deps, queue, messages, None).await
-}
-
-/// [`dispatch_batch`] that starts no provider call it could not finish by `deadline` (a
-/// Lambda invocation's end, a visibility timeout): the sends not started are handed back
-/// (`pending`, their messages sent again: [`Outcome::HandBack`]) instead of being cut off
-/// mid-way by the end of the invocation. Queues handled one message at a time (requests,
-/// timers, stock events) hand back the messages that the slowest so far says would not end
-/// before it.
-pub async fn dispatch_batch_until(
-    deps: &crate::Deps,
-    queue: &str,
-    messages: &[Received],
-    deadline: Option<std::time::Instant>,
-) -> Vec<Outcome> {
-    if ["email-", "sms-", "push-"].iter().any(|p| queue.starts_with(p)) {
-        return crate::tasks::handle_batch::<crate::notify::worker::ChannelSend>(deps, messages, deadline).await;
-    }
-    // One by one (requests, timers, stock events). After the first, which always runs so a
-    // batch always makes progress, a message is not started when the longest one so far would
-    // not end before the deadline: it is handed back, so the invocation is not cut off with a
-    // campaign page half written (and every message of its batch charged a receive).
-    let mut outcomes = Vec::with_capacity(messages.len());
-    let mut longest = std::time::Duration::ZERO;
-    for (i, message) in messages.iter().enumerate() {
-        if i > 0 && deadline.is_some_and(|d| std::time::Instant::now() + longest >= d) {
-            outcomes.push(Outcome::HandBack);
-            continue;
-        }
-        let started = std::time::Instant::now();
-        outcomes.push(dispatch(deps, queue, message).await);
-        longest = longest.max(started.elapsed());
-    }
-    outcomes
-}
-
-/// Routes a message to the handler of its queue.
-pub async fn dispatch(deps: &crate::Deps, queue: &str, message: &Received) -> Outcome {
-    if queue.starts_with("requests-") {
-        crate::notify::orchestrator::handle_request_message(deps, message).await
-    } else if ["email-", "sms-", "push-"].iter().any(|p| queue.starts_with(p)) {
-        let one =
-            crate::tasks::handle_batch::<crate::notify::worker::ChannelSend>(deps, std::slice::from_ref(message), None);
-        one.await.into_iter().next().unwrap_or(Outcome::Retry(Duration::ZERO))
-    } else if queue == crate::restock::STOCK_EVENTS_QUEUE {
-        crate::restock::handle_stock_event_message(deps, message).await
-    } else if queue == crate::timers::TIMERS_QUEUE {
-        crate::timers::handle_timer_message(deps, message).await
-    } else if queue == crate::webhooks::WEBHOOKS_QUEUE {
-        crate::webhooks::handle_webhook_message(deps, message).await
-    } else {
-        Outcome::Reject(format!("no handler for queue {queue}"))
-    }
 }

@@ -46,21 +46,9 @@ where
     }
 }
 
-/// The function that consumes a queue (as `template.yaml` wires them).
+/// The function that consumes a queue (as `template.yaml` wires them: [`crate::lanes::Lane::consumer`]).
 pub fn consumer_of(queue: &str) -> &'static str {
-    if queue.starts_with("requests-") {
-        "orchestrator"
-    } else if ["email-", "sms-", "push-"].iter().any(|p| queue.starts_with(p)) {
-        "channel-worker"
-    } else if queue == crate::timers::TIMERS_QUEUE {
-        "tick"
-    } else if queue == crate::restock::STOCK_EVENTS_QUEUE {
-        "restock-scan"
-    } else if queue == crate::webhooks::WEBHOOKS_QUEUE {
-        "channel-worker"
-    } else {
-        "unattributed"
-    }
+    crate::lanes::Lane::from_name(queue).and_then(crate::lanes::Lane::consumer).unwrap_or("unattributed")
 }
 
 #[cfg(test)]

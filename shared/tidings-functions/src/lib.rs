@@ -110,14 +110,33 @@ pub fn outbox_relay() -> ExitCode {
     run(Function::OutboxRelay, serve_outbox_relay)
 }
 
-/// The `orchestrator` function.
-pub fn orchestrator() -> ExitCode {
-    run(Function::Orchestrator, serve_queues)
+/// The lanes, for a function's `main` to name the ones it serves ([`serve_lanes`]).
+pub mod lanes {
+    pub use tidings_core::lanes::{Lane, Urgency};
+    pub use tidings_core::notify::model::Priority;
+    pub use tidings_core::ports::Channel;
 }
 
-/// The `channel-worker` function.
-pub fn channel_worker() -> ExitCode {
-    run(Function::ChannelWorker, serve_queues)
+/// Runs `function` on the queue lanes it serves (the orchestrator, the channel worker): each
+/// record goes to its lane's handler; a record of a lane not in `lanes` is refused to its DLQ
+/// with the reason. A lane whose consumer is another function is a wiring error: the start
+/// fails, naming it.
+pub fn serve_lanes(function: Function, lanes: &'static [lanes::Lane]) -> ExitCode {
+    if let Some(lane) = lanes.iter().find(|l| l.consumer() != Some(function.name())) {
+        refuse_lane(function, lane);
+        return ExitCode::FAILURE;
+    }
+    run(function, move |ports| async move {
+        tidings_lambda::serve_lanes(ports.deps(), ports.queue_prefix().to_owned(), lanes).await
+    })
+}
+
+/// Says, before tracing is set up, that `function` was given a lane it does not consume.
+fn refuse_lane(function: Function, lane: &lanes::Lane) {
+    #[allow(clippy::print_stderr)]
+    {
+        eprintln!("{} is not the consumer of lane {lane}", function.name());
+    }
 }
 
 /// The `tick` function.
@@ -155,10 +174,6 @@ pub fn reconcile() -> ExitCode {
 /// The `ws-connections` function.
 pub fn ws_connections() -> ExitCode {
     run(Function::WsConnections, serve_ws_connections)
-}
-
-async fn serve_queues(ports: AwsPorts) -> Result<(), lambda_runtime::Error> {
-    tidings_lambda::serve_sqs(ports.deps(), ports.queue_prefix().to_owned()).await
 }
 
 async fn serve_api(ports: AwsPorts) -> Result<(), lambda_runtime::Error> {

@@ -10,10 +10,12 @@ use aws_lambda_events::streams::{DynamoDbBatchItemFailure, DynamoDbEventResponse
 use serde_json::Value;
 use tidings_core::Deps;
 use tidings_core::inbox::live::LivePush;
-use tidings_core::messages::{dispatch_batch_until, settle_batch};
+use tidings_core::lanes::Lane;
+use tidings_core::messages::settle_batch;
 use tidings_core::notify::relay;
 use tidings_core::ports::table::stored;
 use tidings_core::ports::{Attrs, ChangeRecord, Clock, Key, OutMessage, Received, SystemClock};
+use tidings_core::router::dispatch_batch_until;
 use tracing::{error, warn};
 
 /// Every queue of a deployment, by logical name.
@@ -100,7 +102,7 @@ pub async fn handle_sqs_event(deps: &Deps, queue: &str, event: SqsEvent) -> SqsB
 }
 
 /// [`handle_sqs_event`] that starts no provider call it could not finish by `deadline` (see
-/// [`tidings_core::messages::dispatch_batch_until`]): those messages are handed back, not cut
+/// [`tidings_core::router::dispatch_batch_until`]): those messages are handed back, not cut
 /// off.
 pub async fn handle_sqs_event_until(
     deps: &Deps,
@@ -163,14 +165,50 @@ pub async fn handle_sqs_batch_until(
     response
 }
 
-/// Runs a Lambda function that consumes SQS batches (the orchestrator, the channel worker):
-/// every record goes to its queue's handler, failures are reported as `batchItemFailures`.
-pub async fn serve_sqs(deps: Deps, prefix: String) -> Result<(), lambda_runtime::Error> {
+/// [`handle_sqs_batch_until`] for a function that serves only `lanes`: a record from any other
+/// queue is refused, to that queue's DLQ with the reason (a mapping that should not exist).
+pub async fn handle_lanes_batch_until(
+    deps: &Deps,
+    prefix: &str,
+    lanes: &[Lane],
+    event: SqsEvent,
+    deadline: Option<std::time::Instant>,
+) -> SqsBatchResponse {
+    let mut served = SqsEvent::default();
+    let mut refused: std::collections::BTreeMap<String, Vec<Received>> = Default::default();
+    for record in event.records {
+        let queue = logical_queue_name(record.event_source_arn.as_deref().unwrap_or_default(), prefix);
+        if Lane::from_name(&queue).is_some_and(|l| lanes.contains(&l)) {
+            served.records.push(record);
+        } else {
+            refused.entry(queue).or_default().push(received_of(&record));
+        }
+    }
+    let mut response = handle_sqs_batch_until(deps, prefix, served, deadline).await;
+    for (queue, messages) in refused {
+        let reason = format!("this function does not serve queue {queue}");
+        let outcomes = messages.iter().map(|_| tidings_core::outcome::Outcome::Reject(reason.clone())).collect();
+        let processed = settle_batch(deps.queues.as_ref(), &queue, &messages, outcomes, deps.clock.now(), false).await;
+        for (message, processed) in messages.iter().zip(processed) {
+            if !processed {
+                let mut failure = BatchItemFailure::default();
+                failure.item_identifier = message.message_id.clone();
+                response.batch_item_failures.push(failure);
+            }
+        }
+    }
+    response
+}
+
+/// Runs a Lambda function that consumes SQS batches of `lanes` (the orchestrator, the channel
+/// worker): every record goes to its lane's handler, failures are reported as
+/// `batchItemFailures`, a record of another lane is refused ([`handle_lanes_batch_until`]).
+pub async fn serve_lanes(deps: Deps, prefix: String, lanes: &'static [Lane]) -> Result<(), lambda_runtime::Error> {
     lambda_runtime::run(lambda_runtime::service_fn(|event: lambda_runtime::LambdaEvent<SqsEvent>| {
         let (deps, prefix) = (deps.clone(), prefix.clone());
         async move {
             let deadline = send_deadline(event.context.deadline);
-            let response = handle_sqs_batch_until(&deps, &prefix, event.payload, Some(deadline)).await;
+            let response = handle_lanes_batch_until(&deps, &prefix, lanes, event.payload, Some(deadline)).await;
             flush_metrics();
             Ok::<_, lambda_runtime::Error>(response)
         }
@@ -179,7 +217,7 @@ pub async fn serve_sqs(deps: Deps, prefix: String) -> Result<(), lambda_runtime:
 }
 
 /// One event of a function with two triggers: an SQS batch (it has `Records`) is handled like
-/// [`serve_sqs`]; anything else is its EventBridge schedule and runs `on_schedule`.
+/// [`serve_lanes`]; anything else is its EventBridge schedule and runs `on_schedule`.
 pub async fn handle_queue_or_schedule<F, Fut>(
     deps: Deps,
     prefix: &str,

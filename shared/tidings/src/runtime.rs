@@ -9,6 +9,7 @@ use aws_lambda_events::dynamodb::Event as DynamoDbEvent;
 use aws_lambda_events::event::sqs::SqsEvent;
 use tidings_core::Deps;
 use tidings_core::inbox::live::LivePush;
+use tidings_core::lanes::{Lane, Urgency};
 use tidings_core::ports::ChangeFeed;
 use tidings_core::roles;
 use tokio::sync::watch;
@@ -45,9 +46,9 @@ impl Pools {
     }
 }
 
-/// Whether a queue carries high-priority work.
+/// Whether a queue carries high-priority work ([`Lane::is_high`]).
 pub fn is_high(queue: &str) -> bool {
-    queue.ends_with("-high")
+    Lane::from_name(queue).is_some_and(Lane::is_high)
 }
 
 /// The runtime of the high-priority pool, made once and kept for the life of the process.
@@ -167,7 +168,7 @@ async fn relay_loop(deps: Deps, live: Arc<dyn LivePush>, feed: Arc<dyn ChangeFee
 /// low-priority channel queues, where a campaign's sends are (`TIDINGS_BATCH_LOW`), 10
 /// elsewhere (a transactional message is not held back to fill a batch).
 pub fn batch_size(queue: &str) -> usize {
-    let bulk = ["email-low", "sms-low", "push-low"].contains(&queue);
+    let bulk = matches!(Lane::from_name(queue), Some(Lane::Channel(_, Urgency::Low)));
     if !bulk {
         return 10;
     }

@@ -61,7 +61,7 @@ pub async fn queue_page(deps: &Deps, t: &TenantId, n: &Notification, page: u64, 
         notification_id: n.notification_id.clone(),
         page,
         cursor,
-        queue: n.priority.request_queue().to_owned(),
+        queue: crate::lanes::Lane::requests(n.priority).name().to_owned(),
         created_at: deps.clock.now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
     };
     let key = keys::campaign_page(t, &n.notification_id, page);

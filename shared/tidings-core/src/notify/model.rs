@@ -30,26 +30,6 @@ impl Priority {
             Priority::Low => "low",
         }
     }
-    /// The request queue of this priority.
-    pub fn request_queue(self) -> &'static str {
-        match self {
-            Priority::High => "requests-high",
-            Priority::Normal => "requests-normal",
-            Priority::Low => "requests-low",
-        }
-    }
-    /// Channel queues have two lanes: high, and the rest.
-    pub fn lane(self) -> &'static str {
-        match self {
-            Priority::High => "high",
-            Priority::Normal | Priority::Low => "low",
-        }
-    }
-}
-
-/// The queue a channel task goes to.
-pub fn channel_queue(channel: Channel, priority: Priority) -> String {
-    format!("{}-{}", channel.as_str(), priority.lane())
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]

@@ -12,9 +12,7 @@ use tracing::{info, instrument, warn};
 
 use super::api::load;
 use super::campaign;
-use super::model::{
-    ChannelTask, Delivery, DeliveryStatus, Notification, NotificationStatus, RequestMessage, channel_queue,
-};
+use super::model::{ChannelTask, Delivery, DeliveryStatus, Notification, NotificationStatus, RequestMessage};
 use super::policy::{self, Recipient, Verdict};
 use super::progress;
 use crate::deps::Deps;
@@ -575,7 +573,7 @@ fn task_of(
     if channel == Channel::Email {
         crate::tracking::decorate_email(&deps.config, &mut task, deps.clock.now().timestamp(), hosts);
     }
-    (channel_queue(channel, n.priority), task)
+    (crate::lanes::Lane::channel(channel, n.priority).name().to_owned(), task)
 }
 
 /// Template parameters: the request's, plus `user_id` and the user's locale when not given.

@@ -17,6 +17,7 @@ use crate::deps::Deps;
 use crate::error::{CoreError, CoreResult};
 use crate::ids::TenantId;
 use crate::keys::{self, NOTIFICATION_SK};
+use crate::lanes::Lane;
 use crate::ports::{ChangeRecord, Item, Key, OutMessage, StoreError};
 
 /// Where stream records that were not relayed are recorded: the on-failure destination of the
@@ -106,7 +107,7 @@ fn step_of(record: &ChangeRecord) -> CoreResult<Step> {
         NotificationStatus::Accepted => {
             let message = RequestMessage::first(tenant.as_str(), &notification.notification_id);
             debug!(notification_id = %message.notification_id, "relaying");
-            Step::Send(notification.priority.request_queue().to_owned(), OutMessage::new(body_of(&message)?))
+            Step::Send(Lane::requests(notification.priority).name().to_owned(), OutMessage::new(body_of(&message)?))
         }
         _ => Step::Nothing,
     })
@@ -323,7 +324,7 @@ pub async fn redrive(deps: &Deps, key: &Key) -> CoreResult<Redriven> {
             }
             _ => return Ok(Redriven::NothingToDo),
         }
-        (n.priority.request_queue().to_owned(), RequestMessage::first(tenant.as_str(), &n.notification_id))
+        (Lane::requests(n.priority).name().to_owned(), RequestMessage::first(tenant.as_str(), &n.notification_id))
     };
     deps.queues.send_batch(&queue, vec![OutMessage::new(body_of(&message)?)]).await?;
     Ok(Redriven::Queued)
