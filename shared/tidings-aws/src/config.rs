@@ -5,6 +5,8 @@
 
 use std::collections::BTreeMap;
 
+use tidings_core::config::Settings;
+
 /// How [`crate::SqsQueues::redrive`] moves a DLQ back to its queue.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum RedriveMode {
@@ -66,25 +68,13 @@ impl SmsProvider {
 pub enum ConfigError {
     #[error("{var}: {reason}")]
     Invalid { var: &'static str, reason: String },
+    /// A variable of the wrong kind ([`tidings_core::config`] checks every one).
+    #[error(transparent)]
+    Settings(#[from] tidings_core::config::ConfigError),
 }
 
-/// Everything the AWS backend reads from the environment (once).
-///
-/// | variable | default | meaning |
-/// |---|---|---|
-/// | `TIDINGS_TABLE` | `tidings` | the DynamoDB table |
-/// | `TIDINGS_QUEUE_PREFIX` | `tidings-` | logical queue `q` is `{prefix}q`, its DLQ `{prefix}q-dlq` |
-/// | `TIDINGS_QUEUE_URL_<NAME>` | none | explicit URL of logical queue `<name>` (upper case, `-` as `_`; `..._DLQ` for its DLQ) |
-/// | `TIDINGS_EMAIL_FROM` | `no-reply@tidings.local` | SES sender |
-/// | `TIDINGS_SES_CONFIGURATION_SET` | none | SES configuration set every send names (its events reach `/v1/callbacks/ses`) |
-/// | `TIDINGS_REDRIVE_MODE` | `message-move-task` | or `receive-and-resend` (moto) |
-/// | `TIDINGS_MAX_RECEIVES` | `5` | `maxReceiveCount` of the redrive policies [`crate::bootstrap`] creates |
-/// | `TIDINGS_SNS_APNS_ARN` | none | SNS platform application for iOS devices (APNs) |
-/// | `TIDINGS_SNS_FCM_ARN` | none | SNS platform application for Android devices (FCM) |
-/// | `TIDINGS_SMS_PRIMARY` | `sns` | the SMS provider: `sns` or `end-user-messaging` |
-/// | `TIDINGS_SMS_SECONDARY` | none | the other one, used while the primary's breaker is open (`none`: no failover) |
-/// | `TIDINGS_SMS_ORIGINATION_IDENTITY` | none | End User Messaging's origination identity (phone number, sender id, pool: id or ARN) |
-/// | `TIDINGS_SMS_CONFIGURATION_SET` | none | End User Messaging's configuration set (its event destinations) |
+/// Everything the AWS backend reads from the `TIDINGS_*` variables (once); each variable's
+/// default and meaning are in [`tidings_core::config::VARIABLES`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AwsConfig {
     pub table: String,
@@ -131,8 +121,6 @@ fn sms_provider(var: &'static str, v: &str) -> Result<SmsProvider, ConfigError> 
         .ok_or_else(|| ConfigError::Invalid { var, reason: format!("{v:?} is neither sns nor end-user-messaging") })
 }
 
-const QUEUE_URL_PREFIX: &str = "TIDINGS_QUEUE_URL_";
-
 impl AwsConfig {
     /// Reads the process environment.
     pub fn from_env() -> Result<Self, ConfigError> {
@@ -146,49 +134,39 @@ impl AwsConfig {
         K: AsRef<str>,
         V: AsRef<str>,
     {
-        let mut config = AwsConfig::default();
-        for (k, v) in vars {
-            let (k, v) = (k.as_ref(), v.as_ref());
-            match k {
-                "TIDINGS_TABLE" if !v.is_empty() => config.table = v.to_string(),
-                "TIDINGS_QUEUE_PREFIX" => config.queue_prefix = v.to_string(),
-                "TIDINGS_EMAIL_FROM" if !v.is_empty() => config.email_from = v.to_string(),
-                "TIDINGS_SES_CONFIGURATION_SET" if !v.is_empty() => config.ses_configuration_set = Some(v.to_string()),
-                "TIDINGS_SNS_APNS_ARN" if !v.is_empty() => config.sns_apns_arn = Some(v.to_string()),
-                "TIDINGS_SNS_FCM_ARN" if !v.is_empty() => config.sns_fcm_arn = Some(v.to_string()),
-                "TIDINGS_SMS_PRIMARY" if !v.is_empty() => config.sms_primary = sms_provider("TIDINGS_SMS_PRIMARY", v)?,
-                "TIDINGS_SMS_SECONDARY" if !v.is_empty() && v.trim() != "none" => {
-                    config.sms_secondary = Some(sms_provider("TIDINGS_SMS_SECONDARY", v)?);
-                }
-                "TIDINGS_SMS_ORIGINATION_IDENTITY" if !v.is_empty() => {
-                    config.sms_origination_identity = Some(v.to_string());
-                }
-                "TIDINGS_SMS_CONFIGURATION_SET" if !v.is_empty() => config.sms_configuration_set = Some(v.to_string()),
-                "TIDINGS_REDRIVE_MODE" if !v.is_empty() => {
-                    config.redrive_mode = RedriveMode::parse(v).ok_or_else(|| ConfigError::Invalid {
-                        var: "TIDINGS_REDRIVE_MODE",
-                        reason: format!("{v:?} is neither message-move-task nor receive-and-resend"),
-                    })?;
-                }
-                "TIDINGS_MAX_RECEIVES" if !v.is_empty() => {
-                    config.max_receives = match v.trim().parse::<u32>() {
-                        Ok(n) if (1..=1000).contains(&n) => n,
-                        _ => {
-                            return Err(ConfigError::Invalid {
-                                var: "TIDINGS_MAX_RECEIVES",
-                                reason: format!("{v:?} is not a number from 1 to 1000"),
-                            });
-                        }
-                    };
-                }
-                _ => {
-                    if let Some(name) = k.strip_prefix(QUEUE_URL_PREFIX)
-                        && !v.is_empty()
-                    {
-                        config.queue_urls.insert(name.to_ascii_lowercase().replace('_', "-"), v.to_string());
-                    }
-                }
-            }
+        Self::from_settings(&Settings::from_vars(vars)?)
+    }
+
+    /// The AWS backend's part of the checked variables.
+    pub fn from_settings(s: &Settings) -> Result<Self, ConfigError> {
+        let text = |name| s.get(name).map(str::to_owned);
+        let mut config = AwsConfig {
+            table: s.value("TIDINGS_TABLE").to_owned(),
+            // An empty prefix is a prefix: queue names as they are.
+            queue_prefix: s.raw("TIDINGS_QUEUE_PREFIX").unwrap_or(s.value("TIDINGS_QUEUE_PREFIX")).to_owned(),
+            queue_urls: s
+                .queue_urls()
+                .map(|(name, url)| (name.to_ascii_lowercase().replace('_', "-"), url.to_owned()))
+                .collect(),
+            email_from: s.value("TIDINGS_EMAIL_FROM").to_owned(),
+            ses_configuration_set: text("TIDINGS_SES_CONFIGURATION_SET"),
+            redrive_mode: RedriveMode::default(),
+            max_receives: s.number("TIDINGS_MAX_RECEIVES") as u32,
+            sns_apns_arn: text("TIDINGS_SNS_APNS_ARN"),
+            sns_fcm_arn: text("TIDINGS_SNS_FCM_ARN"),
+            sms_primary: sms_provider("TIDINGS_SMS_PRIMARY", s.value("TIDINGS_SMS_PRIMARY"))?,
+            sms_secondary: None,
+            sms_origination_identity: text("TIDINGS_SMS_ORIGINATION_IDENTITY"),
+            sms_configuration_set: text("TIDINGS_SMS_CONFIGURATION_SET"),
+        };
+        if let Some(v) = s.get("TIDINGS_REDRIVE_MODE") {
+            config.redrive_mode = RedriveMode::parse(v).ok_or_else(|| ConfigError::Invalid {
+                var: "TIDINGS_REDRIVE_MODE",
+                reason: format!("{v:?} is neither message-move-task nor receive-and-resend"),
+            })?;
+        }
+        if let Some(v) = s.get("TIDINGS_SMS_SECONDARY").filter(|v| *v != "none") {
+            config.sms_secondary = Some(sms_provider("TIDINGS_SMS_SECONDARY", v)?);
         }
         if config.sms_secondary == Some(config.sms_primary) {
             return Err(ConfigError::Invalid {
@@ -277,8 +255,11 @@ mod tests {
 
     #[test]
     fn rejects_bad_values() {
-        assert!(AwsConfig::from_vars([("TIDINGS_REDRIVE_MODE", "sideways")]).is_err());
-        assert!(AwsConfig::from_vars([("TIDINGS_MAX_RECEIVES", "0")]).is_err());
-        assert!(AwsConfig::from_vars([("TIDINGS_MAX_RECEIVES", "x")]).is_err());
+        for (name, bad) in
+            [("TIDINGS_REDRIVE_MODE", "sideways"), ("TIDINGS_MAX_RECEIVES", "0"), ("TIDINGS_MAX_RECEIVES", "five")]
+        {
+            let e = AwsConfig::from_vars([(name, bad)]).unwrap_err().to_string();
+            assert!(e.starts_with(name), "{name}={bad}: {e}");
+        }
     }
 }

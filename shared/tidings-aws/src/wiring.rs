@@ -3,16 +3,19 @@
 
 use std::sync::Arc;
 
+use tidings_core::config::Settings;
 use tidings_core::inbox::live::{LivePush, NoLive};
 use tidings_core::ports::{ChangeFeed, Provider, Queues, SystemClock, Table};
 use tidings_core::{CoreConfig, Deps, Providers};
 
-use crate::{AwsBackend, BootstrapError, ConfigError, bootstrap};
+use crate::{AwsBackend, AwsConfig, BootstrapError, ConfigError, bootstrap};
 
 #[derive(Debug, thiserror::Error)]
 pub enum WiringError {
     #[error(transparent)]
     Config(#[from] ConfigError),
+    #[error(transparent)]
+    Settings(#[from] tidings_core::config::ConfigError),
     #[error(transparent)]
     Bootstrap(#[from] BootstrapError),
     #[error("signing key: {0}")]
@@ -39,6 +42,8 @@ pub struct AwsPorts {
     /// The core's configuration, read once; its signing keys from SSM
     /// (`TIDINGS_SIGNING_KEY_PARAM`) when `TIDINGS_SIGNING_KEYS` does not give them.
     pub config: CoreConfig,
+    /// The WebSocket API's management endpoint (`TIDINGS_WS_ENDPOINT`), if live pushes go out.
+    pub ws_endpoint: Option<String>,
 }
 
 /// What a function needs at start-up beyond the table, the queues and the providers.
@@ -133,16 +138,16 @@ fn management_endpoint(ws_endpoint: &str) -> String {
 
 /// Reads the signing keys (`kid:secret,...`) from the SSM SecureString parameter named by
 /// `TIDINGS_SIGNING_KEY_PARAM`, so the secret is never in the template or the environment.
-async fn signer_from_ssm() -> Result<tidings_core::signing::Signer, WiringError> {
-    let Ok(name) = std::env::var("TIDINGS_SIGNING_KEY_PARAM") else { return Ok(Default::default()) };
-    if name.is_empty() || std::env::var("TIDINGS_SIGNING_KEYS").is_ok_and(|v| !v.is_empty()) {
+async fn signer_from_ssm(settings: &Settings) -> Result<tidings_core::signing::Signer, WiringError> {
+    let Some(name) = settings.get("TIDINGS_SIGNING_KEY_PARAM") else { return Ok(Default::default()) };
+    if settings.get("TIDINGS_SIGNING_KEYS").is_some() {
         return Ok(Default::default());
     }
     let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
     let conf = aws_sdk_ssm::config::Builder::from(&sdk).interceptor(crate::requests::RequestCounter).build();
     let out = aws_sdk_ssm::Client::from_conf(conf)
         .get_parameter()
-        .name(&name)
+        .name(name)
         .with_decryption(true)
         .send()
         .await
@@ -156,12 +161,17 @@ async fn signer_from_ssm() -> Result<tidings_core::signing::Signer, WiringError>
 }
 
 impl AwsPorts {
-    /// Reads the configuration; with `bootstrap`, first creates the table and the queues where
-    /// missing (for an emulator; on AWS the SAM template owns them).
-    pub async fn from_env(bootstrap_first: bool, queue_names: &[String], needs: Needs) -> Result<Self, WiringError> {
-        let mut config = CoreConfig::from_env().map_err(WiringError::Setting)?;
+    /// The ports the checked `settings` describe; with `bootstrap`, first creates the table and
+    /// the queues where missing (for an emulator; on AWS the SAM template owns them).
+    pub async fn from_settings(
+        settings: &Settings,
+        bootstrap_first: bool,
+        queue_names: &[String],
+        needs: Needs,
+    ) -> Result<Self, WiringError> {
+        let mut config = settings.core();
         if needs.public_url && in_lambda() {
-            if std::env::var("TIDINGS_PUBLIC_URL").is_err() {
+            if settings.get("TIDINGS_PUBLIC_URL").is_none() {
                 return Err(WiringError::Setting(
                     "TIDINGS_PUBLIC_URL is not set: the links this function makes need it".into(),
                 ));
@@ -170,14 +180,14 @@ impl AwsPorts {
                 return Err(WiringError::Setting(problem));
             }
         }
-        let backend = AwsBackend::from_env().await?;
+        let backend = AwsBackend::from_config(AwsConfig::from_settings(settings)?).await;
         if bootstrap_first {
             let names: Vec<&str> = queue_names.iter().map(String::as_str).collect();
             bootstrap(&backend, &names).await?;
         }
         let region = std::env::var("AWS_REGION").unwrap_or_else(|_| "us-east-1".into());
         if needs.signer && !config.signer.is_configured() {
-            config.signer = signer_from_ssm().await?;
+            config.signer = signer_from_ssm(settings).await?;
             if !config.signer.is_configured() {
                 return Err(WiringError::Secret(
                     "this function signs links and tokens: set TIDINGS_SIGNING_KEY_PARAM (an SSM parameter) or TIDINGS_SIGNING_KEYS".into(),
@@ -188,6 +198,7 @@ impl AwsPorts {
             table: Arc::new(backend.table()),
             queues: Arc::new(backend.queues()),
             feed: Arc::new(backend.change_feed()),
+            ws_endpoint: settings.get("TIDINGS_WS_ENDPOINT").map(str::to_owned),
             email: Arc::new(backend.email()),
             sms: backend.sms_provider(backend.config().sms_primary),
             sms_secondary: backend.config().sms_secondary.map(|p| backend.sms_provider(p)),
@@ -212,7 +223,7 @@ impl AwsPorts {
         tidings_core::gates::wrap(
             &raw,
             self.sms_secondary.clone(),
-            &tidings_core::gates::GateConfig::from_env(),
+            &self.config.gates,
             tidings_core::gates::GateStore::Shared(self.table.clone()),
         )
     }
@@ -220,18 +231,18 @@ impl AwsPorts {
     /// Pushes to API Gateway WebSocket connections when `TIDINGS_WS_ENDPOINT` names the
     /// WebSocket API's management endpoint (`https://{api}.execute-api.{region}.amazonaws.com/{stage}`);
     /// otherwise nothing is pushed (the inbox is read when the app opens).
-    pub async fn live_push_from_env(&self) -> Arc<dyn LivePush> {
-        match std::env::var("TIDINGS_WS_ENDPOINT") {
-            Ok(endpoint) if !endpoint.is_empty() => {
+    pub async fn live_push(&self) -> Arc<dyn LivePush> {
+        match &self.ws_endpoint {
+            Some(endpoint) => {
                 let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
                 let conf = aws_sdk_apigatewaymanagement::config::Builder::from(&sdk)
-                    .endpoint_url(management_endpoint(&endpoint))
+                    .endpoint_url(management_endpoint(endpoint))
                     .interceptor(crate::requests::RequestCounter)
                     .build();
                 let client = aws_sdk_apigatewaymanagement::Client::from_conf(conf);
                 Arc::new(crate::live::ApiGatewayLive::new(client, self.deps()))
             }
-            _ => Arc::new(NoLive),
+            None => Arc::new(NoLive),
         }
     }
 

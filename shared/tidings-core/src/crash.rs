@@ -14,6 +14,15 @@
 //! | `orchestrator.mid_fanout` | some deliveries of a notification are created, not all |
 //! | `inventory.after_commit` | a reservation's transaction committed; no answer sent yet |
 
+/// Arms the crash point `spec` names (`TIDINGS_CRASH_AT`, which the process's edge passes
+/// once at start); without the `crash-points` feature, nothing.
+pub fn arm(spec: Option<&str>) {
+    #[cfg(feature = "crash-points")]
+    imp::arm(spec);
+    #[cfg(not(feature = "crash-points"))]
+    let _ = spec;
+}
+
 /// Reached a named step: aborts here if a test asked for it.
 #[inline]
 pub fn point(name: &'static str) {
@@ -31,19 +40,16 @@ mod imp {
     static TARGET: OnceLock<Option<(String, u32)>> = OnceLock::new();
     static HITS: AtomicU32 = AtomicU32::new(0);
 
-    fn target() -> &'static Option<(String, u32)> {
-        TARGET.get_or_init(|| {
-            let spec = std::env::var("TIDINGS_CRASH_AT").ok()?;
-            let (name, n) = match spec.split_once(':') {
-                Some((name, n)) => (name.to_owned(), n.parse().unwrap_or(1)),
-                None => (spec, 1),
-            };
-            Some((name, n.max(1)))
-        })
+    pub fn arm(spec: Option<&str>) {
+        let target = spec.map(|spec| match spec.split_once(':') {
+            Some((name, n)) => (name.to_owned(), n.parse::<u32>().unwrap_or(1).max(1)),
+            None => (spec.to_owned(), 1),
+        });
+        let _ = TARGET.set(target);
     }
 
     pub fn hit(name: &'static str) {
-        if let Some((target, n)) = target()
+        if let Some(Some((target, n))) = TARGET.get()
             && target == name
             && HITS.fetch_add(1, Ordering::SeqCst) + 1 >= *n
         {

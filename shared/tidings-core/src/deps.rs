@@ -25,7 +25,8 @@ impl Providers {
     }
 }
 
-/// Tunables of the core, read once from the environment by the wiring.
+/// Tunables of the core: parsed once from the `TIDINGS_*` variables an edge passes
+/// ([`crate::config::Settings::core`], where each variable's default and meaning are).
 #[derive(Clone, Debug)]
 pub struct CoreConfig {
     /// First retry delay; doubles per attempt, with jitter.
@@ -71,6 +72,13 @@ pub struct CoreConfig {
     /// How old a notification still `accepted` must be before the tick's sweep queues it again
     /// (`TIDINGS_RELAY_SWEEP_AFTER_S`; see [`crate::notify::sweep`]).
     pub relay_sweep_after: Duration,
+    /// The rate gates and breakers around the providers (`TIDINGS_PROVIDER_RATES`,
+    /// `TIDINGS_TENANT_RATES`, `TIDINGS_GATE_MAX_WAIT_MS`, `TIDINGS_BREAKER`).
+    pub gates: crate::gates::GateConfig,
+    /// The API's request rates (`TIDINGS_API_RATES`).
+    pub api_rates: crate::gates::api::ApiRates,
+    /// Webhook posting (`TIDINGS_WEBHOOK_*`).
+    pub webhooks: crate::webhooks::WebhookConfig,
 }
 
 impl Default for CoreConfig {
@@ -94,84 +102,14 @@ impl Default for CoreConfig {
             sns_trusted_cert_pem: None,
             sns_topic_arns: Vec::new(),
             relay_sweep_after: Duration::from_secs(300),
+            gates: crate::gates::GateConfig { max_wait: Duration::from_millis(2000), ..Default::default() },
+            api_rates: crate::gates::api::ApiRates::default(),
+            webhooks: crate::webhooks::WebhookConfig::default(),
         }
     }
 }
 
 impl CoreConfig {
-    /// Reads overrides from `TIDINGS_RETRY_BASE_MS`, `TIDINGS_RETRY_CAP_MS`,
-    /// `TIDINGS_MAX_RECEIVES`, `TIDINGS_DELIVERY_LEASE_MS`, `TIDINGS_MARKETING_LEASE_MS`, `TIDINGS_PROVIDER_TIMEOUT_MS`,
-    /// `TIDINGS_VISIBILITY_S`, `TIDINGS_SIGNING_KEYS` (`kid:secret,...`), `TIDINGS_PUBLIC_URL`,
-    /// and the abuse guard's settings. A malformed guard setting is an error naming it: a
-    /// process refuses to start rather than run unguarded.
-    pub fn from_env() -> Result<Self, String> {
-        let mut c = Self::default();
-        let ms = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok());
-        if let Some(v) = ms("TIDINGS_RETRY_BASE_MS") {
-            c.retry_base = Duration::from_millis(v);
-        }
-        if let Some(v) = ms("TIDINGS_RETRY_CAP_MS") {
-            c.retry_cap = Duration::from_millis(v);
-        }
-        if let Some(v) = ms("TIDINGS_MAX_RECEIVES") {
-            c.max_receives = v.clamp(1, 1000) as u32;
-        }
-        if let Some(v) = ms("TIDINGS_DELIVERY_LEASE_MS") {
-            c.delivery_lease = Duration::from_millis(v);
-        }
-        if let Some(v) = ms("TIDINGS_MARKETING_LEASE_MS") {
-            c.marketing_lease = Duration::from_millis(v);
-        }
-        if let Some(v) = ms("TIDINGS_PROVIDER_TIMEOUT_MS") {
-            c.provider_timeout = Duration::from_millis(v);
-        }
-        if let Some(v) = ms("TIDINGS_VISIBILITY_S") {
-            c.visibility = Duration::from_secs(v.max(1));
-        }
-        // A lease shorter than a provider call would let a second worker send while the first
-        // is still waiting for the provider: a duplicate without any crash.
-        c.delivery_lease = c.delivery_lease.max(c.provider_timeout + Duration::from_secs(1));
-        c.marketing_lease = c.marketing_lease.max((c.provider_timeout + Duration::from_secs(2)) * 8);
-        if let Ok(v) = std::env::var("TIDINGS_SIGNING_KEYS") {
-            c.signer = crate::signing::Signer::parse(&v);
-        }
-        if let Ok(v) = std::env::var("TIDINGS_PUBLIC_URL") {
-            c.public_url = v;
-        }
-        c.hold_times = crate::inventory::HoldTimes::from_env();
-        c.restock = crate::restock::RestockConfig::from_env();
-        if let Some(v) = ms("TIDINGS_RELAY_SWEEP_AFTER_S") {
-            c.relay_sweep_after = Duration::from_secs(v);
-        }
-        if let Some(v) = ms("TIDINGS_CAMPAIGN_PAGE_SIZE") {
-            c.campaign_page_size = v.clamp(1, 1000) as usize;
-        }
-        if let Some(v) = ms("TIDINGS_FREQUENCY_CAP") {
-            c.frequency_cap = v.min(10_000) as u32;
-        }
-        if let Ok(spec) = std::env::var("TIDINGS_FREQUENCY_CAPS") {
-            for pair in spec.split(',').filter(|p| !p.trim().is_empty()) {
-                match pair.trim().split_once(':').and_then(|(t, n)| Some((t, n.trim().parse::<u32>().ok()?))) {
-                    Some((tenant, n)) => {
-                        c.frequency_caps.insert(tenant.trim().to_owned(), n.min(10_000));
-                    }
-                    None => tracing::warn!(entry = pair, "TIDINGS_FREQUENCY_CAPS: expected tenant:number; ignored"),
-                }
-            }
-        }
-        c.abuse = crate::notify::abuse::AbuseGuard::from_env()?;
-        if let Ok(v) = std::env::var("TIDINGS_SNS_TRUSTED_CERT_PEM")
-            && !v.trim().is_empty()
-        {
-            c.sns_trusted_cert_pem =
-                if v.contains("-----BEGIN") { Some(v) } else { std::fs::read_to_string(v.trim()).ok() };
-        }
-        if let Ok(v) = std::env::var("TIDINGS_SNS_TOPIC_ARNS") {
-            c.sns_topic_arns = v.split(',').map(str::trim).filter(|a| !a.is_empty()).map(str::to_owned).collect();
-        }
-        Ok(c)
-    }
-
     /// The marketing frequency cap of a tenant.
     pub fn frequency_cap_of(&self, tenant: &str) -> u32 {
         self.frequency_caps.get(tenant).copied().unwrap_or(self.frequency_cap)

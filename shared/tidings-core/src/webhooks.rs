@@ -245,7 +245,7 @@ pub struct UrlPolicy {
     pub allow_private: bool,
 }
 
-/// Tunables, read once from the environment.
+/// Tunables (`TIDINGS_WEBHOOK_*`, read by [`crate::config`]).
 #[derive(Clone, Debug)]
 pub struct WebhookConfig {
     /// `TIDINGS_WEBHOOK_ALLOW_PRIVATE=true`: see [`UrlPolicy`]. Never set by `template.yaml`.
@@ -257,23 +257,14 @@ pub struct WebhookConfig {
     pub timeout: Duration,
 }
 
-impl WebhookConfig {
-    pub fn from_env() -> Self {
-        let allow = std::env::var("TIDINGS_WEBHOOK_ALLOW_PRIVATE")
-            .is_ok_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes"));
-        let grace = std::env::var("TIDINGS_WEBHOOK_ROTATION_GRACE_S").ok().and_then(|v| v.trim().parse::<u64>().ok());
+impl Default for WebhookConfig {
+    fn default() -> Self {
         Self {
-            policy: UrlPolicy { allow_private: allow },
-            rotation_grace: Duration::from_secs(grace.unwrap_or(86_400)),
+            policy: UrlPolicy { allow_private: false },
+            rotation_grace: Duration::from_secs(86_400),
             connect_timeout: Duration::from_secs(5),
             timeout: Duration::from_secs(15),
         }
-    }
-
-    /// The process's settings.
-    pub fn get() -> &'static WebhookConfig {
-        static CONFIG: OnceLock<WebhookConfig> = OnceLock::new();
-        CONFIG.get_or_init(WebhookConfig::from_env)
     }
 }
 
@@ -368,8 +359,8 @@ fn now_text(deps: &Deps) -> String {
     deps.clock.now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
-fn check_input(input: &EndpointInput) -> CoreResult<()> {
-    check_url(&input.url, WebhookConfig::get().policy)?;
+fn check_input(deps: &Deps, input: &EndpointInput) -> CoreResult<()> {
+    check_url(&input.url, deps.config.webhooks.policy)?;
     if input.events.is_empty() {
         return Err(CoreError::invalid("events", "at least one event type"));
     }
@@ -409,7 +400,7 @@ async fn stored_endpoint(deps: &Deps, t: &TenantId, id: &str) -> CoreResult<Stor
 
 /// Registers an endpoint; the answer carries its secret, the only time it is shown.
 pub async fn create(deps: &Deps, t: &TenantId, input: EndpointInput) -> CoreResult<EndpointWithSecret> {
-    check_input(&input)?;
+    check_input(deps, &input)?;
     if stored_endpoints(deps, t).await?.len() >= MAX_ENDPOINTS {
         return Err(CoreError::conflict("too_many_endpoints", format!("at most {MAX_ENDPOINTS} webhook endpoints")));
     }
@@ -456,7 +447,7 @@ pub async fn delete(deps: &Deps, t: &TenantId, id: &str) -> CoreResult<()> {
 pub async fn rotate(deps: &Deps, t: &TenantId, id: &str) -> CoreResult<EndpointWithSecret> {
     let mut stored = stored_endpoint(deps, t, id).await?;
     let now_ms = deps.clock.now_ms();
-    let until = now_ms + WebhookConfig::get().rotation_grace.as_millis() as i64;
+    let until = now_ms + deps.config.webhooks.rotation_grace.as_millis() as i64;
     let previous = stored.updated_at.clone();
     let mut secrets: Vec<Secret> = stored
         .secrets
@@ -584,7 +575,8 @@ fn client() -> Option<&'static reqwest::Client> {
     static CLIENT: OnceLock<Option<reqwest::Client>> = OnceLock::new();
     CLIENT
         .get_or_init(|| {
-            let c = WebhookConfig::get();
+            // The timeouts are no setting: one client serves the process.
+            let c = WebhookConfig::default();
             reqwest::Client::builder()
                 .connect_timeout(c.connect_timeout)
                 .timeout(c.timeout)
@@ -720,7 +712,7 @@ async fn attempt(deps: &Deps, t: &TenantId, endpoint_id: &str, event: &Event, me
         status_code,
         at: at.clone(),
     };
-    let policy = WebhookConfig::get().policy;
+    let policy = deps.config.webhooks.policy;
     let url = match check_url(&endpoint.url, policy) {
         Ok(u) if host_allowed(&u, policy).await => u,
         _ => {

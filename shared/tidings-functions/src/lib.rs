@@ -86,9 +86,19 @@ where
             return ExitCode::FAILURE;
         }
     };
+    // Every `TIDINGS_*` variable is checked once, here: a malformed one stops the start, naming
+    // it (Lambda reports an init error), rather than leaving its setting on a default.
+    let settings = match tidings_core::config::Settings::from_vars(std::env::vars()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, variable = %e.var, function = function.name(), "malformed setting");
+            return ExitCode::FAILURE;
+        }
+    };
+    settings.warn_unknown();
     let needs = Needs { signer: function.signs(), public_url: function.signs() };
     let started = runtime.block_on(async move {
-        let ports = AwsPorts::from_env(false, &[], needs).await?;
+        let ports = AwsPorts::from_settings(&settings, false, &[], needs).await?;
         serve(ports).await
     });
     match started {
@@ -180,7 +190,7 @@ async fn serve_api(ports: AwsPorts) -> Result<(), lambda_runtime::Error> {
     let queue_names: Vec<String> = tidings_lambda::ALL_QUEUES.iter().map(|q| (*q).to_owned()).collect();
     let state = tidings_api::AppState { deps: ports.deps(), queue_names: Arc::new(queue_names), dev: None, live: None };
     // The rate buckets live in the table: shared by every instance of the function.
-    let rates = tidings_core::gates::api::ApiRates::from_env()?;
+    let rates = ports.config.api_rates.clone();
     let limits = Arc::new(tidings_core::gates::api::ApiLimits::new(
         rates,
         tidings_core::gates::GateStore::Shared(ports.table.clone()),
@@ -207,7 +217,7 @@ async fn source_ip(mut req: axum::extract::Request) -> axum::extract::Request {
 
 async fn serve_outbox_relay(ports: AwsPorts) -> Result<(), lambda_runtime::Error> {
     let deps = ports.deps();
-    let live = ports.live_push_from_env().await;
+    let live = ports.live_push().await;
     lambda_runtime::run(service_fn(|event: LambdaEvent<DynamoDbEvent>| {
         let (deps, live) = (deps.clone(), live.clone());
         async move {
@@ -235,7 +245,7 @@ async fn serve_reconcile(ports: AwsPorts) -> Result<(), lambda_runtime::Error> {
 
 async fn serve_ws_connections(ports: AwsPorts) -> Result<(), lambda_runtime::Error> {
     let deps = ports.deps();
-    let live = ports.live_push_from_env().await;
+    let live = ports.live_push().await;
     lambda_runtime::run(service_fn(|event: LambdaEvent<ApiGatewayWebsocketProxyRequest>| {
         let (deps, live) = (deps.clone(), live.clone());
         async move {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use tidings_core::dev::{DevProvider, DevProviders, FakeSecondarySms, NullProvider};
-use tidings_core::gates::{self, GateConfig, GateStore};
+use tidings_core::gates::{self, GateStore};
 use tidings_core::ports::{ChangeFeed, Channel, Clock, Provider, Queues, Table};
 use tidings_core::{CoreConfig, Deps, Providers};
 
@@ -46,7 +46,7 @@ impl Backend {
     /// `open`; `dev`: on the AWS backend, the providers are wrapped in the dev ones (fault
     /// injection and a record of sends), which only emulators on this machine may have.
     pub async fn open_for(args: &BackendArgs, clock: Arc<dyn Clock>, dev: bool) -> anyhow::Result<Self> {
-        let mut config = CoreConfig::from_env().map_err(anyhow::Error::msg)?;
+        let mut config = crate::settings().core();
         if !config.signer.is_configured() {
             config.signer = local_signing_key(&args.data_dir)?;
         }
@@ -98,11 +98,11 @@ impl Backend {
         let dev = dev_providers([null(), null(), null()], &table, &clock);
         let providers = Providers { email: dev.email.clone(), sms: dev.sms.clone(), push: dev.push.clone() };
         // `TIDINGS_SMS_SECONDARY=fake`: a second fake SMS provider to fail over to.
-        let secondary = std::env::var("TIDINGS_SMS_SECONDARY").is_ok_and(|v| v == "fake").then(|| {
+        let secondary = (crate::settings().get("TIDINGS_SMS_SECONDARY") == Some("fake")).then(|| {
             Arc::new(DevProvider::new(Channel::Sms, Arc::new(FakeSecondarySms), table.clone(), clock.clone()))
                 as Arc<dyn Provider>
         });
-        let providers = gates::wrap(&providers, secondary, &GateConfig::from_env(), GateStore::Local);
+        let providers = gates::wrap(&providers, secondary, &config.gates, GateStore::Local);
         Ok(Self {
             deps: Deps::new(table, queues, clock, providers, config),
             feed,
@@ -142,7 +142,8 @@ impl Backend {
         if args.bootstrap {
             bootstrap_aws().await?;
         }
-        let b = tidings_aws::wiring::AwsPorts::from_env(
+        let b = tidings_aws::wiring::AwsPorts::from_settings(
+            crate::settings(),
             false,
             &[],
             // The signer is the one `open` chose (the configured keys, else a local key file).
@@ -165,7 +166,7 @@ impl Backend {
             None => s,
         });
         // The rate buckets live in the table: shared by every instance, as on Lambda.
-        let providers = gates::wrap(&providers, secondary, &GateConfig::from_env(), GateStore::Shared(table.clone()));
+        let providers = gates::wrap(&providers, secondary, &config.gates, GateStore::Shared(table.clone()));
         Ok(Self {
             deps: Deps::new(table, b.queues.clone(), clock, providers, config),
             feed: b.feed.clone(),
@@ -193,7 +194,7 @@ async fn bootstrap_aws() -> anyhow::Result<()> {
         };
         progress.step(format!("{kind} {name}: {}", done.as_str()));
     };
-    let backend = tidings_aws::AwsBackend::from_env().await?;
+    let backend = tidings_aws::AwsBackend::from_config(tidings_aws::AwsConfig::from_settings(crate::settings())?).await;
     tidings_aws::bootstrap_reporting(&backend, &names, &report).await?;
     progress.finish(format!(
         "{} created, {} found (table, {} queues and DLQs, sender) in {:.1} s",

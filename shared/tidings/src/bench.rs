@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use async_trait::async_trait;
 use serde_json::json;
-use tidings_core::gates::{self, GateConfig, GateStore};
+use tidings_core::gates::{self, GateStore};
 use tidings_core::keys;
 use tidings_core::notify::api;
 use tidings_core::people::users::User;
@@ -140,7 +140,7 @@ pub async fn campaign(args: CampaignArgs) -> anyhow::Result<()> {
     // What the relay reads, as the event source mapping filters it on AWS.
     store.set_stream_filter(tidings_core::notify::relay::streamed);
     // A campaign is marketing: no frequency cap here (one message per user anyway).
-    let config = CoreConfig { frequency_cap: 1_000, ..CoreConfig::from_env().map_err(anyhow::Error::msg)? };
+    let config = CoreConfig { frequency_cap: 1_000, ..crate::settings().core() };
     let queue_names = crate::backend::all_queues();
     for q in &queue_names {
         store.declare_queue(tidings_embedded::QueueConfig::new(q.clone(), config.max_receives))?;
@@ -152,12 +152,8 @@ pub async fn campaign(args: CampaignArgs) -> anyhow::Result<()> {
         otp_latencies_ms: Mutex::new(Vec::new()),
     });
     let p: Arc<dyn Provider> = provider.clone();
-    let providers = gates::wrap(
-        &Providers { email: p.clone(), sms: p.clone(), push: p },
-        None,
-        &GateConfig::from_env(),
-        GateStore::Local,
-    );
+    let providers =
+        gates::wrap(&Providers { email: p.clone(), sms: p.clone(), push: p }, None, &config.gates, GateStore::Local);
     let table: Arc<dyn Table> = Arc::new(store.clone());
     let deps = Deps::new(table.clone(), Arc::new(store.clone()), clock, providers, config);
     let t = TenantId::parse("bench").map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -183,8 +179,8 @@ pub async fn campaign(args: CampaignArgs) -> anyhow::Result<()> {
     progress.finish(format!("seeded {n} users in {seeded_s:.1} s ({})", path.display()));
 
     let pools = crate::runtime::Pools {
-        low: args.workers.unwrap_or_else(|| crate::runtime::Pools::from_env().low.max(16)),
-        ..crate::runtime::Pools::from_env()
+        low: args.workers.unwrap_or_else(|| crate::runtime::Pools::configured().low.max(16)),
+        ..crate::runtime::Pools::configured()
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let feed: Arc<dyn tidings_core::ports::ChangeFeed> = Arc::new(store.change_feed("relay"));

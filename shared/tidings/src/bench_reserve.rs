@@ -11,7 +11,7 @@ use anyhow::Context;
 use tidings_core::dev::NullProvider;
 use tidings_core::inventory::{self, OrderLine, OrderRequest, WarmUpRequest};
 use tidings_core::ports::{Provider, SystemClock};
-use tidings_core::{CoreConfig, CoreError, Deps, Providers, TenantId};
+use tidings_core::{CoreError, Deps, Providers, TenantId};
 
 use crate::progress::Progress;
 
@@ -40,13 +40,7 @@ pub async fn reserve(args: ReserveArgs) -> anyhow::Result<()> {
     store.declare_queue(tidings_embedded::QueueConfig::new("timers", 5))?;
     let null: Arc<dyn Provider> = Arc::new(NullProvider);
     let providers = Providers { email: null.clone(), sms: null.clone(), push: null };
-    let deps = Deps::new(
-        Arc::new(store.clone()),
-        Arc::new(store),
-        clock,
-        providers,
-        Arc::new(CoreConfig::from_env().map_err(anyhow::Error::msg)?),
-    );
+    let deps = Deps::new(Arc::new(store.clone()), Arc::new(store), clock, providers, crate::settings().core());
     let t = TenantId::parse("bench").map_err(|e| anyhow::anyhow!("{e}"))?;
     let shards = (args.shards > 1).then_some(args.shards);
     inventory::warm_up(&deps, &t, "hot", &WarmUpRequest { on_hand: args.units, shards, category: None }).await?;

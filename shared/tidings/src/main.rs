@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use tidings_core::config::Settings;
 
 /// mimalloc: a campaign allocates and frees small items (keys, attribute maps, JSON) at a
 /// high rate, where glibc's allocator took a tenth of the CPU.
@@ -56,6 +57,8 @@ enum Command {
     /// Prints the OpenAPI document that `GET /openapi.json` serves (the committed
     /// `openapi.json`: `cargo run -q -p tidings -- openapi > openapi.json`).
     Openapi,
+    /// Prints the table of every `TIDINGS_*` variable (the README's configuration table).
+    Config,
     /// Operations on a running deployment's data.
     Ops {
         #[command(subcommand)]
@@ -156,10 +159,18 @@ async fn why_dead(deps: &tidings_core::Deps, body: &str) -> String {
     }
 }
 
-fn init_tracing() {
+/// The process's `TIDINGS_*` variables, checked once when `main` starts.
+static SETTINGS: std::sync::OnceLock<Settings> = std::sync::OnceLock::new();
+
+/// The process's checked `TIDINGS_*` variables.
+pub fn settings() -> &'static Settings {
+    SETTINGS.get_or_init(Settings::default)
+}
+
+fn init_tracing(settings: &Settings) {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_env("TIDINGS_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
-    let json = std::env::var("TIDINGS_LOG_FORMAT").is_ok_and(|v| v == "json");
+    let filter = EnvFilter::try_new(settings.value("TIDINGS_LOG")).unwrap_or_else(|_| EnvFilter::new("info"));
+    let json = settings.value("TIDINGS_LOG_FORMAT") == "json";
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     if json {
         builder.json().init();
@@ -170,7 +181,12 @@ fn init_tracing() {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    init_tracing();
+    // A malformed `TIDINGS_*` value stops the start here, naming the variable.
+    let settings = Settings::from_vars(std::env::vars())?;
+    init_tracing(&settings);
+    settings.warn_unknown();
+    tidings_core::crash::arm(settings.get("TIDINGS_CRASH_AT"));
+    let _ = SETTINGS.set(settings);
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => serve::serve(args).await,
@@ -179,6 +195,10 @@ async fn main() -> anyhow::Result<()> {
         Command::Keys { command, backend } => keys::run(command, &backend).await,
         Command::Openapi => {
             print!("{}", tidings_api::routes::openapi::document_json()?);
+            Ok(())
+        }
+        Command::Config => {
+            print!("{}", tidings_core::config::markdown_table());
             Ok(())
         }
         Command::Ops { command: OpsCommand::StreamFailures { command }, backend } => {

@@ -16,9 +16,6 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{error, warn};
 
-/// Workers per queue (bounded concurrency: one of the three gates), unless configured.
-pub const WORKERS_PER_QUEUE: usize = 2;
-
 /// The worker pools. High-priority queues (`requests-high`, `*-high`) run on a runtime of
 /// their own, with their own threads (and blocking pool), so a campaign draining the low
 /// queues never takes the threads an OTP needs (docs/delivery.md, "Priorities").
@@ -34,15 +31,11 @@ pub struct Pools {
 }
 
 impl Pools {
-    pub fn from_env() -> Self {
-        let n = |name: &str, default: usize| {
-            std::env::var(name).ok().and_then(|v| v.parse::<usize>().ok()).map_or(default, |v| v.clamp(1, 256))
-        };
-        Self {
-            high: n("TIDINGS_WORKERS_HIGH", WORKERS_PER_QUEUE),
-            low: n("TIDINGS_WORKERS_LOW", WORKERS_PER_QUEUE),
-            high_threads: n("TIDINGS_HIGH_THREADS", 2),
-        }
+    /// The sizes the process's settings give.
+    pub fn configured() -> Self {
+        let s = crate::settings();
+        let n = |name: &str| (s.number(name) as usize).clamp(1, 256);
+        Self { high: n("TIDINGS_WORKERS_HIGH"), low: n("TIDINGS_WORKERS_LOW"), high_threads: n("TIDINGS_HIGH_THREADS") }
     }
 }
 
@@ -76,7 +69,7 @@ pub fn start(
     arn_prefix: String,
     stop: watch::Receiver<bool>,
 ) -> JoinSet<()> {
-    start_with(deps, live, feed, queues, arn_prefix, stop, Pools::from_env())
+    start_with(deps, live, feed, queues, arn_prefix, stop, Pools::configured())
 }
 
 /// [`start`] with the given pools.
@@ -172,7 +165,7 @@ pub fn batch_size(queue: &str) -> usize {
     if !bulk {
         return 10;
     }
-    std::env::var("TIDINGS_BATCH_LOW").ok().and_then(|v| v.parse::<usize>().ok()).map_or(100, |v| v.clamp(1, 1000))
+    (crate::settings().number("TIDINGS_BATCH_LOW") as usize).clamp(1, 1000)
 }
 
 /// One batch, as a Lambda poller assembles it: the first receive long-polls (up to 1 s), the

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use tidings_api::{AppState, DevControl};
 use tidings_core::dev::DevProviders;
 use tidings_core::gates::GateStore;
-use tidings_core::gates::api::{ApiLimits, ApiRates};
+use tidings_core::gates::api::ApiLimits;
 use tidings_core::ops::tenants::{KeySpec, Role};
 use tidings_core::ports::{Clock, ManualClock, SystemClock};
 use tidings_core::{Deps, TenantId, ops::tenants, roles};
@@ -98,8 +98,8 @@ fn key_file(args: &ServeArgs, name: &str) -> anyhow::Result<String> {
 /// endpoint that is not on this machine) the environment's keys are refused and none is made.
 async fn api_keys(backend: &Backend, args: &ServeArgs) -> anyhow::Result<LocalKeys> {
     let deps = &backend.deps;
-    let tenant_spec = std::env::var("TIDINGS_API_KEYS").ok().filter(|s| !s.trim().is_empty());
-    let operator_spec = std::env::var("TIDINGS_OPERATOR_KEYS").ok().filter(|s| !s.trim().is_empty());
+    let tenant_spec = crate::settings().get("TIDINGS_API_KEYS").map(str::to_owned);
+    let operator_spec = crate::settings().get("TIDINGS_OPERATOR_KEYS").map(str::to_owned);
     if !backend.local {
         if tenant_spec.is_some() || operator_spec.is_some() {
             anyhow::bail!(
@@ -160,7 +160,6 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         Some(m) => m.clone(),
         None => Arc::new(SystemClock),
     };
-    let rates = ApiRates::from_env().map_err(anyhow::Error::msg)?;
     let aws = args.backend.backend == crate::BackendKind::Aws;
     if aws && args.manual_clock && !args.dev {
         anyhow::bail!("--manual-clock moves only by POST /dev/clock/advance: with --backend aws it needs --dev");
@@ -219,7 +218,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     // The API's rate buckets: in the table on AWS (shared with every other instance), in this
     // process on the embedded backend.
     let store = if aws { GateStore::Shared(backend.deps.table.clone()) } else { GateStore::Local };
-    let limits = Arc::new(ApiLimits::new(rates, store));
+    let limits = Arc::new(ApiLimits::new(backend.deps.config.api_rates.clone(), store));
     let listener = tokio::net::TcpListener::bind(args.addr).await.with_context(|| format!("binding {}", args.addr))?;
     let addr = listener.local_addr()?;
     let console = console_url(addr, keys.operator.as_deref(), keys.tenant.as_deref());

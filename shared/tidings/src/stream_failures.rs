@@ -89,7 +89,7 @@ async fn keys_at_positions(args: &BackendArgs, failure: &StreamFailure) -> anyho
     if args.backend != crate::BackendKind::Aws {
         anyhow::bail!("positions are read from the DynamoDB stream: use --backend aws");
     }
-    let aws = tidings_aws::AwsBackend::from_env().await?;
+    let aws = tidings_aws::AwsBackend::from_config(tidings_aws::AwsConfig::from_settings(crate::settings())?).await;
     let records = aws
         .stream_records_between(arn, shard, start, end)
         .await

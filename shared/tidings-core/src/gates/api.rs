@@ -135,13 +135,6 @@ impl ApiRates {
         Ok(rates)
     }
 
-    pub fn from_env() -> Result<Self, String> {
-        match std::env::var(API_RATES_VAR) {
-            Ok(v) if !v.trim().is_empty() => Self::parse(&v),
-            _ => Ok(Self::default()),
-        }
-    }
-
     fn rate(&self, caller: Caller<'_>, class: RouteClass) -> Option<f64> {
         if let Caller::Tenant(t) = caller
             && let Some(r) = self.tenants.get(&(t.as_str().to_owned(), class))

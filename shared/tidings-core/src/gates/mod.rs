@@ -30,7 +30,7 @@ use crate::deps::Providers;
 use crate::metrics::{GATE_WAIT_MS, PROVIDER_CALLS};
 use crate::ports::{Channel, Clock, OutboundMessage, Provider, ProviderError, ProviderReceipt, SystemClock, Table};
 
-/// Rates and breaker settings, from the environment:
+/// Rates and breaker settings ([`crate::config`] parses them):
 /// - `TIDINGS_PROVIDER_RATES="email:14,sms:20,push:500,sms-secondary:10"`: sends per second per
 ///   provider (by channel; the SMS failover provider is `sms-secondary`); absent: unlimited;
 /// - `TIDINGS_TENANT_RATES="default:1000,acme:50"`: sends per second per tenant;
@@ -43,51 +43,6 @@ pub struct GateConfig {
     pub default_tenant_rate: Option<f64>,
     pub max_wait: Duration,
     pub breaker: BreakerConfig,
-}
-
-fn parse_rates(spec: &str) -> BTreeMap<String, f64> {
-    spec.split(',')
-        .filter_map(|pair| {
-            let (name, rate) = pair.trim().split_once(':')?;
-            let rate: f64 = rate.trim().parse().ok()?;
-            (rate > 0.0).then(|| (name.trim().to_owned(), rate))
-        })
-        .collect()
-}
-
-impl GateConfig {
-    pub fn from_env() -> Self {
-        let var = |n: &str| std::env::var(n).ok().filter(|v| !v.trim().is_empty());
-        let mut c = GateConfig { max_wait: Duration::from_millis(2000), ..Default::default() };
-        if let Some(v) = var("TIDINGS_PROVIDER_RATES") {
-            c.provider_rates = parse_rates(&v);
-        }
-        if let Some(v) = var("TIDINGS_TENANT_RATES") {
-            let mut rates = parse_rates(&v);
-            c.default_tenant_rate = rates.remove("default");
-            c.tenant_rates = rates;
-        }
-        if let Some(ms) = var("TIDINGS_GATE_MAX_WAIT_MS").and_then(|v| v.parse::<u64>().ok()) {
-            c.max_wait = Duration::from_millis(ms);
-        }
-        if let Some(v) = var("TIDINGS_BREAKER") {
-            if v.trim() == "off" {
-                c.breaker.min_calls = u32::MAX;
-            }
-            for (k, val) in v.split(',').filter_map(|p| p.trim().split_once('=')) {
-                let Ok(n) = val.trim().parse::<f64>() else { continue };
-                match k.trim() {
-                    "window_s" => c.breaker.window = Duration::from_secs_f64(n.max(0.1)),
-                    "min_calls" => c.breaker.min_calls = n.max(1.0) as u32,
-                    "error_ratio" => c.breaker.error_ratio = n.clamp(0.01, 1.0),
-                    "open_s" => c.breaker.open_for = Duration::from_secs_f64(n.max(0.1)),
-                    "probes" => c.breaker.probes = n.max(1.0) as u32,
-                    _ => {}
-                }
-            }
-        }
-        c
-    }
 }
 
 /// The start of the reason of a send refused by a rate gate before reaching the provider (not

@@ -379,17 +379,6 @@ impl HoldTimes {
         Ok(out)
     }
 
-    /// `TIDINGS_HOLD_TIMES`, else the defaults (an unreadable value is logged and ignored).
-    pub fn from_env() -> Self {
-        match std::env::var("TIDINGS_HOLD_TIMES") {
-            Ok(spec) => HoldTimes::parse(&spec).unwrap_or_else(|e| {
-                tracing::warn!(error = %e, "TIDINGS_HOLD_TIMES ignored");
-                HoldTimes::default()
-            }),
-            Err(_) => HoldTimes::default(),
-        }
-    }
-
     pub fn for_category(&self, category: Option<&str>) -> Duration {
         category.and_then(|c| self.by_category.get(c)).copied().unwrap_or(self.default)
     }

@@ -67,11 +67,6 @@ pub const SETTINGS: [&str; 4] = [
 ];
 
 impl AbuseGuard {
-    /// Reads [`SETTINGS`] from the environment.
-    pub fn from_env() -> Result<Self, String> {
-        Self::from_settings(|name| std::env::var(name).ok())
-    }
-
     /// Parses the settings `get` gives; a malformed entry is an error naming the setting and
     /// the entry.
     pub fn from_settings(get: impl Fn(&str) -> Option<String>) -> Result<Self, String> {

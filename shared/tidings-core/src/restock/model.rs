@@ -270,35 +270,3 @@ impl Default for RestockConfig {
     }
 }
 
-impl RestockConfig {
-    pub fn from_env() -> Self {
-        let mut c = Self::default();
-        let num = |name: &str| std::env::var(name).ok().and_then(|v| v.trim().parse::<u64>().ok());
-        if let Some(v) = num("TIDINGS_RESTOCK_BATCH_SIZE") {
-            c.batch_size = (v as usize).clamp(1, 1000);
-        }
-        if let Some(v) = num("TIDINGS_RESTOCK_BATCH_PAUSE_MS") {
-            c.batch_pause = Duration::from_millis(v);
-        }
-        if let Some(v) = num("TIDINGS_RESTOCK_MERGE_WINDOW_MS") {
-            c.merge_window = Duration::from_millis(v);
-        }
-        if let Some(v) = num("TIDINGS_RESTOCK_WAVE_FACTOR") {
-            c.wave_factor = i64::try_from(v).unwrap_or(3);
-        }
-        if let Some(v) = num("TIDINGS_RESTOCK_WAVE_INTERVAL_MS") {
-            c.wave_interval = Duration::from_millis(v);
-        }
-        if let Ok(v) = std::env::var("TIDINGS_RESTOCK_RETRY_DELAYS_MS") {
-            let delays: Vec<Duration> =
-                v.split(',').filter_map(|p| p.trim().parse::<u64>().ok()).map(Duration::from_millis).collect();
-            if !delays.is_empty() {
-                c.retry_delays = delays;
-            }
-        }
-        if let Some(v) = num("TIDINGS_RESTOCK_MAX_AGE_S") {
-            c.max_age = Duration::from_secs(v);
-        }
-        c
-    }
-}
