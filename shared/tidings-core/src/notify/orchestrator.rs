@@ -379,7 +379,9 @@ async fn write_final(
 }
 
 /// Creates the delivery record (once) after the policy checks, and returns the task to queue,
-/// if any.
+/// if any. In order: where the delivery stands ([`start_of`]), the erasure and policy checks,
+/// the content ([`content_of`]), then one transaction with the gates' writes
+/// ([`write_planned`]). A delivery that ends here is written final ([`write_final`]).
 async fn plan_delivery(
     deps: &Deps,
     t: &TenantId,
@@ -392,26 +394,11 @@ async fn plan_delivery(
     let user_id = r.user_id;
     let key = keys::delivery(t, &n.notification_id, user_id, channel);
     let now = deps.clock.now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
-    let existing_item = deps.table.get(&key).await?;
-    let existing: Option<Delivery> = existing_item.as_ref().map(|i| i.parse()).transpose()?;
-    // The page of a deferred delivery being resumed (its progress counters).
-    let deferred = match &existing {
-        None => None,
-        Some(d) if d.status == DeliveryStatus::Pending && d.deferred_until.is_some() => {
-            Some(existing_item.as_ref().and_then(|i| i.i64(progress::PAGE_ATTR)).unwrap_or(0).max(0) as u64)
-        }
-        // Made by an earlier run and still waiting: queue it again (the worker deduplicates).
-        Some(d) if d.status == DeliveryStatus::Pending => {
-            let Some(to) = r.address(channel) else { return Ok(None) };
-            let Some(template) = template else { return Ok(None) };
-            let params = params_for(&n.request.params, user_id, r.user);
-            return Ok(template
-                .render(channel, r.user.and_then(|u| u.locale.as_deref()), &params)
-                .ok()
-                .map(|rendered| task_of(deps, t, n, user_id, channel, to, rendered, hosts))
-                .filter(|(_, task)| queued_size(task).is_ok()));
-        }
-        Some(_) => return Ok(None),
+    let deferred = match start_of(deps.table.get(&key).await?.as_ref())? {
+        Start::New => None,
+        Start::Resume(page) => Some(page),
+        Start::Requeue => return Ok(requeue(deps, t, n, r, template, hosts, channel)),
+        Start::Planned => return Ok(None),
     };
     let mut delivery = new_delivery(n, user_id, channel, &now);
     // An erased user gets nothing (`crate::people::erasure`).
@@ -429,77 +416,174 @@ async fn plan_delivery(
             return Ok(None);
         }
         Verdict::Defer(until, why) => {
-            // The timer first: a crash after it leaves a timer that finds nothing (or plans it
-            // then); the other order could leave a deferred delivery that nothing wakes.
-            let task = TimerTask::DeferredDelivery {
-                tenant: t.as_str().to_owned(),
-                notification_id: n.notification_id.clone(),
-                user_id: user_id.to_owned(),
-                channel,
-            };
-            timers::schedule(deps, until, task).await?;
-            delivery.reason = Some(why.as_str().into());
-            let until_s = until.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-            delivery.deferred_until = Some(until_s.clone());
-            let r = match deferred {
-                None => deps.table.put(Item::new(key, attrs_of(&delivery)?), Cond::NotExists).await,
-                Some(_) => deps
-                    .table
-                    .update(&key, vec![Update::set("deferred_until", until_s)], Cond::eq("status", "pending"))
-                    .await
-                    .map(|_| ()),
-            };
-            match r {
-                Ok(()) | Err(StoreError::ConditionFailed { .. }) => {}
-                Err(e) => return Err(e.into()),
-            }
-            info!(notification_id = %n.notification_id, %channel, until = %until, reason = why.as_str(), "deferred");
+            defer(deps, t, n, key, &mut delivery, deferred, until, why).await?;
             return Ok(None);
         }
         Verdict::Send { to, writes } => (to, writes),
     };
-    let Some(template) = template else {
-        delivery.status = DeliveryStatus::Failed;
-        delivery.last_error = Some(format!("template_error: template {} not found", n.request.template_id));
-        write_final(deps, t, n, key, &delivery, deferred).await?;
-        return Ok(None);
-    };
-    let params = params_for(&n.request.params, user_id, r.user);
-    let rendered = match template.render(channel, r.user.and_then(|u| u.locale.as_deref()), &params) {
-        Ok(rendered) => rendered,
-        Err(e) => {
+    let content = match content_of(deps, t, n, r, template, hosts, channel, to) {
+        Ok(content) => content,
+        Err(last_error) => {
             delivery.status = DeliveryStatus::Failed;
-            delivery.last_error = Some(e.to_string());
+            delivery.last_error = Some(last_error);
             write_final(deps, t, n, key, &delivery, deferred).await?;
             return Ok(None);
         }
     };
-    let inapp = channel == Channel::Inapp;
-    // The task as it will be queued. Too large for a queue message (a long email whose links
-    // the tracking made longer still), the delivery fails here, for good, rather than its
-    // page being retried until its DLQ.
-    let (task, inbox_content) = match inapp {
-        true => (None, Some(rendered)),
-        false => (Some(task_of(deps, t, n, user_id, channel, to, rendered, hosts)), None),
+    write_planned(deps, t, n, key, delivery, deferred, writes, content).await
+}
+
+/// Where planning a delivery starts, from its record.
+enum Start {
+    /// No delivery yet.
+    New,
+    /// Deferred (quiet hours) and now resumed: the page of its progress counters.
+    Resume(u64),
+    /// Made by an earlier run and still waiting: queued again (the worker deduplicates).
+    Requeue,
+    /// Planned already, past `pending`: nothing to do.
+    Planned,
+}
+
+fn start_of(item: Option<&Item>) -> CoreResult<Start> {
+    let Some(item) = item else { return Ok(Start::New) };
+    let d: Delivery = item.parse()?;
+    Ok(match d.status {
+        DeliveryStatus::Pending if d.deferred_until.is_some() => {
+            Start::Resume(item.i64(progress::PAGE_ATTR).unwrap_or(0).max(0) as u64)
+        }
+        DeliveryStatus::Pending => Start::Requeue,
+        _ => Start::Planned,
+    })
+}
+
+/// The task of a delivery still `pending` from an earlier run, rendered again; none when it can
+/// no longer be (no address, no template, a render or size error: the earlier run queued it).
+fn requeue(
+    deps: &Deps,
+    t: &TenantId,
+    n: &Notification,
+    r: &Recipient<'_>,
+    template: Option<&Template>,
+    hosts: &LinkHosts,
+    channel: Channel,
+) -> Option<(String, ChannelTask)> {
+    let to = r.address(channel)?;
+    let template = template?;
+    let params = params_for(&n.request.params, r.user_id, r.user);
+    template
+        .render(channel, r.user.and_then(|u| u.locale.as_deref()), &params)
+        .ok()
+        .map(|rendered| task_of(deps, t, n, r.user_id, channel, to, rendered, hosts))
+        .filter(|(_, task)| queued_size(task).is_ok())
+}
+
+/// Defers a delivery to `until` (quiet hours): a timer resumes it. The timer first: a crash
+/// after it leaves a timer that finds nothing (or plans it then); the other order could leave a
+/// deferred delivery that nothing wakes.
+#[allow(clippy::too_many_arguments)]
+async fn defer(
+    deps: &Deps,
+    t: &TenantId,
+    n: &Notification,
+    key: Key,
+    delivery: &mut Delivery,
+    deferred: Option<u64>,
+    until: chrono::DateTime<chrono::Utc>,
+    why: policy::DeferReason,
+) -> CoreResult<()> {
+    let task = TimerTask::DeferredDelivery {
+        tenant: t.as_str().to_owned(),
+        notification_id: n.notification_id.clone(),
+        user_id: delivery.user_id.clone(),
+        channel: delivery.channel,
     };
-    if let Some((_, task)) = &task
-        && let Err(size) = queued_size(task)
-    {
-        delivery.status = DeliveryStatus::Failed;
-        delivery.last_error = Some(format!(
+    timers::schedule(deps, until, task).await?;
+    delivery.reason = Some(why.as_str().into());
+    let until_s = until.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    delivery.deferred_until = Some(until_s.clone());
+    let r = match deferred {
+        None => deps.table.put(Item::new(key, attrs_of(&*delivery)?), Cond::NotExists).await,
+        Some(_) => deps
+            .table
+            .update(&key, vec![Update::set("deferred_until", until_s)], Cond::eq("status", "pending"))
+            .await
+            .map(|_| ()),
+    };
+    match r {
+        Ok(()) | Err(StoreError::ConditionFailed { .. }) => {}
+        Err(e) => return Err(e.into()),
+    }
+    info!(notification_id = %n.notification_id, channel = %delivery.channel, until = %until, reason = why.as_str(), "deferred");
+    Ok(())
+}
+
+/// What a planned delivery delivers: a channel task to queue, or an in-app message's content
+/// for the inbox.
+enum Content {
+    Task(String, ChannelTask),
+    Inbox(templates::Rendered),
+}
+
+/// The content of a delivery, rendered; `Err` with the delivery's `last_error` when it cannot
+/// be sent: no template, a render error, or a task too large for a queue message (a long email
+/// whose links the tracking made longer still), which fails here, for good, rather than its
+/// page being retried until its DLQ.
+#[allow(clippy::too_many_arguments)]
+fn content_of(
+    deps: &Deps,
+    t: &TenantId,
+    n: &Notification,
+    r: &Recipient<'_>,
+    template: Option<&Template>,
+    hosts: &LinkHosts,
+    channel: Channel,
+    to: String,
+) -> Result<Content, String> {
+    let Some(template) = template else {
+        return Err(format!("template_error: template {} not found", n.request.template_id));
+    };
+    let params = params_for(&n.request.params, r.user_id, r.user);
+    let rendered =
+        template.render(channel, r.user.and_then(|u| u.locale.as_deref()), &params).map_err(|e| e.to_string())?;
+    if channel == Channel::Inapp {
+        return Ok(Content::Inbox(rendered));
+    }
+    let (queue, task) = task_of(deps, t, n, r.user_id, channel, to, rendered, hosts);
+    if let Err(size) = queued_size(&task) {
+        return Err(format!(
             "too_large: the {channel} is {size} bytes as a queue message; a queue message holds at most {}",
             crate::sizes::MAX_MESSAGE_BYTES
         ));
-        write_final(deps, t, n, key, &delivery, deferred).await?;
-        return Ok(None);
     }
+    Ok(Content::Task(queue, task))
+}
+
+/// Writes a planned delivery in one transaction with the gates' `writes` (an in-app message
+/// with its inbox item, `sent` at once), and returns the task to queue. A gate whose condition
+/// failed suppresses the delivery instead; a delivery planned by another run is left alone.
+#[allow(clippy::too_many_arguments)]
+async fn write_planned(
+    deps: &Deps,
+    t: &TenantId,
+    n: &Notification,
+    key: Key,
+    mut delivery: Delivery,
+    deferred: Option<u64>,
+    writes: Vec<Write>,
+    content: Content,
+) -> CoreResult<Option<(String, ChannelTask)>> {
     let gate_reasons: Vec<policy::SuppressReason> = writes.iter().map(policy::gate_reason).collect();
     let mut all = writes;
-    if inapp {
-        delivery.status = DeliveryStatus::Sent;
-        delivery.attempts = 1;
-        delivery.sent_at = Some(now.clone());
-    }
+    let (task, inbox_content) = match content {
+        Content::Task(queue, task) => (Some((queue, task)), None),
+        Content::Inbox(rendered) => {
+            delivery.status = DeliveryStatus::Sent;
+            delivery.attempts = 1;
+            delivery.sent_at = Some(delivery.updated_at.clone());
+            (None, Some(rendered))
+        }
+    };
     all.push(match deferred {
         None => Write::Put { item: Item::new(key.clone(), attrs_of(&delivery)?), cond: Cond::NotExists },
         // Resumed after quiet hours: still `pending` (queued), now without the deferral.
@@ -508,7 +592,7 @@ async fn plan_delivery(
             updates: vec![
                 Update::Remove("deferred_until".into()),
                 Update::Remove("reason".into()),
-                Update::set("updated_at", now.clone()),
+                Update::set("updated_at", delivery.updated_at.clone()),
             ],
             cond: Cond::And(vec![Cond::eq("status", "pending"), Cond::AttrExists("deferred_until".into())]),
         },
@@ -516,7 +600,7 @@ async fn plan_delivery(
     if let Some(rendered) = inbox_content {
         all.extend(inbox::message_writes(
             t,
-            user_id,
+            &delivery.user_id,
             n,
             rendered.subject.unwrap_or_default(),
             rendered.body,
