@@ -11,8 +11,9 @@ use serde_json::json;
 use tidings_core::dev::{DevProvider, FaultConfig, FaultMode, NullProvider, list_sends};
 use tidings_core::keys;
 use tidings_core::ports::{Channel, Clock, Cond, Item, Provider, Queues, SystemClock, Table, attrs_of};
-use tidings_core::{CoreConfig, Deps, Providers, TenantId};
-use tidings_embedded::{EmbeddedStore, QueueConfig};
+use tidings_core::{Deps, Providers, TenantId};
+use tidings_embedded::EmbeddedStore;
+use tidings_embedded::test_world::TestWorld;
 
 struct Fixture {
     deps: Deps,
@@ -23,21 +24,17 @@ struct Fixture {
 fn fixture() -> Fixture {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let store = EmbeddedStore::in_memory_with_clock(clock.clone()).unwrap();
-    for q in tidings_lambda::ALL_QUEUES {
-        store.declare_queue(QueueConfig::new(*q, 5)).unwrap();
-    }
     let table: Arc<dyn Table> = Arc::new(store.clone());
     let dev =
         |c| Arc::new(DevProvider::new(c, Arc::new(NullProvider) as Arc<dyn Provider>, table.clone(), clock.clone()));
     let (email, sms, push) = (dev(Channel::Email), dev(Channel::Sms), dev(Channel::Push));
-    let deps = Deps {
-        table: table.clone(),
-        queues: Arc::new(store.clone()),
-        clock: clock.clone(),
-        providers: Providers { email: email.clone(), sms, push },
-        config: Arc::new(CoreConfig::default()),
-    };
-    Fixture { deps, store, email }
+    let tw = TestWorld::builder()
+        .system_clock()
+        .store(store)
+        .queues(tidings_lambda::ALL_QUEUES, 5)
+        .providers(Providers { email: email.clone(), sms, push })
+        .build();
+    Fixture { deps: tw.deps, store: tw.store, email }
 }
 
 fn load<T: serde::de::DeserializeOwned>(name: &str) -> T {

@@ -4,35 +4,24 @@
 //! while the rest of the batch is relayed.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use aws_lambda_events::dynamodb::Event as DynamoDbEvent;
 use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
 use serde_json::{Value, json};
-use tidings_core::dev::NullProvider;
+use tidings_core::Deps;
 use tidings_core::messages::Rejected;
-use tidings_core::ports::{Clock, Provider, Queues, SystemClock, Table};
-use tidings_core::{CoreConfig, Deps, Providers};
-use tidings_embedded::{EmbeddedStore, QueueConfig};
+use tidings_core::ports::Queues;
+use tidings_embedded::EmbeddedStore;
+use tidings_embedded::test_world::TestWorld;
 
 fn fixture() -> (Deps, EmbeddedStore) {
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let store = EmbeddedStore::in_memory_with_clock(clock.clone()).unwrap();
-    for q in tidings_lambda::ALL_QUEUES {
-        store.declare_queue(QueueConfig::new(*q, 5)).unwrap();
-    }
-    store.declare_queue(QueueConfig::new(tidings_core::notify::relay::STREAM_FAILURES_QUEUE, 1000)).unwrap();
-    let table: Arc<dyn Table> = Arc::new(store.clone());
-    let null: Arc<dyn Provider> = Arc::new(NullProvider);
-    let deps = Deps {
-        table,
-        queues: Arc::new(store.clone()),
-        clock,
-        providers: Providers { email: null.clone(), sms: null.clone(), push: null },
-        config: Arc::new(CoreConfig::default()),
-    };
-    (deps, store)
+    let tw = TestWorld::builder()
+        .system_clock()
+        .queues(tidings_lambda::ALL_QUEUES, 5)
+        .queues(&[tidings_core::notify::relay::STREAM_FAILURES_QUEUE], 1000)
+        .build();
+    (tw.deps, tw.store)
 }
 
 /// Bodies no queue's handler can read.

@@ -4,34 +4,18 @@
 //! record of its batch is relayed.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use aws_lambda_events::dynamodb::Event as DynamoDbEvent;
 use serde_json::{Value, json};
-use tidings_core::dev::NullProvider;
+use tidings_core::Deps;
 use tidings_core::inbox::live::NoLive;
 use tidings_core::notify::relay::{POISON_CONDITION, STREAM_FAILURES_QUEUE, StreamFailure};
-use tidings_core::ports::{Clock, Provider, SystemClock, Table};
-use tidings_core::{CoreConfig, Deps, Providers};
-use tidings_embedded::{EmbeddedStore, QueueConfig};
+use tidings_embedded::test_world::TestWorld;
 
 /// The embedded backend with only these queues declared (a send to another one fails).
-fn fixture(queues: &[&str]) -> Deps {
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let store = EmbeddedStore::in_memory_with_clock(clock.clone()).unwrap();
-    for q in queues {
-        store.declare_queue(QueueConfig::new(*q, 5)).unwrap();
-    }
-    let table: Arc<dyn Table> = Arc::new(store.clone());
-    let null: Arc<dyn Provider> = Arc::new(NullProvider);
-    Deps {
-        table,
-        queues: Arc::new(store),
-        clock,
-        providers: Providers { email: null.clone(), sms: null.clone(), push: null },
-        config: Arc::new(CoreConfig::default()),
-    }
+fn fixture(queues: &[&'static str]) -> Deps {
+    TestWorld::builder().system_clock().queues(queues, 5).build().deps
 }
 
 fn keys(id: &str) -> Value {
