@@ -6,26 +6,12 @@ use std::sync::Arc;
 
 use http_body_util::BodyExt;
 use tidings_api::AppState;
-use tidings_core::dev::NullProvider;
-use tidings_core::ports::{Clock, SystemClock};
-use tidings_core::{CoreConfig, Deps, Providers, TenantId, ops::tenants};
-use tidings_embedded::EmbeddedStore;
+use tidings_core::{TenantId, ops::tenants};
+use tidings_embedded::test_world::TestWorld;
 use tower::ServiceExt;
 
 async fn state() -> AppState {
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let store = EmbeddedStore::in_memory_with_clock(clock.clone()).unwrap();
-    let deps = Deps {
-        table: Arc::new(store.clone()),
-        queues: Arc::new(store),
-        clock,
-        providers: Providers {
-            email: Arc::new(NullProvider),
-            sms: Arc::new(NullProvider),
-            push: Arc::new(NullProvider),
-        },
-        config: Arc::new(CoreConfig::default()),
-    };
+    let deps = TestWorld::builder().system_clock().build().deps;
     tenants::register_key(&deps, &TenantId::parse("acme").unwrap(), "test-key-acme").await.unwrap();
     AppState { deps, queue_names: Arc::new(vec![]), dev: None, live: None }
 }
