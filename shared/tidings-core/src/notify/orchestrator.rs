@@ -457,8 +457,9 @@ fn start_of(item: Option<&Item>) -> CoreResult<Start> {
     })
 }
 
-/// The task of a delivery still `pending` from an earlier run, rendered again; none when it can
-/// no longer be (no address, no template, a render or size error: the earlier run queued it).
+/// The task of a delivery still `pending` from an earlier run, rendered again ([`content_of`]);
+/// none when it can no longer be (no address, no template, a render or size error: the earlier
+/// run queued it).
 fn requeue(
     deps: &Deps,
     t: &TenantId,
@@ -469,13 +470,10 @@ fn requeue(
     channel: Channel,
 ) -> Option<(String, ChannelTask)> {
     let to = r.address(channel)?;
-    let template = template?;
-    let params = params_for(&n.request.params, r.user_id, r.user);
-    template
-        .render(channel, r.user.and_then(|u| u.locale.as_deref()), &params)
-        .ok()
-        .map(|rendered| task_of(deps, t, n, r.user_id, channel, to, rendered, hosts))
-        .filter(|(_, task)| queued_size(task).is_ok())
+    match content_of(deps, t, n, r, template, hosts, channel, to) {
+        Ok(Content::Task(queue, task)) => Some((queue, task)),
+        Ok(Content::Inbox(_)) | Err(_) => None,
+    }
 }
 
 /// Defers a delivery to `until` (quiet hours): a timer resumes it. The timer first: a crash
