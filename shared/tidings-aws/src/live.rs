@@ -69,13 +69,8 @@ mod tests {
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let store = tidings_embedded::EmbeddedStore::in_memory_with_clock(clock.clone()).unwrap();
         let null = Arc::new(tidings_core::dev::NullProvider);
-        Deps {
-            table: Arc::new(store.clone()),
-            queues: Arc::new(store),
-            clock,
-            providers: Providers { email: null.clone(), sms: null.clone(), push: null },
-            config: Arc::new(CoreConfig::default()),
-        }
+        let providers = Providers { email: null.clone(), sms: null.clone(), push: null };
+        Deps::new(Arc::new(store.clone()), Arc::new(store), clock, providers, CoreConfig::default())
     }
 
     #[tokio::test]
