@@ -196,7 +196,15 @@ pub async fn transactional_crash_after_provider_loses_nothing_and_duplicates_at_
     assert_eq!(per_user.len(), USERS.len(), "every user got the message: {per_user:?}");
     assert!(deliveries.iter().all(|d| d["status"] == "sent"), "{deliveries:?}");
     let duplicates = total(&per_user) - USERS.len();
-    assert!(duplicates <= CRASHES + 1, "at most one duplicate per crash ({} crashes): {per_user:?}", CRASHES + 1);
+    // The process dies as a whole: besides the send at the crash point, the other worker of the
+    // email-high pool (TIDINGS_WORKERS_HIGH, 2) may be between its provider call and its record
+    // (see `run_one_worker`). So at most one duplicate per worker and crash.
+    let workers = 2;
+    assert!(
+        duplicates <= (CRASHES + 1) * workers,
+        "at most one duplicate per worker per crash ({} crashes, {workers} workers): {per_user:?}",
+        CRASHES + 1
+    );
     assert!(duplicates >= 1, "a crash after the provider accepted does cause a resend (the documented trade-off)");
     Ok(())
 }
