@@ -33,6 +33,7 @@ from tidings_client.models import (
     DeliveryStatus,
     LocaleContent,
     NotificationRequest,
+    NotificationRequestParams,
     NotificationStatus,
     NotificationView,
     Problem,
@@ -114,7 +115,7 @@ def main() -> None:
             return NotificationRequest(
                 recipients=Recipients(user_ids=users),
                 template_id=template_id,
-                params={"order_id": order_id},
+                params=NotificationRequestParams.from_dict({"order_id": order_id}),
                 category=Category.TRANSACTIONAL,
                 channels=[Channel.EMAIL],
             )

@@ -332,7 +332,11 @@ fn constrain_bodies(schemas: &mut serde_json::Map<String, serde_json::Value>) {
         "categories",
         json!({"propertyNames": {"type": "string", "enum": ["transactional", "marketing"]}}),
     );
-    set("NotificationRequest", "params", json!({"type": "object"}));
+    // Params are an object of any values: `additionalProperties: true` said outright, since
+    // openapi-typescript reads a bare `type: object` as an object with no keys at all.
+    let any_object = json!({"type": "object", "additionalProperties": true});
+    set("NotificationRequest", "params", any_object.clone());
+    set("PreviewRequest", "params", any_object);
     let channels = json!({"type": "string", "enum": ["email", "sms", "push", "inapp"]});
     set("PreferencesInput", "channels", json!({"propertyNames": channels}));
     // `GMT0` and `Etc/GMT0` (aliases of `Etc/GMT`, which the server takes too) are left out:
