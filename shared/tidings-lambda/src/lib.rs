@@ -116,14 +116,17 @@ pub async fn handle_sqs_event_until(
     let outcomes = dispatch_batch_until(deps, queue, &messages, deadline).await;
     let processed = settle_batch(deps.queues.as_ref(), queue, &messages, outcomes, deps.clock.now(), false).await;
     tidings_core::metrics::record_busy(queue, started.elapsed());
-    for (message, processed) in messages.iter().zip(processed) {
-        if !processed {
-            let mut failure = BatchItemFailure::default();
-            failure.item_identifier = message.message_id.clone();
-            response.batch_item_failures.push(failure);
-        }
-    }
+    response.batch_item_failures.extend(failures_of(&messages, processed));
     response
+}
+
+/// The `batchItemFailures` of a settled batch: each message that was not processed.
+fn failures_of(messages: &[Received], processed: Vec<bool>) -> impl Iterator<Item = BatchItemFailure> + '_ {
+    messages.iter().zip(processed).filter(|(_, processed)| !processed).map(|(message, _)| {
+        let mut failure = BatchItemFailure::default();
+        failure.item_identifier = message.message_id.clone();
+        failure
+    })
 }
 
 /// Handles an SQS batch as a Lambda function receives it: each record's queue is named by its
@@ -189,13 +192,7 @@ pub async fn handle_lanes_batch_until(
         let reason = format!("this function does not serve queue {queue}");
         let outcomes = messages.iter().map(|_| tidings_core::outcome::Outcome::Reject(reason.clone())).collect();
         let processed = settle_batch(deps.queues.as_ref(), &queue, &messages, outcomes, deps.clock.now(), false).await;
-        for (message, processed) in messages.iter().zip(processed) {
-            if !processed {
-                let mut failure = BatchItemFailure::default();
-                failure.item_identifier = message.message_id.clone();
-                response.batch_item_failures.push(failure);
-            }
-        }
+        response.batch_item_failures.extend(failures_of(&messages, processed));
     }
     response
 }
