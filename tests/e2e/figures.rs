@@ -106,6 +106,15 @@ pub async fn a_backlog_shows_its_oldest_age_growing_then_falling_and_every_figur
     let in_use = busy["worker_concurrency"]["email-high"].as_f64().unwrap_or(-1.0);
     assert!((0.0..=16.0).contains(&in_use), "worker concurrency {in_use}: {busy}");
 
+    // Every throttled answer has been given before the provider recovers: on SQS the backlog
+    // shows at once, and with sends answered after 1.5 s the workers may not yet have reached
+    // the third 429 (recovery resets the fault count).
+    s.eventually(WAIT, "every 429 answered and retried", || async {
+        let m = metrics(&s).await?;
+        Ok((m["retries"].as_u64().unwrap_or(0) >= u64::from(THROTTLED)).then_some(()))
+    })
+    .await?;
+
     // The provider recovers: the backlog drains and the age falls back to 0.
     let (st, v) = s.call("PUT", "/dev/providers/email", Some(json!({"mode": "ok"}))).await?;
     assert_eq!(st, 200, "{v}");
