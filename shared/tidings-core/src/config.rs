@@ -358,6 +358,13 @@ pub static VARIABLES: &[Variable] = &[
         "text",
         "`json` for JSON lines (always JSON in Lambda)",
     ),
+    local(
+        "TIDINGS_BENCH_PEERS",
+        Kind::Text,
+        "",
+        "`--peer-dir` of `tidings bench`: the peer scripts it runs beside its own figure (unset: \
+         `../shared/bench` beside the repository, when there)",
+    ),
     // Tests and their harness.
     test("TIDINGS_CRASH_AT", "tests: abort at a named crash point, `name[:n]` (a `crash-points` build only)"),
     test("TIDINGS_BIN", "tests: the `tidings` binary the end-to-end tests start"),

@@ -22,6 +22,7 @@ use tidings_core::ports::{
 };
 use tidings_core::{CoreConfig, Deps, Providers, TenantId, templates};
 
+use crate::bench_peer::{self, PeerArgs, PeerFigure, QUEUE_PEER};
 use crate::progress::Progress;
 
 #[derive(clap::Args, Clone, Debug)]
@@ -41,6 +42,8 @@ pub struct CampaignArgs {
     /// Give up after this many seconds.
     #[arg(long, default_value_t = 3600)]
     pub timeout_s: u64,
+    #[command(flatten)]
+    pub peer: PeerArgs,
 }
 
 const TAG: &str = "bench";
@@ -128,12 +131,52 @@ async fn seed_users(table: &dyn Table, t: &TenantId, n: u64, progress: &Progress
     Ok(())
 }
 
+/// `--runs` times: the peer (`queue-peer.sh N 8`, a PostgreSQL queue's claim and mark of as many
+/// tasks), then the campaign, each on its own. One run prints its report; more print each run's
+/// and the spread of Tidings' figure, the peer's and the ratio.
 pub async fn campaign(args: CampaignArgs) -> anyhow::Result<()> {
+    let dir = bench_peer::peer_dir(&args.peer);
+    let runs = args.peer.runs;
+    let mut reports = Vec::new();
+    for run in 1..=runs {
+        let peer_args = vec![args.recipients.to_string(), "8".into()];
+        let peer = bench_peer::measure(dir.clone(), &QUEUE_PEER, peer_args).await.into_iter().next();
+        let peer = peer.unwrap_or_else(|| PeerFigure::Skipped { name: "queue-peer".into(), why: "no figure".into() });
+        let label = if runs > 1 { format!("run {run} of {runs}: ") } else { String::new() };
+        let db = if run == 1 { "bench.db".to_owned() } else { format!("bench-{run}.db") };
+        reports.push(campaign_once(&args, &db, &peer, &label).await?);
+    }
+    if let [report] = reports.as_slice() {
+        println!("{}", serde_json::to_string_pretty(report)?);
+        return Ok(());
+    }
+    let figure = |key: &str| reports.iter().filter_map(|r| r[key].as_f64()).collect::<Vec<_>>();
+    let peers: Vec<f64> = reports.iter().filter_map(|r| r["peer"]["per_s"].as_f64()).collect();
+    let (sends, ratios) = (bench_peer::spread(&figure("sends_per_s")), bench_peer::spread(&figure("ratio")));
+    eprintln!(
+        "campaign: {runs} runs: {}/s median ({} to {}); ratio median {} ({} to {})",
+        sends["median"], sends["min"], sends["max"], ratios["median"], ratios["min"], ratios["max"]
+    );
+    let report = json!({
+        "runs": reports,
+        "spread": {"sends_per_s": sends, "peer_per_s": bench_peer::spread(&peers), "ratio": ratios},
+    });
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(())
+}
+
+/// One campaign on a fresh database: its report, with `peer` and `ratio` from `peer`'s figure.
+async fn campaign_once(
+    args: &CampaignArgs,
+    db: &str,
+    peer: &PeerFigure,
+    label: &str,
+) -> anyhow::Result<serde_json::Value> {
     let n = args.recipients;
     let tmp = tempfile::tempdir()?;
     let dir = args.data_dir.clone().unwrap_or_else(|| tmp.path().to_path_buf());
     std::fs::create_dir_all(&dir)?;
-    let path = dir.join("bench.db");
+    let path = dir.join(db);
     let clock = Arc::new(SystemClock);
     let store = tidings_embedded::EmbeddedStore::open_with_clock(&path, clock.clone())
         .with_context(|| format!("opening {}", path.display()))?;
@@ -283,13 +326,16 @@ pub async fn campaign(args: CampaignArgs) -> anyhow::Result<()> {
     let mut lat = provider.otp_latencies_ms.lock().unwrap_or_else(|p| p.into_inner()).clone();
     lat.sort_by(|a, b| a.total_cmp(b));
     let db_mib = std::fs::metadata(&path).map(|m| m.len() as f64 / 1048576.0).unwrap_or(0.0);
+    let sends_per_s = (once as f64 / elapsed).round();
     let report = json!({
         "recipients": n,
         "delivered_once": once,
         "duplicates": dupes,
         "missing": missing,
         "seconds": (elapsed * 10.0).round() / 10.0,
-        "sends_per_s": (once as f64 / elapsed).round(),
+        "sends_per_s": sends_per_s,
+        "peer": peer.json(),
+        "ratio": peer.ratio(sends_per_s),
         "peak_rss_mib_at_100k": rss_at_100k.map(|v| v.round()),
         "peak_rss_mib_at_end": peak_rss_mib().map(|v| v.round()),
         "transactional": {
@@ -307,23 +353,23 @@ pub async fn campaign(args: CampaignArgs) -> anyhow::Result<()> {
         "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
         "metrics": tidings_core::metrics::installed().map(|r| r.report()),
     });
-    drain.finish(format!(
-        "{once} of {n} recipients sent once in {elapsed:.1} s ({:.0}/s), {dupes} more than once, {missing} missing; \
-         {} transactional sent meanwhile, p99 {:.1} ms",
-        once as f64 / elapsed,
-        lat.len(),
-        percentile(&lat, 0.99)
-    ));
-    println!("{}", serde_json::to_string_pretty(&report)?);
     // Queue depths at the end (all should be empty).
     for q in &queue_names {
         let s = deps.queues.stats(q).await?;
         if s.visible + s.in_flight + s.delayed + s.dlq_depth > 0 {
-            println!("  queue {q}: {}", serde_json::to_string(&s)?);
+            eprintln!("  queue {q}: {}", serde_json::to_string(&s)?);
         }
     }
+    drain.finish(format!(
+        "{label}{once} of {n} recipients sent once in {elapsed:.1} s ({sends_per_s:.0}/s), {dupes} more than once, \
+         {missing} missing; {} transactional sent meanwhile, p99 {:.1} ms; {}",
+        lat.len(),
+        percentile(&lat, 0.99),
+        peer.summary(sends_per_s),
+    ));
     if once != n {
+        println!("{}", serde_json::to_string_pretty(&report)?);
         anyhow::bail!("{missing} recipients missing, {dupes} sent more than once");
     }
-    Ok(())
+    Ok(report)
 }

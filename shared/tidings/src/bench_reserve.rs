@@ -13,6 +13,7 @@ use tidings_core::inventory::{self, OrderLine, OrderRequest, WarmUpRequest};
 use tidings_core::ports::{Provider, SystemClock};
 use tidings_core::{CoreError, Deps, Providers, TenantId};
 
+use crate::bench_peer::{self, PeerArgs, PeerFigure, RESERVE_PEERS};
 use crate::progress::Progress;
 
 #[derive(clap::Args, Clone, Debug)]
@@ -29,9 +30,53 @@ pub struct ReserveArgs {
     /// Shards of the SKU's counter (1: unsharded).
     #[arg(long, default_value_t = 1)]
     pub shards: u32,
+    /// Seconds each peer runs (`reserve-peers.sh SECONDS CLIENTS`, clients: `--concurrency`).
+    #[arg(long, default_value_t = 10)]
+    pub peer_seconds: u64,
+    #[command(flatten)]
+    pub peer: PeerArgs,
 }
 
+/// `--runs` times: the peers (`reserve-peers.sh`: the Redis Lua gate and PostgreSQL's
+/// conditional UPDATE with a ledger row, as many clients as orders in flight here), then the
+/// orders, each on its own; each run's figures and ratios, and with more than one run their
+/// spread.
 pub async fn reserve(args: ReserveArgs) -> anyhow::Result<()> {
+    let dir = bench_peer::peer_dir(&args.peer);
+    let runs = args.peer.runs;
+    let mut rates = Vec::new();
+    let mut ratios: Vec<Vec<f64>> = RESERVE_PEERS.figures.iter().map(|_| Vec::new()).collect();
+    let mut peer_rates: Vec<Vec<f64>> = ratios.clone();
+    for run in 1..=runs {
+        let peer_args = vec![args.peer_seconds.max(1).to_string(), args.concurrency.max(1).to_string()];
+        let peers = bench_peer::measure(dir.clone(), &RESERVE_PEERS, peer_args).await;
+        if runs > 1 {
+            println!("run {run} of {runs}");
+        }
+        let rate = reserve_once(&args, &peers).await?;
+        for (i, peer) in peers.iter().enumerate() {
+            ratios[i].extend(peer.ratio(rate));
+            peer_rates[i].extend(peer.per_s());
+        }
+        rates.push(rate);
+    }
+    if runs > 1 {
+        let said = |v: serde_json::Value| format!("min {} / median {} / max {}", v["min"], v["median"], v["max"]);
+        println!("spread over {runs} runs: orders/s {}", said(bench_peer::spread(&rates)));
+        for (i, name) in RESERVE_PEERS.figures.iter().enumerate() {
+            if ratios[i].is_empty() {
+                println!("  {name}: skipped");
+            } else {
+                let (rate, ratio) = (bench_peer::spread(&peer_rates[i]), bench_peer::spread(&ratios[i]));
+                println!("  {name}: ops/s {}, ratio {}", said(rate), said(ratio));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One run on a fresh database: orders/s (rounded), the invariants checked, beside `peers`.
+async fn reserve_once(args: &ReserveArgs, peers: &[PeerFigure]) -> anyhow::Result<f64> {
     let tmp = tempfile::tempdir()?;
     let path = tmp.path().join("bench.db");
     let clock = Arc::new(SystemClock);
@@ -118,7 +163,8 @@ pub async fn reserve(args: ReserveArgs) -> anyhow::Result<()> {
         "orders: {} placed by {} at once, {} unit(s) in stock, {} shard(s)",
         args.orders, args.concurrency, args.units, args.shards
     );
-    println!("time: {elapsed:.1} s, {:.0} orders/s", args.orders as f64 / elapsed);
+    let rate = (args.orders as f64 / elapsed).round();
+    println!("time: {elapsed:.1} s, {rate:.0} orders/s");
     println!("latency: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms", pct(0.5), pct(0.99), pct(1.0));
     println!(
         "accepted {accepted}, refused {refused}; stock available {}, reserved {}; reconcile: {} discrepancies",
@@ -130,10 +176,14 @@ pub async fn reserve(args: ReserveArgs) -> anyhow::Result<()> {
     anyhow::ensure!(stock.reserved == i64::try_from(want)?, "reserved {} != {want}", stock.reserved);
     anyhow::ensure!(report.discrepancies.is_empty(), "reconcile found {:?}", report.discrepancies);
     println!("invariants hold: never oversold, counters = ledger");
+    let beside: Vec<String> = peers.iter().map(|p| p.summary(rate)).collect();
+    for line in &beside {
+        println!("{line}");
+    }
     progress.finish(format!(
-        "placed {} orders in {elapsed:.1} s ({:.0}/s): {accepted} accepted, {refused} refused, never oversold",
+        "placed {} orders in {elapsed:.1} s ({rate:.0}/s): {accepted} accepted, {refused} refused, never oversold; {}",
         args.orders,
-        args.orders as f64 / elapsed
+        beside.join("; ")
     ));
-    Ok(())
+    Ok(rate)
 }

@@ -67,7 +67,7 @@ fn bootstrap_tells_each_resource_and_what_it_found() {
 fn a_small_campaign_bench_shows_seeding_and_drain_and_sums_up() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (_, stdout, stderr) =
-        tidings(&["bench", "campaign", "--recipients", "200", "--otp-every-ms", "50"], dir.path());
+        tidings(&["bench", "campaign", "--recipients", "200", "--otp-every-ms", "50", "--no-peer"], dir.path());
     assert!(stderr.contains("seeding: 0/200 users"), "{stderr}");
     assert!(stderr.contains("seeding: seeded 200 users in "), "{stderr}");
     // A drain line: sent of total, rate, queued, RSS.
@@ -91,8 +91,10 @@ fn a_small_campaign_bench_shows_seeding_and_drain_and_sums_up() {
 #[test]
 fn reserve_bench_shows_orders_and_sums_up() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (_, stdout, stderr) =
-        tidings(&["bench", "reserve", "--orders", "300", "--units", "100", "--concurrency", "4"], dir.path());
+    let (_, stdout, stderr) = tidings(
+        &["bench", "reserve", "--orders", "300", "--units", "100", "--concurrency", "4", "--no-peer"],
+        dir.path(),
+    );
     assert!(
         stderr.lines().any(|l| l.starts_with("reserve: ") && l.contains("/300 orders, ") && l.contains(" accepted, ")),
         "{stderr}"
