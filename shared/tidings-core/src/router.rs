@@ -8,7 +8,8 @@ use crate::lanes::Lane;
 use crate::notify::worker::ChannelSend;
 use crate::outcome::Outcome;
 use crate::ports::Received;
-use crate::tasks::handle_batch;
+use crate::tasks::{handle, handle_batch};
+use crate::timers::TimerStep;
 
 /// Routes a batch of messages of one queue: channel tasks are handled as a batch
 /// ([`crate::notify::worker::handle_channel_batch`]), the others one by one. One outcome per
@@ -84,7 +85,7 @@ pub async fn route(deps: &Deps, lane: Lane, message: &Received) -> Outcome {
             one.into_iter().next().unwrap_or(Outcome::Retry(Duration::ZERO))
         }
         Lane::StockEvents => crate::restock::handle_stock_event_message(deps, message).await,
-        Lane::Timers => crate::timers::handle_timer_message(deps, message).await,
+        Lane::Timers => handle::<TimerStep>(deps, message).await,
         Lane::Webhooks => crate::webhooks::handle_webhook_message(deps, message).await,
         Lane::InventoryReview | Lane::StreamFailures | Lane::ScheduleFailures => {
             Outcome::Reject(format!("nothing handles queue {lane}"))

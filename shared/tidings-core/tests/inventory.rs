@@ -14,7 +14,8 @@ use tidings_core::inventory::{
 };
 use tidings_core::messages::Outcome;
 use tidings_core::ports::{ManualClock, Queues, Update};
-use tidings_core::timers::{self, TIMERS_QUEUE, TimerMessage, TimerTask};
+use tidings_core::tasks::handle;
+use tidings_core::timers::{self, TIMERS_QUEUE, TimerMessage, TimerStep, TimerTask};
 use tidings_core::{CoreConfig, CoreError, Deps, TenantId};
 use tidings_embedded::EmbeddedStore;
 use tidings_embedded::test_world::{TestWorld, TestWorldBuilder};
@@ -120,7 +121,7 @@ async fn drain_timers(w: &World) -> usize {
             return handled;
         }
         for m in got {
-            assert_eq!(timers::handle_timer_message(&w.deps, &m).await, Outcome::Done, "{}", m.body);
+            assert_eq!(handle::<TimerStep>(&w.deps, &m).await, Outcome::Done, "{}", m.body);
             Queues::delete(&w.store, TIMERS_QUEUE, &m.receipt).await.unwrap();
             handled += 1;
         }
@@ -832,7 +833,7 @@ async fn two_ticks_fire_a_bucket_once() {
     let w = world();
     let due = start() + chrono::Duration::minutes(40);
     for i in 0..3 {
-        let task = TimerTask::OrderExpire { tenant: w.t.to_string(), order_id: format!("gone-{i}") };
+        let task = TimerTask::OrderExpire { tenant: w.t.clone(), order_id: format!("gone-{i}") };
         timers::schedule(&w.deps, due, task).await.unwrap();
     }
     w.clock.advance(chrono::Duration::minutes(41));
@@ -848,7 +849,7 @@ async fn two_ticks_fire_a_bucket_once() {
 async fn an_expired_bucket_lease_is_claimed_again() {
     let w = world();
     let due = start() + chrono::Duration::minutes(30);
-    let task = TimerTask::OrderExpire { tenant: w.t.to_string(), order_id: "o".into() };
+    let task = TimerTask::OrderExpire { tenant: w.t.clone(), order_id: "o".into() };
     timers::schedule(&w.deps, due, task).await.unwrap();
     w.clock.advance(chrono::Duration::minutes(31));
     // A tick that claimed the bucket and died.
@@ -878,7 +879,7 @@ async fn an_early_timer_message_is_delayed_again() {
     let due_ms = tidings_core::ports::Clock::now_ms(&*w.clock) + 40 * 60_000;
     let body = serde_json::to_string(&TimerMessage {
         due_ms,
-        task: TimerTask::OrderExpire { tenant: w.t.to_string(), order_id: "o".into() },
+        task: TimerTask::OrderExpire { tenant: w.t.clone(), order_id: "o".into() },
     })
     .unwrap();
     w.store.send_batch(TIMERS_QUEUE, vec![tidings_core::ports::OutMessage::new(body)]).await.unwrap();
@@ -908,7 +909,7 @@ async fn a_malformed_timer_message_is_rejected() {
         receive_count: 1,
         sent_at_ms: 0,
     };
-    assert!(matches!(timers::handle_timer_message(&w.deps, &m).await, Outcome::Reject(_)));
+    assert!(matches!(handle::<TimerStep>(&w.deps, &m).await, Outcome::Reject(_)));
 }
 
 /// Issue 4's bar: 1,000 concurrent single-unit orders on 200 units, one counter and 8 shards.

@@ -63,7 +63,7 @@
 //!
 //! - [`reconcile`]`(deps, None)` on the daily schedule (and `POST /v1/ops/reconcile` for one
 //!   tenant); findings go to the table and to the [`REVIEW_QUEUE`] queue.
-//! - Expiry runs from [`crate::timers::handle_timer_message`] on queue
+//! - Expiry runs from [`crate::timers::TimerStep`] on queue
 //!   [`crate::timers::TIMERS_QUEUE`], fed by [`crate::timers::tick`] every minute.
 
 pub mod keys;

@@ -24,7 +24,7 @@ use crate::error::{CoreError, CoreResult};
 use crate::ids::{TenantId, check_id};
 use crate::ports::table::MAX_TRANSACTION_WRITES;
 use crate::ports::{CmpOp, Cond, Item, StoreError, Update, Write, attrs_of};
-use crate::timers::{self, TimerTask};
+use crate::timers::task::{self as timer, TimerTask};
 
 /// The most units of one SKU in one order line.
 pub const MAX_QTY: i64 = 1_000_000;
@@ -165,8 +165,8 @@ pub async fn place_order(deps: &Deps, t: &TenantId, req: &OrderRequest) -> CoreR
     let expires = now + chrono::Duration::from_std(hold).unwrap_or(chrono::Duration::MAX);
     let mut plans: Vec<BTreeMap<u32, i64>> =
         records.iter().zip(&req.items).map(|(r, l)| first_plan(r, l.qty)).collect();
-    let task = TimerTask::OrderExpire { tenant: t.as_str().to_owned(), order_id: req.order_id.clone() };
-    let timer = timers::durable_timer(deps, expires, &task).await?;
+    let task = TimerTask::OrderExpire { tenant: t.clone(), order_id: req.order_id.clone() };
+    let timer = timer::durable_timer(deps, expires, &task).await?;
     let mut attempts = Attempts::new();
     while attempts.another() {
         let at = now_text(deps);
@@ -243,10 +243,10 @@ pub async fn place_order(deps: &Deps, t: &TenantId, req: &OrderRequest) -> CoreR
 /// A short hold also gets a delayed message on the timers queue, so it expires on time; the
 /// durable timer written with the order is the backstop if this send fails (logged only).
 async fn send_expiry_message(deps: &Deps, expires: chrono::DateTime<chrono::Utc>, task: &TimerTask) {
-    if !timers::fits_queue_delay(deps, expires) {
+    if !timer::fits_queue_delay(deps, expires) {
         return;
     }
-    if let Err(e) = timers::schedule(deps, expires, task.clone()).await {
+    if let Err(e) = timer::schedule(deps, expires, task.clone()).await {
         warn!(error = %e, "expiry message not sent; the durable timer will expire the hold");
     }
 }

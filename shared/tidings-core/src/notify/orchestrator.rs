@@ -26,7 +26,7 @@ use crate::people::{devices, preferences};
 use crate::ports::{Channel, Cond, Item, Key, OutMessage, Received, StoreError, Update, Write, attrs_of};
 use crate::retry::backoff;
 use crate::templates::{self, Template};
-use crate::timers::{self, TimerTask};
+use crate::timers::task::{self as timer, TimerTask};
 use crate::tracking::LinkHosts;
 
 /// Handles one request message.
@@ -491,12 +491,12 @@ async fn defer(
     why: policy::DeferReason,
 ) -> CoreResult<()> {
     let task = TimerTask::DeferredDelivery {
-        tenant: t.as_str().to_owned(),
+        tenant: t.clone(),
         notification_id: n.notification_id.clone(),
         user_id: delivery.user_id.clone(),
         channel: delivery.channel,
     };
-    timers::schedule(deps, until, task).await?;
+    timer::schedule(deps, until, task).await?;
     delivery.reason = Some(why.as_str().into());
     let until_s = until.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     delivery.deferred_until = Some(until_s.clone());

@@ -30,7 +30,7 @@ use crate::notify::model::DeliveryStatus;
 use crate::notify::model::NotificationRequest;
 use crate::ports::{Channel, Cond, Item, QueryOpts, StoreError, Update, Write, attrs_of};
 use crate::templates::{LocaleContent, Template};
-use crate::timers::{self, TimerTask};
+use crate::timers::task::{self as timer, TimerTask};
 
 /// The built-in template's id; a tenant may replace it with `PUT /v1/templates/restock`.
 pub const RESTOCK_TEMPLATE: &str = "restock";
@@ -52,12 +52,8 @@ pub(crate) async fn open_window(deps: &Deps, t: &TenantId, user: &str) -> CoreRe
         let window = deps.config.restock.merge_window;
         let closes = later(deps, window);
         let window_id = format!("{start_ms}-{user}");
-        timers::schedule(
-            deps,
-            closes,
-            TimerTask::RestockFlush { tenant: t.as_str().to_owned(), window_id: window_id.clone() },
-        )
-        .await?;
+        timer::schedule(deps, closes, TimerTask::RestockFlush { tenant: t.clone(), window_id: window_id.clone() })
+            .await?;
         let open = OpenWindow { window_id: window_id.clone(), closes_ms: closes.timestamp_millis() };
         let message = RestockMessage {
             window_id: window_id.clone(),
@@ -262,8 +258,8 @@ fn delay_after(deps: &Deps, attempt: u32) -> Duration {
 }
 
 async fn schedule_check(deps: &Deps, t: &TenantId, window_id: &str, attempt: u32) -> CoreResult<()> {
-    let task = TimerTask::RestockCheck { tenant: t.as_str().to_owned(), window_id: window_id.to_owned(), attempt };
-    timers::schedule(deps, later(deps, delay_after(deps, attempt)), task).await
+    let task = TimerTask::RestockCheck { tenant: t.clone(), window_id: window_id.to_owned(), attempt };
+    timer::schedule(deps, later(deps, delay_after(deps, attempt)), task).await
 }
 
 enum Verdict {

@@ -344,13 +344,13 @@ async fn schedule_next_wave(deps: &Deps, t: &TenantId, sku: &str, round: i64, wa
         vec![Update::set("scheduled_wave", i64::from(next)), Update::set("next_wave_ms", due.timestamp_millis())];
     match deps.table.update(&keys::round(t, sku, round), updates, cond).await {
         Ok(_) => {
-            let task = crate::timers::TimerTask::RestockWave {
-                tenant: t.as_str().to_owned(),
+            let task = crate::timers::task::TimerTask::RestockWave {
+                tenant: t.clone(),
                 sku_id: sku.to_owned(),
                 round,
                 wave: next,
             };
-            crate::timers::schedule(deps, due, task).await
+            crate::timers::task::schedule(deps, due, task).await
         }
         Err(StoreError::ConditionFailed { .. }) => Ok(()),
         Err(e) => Err(e.into()),

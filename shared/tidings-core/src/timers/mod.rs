@@ -14,8 +14,11 @@
 //!   claims the bucket with a lease (a conditional update, so two ticks never both fire it; an
 //!   expired lease can be claimed again), sends each timer to the queue with the rest of its
 //!   delay, deletes what it sent, and deletes the bucket's index entry.
-//! - The handler [`handle_timer_message`] sends a message that is still early back with a new
-//!   delay (SQS delays stop at 15 minutes), then runs the task.
+//! - The step [`TimerStep`] sends a message that is still early back with a new delay (SQS
+//!   delays stop at 15 minutes), then runs the task.
+//!
+//! The task and its scheduling are in [`task`], which the features that set timers import; this
+//! module holds what fires them and the step that runs them (and so imports those features).
 //!
 //! A bucket only takes timers while it is at least [`WRITE_AHEAD_MINUTES`] in the future, and
 //! ticks fire it from 1 minute before, so no timer lands in a bucket that was already fired
@@ -24,6 +27,7 @@
 //! is conditioned on the order being PENDING and past due).
 
 pub mod schedule;
+pub mod task;
 
 use std::time::Duration;
 
@@ -32,148 +36,28 @@ use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
 use crate::deps::Deps;
-use crate::error::{CoreError, CoreResult};
-use crate::ids::{TenantId, new_id};
+use crate::error::CoreResult;
+use crate::ids::new_id;
 use crate::inventory::{self, Settlement};
 use crate::outcome::Outcome;
-use crate::ports::queue::MAX_DELAY;
-use crate::ports::{Cond, Item, Key, OutMessage, QueryOpts, Received, StoreError, Update, Write, attrs_of};
-use crate::retry::backoff;
+use crate::ports::{Cond, Key, OutMessage, QueryOpts, StoreError, Update};
+use crate::tasks::{Step, Task};
+use task::{MINUTE_MS, TimerItem, delay_until, send_message};
+pub use task::{
+    OPEN_BUCKETS_PK, TIMERS_QUEUE, TimerMessage, TimerTask, WRITE_AHEAD_MINUTES, bucket_of, durable_timer,
+    fits_queue_delay, schedule,
+};
 
-/// The queue timers are delivered on (the runtime declares it and polls it with
-/// [`handle_timer_message`]).
-pub const TIMERS_QUEUE: &str = "timers";
-/// The partition of the open-bucket index.
-pub const OPEN_BUCKETS_PK: &str = "TIMERS#OPEN";
-/// A bucket takes timers only while it is at least this many minutes ahead.
-pub const WRITE_AHEAD_MINUTES: i64 = 3;
 /// How long a tick holds a bucket while it fires it.
 pub const BUCKET_LEASE: Duration = Duration::from_secs(120);
-const MINUTE_MS: i64 = 60_000;
 /// A message this early (or less) counts as due.
 const EARLY_SLACK_MS: i64 = 1_000;
-
-/// What a timer does when it fires.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind")]
-pub enum TimerTask {
-    /// Expire an order's hold if it is still PENDING and past `expires_at`.
-    #[serde(rename = "order.expire")]
-    OrderExpire { tenant: String, order_id: String },
-    /// Run the next wave of a restock round (waves paced by stock: docs/restock.md, "Waves").
-    #[serde(rename = "restock.wave")]
-    RestockWave { tenant: String, sku_id: String, round: i64, wave: u32 },
-    /// Close a user's restock merge window and send its message.
-    #[serde(rename = "restock.flush")]
-    RestockFlush { tenant: String, window_id: String },
-    /// Judge a restock message's attempt: sent, retry (1/5/30 min), MANUAL or unreachable.
-    #[serde(rename = "restock.check")]
-    RestockCheck { tenant: String, window_id: String, attempt: u32 },
-    /// Start a scheduled notification (`send_at`): all its users, or with `local_time` the
-    /// `users` of one zone (group `group` of `groups`).
-    #[serde(rename = "notification.send")]
-    ScheduledSend {
-        tenant: String,
-        notification_id: String,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        users: Option<Vec<String>>,
-        #[serde(default)]
-        group: u32,
-        #[serde(default = "one")]
-        groups: u32,
-    },
-    /// A marketing delivery held back by the user's quiet hours: plan it again.
-    #[serde(rename = "delivery.resume")]
-    DeferredDelivery { tenant: String, notification_id: String, user_id: String, channel: crate::ports::Channel },
-    /// An open or a click, queued by the tracking routes before they answer (in Lambda an
-    /// environment is frozen once it has answered, so nothing may be left to do after it).
-    #[serde(rename = "tracking.event")]
-    Tracked { claims: crate::tracking::Claims, at_ms: i64 },
-}
-
-fn one() -> u32 {
-    1
-}
-
-/// The body of a message on the timers queue.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TimerMessage {
-    pub due_ms: i64,
-    pub task: TimerTask,
-}
-
-/// A stored timer.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-struct TimerItem {
-    due_ms: i64,
-    task: TimerTask,
-    /// Epoch seconds for DynamoDB TTL: a timer nobody fired is cleaned up a week late.
-    ttl: i64,
-}
 
 /// What a tick did.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TickReport {
     pub buckets_fired: u64,
     pub timers_sent: u64,
-}
-
-/// Whether `due_at` is close enough for a queue delay.
-pub fn fits_queue_delay(deps: &Deps, due_at: DateTime<Utc>) -> bool {
-    due_at.timestamp_millis() - deps.clock.now_ms() <= i64::try_from(MAX_DELAY.as_millis()).unwrap_or(i64::MAX)
-}
-
-/// Schedules `task` for `due_at`: within 15 minutes a delayed message, else a bucketed timer.
-pub async fn schedule(deps: &Deps, due_at: DateTime<Utc>, task: TimerTask) -> CoreResult<()> {
-    if fits_queue_delay(deps, due_at) {
-        return send_message(deps, due_at.timestamp_millis(), task).await;
-    }
-    let write = durable_timer(deps, due_at, &task).await?;
-    deps.table.transact(vec![write]).await?;
-    Ok(())
-}
-
-/// The minute bucket name of a time: `yyyyMMddHHmm`.
-pub fn bucket_of(ms: i64) -> String {
-    DateTime::<Utc>::from_timestamp_millis(ms).unwrap_or_default().format("%Y%m%d%H%M").to_string()
-}
-
-/// Opens the bucket a timer due at `due_at` goes into and returns the timer's write, for the
-/// caller to put in its own transaction (an order's hold and its expiry are written together).
-/// The bucket is the due minute, but never sooner than [`WRITE_AHEAD_MINUTES`] from now.
-///
-/// The index entry is written outside the caller's transaction and only when absent (read
-/// first): every order of a busy minute shares it, and a shared item in every transaction would
-/// make them conflict.
-pub async fn durable_timer(deps: &Deps, due_at: DateTime<Utc>, task: &TimerTask) -> CoreResult<Write> {
-    let due_ms = due_at.timestamp_millis();
-    let now_minute = deps.clock.now_ms().div_euclid(MINUTE_MS) * MINUTE_MS;
-    let bucket = bucket_of(due_ms.max(now_minute + WRITE_AHEAD_MINUTES * MINUTE_MS));
-    let index = Key::new(OPEN_BUCKETS_PK, bucket.clone());
-    if deps.table.get(&index).await?.is_none() {
-        deps.table
-            .update(&index, vec![Update::SetIfAbsent("bucket".into(), bucket.clone().into())], Cond::Always)
-            .await?;
-    }
-    let item = TimerItem { due_ms, task: task.clone(), ttl: due_ms / 1000 + 7 * 24 * 3600 };
-    let key = Key::new(format!("TIMER#{bucket}"), format!("{:015}#{}", due_ms.max(0), new_id()));
-    Ok(Write::Put { item: Item::new(key, attrs_of(&item)?), cond: Cond::NotExists })
-}
-
-/// Sends the task to the timers queue, delayed until it is due (at most 15 minutes; the handler
-/// delays it again if needed).
-async fn send_message(deps: &Deps, due_ms: i64, task: TimerTask) -> CoreResult<()> {
-    let body = serde_json::to_string(&TimerMessage { due_ms, task }).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-    deps.queues.send_batch(TIMERS_QUEUE, vec![OutMessage::delayed(body, delay_until(deps, due_ms))]).await?;
-    Ok(())
-}
-
-/// The queue delay until `due_ms`, in whole seconds (as SQS takes it), rounded up, at most 15
-/// minutes.
-fn delay_until(deps: &Deps, due_ms: i64) -> Duration {
-    let ms = (due_ms - deps.clock.now_ms()).max(0);
-    let secs = u64::try_from((ms + 999) / 1000).unwrap_or(0);
-    Duration::from_secs(secs).min(MAX_DELAY)
 }
 
 /// Fires every open bucket up to the next minute. Run it every minute; any number of ticks may
@@ -249,29 +133,21 @@ async fn fire_bucket(deps: &Deps, bucket: &str) -> CoreResult<Option<u64>> {
     Ok(Some(sent))
 }
 
-/// Handles one message of the timers queue.
-pub async fn handle_timer_message(deps: &Deps, message: &Received) -> Outcome {
-    let timer: TimerMessage = match serde_json::from_str(&message.body) {
-        Ok(t) => t,
-        Err(e) => return Outcome::Reject(format!("malformed timer message: {e}")),
-    };
-    let retry = || Outcome::Retry(backoff(message.receive_count, deps.config.retry_base, deps.config.retry_cap, None));
-    if timer.due_ms > deps.clock.now_ms() + EARLY_SLACK_MS {
-        return match send_message(deps, timer.due_ms, timer.task).await {
-            Ok(()) => Outcome::Done,
-            Err(e) => {
-                warn!(error = %e, "timer not re-delayed; will retry");
-                retry()
-            }
-        };
-    }
-    match run(deps, &timer.task).await {
-        Ok(()) => Outcome::Done,
-        Err(CoreError::Invalid { field, detail }) => Outcome::Reject(format!("timer task: {field}: {detail}")),
-        Err(e) => {
-            warn!(error = %e, task = ?timer.task, "timer task failed; will retry");
-            retry()
+/// The timers lane's step: a message still early goes back with the rest of its delay, a due
+/// one runs its task.
+pub struct TimerStep;
+
+impl Step for TimerStep {
+    type Body = TimerMessage;
+    const WHAT: &'static str = "timer message";
+    async fn run(deps: &Deps, task: &Task<TimerMessage>) -> CoreResult<Outcome> {
+        let timer = &task.body;
+        if timer.due_ms > deps.clock.now_ms() + EARLY_SLACK_MS {
+            send_message(deps, timer.due_ms, timer.task.clone()).await?;
+        } else {
+            run(deps, &timer.task).await?;
         }
+        Ok(Outcome::Done)
     }
 }
 
@@ -279,37 +155,31 @@ pub async fn handle_timer_message(deps: &Deps, message: &Received) -> Outcome {
 async fn run(deps: &Deps, task: &TimerTask) -> CoreResult<()> {
     match task {
         TimerTask::OrderExpire { tenant, order_id } => {
-            let t = TenantId::parse(tenant)?;
-            match inventory::expire_order(deps, &t, order_id).await? {
+            match inventory::expire_order(deps, tenant, order_id).await? {
                 // Early (a clock ahead of ours, or a re-delay that fell short): again later.
                 Settlement::NotDue { expires_ms } => {
                     let due = DateTime::<Utc>::from_timestamp_millis(expires_ms).unwrap_or_default();
-                    schedule(deps, due, task.clone()).await
+                    task::schedule(deps, due, task.clone()).await
                 }
                 Settlement::Settled(_) => {
-                    info!(tenant = %t, order_id, "hold expired and released");
+                    info!(%tenant, order_id, "hold expired and released");
                     Ok(())
                 }
                 Settlement::Already(_) | Settlement::NotPending(_) => Ok(()),
             }
         }
         TimerTask::RestockWave { tenant, sku_id, round, wave } => {
-            let t = TenantId::parse(tenant)?;
-            crate::restock::run_round(deps, &t, sku_id, *round, Some(*wave)).await.map(|_| ())
+            crate::restock::run_round(deps, tenant, sku_id, *round, Some(*wave)).await.map(|_| ())
         }
-        TimerTask::RestockFlush { tenant, window_id } => {
-            crate::restock::merge::flush(deps, &TenantId::parse(tenant)?, window_id).await
-        }
+        TimerTask::RestockFlush { tenant, window_id } => crate::restock::merge::flush(deps, tenant, window_id).await,
         TimerTask::RestockCheck { tenant, window_id, attempt } => {
-            crate::restock::merge::check(deps, &TenantId::parse(tenant)?, window_id, *attempt).await
+            crate::restock::merge::check(deps, tenant, window_id, *attempt).await
         }
         TimerTask::ScheduledSend { tenant, notification_id, users, group, groups } => {
-            let t = TenantId::parse(tenant)?;
-            crate::timers::schedule::fire(deps, &t, notification_id, users.clone(), *group, *groups).await
+            schedule::fire(deps, tenant, notification_id, users.clone(), *group, *groups).await
         }
         TimerTask::DeferredDelivery { tenant, notification_id, user_id, channel } => {
-            let t = TenantId::parse(tenant)?;
-            crate::notify::orchestrator::resume_deferred(deps, &t, notification_id, user_id, *channel).await
+            crate::notify::orchestrator::resume_deferred(deps, tenant, notification_id, user_id, *channel).await
         }
         TimerTask::Tracked { claims, at_ms } => crate::tracking::apply(deps, claims, *at_ms).await,
     }
@@ -330,7 +200,10 @@ mod tests {
 
     #[test]
     fn timer_messages_round_trip_with_a_kind() {
-        let m = TimerMessage { due_ms: 5, task: TimerTask::OrderExpire { tenant: "t".into(), order_id: "o".into() } };
+        let m = TimerMessage {
+            due_ms: 5,
+            task: TimerTask::OrderExpire { tenant: "t".to_owned().try_into().unwrap(), order_id: "o".into() },
+        };
         let json = serde_json::to_string(&m).unwrap();
         assert!(json.contains(r#""kind":"order.expire""#), "{json}");
         assert_eq!(serde_json::from_str::<TimerMessage>(&json).unwrap(), m);

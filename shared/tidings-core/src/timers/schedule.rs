@@ -20,6 +20,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use tracing::info;
 
+use super::task::{self as timer, TimerTask};
 use crate::deps::Deps;
 use crate::error::CoreResult;
 use crate::ids::TenantId;
@@ -28,20 +29,19 @@ use crate::notify::model::{Notification, NotificationStatus};
 use crate::notify::{campaign, orchestrator};
 use crate::people::preferences::{local_instant, zone_of};
 use crate::people::users;
-use crate::timers::{self, TimerTask};
 
 /// The relay's part: sets the timers of a newly accepted scheduled notification.
 pub async fn on_scheduled(deps: &Deps, t: &TenantId, n: &Notification) -> CoreResult<()> {
     let Some(send_at) = n.request.send_at else { return Ok(()) };
     let task = |users: Option<Vec<String>>, group: u32, groups: u32| TimerTask::ScheduledSend {
-        tenant: t.as_str().to_owned(),
+        tenant: t.clone(),
         notification_id: n.notification_id.clone(),
         users,
         group,
         groups,
     };
     if !n.request.local_time {
-        return timers::schedule(deps, send_at, task(None, 0, 1)).await;
+        return timer::schedule(deps, send_at, task(None, 0, 1)).await;
     }
     if n.segment().is_some() {
         // A segment is not read up front: its pages are expanded when the earliest zone's
@@ -53,12 +53,12 @@ pub async fn on_scheduled(deps: &Deps, t: &TenantId, n: &Notification) -> CoreRe
             .map(|tz| local_instant(*tz, wall.date(), wall.time()))
             .min()
             .unwrap_or(send_at);
-        return timers::schedule(deps, earliest, task(None, 0, 1)).await;
+        return timer::schedule(deps, earliest, task(None, 0, 1)).await;
     }
     let groups = local_groups(deps, t, n, send_at).await?;
     let count = u32::try_from(groups.len()).unwrap_or(u32::MAX);
     for (i, (due, users)) in groups.into_iter().enumerate() {
-        timers::schedule(deps, due, task(Some(users), u32::try_from(i).unwrap_or(u32::MAX), count)).await?;
+        timer::schedule(deps, due, task(Some(users), u32::try_from(i).unwrap_or(u32::MAX), count)).await?;
     }
     Ok(())
 }

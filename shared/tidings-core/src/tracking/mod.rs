@@ -14,6 +14,7 @@
 //! removed since the mail was sent no longer redirects). No hosts registered: no click
 //! tracking.
 
+pub mod claims;
 pub mod receipts;
 
 use serde::{Deserialize, Serialize};
@@ -26,43 +27,9 @@ use crate::keys;
 use crate::notify::model::{Category, ChannelTask, Delivery, DeliveryStatus};
 use crate::notify::progress::{self, PAGE_ATTR, Transition};
 use crate::people::preferences::{self, PreferencesInput};
-use crate::ports::{Channel, Cond, Item, Update, attrs_of};
+use crate::ports::{Cond, Item, Update, attrs_of};
 pub use crate::signing::TokenError;
-
-/// What a token is for (its purpose).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum TokenKind {
-    #[serde(rename = "o")]
-    Open,
-    #[serde(rename = "c")]
-    Click,
-    #[serde(rename = "u")]
-    Unsubscribe,
-}
-
-impl TokenKind {
-    pub fn purpose(self) -> &'static str {
-        match self {
-            TokenKind::Open => "track.open",
-            TokenKind::Click => "track.click",
-            TokenKind::Unsubscribe => "unsubscribe",
-        }
-    }
-}
-
-/// What a token says.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Claims {
-    pub k: TokenKind,
-    /// Tenant, notification, user, channel.
-    pub t: String,
-    pub n: String,
-    pub u: String,
-    pub c: Channel,
-    /// The click's target.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub url: Option<String>,
-}
+pub use claims::{Claims, TokenKind};
 
 /// Days a link stays valid: opens and clicks 90, unsubscribe a year (RFC 8058 asks that it keep
 /// working for a long time).
@@ -248,8 +215,8 @@ fn rewrite_links(body: &str, f: impl Fn(&str) -> Option<String>) -> String {
 /// Queues an open or a click (one message on the timers queue, due now) for [`apply`].
 pub async fn queue(deps: &Deps, claims: &Claims) -> CoreResult<()> {
     let now = deps.clock.now();
-    let task = crate::timers::TimerTask::Tracked { claims: claims.clone(), at_ms: now.timestamp_millis() };
-    crate::timers::schedule(deps, now, task).await
+    let task = crate::timers::task::TimerTask::Tracked { claims: claims.clone(), at_ms: now.timestamp_millis() };
+    crate::timers::task::schedule(deps, now, task).await
 }
 
 /// Records an open or a click made at `at_ms` on the delivery (`sent`/`delivered` → `opened` →
@@ -320,6 +287,7 @@ pub async fn unsubscribe(deps: &Deps, claims: &Claims) -> CoreResult<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ports::Channel;
     use crate::signing::Signer;
 
     fn config(spec: &str) -> CoreConfig {

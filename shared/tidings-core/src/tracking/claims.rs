@@ -1,0 +1,42 @@
+//! What a tracking or unsubscribe token says. Its own module: the timers' task carries the
+//! claims of an open or a click ([`crate::timers::task::TimerTask::Tracked`]), and the rest of
+//! tracking sets that timer.
+
+use serde::{Deserialize, Serialize};
+
+use crate::ports::Channel;
+
+/// What a token is for (its purpose).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TokenKind {
+    #[serde(rename = "o")]
+    Open,
+    #[serde(rename = "c")]
+    Click,
+    #[serde(rename = "u")]
+    Unsubscribe,
+}
+
+impl TokenKind {
+    pub fn purpose(self) -> &'static str {
+        match self {
+            TokenKind::Open => "track.open",
+            TokenKind::Click => "track.click",
+            TokenKind::Unsubscribe => "unsubscribe",
+        }
+    }
+}
+
+/// What a token says.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Claims {
+    pub k: TokenKind,
+    /// Tenant, notification, user, channel.
+    pub t: String,
+    pub n: String,
+    pub u: String,
+    pub c: Channel,
+    /// The click's target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+}
