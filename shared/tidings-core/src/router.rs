@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::deps::Deps;
 use crate::lanes::Lane;
+use crate::notify::orchestrator::Orchestrate;
 use crate::notify::worker::ChannelSend;
 use crate::outcome::Outcome;
 use crate::ports::Received;
@@ -79,7 +80,7 @@ pub async fn dispatch(deps: &Deps, queue: &str, message: &Received) -> Outcome {
 /// Routes a message to the handler of its lane.
 pub async fn route(deps: &Deps, lane: Lane, message: &Received) -> Outcome {
     match lane {
-        Lane::Requests(_) => crate::notify::orchestrator::handle_request_message(deps, message).await,
+        Lane::Requests(_) => handle::<Orchestrate>(deps, message).await,
         Lane::Channel(..) => {
             let one = handle_batch::<ChannelSend>(deps, std::slice::from_ref(message), None).await;
             one.into_iter().next().unwrap_or(Outcome::Retry(Duration::ZERO))

@@ -32,7 +32,7 @@ use crate::ports::{Attrs, Cond, Item, Key, Page, QueryOpts, StoreError, Table, U
 /// A queued page of a campaign: the item whose insert the relay turns into a request task.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CampaignPage {
-    pub tenant: String,
+    pub tenant: TenantId,
     pub notification_id: String,
     pub page: u64,
     pub cursor: String,
@@ -57,7 +57,7 @@ pub fn page_task(attrs: &Attrs) -> Option<(String, RequestMessage)> {
 /// relay queues it). Idempotent.
 pub async fn queue_page(deps: &Deps, t: &TenantId, n: &Notification, page: u64, cursor: String) -> CoreResult<()> {
     let item = CampaignPage {
-        tenant: t.as_str().to_owned(),
+        tenant: t.clone(),
         notification_id: n.notification_id.clone(),
         page,
         cursor,

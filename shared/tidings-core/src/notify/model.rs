@@ -287,7 +287,7 @@ pub struct Delivery {
 /// starts (`None` for the first); each page's task queues the next one.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RequestMessage {
-    pub tenant: String,
+    pub tenant: TenantId,
     pub notification_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cursor: Option<String>,
@@ -301,8 +301,8 @@ fn is_zero(n: &u64) -> bool {
 
 impl RequestMessage {
     /// The first (or only) task of a notification.
-    pub fn first(tenant: &str, notification_id: &str) -> Self {
-        Self { tenant: tenant.to_owned(), notification_id: notification_id.to_owned(), cursor: None, page: 0 }
+    pub fn first(tenant: &TenantId, notification_id: &str) -> Self {
+        Self { tenant: tenant.clone(), notification_id: notification_id.to_owned(), cursor: None, page: 0 }
     }
 }
 

@@ -23,34 +23,27 @@ use crate::keys;
 use crate::outcome::Outcome;
 use crate::people::users::{self, User};
 use crate::people::{devices, preferences};
-use crate::ports::{Channel, Cond, Item, Key, OutMessage, Received, StoreError, Update, Write, attrs_of};
-use crate::retry::backoff;
+use crate::ports::{Channel, Cond, Item, Key, OutMessage, StoreError, Update, Write, attrs_of};
+use crate::tasks::{Step, Task};
 use crate::templates::{self, Template};
 use crate::timers::task::{self as timer, TimerTask};
 use crate::tracking::LinkHosts;
 
-/// Handles one request message.
-pub async fn handle_request_message(deps: &Deps, message: &Received) -> Outcome {
-    let request: RequestMessage = match serde_json::from_str(&message.body) {
-        Ok(r) => r,
-        Err(e) => return Outcome::Reject(format!("malformed request message: {e}")),
-    };
-    let Ok(tenant) = TenantId::parse(&request.tenant) else {
-        return Outcome::Reject("request message with an invalid tenant".into());
-    };
-    match orchestrate_task(deps, &tenant, &request).await {
-        Ok(()) => Outcome::Done,
-        Err(e) => {
-            warn!(error = %e, notification_id = %request.notification_id, "orchestration failed; will retry");
-            Outcome::Retry(backoff(message.receive_count, deps.config.retry_base, deps.config.retry_cap, None))
-        }
+/// The request lanes' step: one request task ([`orchestrate_task`]).
+pub struct Orchestrate;
+
+impl Step for Orchestrate {
+    type Body = RequestMessage;
+    const WHAT: &'static str = "request message";
+    async fn run(deps: &Deps, task: &Task<RequestMessage>) -> CoreResult<Outcome> {
+        orchestrate_task(deps, &task.body.tenant, &task.body).await.map(|()| Outcome::Done)
     }
 }
 
 /// Orchestrates a whole notification from its first task (a `user_ids` list, or a campaign's
 /// first page, which queues the next).
 pub async fn orchestrate(deps: &Deps, t: &TenantId, notification_id: &str) -> CoreResult<()> {
-    orchestrate_task(deps, t, &RequestMessage::first(t.as_str(), notification_id)).await
+    orchestrate_task(deps, t, &RequestMessage::first(t, notification_id)).await
 }
 
 /// One request task: a `user_ids` notification (one page, 0), or one page of a campaign read
@@ -232,7 +225,7 @@ async fn plan_user(
     let r = Recipient { user_id, user, prefs: &prefs, devices: &devices };
     let mut out = Vec::new();
     for channel in channels_for(n, &r, template) {
-        if let Some(planned) = plan_delivery(deps, t, n, &r, template, hosts, channel).await? {
+        if let Some(planned) = plan_delivery(&Planning { deps, t, n, r: &r, template, hosts, channel }).await? {
             out.push(planned);
         }
     }
@@ -277,7 +270,8 @@ pub async fn resume_deferred(
     let prefs = preferences::get(deps, t, user_id).await?;
     let devices = devices_if_push(deps, t, &n, user_id).await?;
     let r = Recipient { user_id, user: user.as_ref(), prefs: &prefs, devices: &devices };
-    if let Some((queue, task)) = plan_delivery(deps, t, &n, &r, template.as_ref(), &hosts, channel).await? {
+    let planning = Planning { deps, t, n: &n, r: &r, template: template.as_ref(), hosts: &hosts, channel };
+    if let Some((queue, task)) = plan_delivery(&planning).await? {
         let body = serde_json::to_string(&task).map_err(|e| StoreError::Corrupt(e.to_string()))?;
         deps.queues.send_batch(&queue, vec![OutMessage::new(body)]).await?;
     }
@@ -378,26 +372,32 @@ async fn write_final(
     Ok(())
 }
 
+/// One delivery being planned: the notification, its recipient and channel, and what its
+/// content is rendered from (the template, the tenant's link hosts).
+#[derive(Clone, Copy)]
+struct Planning<'a> {
+    deps: &'a Deps,
+    t: &'a TenantId,
+    n: &'a Notification,
+    r: &'a Recipient<'a>,
+    template: Option<&'a Template>,
+    hosts: &'a LinkHosts,
+    channel: Channel,
+}
+
 /// Creates the delivery record (once) after the policy checks, and returns the task to queue,
 /// if any. In order: where the delivery stands ([`start_of`]), the erasure and policy checks,
 /// the content ([`content_of`]), then one transaction with the gates' writes
 /// ([`write_planned`]). A delivery that ends here is written final ([`write_final`]).
-async fn plan_delivery(
-    deps: &Deps,
-    t: &TenantId,
-    n: &Notification,
-    r: &Recipient<'_>,
-    template: Option<&Template>,
-    hosts: &LinkHosts,
-    channel: Channel,
-) -> CoreResult<Option<(String, ChannelTask)>> {
+async fn plan_delivery(p: &Planning<'_>) -> CoreResult<Option<(String, ChannelTask)>> {
+    let Planning { deps, t, n, r, channel, .. } = *p;
     let user_id = r.user_id;
     let key = keys::delivery(t, &n.notification_id, user_id, channel);
     let now = deps.clock.now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     let deferred = match start_of(deps.table.get(&key).await?.as_ref())? {
         Start::New => None,
         Start::Resume(page) => Some(page),
-        Start::Requeue => return Ok(requeue(deps, t, n, r, template, hosts, channel)),
+        Start::Requeue => return Ok(requeue(p)),
         Start::Planned => return Ok(None),
     };
     let mut delivery = new_delivery(n, user_id, channel, &now);
@@ -421,7 +421,7 @@ async fn plan_delivery(
         }
         Verdict::Send { to, writes } => (to, writes),
     };
-    let content = match content_of(deps, t, n, r, template, hosts, channel, to) {
+    let content = match content_of(p, to) {
         Ok(content) => content,
         Err(last_error) => {
             delivery.status = DeliveryStatus::Failed;
@@ -460,17 +460,9 @@ fn start_of(item: Option<&Item>) -> CoreResult<Start> {
 /// The task of a delivery still `pending` from an earlier run, rendered again ([`content_of`]);
 /// none when it can no longer be (no address, no template, a render or size error: the earlier
 /// run queued it).
-fn requeue(
-    deps: &Deps,
-    t: &TenantId,
-    n: &Notification,
-    r: &Recipient<'_>,
-    template: Option<&Template>,
-    hosts: &LinkHosts,
-    channel: Channel,
-) -> Option<(String, ChannelTask)> {
-    let to = r.address(channel)?;
-    match content_of(deps, t, n, r, template, hosts, channel, to) {
+fn requeue(p: &Planning<'_>) -> Option<(String, ChannelTask)> {
+    let to = p.r.address(p.channel)?;
+    match content_of(p, to) {
         Ok(Content::Task(queue, task)) => Some((queue, task)),
         Ok(Content::Inbox(_)) | Err(_) => None,
     }
@@ -527,17 +519,8 @@ enum Content {
 /// be sent: no template, a render error, or a task too large for a queue message (a long email
 /// whose links the tracking made longer still), which fails here, for good, rather than its
 /// page being retried until its DLQ.
-#[allow(clippy::too_many_arguments)]
-fn content_of(
-    deps: &Deps,
-    t: &TenantId,
-    n: &Notification,
-    r: &Recipient<'_>,
-    template: Option<&Template>,
-    hosts: &LinkHosts,
-    channel: Channel,
-    to: String,
-) -> Result<Content, String> {
+fn content_of(p: &Planning<'_>, to: String) -> Result<Content, String> {
+    let Planning { deps, t, n, r, template, hosts, channel } = *p;
     let Some(template) = template else {
         return Err(format!("template_error: template {} not found", n.request.template_id));
     };

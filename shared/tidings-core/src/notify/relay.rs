@@ -105,7 +105,7 @@ fn step_of(record: &ChangeRecord) -> CoreResult<Step> {
     Ok(match notification.status {
         NotificationStatus::Scheduled => Step::Scheduled(tenant, Box::new(notification)),
         NotificationStatus::Accepted => {
-            let message = RequestMessage::first(tenant.as_str(), &notification.notification_id);
+            let message = RequestMessage::first(&tenant, &notification.notification_id);
             debug!(notification_id = %message.notification_id, "relaying");
             Step::Send(Lane::requests(notification.priority).name().to_owned(), OutMessage::new(body_of(&message)?))
         }
@@ -324,7 +324,7 @@ pub async fn redrive(deps: &Deps, key: &Key) -> CoreResult<Redriven> {
             }
             _ => return Ok(Redriven::NothingToDo),
         }
-        (Lane::requests(n.priority).name().to_owned(), RequestMessage::first(tenant.as_str(), &n.notification_id))
+        (Lane::requests(n.priority).name().to_owned(), RequestMessage::first(&tenant, &n.notification_id))
     };
     deps.queues.send_batch(&queue, vec![OutMessage::new(body_of(&message)?)]).await?;
     Ok(Redriven::Queued)
