@@ -19,7 +19,10 @@
 //! only when absent: two ticks at once, or a tick that dies between the write and the removal,
 //! write it once. It is told within a minute of the last delivery's end. The open list is one
 //! partition: campaigns are few at a time (each holds a million deliveries), and a tick reads at
-//! most [`MAX_PER_TICK`] of them.
+//! most [`MAX_PER_TICK`] of them. Where a tick stopped is kept (`CAMPAIGNS#OPEN#CURSOR`), and the
+//! next tick goes on from there, back to the front once it reaches the end: with more open
+//! campaigns than a tick reads, every one is still looked at within a few ticks, not only the
+//! first ones of the list.
 
 use serde::Serialize;
 use serde_json::json;
@@ -33,6 +36,10 @@ use crate::ports::{Cond, Item, Key, QueryOpts, StoreError, Write};
 use crate::webhooks::{Event, EventType};
 
 const OPEN_PK: &str = "CAMPAIGNS#OPEN";
+/// Where the last tick stopped in the open list (its own partition, so the list's reads never
+/// see it).
+const CURSOR_PK: &str = "CAMPAIGNS#OPEN#CURSOR";
+const CURSOR_SK: &str = "cursor";
 
 /// The most open campaigns one tick looks at (the rest wait for the next).
 pub const MAX_PER_TICK: usize = 200;
@@ -60,12 +67,25 @@ pub struct CompletionReport {
 }
 
 /// Looks at the open campaigns: each completed one gets its `campaign.completed` event and
-/// leaves the list.
+/// leaves the list. At most [`MAX_PER_TICK`], from where the last tick stopped.
 pub async fn check_open(deps: &Deps) -> CoreResult<CompletionReport> {
+    check_open_at_most(deps, MAX_PER_TICK).await
+}
+
+/// [`check_open`] looking at no more than `limit` open campaigns.
+pub async fn check_open_at_most(deps: &Deps, limit: usize) -> CoreResult<CompletionReport> {
     let mut report = CompletionReport::default();
-    let mut cursor = None;
+    let cursor_key = Key::new(CURSOR_PK, CURSOR_SK);
+    let mut cursor = deps
+        .table
+        .get(&cursor_key)
+        .await?
+        .and_then(|item| item.attrs.get("after").and_then(|v| v.as_str()).map(str::to_owned));
+    let resumed = cursor.is_some();
+    let limit = limit.max(1);
     loop {
-        let page = deps.table.query(OPEN_PK, "", QueryOpts { limit: 100, cursor, descending: false }).await?;
+        let want = (limit - report.checked as usize).min(100);
+        let page = deps.table.query(OPEN_PK, "", QueryOpts { limit: want, cursor, descending: false }).await?;
         for entry in &page.items {
             report.checked += 1;
             match check_one(deps, entry).await {
@@ -76,10 +96,21 @@ pub async fn check_open(deps: &Deps) -> CoreResult<CompletionReport> {
             }
         }
         cursor = page.next_cursor;
-        if cursor.is_none() || report.checked as usize >= MAX_PER_TICK {
-            return Ok(report);
+        if cursor.is_none() || report.checked as usize >= limit {
+            break;
         }
     }
+    // The next tick goes on after the last campaign looked at, or from the front.
+    match cursor {
+        Some(after) => {
+            let mut item = Item::new(cursor_key, Default::default());
+            item.attrs.insert("after".into(), after.into());
+            deps.table.put(item, Cond::Always).await?;
+        }
+        None if resumed => deps.table.delete(&cursor_key, Cond::Always).await?,
+        None => {}
+    }
+    Ok(report)
 }
 
 /// `true` when the campaign was found completed (and its event written).

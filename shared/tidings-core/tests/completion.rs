@@ -1,0 +1,124 @@
+//! `campaign.completed` is told for every campaign, however many are open at once: the tick
+//! reads a bounded number of open campaigns and goes on where the last tick stopped
+//! (docs/delivery.md, "Campaigns").
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::json;
+use tidings_core::messages::{ALL_QUEUES, dispatch, settle};
+use tidings_core::notify::api;
+use tidings_core::notify::completion::check_open_at_most;
+use tidings_core::notify::model::{NotificationRequest, NotificationStatus};
+use tidings_core::notify::relay;
+use tidings_core::people::users::{self, UserInput};
+use tidings_core::ports::{ChangeFeed, OutboundMessage, Provider, ProviderError, ProviderReceipt};
+use tidings_core::{CoreConfig, TenantId, templates};
+use tidings_embedded::test_world::{Recorder, TestWorld};
+
+/// An SMS provider that is down: the campaigns sent through it stay open.
+struct Down;
+
+#[async_trait]
+impl Provider for Down {
+    fn name(&self) -> &str {
+        "down"
+    }
+    async fn send(&self, _: &OutboundMessage) -> Result<ProviderReceipt, ProviderError> {
+        Err(ProviderError::transient("provider answered 503"))
+    }
+}
+
+/// Runs the relay and every queue until nothing is visible (retries wait on the manual clock).
+async fn drain(w: &TestWorld, feed: &tidings_embedded::EmbeddedChangeFeed) {
+    loop {
+        let mut did = 0;
+        let records = feed.next_batch(1000).await.unwrap();
+        if !records.is_empty() {
+            relay::handle_changes(&w.deps, &records).await.unwrap();
+            feed.commit(&records).await.unwrap();
+            did += records.len();
+        }
+        for q in ALL_QUEUES.iter().filter(|q| tidings_core::messages::is_consumed(q)) {
+            let got = w.deps.queues.receive(q, 10, Duration::from_secs(60), Duration::ZERO).await.unwrap();
+            for m in &got {
+                let outcome = dispatch(&w.deps, q, m).await;
+                settle(w.deps.queues.as_ref(), q, m, &outcome, w.deps.clock.now(), true).await.unwrap();
+            }
+            did += got.len();
+        }
+        if did == 0 {
+            return;
+        }
+    }
+}
+
+async fn shop(w: &TestWorld, tenant: &str) -> TenantId {
+    let t = TenantId::parse(tenant).unwrap();
+    let input = UserInput {
+        email: Some("member@example.com".into()),
+        phone: Some("+14155550100".into()),
+        tags: vec!["members".into()],
+        ..Default::default()
+    };
+    users::put_user(&w.deps, &t, "m1", input).await.unwrap();
+    let template = serde_json::from_value(json!({
+        "default_locale": "en",
+        "locales": {"en": {"email_subject": "Sale", "email_body": "Hello", "sms": "Hello"}}
+    }))
+    .unwrap();
+    templates::put_template(&w.deps, &t, "promo", template).await.unwrap();
+    t
+}
+
+async fn campaign(w: &TestWorld, t: &TenantId, key: &str, channel: &str) -> String {
+    let request: NotificationRequest = serde_json::from_value(json!({
+        "idempotency_key": key, "recipients": {"segment": "members"}, "template_id": "promo",
+        "category": "marketing", "channels": [channel],
+    }))
+    .unwrap();
+    api::accept(&w.deps, t, request).await.unwrap().notification_id
+}
+
+#[tokio::test]
+async fn a_campaign_behind_more_open_ones_than_a_tick_reads_is_still_told() {
+    let w = TestWorld::builder()
+        .all_queues(5)
+        .email(Arc::new(Recorder::default()))
+        .sms(Arc::new(Down))
+        .config(CoreConfig { frequency_cap: 100, ..CoreConfig::default() })
+        .build();
+    let feed = w.feed("relay");
+    // The open list is ordered by tenant: two campaigns that cannot finish (their SMS provider
+    // is down) come before the one that does.
+    let front = shop(&w, "aa-shop").await;
+    let back = shop(&w, "zz-shop").await;
+    let stuck = [campaign(&w, &front, "stuck-1", "sms").await, campaign(&w, &front, "stuck-2", "sms").await];
+    let done = campaign(&w, &back, "done-1", "email").await;
+    drain(&w, &feed).await;
+    let status = |t: TenantId, id: String| {
+        let deps = w.deps.clone();
+        async move { api::get_notification(&deps, &t, &id).await.unwrap().unwrap().status }
+    };
+    assert_eq!(status(back.clone(), done.clone()).await, NotificationStatus::Completed);
+    for id in &stuck {
+        assert_ne!(status(front.clone(), id.clone()).await, NotificationStatus::Completed);
+    }
+
+    // A tick that reads two looks at the two stuck campaigns; the next goes on to the third.
+    let first = check_open_at_most(&w.deps, 2).await.unwrap();
+    assert_eq!((first.checked, first.completed), (2, 0), "{first:?}");
+    let second = check_open_at_most(&w.deps, 2).await.unwrap();
+    assert_eq!(second.completed, 1, "the campaign after the first two is told: {second:?}");
+    // Then from the front again: the stuck ones are still watched, the told one is gone.
+    let mut seen = 0;
+    for _ in 0..3 {
+        let r = check_open_at_most(&w.deps, 2).await.unwrap();
+        assert_eq!(r.completed, 0, "told once: {r:?}");
+        seen += r.checked;
+    }
+    assert!(seen >= 4, "the two stuck campaigns are looked at on every round: {seen}");
+}
