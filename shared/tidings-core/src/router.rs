@@ -9,8 +9,10 @@ use crate::notify::orchestrator::Orchestrate;
 use crate::notify::worker::ChannelSend;
 use crate::outcome::Outcome;
 use crate::ports::Received;
+use crate::restock::StockEventStep;
 use crate::tasks::{handle, handle_batch};
 use crate::timers::TimerStep;
+use crate::webhooks::WebhookStep;
 
 /// Routes a batch of messages of one queue: channel tasks are handled as a batch
 /// ([`crate::notify::worker::handle_channel_batch`]), the others one by one. One outcome per
@@ -85,9 +87,9 @@ pub async fn route(deps: &Deps, lane: Lane, message: &Received) -> Outcome {
             let one = handle_batch::<ChannelSend>(deps, std::slice::from_ref(message), None).await;
             one.into_iter().next().unwrap_or(Outcome::Retry(Duration::ZERO))
         }
-        Lane::StockEvents => crate::restock::handle_stock_event_message(deps, message).await,
+        Lane::StockEvents => handle::<StockEventStep>(deps, message).await,
         Lane::Timers => handle::<TimerStep>(deps, message).await,
-        Lane::Webhooks => crate::webhooks::handle_webhook_message(deps, message).await,
+        Lane::Webhooks => handle::<WebhookStep>(deps, message).await,
         Lane::InventoryReview | Lane::StreamFailures | Lane::ScheduleFailures => {
             Outcome::Reject(format!("nothing handles queue {lane}"))
         }

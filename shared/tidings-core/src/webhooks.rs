@@ -4,7 +4,7 @@
 //! secret `whsec_<base64>`. A fact (a delivery sent, an order expired, ...) writes, in the same
 //! transaction as the fact itself, an outbox item per event ([`event_write`]) when some endpoint
 //! of the tenant subscribes to its type. The change stream relays each new outbox item to the
-//! [`WEBHOOKS_QUEUE`] (like a notification: `notify::relay`), where [`handle_webhook_message`]
+//! [`WEBHOOKS_QUEUE`] (like a notification: `notify::relay`), where [`WebhookStep`]
 //! fans it out into one attempt per subscribed endpoint and each attempt POSTs the event. So an
 //! event is never lost once its fact is recorded: the stream, the queue's retries, its DLQ and
 //! the ops redrive carry it, at least once; the `webhook-id` header is the event's id, stable
@@ -29,13 +29,15 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use tracing::{info, warn};
 
+use crate::config::{UrlPolicy, WebhookConfig};
 use crate::deps::Deps;
 use crate::error::{CoreError, CoreResult};
 use crate::gates::{RateGate, SharedGate};
 use crate::ids::TenantId;
 use crate::messages::Outcome;
-use crate::ports::{Cond, Item, Key, OutMessage, QueryOpts, Received, StoreError, Update, Write, attrs_of};
+use crate::ports::{Cond, Item, Key, OutMessage, QueryOpts, StoreError, Update, Write, attrs_of};
 use crate::retry::backoff;
+use crate::tasks::{Step, Task};
 
 /// The queue of webhook events and attempts (its DLQ is `webhooks-dlq`).
 pub const WEBHOOKS_QUEUE: &str = "webhooks";
@@ -236,36 +238,6 @@ pub struct EndpointInput {
     /// Requests per second, 1 to 1,000 (default 10).
     #[schema(minimum = 1, maximum = 1000)]
     pub rate_limit: Option<u32>,
-}
-
-/// What the server allows as a target.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct UrlPolicy {
-    /// `http://` and loopback, private and link-local addresses (dev and tests only).
-    pub allow_private: bool,
-}
-
-/// Tunables (`TIDINGS_WEBHOOK_*`, read by [`crate::config`]).
-#[derive(Clone, Debug)]
-pub struct WebhookConfig {
-    /// `TIDINGS_WEBHOOK_ALLOW_PRIVATE=true`: see [`UrlPolicy`]. Never set by `template.yaml`.
-    pub policy: UrlPolicy,
-    /// How long a rotated-out secret still signs (`TIDINGS_WEBHOOK_ROTATION_GRACE_S`, default 24 h).
-    pub rotation_grace: Duration,
-    /// Connect and total timeouts of a post (5 s, 15 s).
-    pub connect_timeout: Duration,
-    pub timeout: Duration,
-}
-
-impl Default for WebhookConfig {
-    fn default() -> Self {
-        Self {
-            policy: UrlPolicy { allow_private: false },
-            rotation_grace: Duration::from_secs(86_400),
-            connect_timeout: Duration::from_secs(5),
-            timeout: Duration::from_secs(15),
-        }
-    }
 }
 
 /// Whether an address is one a production server must not post to (SSRF): loopback, private,
@@ -475,7 +447,7 @@ pub async fn send_test(deps: &Deps, t: &TenantId, id: &str) -> CoreResult<String
     let stored = stored_endpoint(deps, t, id).await?;
     let nonce = crate::ids::new_id();
     let event = Event::of(deps, t, EventType::WebhookTest, &[&nonce], json!({"endpoint_id": stored.endpoint_id}));
-    let message = Message::Attempt { tenant: t.to_string(), endpoint_id: stored.endpoint_id, event: event.clone() };
+    let message = Message::Attempt { tenant: t.clone(), endpoint_id: stored.endpoint_id, event: event.clone() };
     deps.queues.send_batch(WEBHOOKS_QUEUE, vec![OutMessage::new(serde_json::to_string(&message)?)]).await?;
     Ok(event.id)
 }
@@ -545,7 +517,7 @@ pub fn relayed(key: &Key, attrs: &crate::ports::Attrs) -> Option<String> {
     }
     let (tenant, _) = crate::keys::tenant_of(&key.pk)?;
     let event: Event = serde_json::from_value(attrs.get("event")?.clone()).ok()?;
-    serde_json::to_string(&Message::Event { tenant: tenant.to_string(), event }).ok()
+    serde_json::to_string(&Message::Event { tenant, event }).ok()
 }
 
 /// Queues again an outbox item's event (a stream record the relay gave up on). `false`: no
@@ -564,9 +536,9 @@ pub async fn redrive(deps: &Deps, key: &Key) -> CoreResult<bool> {
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Message {
     /// An event to fan out to the tenant's subscribed endpoints.
-    Event { tenant: String, event: Event },
+    Event { tenant: TenantId, event: Event },
     /// An event to post to one endpoint.
-    Attempt { tenant: String, endpoint_id: String, event: Event },
+    Attempt { tenant: TenantId, endpoint_id: String, event: Event },
 }
 
 /// The HTTP client of every post: rustls, no redirects followed (a redirect to a private
@@ -605,56 +577,45 @@ fn gate_of(deps: &Deps, t: &TenantId, endpoint: &Stored) -> Arc<SharedGate> {
         .clone()
 }
 
-/// Handles one message of the [`WEBHOOKS_QUEUE`].
-pub async fn handle_webhook_message(deps: &Deps, message: &Received) -> Outcome {
-    let parsed: Message = match serde_json::from_str(&message.body) {
-        Ok(m) => m,
-        Err(e) => return Outcome::Reject(format!("malformed webhook message: {e}")),
-    };
-    let retry = |retry_after: Option<Duration>| {
-        Outcome::Retry(backoff(message.receive_count, deps.config.retry_base, deps.config.retry_cap, retry_after))
-    };
-    let result = match parsed {
-        Message::Event { tenant, event } => {
-            let Ok(t) = TenantId::parse(&tenant) else {
-                return Outcome::Reject("webhook event without a tenant".into());
-            };
-            fan_out(deps, &t, event).await
-        }
-        Message::Attempt { tenant, endpoint_id, event } => {
-            let Ok(t) = TenantId::parse(&tenant) else {
-                return Outcome::Reject("webhook attempt without a tenant".into());
-            };
-            attempt(deps, &t, &endpoint_id, &event, message).await
-        }
-    };
-    match result {
-        Ok(Step::Done) => Outcome::Done,
-        Ok(Step::Retry(after)) => retry(after),
-        Err(e) if e.is_retryable() => retry(None),
-        Err(e) => {
-            warn!(error = %e, "webhook message failed");
-            retry(None)
-        }
+/// The webhooks lane's step: an event fanned out to the tenant's subscribed endpoints, or one
+/// endpoint's post.
+pub struct WebhookStep;
+
+impl Step for WebhookStep {
+    type Body = Message;
+    const WHAT: &'static str = "webhook message";
+    async fn run(deps: &Deps, task: &Task<Message>) -> CoreResult<Outcome> {
+        let next = match &task.body {
+            Message::Event { tenant, event } => fan_out(deps, tenant, event).await?,
+            Message::Attempt { tenant, endpoint_id, event } => attempt(deps, tenant, endpoint_id, event, task).await?,
+        };
+        Ok(match next {
+            Next::Done => Outcome::Done,
+            Next::Retry(after) => {
+                Outcome::Retry(backoff(task.receive_count, deps.config.retry_base, deps.config.retry_cap, after))
+            }
+        })
     }
 }
 
-enum Step {
+/// What a webhook message's work leaves to do: nothing, or a retry (after the endpoint's
+/// `Retry-After`, if it gave one).
+enum Next {
     Done,
     Retry(Option<Duration>),
 }
 
-async fn fan_out(deps: &Deps, t: &TenantId, event: Event) -> CoreResult<Step> {
+async fn fan_out(deps: &Deps, t: &TenantId, event: &Event) -> CoreResult<Next> {
     let endpoints = stored_endpoints(deps, t).await?;
     let mut attempts = Vec::new();
     for e in endpoints.into_iter().filter(|e| e.events.contains(&event.kind)) {
-        let m = Message::Attempt { tenant: t.to_string(), endpoint_id: e.endpoint_id, event: event.clone() };
+        let m = Message::Attempt { tenant: t.clone(), endpoint_id: e.endpoint_id, event: event.clone() };
         attempts.push(OutMessage::new(serde_json::to_string(&m)?));
     }
     if !attempts.is_empty() {
         deps.queues.send_batch(WEBHOOKS_QUEUE, attempts).await?;
     }
-    Ok(Step::Done)
+    Ok(Next::Done)
 }
 
 /// Whether a host's addresses are all allowed (looked up now: a name may point anywhere).
@@ -686,23 +647,29 @@ async fn record_end(deps: &Deps, t: &TenantId, event: &Event, endpoint: &Stored,
     }
 }
 
-async fn attempt(deps: &Deps, t: &TenantId, endpoint_id: &str, event: &Event, message: &Received) -> CoreResult<Step> {
+async fn attempt(
+    deps: &Deps,
+    t: &TenantId,
+    endpoint_id: &str,
+    event: &Event,
+    task: &Task<Message>,
+) -> CoreResult<Next> {
     let endpoint = match stored_endpoint(deps, t, endpoint_id).await {
         Ok(e) => e,
-        Err(CoreError::NotFound { .. }) => return Ok(Step::Done),
+        Err(CoreError::NotFound { .. }) => return Ok(Next::Done),
         Err(e) => return Err(e),
     };
     if deps.table.get(&end_key(t, &event.id, endpoint_id)).await?.is_some() {
-        return Ok(Step::Done); // posted already (a repeated event or attempt)
+        return Ok(Next::Done); // posted already (a repeated event or attempt)
     }
     let now_ms = deps.clock.now_ms();
     if let Err(wait) = gate_of(deps, t, &endpoint).try_take(now_ms).await {
         // Over the endpoint's rate: the message comes back when a token does, without counting
         // a receive towards the DLQ.
-        let copy = OutMessage::delayed(message.body.clone(), wait.max(Duration::from_millis(200)));
+        let copy = OutMessage::delayed(serde_json::to_string(&task.body)?, wait.max(Duration::from_millis(200)));
         return match deps.queues.send_batch(WEBHOOKS_QUEUE, vec![copy]).await {
-            Ok(()) => Ok(Step::Done),
-            Err(_) => Ok(Step::Retry(Some(wait))),
+            Ok(()) => Ok(Next::Done),
+            Err(_) => Ok(Next::Retry(Some(wait))),
         };
     }
     let at = now_text(deps);
@@ -718,10 +685,10 @@ async fn attempt(deps: &Deps, t: &TenantId, endpoint_id: &str, event: &Event, me
         _ => {
             warn!(tenant = %t, endpoint_id, "webhook endpoint refused: a private address");
             record_end(deps, t, event, &endpoint, last("failed", None)).await?;
-            return Ok(Step::Done);
+            return Ok(Next::Done);
         }
     };
-    let Some(client) = client() else { return Ok(Step::Retry(None)) };
+    let Some(client) = client() else { return Ok(Next::Retry(None)) };
     let timestamp = now_ms / 1000;
     let body = event.body();
     let signature = signature_header(&endpoint.live_secrets(now_ms), &event.id, timestamp, &body);
@@ -737,24 +704,24 @@ async fn attempt(deps: &Deps, t: &TenantId, endpoint_id: &str, event: &Event, me
     let status = match sent {
         Ok(r) => r.status(),
         Err(e) => {
-            info!(tenant = %t, endpoint_id, error = %e, attempt = message.receive_count, "webhook post failed; retried");
+            info!(tenant = %t, endpoint_id, error = %e, attempt = task.receive_count, "webhook post failed; retried");
             record_end(deps, t, event, &endpoint, last("retrying", None)).await?;
-            return Ok(Step::Retry(None));
+            return Ok(Next::Retry(None));
         }
     };
     let code = status.as_u16();
     if status.is_success() {
         record_end(deps, t, event, &endpoint, last("delivered", Some(code))).await?;
-        return Ok(Step::Done);
+        return Ok(Next::Done);
     }
     if code == 408 || code == 429 || status.is_server_error() {
-        info!(tenant = %t, endpoint_id, code, attempt = message.receive_count, "webhook refused for now; retried");
+        info!(tenant = %t, endpoint_id, code, attempt = task.receive_count, "webhook refused for now; retried");
         record_end(deps, t, event, &endpoint, last("retrying", Some(code))).await?;
-        return Ok(Step::Retry(None));
+        return Ok(Next::Retry(None));
     }
     warn!(tenant = %t, endpoint_id, code, "webhook refused for good; not retried");
     record_end(deps, t, event, &endpoint, last("failed", Some(code))).await?;
-    Ok(Step::Done)
+    Ok(Next::Done)
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@
 //!   resend.
 //!
 //! Entry points for the runtime: the `stock-events` queue →
-//! [`rounds::handle_stock_event_message`]; timers `restock.wave`, `restock.flush`,
+//! [`rounds::StockEventStep`]; timers `restock.wave`, `restock.flush`,
 //! `restock.check`; the `restock-scan` schedule → [`rounds::scan`].
 
 pub mod keys;
@@ -22,11 +22,11 @@ pub mod subscriptions;
 
 pub use merge::{NoticePage, RESTOCK_TEMPLATE, ResendReport, get_notice, list_notices, resend};
 pub use model::{
-    MessageStatus, Notice, NoticeStatus, RestockConfig, RestockMessage, RestockRound, StockEvent, Subscription,
-    SubscriptionRequest, SubscriptionStatus,
+    MessageStatus, Notice, NoticeStatus, RestockConfig, RestockMessage, RestockRound, StockEvent, StockLaneMessage,
+    Subscription, SubscriptionRequest, SubscriptionStatus,
 };
 pub use rounds::{
-    STOCK_EVENTS_QUEUE, ScanReport, StockEventAccepted, WaveReport, apply_stock_event, batch_no,
-    handle_stock_event_message, on_stock_changes, run_round, scan,
+    STOCK_EVENTS_QUEUE, ScanReport, StockEventAccepted, StockEventStep, WaveReport, apply_stock_event, batch_no,
+    on_stock_changes, run_round, scan,
 };
 pub use subscriptions::{SubscriptionPage, cancel, list_for_user, subscribe};

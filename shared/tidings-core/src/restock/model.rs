@@ -5,6 +5,8 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 
+use crate::ids::TenantId;
+
 /// A subscription's life (docs/restock.md, "Subscriptions"): WAITING → NOTIFIED / CANCELLED /
 /// EXPIRED. Rows are never deleted. A NOTIFIED one may still be cancelled (that stops its retries).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -222,7 +224,7 @@ fn id_text<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RoundJob {
     pub event: String,
-    pub tenant: String,
+    pub tenant: TenantId,
     #[serde(rename = "skuId")]
     pub sku_id: String,
     pub round: i64,
@@ -233,6 +235,32 @@ pub struct RoundJob {
 
 pub const ROUND_EVENT: &str = "restock.round";
 pub const STOCK_IN_EVENT: &str = "stock.in";
+
+/// A message of the `stock-events` queue, told apart by its `event`: a round job, or an
+/// upstream `stock.in` that names its tenant (through the API the key does, so [`StockEvent`]'s
+/// own `tenant` is optional; on the queue it is required and checked as the message parses).
+#[derive(Clone, Debug, PartialEq)]
+pub enum StockLaneMessage {
+    Round(RoundJob),
+    StockIn { tenant: TenantId, event: StockEvent },
+}
+
+impl<'de> Deserialize<'de> for StockLaneMessage {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let value = Value::deserialize(d)?;
+        match value.get("event").and_then(Value::as_str) {
+            Some(ROUND_EVENT) => serde_json::from_value(value).map(Self::Round).map_err(D::Error::custom),
+            Some(STOCK_IN_EVENT) => {
+                let event: StockEvent = serde_json::from_value(value).map_err(D::Error::custom)?;
+                let tenant = event.tenant.clone().ok_or_else(|| D::Error::missing_field("tenant"))?;
+                let tenant = TenantId::try_from(tenant).map_err(D::Error::custom)?;
+                Ok(Self::StockIn { tenant, event })
+            }
+            other => Err(D::Error::custom(format!("unknown stock event {other:?}"))),
+        }
+    }
+}
 
 /// Tunables of the feature, read once from the environment.
 #[derive(Clone, Debug, PartialEq)]

@@ -14,13 +14,13 @@
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sha2::{Digest, Sha256};
-use tracing::{info, warn};
+use tracing::info;
 
 use super::keys;
 use super::merge;
 use super::model::{
-    Notice, NoticeStatus, ROUND_EVENT, RestockRound, RoundJob, STOCK_IN_EVENT, StockEvent, SubscriptionStatus,
-    WaitingEntry,
+    Notice, NoticeStatus, ROUND_EVENT, RestockRound, RoundJob, STOCK_IN_EVENT, StockEvent, StockLaneMessage,
+    SubscriptionStatus, WaitingEntry,
 };
 use super::subscriptions::{expire_old, leave_waiting_writes, now_text};
 use crate::deps::Deps;
@@ -28,8 +28,8 @@ use crate::error::{CoreError, CoreResult};
 use crate::ids::{TenantId, check_id};
 use crate::inventory::{self, AdjustmentRequest, AdjustmentSource, StockView};
 use crate::outcome::Outcome;
-use crate::ports::{ChangeRecord, Cond, Item, OutMessage, QueryOpts, Received, StoreError, Update, Write, attrs_of};
-use crate::retry::backoff;
+use crate::ports::{ChangeRecord, Cond, Item, OutMessage, QueryOpts, StoreError, Update, Write, attrs_of};
+use crate::tasks::{Step, Task};
 
 /// The queue of upstream stock events and of round jobs.
 pub const STOCK_EVENTS_QUEUE: &str = "stock-events";
@@ -56,13 +56,7 @@ pub async fn on_stock_changes(deps: &Deps, records: &[ChangeRecord]) -> CoreResu
         }
         let Some((tenant, rest)) = crate::keys::tenant_of(&r.key.pk) else { continue };
         let Some(sku) = rest.strip_prefix("SKU#") else { continue };
-        let job = RoundJob {
-            event: ROUND_EVENT.into(),
-            tenant: tenant.as_str().to_owned(),
-            sku_id: sku.to_owned(),
-            round: new_round,
-            wave: None,
-        };
+        let job = RoundJob { event: ROUND_EVENT.into(), tenant, sku_id: sku.to_owned(), round: new_round, wave: None };
         jobs.push(OutMessage::new(serde_json::to_string(&job)?));
     }
     if !jobs.is_empty() {
@@ -114,40 +108,24 @@ pub async fn apply_stock_event(deps: &Deps, t: &TenantId, ev: &StockEvent) -> Co
     })
 }
 
-/// Handles a message of the `stock-events` queue: an upstream `stock.in` (with `tenant`), or a
-/// round job.
-pub async fn handle_stock_event_message(deps: &Deps, message: &Received) -> Outcome {
-    let value: serde_json::Value = match serde_json::from_str(&message.body) {
-        Ok(v) => v,
-        Err(e) => return Outcome::Reject(format!("malformed stock event: {e}")),
-    };
-    let retry = || Outcome::Retry(backoff(message.receive_count, deps.config.retry_base, deps.config.retry_cap, None));
-    let result = match value.get("event").and_then(serde_json::Value::as_str) {
-        Some(ROUND_EVENT) => match serde_json::from_value::<RoundJob>(value) {
-            Ok(job) => match TenantId::parse(&job.tenant) {
-                Ok(t) => run_round(deps, &t, &job.sku_id, job.round, job.wave).await.map(|_| ()),
-                Err(e) => Err(e),
-            },
-            Err(e) => return Outcome::Reject(format!("malformed round job: {e}")),
-        },
-        Some(STOCK_IN_EVENT) => match serde_json::from_value::<StockEvent>(value) {
-            Ok(ev) => match ev.tenant.as_deref().map(TenantId::parse) {
-                Some(Ok(t)) => apply_stock_event(deps, &t, &ev).await.map(|_| ()),
-                Some(Err(e)) => Err(e),
-                None => return Outcome::Reject("stock event without a tenant".into()),
-            },
-            Err(e) => return Outcome::Reject(format!("malformed stock event: {e}")),
-        },
-        other => return Outcome::Reject(format!("unknown stock event {other:?}")),
-    };
-    match result {
-        Ok(()) => Outcome::Done,
-        Err(e @ (CoreError::Invalid { .. } | CoreError::NotFound { .. } | CoreError::Conflict { .. })) => {
-            Outcome::Reject(e.to_string())
-        }
-        Err(e) => {
-            warn!(error = %e, "stock event failed; will retry");
-            retry()
+/// The stock-events lane's step: an upstream `stock.in` (with `tenant`), or a round job. A
+/// stock event that names no SKU of ours, or conflicts with one, can never apply: rejected.
+pub struct StockEventStep;
+
+impl Step for StockEventStep {
+    type Body = StockLaneMessage;
+    const WHAT: &'static str = "stock event";
+    async fn run(deps: &Deps, task: &Task<StockLaneMessage>) -> CoreResult<Outcome> {
+        let result = match &task.body {
+            StockLaneMessage::Round(job) => {
+                run_round(deps, &job.tenant, &job.sku_id, job.round, job.wave).await.map(|_| ())
+            }
+            StockLaneMessage::StockIn { tenant, event } => apply_stock_event(deps, tenant, event).await.map(|_| ()),
+        };
+        match result {
+            Ok(()) => Ok(Outcome::Done),
+            Err(e @ (CoreError::NotFound { .. } | CoreError::Conflict { .. })) => Ok(Outcome::Reject(e.to_string())),
+            Err(e) => Err(e),
         }
     }
 }
@@ -501,7 +479,7 @@ pub async fn scan(deps: &Deps) -> CoreResult<ScanReport> {
                     }
                     let job = RoundJob {
                         event: ROUND_EVENT.into(),
-                        tenant: t.as_str().to_owned(),
+                        tenant: t.clone(),
                         sku_id: sku.to_owned(),
                         round: stock.restock_round,
                         wave: None,
