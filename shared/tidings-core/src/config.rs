@@ -19,14 +19,133 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::deps::CoreConfig;
 use crate::gates::GateConfig;
 use crate::gates::api::ApiRates;
 use crate::inventory::HoldTimes;
 use crate::notify::abuse::AbuseGuard;
 use crate::restock::RestockConfig;
 use crate::signing::Signer;
-use crate::webhooks::{UrlPolicy, WebhookConfig};
+
+/// Tunables of the core: parsed once from the `TIDINGS_*` variables an edge passes
+/// ([`Settings::core`], where each variable's default and meaning are).
+#[derive(Clone, Debug)]
+pub struct CoreConfig {
+    /// First retry delay; doubles per attempt, with jitter.
+    pub retry_base: Duration,
+    /// Longest retry delay.
+    pub retry_cap: Duration,
+    /// Receives before a message goes to its DLQ (the queues' redrive policy says the same).
+    pub max_receives: u32,
+    /// Lease of a transactional delivery while the provider is called.
+    pub delivery_lease: Duration,
+    /// Lease of a marketing claim: after it, a delivery still `sending` is closed as `failed`
+    /// (`outcome_unknown`), never sent again. Long enough for a whole batch of sends (at least
+    /// 8 × (provider timeout + 2 s): a batch of 100 sends 16 at a time, each within the gate's
+    /// wait and the provider timeout), so no live worker's claim is closed under it.
+    pub marketing_lease: Duration,
+    /// Time a provider call may take before it counts as a timeout.
+    pub provider_timeout: Duration,
+    /// Visibility timeout the runtime uses when it receives.
+    pub visibility: Duration,
+    /// Keys for signed links and tokens (the first signs; all verify).
+    pub signer: Signer,
+    /// Public base URL for links in messages.
+    pub public_url: String,
+    /// How long unpaid orders hold stock, per category (`TIDINGS_HOLD_TIMES`).
+    pub hold_times: HoldTimes,
+    /// Back-in-stock tunables (`TIDINGS_RESTOCK_*`).
+    pub restock: RestockConfig,
+    /// Recipients per campaign page task (`TIDINGS_CAMPAIGN_PAGE_SIZE`, default 1,000).
+    pub campaign_page_size: usize,
+    /// Marketing sends per user, channel and day (`TIDINGS_FREQUENCY_CAP`, default 3).
+    pub frequency_cap: u32,
+    /// Per-tenant caps (`TIDINGS_FREQUENCY_CAPS="acme:5,globex:2"`).
+    pub frequency_caps: BTreeMap<String, u32>,
+    /// The abuse guard: SMS countries and per-number limits, per-requester limits
+    /// (see [`crate::notify::abuse`]).
+    pub abuse: AbuseGuard,
+    /// A PEM certificate trusted for every SNS message instead of the one at `SigningCertURL`
+    /// (`TIDINGS_SNS_TRUSTED_CERT_PEM`, a PEM text or a path to one). Tests and emulators only.
+    pub sns_trusted_cert_pem: Option<String>,
+    /// The SNS topics whose messages the callbacks accept (`TIDINGS_SNS_TOPIC_ARNS`, comma
+    /// separated; the template sets its own topics'). None: every SNS message is refused.
+    pub sns_topic_arns: Vec<String>,
+    /// How old a notification still `accepted` must be before the tick's sweep queues it again
+    /// (`TIDINGS_RELAY_SWEEP_AFTER_S`; see [`crate::notify::sweep`]).
+    pub relay_sweep_after: Duration,
+    /// The rate gates and breakers around the providers (`TIDINGS_PROVIDER_RATES`,
+    /// `TIDINGS_TENANT_RATES`, `TIDINGS_GATE_MAX_WAIT_MS`, `TIDINGS_BREAKER`).
+    pub gates: GateConfig,
+    /// The API's request rates (`TIDINGS_API_RATES`).
+    pub api_rates: ApiRates,
+    /// Webhook posting (`TIDINGS_WEBHOOK_*`).
+    pub webhooks: WebhookConfig,
+}
+
+impl Default for CoreConfig {
+    fn default() -> Self {
+        Self {
+            retry_base: Duration::from_secs(10),
+            retry_cap: Duration::from_secs(15 * 60),
+            max_receives: 5,
+            delivery_lease: Duration::from_secs(60),
+            marketing_lease: Duration::from_secs(600),
+            provider_timeout: Duration::from_secs(10),
+            visibility: Duration::from_secs(60),
+            signer: Signer::default(),
+            public_url: "http://127.0.0.1:8080".into(),
+            hold_times: HoldTimes::default(),
+            restock: RestockConfig::default(),
+            campaign_page_size: 1000,
+            frequency_cap: 3,
+            frequency_caps: BTreeMap::new(),
+            abuse: AbuseGuard::default(),
+            sns_trusted_cert_pem: None,
+            sns_topic_arns: Vec::new(),
+            relay_sweep_after: Duration::from_secs(300),
+            gates: GateConfig { max_wait: Duration::from_millis(2000), ..Default::default() },
+            api_rates: ApiRates::default(),
+            webhooks: WebhookConfig::default(),
+        }
+    }
+}
+
+impl CoreConfig {
+    /// The marketing frequency cap of a tenant.
+    pub fn frequency_cap_of(&self, tenant: &str) -> u32 {
+        self.frequency_caps.get(tenant).copied().unwrap_or(self.frequency_cap)
+    }
+}
+
+/// What the server allows as a webhook target ([`crate::webhooks::check_url`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UrlPolicy {
+    /// `http://` and loopback, private and link-local addresses (dev and tests only).
+    pub allow_private: bool,
+}
+
+/// Webhook posting (`TIDINGS_WEBHOOK_*`).
+#[derive(Clone, Debug)]
+pub struct WebhookConfig {
+    /// `TIDINGS_WEBHOOK_ALLOW_PRIVATE=true`: see [`UrlPolicy`]. Never set by `template.yaml`.
+    pub policy: UrlPolicy,
+    /// How long a rotated-out secret still signs (`TIDINGS_WEBHOOK_ROTATION_GRACE_S`, default 24 h).
+    pub rotation_grace: Duration,
+    /// Connect and total timeouts of a post (5 s, 15 s).
+    pub connect_timeout: Duration,
+    pub timeout: Duration,
+}
+
+impl Default for WebhookConfig {
+    fn default() -> Self {
+        Self {
+            policy: UrlPolicy { allow_private: false },
+            rotation_grace: Duration::from_secs(86_400),
+            connect_timeout: Duration::from_secs(5),
+            timeout: Duration::from_secs(15),
+        }
+    }
+}
 
 /// A variable with a value it cannot take.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

@@ -34,6 +34,8 @@ pub mod timers;
 pub mod tracking;
 pub mod webhooks;
 
-pub use deps::{CoreConfig, Deps, Providers};
+pub use config::CoreConfig;
+pub use deps::Deps;
 pub use error::{CoreError, CoreResult};
 pub use ids::TenantId;
+pub use ports::Providers;

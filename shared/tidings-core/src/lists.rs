@@ -4,74 +4,25 @@
 //! Each list is one query of one partition of the tenant's own (`keys::users_list_pk` and its
 //! neighbours), so a cursor can only move within the tenant that asked. The entries of the
 //! notifications, templates and users lists are written in the same transaction as the thing
-//! they list, so a list never misses an item nor shows one that is not there. What was
-//! written before the lists existed has no entry (README, "Lists"): a user or template shows
-//! once it is written again; a notification accepted before does not show.
+//! they list, by the module that writes it (`notify::api`, `templates`, `people::users`), so a
+//! list never misses an item nor shows one that is not there. What was written before the
+//! lists existed has no entry (README, "Lists"): a user or template shows once it is written
+//! again; a notification accepted before does not show.
 
 use chrono::{DateTime, Utc};
 use futures::{StreamExt, TryStreamExt};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::deps::Deps;
 use crate::error::{CoreError, CoreResult};
 use crate::ids::{TenantId, check_id};
 use crate::keys;
-use crate::notify::api::{NotificationView, view_of};
+use crate::notify::api::{NotificationEntry, NotificationView, view_of};
 use crate::notify::model::{Notification, NotificationStatus};
 use crate::people::devices::Device;
 use crate::people::users::User;
-use crate::ports::{Cond, Item, QueryOpts, Write, attrs_of};
-use crate::templates::Template;
-
-/// The entry of a notification in its tenant's list: written by `notify::api::accept` with the
-/// notification.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-struct NotificationEntry {
-    notification_id: String,
-    created_ms: i64,
-}
-
-pub fn notification_entry_write(t: &TenantId, n: &Notification) -> CoreResult<Write> {
-    let entry = NotificationEntry { notification_id: n.notification_id.clone(), created_ms: n.created_ms };
-    Ok(Write::Put {
-        item: Item::new(keys::notification_entry(t, n.created_ms, &n.notification_id), attrs_of(&entry)?),
-        cond: Cond::Always,
-    })
-}
-
-/// The write of a user's entry in the users list: the user as stored (`users::put_user`
-/// writes it in the user's transaction).
-pub fn user_entry_write(t: &TenantId, user: &User) -> CoreResult<Write> {
-    Ok(Write::Put { item: Item::new(keys::user_entry(t, &user.user_id), attrs_of(user)?), cond: Cond::Always })
-}
-
-/// What the templates list shows of a template (a whole template may be 256 KB).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct TemplateSummary {
-    #[schema(example = "order_shipped")]
-    pub template_id: String,
-    #[schema(example = "en")]
-    pub default_locale: String,
-    /// Its locales, in byte order.
-    #[schema(example = json!(["en", "zh-CN"]))]
-    pub locales: Vec<String>,
-    pub updated_at: String,
-}
-
-/// The write of a template's entry in the templates list (`templates::put_template` writes it
-/// with the template).
-pub fn template_entry_write(t: &TenantId, template: &Template) -> CoreResult<Write> {
-    let summary = TemplateSummary {
-        template_id: template.template_id.clone(),
-        default_locale: template.default_locale.clone(),
-        locales: template.locales.keys().cloned().collect(),
-        updated_at: template.updated_at.clone(),
-    };
-    Ok(Write::Put {
-        item: Item::new(keys::template_entry(t, &template.template_id), attrs_of(&summary)?),
-        cond: Cond::Always,
-    })
-}
+use crate::ports::{Item, QueryOpts};
+use crate::templates::TemplateSummary;
 
 #[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct UserPage {

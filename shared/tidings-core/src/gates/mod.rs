@@ -26,9 +26,10 @@ use async_trait::async_trait;
 pub use breaker::{Breaker, BreakerConfig, BreakerState};
 pub use token_bucket::{LocalGate, RateGate, SharedGate, TokenBucket};
 
-use crate::deps::Providers;
 use crate::metrics::{GATE_WAIT_MS, PROVIDER_CALLS};
-use crate::ports::{Channel, Clock, OutboundMessage, Provider, ProviderError, ProviderReceipt, SystemClock, Table};
+use crate::ports::{
+    Channel, Clock, OutboundMessage, Provider, ProviderError, ProviderReceipt, Providers, SystemClock, Table,
+};
 
 /// Rates and breaker settings ([`crate::config`] parses them):
 /// - `TIDINGS_PROVIDER_RATES="email:14,sms:20,push:500,sms-secondary:10"`: sends per second per

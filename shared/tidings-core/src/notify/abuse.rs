@@ -185,7 +185,7 @@ fn window_key(pk: &str, sk_prefix: &str, limit: &Limit, now: DateTime<Utc>) -> (
 fn counter(pk: &str, sk_prefix: &str, limit: &Limit, mark: Option<&str>, now: DateTime<Utc>) -> (Write, u64) {
     let (key, end) = window_key(pk, sk_prefix, limit, now);
     // Kept a day past its window by the table's TTL.
-    let write = crate::notify::policy::capped_count(key, limit.count, mark, end + 86_400);
+    let write = super::caps::capped_count(key, limit.count, mark, end + 86_400);
     (write, (end - now.timestamp()).max(1) as u64)
 }
 

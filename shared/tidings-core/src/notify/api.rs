@@ -27,6 +27,22 @@ struct IdempotencyRecord {
     created_at: String,
 }
 
+/// The entry of a notification in its tenant's list ([`crate::lists::notifications`]), written
+/// by [`accept`] with the notification.
+#[derive(Clone, Debug, serde::Deserialize, Serialize)]
+pub(crate) struct NotificationEntry {
+    pub(crate) notification_id: String,
+    pub(crate) created_ms: i64,
+}
+
+fn entry_write(t: &TenantId, n: &Notification) -> CoreResult<Write> {
+    let entry = NotificationEntry { notification_id: n.notification_id.clone(), created_ms: n.created_ms };
+    Ok(Write::Put {
+        item: Item::new(keys::notification_entry(t, n.created_ms, &n.notification_id), attrs_of(&entry)?),
+        cond: Cond::Always,
+    })
+}
+
 /// Hash of the request as parsed (so whitespace and key order do not matter).
 fn body_hash(req: &NotificationRequest) -> CoreResult<String> {
     let canonical = serde_json::to_vec(req).map_err(|e| StoreError::Corrupt(e.to_string()))?;
@@ -82,10 +98,10 @@ pub async fn accept(deps: &Deps, t: &TenantId, mut req: NotificationRequest) -> 
     crate::sizes::check_stored(field.unwrap_or("params"), &stored)?;
     writes.push(Write::Put { item: stored, cond: Cond::NotExists });
     // Its entry in the tenant's notifications list, in the same transaction (`crate::lists`).
-    writes.push(crate::lists::notification_entry_write(t, &notification)?);
+    writes.push(entry_write(t, &notification)?);
     // The relay's safety net finds it by this entry if its stream record is lost.
     if notification.status == NotificationStatus::Accepted {
-        writes.push(super::sweep::watch_write(t, &notification.notification_id, notification.created_ms));
+        writes.push(super::watch::watch_write(t, &notification.notification_id, notification.created_ms));
     }
     let first_limit = writes.len();
     writes.extend(limits.iter().map(|l| l.write.clone()));

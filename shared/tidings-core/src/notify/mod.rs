@@ -3,6 +3,7 @@
 pub mod abuse;
 pub mod api;
 pub mod campaign;
+pub mod caps;
 pub mod completion;
 pub mod model;
 pub mod orchestrator;
@@ -11,4 +12,5 @@ pub mod progress;
 pub mod relay;
 pub mod sweep;
 pub mod verification;
+pub mod watch;
 pub mod worker;

@@ -26,6 +26,7 @@
 
 use chrono::{DateTime, Duration, Utc};
 
+use super::caps::capped_count;
 use super::model::{Category, Notification};
 use crate::deps::Deps;
 use crate::error::CoreResult;
@@ -35,7 +36,7 @@ use crate::people::devices::Device;
 use crate::people::preferences::{Preferences, local_instant, zone_of};
 use crate::people::suppression;
 use crate::people::users::User;
-use crate::ports::{Channel, Cond, Key, Update, Write};
+use crate::ports::{Channel, Key, Write};
 
 /// Why a delivery was suppressed (the delivery's `reason`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -216,17 +217,4 @@ pub fn cap_write(
     let key = cap_key(t, user_id, zone, channel, now);
     let mark = format!("n_{}", n.notification_id);
     capped_count(key, cap, Some(&mark), (now + Duration::days(3)).timestamp())
-}
-
-/// One more on the counter item `key`, only while its `count` is below `limit` and, with a
-/// `mark`, only once per mark (a repeated orchestration does not count twice); kept until `ttl`
-/// (epoch seconds) by the table's TTL. Its condition failing means the limit is reached.
-pub fn capped_count(key: Key, limit: u32, mark: Option<&str>, ttl: i64) -> Write {
-    let mut conds = vec![Cond::Or(vec![Cond::AttrNotExists("count".into()), Cond::lt("count", i64::from(limit))])];
-    let mut updates = vec![Update::add("count", 1), Update::set("ttl", ttl)];
-    if let Some(mark) = mark {
-        conds.push(Cond::AttrNotExists(mark.to_owned()));
-        updates.push(Update::set(mark, true));
-    }
-    Write::Update { key, updates, cond: Cond::And(conds) }
 }

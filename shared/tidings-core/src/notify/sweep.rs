@@ -2,12 +2,11 @@
 //! (their stream record given up on by the event source mapping, or trimmed from the stream
 //! before a failure was replayed) are queued again, on the tick's schedule.
 //!
-//! The accept transaction also puts a watch entry in the minute of its acceptance (sharded, so
-//! a busy minute is not one hot partition):
+//! The accept transaction also puts a watch entry in the minute of its acceptance
+//! ([`super::watch`]); the sweep keeps how far it has gone:
 //!
 //! | item | pk | sk |
 //! |---|---|---|
-//! | watch entry | `RELAY#WATCH#{yyyyMMddHHmm}#{shard}` | the notification's pk |
 //! | how far the sweep has gone | `RELAY#SWEPT` | `CURSOR` |
 //!
 //! [`sweep`] reads each minute once, when all of it is older than
@@ -21,14 +20,12 @@ use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
 use super::relay::{Redriven, redrive};
+use super::watch::{MINUTE_MS, WATCH_SHARDS, watch_pk};
 use crate::deps::Deps;
 use crate::error::CoreResult;
-use crate::ids::TenantId;
-use crate::keys::{self, NOTIFICATION_SK};
-use crate::ports::{Cond, Item, Key, QueryOpts, Update, Write};
+use crate::keys::NOTIFICATION_SK;
+use crate::ports::{Cond, Key, QueryOpts, Update};
 
-/// Partitions of a minute's watch entries.
-pub const WATCH_SHARDS: u32 = 4;
 /// The most minutes one sweep reads (a sweep after a long pause catches up over a few ticks).
 pub const MINUTES_PER_SWEEP: i64 = 30;
 /// Minutes read at once (each its WATCH_SHARDS partitions): a sweep is a few round trips, not
@@ -36,9 +33,6 @@ pub const MINUTES_PER_SWEEP: i64 = 30;
 const MINUTES_AT_ONCE: usize = 6;
 /// How far back the first sweep of a deployment looks.
 pub const FIRST_LOOK_BACK_MINUTES: i64 = 60;
-const MINUTE_MS: i64 = 60_000;
-/// Watch entries are kept a week (DynamoDB TTL); a sweep reads them long before.
-const KEEP_S: i64 = 7 * 24 * 3600;
 const CURSOR_PK: &str = "RELAY#SWEPT";
 const CURSOR_SK: &str = "CURSOR";
 
@@ -48,29 +42,6 @@ pub struct SweepReport {
     pub minutes: u64,
     pub checked: u64,
     pub redriven: u64,
-}
-
-fn shard_of(notification_id: &str) -> u32 {
-    // FNV-1a: stable across processes and versions.
-    let mut h: u32 = 0x811c_9dc5;
-    for b in notification_id.bytes() {
-        h ^= u32::from(b);
-        h = h.wrapping_mul(0x0100_0193);
-    }
-    h % WATCH_SHARDS
-}
-
-fn watch_pk(minute_ms: i64, shard: u32) -> String {
-    format!("RELAY#WATCH#{}#{shard}", crate::timers::bucket_of(minute_ms))
-}
-
-/// The watch entry of a notification accepted at `created_ms`, for the accept transaction.
-pub fn watch_write(t: &TenantId, notification_id: &str, created_ms: i64) -> Write {
-    let minute = created_ms.div_euclid(MINUTE_MS) * MINUTE_MS;
-    let key = Key::new(watch_pk(minute, shard_of(notification_id)), keys::notification_pk(t, notification_id));
-    let mut attrs = crate::ports::Attrs::new();
-    attrs.insert("ttl".into(), (created_ms / 1000 + KEEP_S).into());
-    Write::Put { item: Item::new(key, attrs), cond: Cond::Always }
 }
 
 /// One partition of a minute's watch entries: (entries read, notifications re-driven).

@@ -27,6 +27,12 @@ pub struct User {
     pub updated_at: String,
 }
 
+/// The write of a user's entry in the users list ([`crate::lists::users`]): the user as stored,
+/// written in the user's transaction.
+fn entry_write(t: &TenantId, user: &User) -> CoreResult<Write> {
+    Ok(Write::Put { item: Item::new(keys::user_entry(t, &user.user_id), attrs_of(user)?), cond: Cond::Always })
+}
+
 /// The body of `PUT /v1/users/{id}`.
 #[derive(Clone, Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -142,7 +148,7 @@ pub async fn put_user(deps: &Deps, t: &TenantId, user_id: &str, input: UserInput
             .collect();
         let mut writes = vec![Write::Put { item: Item::new(key.clone(), attrs), cond }];
         // Its entry in the tenant's users list, with it (`crate::lists`).
-        writes.push(crate::lists::user_entry_write(t, &user)?);
+        writes.push(entry_write(t, &user)?);
         writes.extend(user.tags.iter().map(|tag| Write::Put {
             item: Item::new(keys::tag_member(t, tag, user_id), member.clone()),
             cond: Cond::Always,

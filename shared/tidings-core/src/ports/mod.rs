@@ -6,7 +6,9 @@ pub mod queue;
 pub mod table;
 
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use provider::{Channel, OutboundMessage, PermanentCode, Platform, Provider, ProviderError, ProviderReceipt};
+pub use provider::{
+    Channel, OutboundMessage, PermanentCode, Platform, Provider, ProviderError, ProviderReceipt, Providers,
+};
 pub use queue::{OutMessage, QueueError, QueueStats, Queues, Received};
 pub use table::{
     Attrs, ChangeFeed, ChangeRecord, CmpOp, Cond, Item, Key, Page, QueryOpts, StoreError, Table, Update, Write,

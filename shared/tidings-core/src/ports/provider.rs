@@ -1,5 +1,6 @@
 //! Channel providers: email (SES), SMS and push (SNS), or the embedded fakes.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -149,5 +150,24 @@ pub trait Provider: Send + Sync + 'static {
     /// Push only: forgets an address made by `register_device` (best effort).
     async fn unregister_device(&self, _address: &str) -> Result<(), ProviderError> {
         Ok(())
+    }
+}
+
+/// The channel providers, one per external channel.
+#[derive(Clone)]
+pub struct Providers {
+    pub email: Arc<dyn Provider>,
+    pub sms: Arc<dyn Provider>,
+    pub push: Arc<dyn Provider>,
+}
+
+impl Providers {
+    pub fn for_channel(&self, channel: Channel) -> Option<&Arc<dyn Provider>> {
+        match channel {
+            Channel::Email => Some(&self.email),
+            Channel::Sms => Some(&self.sms),
+            Channel::Push => Some(&self.push),
+            Channel::Inapp => None,
+        }
     }
 }

@@ -851,7 +851,7 @@ pub async fn put_template(deps: &Deps, t: &TenantId, template_id: &str, input: T
     let item = Item::new(keys::template(t, template_id), attrs_of(&template)?);
     crate::sizes::check_stored("locales", &item)?;
     // With its entry in the tenant's templates list (`crate::lists`), in one transaction.
-    let entry = crate::lists::template_entry_write(t, &template)?;
+    let entry = entry_write(t, &template)?;
     deps.table.transact(vec![crate::ports::Write::Put { item, cond: Cond::Always }, entry]).await?;
     Ok(template)
 }
@@ -880,6 +880,34 @@ mod tests {
                 ..Default::default()
             },
         );
+/// What the templates list shows of a template (a whole template may be 256 KB).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct TemplateSummary {
+    #[schema(example = "order_shipped")]
+    pub template_id: String,
+    #[schema(example = "en")]
+    pub default_locale: String,
+    /// Its locales, in byte order.
+    #[schema(example = json!(["en", "zh-CN"]))]
+    pub locales: Vec<String>,
+    pub updated_at: String,
+}
+
+/// The write of a template's entry in the templates list ([`crate::lists::templates`]), written
+/// with the template.
+fn entry_write(t: &TenantId, template: &Template) -> CoreResult<crate::ports::Write> {
+    let summary = TemplateSummary {
+        template_id: template.template_id.clone(),
+        default_locale: template.default_locale.clone(),
+        locales: template.locales.keys().cloned().collect(),
+        updated_at: template.updated_at.clone(),
+    };
+    Ok(crate::ports::Write::Put {
+        item: Item::new(keys::template_entry(t, &template.template_id), attrs_of(&summary)?),
+        cond: Cond::Always,
+    })
+}
+
         locales.insert(
             "zh-CN".into(),
             LocaleContent { sms: Some("订单 {{ order_id }} 已发货".into()), ..Default::default() },

@@ -1,0 +1,42 @@
+//! The relay's watch entries: the accept transaction puts one in the minute of the
+//! notification's acceptance ([`watch_write`]), sharded so a busy minute is not one hot
+//! partition; the relay's safety net ([`super::sweep`]) reads each minute's entries once it is
+//! old enough.
+//!
+//! | item | pk | sk |
+//! |---|---|---|
+//! | watch entry | `RELAY#WATCH#{yyyyMMddHHmm}#{shard}` | the notification's pk |
+
+use crate::ids::TenantId;
+use crate::keys;
+use crate::ports::{Cond, Item, Key, Write};
+
+/// Partitions of a minute's watch entries.
+pub const WATCH_SHARDS: u32 = 4;
+/// A minute, in the milliseconds watch entries are bucketed by.
+pub(crate) const MINUTE_MS: i64 = 60_000;
+/// Watch entries are kept a week (DynamoDB TTL); a sweep reads them long before.
+const KEEP_S: i64 = 7 * 24 * 3600;
+
+fn shard_of(notification_id: &str) -> u32 {
+    // FNV-1a: stable across processes and versions.
+    let mut h: u32 = 0x811c_9dc5;
+    for b in notification_id.bytes() {
+        h ^= u32::from(b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    h % WATCH_SHARDS
+}
+
+pub(crate) fn watch_pk(minute_ms: i64, shard: u32) -> String {
+    format!("RELAY#WATCH#{}#{shard}", crate::timers::bucket_of(minute_ms))
+}
+
+/// The watch entry of a notification accepted at `created_ms`, for the accept transaction.
+pub fn watch_write(t: &TenantId, notification_id: &str, created_ms: i64) -> Write {
+    let minute = created_ms.div_euclid(MINUTE_MS) * MINUTE_MS;
+    let key = Key::new(watch_pk(minute, shard_of(notification_id)), keys::notification_pk(t, notification_id));
+    let mut attrs = crate::ports::Attrs::new();
+    attrs.insert("ttl".into(), (created_ms / 1000 + KEEP_S).into());
+    Write::Put { item: Item::new(key, attrs), cond: Cond::Always }
+}
