@@ -60,6 +60,9 @@ pub struct Options {
     pub never_thawed: Vec<&'static str>,
     /// Time added to each AWS request of these functions (see `proxy::Proxy::latency`).
     pub latency: Vec<(&'static str, Duration)>,
+    /// Variables added to a function's environment beyond the template's (function binary,
+    /// name, value): what a function does with a setting an operator got wrong.
+    pub env: Vec<(&'static str, &'static str, String)>,
 }
 
 impl Default for Options {
@@ -75,6 +78,7 @@ impl Default for Options {
             warm: true,
             never_thawed: Vec::new(),
             latency: Vec::new(),
+            env: Vec::new(),
         }
     }
 }
@@ -341,6 +345,9 @@ impl Stack {
                 ("TIDINGS_SNS_TRUSTED_CERT_PEM", include_str!("../../fixtures/sns/test-signing-cert.pem").to_owned()),
             ] {
                 env.insert(k.into(), v);
+            }
+            for (_, k, v) in opts.env.iter().filter(|(binary, _, _)| *binary == f.binary) {
+                env.insert((*k).into(), v.clone());
             }
             let function = Arc::new(Function::new(f.clone(), env, binaries.clone(), opts.concurrency, log_dir.clone()));
             if opts.never_thawed.contains(&f.binary.as_str()) {

@@ -381,6 +381,25 @@ impl Function {
         Ok(())
     }
 
+    /// What this function's environments have logged so far (stdout and stderr, every
+    /// environment's in turn), as CloudWatch would show its log group.
+    pub fn logs(&self) -> String {
+        let prefix = format!("{}-", self.spec.binary);
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&self.log_dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_prefix(&prefix)).is_some_and(|port| {
+                    port.strip_suffix(".log").is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
+                })
+            })
+            .collect();
+        files.sort();
+        files.iter().filter_map(|p| std::fs::read_to_string(p).ok()).collect::<Vec<_>>().join("\n")
+    }
+
     /// The size of the binary this function runs.
     pub fn binary_size(&self) -> u64 {
         std::fs::metadata(self.binaries.path(&self.spec)).map(|m| m.len()).unwrap_or(0)
