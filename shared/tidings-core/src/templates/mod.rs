@@ -23,7 +23,8 @@
 pub mod email;
 pub mod preview;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, LazyLock, Mutex};
 
 use minijinja::machinery::{Token, WhitespaceConfig, tokenize};
 use minijinja::syntax::SyntaxConfig;
@@ -531,12 +532,47 @@ fn render_source(
     if text.len() > field.max_source() {
         return Err(TemplateError::Limit(format!("{} is over {} bytes", field.name(), field.max_source())));
     }
+    let env = compiled(text, html, undefined)?;
+    run(&env, field, html, params, cap)
+}
+
+/// Environments with one source compiled, by (escaping, undefined behaviour, source): a
+/// campaign renders the same subject and body for every recipient, and building an
+/// environment and compiling its source cost several times the render itself. The fuel and
+/// recursion limits hold per render, so sharing one environment changes nothing a render
+/// sees. Bounded: emptied when full.
+type Compiled = Vec<(bool, UndefinedBehavior, HashMap<String, Arc<Environment<'static>>>)>;
+static COMPILED: LazyLock<Mutex<Compiled>> = LazyLock::new(|| Mutex::new(Vec::new()));
+const COMPILED_MAX: usize = 512;
+
+fn compiled(text: &str, html: bool, undefined: UndefinedBehavior) -> Result<Arc<Environment<'static>>, TemplateError> {
+    let found = |all: &Compiled| {
+        all.iter()
+            .find(|(h, u, _)| *h == html && *u == undefined)
+            .and_then(|(_, _, by_source)| by_source.get(text).cloned())
+    };
+    if let Some(env) = found(&COMPILED.lock().unwrap_or_else(|p| p.into_inner())) {
+        return Ok(env);
+    }
     // Again at render: a template stored before these rules were checked at save.
     sandbox(text)?;
     let mut env = environment();
     env.set_undefined_behavior(undefined);
     env.add_template_owned(template_name(html), text.to_owned()).map_err(|e| TemplateError::Render(e.to_string()))?;
-    run(&env, field, html, params, cap)
+    let env = Arc::new(env);
+    let mut all = COMPILED.lock().unwrap_or_else(|p| p.into_inner());
+    if all.iter().map(|(_, _, by_source)| by_source.len()).sum::<usize>() >= COMPILED_MAX {
+        all.clear();
+    }
+    let slot = match all.iter().position(|(h, u, _)| *h == html && *u == undefined) {
+        Some(i) => i,
+        None => {
+            all.push((html, undefined, HashMap::new()));
+            all.len() - 1
+        }
+    };
+    all[slot].2.insert(text.to_owned(), env.clone());
+    Ok(env)
 }
 
 fn run(env: &Environment<'_>, field: Field, html: bool, params: &Value, cap: usize) -> Result<String, TemplateError> {
@@ -844,42 +880,6 @@ pub fn template_of(template_id: &str, input: TemplateInput, updated_at: String) 
     Ok(template)
 }
 
-pub async fn put_template(deps: &Deps, t: &TenantId, template_id: &str, input: TemplateInput) -> CoreResult<Template> {
-    check_id("template_id", template_id)?;
-    let now = deps.clock.now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
-    let template = template_of(template_id, input, now)?;
-    let item = Item::new(keys::template(t, template_id), attrs_of(&template)?);
-    crate::sizes::check_stored("locales", &item)?;
-    // With its entry in the tenant's templates list (`crate::lists`), in one transaction.
-    let entry = entry_write(t, &template)?;
-    deps.table.transact(vec![crate::ports::Write::Put { item, cond: Cond::Always }, entry]).await?;
-    Ok(template)
-}
-
-pub async fn get_template(deps: &Deps, t: &TenantId, template_id: &str) -> CoreResult<Option<Template>> {
-    check_id("template_id", template_id)?;
-    match deps.table.get(&keys::template(t, template_id)).await? {
-        Some(item) => Ok(Some(item.parse()?)),
-        None => Ok(None),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    fn tpl() -> Template {
-        let mut locales = BTreeMap::new();
-        locales.insert(
-            "en".into(),
-            LocaleContent {
-                email_subject: Some("Order {{ order_id }} shipped".into()),
-                email_body: Some("<p>Hi {{ name }}</p>".into()),
-                sms: Some("Order {{ order_id }} shipped".into()),
-                ..Default::default()
-            },
-        );
 /// What the templates list shows of a template (a whole template may be 256 KB).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TemplateSummary {
@@ -908,6 +908,61 @@ fn entry_write(t: &TenantId, template: &Template) -> CoreResult<crate::ports::Wr
     })
 }
 
+pub async fn put_template(deps: &Deps, t: &TenantId, template_id: &str, input: TemplateInput) -> CoreResult<Template> {
+    check_id("template_id", template_id)?;
+    let now = deps.clock.now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let template = template_of(template_id, input, now)?;
+    let item = Item::new(keys::template(t, template_id), attrs_of(&template)?);
+    crate::sizes::check_stored("locales", &item)?;
+    // With its entry in the tenant's templates list (`crate::lists`), in one transaction.
+    let entry = entry_write(t, &template)?;
+    deps.table.transact(vec![crate::ports::Write::Put { item, cond: Cond::Always }, entry]).await?;
+    Ok(template)
+}
+
+pub async fn get_template(deps: &Deps, t: &TenantId, template_id: &str) -> CoreResult<Option<Template>> {
+    check_id("template_id", template_id)?;
+    match deps.table.get(&keys::template(t, template_id)).await? {
+        Some(item) => Ok(Some(item.parse()?)),
+        None => Ok(None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_compiled_source_is_reused_only_with_its_own_escaping_and_undefined_rule() {
+        let params = json!({"name": "<b>"});
+        let body = |text: &str, html: bool, undefined: UndefinedBehavior| {
+            render_source(Field::EmailBody, text, html, &params, 10_000, undefined)
+        };
+        let text = "Hi {{ name }}{{ missing }}";
+        for _ in 0..2 {
+            assert_eq!(body(text, false, UndefinedBehavior::Chainable).ok().as_deref(), Some("Hi <b>"));
+            assert_eq!(body(text, true, UndefinedBehavior::Chainable).ok().as_deref(), Some("Hi &lt;b&gt;"));
+            assert!(body(text, false, UndefinedBehavior::Strict).is_err(), "strict: {{ missing }} is undefined");
+            assert_eq!(body("Hi {{ name }}!", false, UndefinedBehavior::Strict).ok().as_deref(), Some("Hi <b>!"));
+        }
+        // A source the sandbox refuses is refused every time, never compiled and kept.
+        for _ in 0..2 {
+            assert!(matches!(body("{{ 2 * 3 }}", false, UndefinedBehavior::Strict), Err(TemplateError::Limit(_))));
+        }
+    }
+
+    fn tpl() -> Template {
+        let mut locales = BTreeMap::new();
+        locales.insert(
+            "en".into(),
+            LocaleContent {
+                email_subject: Some("Order {{ order_id }} shipped".into()),
+                email_body: Some("<p>Hi {{ name }}</p>".into()),
+                sms: Some("Order {{ order_id }} shipped".into()),
+                ..Default::default()
+            },
+        );
         locales.insert(
             "zh-CN".into(),
             LocaleContent { sms: Some("订单 {{ order_id }} 已发货".into()), ..Default::default() },
