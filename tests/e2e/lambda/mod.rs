@@ -578,10 +578,10 @@ impl Stack {
         self.ledger.lock().unwrap_or_else(|e| e.into_inner()).requests.clone()
     }
 
-    /// DynamoDB (write, read) request units used by the functions so far.
-    pub fn capacity_units(&self) -> (f64, f64) {
-        let l = self.ledger.lock().unwrap_or_else(|e| e.into_inner());
-        (l.write_units, l.read_units)
+    /// DynamoDB request units used by the functions so far, by `function operation kind`
+    /// ([`proxy::kind_of`]): (write, read).
+    pub fn units_by(&self) -> BTreeMap<String, (f64, f64)> {
+        self.ledger.lock().unwrap_or_else(|e| e.into_inner()).units_by.clone()
     }
 
     pub fn refused(&self) -> Vec<String> {

@@ -42,48 +42,175 @@ pub struct Ledger {
     pub requests: BTreeMap<String, BTreeMap<String, u64>>,
     pub refused: Vec<String>,
     pub sends: Vec<ProviderCall>,
-    /// DynamoDB capacity the requests used, in request units (on-demand billing): writes of
-    /// up to 1 KB are one unit, two in a transaction; reads of up to 4 KB half a unit
-    /// (eventually consistent), one when strongly consistent, two in a transaction.
-    pub write_units: f64,
-    pub read_units: f64,
+    /// DynamoDB capacity the requests used, in request units (on-demand billing: a write is
+    /// one unit per 1 KB of its item, rounded up, two in a transaction; a read half a unit per
+    /// 4 KB, eventually consistent, one when strongly consistent; see [`units`]), by `function
+    /// operation kind` (kind: the sort key's prefix, `D#` a delivery, `C#` a progress
+    /// counter...; see [`kind_of`]): (write, read).
+    pub units_by: BTreeMap<String, (f64, f64)>,
 }
 
-/// DynamoDB request units of a request and its answer (sizes from the item in the request, or
-/// 1 KB / 4 KB when the request does not carry it).
-fn units(op: &str, request: &Value, answer: &Value) -> (f64, f64) {
-    let kb = |item: &Value| (item.to_string().len() as f64 / 1024.0).ceil().max(1.0);
-    let read = |consistent: bool, bytes: usize| {
-        let blocks = (bytes as f64 / 4096.0).ceil().max(1.0);
-        if consistent { blocks } else { blocks / 2.0 }
-    };
+/// An item's size as DynamoDB bills it: each attribute's name and value (strings and binaries
+/// by their bytes, numbers by about one byte per two digits, lists and maps 3 bytes and 1 per
+/// element besides their contents).
+pub fn item_size(item: &Value) -> usize {
+    fn value(v: &Value) -> usize {
+        let Some((ty, v)) = v.as_object().and_then(|o| o.iter().next()) else { return 0 };
+        let s = |v: &Value| v.as_str().map_or(0, str::len);
+        let n = |v: &Value| {
+            let digits = v.as_str().unwrap_or_default().chars().filter(char::is_ascii_digit).count();
+            digits.div_ceil(2) + 1
+        };
+        let b = |v: &Value| s(v) * 3 / 4;
+        let each = |v: &Value, f: &dyn Fn(&Value) -> usize| v.as_array().map_or(0, |a| a.iter().map(f).sum());
+        match ty.as_str() {
+            "S" => s(v),
+            "N" => n(v),
+            "B" => b(v),
+            "SS" => each(v, &s),
+            "NS" => each(v, &n),
+            "BS" => each(v, &b),
+            "L" => 3 + each(v, &|e| 1 + value(e)),
+            "M" => 3 + v.as_object().map_or(0, |m| m.iter().map(|(k, e)| 1 + k.len() + value(e)).sum()),
+            _ => 1,
+        }
+    }
+    item.as_object().map_or(0, |o| o.iter().map(|(k, v)| k.len() + value(v)).sum())
+}
+
+/// What an item is, for the units' breakdown: its sort key's prefix up to the first `#`
+/// (`D#` a delivery, `C#` a progress counter, `CAP#` a frequency counter), a short upper-case
+/// sort key itself (`N` a notification, `IDEM`), else its partition's kind (`TAG`, `PM`...).
+pub fn kind_of(key: &Value) -> String {
+    let sk = key["sk"]["S"].as_str().unwrap_or_default();
+    let pk = key["pk"]["S"].as_str().unwrap_or_default();
+    if let Some((prefix, _)) = sk.split_once('#') {
+        return format!("{prefix}#");
+    }
+    if !sk.is_empty() && sk.len() <= 8 && sk.chars().all(|c| c.is_ascii_uppercase()) {
+        return sk.to_owned();
+    }
+    let parts: Vec<&str> = pk.split('#').collect();
+    let kind = if parts.first() == Some(&"T") { parts.get(2) } else { parts.first() };
+    kind.copied().unwrap_or("?").to_owned()
+}
+
+/// The key attributes (`pk`, `sk`) of an item.
+fn key_of(item: &Value) -> Value {
+    json!({"pk": item["pk"], "sk": item["sk"]})
+}
+
+/// Write units of an item of `bytes`.
+fn write_units(bytes: usize) -> f64 {
+    (bytes as f64 / 1024.0).ceil().max(1.0)
+}
+
+/// Read units of `bytes` read at once.
+fn read_units(consistent: bool, bytes: usize) -> f64 {
+    let blocks = (bytes as f64 / 4096.0).ceil().max(1.0);
+    if consistent { blocks } else { blocks / 2.0 }
+}
+
+/// DynamoDB request units of a request and its answer, by item kind: `(kind, op, write, read)`.
+/// `stored` is the size of each item the request updates, deletes or checks, as stored after
+/// it (what an update is billed for is the larger of before and after; ours mostly grow).
+pub fn units(
+    op: &str,
+    request: &Value,
+    answer: &Value,
+    stored: &dyn Fn(&Value) -> usize,
+) -> Vec<(String, String, f64, f64)> {
     let consistent = request["ConsistentRead"] == json!(true);
+    let mut out = Vec::new();
     match op {
-        "PutItem" => (kb(&request["Item"]), 0.0),
-        "UpdateItem" | "DeleteItem" => (1.0, 0.0),
-        "GetItem" => (0.0, read(consistent, answer["Item"].to_string().len())),
-        "Query" => (0.0, read(consistent, answer["Items"].to_string().len())),
+        "PutItem" => out.push((kind_of(&request["Item"]), op.into(), write_units(item_size(&request["Item"])), 0.0)),
+        "UpdateItem" | "DeleteItem" => {
+            let bytes = if answer["Attributes"].is_object() && op == "UpdateItem" {
+                item_size(&answer["Attributes"])
+            } else {
+                stored(&request["Key"])
+            };
+            out.push((kind_of(&request["Key"]), op.into(), write_units(bytes), 0.0))
+        }
+        "GetItem" => {
+            out.push((kind_of(&request["Key"]), op.into(), 0.0, read_units(consistent, item_size(&answer["Item"]))))
+        }
+        "Query" => {
+            let bytes = answer["Items"].as_array().map_or(0, |a| a.iter().map(item_size).sum());
+            let kind = answer["Items"].as_array().and_then(|a| a.first()).map_or("?".into(), kind_of);
+            out.push((kind, op.into(), 0.0, read_units(consistent, bytes)));
+        }
         "BatchGetItem" => {
-            let items = answer["Responses"]
+            let found: Vec<&Value> = answer["Responses"]
                 .as_object()
-                .map_or(0, |t| t.values().map(|v| v.as_array().map_or(0, Vec::len)).sum::<usize>());
-            (0.0, items as f64 * read(consistent, 0))
+                .into_iter()
+                .flat_map(|t| t.values())
+                .flat_map(|v| v.as_array().into_iter().flatten())
+                .collect();
+            for ask in request["RequestItems"].as_object().into_iter().flat_map(|t| t.values()) {
+                let consistent = ask["ConsistentRead"] == json!(true);
+                for key in ask["Keys"].as_array().into_iter().flatten() {
+                    // A key not found is billed as the smallest read.
+                    let bytes = found.iter().find(|i| key_of(i) == key_of(key)).map_or(0, |i| item_size(i));
+                    out.push((kind_of(key), op.into(), 0.0, read_units(consistent, bytes)));
+                }
+            }
         }
         "BatchWriteItem" => {
-            let n = request["RequestItems"]
+            for w in request["RequestItems"]
                 .as_object()
-                .map_or(0, |t| t.values().map(|v| v.as_array().map_or(0, Vec::len)).sum::<usize>());
-            (n as f64, 0.0)
+                .into_iter()
+                .flat_map(|t| t.values())
+                .flat_map(|v| v.as_array().into_iter().flatten())
+            {
+                let item = &w["PutRequest"]["Item"];
+                let (kind, bytes) = if item.is_object() {
+                    (kind_of(item), item_size(item))
+                } else {
+                    (kind_of(&w["DeleteRequest"]["Key"]), 0)
+                };
+                out.push((kind, op.into(), write_units(bytes), 0.0));
+            }
         }
         "TransactWriteItems" => {
-            let mut w = 0.0;
             for item in request["TransactItems"].as_array().into_iter().flatten() {
-                w += 2.0 * item.get("Put").map_or(1.0, |p| kb(&p["Item"]));
+                let Some((what, w)) = item.as_object().and_then(|o| o.iter().next()) else { continue };
+                let (kind, bytes) = match what.as_str() {
+                    "Put" => (kind_of(&w["Item"]), item_size(&w["Item"])),
+                    _ => (kind_of(&w["Key"]), stored(&w["Key"])),
+                };
+                out.push((kind, format!("TransactWriteItems.{what}"), 2.0 * write_units(bytes), 0.0));
             }
-            (w, 0.0)
         }
-        "TransactGetItems" => (0.0, 2.0 * request["TransactItems"].as_array().map_or(0, Vec::len) as f64),
-        _ => (0.0, 0.0),
+        "TransactGetItems" => {
+            for item in request["TransactItems"].as_array().into_iter().flatten() {
+                out.push((kind_of(&item["Get"]["Key"]), op.into(), 0.0, 2.0));
+            }
+        }
+        _ => {}
+    }
+    out
+}
+
+/// The keys of the items a request updates, deletes or checks (their sizes are looked up after
+/// it: the request does not carry them), by table.
+fn keys_to_size(op: &str, request: &Value) -> Vec<(String, Value)> {
+    let s = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+    match op {
+        // Its answer has the item when it asked for `ALL_NEW` (the table adapter does).
+        "UpdateItem" if request["ReturnValues"] != json!("ALL_NEW") => {
+            vec![(s(&request["TableName"]), key_of(&request["Key"]))]
+        }
+        "TransactWriteItems" => request["TransactItems"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|item| {
+                let (what, w) = item.as_object()?.iter().next()?;
+                (what != "Put").then(|| (s(&w["TableName"]), key_of(&w["Key"])))
+            })
+            .collect(),
+        _ => Vec::new(),
     }
 }
 
@@ -483,17 +610,60 @@ impl Proxy {
         if status.is_success() {
             let mut ledger = self.ledger.lock().unwrap_or_else(|e| e.into_inner());
             record_send(&mut ledger, function, &service, &body, &bytes);
-            if service == "dynamodb" && operation.starts_with("DynamoDB.") {
-                let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-                let answered: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-                let (w, r) = units(operation.trim_start_matches("DynamoDB."), &request, &answered);
-                ledger.write_units += w;
-                ledger.read_units += r;
+        }
+        if status.is_success() && service == "dynamodb" && operation.starts_with("DynamoDB.") {
+            let op = operation.trim_start_matches("DynamoDB.");
+            let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            let answered: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            let sizes = self.stored_sizes(&headers, keys_to_size(op, &request)).await;
+            let stored = |key: &Value| sizes.iter().find(|(k, _)| k == key).map_or(0, |(_, n)| *n);
+            let mut ledger = self.ledger.lock().unwrap_or_else(|e| e.into_inner());
+            for (kind, op, w, r) in units(op, &request, &answered, &stored) {
+                let by = ledger.units_by.entry(format!("{function} {op} {kind}")).or_default();
+                by.0 += w;
+                by.1 += r;
             }
         }
         let mut response = (status, bytes).into_response();
         response.headers_mut().extend(out_headers);
         response
+    }
+}
+
+impl Proxy {
+    /// The sizes of items as stored now (`(key, bytes)`), read from DynamoDB Local with the
+    /// request's own credentials, up to 100 keys a read; a key not found is left out.
+    async fn stored_sizes(&self, headers: &HeaderMap, keys: Vec<(String, Value)>) -> Vec<(Value, usize)> {
+        let mut out = Vec::with_capacity(keys.len());
+        let mut by_table: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+        for (table, key) in keys {
+            let keys = by_table.entry(table).or_default();
+            if !keys.contains(&key) {
+                keys.push(key);
+            }
+        }
+        for (table, keys) in by_table {
+            for chunk in keys.chunks(100) {
+                let mut items = serde_json::Map::new();
+                items.insert(table.clone(), json!({"Keys": chunk, "ConsistentRead": true}));
+                let body = json!({ "RequestItems": items });
+                let mut request = self.http.post(&self.dynamodb).body(body.to_string());
+                for name in ["authorization", "x-amz-date", "x-amz-security-token"] {
+                    if let Some(v) = headers.get(name) {
+                        request = request.header(name, v);
+                    }
+                }
+                let request = request
+                    .header("x-amz-target", "DynamoDB_20120810.BatchGetItem")
+                    .header("content-type", "application/x-amz-json-1.0");
+                let Ok(answer) = request.send().await else { continue };
+                let answer: Value = answer.json().await.unwrap_or(Value::Null);
+                for item in answer["Responses"][&table].as_array().into_iter().flatten() {
+                    out.push((key_of(item), item_size(item)));
+                }
+            }
+        }
+        out
     }
 }
 
