@@ -191,20 +191,24 @@ impl EmbeddedStore {
                         if let Some((max_receives, dlq)) = &redrive
                             && count >= *max_receives
                         {
-                            tx.execute(
+                            tx.prepare_cached(
                                 "UPDATE messages SET queue = ?1, visible_at_ms = ?2, receipt = NULL WHERE seq = ?3",
-                                params![dlq, now, seq],
                             )
+                            .and_then(|mut stmt| stmt.execute(params![dlq, now, seq]))
                             .map_err(q_err)?;
                             moved += 1;
                             continue;
                         }
                         let receipt = format!("{seq}.{}", new_id());
                         let count = count.saturating_add(1);
-                        tx.execute(
+                        // Cached: prepared once, not once per message received (it was most of
+                        // a receive's cost).
+                        tx.prepare_cached(
                             "UPDATE messages SET receive_count = ?1, receipt = ?2, visible_at_ms = ?3 WHERE seq = ?4",
-                            params![count, receipt, now.saturating_add(ms(visibility)), seq],
                         )
+                        .and_then(|mut stmt| {
+                            stmt.execute(params![count, receipt, now.saturating_add(ms(visibility)), seq])
+                        })
                         .map_err(q_err)?;
                         got.push(Received { message_id: id, receipt, body, receive_count: count, sent_at_ms });
                         if got.len() >= max {
