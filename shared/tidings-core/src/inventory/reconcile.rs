@@ -39,7 +39,7 @@ pub struct Discrepancy {
 /// A finding as recorded for review.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ReviewItem {
-    pub tenant: String,
+    pub tenant: TenantId,
     #[serde(flatten)]
     pub discrepancy: Discrepancy,
     pub found_at: String,
@@ -161,12 +161,8 @@ fn compare(sku_id: &str, sharded: bool, expected: &BTreeMap<u32, Counters>, cell
 /// Records a finding: an item to review (the durable record) and a message on the review queue
 /// (the operator's inbox; a failed send is logged, the item is what counts).
 async fn record_for_review(deps: &Deps, t: &TenantId, d: &Discrepancy) -> CoreResult<()> {
-    let item = ReviewItem {
-        tenant: t.as_str().to_owned(),
-        discrepancy: d.clone(),
-        found_at: now_text(deps),
-        status: "OPEN".into(),
-    };
+    let item =
+        ReviewItem { tenant: t.clone(), discrepancy: d.clone(), found_at: now_text(deps), status: "OPEN".into() };
     let key = keys::review_entry(t, deps.clock.now_ms(), &d.sku_id, d.shard);
     deps.table.put(Item::new(key, attrs_of(&item)?), Cond::Always).await?;
     let body = serde_json::to_string(&item).map_err(|e| StoreError::Corrupt(e.to_string()))?;

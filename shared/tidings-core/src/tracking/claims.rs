@@ -1,9 +1,11 @@
 //! What a tracking or unsubscribe token says. Its own module: the timers' task carries the
 //! claims of an open or a click ([`crate::timers::task::TimerTask::Tracked`]), and the rest of
-//! tracking sets that timer.
+//! tracking sets that timer. The tenant is checked as the claims deserialize: a token naming an
+//! invalid one is malformed.
 
 use serde::{Deserialize, Serialize};
 
+use crate::ids::TenantId;
 use crate::ports::Channel;
 
 /// What a token is for (its purpose).
@@ -32,7 +34,7 @@ impl TokenKind {
 pub struct Claims {
     pub k: TokenKind,
     /// Tenant, notification, user, channel.
-    pub t: String,
+    pub t: TenantId,
     pub n: String,
     pub u: String,
     pub c: Channel,

@@ -51,14 +51,7 @@ pub fn verify(config: &CoreConfig, kind: TokenKind, token: &str, now_s: i64) -> 
 }
 
 fn claims_for(task: &ChannelTask, k: TokenKind, url: Option<String>) -> Claims {
-    Claims {
-        k,
-        t: task.tenant.as_str().to_owned(),
-        n: task.notification_id.clone(),
-        u: task.user_id.clone(),
-        c: task.channel,
-        url,
-    }
+    Claims { k, t: task.tenant.clone(), n: task.notification_id.clone(), u: task.user_id.clone(), c: task.channel, url }
 }
 
 /// The hosts a tenant's tracked links may lead to: `shop.example`, or `*.shop.example` for
@@ -228,8 +221,8 @@ pub async fn apply(deps: &Deps, claims: &Claims, at_ms: i64) -> CoreResult<()> {
         TokenKind::Click => DeliveryStatus::Clicked,
         TokenKind::Unsubscribe => return Ok(()),
     };
-    let t = TenantId::parse(&claims.t)?;
-    let key = keys::delivery(&t, &claims.n, &claims.u, claims.c);
+    let t = &claims.t;
+    let key = keys::delivery(t, &claims.n, &claims.u, claims.c);
     let rank = |s: DeliveryStatus| match s {
         DeliveryStatus::Sent | DeliveryStatus::Delivered => Some(0),
         DeliveryStatus::Opened => Some(1),
@@ -253,7 +246,7 @@ pub async fn apply(deps: &Deps, claims: &Claims, at_ms: i64) -> CoreResult<()> {
         let moved = progress::transition(
             deps,
             Transition {
-                t: &t,
+                t,
                 notification_id: &claims.n,
                 user_id: &claims.u,
                 page: item.i64(PAGE_ATTR).unwrap_or(0).max(0) as u64,
@@ -275,12 +268,12 @@ pub async fn apply(deps: &Deps, claims: &Claims, at_ms: i64) -> CoreResult<()> {
 
 /// One-click unsubscribe: the user leaves marketing (every channel).
 pub async fn unsubscribe(deps: &Deps, claims: &Claims) -> CoreResult<()> {
-    let t = TenantId::parse(&claims.t)?;
+    let t = &claims.t;
     let input = PreferencesInput {
         categories: Some([("marketing".to_owned(), false)].into_iter().collect()),
         ..PreferencesInput::default()
     };
-    preferences::put(deps, &t, &claims.u, input).await?;
+    preferences::put(deps, t, &claims.u, input).await?;
     Ok(())
 }
 
@@ -297,7 +290,7 @@ mod tests {
     fn claims(k: TokenKind) -> Claims {
         Claims {
             k,
-            t: "acme".into(),
+            t: TenantId::parse("acme").unwrap(),
             n: "n1".into(),
             u: "u1".into(),
             c: Channel::Email,
