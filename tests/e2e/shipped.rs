@@ -341,7 +341,7 @@ pub struct CostCase {
 /// little more each (fewer deliveries share each page's fixed writes). The transactional
 /// budgets are wide until that case is measured at 2,000.
 pub const COST_CASES: [CostCase; 2] = [
-    CostCase { category: "marketing", channel: "push", write_units: 9.5, sqs_requests: 0.40, billed_requests: 1.5 },
+    CostCase { category: "marketing", channel: "push", write_units: 8.5, sqs_requests: 0.40, billed_requests: 1.5 },
     CostCase { category: "transactional", channel: "push", write_units: 12.0, sqs_requests: 1.0, billed_requests: 2.5 },
 ];
 

@@ -40,8 +40,9 @@ use crate::error::CoreResult;
 use crate::ids::{TenantId, mask_address};
 use crate::keys;
 use crate::outcome::Outcome;
-use crate::ports::table::MAX_TRANSACTION_WRITES;
-use crate::ports::{Channel, Cond, Key, OutboundMessage, ProviderError, ProviderReceipt, StoreError, Update, Write};
+use crate::ports::{
+    Channel, Cond, Item, Key, OutboundMessage, ProviderError, ProviderReceipt, StoreError, Update, Write,
+};
 use crate::retry::backoff;
 use crate::tasks::Task;
 
@@ -63,10 +64,10 @@ pub async fn handle_channel_message(deps: &Deps, task: &Task<ChannelTask>) -> Ou
 }
 
 /// Handles a batch of channel task messages (what one receive or one Lambda event holds), one
-/// outcome per message in order. Marketing sends, a campaign's bulk, cost four store calls for
-/// the whole batch instead of four per message: the deliveries read at once, claimed in one transaction,
-/// sent concurrently (through the rate gates), and recorded in one transaction with their
-/// progress counters and receipts. Anything unusual (a cancelled campaign, a redriven dead
+/// outcome per message in order. Marketing sends, a campaign's bulk, go through together: the
+/// deliveries read at once, each claimed by its own conditional write (a few at a time), sent
+/// concurrently (through the rate gates), and recorded in transactions with their progress
+/// counters and receipts. Anything unusual (a cancelled campaign, a redriven dead
 /// delivery, a claim lost to another worker, a task seen twice in the batch) takes the path of
 /// a single message, which knows every case.
 pub async fn handle_channel_batch(deps: &Deps, tasks: &[Task<ChannelTask>]) -> Vec<Outcome> {
@@ -134,9 +135,10 @@ async fn deliver(deps: &Deps, t: &TenantId, task: &ChannelTask, receive_count: u
     Ok(outcomes.into_iter().next().unwrap_or(Outcome::Retry(Duration::ZERO)))
 }
 
-/// The plain marketing sends of a batch through the four steps together: four store calls for
-/// the whole batch instead of four per task. Returns the outcomes of the tasks it handled; the
-/// others are left to [`deliver`]. Nothing is claimed when this fails before the claim.
+/// The plain marketing sends of a batch through the four steps together: one read and a
+/// recording transaction for the whole batch instead of per task. Returns the outcomes of the
+/// tasks it handled; the others are left to [`deliver`]. Nothing is claimed when this fails
+/// before the claim.
 async fn deliver_batch(
     deps: &Deps,
     tasks: &[Task<ChannelTask>],
@@ -326,30 +328,41 @@ async fn claim_one<'a>(
     Ok(Ok(Claimed { index: 0, t, task, receive_count, key, page, attempts: d.attempts }))
 }
 
-/// The claims of a batch's selected deliveries, in transactions of up to 100 (DynamoDB's
-/// limit): the ones claimed. A chunk that fails (someone else moved one of its deliveries)
-/// goes the single way, message by message.
+/// The claims of a batch's selected deliveries: the ones claimed. Each claim is a conditional
+/// write of its own delivery, a few at a time, not one transaction for the batch: a claim
+/// needs no other item changed with it (`sending` counts as `queued`), and on DynamoDB a
+/// single write costs half a transactional one (docs/delivery.md, "What a delivery costs on AWS").
+/// A claim that fails (someone else moved the delivery) goes the single way, message by
+/// message.
 async fn claim_batch<'a>(deps: &Deps, selected: Vec<Claimed<'a>>) -> CoreResult<Vec<Claimed<'a>>> {
     let now_ms = deps.clock.now_ms();
-    let claims: Vec<Write> = selected
+    type Claiming<'k> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Item, StoreError>> + Send + 'k>>;
+    let claims: Vec<Claiming<'_>> = selected
         .iter()
-        .map(|c| {
+        .map(|c| -> Claiming<'_> {
             let (updates, cond) = claim_of(deps, false, now_ms);
-            Write::Update { key: c.key.clone(), updates, cond }
+            Box::pin(deps.table.update(&c.key, updates, cond))
         })
         .collect();
-    let mut kept = Vec::with_capacity(selected.len());
-    let mut selected = selected.into_iter();
-    for chunk in claims.chunks(MAX_TRANSACTION_WRITES) {
-        let part: Vec<Claimed<'_>> = selected.by_ref().take(chunk.len()).collect();
-        match deps.table.transact(chunk.to_vec()).await {
-            Ok(()) => kept.extend(part),
+    let results: Vec<_> = futures::stream::iter(claims).buffered(SEND_CONCURRENCY).collect().await;
+    let answers: Vec<_> = selected.into_iter().zip(results).collect();
+    let mut kept = Vec::with_capacity(answers.len());
+    let mut failed = None;
+    for (c, result) in answers {
+        match result {
+            Ok(_) => kept.push(c),
             Err(StoreError::ConditionFailed { .. }) | Err(StoreError::Conflict) => {}
-            Err(e) if kept.is_empty() => return Err(e.into()),
-            Err(e) => warn!(error = %e, "claiming part of a batch failed; those go one by one"),
+            Err(e) => failed = Some(e),
         }
     }
-    Ok(kept)
+    match failed {
+        Some(e) if kept.is_empty() => Err(e.into()),
+        Some(e) => {
+            warn!(error = %e, "claiming part of a batch failed; those go one by one");
+            Ok(kept)
+        }
+        None => Ok(kept),
+    }
 }
 
 /// The reason of a marketing delivery closed after its claim's lease ran out.
