@@ -254,7 +254,12 @@ pub static VARIABLES: &[Variable] = &[
          (`outcome_unknown`); never below 8 × (provider timeout + 2 s), the longest a batch of 100 can take",
     ),
     var("TIDINGS_VISIBILITY_S", ANY, "60", "visibility timeout of a received message"),
-    var("TIDINGS_PROVIDER_TIMEOUT_MS", ANY, "10000", "a provider call longer than this is a (transient) timeout"),
+    var(
+        "TIDINGS_PROVIDER_TIMEOUT_MS",
+        ANY,
+        "10000",
+        "a provider call longer than this has an unknown outcome: a transactional send is tried again, a marketing one is closed as `failed` (`outcome_unknown`)",
+    ),
     var(
         "TIDINGS_HOLD_TIMES",
         Kind::Spec(check_hold_times),

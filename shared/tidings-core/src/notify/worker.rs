@@ -414,8 +414,11 @@ const SEND_CONCURRENCY: usize = 16;
 
 /// What became of one claimed send.
 enum Attempt {
-    /// The provider was called.
+    /// The provider was called (and answered, or failed within the provider timeout).
     Called(String, Result<ProviderReceipt, ProviderError>),
+    /// The provider was called and did not answer within the provider timeout: it may have
+    /// taken the message.
+    TimedOut(String),
     /// No provider for the channel.
     NoProvider,
     /// Not started: the batch's deadline was too near.
@@ -443,10 +446,10 @@ async fn send_all(deps: &Deps, claimed: &[Claimed<'_>], deadline: Option<std::ti
                     return Attempt::Released;
                 }
                 match deps.providers.for_channel(c.task.channel) {
-                    Some(provider) => {
-                        let result = call_provider(deps, c.t, c.task, provider.as_ref(), c.attempts).await;
-                        Attempt::Called(provider.name().to_owned(), result)
-                    }
+                    Some(provider) => match call_provider(deps, c.t, c.task, provider.as_ref(), c.attempts).await {
+                        Some(result) => Attempt::Called(provider.name().to_owned(), result),
+                        None => Attempt::TimedOut(provider.name().to_owned()),
+                    },
                     None => Attempt::NoProvider,
                 }
             })
@@ -455,14 +458,15 @@ async fn send_all(deps: &Deps, claimed: &[Claimed<'_>], deadline: Option<std::ti
     futures::stream::iter(sends).buffered(SEND_CONCURRENCY).collect().await
 }
 
-/// The provider call of a claimed delivery, within the provider timeout.
+/// The provider call of a claimed delivery, within the provider timeout; `None` when it did not
+/// end in time (its outcome is unknown: the provider may have taken the message).
 async fn call_provider(
     deps: &Deps,
     t: &TenantId,
     task: &ChannelTask,
     provider: &dyn crate::ports::Provider,
     attempt: u32,
-) -> Result<ProviderReceipt, ProviderError> {
+) -> Option<Result<ProviderReceipt, ProviderError>> {
     let message = OutboundMessage {
         channel: task.channel,
         to: task.to.clone(),
@@ -486,7 +490,7 @@ async fn call_provider(
     .await
     {
         Ok(r) => r,
-        Err(_) => Err(ProviderError::transient("timeout")),
+        Err(_) => return None,
     };
     if result.is_ok()
         && let Some(accepted_ms) = task.accepted_ms
@@ -494,7 +498,29 @@ async fn call_provider(
         let priority = task.priority().as_str();
         crate::metrics::record_delivery_latency(task.channel.as_str(), priority, accepted_ms, deps.clock.now_ms());
     }
-    result
+    Some(result)
+}
+
+/// What a provider call that timed out settles as. A transactional send is tried again (a
+/// duplicate is the documented trade-off, never a loss); a marketing send is closed as `failed`
+/// (`outcome_unknown`), never sent again: the provider may have taken it, and marketing is at
+/// most once.
+fn timed_out(deps: &Deps, task: &ChannelTask, provider: &str, attempts: u32, receive_count: u32) -> Settled {
+    if task.category != Category::Marketing {
+        return settle(deps, task, provider, attempts, receive_count, Err(ProviderError::transient("timeout")));
+    }
+    warn!(
+        to = %mask_address(&task.to),
+        provider,
+        "a marketing send timed out: closed as failed (outcome unknown), not sent again"
+    );
+    let updates = vec![
+        Update::set("reason", OUTCOME_UNKNOWN),
+        Update::set("last_error", "the provider did not answer in time; not sent again (marketing is at most once)"),
+        Update::set("updated_at", now_str(deps)),
+        Update::Remove("lease_until_ms".into()),
+    ];
+    Settled { to: DeliveryStatus::Failed, updates, outcome: Outcome::Done, receipt: None }
 }
 
 // Step 4: record.
@@ -584,8 +610,9 @@ async fn record_all(deps: &Deps, claimed: &[Claimed<'_>], attempts: Vec<Attempt>
     let mut sent = 0usize;
     let mut released = 0usize;
     for (c, attempt) in claimed.iter().zip(attempts) {
-        let (provider, result) = match attempt {
-            Attempt::Called(provider, result) => (provider, result),
+        let settled = match attempt {
+            Attempt::Called(provider, result) => settle(deps, c.task, &provider, c.attempts, c.receive_count, result),
+            Attempt::TimedOut(provider) => timed_out(deps, c.task, &provider, c.attempts, c.receive_count),
             Attempt::NoProvider => {
                 outcomes.push(Outcome::Reject(format!("channel {} has no provider", c.task.channel)));
                 continue;
@@ -604,7 +631,6 @@ async fn record_all(deps: &Deps, claimed: &[Claimed<'_>], attempts: Vec<Attempt>
                 continue;
             }
         };
-        let settled = settle(deps, c.task, &provider, c.attempts, c.receive_count, result);
         if let Some(id) = &settled.receipt {
             sent += 1;
             if c.task.channel == Channel::Email {
