@@ -226,7 +226,6 @@ async fn a_local_public_url_stops_the_functions_that_make_links() -> anyhow::Res
     shipped::a_local_public_url_stops_the_functions_that_make_links().await
 }
 
-/// The template's provider and tenant rates, two channel-worker processes drawing from the
 /// A malformed `TIDINGS_*` value stops a function binary's start, naming it; a misspelt name is
 /// named in a warning.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -234,6 +233,7 @@ async fn a_malformed_setting_stops_a_function_and_a_misspelt_one_is_named() -> a
     settings_shipped::a_malformed_setting_stops_a_function_and_a_misspelt_one_is_named().await
 }
 
+/// The template's provider and tenant rates, two channel-worker processes drawing from the
 /// shared buckets at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_workers_behind_one_shared_gate_never_exceed_the_rate() -> anyhow::Result<()> {
