@@ -124,26 +124,7 @@ fn campaign(key: &str, segment: &str) -> NotificationRequest {
 
 /// Runs the relay and every queue until nothing is left (what the local runtime does).
 async fn drain(w: &World) {
-    loop {
-        let mut did = 0;
-        let records = w.feed.next_batch(1000).await.unwrap();
-        if !records.is_empty() {
-            relay::handle_changes(&w.deps, &records).await.unwrap();
-            w.feed.commit(&records).await.unwrap();
-            did += records.len();
-        }
-        for q in ALL_QUEUES.iter().filter(|q| tidings_core::messages::is_consumed(q)) {
-            let got = w.deps.queues.receive(q, 10, Duration::from_secs(60), Duration::ZERO).await.unwrap();
-            for m in &got {
-                let outcome = dispatch(&w.deps, q, m).await;
-                settle(w.deps.queues.as_ref(), q, m, &outcome, w.deps.clock.now(), true).await.unwrap();
-            }
-            did += got.len();
-        }
-        if did == 0 {
-            return;
-        }
-    }
+    tidings_embedded::test_world::drain(&w.deps, &w.feed).await;
 }
 
 async fn view(w: &World, id: &str) -> NotificationView {

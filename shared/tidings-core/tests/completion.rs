@@ -5,19 +5,16 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::json;
-use tidings_core::messages::{ALL_QUEUES, dispatch, settle};
 use tidings_core::notify::api;
 use tidings_core::notify::completion::check_open_at_most;
 use tidings_core::notify::model::{NotificationRequest, NotificationStatus};
-use tidings_core::notify::relay;
 use tidings_core::people::users::{self, UserInput};
-use tidings_core::ports::{ChangeFeed, OutboundMessage, Provider, ProviderError, ProviderReceipt};
+use tidings_core::ports::{OutboundMessage, Provider, ProviderError, ProviderReceipt};
 use tidings_core::{CoreConfig, TenantId, templates};
-use tidings_embedded::test_world::{Recorder, TestWorld};
+use tidings_embedded::test_world::{Recorder, TestWorld, drain};
 
 /// An SMS provider that is down: the campaigns sent through it stay open.
 struct Down;
@@ -29,30 +26,6 @@ impl Provider for Down {
     }
     async fn send(&self, _: &OutboundMessage) -> Result<ProviderReceipt, ProviderError> {
         Err(ProviderError::transient("provider answered 503"))
-    }
-}
-
-/// Runs the relay and every queue until nothing is visible (retries wait on the manual clock).
-async fn drain(w: &TestWorld, feed: &tidings_embedded::EmbeddedChangeFeed) {
-    loop {
-        let mut did = 0;
-        let records = feed.next_batch(1000).await.unwrap();
-        if !records.is_empty() {
-            relay::handle_changes(&w.deps, &records).await.unwrap();
-            feed.commit(&records).await.unwrap();
-            did += records.len();
-        }
-        for q in ALL_QUEUES.iter().filter(|q| tidings_core::messages::is_consumed(q)) {
-            let got = w.deps.queues.receive(q, 10, Duration::from_secs(60), Duration::ZERO).await.unwrap();
-            for m in &got {
-                let outcome = dispatch(&w.deps, q, m).await;
-                settle(w.deps.queues.as_ref(), q, m, &outcome, w.deps.clock.now(), true).await.unwrap();
-            }
-            did += got.len();
-        }
-        if did == 0 {
-            return;
-        }
     }
 }
 
@@ -98,7 +71,7 @@ async fn a_campaign_behind_more_open_ones_than_a_tick_reads_is_still_told() {
     let back = shop(&w, "zz-shop").await;
     let stuck = [campaign(&w, &front, "stuck-1", "sms").await, campaign(&w, &front, "stuck-2", "sms").await];
     let done = campaign(&w, &back, "done-1", "email").await;
-    drain(&w, &feed).await;
+    drain(&w.deps, &feed).await;
     let status = |t: TenantId, id: String| {
         let deps = w.deps.clone();
         async move { api::get_notification(&deps, &t, &id).await.unwrap().unwrap().status }

@@ -11,14 +11,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::json;
-use tidings_core::messages::{ALL_QUEUES, dispatch, settle};
 use tidings_core::notify::api;
 use tidings_core::notify::model::{DeliveryStatus, NotificationRequest};
-use tidings_core::notify::relay;
 use tidings_core::people::users::{self, UserInput};
-use tidings_core::ports::{ChangeFeed, OutboundMessage, Provider, ProviderError, ProviderReceipt};
+use tidings_core::ports::{OutboundMessage, Provider, ProviderError, ProviderReceipt};
 use tidings_core::{CoreConfig, TenantId, templates};
-use tidings_embedded::test_world::TestWorld;
+use tidings_embedded::test_world::{TestWorld, drain};
 
 /// Takes every message, but answers its first call only after the worker stopped waiting.
 #[derive(Default)]
@@ -42,29 +40,10 @@ impl Provider for SlowFirst {
 
 /// Runs the relay and every queue until nothing is visible, then moves the clock on and runs
 /// them again, a few times (retries wait on the manual clock).
-async fn drain(w: &TestWorld) {
+async fn drain_with_retries(w: &TestWorld) {
     let feed = w.feed("relay");
     for _ in 0..4 {
-        loop {
-            let mut did = 0;
-            let records = feed.next_batch(1000).await.unwrap();
-            if !records.is_empty() {
-                relay::handle_changes(&w.deps, &records).await.unwrap();
-                feed.commit(&records).await.unwrap();
-                did += records.len();
-            }
-            for q in ALL_QUEUES.iter().filter(|q| tidings_core::messages::is_consumed(q)) {
-                let got = w.deps.queues.receive(q, 10, Duration::from_secs(60), Duration::ZERO).await.unwrap();
-                for m in &got {
-                    let outcome = dispatch(&w.deps, q, m).await;
-                    settle(w.deps.queues.as_ref(), q, m, &outcome, w.deps.clock.now(), true).await.unwrap();
-                }
-                did += got.len();
-            }
-            if did == 0 {
-                break;
-            }
-        }
+        drain(&w.deps, &feed).await;
         w.clock().advance(chrono::Duration::seconds(600));
     }
 }
@@ -89,7 +68,7 @@ async fn one_send(category: &str) -> (Arc<SlowFirst>, DeliveryStatus, Option<Str
     }))
     .unwrap();
     let id = api::accept(&w.deps, &t, request).await.unwrap().notification_id;
-    drain(&w).await;
+    drain_with_retries(&w).await;
     let page = api::list_deliveries(&w.deps, &t, &id, 10, None).await.unwrap().unwrap();
     assert_eq!(page.items.len(), 1, "{:?}", page.items);
     let d = &page.items[0];

@@ -365,8 +365,19 @@ async fn claim_batch<'a>(deps: &Deps, selected: Vec<Claimed<'a>>) -> CoreResult<
     }
 }
 
-/// The reason of a marketing delivery closed after its claim's lease ran out.
+/// The reason of a marketing delivery closed after its claim's lease ran out, or after its
+/// provider call timed out.
 pub const OUTCOME_UNKNOWN: &str = "outcome_unknown";
+
+/// The updates that close a claimed marketing delivery as `failed` (`outcome_unknown`).
+fn outcome_unknown(deps: &Deps, why: &str) -> Vec<Update> {
+    vec![
+        Update::set("reason", OUTCOME_UNKNOWN),
+        Update::set("last_error", why),
+        Update::set("updated_at", now_str(deps)),
+        Update::Remove("lease_until_ms".into()),
+    ]
+}
 
 /// The claim failed: someone sent it already, it is final, or a lease is running. A marketing
 /// claim whose lease ran out belonged to a worker that stopped between its claim and its record
@@ -396,12 +407,8 @@ async fn already_claimed(
         to = %mask_address(&task.to),
         "a marketing claim outlived its lease: closed as failed (outcome unknown), not sent again"
     );
-    let updates = vec![
-        Update::set("reason", OUTCOME_UNKNOWN),
-        Update::set("last_error", "the worker stopped after claiming; not sent again (marketing is at most once)"),
-        Update::set("updated_at", now_str(deps)),
-        Update::Remove("lease_until_ms".into()),
-    ];
+    let updates =
+        outcome_unknown(deps, "the worker stopped after claiming; not sent again (marketing is at most once)");
     let page = page_of(&item).unwrap_or(0);
     move_delivery(deps, t, task, key, Some(page), DeliveryStatus::Sending, DeliveryStatus::Failed, updates).await?;
     Ok(Outcome::Done)
@@ -514,12 +521,8 @@ fn timed_out(deps: &Deps, task: &ChannelTask, provider: &str, attempts: u32, rec
         provider,
         "a marketing send timed out: closed as failed (outcome unknown), not sent again"
     );
-    let updates = vec![
-        Update::set("reason", OUTCOME_UNKNOWN),
-        Update::set("last_error", "the provider did not answer in time; not sent again (marketing is at most once)"),
-        Update::set("updated_at", now_str(deps)),
-        Update::Remove("lease_until_ms".into()),
-    ];
+    let updates =
+        outcome_unknown(deps, "the provider did not answer in time; not sent again (marketing is at most once)");
     Settled { to: DeliveryStatus::Failed, updates, outcome: Outcome::Done, receipt: None }
 }
 
