@@ -34,6 +34,17 @@ use crate::ports::{Channel, Key};
 /// The sort key of a notification item (the change stream filter matches on it).
 pub const NOTIFICATION_SK: &str = "N";
 
+/// A stable shard of `id` among `shards` (FNV-1a: the same on every instance, every run and
+/// every version, so an item's shard never moves).
+pub fn stable_shard(id: &str, shards: u32) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in id.bytes() {
+        h ^= u32::from(b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    h % shards.max(1)
+}
+
 pub fn api_key(hash_hex: &str) -> Key {
     Key::new(format!("KEY#{hash_hex}"), "KEY")
 }
@@ -218,4 +229,21 @@ pub fn tenant_of(pk: &str) -> Option<(TenantId, &str)> {
     let rest = pk.strip_prefix("T#")?;
     let (tenant, rest) = rest.split_once('#')?;
     Some((TenantId::parse(tenant).ok()?, rest))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stable_shard;
+
+    /// Stored items carry their shard in their keys: the hash may never change, or counters and
+    /// watch entries written before an upgrade would be looked for in the wrong shard. The
+    /// values are FNV-1a (32-bit) as any implementation computes it.
+    #[test]
+    fn the_shard_of_an_id_never_moves() {
+        assert_eq!(stable_shard("u1", 4), 3);
+        assert_eq!(stable_shard("01a234dc034a756eab0b7ecce16fe48f", 16), 14);
+        assert_eq!(stable_shard("user-42", 8), 3);
+        assert_eq!(stable_shard("", 4), 1);
+        assert_eq!(stable_shard("anything", 0), 0, "no shards is one shard");
+    }
 }

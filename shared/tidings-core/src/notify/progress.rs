@@ -40,12 +40,7 @@ pub fn bucket(status: DeliveryStatus) -> &'static str {
 
 /// A stable shard of a user id (FNV-1a: the same on every instance and every run).
 pub fn shard_of(user_id: &str) -> u32 {
-    let mut h: u32 = 0x811c_9dc5;
-    for b in user_id.bytes() {
-        h ^= u32::from(b);
-        h = h.wrapping_mul(0x0100_0193);
-    }
-    h % COUNTER_SHARDS
+    keys::stable_shard(user_id, COUNTER_SHARDS)
 }
 
 /// The counter item a delivery of `user_id` created by `page` is counted in.

@@ -40,12 +40,7 @@ fn hour_of(at: DateTime<Utc>) -> String {
 
 /// A stable shard of a notification id (FNV-1a), so its `verified` lands beside its `accepted`.
 fn shard_of(notification_id: &str) -> u32 {
-    let mut h: u32 = 0x811c_9dc5;
-    for b in notification_id.bytes() {
-        h ^= u32::from(b);
-        h = h.wrapping_mul(0x0100_0193);
-    }
-    h % COUNTER_SHARDS
+    keys::stable_shard(notification_id, COUNTER_SHARDS)
 }
 
 fn hour_key(t: &TenantId, template_id: &str, at: DateTime<Utc>, notification_id: &str) -> Key {

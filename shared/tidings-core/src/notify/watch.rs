@@ -19,13 +19,7 @@ pub(crate) const MINUTE_MS: i64 = 60_000;
 const KEEP_S: i64 = 7 * 24 * 3600;
 
 fn shard_of(notification_id: &str) -> u32 {
-    // FNV-1a: stable across processes and versions.
-    let mut h: u32 = 0x811c_9dc5;
-    for b in notification_id.bytes() {
-        h ^= u32::from(b);
-        h = h.wrapping_mul(0x0100_0193);
-    }
-    h % WATCH_SHARDS
+    keys::stable_shard(notification_id, WATCH_SHARDS)
 }
 
 pub(crate) fn watch_pk(minute_ms: i64, shard: u32) -> String {
