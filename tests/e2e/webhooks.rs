@@ -270,11 +270,14 @@ pub async fn subscribed_events_arrive_once_signed_and_only_to_their_subscribers(
     Ok(())
 }
 
-/// Each endpoint is posted to at its own rate: twelve events to an endpoint limited to 2 a
+/// Each endpoint is posted to at its own rate: twelve events to an endpoint limited to 1 a
 /// second arrive spread out (never more than the rate and its burst in any second, however fast
 /// they were produced), all of them, once each, although the queue dead-letters at the second
 /// receive (a throttled post waits as a delayed copy and is not charged a receive); an endpoint
-/// of the same tenant at a high rate is not held back by the slow one.
+/// of the same tenant at a high rate is not held back by the slow one. The slow rate is 1 a
+/// second so that its twelve posts take longer than the events take to be produced on a busy
+/// machine: at 2 a second the slow endpoint could keep up with events arriving one by one, and
+/// which endpoint got the last one first was a coin toss.
 pub async fn each_endpoint_is_posted_to_at_its_own_rate_and_loses_nothing(backend: Backend) -> anyhow::Result<()> {
     let s = Server::start(backend, options(vec![("TIDINGS_MAX_RECEIVES", "2".into())])).await?;
     setup(&s).await?;
@@ -285,7 +288,7 @@ pub async fn each_endpoint_is_posted_to_at_its_own_rate_and_loses_nothing(backen
         assert_eq!(st, 200, "{v}");
     }
     let (slow, fast) = (Receiver::start().await?, Receiver::start().await?);
-    endpoint_at_rate(&s, &slow, &["delivery.sent"], 2).await?;
+    endpoint_at_rate(&s, &slow, &["delivery.sent"], 1).await?;
     endpoint_at_rate(&s, &fast, &["delivery.sent"], 1000).await?;
     let ids: Vec<&str> = users.iter().map(String::as_str).collect();
     send(&s, "wh-rate", &ids, &["email"]).await?;
@@ -300,16 +303,16 @@ pub async fn each_endpoint_is_posted_to_at_its_own_rate_and_loses_nothing(backen
     assert_eq!(posts.len(), n, "each event posted once, none refused: {posts:#?}");
     assert!(slow.delivered().values().all(|&c| c == 1), "{:?}", slow.delivered());
     assert!(posts.iter().all(|p| p.verified_by == vec![0]), "{posts:#?}");
-    // 2 a second with a burst of one token; one more for the jitter between the gate and the
-    // receiver's clock.
+    // 1 a second with a burst of one token: two within a second at most; one more for the
+    // jitter between the gate and the receiver's clock.
     let most_in_a_second = posts
         .iter()
         .map(|p| posts.iter().filter(|q| q.at >= p.at && q.at < p.at + Duration::from_secs(1)).count())
         .max()
         .unwrap_or(0);
-    assert!(most_in_a_second <= 4, "{most_in_a_second} posts within one second at a rate of 2");
+    assert!(most_in_a_second <= 3, "{most_in_a_second} posts within one second at a rate of 1");
     let span = posts.iter().map(|p| p.at).max().unwrap() - posts.iter().map(|p| p.at).min().unwrap();
-    assert!(span >= Duration::from_secs(3), "twelve posts at 2 a second took only {span:?}");
+    assert!(span >= Duration::from_secs(8), "twelve posts at 1 a second took only {span:?}");
 
     let fast_posts = fast.posts();
     assert_eq!(fast.delivered().len(), n, "{fast_posts:#?}");
