@@ -104,6 +104,19 @@ pub fn delivery(t: &TenantId, notification_id: &str, user_id: &str, channel: Cha
     Key::new(notification_pk(t, notification_id), format!("D#{user_id}#{channel}"))
 }
 
+/// The sort-key prefix of a notification's send batches (`crate::notify::batch`).
+pub const SEND_BATCH_PREFIX: &str = "B#";
+
+/// The sort-key prefix of one expansion page's send batches.
+pub fn send_batch_page_prefix(page: u64) -> String {
+    format!("{SEND_BATCH_PREFIX}{page:08}#")
+}
+
+/// Send batch `n` of expansion page `page`: up to 25 marketing deliveries recorded in one item.
+pub fn send_batch(t: &TenantId, notification_id: &str, page: u64, n: u32) -> Key {
+    Key::new(notification_pk(t, notification_id), format!("{}{n:04}", send_batch_page_prefix(page)))
+}
+
 /// The sort-key prefix of a notification's progress counters.
 pub const COUNTER_PREFIX: &str = "C#";
 

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use crate::deps::Deps;
 use crate::lanes::Lane;
+use crate::notify::channel::ChannelSend;
 use crate::notify::orchestrator::Orchestrate;
-use crate::notify::worker::ChannelSend;
 use crate::outcome::Outcome;
 use crate::ports::Received;
 use crate::restock::StockEventStep;

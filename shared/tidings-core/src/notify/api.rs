@@ -261,6 +261,11 @@ pub async fn list_deliveries(
     if deps.table.get(&keys::notification(t, id)).await?.is_none() {
         return Ok(None);
     }
+    // With send batches, their entries merged in (docs/delivery.md, "Send batches").
+    let pk = keys::notification_pk(t, id);
+    if let Some((items, next_cursor)) = super::batch::list(deps.table.as_ref(), &pk, limit, cursor.as_deref()).await? {
+        return Ok(Some(DeliveryPage { items, next_cursor }));
+    }
     let page =
         deps.table.query(&keys::notification_pk(t, id), "D#", QueryOpts { limit, cursor, descending: false }).await;
     let page = page.map_err(CoreError::of_page_query)?;

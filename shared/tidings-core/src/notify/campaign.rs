@@ -298,7 +298,7 @@ impl PageWriter {
     async fn write_chunk(&self, units: Vec<Unit>, now_ms: i64, skip: &mut HashSet<Key>) -> Result<(), StoreError> {
         let mut writes: Vec<Write> = units.iter().flat_map(|u| u.writes.iter().cloned()).collect();
         writes.extend(self.counters(&units, now_ms));
-        match transact_retrying(self.inner.as_ref(), writes).await {
+        match progress::transact_retrying(self.inner.as_ref(), writes).await {
             Ok(()) => return Ok(()),
             Err(StoreError::ConditionFailed { .. }) => {}
             Err(e) => return Err(e),
@@ -308,7 +308,7 @@ impl PageWriter {
         for mut unit in units {
             let mut writes = unit.writes.clone();
             writes.extend(self.counters(std::slice::from_ref(&unit), now_ms));
-            let mut result = transact_retrying(self.inner.as_ref(), writes).await;
+            let mut result = progress::transact_retrying(self.inner.as_ref(), writes).await;
             if let (Err(StoreError::ConditionFailed { index }), Some(alt)) = (&result, &unit.suppressed)
                 && *index < unit.gates
                 && let Some(gate) = unit.writes.get(*index)
@@ -320,7 +320,7 @@ impl PageWriter {
                 alt.attrs.insert("reason".into(), super::policy::gate_reason(gate).as_str().into());
                 let mut writes = vec![Write::Put { item: alt, cond: Cond::NotExists }];
                 writes.extend(self.counters(std::slice::from_ref(&unit), now_ms));
-                result = transact_retrying(self.inner.as_ref(), writes).await;
+                result = progress::transact_retrying(self.inner.as_ref(), writes).await;
             }
             match result {
                 Ok(()) => {}
@@ -337,19 +337,6 @@ impl PageWriter {
             }
         }
         Ok(())
-    }
-}
-
-async fn transact_retrying(table: &dyn Table, writes: Vec<Write>) -> Result<(), StoreError> {
-    let mut attempt = 0u64;
-    loop {
-        match table.transact(writes.clone()).await {
-            Err(e) if e.is_retryable() && attempt < 5 => {
-                attempt += 1;
-                tokio::time::sleep(std::time::Duration::from_millis(10 * attempt + rand::random::<u64>() % 20)).await;
-            }
-            other => return other,
-        }
     }
 }
 
@@ -418,7 +405,7 @@ impl Table for PageWriter {
         if writes.len() < MAX_TRANSACTION_WRITES {
             writes.extend(self.counters(std::slice::from_ref(&unit), self.now_ms));
         }
-        transact_retrying(self.inner.as_ref(), writes).await
+        progress::transact_retrying(self.inner.as_ref(), writes).await
     }
 
     async fn query(&self, pk: &str, sk_prefix: &str, opts: QueryOpts) -> Result<Page, StoreError> {

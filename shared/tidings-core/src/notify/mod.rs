@@ -2,14 +2,17 @@
 
 pub mod abuse;
 pub mod api;
+pub mod batch;
 pub mod campaign;
 pub mod caps;
+pub mod channel;
 pub mod completion;
 pub mod model;
 pub mod orchestrator;
 pub mod policy;
 pub mod progress;
 pub mod relay;
+pub mod send_batch;
 pub mod sweep;
 pub mod verification;
 pub mod watch;

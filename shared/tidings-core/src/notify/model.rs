@@ -343,3 +343,76 @@ impl ChannelTask {
         })
     }
 }
+
+/// A channel queue's message: one rendered send, or a send batch of marketing deliveries
+/// (`super::batch`, docs/delivery.md "Send batches"). Told apart by the batch's `batch` field,
+/// so each keeps its own parse errors.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum ChannelMessage {
+    Task(ChannelTask),
+    Batch(SendBatchTask),
+}
+
+impl<'de> Deserialize<'de> for ChannelMessage {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let value = Value::deserialize(d)?;
+        let is_batch = value.get("batch").is_some();
+        if is_batch {
+            serde_json::from_value(value).map(ChannelMessage::Batch).map_err(serde::de::Error::custom)
+        } else {
+            serde_json::from_value(value).map(ChannelMessage::Task).map_err(serde::de::Error::custom)
+        }
+    }
+}
+
+/// One send of a batch message: whom, where, what.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BatchSend {
+    pub user_id: String,
+    pub to: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
+    pub body: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub html: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub headers: Vec<(String, String)>,
+}
+
+/// The channel queue message of a send batch.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SendBatchTask {
+    pub tenant: TenantId,
+    pub notification_id: String,
+    /// The batch item's sort key (`B#{page}#{n}`).
+    pub batch: String,
+    pub page: u64,
+    pub channel: Channel,
+    pub category: Category,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accepted_ms: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<Priority>,
+    pub entries: Vec<BatchSend>,
+}
+
+impl SendBatchTask {
+    /// The channel task of one of its sends (what a provider call is made of).
+    pub fn task_of(&self, send: &BatchSend) -> ChannelTask {
+        ChannelTask {
+            tenant: self.tenant.clone(),
+            notification_id: self.notification_id.clone(),
+            user_id: send.user_id.clone(),
+            channel: self.channel,
+            category: self.category,
+            to: send.to.clone(),
+            subject: send.subject.clone(),
+            body: send.body.clone(),
+            html: send.html.clone(),
+            headers: send.headers.clone(),
+            accepted_ms: self.accepted_ms,
+            priority: self.priority,
+        }
+    }
+}

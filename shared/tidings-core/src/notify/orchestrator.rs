@@ -11,8 +11,11 @@ use serde_json::{Value, json};
 use tracing::{info, instrument, warn};
 
 use super::api::load;
+use super::batch;
 use super::campaign;
-use super::model::{ChannelTask, Delivery, DeliveryStatus, Notification, NotificationStatus, RequestMessage};
+use super::model::{
+    ChannelMessage, ChannelTask, Delivery, DeliveryStatus, Notification, NotificationStatus, RequestMessage,
+};
 use super::policy::{self, Recipient, Verdict};
 use super::progress;
 use crate::deps::Deps;
@@ -139,28 +142,61 @@ pub(crate) async fn orchestrate_page(
         deps.clock.now_ms(),
     ));
     writer.prefetch(prefetch_keys(deps, t, n, users)).await?;
+    // The send batches an earlier run of this page made (docs/delivery.md, "Send batches").
+    let made = batch::page_batches(deps.table.as_ref(), t, &n.notification_id, page).await?;
     let page_deps = Deps { table: writer.clone(), ..deps.clone() };
     let template = template.as_ref();
-    type Planned<'a> =
-        std::pin::Pin<Box<dyn std::future::Future<Output = CoreResult<Vec<(String, ChannelTask)>>> + Send + 'a>>;
-    let plans: Vec<Planned<'_>> = users
+    let made_ref = &made;
+    type Planning<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = CoreResult<Vec<Planned>>> + Send + 'a>>;
+    let plans: Vec<Planning<'_>> = users
         .iter()
-        .map(|(user_id, user)| -> Planned<'_> {
-            Box::pin(plan_user(&page_deps, t, n, user_id, user.as_ref(), template, hosts))
+        .map(|(user_id, user)| -> Planning<'_> {
+            Box::pin(plan_user(&page_deps, t, n, user_id, user.as_ref(), template, hosts, Some(made_ref)))
         })
         .collect();
-    let planned: Vec<Vec<(String, ChannelTask)>> =
+    let planned: Vec<Vec<Planned>> =
         futures::stream::iter(plans).buffer_unordered(PLAN_CONCURRENCY).try_collect().await?;
     let skip = writer.flush().await?;
-    crate::crash::point("orchestrator.mid_fanout");
     let mut tasks: BTreeMap<String, Vec<OutMessage>> = BTreeMap::new();
-    for (queue, task) in planned.into_iter().flatten() {
-        if skip.contains(&keys::delivery(t, &task.notification_id, &task.user_id, task.channel)) {
-            continue;
+    let mut batched: BTreeMap<String, Vec<ChannelTask>> = BTreeMap::new();
+    let mut requeued: BTreeMap<Key, (String, Vec<ChannelTask>)> = BTreeMap::new();
+    for planned in planned.into_iter().flatten() {
+        match planned {
+            Planned::Task(queue, task) => {
+                if skip.contains(&keys::delivery(t, &task.notification_id, &task.user_id, task.channel)) {
+                    continue;
+                }
+                let body = serde_json::to_string(&task).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                tasks.entry(queue).or_default().push(OutMessage::new(body));
+            }
+            Planned::Batch(queue, task) => batched.entry(queue).or_default().push(task),
+            Planned::Requeue(key, queue, task) => {
+                requeued.entry(key).or_insert_with(|| (queue, Vec::new())).1.push(task)
+            }
         }
-        let body = serde_json::to_string(&task).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    }
+    // The page's new send batches, created with their counters; the pending ones of an earlier
+    // run queued again.
+    let now = deps.clock.now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let mut next = made.next;
+    for (queue, sends) in batched {
+        let packed = batch::pack(t, n, page, next, sends, &now);
+        next += packed.len() as u32;
+        let messages =
+            batch::write_batches(deps.table.as_ref(), t, &n.notification_id, deps.clock.now_ms(), packed).await?;
+        for m in messages {
+            let body =
+                serde_json::to_string(&ChannelMessage::Batch(m)).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            tasks.entry(queue.clone()).or_default().push(OutMessage::new(body));
+        }
+    }
+    for (key, (queue, sends)) in requeued {
+        let Some(existing) = made.batches.get(&key) else { continue };
+        let m = batch::requeued(t, n, &key, existing, sends);
+        let body = serde_json::to_string(&ChannelMessage::Batch(m)).map_err(|e| StoreError::Corrupt(e.to_string()))?;
         tasks.entry(queue).or_default().push(OutMessage::new(body));
     }
+    crate::crash::point("orchestrator.mid_fanout");
     let queued: usize = tasks.values().map(Vec::len).sum();
     for (queue, messages) in tasks {
         deps.queues.send_batch(&queue, messages).await?;
@@ -210,7 +246,19 @@ fn prefetch_keys(deps: &Deps, t: &TenantId, n: &Notification, users: &[(String, 
     keys
 }
 
+/// What planning made of one user and channel, to queue.
+enum Planned {
+    /// A task of its own (its delivery is a `D#` item).
+    Task(String, ChannelTask),
+    /// A marketing send for the page's new send batches (`super::batch`); its cap is counted.
+    Batch(String, ChannelTask),
+    /// A member of a send batch an earlier run made, still `pending`: rendered again for the
+    /// batch's message.
+    Requeue(Key, String, ChannelTask),
+}
+
 /// The per-user code: policy, channels, one delivery per channel.
+#[allow(clippy::too_many_arguments)]
 async fn plan_user(
     deps: &Deps,
     t: &TenantId,
@@ -219,13 +267,15 @@ async fn plan_user(
     user: Option<&User>,
     template: Option<&Template>,
     hosts: &LinkHosts,
-) -> CoreResult<Vec<(String, ChannelTask)>> {
+    batches: Option<&batch::PageBatches>,
+) -> CoreResult<Vec<Planned>> {
     let prefs = preferences::get(deps, t, user_id).await?;
     let devices = devices_if_push(deps, t, n, user_id).await?;
     let r = Recipient { user_id, user, prefs: &prefs, devices: &devices };
     let mut out = Vec::new();
     for channel in channels_for(n, &r, template) {
-        if let Some(planned) = plan_delivery(&Planning { deps, t, n, r: &r, template, hosts, channel }).await? {
+        if let Some(planned) = plan_delivery(&Planning { deps, t, n, r: &r, template, hosts, channel, batches }).await?
+        {
             out.push(planned);
         }
     }
@@ -270,8 +320,11 @@ pub async fn resume_deferred(
     let prefs = preferences::get(deps, t, user_id).await?;
     let devices = devices_if_push(deps, t, &n, user_id).await?;
     let r = Recipient { user_id, user: user.as_ref(), prefs: &prefs, devices: &devices };
-    let planning = Planning { deps, t, n: &n, r: &r, template: template.as_ref(), hosts: &hosts, channel };
-    if let Some((queue, task)) = plan_delivery(&planning).await? {
+    let planning =
+        Planning { deps, t, n: &n, r: &r, template: template.as_ref(), hosts: &hosts, channel, batches: None };
+    if let Some(Planned::Task(queue, task) | Planned::Batch(queue, task) | Planned::Requeue(_, queue, task)) =
+        plan_delivery(&planning).await?
+    {
         let body = serde_json::to_string(&task).map_err(|e| StoreError::Corrupt(e.to_string()))?;
         deps.queues.send_batch(&queue, vec![OutMessage::new(body)]).await?;
     }
@@ -383,21 +436,40 @@ struct Planning<'a> {
     template: Option<&'a Template>,
     hosts: &'a LinkHosts,
     channel: Channel,
+    /// In a page: its send batches made already (a marketing push is sent through one).
+    batches: Option<&'a batch::PageBatches>,
+}
+
+impl Planning<'_> {
+    /// Whether this delivery goes through a send batch (docs/delivery.md, "Send batches").
+    fn batched(&self) -> bool {
+        self.batches.is_some() && batch::batchable(self.n.request.category, self.channel)
+    }
 }
 
 /// Creates the delivery record (once) after the policy checks, and returns the task to queue,
 /// if any. In order: where the delivery stands ([`start_of`]), the erasure and policy checks,
 /// the content ([`content_of`]), then one transaction with the gates' writes
 /// ([`write_planned`]). A delivery that ends here is written final ([`write_final`]).
-async fn plan_delivery(p: &Planning<'_>) -> CoreResult<Option<(String, ChannelTask)>> {
+async fn plan_delivery(p: &Planning<'_>) -> CoreResult<Option<Planned>> {
     let Planning { deps, t, n, r, channel, .. } = *p;
     let user_id = r.user_id;
     let key = keys::delivery(t, &n.notification_id, user_id, channel);
+    // A member of a batch made already: fixed there (queued again while it is pending).
+    if p.batched()
+        && let Some((batch_key, pending)) = p.batches.and_then(|b| b.by_user.get(user_id))
+    {
+        return Ok(if *pending {
+            requeue(p).map(|(q, task)| Planned::Requeue(batch_key.clone(), q, task))
+        } else {
+            None
+        });
+    }
     let now = deps.clock.now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     let deferred = match start_of(deps.table.get(&key).await?.as_ref())? {
         Start::New => None,
         Start::Resume(page) => Some(page),
-        Start::Requeue => return Ok(requeue(p)),
+        Start::Requeue => return Ok(requeue(p).map(|(q, task)| Planned::Task(q, task))),
         Start::Planned => return Ok(None),
     };
     let mut delivery = new_delivery(n, user_id, channel, &now);
@@ -430,7 +502,58 @@ async fn plan_delivery(p: &Planning<'_>) -> CoreResult<Option<(String, ChannelTa
             return Ok(None);
         }
     };
-    write_planned(deps, t, n, key, delivery, deferred, writes, content).await
+    if p.batched()
+        && deferred.is_none()
+        && let Content::Task(queue, task) = content
+    {
+        return batch_planned(deps, t, n, key, delivery, writes, queue, task).await;
+    }
+    Ok(write_planned(deps, t, n, key, delivery, deferred, writes, content)
+        .await?
+        .map(|(q, task)| Planned::Task(q, task)))
+}
+
+/// A marketing send for the page's send batches: its gates (the frequency cap) counted first,
+/// each by a single conditional update, not in the page's transaction (docs/delivery.md,
+/// "Send batches"). The cap remembers the notification it counted: a retried page that finds
+/// the mark counted it already. A cap reached suppresses the delivery (a `D#` item).
+#[allow(clippy::too_many_arguments)]
+async fn batch_planned(
+    deps: &Deps,
+    t: &TenantId,
+    n: &Notification,
+    key: Key,
+    mut delivery: Delivery,
+    writes: Vec<Write>,
+    queue: String,
+    task: ChannelTask,
+) -> CoreResult<Option<Planned>> {
+    let mark = policy::cap_mark(n);
+    for gate in writes {
+        let reason = policy::gate_reason(&gate);
+        let Write::Update { key: gate_key, updates, cond } = gate else {
+            return Err(StoreError::Invalid("a gate that is not an update".into()).into());
+        };
+        match deps.table.update(&gate_key, updates, cond).await {
+            Ok(_) => {}
+            Err(StoreError::ConditionFailed { .. }) => {
+                // Counted by an earlier run of this page, or full.
+                let ours = deps.table.update(&gate_key, vec![Update::set(&mark, true)], Cond::AttrExists(mark.clone()));
+                match ours.await {
+                    Ok(_) => {}
+                    Err(StoreError::ConditionFailed { .. }) => {
+                        delivery.status = DeliveryStatus::Suppressed;
+                        delivery.reason = Some(reason.as_str().into());
+                        write_final(deps, t, n, key, &delivery, None).await?;
+                        return Ok(None);
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(Some(Planned::Batch(queue, task)))
 }
 
 /// Where planning a delivery starts, from its record.
@@ -520,7 +643,7 @@ enum Content {
 /// whose links the tracking made longer still), which fails here, for good, rather than its
 /// page being retried until its DLQ.
 fn content_of(p: &Planning<'_>, to: String) -> Result<Content, String> {
-    let Planning { deps, t, n, r, template, hosts, channel } = *p;
+    let Planning { deps, t, n, r, template, hosts, channel, .. } = *p;
     let Some(template) = template else {
         return Err(format!("template_error: template {} not found", n.request.template_id));
     };
@@ -531,6 +654,12 @@ fn content_of(p: &Planning<'_>, to: String) -> Result<Content, String> {
         return Ok(Content::Inbox(rendered));
     }
     let (queue, task) = task_of(deps, t, n, r.user_id, channel, to, rendered, hosts);
+    if p.batched() && !batch::fits(&task) {
+        return Err(format!(
+            "too_large: the {channel} does not fit a send batch message of at most {} bytes",
+            crate::sizes::MAX_MESSAGE_BYTES
+        ));
+    }
     if let Err(size) = queued_size(&task) {
         return Err(format!(
             "too_large: the {channel} is {size} bytes as a queue message; a queue message holds at most {}",

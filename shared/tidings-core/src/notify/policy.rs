@@ -215,6 +215,10 @@ pub fn cap_write(
     cap: u32,
 ) -> Write {
     let key = cap_key(t, user_id, zone, channel, now);
-    let mark = format!("n_{}", n.notification_id);
-    capped_count(key, cap, Some(&mark), (now + Duration::days(3)).timestamp())
+    capped_count(key, cap, Some(&cap_mark(n)), (now + Duration::days(3)).timestamp())
+}
+
+/// The attribute of a frequency counter saying it counted `n`.
+pub fn cap_mark(n: &Notification) -> String {
+    format!("n_{}", n.notification_id)
 }

@@ -198,6 +198,20 @@ pub async fn transition(deps: &Deps, tr: Transition<'_>) -> Result<bool, StoreEr
     }
 }
 
+/// A transaction, tried again a few times when it conflicts (a busy counter on DynamoDB).
+pub(crate) async fn transact_retrying(table: &dyn crate::ports::Table, writes: Vec<Write>) -> Result<(), StoreError> {
+    let mut attempt = 0u64;
+    loop {
+        match table.transact(writes.clone()).await {
+            Err(e) if e.is_retryable() && attempt < 5 => {
+                attempt += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(10 * attempt + rand::random::<u64>() % 20)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Counts of a notification's deliveries, as `GET /v1/notifications/{id}` shows them.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Counts {

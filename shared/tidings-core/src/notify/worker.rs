@@ -46,17 +46,6 @@ use crate::ports::{
 use crate::retry::backoff;
 use crate::tasks::Task;
 
-/// The channel lanes' step: a batch of channel tasks ([`handle_channel_batch_until`]).
-pub struct ChannelSend;
-
-impl crate::tasks::BatchStep for ChannelSend {
-    type Body = ChannelTask;
-    const WHAT: &'static str = "channel task";
-    async fn run_batch(deps: &Deps, tasks: &[Task<ChannelTask>], deadline: Option<std::time::Instant>) -> Vec<Outcome> {
-        handle_channel_batch_until(deps, tasks, deadline).await
-    }
-}
-
 /// Handles one channel task.
 pub async fn handle_channel_message(deps: &Deps, task: &Task<ChannelTask>) -> Outcome {
     let result = deliver(deps, &task.body.tenant, &task.body, task.receive_count).await;
@@ -245,17 +234,17 @@ async fn select_batch<'a>(deps: &Deps, tasks: &'a [Task<ChannelTask>]) -> CoreRe
 // Step 2: claim.
 
 /// A claimed delivery: this worker's to send and to record.
-struct Claimed<'a> {
+pub(super) struct Claimed<'a> {
     /// Its task's place in the batch (0 for a batch of one).
-    index: usize,
-    t: &'a TenantId,
-    task: &'a ChannelTask,
-    receive_count: u32,
-    key: Key,
+    pub(super) index: usize,
+    pub(super) t: &'a TenantId,
+    pub(super) task: &'a ChannelTask,
+    pub(super) receive_count: u32,
+    pub(super) key: Key,
     /// The expansion page that created it (its progress counters).
-    page: u64,
+    pub(super) page: u64,
     /// Its attempts, this one included.
-    attempts: u32,
+    pub(super) attempts: u32,
 }
 
 impl Claimed<'_> {
@@ -420,7 +409,7 @@ async fn already_claimed(
 const SEND_CONCURRENCY: usize = 16;
 
 /// What became of one claimed send.
-enum Attempt {
+pub(super) enum Attempt {
     /// The provider was called (and answered, or failed within the provider timeout).
     Called(String, Result<ProviderReceipt, ProviderError>),
     /// The provider was called and did not answer within the provider timeout: it may have
@@ -433,7 +422,7 @@ enum Attempt {
 }
 
 /// Whether a provider call started now could outlast `deadline`.
-fn too_late(deps: &Deps, deadline: Option<std::time::Instant>) -> bool {
+pub(super) fn too_late(deps: &Deps, deadline: Option<std::time::Instant>) -> bool {
     deadline.is_some_and(|d| std::time::Instant::now() + deps.config.provider_timeout > d)
 }
 
@@ -442,7 +431,11 @@ fn too_late(deps: &Deps, deadline: Option<std::time::Instant>) -> bool {
 /// slow gate would outwait it (`GATE_REFUSAL`, a retry). The first wave always goes (so a batch
 /// always makes progress, however short the time); a later send is not started when its
 /// provider call could outlast the deadline.
-async fn send_all(deps: &Deps, claimed: &[Claimed<'_>], deadline: Option<std::time::Instant>) -> Vec<Attempt> {
+pub(super) async fn send_all(
+    deps: &Deps,
+    claimed: &[Claimed<'_>],
+    deadline: Option<std::time::Instant>,
+) -> Vec<Attempt> {
     type Sending<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Attempt> + Send + 'a>>;
     let sends: Vec<Sending<'_>> = claimed
         .iter()
@@ -512,7 +505,7 @@ async fn call_provider(
 /// duplicate is the documented trade-off, never a loss); a marketing send is closed as `failed`
 /// (`outcome_unknown`), never sent again: the provider may have taken it, and marketing is at
 /// most once.
-fn timed_out(deps: &Deps, task: &ChannelTask, provider: &str, attempts: u32, receive_count: u32) -> Settled {
+pub(super) fn timed_out(deps: &Deps, task: &ChannelTask, provider: &str, attempts: u32, receive_count: u32) -> Settled {
     if task.category != Category::Marketing {
         return settle(deps, task, provider, attempts, receive_count, Err(ProviderError::transient("timeout")));
     }
@@ -533,15 +526,15 @@ fn timed_out(deps: &Deps, task: &ChannelTask, provider: &str, attempts: u32, rec
 const RECORD_CHUNK: usize = 25;
 
 /// What a provider's answer makes of a claimed delivery.
-struct Settled {
-    to: DeliveryStatus,
-    updates: Vec<Update>,
-    outcome: Outcome,
+pub(super) struct Settled {
+    pub(super) to: DeliveryStatus,
+    pub(super) updates: Vec<Update>,
+    pub(super) outcome: Outcome,
     /// The provider's message id, when it accepted.
     receipt: Option<String>,
 }
 
-fn settle(
+pub(super) fn settle(
     deps: &Deps,
     task: &ChannelTask,
     provider: &str,

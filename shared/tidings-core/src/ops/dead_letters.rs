@@ -8,7 +8,7 @@ use serde::Serialize;
 use crate::deps::Deps;
 use crate::keys;
 use crate::messages::Rejected;
-use crate::notify::model::{ChannelTask, Delivery};
+use crate::notify::model::{ChannelMessage, ChannelTask, Delivery};
 use crate::ports::Received;
 
 /// One dead letter, explained.
@@ -21,7 +21,8 @@ pub struct DeadLetter {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sent_at: Option<String>,
     /// `rejected` (a message that could never be handled), `channel_task` (a send that ran out
-    /// of retries) or `unknown` (not a Tidings message).
+    /// of retries), `send_batch` (a send batch with deliveries that ran out of retries: its
+    /// status and entries' counts are in `reason`) or `unknown` (not a Tidings message).
     #[schema(example = "channel_task")]
     pub kind: String,
     /// Why it is here, in a sentence.
@@ -74,6 +75,19 @@ pub async fn explain(deps: &Deps, m: &Received) -> DeadLetter {
     if let Ok(r) = serde_json::from_str::<Rejected>(&m.body) {
         let reason = format!("rejected: {} (at {}, received {} times)", r.rejected, r.at, r.receive_count);
         return DeadLetter::new(m, "rejected", reason);
+    }
+    if let Ok(ChannelMessage::Batch(batch)) = serde_json::from_str::<ChannelMessage>(&m.body) {
+        let (reason, record) = crate::notify::batch::explain(deps.table.as_ref(), &batch).await;
+        let mut letter = DeadLetter::new(m, "send_batch", reason);
+        letter.tenant = Some(batch.tenant.to_string());
+        letter.notification_id = Some(batch.notification_id.clone());
+        letter.channel = Some(batch.channel.to_string());
+        if let Some(b) = record {
+            letter.delivery_status = Some(b.status.as_str().to_owned());
+            letter.attempts = b.entries.iter().map(|e| e.attempts).max();
+            letter.last_error = b.entries.iter().rev().find_map(|e| e.last_error.clone());
+        }
+        return letter;
     }
     let Ok(task) = serde_json::from_str::<ChannelTask>(&m.body) else {
         return DeadLetter::new(m, "unknown", "not a Tidings message (see its body with the queue's tools)".into());
