@@ -130,14 +130,18 @@ enum DlqCommand {
 }
 
 /// What an operator needs to judge a dead letter: for a channel task, its delivery's status,
-/// attempts, last error and first failure time; for a rejected message, the reason it carries.
+/// attempts, last error and first failure time; for a send batch, its status and how many of
+/// its entries stand where, with the last error; for a rejected message, the reason it carries.
 async fn why_dead(deps: &tidings_core::Deps, body: &str) -> String {
-    use tidings_core::notify::model::{ChannelTask, Delivery};
+    use tidings_core::notify::model::{ChannelMessage, ChannelTask, Delivery};
     if let Ok(rejected) = serde_json::from_str::<tidings_core::messages::Rejected>(body) {
         return format!(
             "rejected: {} (at {}, received {} times)",
             rejected.rejected, rejected.at, rejected.receive_count
         );
+    }
+    if let Ok(ChannelMessage::Batch(batch)) = serde_json::from_str::<ChannelMessage>(body) {
+        return tidings_core::notify::batch::explain(deps.table.as_ref(), &batch).await.0;
     }
     let Ok(task) = serde_json::from_str::<ChannelTask>(body) else {
         return "not a Tidings message (see its body with the queue's tools)".into();
