@@ -512,3 +512,112 @@ pub async fn explain(table: &dyn Table, task: &SendBatchTask) -> (String, Option
         Err(e) => (format!("{about}: its batch record was not read ({e})"), None),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::notify::model::{ChannelMessage, NotificationRequest, NotificationStatus};
+
+    fn notification() -> Notification {
+        let request: NotificationRequest = serde_json::from_value(serde_json::json!({
+            "recipients": {"segment": "all"}, "template_id": "promo", "category": "marketing", "channels": ["push"]
+        }))
+        .unwrap();
+        Notification {
+            notification_id: "n1".into(),
+            status: NotificationStatus::Processing,
+            priority: request.priority(),
+            request,
+            body_hash: String::new(),
+            created_at: String::new(),
+            created_ms: 0,
+            orchestrated: false,
+            counted: true,
+            last_page: None,
+            user_triggered: false,
+            verified_at: None,
+        }
+    }
+
+    fn tasks(n: usize, body_bytes: usize) -> Vec<ChannelTask> {
+        let t = TenantId::parse("shop-a").unwrap();
+        (0..n)
+            .rev()
+            .map(|i| ChannelTask {
+                tenant: t.clone(),
+                notification_id: "n1".into(),
+                user_id: format!("u{i:03}"),
+                channel: Channel::Push,
+                category: Category::Marketing,
+                to: format!("u{i:03}"),
+                subject: Some("Sale".into()),
+                body: "x".repeat(body_bytes),
+                html: None,
+                headers: Vec::new(),
+                accepted_ms: Some(0),
+                priority: None,
+            })
+            .collect()
+    }
+
+    fn message_bytes(b: &NewBatch) -> usize {
+        serde_json::to_vec(&ChannelMessage::Batch(b.task.clone())).unwrap().len()
+    }
+
+    #[test]
+    fn small_sends_pack_25_to_a_batch_in_user_order_with_deterministic_keys() {
+        let t = TenantId::parse("shop-a").unwrap();
+        let packed = pack(&t, &notification(), 3, 7, tasks(60, 100), "now");
+        let sizes: Vec<usize> = packed.iter().map(|b| b.task.entries.len()).collect();
+        assert_eq!(sizes, [25, 25, 10]);
+        let keys: Vec<&str> = packed.iter().map(|b| b.key.sk.as_str()).collect();
+        assert_eq!(keys, ["B#00000003#0007", "B#00000003#0008", "B#00000003#0009"]);
+        let users: Vec<String> = packed.iter().flat_map(|b| b.item.entries.iter().map(|e| e.user_id.clone())).collect();
+        let mut sorted = users.clone();
+        sorted.sort();
+        assert_eq!(users, sorted, "user order");
+        for b in &packed {
+            let members: Vec<&str> = b.item.entries.iter().map(|e| e.user_id.as_str()).collect();
+            let sent: Vec<&str> = b.task.entries.iter().map(|s| s.user_id.as_str()).collect();
+            assert_eq!(members, sent, "the item lists the message's members");
+            assert!(b.item.entries.iter().all(|e| e.status == DeliveryStatus::Pending));
+        }
+    }
+
+    #[test]
+    fn large_sends_pack_fewer_and_every_message_fits_a_queue_message() {
+        let t = TenantId::parse("shop-a").unwrap();
+        let packed = pack(&t, &notification(), 0, 0, tasks(40, 30_000), "now");
+        assert!(packed.len() > 2, "{} batches", packed.len());
+        assert!(packed.iter().all(|b| b.task.entries.len() < MAX_BATCH));
+        assert_eq!(packed.iter().map(|b| b.task.entries.len()).sum::<usize>(), 40);
+        for b in &packed {
+            assert!(message_bytes(b) <= crate::sizes::MAX_MESSAGE_BYTES, "{} bytes", message_bytes(b));
+        }
+        // The largest send that fits a batch on its own still makes a message under the limit.
+        let mut big = tasks(1, 0);
+        let room = crate::sizes::MAX_MESSAGE_BYTES - ENVELOPE_BYTES - 200;
+        big[0].body = "x".repeat(room);
+        assert!(fits(&big[0]));
+        let one = pack(&t, &notification(), 0, 0, big.clone(), "now");
+        assert!(message_bytes(&one[0]) <= crate::sizes::MAX_MESSAGE_BYTES);
+        big[0].body = "x".repeat(crate::sizes::MAX_MESSAGE_BYTES);
+        assert!(!fits(&big[0]), "refused at planning (too_large)");
+    }
+
+    #[test]
+    fn a_batch_message_parses_as_a_batch_and_a_task_as_a_task() {
+        let t = TenantId::parse("shop-a").unwrap();
+        let packed = pack(&t, &notification(), 0, 0, tasks(2, 10), "now");
+        let body = serde_json::to_string(&ChannelMessage::Batch(packed[0].task.clone())).unwrap();
+        assert!(matches!(serde_json::from_str::<ChannelMessage>(&body).unwrap(), ChannelMessage::Batch(_)));
+        let task = serde_json::to_string(&tasks(1, 10)[0]).unwrap();
+        assert!(matches!(serde_json::from_str::<ChannelMessage>(&task).unwrap(), ChannelMessage::Task(_)));
+        let bad = serde_json::from_str::<ChannelMessage>(r#"{"batch": "B#1", "tenant": "shop-a"}"#);
+        assert!(bad.unwrap_err().to_string().contains("missing field"));
+        let mut wrong = packed[0].task.clone();
+        wrong.batch = "D#u1#push".into();
+        assert!(key_of(&wrong).is_err(), "a batch message names a batch item only");
+    }
+}

@@ -105,7 +105,6 @@ async fn deliver(
         if erased.contains(&e.user_id) {
             e.status = DeliveryStatus::Suppressed;
             e.reason = Some(crate::people::erasure::REASON.into());
-            e.updated_at = Some(now_str(deps));
             continue;
         }
         match sends.get(e.user_id.as_str()) {
@@ -114,7 +113,6 @@ async fn deliver(
                 e.status = DeliveryStatus::Failed;
                 e.reason = Some(OUTCOME_UNKNOWN.into());
                 e.last_error = Some("not in the batch message; not sent".into());
-                e.updated_at = Some(now_str(deps));
             }
         }
     }
@@ -237,6 +235,9 @@ fn applied(entry: &BatchEntry, to: DeliveryStatus, attempts: u32, updates: &[Upd
         serde_json::from_value(Value::Object(map)).map_err(|e| StoreError::Corrupt(format!("batch entry: {e}")))?;
     e.status = to;
     e.attempts = attempts;
+    // The batch's own `updated_at` says when: an entry's would only make the item (and every
+    // write of it) larger.
+    e.updated_at = None;
     Ok(e)
 }
 
@@ -315,7 +316,6 @@ struct Close {
 
 /// Closes the open entries of `batch` (as read) without a send, with their counters.
 async fn close_open(deps: &Deps, t: &TenantId, key: &Key, batch: &SendBatch, close: Close) -> CoreResult<bool> {
-    let now = now_str(deps);
     let entries: Vec<BatchEntry> = batch
         .entries
         .iter()
@@ -327,7 +327,6 @@ async fn close_open(deps: &Deps, t: &TenantId, key: &Key, batch: &SendBatch, clo
                 if let Some(why) = close.last_error {
                     e.last_error = Some(why.into());
                 }
-                e.updated_at = Some(now.clone());
             }
             e
         })
