@@ -168,7 +168,7 @@ fn strip_nulls(attrs: &mut Attrs) {
 }
 
 /// Applies one write inside the transaction. Returns the item after it and whether a change
-/// record was appended (only for items the stream filter accepts, when there is one).
+/// record was appended (only for changes the stream filter accepts, when there is one).
 fn apply_write(
     tx: &Connection,
     write: Write,
@@ -222,7 +222,7 @@ fn apply_write(
                 .map_err(db_err)?;
         }
     }
-    if filter.is_some_and(|streamed| !streamed(&key)) {
+    if filter.is_some_and(|streamed| !streamed(&key, old.as_ref(), new.as_ref())) {
         return Ok((new, false));
     }
     let old_json = old.as_ref().map(to_json).transpose()?;
