@@ -15,6 +15,8 @@ pub struct Deps {
     pub clock: Arc<dyn Clock>,
     pub providers: Providers,
     pub config: Arc<CoreConfig>,
+    /// The API keys this instance read lately (shared by its clones; [`crate::ops::tenants`]).
+    pub keys: Arc<crate::ops::key_cache::KeyCache>,
 }
 
 impl Deps {
@@ -27,6 +29,6 @@ impl Deps {
         providers: Providers,
         config: impl Into<Arc<CoreConfig>>,
     ) -> Self {
-        Self { table, queues, clock, providers, config: config.into() }
+        Self { table, queues, clock, providers, config: config.into(), keys: Arc::default() }
     }
 }

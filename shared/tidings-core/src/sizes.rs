@@ -84,7 +84,11 @@ pub fn value_size(value: &Value) -> usize {
     match value {
         Value::Null | Value::Bool(_) => 1,
         Value::String(s) => s.len(),
-        Value::Number(n) => number_size(&n.to_string()),
+        Value::Number(n) => match (n.as_i64(), n.as_u64()) {
+            (Some(i), _) => integer_size(i.unsigned_abs()),
+            (None, Some(u)) => integer_size(u),
+            _ => number_size(&n.to_string()),
+        },
         Value::Array(items) => 3 + items.iter().map(|v| 1 + value_size(v)).sum::<usize>(),
         Value::Object(map) => 3 + map.iter().map(|(k, v)| 1 + k.len() + value_size(v)).sum::<usize>(),
     }
@@ -96,6 +100,19 @@ fn number_size(text: &str) -> usize {
     let mantissa = text.split(['e', 'E']).next().unwrap_or(text);
     let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
     let significant = digits.trim_start_matches('0').trim_end_matches('0').len().max(1);
+    significant.div_ceil(2) + 1
+}
+
+/// [`number_size`] of an integer's magnitude, without writing it out (every counter of every
+/// write is sized, and the text cost two allocations each).
+fn integer_size(mut n: u64) -> usize {
+    if n == 0 {
+        return 2;
+    }
+    while n % 10 == 0 {
+        n /= 10;
+    }
+    let significant = n.ilog10() as usize + 1;
     significant.div_ceil(2) + 1
 }
 
@@ -126,7 +143,7 @@ pub fn write_size(write: &Write) -> usize {
                     .iter()
                     .map(|u| match u {
                         Update::Set(n, v) | Update::SetIfAbsent(n, v) => n.len() + value_size(v),
-                        Update::Add(n, d) => n.len() + number_size(&d.to_string()),
+                        Update::Add(n, d) => n.len() + integer_size(d.unsigned_abs()),
                         Update::Remove(n) => n.len(),
                     })
                     .sum::<usize>()
@@ -159,10 +176,16 @@ pub fn check_transaction(writes: &[Write]) -> Result<(), StoreError> {
     }
     let mut total = 0;
     for w in writes {
-        if let Write::Put { item, .. } = w {
-            check_item(&item.key, &item.attrs)?;
+        let size = write_size(w);
+        if let Write::Put { item, .. } = w
+            && size > MAX_ITEM_BYTES
+        {
+            return Err(StoreError::Invalid(format!(
+                "item {}/{} is {size} bytes: an item holds at most {MAX_ITEM_BYTES}",
+                item.key.pk, item.key.sk
+            )));
         }
-        total += write_size(w);
+        total += size;
     }
     if total > MAX_TRANSACTION_BYTES {
         return Err(StoreError::Invalid(format!(
@@ -203,6 +226,17 @@ mod tests {
         match v {
             Value::Object(m) => m,
             _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn an_integer_is_sized_as_its_text_is() {
+        let mut cases = vec![0u64, 1, 9, 10, 99, 100, 101, 120_000, 1_000_000_007, u64::MAX, i64::MAX as u64];
+        cases.extend((0..2000).map(|i| i * 37));
+        for n in cases {
+            assert_eq!(integer_size(n), number_size(&n.to_string()), "{n}");
+            let i = i64::try_from(n).unwrap_or(i64::MIN);
+            assert_eq!(value_size(&json!(i)), number_size(&i.to_string()), "{i}");
         }
     }
 

@@ -69,6 +69,32 @@ async fn a_revoked_key_is_refused_at_once_and_stays_listed_as_revoked() {
     assert!(matches!(tenants::revoke(&deps, "key_unknown").await, Err(CoreError::NotFound { .. })));
 }
 
+/// The instance that revokes a key forgets what it read of keys: the key it had just
+/// accepted (and holds in its cache) is refused at its next request, with no time passing.
+#[tokio::test]
+async fn a_key_accepted_a_moment_ago_is_refused_once_revoked_here() {
+    let (deps, _) = world();
+    let t = tenants::create(&deps, tenant_spec()).await.unwrap();
+    assert!(tenants::authenticate(&deps, &t.key).await.unwrap().is_some());
+    assert!(tenants::authenticate(&deps, &t.key).await.unwrap().is_some(), "from the cache");
+    tenants::revoke(&deps, &t.info.id).await.unwrap();
+    assert_eq!(tenants::authenticate(&deps, &t.key).await.unwrap(), None);
+}
+
+/// Another instance (its own cache, the same table) revokes: this one refuses the key once it
+/// has trusted what it read for `KEY_CACHE_FOR`, by its clock.
+#[tokio::test]
+async fn a_key_revoked_by_another_instance_is_refused_within_the_cache_time() {
+    let (deps, clock) = world();
+    let other = Deps { keys: Arc::default(), ..deps.clone() };
+    let t = tenants::create(&deps, tenant_spec()).await.unwrap();
+    assert!(tenants::authenticate(&deps, &t.key).await.unwrap().is_some());
+    tenants::revoke(&other, &t.info.id).await.unwrap();
+    assert_eq!(tenants::authenticate(&other, &t.key).await.unwrap(), None, "the revoking instance");
+    clock.advance(tenants::KEY_CACHE_FOR);
+    assert_eq!(tenants::authenticate(&deps, &t.key).await.unwrap(), None, "this one, after the cache time");
+}
+
 #[tokio::test]
 async fn an_expired_key_is_refused() {
     let (deps, clock) = world();

@@ -136,8 +136,10 @@ pub(crate) struct Inner {
 /// Read-only connections of a store in a file.
 const READERS: usize = 2;
 
-/// Says whether the changes of an item are recorded in the change stream.
-pub type StreamFilter = fn(&tidings_core::ports::Key) -> bool;
+/// Says whether a change of an item is recorded in the change stream: its key, the item
+/// before the write and after it (`None`: absent).
+pub type StreamFilter =
+    fn(&tidings_core::ports::Key, Option<&tidings_core::ports::Attrs>, Option<&tidings_core::ports::Attrs>) -> bool;
 
 /// The embedded store: a [`Table`](tidings_core::ports::Table), a source of
 /// [`EmbeddedChangeFeed`]s and [`Queues`](tidings_core::ports::Queues), all in one SQLite file.

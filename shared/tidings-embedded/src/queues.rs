@@ -17,7 +17,7 @@ use rusqlite::{Connection, params};
 use tidings_core::ports::queue::MAX_DELAY;
 use tidings_core::ports::{OutMessage, QueueError, QueueStats, Queues, Received};
 
-use crate::EmbeddedStore;
+use crate::{EmbeddedStore, Inner, JoinFailed};
 
 /// The most messages one receive returns. SQS returns at most 10 and a Lambda event source
 /// mapping assembles larger batches (up to 10,000) from several receives; the local runtime's
@@ -146,6 +146,35 @@ impl EmbeddedStore {
             Some((_, dlq)) => Ok(dlq),
             None => Err(QueueError::Invalid(format!("{queue} is a DLQ and has no DLQ of its own"))),
         }
+    }
+
+    /// Runs a read that scans a queue (its statistics) in a blocking thread on a reader
+    /// connection. On the writer's connection the scan held its mutex, so every group commit
+    /// waited for it: the bench's progress line and the runtime's queue-age sampling ask for
+    /// statistics every few hundred milliseconds, and a deep queue's scan is long. A reader
+    /// sees every synced commit, which is all the statistics need (SQS's are approximate).
+    /// A store in memory has no readers: the scan runs on its one connection.
+    async fn scan_on_reader<T, F>(&self, f: F) -> Result<T, QueueError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection, &Inner) -> Result<T, QueueError> + Send + 'static,
+    {
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || match inner.readers.get().filter(|r| !r.is_empty()) {
+            Some(readers) => {
+                let conn = match readers.iter().find_map(|r| r.try_lock().ok()) {
+                    Some(conn) => conn,
+                    None => readers[0].lock().unwrap_or_else(|p| p.into_inner()),
+                };
+                f(&conn, &inner)
+            }
+            None => {
+                let conn = inner.conn.lock().unwrap_or_else(|p| p.into_inner());
+                f(&conn, &inner)
+            }
+        })
+        .await
+        .map_err(|e| QueueError::from(JoinFailed(e.to_string())))?
     }
 
     /// One receive attempt, without waiting.
@@ -367,7 +396,7 @@ impl Queues for EmbeddedStore {
         let spec = self.spec(queue)?;
         let dlq = spec.redrive.map(|(_, dlq)| dlq);
         let name = queue.to_owned();
-        self.with_conn_offloaded(move |conn, inner| {
+        self.scan_on_reader(move |conn, inner| {
             let now = inner.clock.now_ms();
             let (visible, in_flight, delayed, oldest): (i64, i64, i64, Option<i64>) = conn
                 .query_row(
@@ -451,5 +480,45 @@ impl Queues for EmbeddedStore {
     async fn send_to_dlq(&self, queue: &str, body: String) -> Result<(), QueueError> {
         let dlq = self.dlq_of(queue)?;
         self.send_batch(&dlq, vec![OutMessage::new(body)]).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use std::time::Duration;
+
+    use tidings_core::ports::{OutMessage, Queues};
+
+    use crate::{EmbeddedStore, QueueConfig};
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn statistics_are_read_beside_the_writer_not_on_its_connection() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(&dir.path().join("t.db")).unwrap();
+        store.declare_queue(QueueConfig::new("q", 3)).unwrap();
+        let messages = (0..3).map(|i| OutMessage::new(format!("m{i}"))).collect();
+        store.send_batch("q", messages).await.unwrap();
+        let got = store.receive("q", 1, Duration::from_secs(60), Duration::ZERO).await.unwrap();
+        assert_eq!(got.len(), 1);
+
+        // The writer's connection is busy (as during a group commit) until the statistics
+        // are back: read on it, they would wait for it, and this test would not end.
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let inner = store.inner.clone();
+        let holder = std::thread::spawn(move || {
+            let _conn = inner.conn.lock().unwrap();
+            held_tx.send(()).unwrap();
+            let _ = done_rx.recv();
+        });
+        held_rx.recv().unwrap();
+        let stats = tokio::time::timeout(Duration::from_secs(30), store.stats("q"))
+            .await
+            .expect("the statistics waited for the writer's connection")
+            .unwrap();
+        done_tx.send(()).unwrap();
+        holder.join().unwrap();
+        assert_eq!((stats.visible, stats.in_flight, stats.delayed, stats.dlq_depth), (2, 1, 0, 0));
     }
 }

@@ -123,19 +123,25 @@ impl EmbeddedStore {
         let (after, appended) = self
             .with_conn(move |conn, inner| {
                 // A savepoint: inside the writer's group transaction (see writer.rs), a failure
-                // rolls back this request's writes only.
-                let tx = conn.savepoint().map_err(db_err)?;
-                let mut after = Vec::with_capacity(writes.len());
-                let mut appended = false;
+                // rolls back this request's writes only. Its statements are cached: preparing
+                // them again for every request was a tenth of an order's writing.
+                run_cached(conn, "SAVEPOINT write_all")?;
                 let filter = inner.stream_filter.get().copied();
-                for (index, write) in writes.into_iter().enumerate() {
-                    let (new, changed) = apply_write(&tx, write, index, filter)?;
-                    appended |= changed;
-                    after.push(new);
+                let applied = (|| {
+                    let mut after = Vec::with_capacity(writes.len());
+                    let mut appended = false;
+                    for (index, write) in writes.into_iter().enumerate() {
+                        let (new, changed) = apply_write(conn, write, index, filter)?;
+                        appended |= changed;
+                        after.push(new);
+                    }
+                    Ok::<_, StoreError>((after, appended))
+                })();
+                if applied.is_err() {
+                    run_cached(conn, "ROLLBACK TO write_all")?;
                 }
-                // Dropping `tx` on an error above rolls everything back.
-                tx.commit().map_err(db_err)?;
-                Ok::<_, StoreError>((after, appended))
+                run_cached(conn, "RELEASE write_all")?;
+                applied
             })
             .await?;
         if appended {
@@ -143,6 +149,11 @@ impl EmbeddedStore {
         }
         Ok(after)
     }
+}
+
+/// Runs a statement without parameters through the connection's statement cache.
+fn run_cached(conn: &Connection, sql: &str) -> Result<(), StoreError> {
+    conn.prepare_cached(sql).and_then(|mut stmt| stmt.execute([])).map(drop).map_err(db_err)
 }
 
 /// Rejects what DynamoDB would reject before looking at any item.
@@ -168,7 +179,7 @@ fn strip_nulls(attrs: &mut Attrs) {
 }
 
 /// Applies one write inside the transaction. Returns the item after it and whether a change
-/// record was appended (only for items the stream filter accepts, when there is one).
+/// record was appended (only for changes the stream filter accepts, when there is one).
 fn apply_write(
     tx: &Connection,
     write: Write,
@@ -222,7 +233,7 @@ fn apply_write(
                 .map_err(db_err)?;
         }
     }
-    if filter.is_some_and(|streamed| !streamed(&key)) {
+    if filter.is_some_and(|streamed| !streamed(&key, old.as_ref(), new.as_ref())) {
         return Ok((new, false));
     }
     let old_json = old.as_ref().map(to_json).transpose()?;

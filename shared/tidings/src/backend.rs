@@ -66,7 +66,7 @@ impl Backend {
         let store = tidings_embedded::EmbeddedStore::open_with_clock(&path, clock.clone())
             .with_context(|| format!("opening {}", path.display()))?;
         // What the relay reads, as the event source mapping filters it on AWS.
-        store.set_stream_filter(tidings_core::notify::relay::streamed);
+        store.set_stream_filter(tidings_core::notify::relay::streamed_change);
         if let Some(p) = &progress {
             p.step(format!("database {}: {}", path.display(), if existed { "found" } else { "created" }));
         }

@@ -181,7 +181,7 @@ async fn campaign_once(
     let store = tidings_embedded::EmbeddedStore::open_with_clock(&path, clock.clone())
         .with_context(|| format!("opening {}", path.display()))?;
     // What the relay reads, as the event source mapping filters it on AWS.
-    store.set_stream_filter(tidings_core::notify::relay::streamed);
+    store.set_stream_filter(tidings_core::notify::relay::streamed_change);
     // A campaign is marketing: no frequency cap here (one message per user anyway).
     let config = CoreConfig { frequency_cap: 1_000, ..crate::settings().core() };
     let queue_names = crate::backend::all_queues();

@@ -82,6 +82,8 @@ async fn reserve_once(args: &ReserveArgs, peers: &[PeerFigure]) -> anyhow::Resul
     let clock = Arc::new(SystemClock);
     let store = tidings_embedded::EmbeddedStore::open_with_clock(&path, clock.clone())
         .with_context(|| format!("opening {}", path.display()))?;
+    // What `tidings serve` records of the changes (the relay's filter).
+    store.set_stream_filter(tidings_core::notify::relay::streamed_change);
     store.declare_queue(tidings_embedded::QueueConfig::new("timers", 5))?;
     let null: Arc<dyn Provider> = Arc::new(NullProvider);
     let providers = Providers { email: null.clone(), sms: null.clone(), push: null };

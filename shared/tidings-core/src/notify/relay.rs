@@ -40,6 +40,29 @@ pub fn streamed(key: &crate::ports::Key) -> bool {
         || sk.starts_with(keys::INBOX_MESSAGE_PREFIX)
 }
 
+/// [`streamed`], narrowed by what changed: a stock item's change counts only when its
+/// `restock_round` grew (or the item is new), the one change of a stock item anything acts on
+/// ([`crate::restock::on_stock_changes`]). Every order moves its SKU's counters on that item, so
+/// recording those changes cost each order two JSON encodings of the item and the relay a
+/// record to read and drop. The embedded store records what this accepts; on AWS the stream
+/// has every change and the relay drops the same records (an event filter cannot compare the
+/// old image with the new).
+pub fn streamed_change(
+    key: &crate::ports::Key,
+    old: Option<&crate::ports::Attrs>,
+    new: Option<&crate::ports::Attrs>,
+) -> bool {
+    if key.sk != crate::inventory::keys::STOCK_SK {
+        return streamed(key);
+    }
+    let round = |a: Option<&crate::ports::Attrs>| a.and_then(|a| a.get("restock_round")).and_then(|v| v.as_i64());
+    match (old, new) {
+        (None, Some(_)) => true,
+        (_, None) => false,
+        (Some(_), Some(_)) => round(new).unwrap_or(0) > round(old).unwrap_or(0),
+    }
+}
+
 /// What the relay made of a batch of change records.
 #[derive(Debug, Default)]
 pub struct RelayReport {
@@ -328,4 +351,33 @@ pub async fn redrive(deps: &Deps, key: &Key) -> CoreResult<Redriven> {
     };
     deps.queues.send_batch(&queue, vec![OutMessage::new(body_of(&message)?)]).await?;
     Ok(Redriven::Queued)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use serde_json::json;
+
+    use super::*;
+    use crate::ports::{Attrs, Key};
+
+    fn attrs(v: serde_json::Value) -> Attrs {
+        v.as_object().unwrap().clone()
+    }
+
+    #[test]
+    fn a_stock_change_is_streamed_only_when_its_restock_round_grows() {
+        let stock = Key::new("T#t#SKU#hot", crate::inventory::keys::STOCK_SK);
+        let before = attrs(json!({"available": 5, "reserved": 0, "restock_round": 2}));
+        let reserved = attrs(json!({"available": 4, "reserved": 1, "restock_round": 2}));
+        let restocked = attrs(json!({"available": 3, "reserved": 0, "restock_round": 3}));
+        assert!(!streamed_change(&stock, Some(&before), Some(&reserved)), "an order's reservation");
+        assert!(streamed_change(&stock, Some(&before), Some(&restocked)), "a round opened");
+        assert!(streamed_change(&stock, None, Some(&before)), "a new SKU");
+        assert!(!streamed_change(&stock, Some(&before), None), "a removed SKU");
+        let unstreamed = Key::new("T#t#ORDER#o1", "ORDER");
+        assert!(!streamed_change(&unstreamed, None, Some(&before)));
+        let notification = Key::new("T#t#NOTIF#n1", NOTIFICATION_SK);
+        assert!(streamed_change(&notification, None, Some(&before)), "other keys as `streamed` says");
+    }
 }

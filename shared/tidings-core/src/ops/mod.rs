@@ -2,4 +2,5 @@
 //! shown and redrive.
 
 pub mod dead_letters;
+pub mod key_cache;
 pub mod tenants;

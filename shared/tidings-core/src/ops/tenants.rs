@@ -8,9 +8,13 @@
 //!
 //! Roles: a *tenant* key acts on its own tenant's data (the `/v1` data routes); an *operator* key
 //! acts on the system (`/v1/ops/*`, `/v1/admin/*`) and on no tenant's data. Revoking deletes the
-//! lookup item, so the next request with that key is refused on every instance: nothing caches a
-//! key. An expiry is checked on every request; rotation gives the old key an expiry (the grace
-//! period) and makes a new one with the same role and tenant.
+//! lookup item. Each instance keeps what it read of a key for [`KEY_CACHE_FOR`] at most
+//! ([`KeyCache`], by the key's hash, never the secret), and forgets every key it holds when a key
+//! is made, registered, rotated or revoked through it: a revocation is refused from the next
+//! request on the instance that made it (the whole embedded backend is one), and within
+//! [`KEY_CACHE_FOR`] on every other. An expiry is checked on every request, cached or not;
+//! rotation gives the old key an expiry (the grace period) and makes a new one with the same
+//! role and tenant.
 //!
 //! Items written before roles existed hold only `tenant` and `created_at`: they are tenant keys
 //! without an id, valid until an operator replaces them.
@@ -45,12 +49,8 @@ impl Role {
     }
 }
 
-/// Who a request comes from.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Principal {
-    Tenant { tenant: TenantId, key_id: Option<String> },
-    Operator { key_id: String },
-}
+use super::key_cache::CachedKey;
+pub use super::key_cache::{KEY_CACHE_FOR, KeyCache, Principal};
 
 impl Principal {
     pub fn role(&self) -> Role {
@@ -268,6 +268,7 @@ pub async fn create(deps: &Deps, spec: KeySpec) -> CoreResult<NewKey> {
         }
     }
     deps.table.transact(writes).await?;
+    deps.keys.forget_all();
     Ok(NewKey { key, info })
 }
 
@@ -287,7 +288,9 @@ pub async fn register(deps: &Deps, key: &str, spec: KeySpec) -> CoreResult<()> {
     }
     let id = format!("env_{}", &hash_key(key)[..16]);
     let (_, writes) = writes_for(key, id, &spec, KeySource::Env, now);
-    deps.table.transact(writes).await?;
+    let written = deps.table.transact(writes).await;
+    deps.keys.forget_all();
+    written?;
     Ok(())
 }
 
@@ -310,13 +313,24 @@ pub async fn authenticate(deps: &Deps, key: &str) -> CoreResult<Option<Principal
     if key.is_empty() || key.len() > 256 {
         return Ok(None);
     }
-    let lookup_key = keys::api_key(&hash_key(key));
+    let hash: [u8; 32] = Sha256::digest(key.as_bytes()).into();
+    let now = deps.clock.now();
+    if let Some(cached) = deps.keys.lookup(&hash, now) {
+        return Ok(cached.expires_at.is_none_or(|e| e > now).then_some(cached.principal));
+    }
+    let lookup_key = keys::api_key(&hex::encode(hash));
     let Some(item) = deps.table.get(&lookup_key).await? else {
         return Ok(None);
     };
     let record: LookupRecord = item.parse()?;
-    let now = deps.clock.now();
-    if record.expires_at.as_deref().is_some_and(|e| parse_stamp(e).is_none_or(|e| e <= now)) {
+    let expires_at = match record.expires_at.as_deref() {
+        Some(e) => match parse_stamp(e) {
+            Some(e) => Some(e),
+            None => return Ok(None),
+        },
+        None => None,
+    };
+    if expires_at.is_some_and(|e| e <= now) {
         return Ok(None);
     }
     if record.id.is_some()
@@ -325,14 +339,18 @@ pub async fn authenticate(deps: &Deps, key: &str) -> CoreResult<Option<Principal
         // Best effort: a failed refresh must not refuse a valid request.
         let _ = deps.table.update(&lookup_key, vec![Update::set("last_used_at", stamp(now))], Cond::Exists).await;
     }
-    Ok(match record.role {
+    let principal = match record.role {
         Role::Operator => record.id.map(|key_id| Principal::Operator { key_id }),
         Role::Tenant => record
             .tenant
             .as_deref()
             .and_then(|t| TenantId::parse(t).ok())
             .map(|tenant| Principal::Tenant { tenant, key_id: record.id }),
-    })
+    };
+    if let Some(p) = &principal {
+        deps.keys.keep(hash, CachedKey { principal: p.clone(), expires_at, read_at: now });
+    }
+    Ok(principal)
 }
 
 async fn index_record(deps: &Deps, id: &str) -> CoreResult<IndexRecord> {
@@ -410,7 +428,8 @@ pub async fn revoke(deps: &Deps, id: &str) -> CoreResult<KeyInfo> {
         return get(deps, id).await;
     }
     let now = stamp(deps.clock.now());
-    deps.table
+    let revoked = deps
+        .table
         .transact(vec![
             Write::Delete { key: keys::api_key(&record.hash), cond: Cond::Always },
             Write::Update {
@@ -419,14 +438,16 @@ pub async fn revoke(deps: &Deps, id: &str) -> CoreResult<KeyInfo> {
                 cond: Cond::AttrNotExists("revoked_at".into()),
             },
         ])
-        .await
-        .map_err(|e| {
-            if e.is_condition_failed() {
-                CoreError::conflict("key_changed", "the key changed meanwhile: try again")
-            } else {
-                e.into()
-            }
-        })?;
+        .await;
+    // Forgotten whatever the outcome: a transaction that failed may still have been applied.
+    deps.keys.forget_all();
+    revoked.map_err(|e| {
+        if e.is_condition_failed() {
+            CoreError::conflict("key_changed", "the key changed meanwhile: try again")
+        } else {
+            e.into()
+        }
+    })?;
     get(deps, id).await
 }
 
@@ -477,7 +498,9 @@ pub async fn rotate(deps: &Deps, id: &str, grace: Duration) -> CoreResult<Rotate
         updates: vec![Update::set("expires_at", stamp(ends))],
         cond: Cond::AttrNotExists("revoked_at".into()),
     });
-    deps.table.transact(writes).await.map_err(|e| {
+    let rotated = deps.table.transact(writes).await;
+    deps.keys.forget_all();
+    rotated.map_err(|e| {
         if e.is_condition_failed() {
             CoreError::conflict("key_changed", "the key changed meanwhile: try again")
         } else {
