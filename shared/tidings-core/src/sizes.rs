@@ -109,7 +109,7 @@ fn integer_size(mut n: u64) -> usize {
     if n == 0 {
         return 2;
     }
-    while n % 10 == 0 {
+    while n.is_multiple_of(10) {
         n /= 10;
     }
     let significant = n.ilog10() as usize + 1;
