@@ -57,6 +57,10 @@ pub async fn route_batch(
     // batch always makes progress, a message is not started when the longest one so far would
     // not end before the deadline: it is handed back, so the invocation is not cut off with a
     // campaign page half written (and every message of its batch charged a receive).
+    // A message still running `CUT_OFF_AFTER` past the deadline (one far slower than those
+    // before it, or a first one too long for the invocation) is stopped there and retried, so the
+    // invocation still answers: cut off by Lambda instead, its environment would be killed and
+    // every message of the batch would wait out its visibility timeout.
     let mut outcomes = Vec::with_capacity(messages.len());
     let mut longest = std::time::Duration::ZERO;
     for (i, message) in messages.iter().enumerate() {
@@ -65,11 +69,37 @@ pub async fn route_batch(
             continue;
         }
         let started = std::time::Instant::now();
-        outcomes.push(route(deps, lane, message).await);
+        let outcome = match deadline {
+            Some(d) => {
+                let cut_off = tokio::time::Instant::from_std(d + CUT_OFF_AFTER);
+                match tokio::time::timeout_at(cut_off, route(deps, lane, message)).await {
+                    Ok(outcome) => outcome,
+                    Err(_) => {
+                        tracing::warn!(
+                            queue = lane.name(),
+                            message_id = %message.message_id,
+                            ran_ms = started.elapsed().as_millis() as u64,
+                            "cut off at the invocation's deadline; retried"
+                        );
+                        Outcome::Retry(Duration::ZERO)
+                    }
+                }
+            }
+            None => route(deps, lane, message).await,
+        };
+        outcomes.push(outcome);
         longest = longest.max(started.elapsed());
     }
     outcomes
 }
+
+/// How long past its deadline a message handled one by one may still run before it is cut off
+/// and retried: half of the room the Lambda handler keeps after the deadline (5 s,
+/// `tidings_lambda::DEADLINE_ROOM`), the other half left to settle the batch and answer.
+/// Stopping a handler there is what a crash at that point would be, and every handler is
+/// written for that: a retried request message creates nothing twice
+/// (docs/delivery.md, "Deadlines").
+pub const CUT_OFF_AFTER: Duration = Duration::from_millis(2_500);
 
 /// Routes a message to the handler of its queue.
 pub async fn dispatch(deps: &Deps, queue: &str, message: &Received) -> Outcome {

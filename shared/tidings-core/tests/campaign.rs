@@ -829,3 +829,97 @@ async fn requests_near_the_deadline_are_handed_back_after_the_first() {
         "time enough for all: {outcomes:?}"
     );
 }
+
+/// A table whose transactions, once `stalling` is set, are written and then never answered (a
+/// throttled table, a request far slower than those before it).
+struct Stalling {
+    inner: Arc<dyn ports::Table>,
+    stalling: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait]
+impl ports::Table for Stalling {
+    async fn get(&self, key: &ports::Key) -> Result<Option<ports::Item>, StoreError> {
+        self.inner.get(key).await
+    }
+    async fn get_many(&self, keys: &[ports::Key]) -> Result<Vec<Option<ports::Item>>, StoreError> {
+        self.inner.get_many(keys).await
+    }
+    async fn put(&self, item: ports::Item, cond: ports::Cond) -> Result<(), StoreError> {
+        self.inner.put(item, cond).await
+    }
+    async fn update(
+        &self,
+        key: &ports::Key,
+        updates: Vec<ports::Update>,
+        cond: ports::Cond,
+    ) -> Result<ports::Item, StoreError> {
+        self.inner.update(key, updates, cond).await
+    }
+    async fn delete(&self, key: &ports::Key, cond: ports::Cond) -> Result<(), StoreError> {
+        self.inner.delete(key, cond).await
+    }
+    async fn transact(&self, writes: Vec<ports::Write>) -> Result<(), StoreError> {
+        let written = self.inner.transact(writes).await;
+        if self.stalling.load(std::sync::atomic::Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+        written
+    }
+    async fn query(&self, pk: &str, sk_prefix: &str, opts: ports::QueryOpts) -> Result<ports::Page, StoreError> {
+        self.inner.query(pk, sk_prefix, opts).await
+    }
+    async fn query_range(
+        &self,
+        pk: &str,
+        from: &str,
+        to: &str,
+        opts: ports::QueryOpts,
+    ) -> Result<ports::Page, StoreError> {
+        self.inner.query_range(pk, from, to, opts).await
+    }
+}
+
+/// A request message still running `CUT_OFF_AFTER` past its deadline (its deliveries written,
+/// the answer never coming) is cut off and retried, one receive charged, instead of holding the
+/// invocation past its end; the retry creates nothing twice and every user is sent once. Without
+/// the cut-off the batch never answers and this test does not end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_running_past_its_deadline_is_cut_off_and_retried_creating_nothing_twice() {
+    const USERS: usize = 12;
+    let mut w = world(1000);
+    let stalling = Arc::new(Stalling { inner: w.deps.table.clone(), stalling: false.into() });
+    w.deps.table = stalling.clone();
+    users_with_tag(&w, USERS, "vip").await;
+    template(&w).await;
+    let ids: Vec<String> = (0..USERS).map(|i| format!("u{i:05}")).collect();
+    let req = serde_json::from_value(json!({"recipients": {"user_ids": ids}, "template_id": "promo",
+        "category": "transactional", "channels": ["email"]}))
+    .unwrap();
+    let id = api::accept(&w.deps, &w.t, req).await.unwrap().notification_id;
+    let records = w.feed.next_batch(1000).await.unwrap();
+    relay::handle_changes(&w.deps, &records).await.unwrap();
+    w.feed.commit(&records).await.unwrap();
+    let queue = "requests-high";
+    let got = w.deps.queues.receive(queue, 10, Duration::from_secs(60), Duration::ZERO).await.unwrap();
+    assert_eq!(got.len(), 1, "one request message: {got:?}");
+
+    stalling.stalling.store(true, std::sync::atomic::Ordering::SeqCst);
+    let deadline = std::time::Instant::now();
+    let outcomes = tidings_core::messages::dispatch_batch_until(&w.deps, queue, &got, Some(deadline)).await;
+    assert_eq!(outcomes, vec![tidings_core::messages::Outcome::Retry(Duration::ZERO)], "cut off and retried");
+    assert!(std::time::Instant::now() >= deadline + tidings_core::router::CUT_OFF_AFTER, "not cut off before its time");
+    let processed =
+        tidings_core::messages::settle_batch(w.deps.queues.as_ref(), queue, &got, outcomes, w.deps.clock.now(), true)
+            .await;
+    assert_eq!(processed, vec![false], "a retry is left on its queue");
+    assert_eq!(w.email.total(), 0, "nothing sent by the run that was cut off");
+
+    stalling.stalling.store(false, std::sync::atomic::Ordering::SeqCst);
+    drain(&w).await;
+    assert_eq!(w.email.users(), USERS, "every user sent");
+    assert_eq!(w.email.max_per_user(), 1, "none twice");
+    let v = view(&w, &id).await;
+    assert_eq!(v.status, NotificationStatus::Completed, "{v:?}");
+    assert_eq!(v.counts.sent, USERS as u64, "counted once each: {v:?}");
+}

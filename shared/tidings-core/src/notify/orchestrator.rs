@@ -74,14 +74,7 @@ pub async fn orchestrate_task(deps: &Deps, t: &TenantId, task: &RequestMessage) 
                 users::segment_page(deps, t, tag, deps.config.campaign_page_size, task.cursor.clone()).await?;
             (users.into_iter().map(|u| (u.user_id.clone(), Some(u))).collect::<Vec<_>>(), next)
         }
-        None => {
-            let mut users = Vec::new();
-            for user_id in n.request.user_ids() {
-                let user = users::get_user(deps, t, &user_id).await?;
-                users.push((user_id, user));
-            }
-            (users, None)
-        }
+        None => (users::get_users(deps, t, n.request.user_ids()).await?, None),
     };
     // The next page before this one's work, so pages overlap; its item is the outbox entry
     // that queues it, put once whatever happens to this task.
