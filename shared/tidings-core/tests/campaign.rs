@@ -679,23 +679,32 @@ async fn tasks_handed_back_more_often_than_max_receives_are_not_dead_lettered() 
     assert!(page.items.iter().all(|d| d.status == DeliveryStatus::Sent && d.attempts == 1), "{:?}", page.items);
 }
 
-/// Counts the writes that reach the store: a put, an update, a delete or a transaction, one each.
-struct CountingTable {
+/// The store as the tests see it: counts the writes that reach it (a put, an update, a delete or
+/// a transaction, one each) and, once `stalling` is set, writes transactions and then never
+/// answers them (a throttled table, a request far slower than those before it).
+struct Watched {
     inner: Arc<dyn ports::Table>,
     writes: std::sync::atomic::AtomicUsize,
+    stalling: std::sync::atomic::AtomicBool,
 }
 
-impl CountingTable {
+impl Watched {
+    fn over(inner: Arc<dyn ports::Table>) -> Arc<Self> {
+        Arc::new(Self { inner, writes: Default::default(), stalling: false.into() })
+    }
     fn count(&self) {
         self.writes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
     fn writes(&self) -> usize {
         self.writes.load(std::sync::atomic::Ordering::Relaxed)
     }
+    fn stall(&self, on: bool) {
+        self.stalling.store(on, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 #[async_trait]
-impl ports::Table for CountingTable {
+impl ports::Table for Watched {
     async fn get(&self, key: &ports::Key) -> Result<Option<ports::Item>, StoreError> {
         self.inner.get(key).await
     }
@@ -721,19 +730,32 @@ impl ports::Table for CountingTable {
     }
     async fn transact(&self, writes: Vec<ports::Write>) -> Result<(), StoreError> {
         self.count();
-        self.inner.transact(writes).await
+        let written = self.inner.transact(writes).await;
+        if self.stalling.load(std::sync::atomic::Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+        written
     }
     async fn query(&self, pk: &str, sk_prefix: &str, opts: ports::QueryOpts) -> Result<ports::Page, StoreError> {
         self.inner.query(pk, sk_prefix, opts).await
+    }
+    async fn query_range(
+        &self,
+        pk: &str,
+        from: &str,
+        to: &str,
+        opts: ports::QueryOpts,
+    ) -> Result<ports::Page, StoreError> {
+        self.inner.query_range(pk, from, to, opts).await
     }
 }
 
 /// A world whose SMS go to a recording provider, with per-number SMS limits `limits`, and whose
 /// store counts its writes; `users` tagged `vip`, user `i` with phone number `i % numbers`.
-async fn sms_world(users: usize, numbers: usize, limits: &str) -> (World, Arc<Recording>, Arc<CountingTable>) {
+async fn sms_world(users: usize, numbers: usize, limits: &str) -> (World, Arc<Recording>, Arc<Watched>) {
     let mut w = world(1000);
     let sms = Recording::named("fake-sms");
-    let counting = Arc::new(CountingTable { inner: w.deps.table.clone(), writes: Default::default() });
+    let counting = Watched::over(w.deps.table.clone());
     w.deps.table = counting.clone();
     w.deps.providers.sms = sms.clone();
     let limits = limits.to_owned();
@@ -830,56 +852,6 @@ async fn requests_near_the_deadline_are_handed_back_after_the_first() {
     );
 }
 
-/// A table whose transactions, once `stalling` is set, are written and then never answered (a
-/// throttled table, a request far slower than those before it).
-struct Stalling {
-    inner: Arc<dyn ports::Table>,
-    stalling: std::sync::atomic::AtomicBool,
-}
-
-#[async_trait]
-impl ports::Table for Stalling {
-    async fn get(&self, key: &ports::Key) -> Result<Option<ports::Item>, StoreError> {
-        self.inner.get(key).await
-    }
-    async fn get_many(&self, keys: &[ports::Key]) -> Result<Vec<Option<ports::Item>>, StoreError> {
-        self.inner.get_many(keys).await
-    }
-    async fn put(&self, item: ports::Item, cond: ports::Cond) -> Result<(), StoreError> {
-        self.inner.put(item, cond).await
-    }
-    async fn update(
-        &self,
-        key: &ports::Key,
-        updates: Vec<ports::Update>,
-        cond: ports::Cond,
-    ) -> Result<ports::Item, StoreError> {
-        self.inner.update(key, updates, cond).await
-    }
-    async fn delete(&self, key: &ports::Key, cond: ports::Cond) -> Result<(), StoreError> {
-        self.inner.delete(key, cond).await
-    }
-    async fn transact(&self, writes: Vec<ports::Write>) -> Result<(), StoreError> {
-        let written = self.inner.transact(writes).await;
-        if self.stalling.load(std::sync::atomic::Ordering::SeqCst) {
-            std::future::pending::<()>().await;
-        }
-        written
-    }
-    async fn query(&self, pk: &str, sk_prefix: &str, opts: ports::QueryOpts) -> Result<ports::Page, StoreError> {
-        self.inner.query(pk, sk_prefix, opts).await
-    }
-    async fn query_range(
-        &self,
-        pk: &str,
-        from: &str,
-        to: &str,
-        opts: ports::QueryOpts,
-    ) -> Result<ports::Page, StoreError> {
-        self.inner.query_range(pk, from, to, opts).await
-    }
-}
-
 /// A request message still running `CUT_OFF_AFTER` past its deadline (its deliveries written,
 /// the answer never coming) is cut off and retried, one receive charged, instead of holding the
 /// invocation past its end; the retry creates nothing twice and every user is sent once. Without
@@ -888,7 +860,7 @@ impl ports::Table for Stalling {
 async fn a_request_running_past_its_deadline_is_cut_off_and_retried_creating_nothing_twice() {
     const USERS: usize = 12;
     let mut w = world(1000);
-    let stalling = Arc::new(Stalling { inner: w.deps.table.clone(), stalling: false.into() });
+    let stalling = Watched::over(w.deps.table.clone());
     w.deps.table = stalling.clone();
     users_with_tag(&w, USERS, "vip").await;
     template(&w).await;
@@ -904,7 +876,7 @@ async fn a_request_running_past_its_deadline_is_cut_off_and_retried_creating_not
     let got = w.deps.queues.receive(queue, 10, Duration::from_secs(60), Duration::ZERO).await.unwrap();
     assert_eq!(got.len(), 1, "one request message: {got:?}");
 
-    stalling.stalling.store(true, std::sync::atomic::Ordering::SeqCst);
+    stalling.stall(true);
     let deadline = std::time::Instant::now();
     let outcomes = tidings_core::messages::dispatch_batch_until(&w.deps, queue, &got, Some(deadline)).await;
     assert_eq!(outcomes, vec![tidings_core::messages::Outcome::Retry(Duration::ZERO)], "cut off and retried");
@@ -915,7 +887,7 @@ async fn a_request_running_past_its_deadline_is_cut_off_and_retried_creating_not
     assert_eq!(processed, vec![false], "a retry is left on its queue");
     assert_eq!(w.email.total(), 0, "nothing sent by the run that was cut off");
 
-    stalling.stalling.store(false, std::sync::atomic::Ordering::SeqCst);
+    stalling.stall(false);
     drain(&w).await;
     assert_eq!(w.email.users(), USERS, "every user sent");
     assert_eq!(w.email.max_per_user(), 1, "none twice");
