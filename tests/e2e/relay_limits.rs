@@ -194,17 +194,22 @@ async fn shard_of(s: &Stack, db: &Dynamo, seq: &str) -> anyhow::Result<(String, 
 }
 
 pub async fn a_slow_orchestrator_batch_hands_back_what_it_cannot_finish() -> anyhow::Result<()> {
-    // A timeout of 30 s (the handler keeps its last 5 s for what follows its work)
-    // and every AWS request of the orchestrator slowed by 250 ms: one notification of fifteen
-    // users takes a few seconds however loaded this machine is, so the first of a batch always
-    // ends in time, and a batch of ten cannot (the work's length is set by the added latency, not
-    // by the machine's speed, which under qemu on a busy CI runner varies several-fold). Two
+    // A timeout of 20 s (the handler keeps its last 5 s for what follows its work) and every AWS
+    // request of the orchestrator slowed by 500 ms: one notification of fifteen users (its users
+    // read in one batch, its deliveries written, its sends queued: about fourteen requests, some
+    // of them side by side) takes 4 to 7 s however loaded this machine is, so the first of a
+    // batch always ends in time, and a batch of five cannot (the work's length is set by the
+    // added latency, not by the machine's speed, which under qemu on a busy CI runner varies
+    // several-fold). One environment per function, so one poller per queue: while it works on
+    // its first batch the other notifications queue up behind it and its next batch holds all
+    // of them; two pollers could split the ten into batches short enough to finish. Two
     // receives before the DLQ: a hand back that charged one would dead-letter a message.
     let users = 15;
     let s = Stack::start(Options {
-        timeouts: vec![("orchestrator", 30)],
-        latency: vec![("orchestrator", Duration::from_millis(250))],
+        timeouts: vec![("orchestrator", 20)],
+        latency: vec![("orchestrator", Duration::from_millis(500))],
         max_receives: 2,
+        concurrency: 1,
         ..Options::default()
     })
     .await?;
