@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod alarms;
+mod bench;
 mod campaign;
 mod console;
 mod contention;
@@ -250,6 +251,13 @@ async fn a_poison_stream_record_ends_alone_on_stream_failures_and_its_batch_is_r
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_slow_orchestrator_batch_hands_back_what_it_cannot_finish() -> anyhow::Result<()> {
     relay_limits::a_slow_orchestrator_batch_hands_back_what_it_cannot_finish().await
+}
+
+/// `bench reserve --backend aws` sells exactly the stock of a sharded SKU in DynamoDB Local, and
+/// the table read directly agrees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reserve_bench_on_aws_sells_exactly_the_stock_and_the_table_agrees() -> anyhow::Result<()> {
+    bench::reserve_bench_on_aws_sells_exactly_the_stock_and_the_table_agrees().await
 }
 
 /// `--bootstrap` on AWS tells each table, queue, DLQ and sender, created then found (AWS only:

@@ -1,7 +1,8 @@
-//! `tidings bench reserve`: many concurrent single-unit orders against one SKU on the embedded
-//! backend (a fresh SQLite file), plain or sharded. Reports orders per second and latency, and
-//! checks the invariants at the end: exactly the stock is sold, counters equal the ledger, and
-//! reconciliation finds nothing.
+//! `tidings bench reserve`: many concurrent single-unit orders against one SKU, plain or sharded,
+//! on the embedded backend (a fresh SQLite file) or with `--backend aws` on the DynamoDB of the
+//! environment (DynamoDB Local on this machine; a fresh SKU each run). Reports orders per second
+//! and latency, the refusals and the orders tried again, and checks the invariants at the end:
+//! exactly the stock is sold, counters equal the ledger, and reconciliation finds nothing.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,8 +14,14 @@ use tidings_core::inventory::{self, OrderLine, OrderRequest, WarmUpRequest};
 use tidings_core::ports::{Provider, SystemClock};
 use tidings_core::{CoreError, Deps, Providers, TenantId};
 
+use crate::BackendKind;
 use crate::bench_peer::{self, PeerArgs, PeerFigure, RESERVE_PEERS};
 use crate::progress::Progress;
+
+/// How often one order is tried again after the store answered that it is busy (a transaction
+/// conflict `place_order` did not absorb itself, or a throttle): what a shop's client does with
+/// a 503, with the same order id, so a retry never holds twice.
+const MAX_TRIES: u32 = 20;
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct ReserveArgs {
@@ -30,6 +37,13 @@ pub struct ReserveArgs {
     /// Shards of the SKU's counter (1: unsharded).
     #[arg(long, default_value_t = 1)]
     pub shards: u32,
+    /// Where the orders go: a fresh embedded database, or the AWS backend of the environment
+    /// (`AWS_ENDPOINT_URL_DYNAMODB` and `TIDINGS_TABLE`; a build with `--features aws`).
+    #[arg(long, value_enum, default_value = "embedded")]
+    pub backend: BackendKind,
+    /// With `--backend aws`: create the table and queues first where they are missing.
+    #[arg(long)]
+    pub bootstrap: bool,
     /// Seconds each peer runs (`reserve-peers.sh SECONDS CLIENTS`, clients: `--concurrency`).
     #[arg(long, default_value_t = 10)]
     pub peer_seconds: u64,
@@ -75,11 +89,27 @@ pub async fn reserve(args: ReserveArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One run on a fresh database: orders/s (rounded), the invariants checked, beside `peers`.
-async fn reserve_once(args: &ReserveArgs, peers: &[PeerFigure]) -> anyhow::Result<f64> {
-    let tmp = tempfile::tempdir()?;
-    let path = tmp.path().join("bench.db");
+/// Where one run places its orders: the ports, the SKU and the prefix of its order ids.
+struct Target {
+    deps: Deps,
+    sku: String,
+    orders: String,
+}
+
+/// A fresh SQLite file in `tmp`, or the AWS backend with a SKU of its own for this run.
+async fn target(args: &ReserveArgs, tmp: &tempfile::TempDir) -> anyhow::Result<Target> {
     let clock = Arc::new(SystemClock);
+    if args.backend == BackendKind::Aws {
+        let backend_args = crate::BackendArgs {
+            data_dir: tmp.path().to_path_buf(),
+            backend: BackendKind::Aws,
+            bootstrap: args.bootstrap,
+        };
+        let backend = crate::backend::Backend::open(&backend_args, clock).await?;
+        let run = format!("{:x}", chrono::Utc::now().timestamp_micros());
+        return Ok(Target { deps: backend.deps, sku: format!("hot-{run}"), orders: format!("{run}-o") });
+    }
+    let path = tmp.path().join("bench.db");
     let store = tidings_embedded::EmbeddedStore::open_with_clock(&path, clock.clone())
         .with_context(|| format!("opening {}", path.display()))?;
     // What `tidings serve` records of the changes (the relay's filter).
@@ -88,42 +118,65 @@ async fn reserve_once(args: &ReserveArgs, peers: &[PeerFigure]) -> anyhow::Resul
     let null: Arc<dyn Provider> = Arc::new(NullProvider);
     let providers = Providers { email: null.clone(), sms: null.clone(), push: null };
     let deps = Deps::new(Arc::new(store.clone()), Arc::new(store), clock, providers, crate::settings().core());
+    Ok(Target { deps, sku: "hot".into(), orders: "o".into() })
+}
+
+/// One order, tried again (same id) while the store answers that it is busy: whether it was
+/// accepted, and how many times it was tried again.
+async fn place(deps: &Deps, t: &TenantId, req: &OrderRequest) -> anyhow::Result<(bool, u32)> {
+    let mut retried = 0;
+    loop {
+        match inventory::place_order(deps, t, req).await {
+            Ok(_) => return Ok((true, retried)),
+            Err(CoreError::Conflict { code: "insufficient_stock", .. }) => return Ok((false, retried)),
+            Err(e) if e.is_retryable() && retried + 1 < MAX_TRIES => {
+                retried += 1;
+                tokio::time::sleep(Duration::from_millis(u64::from(retried.min(10)) * 5)).await;
+            }
+            Err(e) => {
+                return Err(anyhow::Error::new(e).context(format!("order {} after {retried} retries", req.order_id)));
+            }
+        }
+    }
+}
+
+/// One run: orders/s (rounded), the invariants checked, beside `peers`.
+async fn reserve_once(args: &ReserveArgs, peers: &[PeerFigure]) -> anyhow::Result<f64> {
+    let tmp = tempfile::tempdir()?;
+    let Target { deps, sku, orders: prefix } = target(args, &tmp).await?;
     let t = TenantId::parse("bench").map_err(|e| anyhow::anyhow!("{e}"))?;
     let shards = (args.shards > 1).then_some(args.shards);
-    inventory::warm_up(&deps, &t, "hot", &WarmUpRequest { on_hand: args.units, shards, category: None }).await?;
+    inventory::warm_up(&deps, &t, &sku, &WarmUpRequest { on_hand: args.units, shards, category: None }).await?;
 
     let next = Arc::new(AtomicU64::new(0));
     let accepted = Arc::new(AtomicU64::new(0));
     let refused = Arc::new(AtomicU64::new(0));
+    let retries = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
     let mut workers = tokio::task::JoinSet::new();
     for _ in 0..args.concurrency.max(1) {
-        let (deps, t, next, accepted, refused) =
-            (deps.clone(), t.clone(), next.clone(), accepted.clone(), refused.clone());
-        let total = args.orders;
+        let (deps, t, next, accepted, refused, retries) =
+            (deps.clone(), t.clone(), next.clone(), accepted.clone(), refused.clone(), retries.clone());
+        let (total, sku, prefix) = (args.orders, sku.clone(), prefix.clone());
         workers.spawn(async move {
-            let mut latencies = Vec::new();
+            let mut timings = Vec::new();
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 if i >= total {
-                    return Ok::<_, anyhow::Error>(latencies);
+                    return Ok::<_, anyhow::Error>(timings);
                 }
                 let req = OrderRequest {
-                    order_id: format!("o{i}"),
+                    order_id: format!("{prefix}{i}"),
                     user_id: format!("u{i}"),
-                    items: vec![OrderLine { sku_id: "hot".into(), qty: 1 }],
+                    items: vec![OrderLine { sku_id: sku.clone(), qty: 1 }],
                     hold_seconds: None,
                     category: None,
                 };
                 let at = Instant::now();
-                match inventory::place_order(&deps, &t, &req).await {
-                    Ok(_) => accepted.fetch_add(1, Ordering::Relaxed),
-                    Err(CoreError::Conflict { code: "insufficient_stock", .. }) => {
-                        refused.fetch_add(1, Ordering::Relaxed)
-                    }
-                    Err(e) => return Err(e.into()),
-                };
-                latencies.push(at.elapsed().as_secs_f64() * 1000.0);
+                let (ok, retried) = place(&deps, &t, &req).await?;
+                retries.fetch_add(u64::from(retried), Ordering::Relaxed);
+                if ok { &accepted } else { &refused }.fetch_add(1, Ordering::Relaxed);
+                timings.push(Timing { started: at, ended: Instant::now(), accepted: ok });
             }
         });
     }
@@ -142,10 +195,10 @@ async fn reserve_once(args: &ReserveArgs, peers: &[PeerFigure]) -> anyhow::Resul
             }
         })
     };
-    let mut latencies = Vec::new();
+    let mut timings = Vec::new();
     let joined = async {
         while let Some(done) = workers.join_next().await {
-            latencies.extend(done??);
+            timings.extend(done??);
         }
         Ok::<_, anyhow::Error>(())
     }
@@ -154,29 +207,42 @@ async fn reserve_once(args: &ReserveArgs, peers: &[PeerFigure]) -> anyhow::Resul
     joined?;
     let elapsed = started.elapsed().as_secs_f64();
     report_progress(&progress);
+    // A refusal that ended before the last accepted order began was refused while a unit was
+    // still there to sell: what a sharded counter must not do (a short shard is not a short SKU).
+    let last_sale = timings.iter().filter(|o| o.accepted).map(|o| o.started).max();
+    let early = timings.iter().filter(|o| !o.accepted && last_sale.is_some_and(|l| o.ended < l)).count();
+    let mut latencies: Vec<f64> =
+        timings.iter().map(|o| o.ended.duration_since(o.started).as_secs_f64() * 1000.0).collect();
     latencies.sort_by(f64::total_cmp);
     let pct = |p: f64| latencies.get(((latencies.len() as f64 - 1.0) * p).round() as usize).copied().unwrap_or(0.0);
 
-    let stock = inventory::get_stock(&deps, &t, "hot").await?.context("the SKU is gone")?;
+    let stock = inventory::get_stock(&deps, &t, &sku).await?.context("the SKU is gone")?;
     let report = inventory::reconcile(&deps, Some(&t)).await?;
+    let discrepancies: Vec<_> = report.discrepancies.iter().filter(|d| d.sku_id == sku).collect();
     let (accepted, refused) = (accepted.load(Ordering::Relaxed), refused.load(Ordering::Relaxed));
     let want = args.orders.min(u64::try_from(args.units).unwrap_or(0));
     println!(
-        "orders: {} placed by {} at once, {} unit(s) in stock, {} shard(s)",
-        args.orders, args.concurrency, args.units, args.shards
+        "orders: {} placed by {} at once, {} unit(s) in stock, {} shard(s), SKU {sku} of tenant {t} on the {} backend",
+        args.orders,
+        args.concurrency,
+        args.units,
+        args.shards,
+        if args.backend == BackendKind::Aws { "aws" } else { "embedded" }
     );
     let rate = (args.orders as f64 / elapsed).round();
     println!("time: {elapsed:.1} s, {rate:.0} orders/s");
     println!("latency: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms", pct(0.5), pct(0.99), pct(1.0));
     println!(
-        "accepted {accepted}, refused {refused}; stock available {}, reserved {}; reconcile: {} discrepancies",
+        "accepted {accepted}, refused {refused} ({early} while stock remained), tried again {}; stock available {}, reserved {}; reconcile: {} discrepancies",
+        retries.load(Ordering::Relaxed),
         stock.available,
         stock.reserved,
-        report.discrepancies.len()
+        discrepancies.len()
     );
     anyhow::ensure!(accepted == want, "accepted {accepted}, expected exactly {want}");
     anyhow::ensure!(stock.reserved == i64::try_from(want)?, "reserved {} != {want}", stock.reserved);
-    anyhow::ensure!(report.discrepancies.is_empty(), "reconcile found {:?}", report.discrepancies);
+    anyhow::ensure!(discrepancies.is_empty(), "reconcile found {discrepancies:?}");
+    anyhow::ensure!(early == 0, "{early} order(s) refused while stock remained");
     println!("invariants hold: never oversold, counters = ledger");
     let beside: Vec<String> = peers.iter().map(|p| p.summary(rate)).collect();
     for line in &beside {
@@ -188,4 +254,11 @@ async fn reserve_once(args: &ReserveArgs, peers: &[PeerFigure]) -> anyhow::Resul
         beside.join("; ")
     ));
     Ok(rate)
+}
+
+/// When one order began and ended, and whether it was accepted.
+struct Timing {
+    started: Instant,
+    ended: Instant,
+    accepted: bool,
 }

@@ -105,7 +105,7 @@ fn reserve_bench_shows_orders_and_sums_up() {
         "{stderr}"
     );
     // stdout keeps its report.
-    assert!(stdout.contains("accepted 100, refused 200;"), "{stdout}");
+    assert!(stdout.contains("accepted 100, refused 200 (0 while stock remained)"), "{stdout}");
     assert!(stdout.contains("invariants hold"), "{stdout}");
     assert_no_progress_on_stdout(&stdout);
 }
