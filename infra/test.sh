@@ -30,11 +30,11 @@ eval "$(bash infra/moto.sh env)"
 eval "$(bash infra/dynamodb_local.sh env)"
 set +a
 
-echo "== browser for the console test (Debian's chromium + chromedriver, selenium)"
-if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+echo "== Debian packages: chromium + chromedriver (the console test), wrk (the HTTP reservation bench's test)"
+if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1 || ! command -v wrk >/dev/null 2>&1; then
     sudo_cmd=""; [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
     $sudo_cmd apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq chromium chromium-driver >/dev/null
+    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq chromium chromium-driver wrk >/dev/null
 fi
 infra/.venv/bin/pip install --quiet selenium
 export TIDINGS_TEST_PYTHON="$PWD/infra/.venv/bin/python"

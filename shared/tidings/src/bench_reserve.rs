@@ -47,6 +47,12 @@ pub struct ReserveArgs {
     /// Seconds each peer runs (`reserve-peers.sh SECONDS CLIENTS`, clients: `--concurrency`).
     #[arg(long, default_value_t = 10)]
     pub peer_seconds: u64,
+    /// Drive `POST /v1/orders` of a `tidings serve` started for the run (embedded backend) over
+    /// loopback with `wrk`, instead of calling the core in process (`--connections`, `--seconds`).
+    #[arg(long)]
+    pub http: bool,
+    #[command(flatten)]
+    pub http_args: crate::bench_http::HttpArgs,
     #[command(flatten)]
     pub peer: PeerArgs,
 }
@@ -56,6 +62,9 @@ pub struct ReserveArgs {
 /// orders, each on its own; each run's figures and ratios, and with more than one run their
 /// spread.
 pub async fn reserve(args: ReserveArgs) -> anyhow::Result<()> {
+    if args.http {
+        return crate::bench_http::reserve(args).await;
+    }
     let dir = bench_peer::peer_dir(&args.peer);
     let runs = args.peer.runs;
     let mut rates = Vec::new();

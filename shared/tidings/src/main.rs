@@ -13,6 +13,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod backend;
 mod bench;
+mod bench_http;
 mod bench_peer;
 mod bench_reserve;
 mod keys;

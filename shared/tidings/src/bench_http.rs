@@ -1,0 +1,349 @@
+//! `tidings bench reserve --http`: `POST /v1/orders` of a real `tidings serve` (this binary,
+//! embedded backend, a fresh data directory) driven over loopback by `wrk` with its Lua script
+//! (`orders.lua` of the peer directory: single-unit orders with unique ids on one SKU), one wrk
+//! run per connection count, the peers just before in the same run.
+//!
+//! After each wrk run the server is killed (`SIGKILL`, no shutdown of any kind) and the run reads
+//! its database in process: every order wrk saw answered `201` must be there (an answer is given
+//! only once its order is on disk), at most one more per connection (requests still in flight
+//! when wrk stopped), nothing oversold (available + reserved + sold = on hand), no refusal while
+//! units were left, and the SKU's counters equal to its ledger (reconciliation finds nothing).
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use tidings_core::inventory::{self, WarmUpRequest};
+use tidings_core::ports::SystemClock;
+use tidings_core::{Deps, TenantId};
+
+use crate::bench_peer::{self, PeerFigure, RESERVE_PEERS};
+use crate::bench_reserve::ReserveArgs;
+use crate::progress::Progress;
+use crate::{BackendArgs, BackendKind};
+
+/// The SKU the orders go to (the name `orders.lua` is told through `SKU`).
+const SKU: &str = "HOT";
+/// How long a started server has to answer its first request.
+const READY_WITHIN: Duration = Duration::from_secs(60);
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct HttpArgs {
+    /// With `--http`: wrk's connections, one wrk run for each (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "16,64")]
+    pub connections: Vec<u64>,
+    /// With `--http`: seconds of each wrk run.
+    #[arg(long, default_value_t = 10)]
+    pub seconds: u64,
+    /// With `--http`: wrk's threads.
+    #[arg(long, default_value_t = 2)]
+    pub wrk_threads: u64,
+    /// With `--http`: the load generator (`apt-get install wrk`).
+    #[arg(long, default_value = "wrk")]
+    pub wrk: PathBuf,
+    /// With `--http`: wrk's Lua script (default: `orders.lua` in the peer directory).
+    #[arg(long)]
+    pub wrk_script: Option<PathBuf>,
+}
+
+/// What `orders.lua` prints when wrk is done:
+/// `created N refused N other N p50_ms X p99_ms Y rps Z`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WrkFigures {
+    pub created: u64,
+    pub refused: u64,
+    pub other: u64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub rps: f64,
+}
+
+impl WrkFigures {
+    pub fn parse(output: &str) -> Option<Self> {
+        output.lines().find_map(|line| {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let field = |name: &str| words.iter().position(|w| *w == name).and_then(|i| words.get(i + 1));
+            let int = |name: &str| field(name)?.parse::<u64>().ok();
+            let num = |name: &str| field(name)?.parse::<f64>().ok().filter(|v| v.is_finite() && *v >= 0.0);
+            Some(WrkFigures {
+                created: int("created")?,
+                refused: int("refused")?,
+                other: int("other")?,
+                p50_ms: num("p50_ms")?,
+                p99_ms: num("p99_ms")?,
+                rps: num("rps")?,
+            })
+        })
+    }
+}
+
+/// `--runs` times: the peers (`reserve-peers.sh SECONDS C`, C the first connection count), then
+/// a wrk run for each connection count on one database; each run's figures and ratios, and with
+/// more than one run their spread per connection count.
+pub async fn reserve(args: ReserveArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.backend == BackendKind::Embedded, "--http runs `tidings serve` on the embedded backend");
+    let http = &args.http_args;
+    anyhow::ensure!(!http.connections.is_empty(), "--connections: at least one");
+    anyhow::ensure!(
+        http.connections.iter().all(|c| *c >= http.wrk_threads.max(1)),
+        "--connections: each at least --wrk-threads ({})",
+        http.wrk_threads
+    );
+    let script = wrk_script(&args)?;
+    let runs = args.peer.runs;
+    let levels = http.connections.len();
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); levels];
+    // [level][peer] → ratios; [peer] → the peer's figures.
+    let mut ratios: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); RESERVE_PEERS.figures.len()]; levels];
+    let mut peer_rates: Vec<Vec<f64>> = vec![Vec::new(); RESERVE_PEERS.figures.len()];
+    for run in 1..=runs {
+        let clients = http.connections[0].to_string();
+        let peer_args = vec![args.peer_seconds.max(1).to_string(), clients];
+        let peers = bench_peer::measure(bench_peer::peer_dir(&args.peer), &RESERVE_PEERS, peer_args).await;
+        if runs > 1 {
+            println!("run {run} of {runs}");
+        }
+        let figures = once(&args, &script, run, &peers).await?;
+        for (level, f) in figures.iter().enumerate() {
+            rates[level].push(f.rps);
+            for (i, peer) in peers.iter().enumerate() {
+                ratios[level][i].extend(peer.ratio(f.rps));
+            }
+        }
+        for (i, peer) in peers.iter().enumerate() {
+            peer_rates[i].extend(peer.per_s());
+        }
+    }
+    if runs > 1 {
+        let said = |v: serde_json::Value| format!("min {} / median {} / max {}", v["min"], v["median"], v["max"]);
+        for (i, name) in RESERVE_PEERS.figures.iter().enumerate() {
+            if !peer_rates[i].is_empty() {
+                println!("spread over {runs} runs: {name} ops/s {}", said(bench_peer::spread(&peer_rates[i])));
+            }
+        }
+        for (level, c) in http.connections.iter().enumerate() {
+            println!("spread over {runs} runs, {c} connections: orders/s {}", said(bench_peer::spread(&rates[level])));
+            for (i, name) in RESERVE_PEERS.figures.iter().enumerate() {
+                if !ratios[level][i].is_empty() {
+                    println!("  ratio to {name}: {}", said(bench_peer::spread(&ratios[level][i])));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `--wrk-script`, else `orders.lua` in the peer directory (looked for even with `--no-peer`).
+fn wrk_script(args: &ReserveArgs) -> anyhow::Result<PathBuf> {
+    if let Some(path) = &args.http_args.wrk_script {
+        anyhow::ensure!(path.is_file(), "--wrk-script {}: no such file", path.display());
+        return Ok(path.clone());
+    }
+    let mut peer = args.peer.clone();
+    peer.no_peer = false;
+    let dir = bench_peer::peer_dir(&peer).map_err(|why| anyhow::anyhow!("no wrk script: --wrk-script, or {why}"))?;
+    let path = dir.join("orders.lua");
+    anyhow::ensure!(path.is_file(), "no wrk script: --wrk-script, or orders.lua in {}", dir.display());
+    Ok(path)
+}
+
+/// The embedded backend of `dir`, as `tidings serve` opens it.
+async fn open(dir: &Path) -> anyhow::Result<Deps> {
+    let args = BackendArgs { data_dir: dir.to_path_buf(), backend: BackendKind::Embedded, bootstrap: false };
+    Ok(crate::backend::Backend::open(&args, Arc::new(SystemClock)).await?.deps)
+}
+
+/// One run: the SKU warmed up in a fresh data directory, then for each connection count a
+/// server started, wrk run against it, the server killed and the database checked.
+async fn once(args: &ReserveArgs, script: &Path, run: u32, peers: &[PeerFigure]) -> anyhow::Result<Vec<WrkFigures>> {
+    let http = &args.http_args;
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("data");
+    let t = TenantId::parse("bench").map_err(|e| anyhow::anyhow!("{e}"))?;
+    let shards = (args.shards > 1).then_some(args.shards);
+    {
+        let deps = open(&dir).await?;
+        inventory::warm_up(&deps, &t, SKU, &WarmUpRequest { on_hand: args.units, shards, category: None }).await?;
+    }
+    let key = tidings_core::ops::tenants::generate_key();
+    let mut before = 0i64;
+    let mut all = Vec::new();
+    for &c in &http.connections {
+        let progress = Progress::spinner("reserve");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let log = tmp.path().join(format!("serve-{c}.log"));
+        let mut server = Server(
+            Command::new(std::env::current_exe().context("this binary's path")?)
+                .args(["serve", "--backend", "embedded", "--addr", &format!("127.0.0.1:{port}"), "--data-dir"])
+                .arg(&dir)
+                .env("TIDINGS_API_RATES", "off")
+                .env("TIDINGS_API_KEYS", format!("bench:{key}"))
+                .env("TIDINGS_LOG", "warn")
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(&log)?)
+                .spawn()
+                .context("starting tidings serve")?,
+        );
+        progress.step(format!("tidings serve on 127.0.0.1:{port}"));
+        let (ready_key, ready_log) = (key.clone(), log.clone());
+        let mut server = tokio::task::spawn_blocking(move || {
+            let ready = wait_ready(&mut server, port, &ready_key, &ready_log);
+            ready.map(|()| server)
+        })
+        .await??;
+        progress.step(format!("wrk -t{} -c{c} -d{}s", http.wrk_threads, http.seconds));
+        let mut wrk = Command::new(&http.wrk);
+        wrk.arg(format!("-t{}", http.wrk_threads.max(1)))
+            .arg(format!("-c{c}"))
+            .arg(format!("-d{}s", http.seconds.max(1)))
+            .args(["--timeout", "10s", "-s"])
+            .arg(script)
+            .arg(format!("http://127.0.0.1:{port}"))
+            .env("KEY", &key)
+            .env("SKU", SKU)
+            .env("RUN", format!("r{run}c{c}"));
+        let wrk_name = http.wrk.display().to_string();
+        let out = tokio::task::spawn_blocking(move || wrk.output())
+            .await?
+            .with_context(|| format!("{wrk_name} did not start (Debian: apt-get install wrk)"))?;
+        // No shutdown: what was answered must already be on disk.
+        server.kill();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        anyhow::ensure!(
+            out.status.success(),
+            "{wrk_name} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        let f = WrkFigures::parse(&stdout).with_context(|| format!("{wrk_name} printed no figures: {stdout}"))?;
+
+        let deps = open(&dir).await?;
+        let stock = inventory::get_stock(&deps, &t, SKU).await?.context("the SKU is gone")?;
+        let report = inventory::reconcile(&deps, Some(&t)).await?;
+        let discrepancies: Vec<_> = report.discrepancies.iter().filter(|d| d.sku_id == SKU).collect();
+        drop(deps);
+        let held = stock.reserved - before;
+        before = stock.reserved;
+        let secs = http.seconds.max(1);
+        println!(
+            "http: {c} connections, {secs} s: {:.0} orders/s, latency p50 {:.1} ms, p99 {:.1} ms",
+            f.rps, f.p50_ms, f.p99_ms
+        );
+        println!(
+            "  answered 201 {}, 409 {}, other {}; after kill -9: {held} held by this run, available {}, reserved {}, sold {}; reconcile: {} discrepancies",
+            f.created,
+            f.refused,
+            f.other,
+            stock.available,
+            stock.reserved,
+            stock.sold,
+            discrepancies.len()
+        );
+        anyhow::ensure!(f.other == 0, "{} answers were neither 201 nor 409 (see {})", f.other, log.display());
+        let created = i64::try_from(f.created)?;
+        anyhow::ensure!(held >= created, "{created} orders answered 201 but {held} on disk after kill -9");
+        anyhow::ensure!(
+            held <= created + i64::try_from(c)?,
+            "{held} orders on disk, more than the {created} answered 201 and {c} in flight"
+        );
+        anyhow::ensure!(
+            stock.available + stock.reserved + stock.sold == args.units && stock.available >= 0,
+            "oversold: available {} + reserved {} + sold {} != on hand {}",
+            stock.available,
+            stock.reserved,
+            stock.sold,
+            args.units
+        );
+        anyhow::ensure!(
+            f.refused == 0 || stock.available == 0,
+            "{} orders refused while {} units were left",
+            f.refused,
+            stock.available
+        );
+        anyhow::ensure!(discrepancies.is_empty(), "reconcile found {discrepancies:?}");
+        let beside: Vec<String> = peers.iter().map(|p| p.summary(f.rps)).collect();
+        println!("  invariants hold: every 201 on disk, never oversold, counters = ledger");
+        for line in &beside {
+            println!("  {line}");
+        }
+        progress.finish(format!(
+            "{c} connections: {:.0} orders/s, p99 {:.1} ms; {}",
+            f.rps,
+            f.p99_ms,
+            beside.join("; ")
+        ));
+        all.push(f);
+    }
+    Ok(all)
+}
+
+/// A started `tidings serve`, killed when dropped (an error on the way must not leave it).
+struct Server(Child);
+
+impl Server {
+    fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Until the server answers `GET /v1/inventory/HOT` with this key `200` (it has opened the
+/// database and loaded the keys), or it exits, or [`READY_WITHIN`] passes.
+fn wait_ready(server: &mut Server, port: u16, key: &str, log: &Path) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let request = format!(
+        "GET /v1/inventory/{SKU} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {key}\r\nConnection: close\r\n\r\n"
+    );
+    let tail =
+        || std::fs::read_to_string(log).unwrap_or_default().lines().rev().take(5).collect::<Vec<_>>().join(" | ");
+    loop {
+        if let Some(status) = server.0.try_wait()? {
+            anyhow::bail!("tidings serve exited ({status}): {}", tail());
+        }
+        let answer = TcpStream::connect(("127.0.0.1", port)).and_then(|mut s| {
+            s.set_read_timeout(Some(Duration::from_secs(5)))?;
+            s.write_all(request.as_bytes())?;
+            let mut out = String::new();
+            s.read_to_string(&mut out)?;
+            Ok(out)
+        });
+        if let Ok(answer) = answer {
+            let status = answer.split_whitespace().nth(1).unwrap_or_default().to_owned();
+            anyhow::ensure!(
+                status == "200",
+                "tidings serve answered GET /v1/inventory/{SKU} with {status}: {}",
+                tail()
+            );
+            return Ok(());
+        }
+        anyhow::ensure!(started.elapsed() < READY_WITHIN, "tidings serve did not answer within 60 s: {}", tail());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn wrk_figures_are_read_from_the_scripts_line() {
+        let out = "Running 10s test @ http://127.0.0.1:1\n  2 threads and 16 connections\n\
+                   created 7379 refused 12 other 0 p50_ms 1.93 p99_ms 9.50 rps 7391\n";
+        let f = WrkFigures::parse(out).expect("the line is read");
+        assert_eq!((f.created, f.refused, f.other), (7379, 12, 0));
+        assert_eq!((f.p50_ms, f.p99_ms, f.rps), (1.93, 9.5, 7391.0));
+        assert_eq!(WrkFigures::parse("created 1 refused 2 other x p50_ms 1 p99_ms 2 rps 3"), None);
+        assert_eq!(WrkFigures::parse("Requests/sec: 7391.00"), None);
+    }
+}
