@@ -23,6 +23,24 @@ impl Urgency {
     }
 }
 
+tokio::task_local! {
+    static BULK: ();
+}
+
+/// Runs `work` as bulk work: what a low-priority queue's workers do (a campaign's pages and
+/// sends). A store that serialises its writes (the embedded one's writer thread) lets every
+/// other write (an API request, the relay, a high-priority queue's worker) go first, so an OTP
+/// never waits behind a campaign's queued writes (docs/delivery.md, "Priorities"). On AWS it
+/// changes nothing: each write is its own request.
+pub async fn bulk<F: std::future::Future>(work: F) -> F::Output {
+    BULK.scope((), work).await
+}
+
+/// Whether the current task runs bulk work ([`bulk`]).
+pub fn is_bulk() -> bool {
+    BULK.try_with(|_| ()).is_ok()
+}
+
 /// One queue of a deployment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Lane {

@@ -133,8 +133,10 @@ pub(crate) struct Inner {
     pub(crate) writer: std::sync::OnceLock<writer::Writer>,
 }
 
-/// Read-only connections of a store in a file.
-const READERS: usize = 2;
+/// Read-only connections of a store in a file. The last is kept for work that is not bulk
+/// work (`tidings_core::lanes::bulk`): a campaign's reads take the others, so an OTP's reads
+/// never wait for a reader behind a page's planning reads.
+const READERS: usize = 3;
 
 /// Says whether a change of an item is recorded in the change stream: its key, the item
 /// before the write and after it (`None`: absent).
@@ -312,7 +314,7 @@ impl EmbeddedStore {
                 let _ = tx.send(answer);
             })
         });
-        if writer.submit(job).is_err() {
+        if writer.submit(job, tidings_core::lanes::is_bulk()).is_err() {
             return Err(E::from(NotCommitted("the writer thread stopped".into())));
         }
         rx.await.unwrap_or_else(|_| Err(E::from(NotCommitted("the writer thread stopped".into()))))
@@ -329,13 +331,19 @@ impl EmbeddedStore {
         let Some(readers) = self.inner.readers.get().filter(|r| !r.is_empty()) else {
             return self.with_conn(|conn, _| f(conn)).await;
         };
-        for reader in readers {
+        // The last reader is kept for work that is not bulk (see READERS); with one reader,
+        // everything shares it.
+        let split = if readers.len() > 1 { readers.len() - 1 } else { readers.len() };
+        let (shared, kept) = readers.split_at(split);
+        let (first, then): (&[Mutex<Connection>], &[Mutex<Connection>]) =
+            if tidings_core::lanes::is_bulk() || kept.is_empty() { (shared, &[]) } else { (kept, shared) };
+        for reader in first.iter().chain(then) {
             if let Ok(conn) = reader.try_lock() {
                 return f(&conn);
             }
         }
-        let at = READ_TURN.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % readers.len();
-        let conn = readers[at].lock().unwrap_or_else(|p| p.into_inner());
+        let at = READ_TURN.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % first.len();
+        let conn = first[at].lock().unwrap_or_else(|p| p.into_inner());
         f(&conn)
     }
 

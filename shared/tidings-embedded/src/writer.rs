@@ -12,9 +12,20 @@
 //! writes open one), so a job that fails, a refused condition for instance, rolls back only
 //! its own writes, never those of the others in its group. A reader connection sees a commit
 //! only once it is synced (SQLite updates the WAL index after the sync), so reads never wait.
+//!
+//! **Two classes of jobs.** Jobs submitted from bulk work (`tidings_core::lanes::bulk`: the
+//! low-priority queues' workers, a campaign's pages and sends) wait behind every other job (an
+//! API request, the relay, a high-priority queue's worker), which a group takes first,
+//! whenever they arrived. And a group takes bulk jobs only while the jobs it ran so far took
+//! less than [`BULK_BUDGET`] (at least one a group, so bulk work never starves): a job that
+//! arrives while a group runs waits for at most about that long before its own group. Without
+//! the two, an OTP's every write (accepted, relayed, planned, claimed, recorded) queued behind
+//! up to a few dozen campaign transactions, each of up to 100 item writes.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Weak, mpsc};
+use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
 
@@ -22,6 +33,36 @@ use crate::Inner;
 
 /// The most jobs in one transaction: bounds the wait of the first of a group.
 const MAX_GROUP: usize = 256;
+
+/// A group takes no more bulk jobs once its jobs ran this long.
+pub(crate) const BULK_BUDGET: Duration = Duration::from_millis(2);
+
+/// A job and whether it is bulk work.
+type Queued = (Job, bool);
+
+/// The jobs taken off the channel and not yet run, by class.
+#[derive(Default)]
+struct Waiting {
+    first: VecDeque<Job>,
+    bulk: VecDeque<Job>,
+}
+
+impl Waiting {
+    fn push(&mut self, (job, bulk): Queued) {
+        if bulk { self.bulk.push_back(job) } else { self.first.push_back(job) }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.first.is_empty() && self.bulk.is_empty()
+    }
+
+    /// Everything sent so far, off the channel.
+    fn drain(&mut self, queue: &mpsc::Receiver<Queued>) {
+        while let Ok(q) = queue.try_recv() {
+            self.push(q);
+        }
+    }
+}
 
 /// A group's transaction that did not commit: none of its jobs' writes happened.
 #[derive(Clone, Debug)]
@@ -48,7 +89,7 @@ pub(crate) type Job = Box<dyn FnOnce(Option<(&mut Connection, &Inner)>) -> Answe
 
 /// The writer thread's end of a store.
 pub(crate) struct Writer {
-    jobs: mpsc::Sender<Job>,
+    jobs: mpsc::Sender<Queued>,
     /// Groups committed (each one sync of the WAL).
     #[cfg_attr(not(test), allow(dead_code))]
     commits: std::sync::Arc<AtomicU64>,
@@ -63,7 +104,7 @@ pub(crate) struct Writer {
 impl Writer {
     /// Starts the writer thread of `inner`'s connection; it ends when the store is dropped.
     pub(crate) fn start(inner: Weak<Inner>) -> std::io::Result<Self> {
-        let (jobs, queue) = mpsc::channel::<Job>();
+        let (jobs, queue) = mpsc::channel::<Queued>();
         let commits = std::sync::Arc::new(AtomicU64::new(0));
         #[cfg(test)]
         let paused = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -71,13 +112,18 @@ impl Writer {
         #[cfg(test)]
         let held = paused.clone();
         std::thread::Builder::new().name("tidings-writer".into()).spawn(move || {
-            while let Ok(first) = queue.recv() {
+            let mut waiting = Waiting::default();
+            loop {
+                if waiting.is_empty() {
+                    let Ok(q) = queue.recv() else { return };
+                    waiting.push(q);
+                }
                 #[cfg(test)]
                 while held.load(Ordering::Acquire) {
                     std::thread::sleep(std::time::Duration::from_millis(1));
                 }
                 let Some(inner) = inner.upgrade() else { return };
-                run_group(&inner, first, &queue, &counted);
+                run_group(&inner, &mut waiting, &queue, &counted);
             }
         })?;
         Ok(Self {
@@ -90,9 +136,10 @@ impl Writer {
         })
     }
 
-    /// Hands a job to the writer thread; `Err` (with the job back) when it is gone.
-    pub(crate) fn submit(&self, job: Job) -> Result<(), Job> {
-        self.jobs.send(job).map_err(|e| e.0)?;
+    /// Hands a job to the writer thread (`bulk`: bulk work, see the module's docs); `Err`
+    /// (with the job back) when it is gone.
+    pub(crate) fn submit(&self, job: Job, bulk: bool) -> Result<(), Job> {
+        self.jobs.send((job, bulk)).map_err(|e| e.0.0)?;
         #[cfg(test)]
         self.sent.fetch_add(1, Ordering::AcqRel);
         Ok(())
@@ -117,20 +164,36 @@ impl Writer {
     }
 }
 
-/// Runs `first` and every job waiting behind it in one transaction, commits, answers them all.
-fn run_group(inner: &Inner, first: Job, queue: &mpsc::Receiver<Job>, commits: &AtomicU64) {
+/// Runs waiting jobs in one transaction, commits, answers them all: every job that is not bulk
+/// work first, then bulk jobs while the group has run for less than [`BULK_BUDGET`] (at least
+/// one), up to [`MAX_GROUP`] in all.
+fn run_group(inner: &Inner, waiting: &mut Waiting, queue: &mpsc::Receiver<Queued>, commits: &AtomicU64) {
     let mut conn = inner.conn.lock().unwrap_or_else(|p| p.into_inner());
     let mut answers = Vec::new();
+    waiting.drain(queue);
     let committed = match conn.execute_batch("BEGIN IMMEDIATE") {
         Err(e) => {
-            answers.push(first(None));
-            answers.extend(queue.try_iter().map(|job| job(None)));
+            waiting.drain(queue);
+            answers.extend(waiting.first.drain(..).map(|job| job(None)));
+            answers.extend(waiting.bulk.drain(..).map(|job| job(None)));
             Err(NotCommitted(e.to_string()))
         }
         Ok(()) => {
-            answers.push(first(Some((&mut conn, inner))));
+            let started = Instant::now();
+            let mut bulk_taken = false;
             while answers.len() < MAX_GROUP {
-                let Ok(job) = queue.try_recv() else { break };
+                waiting.drain(queue);
+                let job = match waiting.first.pop_front() {
+                    Some(job) => job,
+                    None if !bulk_taken || started.elapsed() < BULK_BUDGET => match waiting.bulk.pop_front() {
+                        Some(job) => {
+                            bulk_taken = true;
+                            job
+                        }
+                        None => break,
+                    },
+                    None => break,
+                };
                 answers.push(job(Some((&mut conn, inner))));
             }
             match conn.execute_batch("COMMIT") {
@@ -184,6 +247,74 @@ mod tests {
         assert_eq!(synchronous, 2, "synchronous=FULL: the WAL is synced at each commit");
         let mode: String = conn.query_row("PRAGMA journal_mode", [], |r| r.get(0)).unwrap();
         assert_eq!(mode, "wal");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_write_that_is_not_bulk_goes_before_the_bulk_writes_queued_ahead_of_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(&dir.path().join("t.db")).unwrap();
+        let sent = writer(&store).sent();
+        writer(&store).pause(true);
+        // 30 bulk writes (a campaign's workers) queue first, each creating the same item.
+        let mut bulk = Vec::new();
+        for i in 0..30 {
+            let store = store.clone();
+            let put = async move {
+                let it =
+                    Item::new(Key::new("race", "k"), json!({"by": format!("bulk {i}")}).as_object().unwrap().clone());
+                store.put(it, Cond::NotExists).await
+            };
+            bulk.push(tokio::spawn(tidings_core::lanes::bulk(put)));
+        }
+        until_sent(&store, sent + 30).await;
+        // Then one that is not (an OTP's), last of all.
+        let urgent = {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let it = Item::new(Key::new("race", "k"), json!({"by": "urgent"}).as_object().unwrap().clone());
+                store.put(it, Cond::NotExists).await
+            })
+        };
+        until_sent(&store, sent + 31).await;
+        writer(&store).pause(false);
+        urgent.await.unwrap().expect("the urgent write ran first: the item did not exist yet");
+        // Every bulk write ran after it and found the item there (the first of them too,
+        // though the writer had taken it off its channel before it paused).
+        for b in bulk {
+            assert!(matches!(b.await.unwrap(), Err(StoreError::ConditionFailed { .. })), "a bulk write went first");
+        }
+        let got = store.get(&Key::new("race", "k")).await.unwrap().unwrap();
+        assert_eq!(got.attrs["by"], json!("urgent"));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_group_takes_bulk_jobs_for_its_budget_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(&dir.path().join("t.db")).unwrap();
+        let (commits, sent) = (writer(&store).commits(), writer(&store).sent());
+        writer(&store).pause(true);
+        // 20 bulk jobs of at least 1 ms each: with a 2 ms budget a group holds at most 3.
+        let mut jobs = Vec::new();
+        for _ in 0..20 {
+            let store = store.clone();
+            let job = async move {
+                store
+                    .with_conn(|_, _| {
+                        std::thread::sleep(std::time::Duration::from_millis(1));
+                        Ok::<_, StoreError>(())
+                    })
+                    .await
+            };
+            jobs.push(tokio::spawn(tidings_core::lanes::bulk(job)));
+        }
+        until_sent(&store, sent + 20).await;
+        writer(&store).pause(false);
+        for j in jobs {
+            j.await.unwrap().unwrap();
+        }
+        let groups = writer(&store).commits() - commits;
+        assert!(groups >= 20 / 3, "20 bulk jobs of 1 ms in {groups} groups: the budget was not kept");
+        assert!(super::BULK_BUDGET < std::time::Duration::from_millis(3));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

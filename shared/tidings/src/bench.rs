@@ -16,9 +16,11 @@ use serde_json::json;
 use tidings_core::gates::{self, GateStore};
 use tidings_core::keys;
 use tidings_core::notify::api;
+use tidings_core::people::devices::{self, Device};
 use tidings_core::people::users::User;
 use tidings_core::ports::{
-    Cond, Item, OutboundMessage, Provider, ProviderError, ProviderReceipt, SystemClock, Table, Write, attrs_of,
+    Cond, Item, OutboundMessage, Platform, Provider, ProviderError, ProviderReceipt, SystemClock, Table, Write,
+    attrs_of,
 };
 use tidings_core::{CoreConfig, Deps, Providers, TenantId, templates};
 
@@ -42,11 +44,31 @@ pub struct CampaignArgs {
     /// Give up after this many seconds.
     #[arg(long, default_value_t = 3600)]
     pub timeout_s: u64,
+    /// The campaign's channel: `email` (a delivery item per recipient) or `push` (each user
+    /// with one iOS device; marketing push goes out in send batches of up to 25).
+    #[arg(long, value_enum, default_value = "email")]
+    pub channel: BenchChannel,
     #[command(flatten)]
     pub peer: PeerArgs,
 }
 
 const TAG: &str = "bench";
+
+/// The channels a bench campaign can go out on.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BenchChannel {
+    Email,
+    Push,
+}
+
+impl BenchChannel {
+    fn as_str(self) -> &'static str {
+        match self {
+            BenchChannel::Email => "email",
+            BenchChannel::Push => "push",
+        }
+    }
+}
 
 /// The fake provider: one byte per campaign recipient (how many times it was sent), and the
 /// accepted → provider latency of each transactional message.
@@ -102,7 +124,13 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 /// Writes the users and their tag memberships directly, 50 users per transaction.
-async fn seed_users(table: &dyn Table, t: &TenantId, n: u64, progress: &Progress) -> anyhow::Result<()> {
+async fn seed_users(
+    table: &dyn Table,
+    t: &TenantId,
+    n: u64,
+    channel: BenchChannel,
+    progress: &Progress,
+) -> anyhow::Result<()> {
     progress.set(0, "");
     let mut writes = Vec::with_capacity(100);
     for i in 0..n {
@@ -119,7 +147,20 @@ async fn seed_users(table: &dyn Table, t: &TenantId, n: u64, progress: &Progress
         profile.insert("rev".into(), 1.into());
         writes.push(Write::Put { item: Item::new(keys::user(t, &id), profile), cond: Cond::Always });
         writes.push(Write::Put { item: Item::new(keys::tag_member(t, TAG, &id), attrs), cond: Cond::Always });
-        if writes.len() >= 100 {
+        if channel == BenchChannel::Push {
+            // The device as `POST /v1/devices` keeps it (the provider's address: the token itself).
+            let token = format!("bench-token-{id}");
+            let device = Device {
+                user_id: id.clone(),
+                platform: Platform::Ios,
+                address: token.clone(),
+                token: token.clone(),
+                created_at: "2026-01-01T00:00:00.000Z".into(),
+            };
+            let key = keys::device(t, &id, &devices::token_hash(&token));
+            writes.push(Write::Put { item: Item::new(key, attrs_of(&device)?), cond: Cond::Always });
+        }
+        if writes.len() >= 99 {
             table.transact(std::mem::take(&mut writes)).await?;
             progress.set(i + 1, "");
         }
@@ -204,7 +245,7 @@ async fn campaign_once(
 
     let seeding = Instant::now();
     let progress = Progress::bar("seeding", n, "users");
-    seed_users(table.as_ref(), &t, n, &progress).await?;
+    seed_users(table.as_ref(), &t, n, args.channel, &progress).await?;
     let otp_user = User { user_id: "otp-user".into(), email: Some("otp@example.com".into()), ..Default::default() };
     tidings_core::people::users::put_user(
         &deps,
@@ -215,7 +256,12 @@ async fn campaign_once(
     .await?;
     let template = serde_json::from_value(json!({
         "default_locale": "en",
-        "locales": {"en": {"email_subject": "Sale {{ user_id }}", "email_body": "Hello {{ user_id }}, 20% off today"}}
+        "locales": {"en": {
+            "email_subject": "Sale {{ user_id }}",
+            "email_body": "Hello {{ user_id }}, 20% off today",
+            "push_title": "Sale {{ user_id }}",
+            "push_body": "Hello {{ user_id }}, 20% off today"
+        }}
     }))?;
     templates::put_template(&deps, &t, "promo", template).await?;
     let seeded_s = seeding.elapsed().as_secs_f64();
@@ -242,7 +288,7 @@ async fn campaign_once(
         "recipients": {"segment": TAG},
         "template_id": "promo",
         "category": "marketing",
-        "channels": ["email"],
+        "channels": [args.channel.as_str()],
     }))?;
     let started = Instant::now();
     let accepted = api::accept(&deps, &t, request).await?;
@@ -292,7 +338,12 @@ async fn campaign_once(
             rss_at_100k = peak_rss_mib();
         }
         let rate = done.saturating_sub(window.1) as f64 / window.0.elapsed().as_secs_f64().max(0.001);
-        let queued = deps.queues.stats("email-low").await.map(|s| s.visible + s.in_flight).unwrap_or(0);
+        let queued = deps
+            .queues
+            .stats(&format!("{}-low", args.channel.as_str()))
+            .await
+            .map(|s| s.visible + s.in_flight)
+            .unwrap_or(0);
         drain.set(done, format!("{rate:.0}/s, {queued} queued, peak RSS {:.0} MiB", peak_rss_mib().unwrap_or(0.0)));
         if window.0.elapsed() >= Duration::from_secs(5) {
             window = (Instant::now(), done);
@@ -329,6 +380,7 @@ async fn campaign_once(
     let sends_per_s = (once as f64 / elapsed).round();
     let report = json!({
         "recipients": n,
+        "channel": args.channel.as_str(),
         "delivered_once": once,
         "duplicates": dupes,
         "missing": missing,

@@ -93,8 +93,13 @@ pub fn start_with(
                 (Some(handle), true) => {
                     set.spawn_on(worker, handle);
                 }
-                _ => {
+                (None, true) => {
                     set.spawn(worker);
+                }
+                // The other queues' work is bulk work: the embedded store's writer lets every
+                // other write go first (`tidings_core::lanes::bulk`).
+                (_, false) => {
+                    set.spawn(tidings_core::lanes::bulk(worker));
                 }
             }
         }

@@ -195,3 +195,20 @@ fn reserve_without_its_peers_still_checks_and_reports_its_own_runs() {
     assert!(run.stdout.contains("spread over 3 runs: orders/s min "), "{}", run.stdout);
     assert!(run.stdout.contains("  redis-lua-gate: skipped"), "{}", run.stdout);
 }
+
+#[test]
+fn a_push_campaign_reaches_each_users_device_once() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let run = tidings(&["bench", "campaign", "--recipients", "300", "--channel", "push", "--no-peer"], data.path());
+    let r = report(&run.stdout);
+    assert_eq!(r["channel"], "push", "{r}");
+    // The provider counted one push per user (none twice, none missing) …
+    assert_eq!(
+        (r["delivered_once"].as_u64(), r["duplicates"].as_u64(), r["missing"].as_u64()),
+        (Some(300), Some(0), Some(0)),
+        "{r}"
+    );
+    // … and the campaign's own progress counted each recorded once, in its send batches.
+    assert_eq!(r["progress"]["status"], "completed", "{r}");
+    assert_eq!(r["progress"]["counts"]["sent"], 300, "{r}");
+}

@@ -52,7 +52,8 @@ struct EndpointIndex {
     token_hash: String,
 }
 
-fn token_hash(token: &str) -> String {
+/// The SHA-256 of a token, in hex: a device's key under its user (`keys::device`).
+pub fn token_hash(token: &str) -> String {
     hex::encode(Sha256::digest(token.as_bytes()))
 }
 
