@@ -75,8 +75,7 @@ impl BenchChannel {
 struct BenchProvider {
     sends: Vec<AtomicU8>,
     delivered: AtomicU64,
-    otp_accepted: Mutex<HashMap<String, Instant>>,
-    otp_latencies_ms: Mutex<Vec<f64>>,
+    otp: Mutex<OtpBook>,
 }
 
 fn user_id(i: u64) -> String {
@@ -95,15 +94,43 @@ impl Provider for BenchProvider {
             slot.fetch_add(1, Ordering::Relaxed);
             self.delivered.fetch_add(1, Ordering::Relaxed);
         } else {
-            let accepted = self.otp_accepted.lock().unwrap_or_else(|p| p.into_inner()).remove(&m.notification_id);
-            if let Some(at) = accepted {
-                self.otp_latencies_ms
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push(at.elapsed().as_secs_f64() * 1000.0);
-            }
+            self.otp.lock().unwrap_or_else(|p| p.into_inner()).sent(&m.notification_id);
         }
         Ok(ProviderReceipt { provider_message_id: m.idempotency_key.clone() })
+    }
+}
+
+/// The transactional messages sent while a campaign drains: when each was accepted, and its
+/// accepted → provider latency once it reached the provider. One that reaches the provider
+/// before the bench has noted its acceptance (its task resumed late, on cores a campaign keeps
+/// busy) is kept in `sent_early` until it is noted: left out, it was neither counted nor waited
+/// for.
+#[derive(Default)]
+struct OtpBook {
+    accepted: HashMap<String, Instant>,
+    sent_early: HashMap<String, Instant>,
+    latencies_ms: Vec<f64>,
+}
+
+impl OtpBook {
+    /// The provider got `notification_id`'s message now.
+    fn sent(&mut self, notification_id: &str) {
+        match self.accepted.remove(notification_id) {
+            Some(at) => self.latencies_ms.push(at.elapsed().as_secs_f64() * 1000.0),
+            None => {
+                self.sent_early.insert(notification_id.to_owned(), Instant::now());
+            }
+        }
+    }
+
+    /// `notification_id` was accepted at `at` (its answer came back now).
+    fn accepted(&mut self, notification_id: String, at: Instant) {
+        match self.sent_early.remove(&notification_id) {
+            Some(sent) => self.latencies_ms.push(sent.duration_since(at).as_secs_f64() * 1000.0),
+            None => {
+                self.accepted.insert(notification_id, at);
+            }
+        }
     }
 }
 
@@ -232,8 +259,7 @@ async fn campaign_once(
     let provider = Arc::new(BenchProvider {
         sends: (0..n).map(|_| AtomicU8::new(0)).collect(),
         delivered: AtomicU64::new(0),
-        otp_accepted: Mutex::new(HashMap::new()),
-        otp_latencies_ms: Mutex::new(Vec::new()),
+        otp: Mutex::new(OtpBook::default()),
     });
     let p: Arc<dyn Provider> = provider.clone();
     let providers =
@@ -317,7 +343,7 @@ async fn campaign_once(
                 let at = Instant::now();
                 match api::accept(&deps, &t, req).await {
                     Ok(a) => {
-                        provider.otp_accepted.lock().unwrap_or_else(|p| p.into_inner()).insert(a.notification_id, at);
+                        provider.otp.lock().unwrap_or_else(|p| p.into_inner()).accepted(a.notification_id, at);
                     }
                     Err(e) => tracing::warn!(error = %e, "otp not accepted"),
                 }
@@ -357,7 +383,7 @@ async fn campaign_once(
     let otps = otp.await.unwrap_or(0);
     // The last transactional messages are in flight: give them a moment.
     for _ in 0..40 {
-        if provider.otp_accepted.lock().unwrap_or_else(|p| p.into_inner()).is_empty() {
+        if provider.otp.lock().unwrap_or_else(|p| p.into_inner()).accepted.is_empty() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -374,7 +400,7 @@ async fn campaign_once(
             _ => dupes += 1,
         }
     }
-    let mut lat = provider.otp_latencies_ms.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let mut lat = provider.otp.lock().unwrap_or_else(|p| p.into_inner()).latencies_ms.clone();
     lat.sort_by(|a, b| a.total_cmp(b));
     let db_mib = std::fs::metadata(&path).map(|m| m.len() as f64 / 1048576.0).unwrap_or(0.0);
     let sends_per_s = (once as f64 / elapsed).round();
@@ -424,4 +450,32 @@ async fn campaign_once(
         anyhow::bail!("{missing} recipients missing, {dupes} sent more than once");
     }
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::OtpBook;
+
+    #[test]
+    fn an_otp_sent_before_its_acceptance_was_noted_is_counted_once() {
+        let mut book = OtpBook::default();
+        let at = Instant::now();
+        // The usual order: noted, then sent.
+        book.accepted("n1".into(), at);
+        book.sent("n1");
+        // Sent first (the bench's task resumed late), noted after.
+        book.sent("n2");
+        let after_send = at.elapsed().as_secs_f64() * 1000.0;
+        std::thread::sleep(Duration::from_millis(5));
+        book.accepted("n2".into(), at);
+        // Noted, never sent: waited for, not counted.
+        book.accepted("n3".into(), at);
+        assert_eq!(book.latencies_ms.len(), 2);
+        assert!(book.sent_early.is_empty());
+        assert_eq!(book.accepted.keys().collect::<Vec<_>>(), ["n3"]);
+        // n2's latency runs from its acceptance to its send, not to when it was noted.
+        assert!(book.latencies_ms[1] <= after_send, "{:?} > {after_send}", book.latencies_ms);
+    }
 }
