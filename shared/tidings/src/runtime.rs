@@ -83,8 +83,14 @@ pub fn start_with(
     pools: Pools,
 ) -> JoinSet<()> {
     let mut set = JoinSet::new();
-    set.spawn(relay_loop(deps.clone(), live, feed, stop.clone()));
     let high = high_runtime(pools.high_threads);
+    // The relay carries every transactional notification to its queue: on the high-priority
+    // runtime, so that its wake-ups do not wait behind the low queues' workers.
+    let relay = relay_loop(deps.clone(), live, feed, stop.clone());
+    match &high {
+        Some(handle) => set.spawn_on(relay, handle),
+        None => set.spawn(relay),
+    };
     for queue in queues.into_iter().filter(|q| tidings_core::messages::is_consumed(q)) {
         let workers = if is_high(&queue) { pools.high } else { pools.low };
         for _ in 0..workers {
