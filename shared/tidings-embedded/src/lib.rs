@@ -333,8 +333,7 @@ impl EmbeddedStore {
         };
         // The last reader is kept for work that is not bulk (see READERS); with one reader,
         // everything shares it.
-        let split = if readers.len() > 1 { readers.len() - 1 } else { readers.len() };
-        let (shared, kept) = readers.split_at(split);
+        let (shared, kept) = readers.split_at((readers.len() - 1).max(1));
         let (first, then): (&[Mutex<Connection>], &[Mutex<Connection>]) =
             if tidings_core::lanes::is_bulk() || kept.is_empty() { (shared, &[]) } else { (kept, shared) };
         for reader in first.iter().chain(then) {

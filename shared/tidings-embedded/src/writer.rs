@@ -56,6 +56,15 @@ impl Waiting {
         self.first.is_empty() && self.bulk.is_empty()
     }
 
+    /// The next job of a group: one that is not bulk work, else a bulk one when `bulk` allows.
+    fn next(&mut self, bulk: bool) -> Option<Queued> {
+        match self.first.pop_front() {
+            Some(job) => Some((job, false)),
+            None if bulk => self.bulk.pop_front().map(|job| (job, true)),
+            None => None,
+        }
+    }
+
     /// Everything sent so far, off the channel.
     fn drain(&mut self, queue: &mpsc::Receiver<Queued>) {
         while let Ok(q) = queue.try_recv() {
@@ -173,7 +182,6 @@ fn run_group(inner: &Inner, waiting: &mut Waiting, queue: &mpsc::Receiver<Queued
     waiting.drain(queue);
     let committed = match conn.execute_batch("BEGIN IMMEDIATE") {
         Err(e) => {
-            waiting.drain(queue);
             answers.extend(waiting.first.drain(..).map(|job| job(None)));
             answers.extend(waiting.bulk.drain(..).map(|job| job(None)));
             Err(NotCommitted(e.to_string()))
@@ -183,17 +191,8 @@ fn run_group(inner: &Inner, waiting: &mut Waiting, queue: &mpsc::Receiver<Queued
             let mut bulk_taken = false;
             while answers.len() < MAX_GROUP {
                 waiting.drain(queue);
-                let job = match waiting.first.pop_front() {
-                    Some(job) => job,
-                    None if !bulk_taken || started.elapsed() < BULK_BUDGET => match waiting.bulk.pop_front() {
-                        Some(job) => {
-                            bulk_taken = true;
-                            job
-                        }
-                        None => break,
-                    },
-                    None => break,
-                };
+                let Some((job, bulk)) = waiting.next(!bulk_taken || started.elapsed() < BULK_BUDGET) else { break };
+                bulk_taken |= bulk;
                 answers.push(job(Some((&mut conn, inner))));
             }
             match conn.execute_batch("COMMIT") {

@@ -15,12 +15,13 @@ use async_trait::async_trait;
 use serde_json::json;
 use tidings_core::gates::{self, GateStore};
 use tidings_core::keys;
+use tidings_core::lanes::{Lane, Urgency};
 use tidings_core::notify::api;
 use tidings_core::people::devices::{self, Device};
 use tidings_core::people::users::User;
 use tidings_core::ports::{
-    Cond, Item, OutboundMessage, Platform, Provider, ProviderError, ProviderReceipt, SystemClock, Table, Write,
-    attrs_of,
+    Channel, Cond, Item, OutboundMessage, Platform, Provider, ProviderError, ProviderReceipt, SystemClock, Table,
+    Write, attrs_of,
 };
 use tidings_core::{CoreConfig, Deps, Providers, TenantId, templates};
 
@@ -62,10 +63,10 @@ pub enum BenchChannel {
 }
 
 impl BenchChannel {
-    fn as_str(self) -> &'static str {
+    fn channel(self) -> Channel {
         match self {
-            BenchChannel::Email => "email",
-            BenchChannel::Push => "push",
+            BenchChannel::Email => Channel::Email,
+            BenchChannel::Push => Channel::Push,
         }
     }
 }
@@ -150,7 +151,8 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[idx.min(sorted.len() - 1)]
 }
 
-/// Writes the users and their tag memberships directly, 50 users per transaction.
+/// Writes the users and their tag memberships directly (with a push campaign, each user's
+/// device too), 100 writes or fewer per transaction.
 async fn seed_users(
     table: &dyn Table,
     t: &TenantId,
@@ -314,7 +316,7 @@ async fn campaign_once(
         "recipients": {"segment": TAG},
         "template_id": "promo",
         "category": "marketing",
-        "channels": [args.channel.as_str()],
+        "channels": [args.channel.channel().as_str()],
     }))?;
     let started = Instant::now();
     let accepted = api::accept(&deps, &t, request).await?;
@@ -366,7 +368,7 @@ async fn campaign_once(
         let rate = done.saturating_sub(window.1) as f64 / window.0.elapsed().as_secs_f64().max(0.001);
         let queued = deps
             .queues
-            .stats(&format!("{}-low", args.channel.as_str()))
+            .stats(Lane::Channel(args.channel.channel(), Urgency::Low).name())
             .await
             .map(|s| s.visible + s.in_flight)
             .unwrap_or(0);
@@ -406,7 +408,7 @@ async fn campaign_once(
     let sends_per_s = (once as f64 / elapsed).round();
     let report = json!({
         "recipients": n,
-        "channel": args.channel.as_str(),
+        "channel": args.channel.channel().as_str(),
         "delivered_once": once,
         "duplicates": dupes,
         "missing": missing,

@@ -119,17 +119,16 @@ pub async fn reserve(args: ReserveArgs) -> anyhow::Result<()> {
         }
     }
     if runs > 1 {
-        let said = |v: serde_json::Value| format!("min {} / median {} / max {}", v["min"], v["median"], v["max"]);
         for (i, name) in RESERVE_PEERS.figures.iter().enumerate() {
             if !peer_rates[i].is_empty() {
-                println!("spread over {runs} runs: {name} ops/s {}", said(bench_peer::spread(&peer_rates[i])));
+                println!("spread over {runs} runs: {name} ops/s {}", bench_peer::spread_text(&peer_rates[i]));
             }
         }
         for (level, c) in http.connections.iter().enumerate() {
-            println!("spread over {runs} runs, {c} connections: orders/s {}", said(bench_peer::spread(&rates[level])));
+            println!("spread over {runs} runs, {c} connections: orders/s {}", bench_peer::spread_text(&rates[level]));
             for (i, name) in RESERVE_PEERS.figures.iter().enumerate() {
                 if !ratios[level][i].is_empty() {
-                    println!("  ratio to {name}: {}", said(bench_peer::spread(&ratios[level][i])));
+                    println!("  ratio to {name}: {}", bench_peer::spread_text(&ratios[level][i]));
                 }
             }
         }

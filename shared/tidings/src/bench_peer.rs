@@ -208,6 +208,12 @@ fn on_path(tool: &str) -> bool {
     std::env::var_os("PATH").is_some_and(|path| std::env::split_paths(&path).any(|d| d.join(tool).is_file()))
 }
 
+/// The [`spread`] of some figures as a report line says it: `min A / median B / max C`.
+pub fn spread_text(values: &[f64]) -> String {
+    let v = spread(values);
+    format!("min {} / median {} / max {}", v["min"], v["median"], v["max"])
+}
+
 /// `{min, median, max}` of some figures (the median of an even count: the mean of the middle two).
 pub fn spread(values: &[f64]) -> Value {
     let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();

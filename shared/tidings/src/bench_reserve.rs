@@ -84,14 +84,13 @@ pub async fn reserve(args: ReserveArgs) -> anyhow::Result<()> {
         rates.push(rate);
     }
     if runs > 1 {
-        let said = |v: serde_json::Value| format!("min {} / median {} / max {}", v["min"], v["median"], v["max"]);
-        println!("spread over {runs} runs: orders/s {}", said(bench_peer::spread(&rates)));
+        println!("spread over {runs} runs: orders/s {}", bench_peer::spread_text(&rates));
         for (i, name) in RESERVE_PEERS.figures.iter().enumerate() {
             if ratios[i].is_empty() {
                 println!("  {name}: skipped");
             } else {
-                let (rate, ratio) = (bench_peer::spread(&peer_rates[i]), bench_peer::spread(&ratios[i]));
-                println!("  {name}: ops/s {}, ratio {}", said(rate), said(ratio));
+                let (rate, ratio) = (bench_peer::spread_text(&peer_rates[i]), bench_peer::spread_text(&ratios[i]));
+                println!("  {name}: ops/s {rate}, ratio {ratio}");
             }
         }
     }

@@ -60,6 +60,17 @@ fn high_runtime(threads: usize) -> Option<tokio::runtime::Handle> {
     .map(|rt| rt.handle().clone())
 }
 
+/// Spawns `work` on the high-priority runtime when there is one (else beside the rest).
+fn spawn_high<F>(set: &mut JoinSet<()>, high: Option<&tokio::runtime::Handle>, work: F)
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    match high {
+        Some(handle) => set.spawn_on(work, handle),
+        None => set.spawn(work),
+    };
+}
+
 /// Starts the relay and the queue workers; they stop when `stop` turns true.
 pub fn start(
     deps: Deps,
@@ -86,27 +97,17 @@ pub fn start_with(
     let high = high_runtime(pools.high_threads);
     // The relay carries every transactional notification to its queue: on the high-priority
     // runtime, so that its wake-ups do not wait behind the low queues' workers.
-    let relay = relay_loop(deps.clone(), live, feed, stop.clone());
-    match &high {
-        Some(handle) => set.spawn_on(relay, handle),
-        None => set.spawn(relay),
-    };
+    spawn_high(&mut set, high.as_ref(), relay_loop(deps.clone(), live, feed, stop.clone()));
     for queue in queues.into_iter().filter(|q| tidings_core::messages::is_consumed(q)) {
         let workers = if is_high(&queue) { pools.high } else { pools.low };
         for _ in 0..workers {
             let worker = queue_loop(deps.clone(), queue.clone(), format!("{arn_prefix}{queue}"), stop.clone());
-            match (&high, is_high(&queue)) {
-                (Some(handle), true) => {
-                    set.spawn_on(worker, handle);
-                }
-                (None, true) => {
-                    set.spawn(worker);
-                }
+            if is_high(&queue) {
+                spawn_high(&mut set, high.as_ref(), worker);
+            } else {
                 // The other queues' work is bulk work: the embedded store's writer lets every
                 // other write go first (`tidings_core::lanes::bulk`).
-                (_, false) => {
-                    set.spawn(tidings_core::lanes::bulk(worker));
-                }
+                set.spawn(tidings_core::lanes::bulk(worker));
             }
         }
         set.spawn(queue_age_loop(deps.clone(), queue, stop.clone()));
