@@ -21,9 +21,16 @@ fi
 
 export MOTO_PORT="${MOTO_PORT:-5005}"
 export DYNAMODB_LOCAL_PORT="${DYNAMODB_LOCAL_PORT:-5006}"
-trap 'bash infra/moto.sh stop >/dev/null 2>&1 || true; bash infra/dynamodb_local.sh stop >/dev/null 2>&1 || true' EXIT
+# A second DynamoDB Local (and conflict layer) for the stacks of function binaries: DynamoDB Local
+# runs every write under one lock, and a 2,000-member campaign through the functions held it
+# long enough for the other tests' handlers to outrun their deadlines (infra/README.md).
+functions_port="${DYNAMODB_FUNCTIONS_PORT:-5008}"
+trap 'bash infra/moto.sh stop >/dev/null 2>&1 || true; bash infra/dynamodb_local.sh stop >/dev/null 2>&1 || true; DYNAMODB_LOCAL_PORT=$functions_port bash infra/dynamodb_local.sh stop >/dev/null 2>&1 || true' EXIT
 bash infra/moto.sh start >/dev/null
 bash infra/dynamodb_local.sh start >/dev/null
+DYNAMODB_LOCAL_PORT="$functions_port" bash infra/dynamodb_local.sh start >/dev/null
+export TIDINGS_TEST_DYNAMODB_FUNCTIONS="http://127.0.0.1:$functions_port"
+export TIDINGS_TEST_DYNAMODB_FUNCTIONS_STREAMS="http://127.0.0.1:$((functions_port + 1))"
 set -a
 # AWS_ENDPOINT_URL names moto; the SDK takes AWS_ENDPOINT_URL_DYNAMODB{,_STREAMS} over it.
 eval "$(bash infra/moto.sh env)"

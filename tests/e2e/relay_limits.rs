@@ -31,8 +31,9 @@ async fn completed(s: &Stack, id: &str) -> anyhow::Result<()> {
     .await
 }
 
+/// The stacks' DynamoDB, read directly ([`crate::lambda::dynamodb_urls`]).
 fn dynamo() -> anyhow::Result<Dynamo> {
-    let url = std::env::var("AWS_ENDPOINT_URL_DYNAMODB").context("AWS_ENDPOINT_URL_DYNAMODB")?;
+    let (url, _) = crate::lambda::dynamodb_urls()?;
     Ok(Dynamo { url, http: reqwest::Client::new() })
 }
 
@@ -43,10 +44,13 @@ async fn stream_failures_cli(s: &Stack, command: &str) -> anyhow::Result<Value> 
     let name = url.rsplit('/').next().unwrap_or_default();
     let prefix = name.strip_suffix("stream-failures").context("the queue's name")?;
     let data = tempfile::tempdir()?;
+    let (dynamodb, streams) = crate::lambda::dynamodb_urls()?;
     let out = tokio::process::Command::new(crate::server::binary()?)
         .args(["ops", "stream-failures", command, "--backend", "aws", "--data-dir"])
         .arg(data.path())
         .env("TIDINGS_TABLE", &s.table)
+        .env("AWS_ENDPOINT_URL_DYNAMODB", dynamodb)
+        .env("AWS_ENDPOINT_URL_DYNAMODB_STREAMS", streams)
         .env("TIDINGS_QUEUE_PREFIX", prefix)
         .env("AWS_REGION", crate::lambda::template::REGION)
         .env("AWS_EC2_METADATA_DISABLED", "true")
@@ -173,8 +177,7 @@ pub async fn a_poison_stream_record_ends_alone_on_stream_failures_and_its_batch_
 async fn shard_of(s: &Stack, db: &Dynamo, seq: &str) -> anyhow::Result<(String, String)> {
     let table = db.call("DynamoDB_20120810.DescribeTable", json!({"TableName": s.table})).await?;
     let arn = table["Table"]["LatestStreamArn"].as_str().context("the table's stream")?.to_owned();
-    let url =
-        std::env::var("AWS_ENDPOINT_URL_DYNAMODB_STREAMS").ok().filter(|v| !v.is_empty()).unwrap_or(db.url.clone());
+    let (_, url) = crate::lambda::dynamodb_urls()?;
     let streams = Dynamo { url, http: db.http.clone() };
     let d = streams.call("DynamoDBStreams_20120810.DescribeStream", json!({"StreamArn": arn})).await?;
     // Sequence numbers are decimal strings of any length.

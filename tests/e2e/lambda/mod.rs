@@ -124,16 +124,35 @@ async fn serve(router: axum::Router) -> anyhow::Result<String> {
     Ok(format!("http://{addr}"))
 }
 
-/// Runs `tidings keys <args> --backend aws` against `table` (the emulators of this process's
-/// environment) and returns what it printed.
+/// The DynamoDB Local the function binaries' stacks use, and its streams:
+/// `TIDINGS_TEST_DYNAMODB_FUNCTIONS{,_STREAMS}` when set (`make test` starts a second DynamoDB
+/// Local for them, so that a stack's writes never queue behind the rest of the suite's in one
+/// emulator's table lock: infra/README.md), else the one `AWS_ENDPOINT_URL_DYNAMODB{,_STREAMS}`
+/// names.
+pub fn dynamodb_urls() -> anyhow::Result<(String, String)> {
+    let set = |var: &str| std::env::var(var).ok().filter(|v| !v.is_empty());
+    if let Some(url) = set("TIDINGS_TEST_DYNAMODB_FUNCTIONS") {
+        let streams = set("TIDINGS_TEST_DYNAMODB_FUNCTIONS_STREAMS").unwrap_or_else(|| url.clone());
+        return Ok((url, streams));
+    }
+    let url = required("AWS_ENDPOINT_URL_DYNAMODB")?;
+    let streams = set("AWS_ENDPOINT_URL_DYNAMODB_STREAMS").unwrap_or_else(|| url.clone());
+    Ok((url, streams))
+}
+
+/// Runs `tidings keys <args> --backend aws` against `table` (in the stacks' DynamoDB,
+/// [`dynamodb_urls`]) and returns what it printed.
 pub async fn keys_cli(table: &str, args: &[&str]) -> anyhow::Result<Value> {
     let data = tempfile::tempdir()?;
+    let (dynamodb, streams) = dynamodb_urls()?;
     let out = tokio::process::Command::new(crate::server::binary()?)
         .arg("keys")
         .args(args)
         .args(["--backend", "aws", "--data-dir"])
         .arg(data.path())
         .env("TIDINGS_TABLE", table)
+        .env("AWS_ENDPOINT_URL_DYNAMODB", dynamodb)
+        .env("AWS_ENDPOINT_URL_DYNAMODB_STREAMS", streams)
         .env("AWS_REGION", REGION)
         .env("AWS_EC2_METADATA_DISABLED", "true")
         .output()
@@ -151,7 +170,7 @@ pub async fn keys_cli(table: &str, args: &[&str]) -> anyhow::Result<Value> {
 impl Stack {
     pub async fn start(opts: Options) -> anyhow::Result<Self> {
         let moto = required("AWS_ENDPOINT_URL")?;
-        let dynamodb = required("AWS_ENDPOINT_URL_DYNAMODB")?;
+        let (dynamodb, streams_url) = dynamodb_urls()?;
         let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest()).region(REGION).load().await;
         let sqs = aws_sdk_sqs::Client::new(&sdk);
         let sns = aws_sdk_sns::Client::new(&sdk);
@@ -159,10 +178,6 @@ impl Stack {
         let ses = aws_sdk_sesv2::Client::new(&sdk);
         let http = reqwest::Client::builder().timeout(Duration::from_secs(60)).build()?;
         let dynamo = Dynamo { url: dynamodb.clone(), http: http.clone() };
-        let streams_url = std::env::var("AWS_ENDPOINT_URL_DYNAMODB_STREAMS")
-            .ok()
-            .filter(|v| !v.is_empty())
-            .unwrap_or_else(|| dynamodb.clone());
         let streams = Dynamo { url: streams_url, http: http.clone() };
         let stack = format!("lh{:08x}", rand::random::<u32>());
 
