@@ -17,6 +17,8 @@ pub struct Deps {
     pub config: Arc<CoreConfig>,
     /// The API keys this instance read lately (shared by its clones; [`crate::ops::tenants`]).
     pub keys: Arc<crate::ops::key_cache::KeyCache>,
+    /// The timer buckets this instance saw open (shared by its clones; [`crate::timers::task::durable_timer`]).
+    pub open_buckets: Arc<crate::timers::open_buckets::OpenBuckets>,
 }
 
 impl Deps {
@@ -29,6 +31,14 @@ impl Deps {
         providers: Providers,
         config: impl Into<Arc<CoreConfig>>,
     ) -> Self {
-        Self { table, queues, clock, providers, config: config.into(), keys: Arc::default() }
+        Self {
+            table,
+            queues,
+            clock,
+            providers,
+            config: config.into(),
+            keys: Arc::default(),
+            open_buckets: Arc::default(),
+        }
     }
 }

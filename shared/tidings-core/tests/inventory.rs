@@ -594,6 +594,13 @@ async fn orders_are_idempotent() {
     assert_eq!(stock(&w, "s").await.counters(), Counters::new(5, 5, 0));
     let e = inventory::place_order(&w.deps, &w.t, &order("o", &[("s", 4)], None)).await.unwrap_err();
     assert_eq!(code_of(&e), "idempotency_conflict");
+    // The SKU sold out since: a repeat is still answered with the order as stored (not 409
+    // insufficient_stock), and holds nothing more.
+    assert!(inventory::place_order(&w.deps, &w.t, &order("q", &[("s", 5)], None)).await.unwrap().created);
+    let again = inventory::place_order(&w.deps, &w.t, &req).await.unwrap();
+    assert!(!again.created);
+    assert_eq!(again.order.order_id, "o");
+    assert_eq!(stock(&w, "s").await.counters(), Counters::new(0, 10, 0));
     assert_consistent(&w, &["s"]).await;
 }
 
@@ -843,6 +850,29 @@ async fn two_ticks_fire_a_bucket_once() {
     assert_eq!(a.timers_sent + b.timers_sent, 3);
     assert_eq!(drain_timers(&w).await, 3, "expiring orders that are gone is harmless");
     assert_eq!(timers::tick(&w.deps).await.unwrap().timers_sent, 0);
+}
+
+/// An instance remembers the buckets it saw open and does not read their index again; one it
+/// fired is forgotten, so a timer put there later (a clock set back) opens it again and never
+/// lands in a bucket no tick will fire.
+#[tokio::test]
+async fn a_bucket_fired_is_opened_again_for_a_later_timer() {
+    let w = world();
+    let due = start() + chrono::Duration::minutes(30);
+    let first = TimerTask::OrderExpire { tenant: w.t.clone(), order_id: "first".into() };
+    timers::schedule(&w.deps, due, first).await.unwrap();
+    w.clock.advance(chrono::Duration::minutes(31));
+    assert_eq!(timers::tick(&w.deps).await.unwrap().timers_sent, 1);
+    assert_eq!(drain_timers(&w).await, 1);
+    // The bucket is fired and its index gone; back to before it, another timer due then.
+    w.clock.set(start());
+    let second = TimerTask::OrderExpire { tenant: w.t.clone(), order_id: "second".into() };
+    timers::schedule(&w.deps, due, second).await.unwrap();
+    let bucket = timers::bucket_of(due.timestamp_millis());
+    let index = tidings_core::ports::Key::new(timers::OPEN_BUCKETS_PK, bucket);
+    assert!(w.deps.table.get(&index).await.unwrap().is_some(), "the bucket's index is written again");
+    w.clock.advance(chrono::Duration::minutes(31));
+    assert_eq!(timers::tick(&w.deps).await.unwrap().timers_sent, 1, "the second timer fires");
 }
 
 #[tokio::test]

@@ -112,6 +112,38 @@ fn replay(existing: &Order, hash: &str) -> CoreResult<PlacedOrder> {
     Ok(PlacedOrder { order: OrderView::from(existing), created: false })
 }
 
+/// The order's SKUs, read side by side, and checked to fit one transaction.
+async fn sku_records(deps: &Deps, t: &TenantId, req: &OrderRequest) -> CoreResult<Vec<SkuRecord>> {
+    let reads = req.items.iter().map(|l| read_record(deps, t, &l.sku_id));
+    let mut records = Vec::with_capacity(req.items.len());
+    for (i, got) in futures::future::join_all(reads).await.into_iter().enumerate() {
+        records.push(got?.ok_or_else(|| CoreError::invalid(format!("items[{i}].sku_id"), "unknown sku"))?);
+    }
+    let budget: usize = 2 + records.iter().map(StockChange::release_budget).sum::<usize>();
+    if budget > MAX_TRANSACTION_WRITES {
+        return Err(CoreError::invalid(
+            "items",
+            format!("too many SKUs (or shards) for one transaction: {budget} writes, at most {MAX_TRANSACTION_WRITES}"),
+        ));
+    }
+    Ok(records)
+}
+
+/// A placement refused with `refusal`: the stored order when this is a repeat of it (answered
+/// as the first time, or 409 `idempotency_conflict`), else the refusal.
+async fn replay_or(
+    deps: &Deps,
+    t: &TenantId,
+    req: &OrderRequest,
+    hash: &str,
+    refusal: CoreError,
+) -> CoreResult<PlacedOrder> {
+    match load_order(deps, t, &req.order_id).await? {
+        Some(existing) => replay(&existing, hash),
+        None => Err(refusal),
+    }
+}
+
 /// Where a line's units are held: the one cell of an unsharded SKU, a random shard of a sharded
 /// one (spreading the writes of a hot SKU); re-planned from a read when that shard was short.
 fn first_plan(record: &SkuRecord, qty: i64) -> BTreeMap<u32, i64> {
@@ -145,21 +177,14 @@ async fn replan(deps: &Deps, t: &TenantId, record: &SkuRecord, qty: i64) -> Core
 pub async fn place_order(deps: &Deps, t: &TenantId, req: &OrderRequest) -> CoreResult<PlacedOrder> {
     validate(req)?;
     let hash = request_hash(req)?;
-    if let Some(existing) = load_order(deps, t, &req.order_id).await? {
-        return replay(&existing, &hash);
-    }
-    let reads = req.items.iter().map(|l| read_record(deps, t, &l.sku_id));
-    let mut records = Vec::with_capacity(req.items.len());
-    for (i, got) in futures::future::join_all(reads).await.into_iter().enumerate() {
-        records.push(got?.ok_or_else(|| CoreError::invalid(format!("items[{i}].sku_id"), "unknown sku"))?);
-    }
-    let budget: usize = 2 + records.iter().map(StockChange::release_budget).sum::<usize>();
-    if budget > MAX_TRANSACTION_WRITES {
-        return Err(CoreError::invalid(
-            "items",
-            format!("too many SKUs (or shards) for one transaction: {budget} writes, at most {MAX_TRANSACTION_WRITES}"),
-        ));
-    }
+    // The order is not read first: its put is conditioned on its absence, and a repeat fails
+    // there (index 0) and is answered from the order as stored. What refuses an order before
+    // the transaction (an SKU deleted since, too many writes, short stock) looks for the order
+    // first, so a repeat is answered as it was the first time.
+    let records = match sku_records(deps, t, req).await {
+        Ok(records) => records,
+        Err(e) => return replay_or(deps, t, req, &hash, e).await,
+    };
     let hold = hold_for(deps, req, &records);
     let now = deps.clock.now();
     let expires = now + chrono::Duration::from_std(hold).unwrap_or(chrono::Duration::MAX);
@@ -231,7 +256,10 @@ pub async fn place_order(deps: &Deps, t: &TenantId, req: &OrderRequest) -> CoreR
                 let Some(Some(i)) = owner.get(index).copied() else {
                     return Err(StoreError::ConditionFailed { index }.into());
                 };
-                plans[i] = replan(deps, t, &records[i], req.items[i].qty).await?;
+                plans[i] = match replan(deps, t, &records[i], req.items[i].qty).await {
+                    Ok(plan) => plan,
+                    Err(e) => return replay_or(deps, t, req, &hash, e).await,
+                };
             }
             Err(StoreError::Conflict) => continue,
             Err(e) => return Err(e.into()),

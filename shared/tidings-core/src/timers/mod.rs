@@ -26,6 +26,7 @@
 //! twice (a tick that dies between sending and deleting), so every task is idempotent (expiry
 //! is conditioned on the order being PENDING and past due).
 
+pub mod open_buckets;
 pub mod schedule;
 pub mod task;
 
@@ -86,6 +87,7 @@ pub async fn tick(deps: &Deps) -> CoreResult<TickReport> {
 
 /// Claims, fires and closes one bucket; `None` when another tick holds it (or closed it).
 async fn fire_bucket(deps: &Deps, bucket: &str) -> CoreResult<Option<u64>> {
+    deps.open_buckets.forget(bucket);
     let index = Key::new(OPEN_BUCKETS_PK, bucket);
     let owner = new_id();
     let now_ms = deps.clock.now_ms();

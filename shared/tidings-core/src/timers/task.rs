@@ -108,15 +108,22 @@ pub fn bucket_of(ms: i64) -> String {
 /// The index entry is written outside the caller's transaction and only when absent (read
 /// first): every order of a busy minute shares it, and a shared item in every transaction would
 /// make them conflict.
+///
+/// An instance remembers the buckets it saw open ([`super::open_buckets::OpenBuckets`]), so the orders of one minute
+/// read the index once, not once each.
 pub async fn durable_timer(deps: &Deps, due_at: DateTime<Utc>, task: &TimerTask) -> CoreResult<Write> {
     let due_ms = due_at.timestamp_millis();
-    let now_minute = deps.clock.now_ms().div_euclid(MINUTE_MS) * MINUTE_MS;
+    let now_ms = deps.clock.now_ms();
+    let now_minute = now_ms.div_euclid(MINUTE_MS) * MINUTE_MS;
     let bucket = bucket_of(due_ms.max(now_minute + WRITE_AHEAD_MINUTES * MINUTE_MS));
-    let index = Key::new(OPEN_BUCKETS_PK, bucket.clone());
-    if deps.table.get(&index).await?.is_none() {
-        deps.table
-            .update(&index, vec![Update::SetIfAbsent("bucket".into(), bucket.clone().into())], Cond::Always)
-            .await?;
+    if !deps.open_buckets.holds(&bucket, now_ms) {
+        let index = Key::new(OPEN_BUCKETS_PK, bucket.clone());
+        if deps.table.get(&index).await?.is_none() {
+            deps.table
+                .update(&index, vec![Update::SetIfAbsent("bucket".into(), bucket.clone().into())], Cond::Always)
+                .await?;
+        }
+        deps.open_buckets.saw(&bucket, now_ms);
     }
     let item = TimerItem { due_ms, task: task.clone(), ttl: due_ms / 1000 + 7 * 24 * 3600 };
     let key = Key::new(format!("TIMER#{bucket}"), format!("{:015}#{}", due_ms.max(0), new_id()));
