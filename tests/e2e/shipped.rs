@@ -341,8 +341,9 @@ pub struct CostCase {
 /// writes fails them. The push cases hold marketing push to the goal its send batches reach
 /// (docs/delivery.md, "Send batches": at most 2 write units and 0.2 SQS requests a delivery)
 /// and transactional push, which keeps an item per delivery and the two-phase send, to a budget
-/// as wide as transactional email's. `TIDINGS_E2E_CAMPAIGN_CASES=marketing/push,...` runs some.
-pub const COST_CASES: [CostCase; 4] = [
+/// as wide as transactional email's. Marketing SMS goes out in send batches too and is held to
+/// the same goal. `TIDINGS_E2E_CAMPAIGN_CASES=marketing/push,...` runs some.
+pub const COST_CASES: [CostCase; 5] = [
     CostCase { category: "marketing", channel: "email", write_units: 14.0, sqs_requests: 0.5, billed_requests: 1.7 },
     CostCase {
         category: "transactional",
@@ -352,13 +353,14 @@ pub const COST_CASES: [CostCase; 4] = [
         billed_requests: 2.6,
     },
     CostCase { category: "marketing", channel: "push", write_units: 2.0, sqs_requests: 0.2, billed_requests: 1.3 },
+    CostCase { category: "marketing", channel: "sms", write_units: 2.0, sqs_requests: 0.2, billed_requests: 1.3 },
     CostCase { category: "transactional", channel: "push", write_units: 16.0, sqs_requests: 1.0, billed_requests: 2.6 },
 ];
 
 /// The AWS cost of campaigns per delivered message, counted as AWS would bill them: every
 /// request each function makes, and the event source mappings' receives and deletes (DynamoDB
 /// stream reads by Lambda are not billed), with DynamoDB's request units by operation and item.
-/// Each campaign of [`COST_CASES`] goes to every member (each with an email address and a
+/// Each campaign of [`COST_CASES`] goes to every member (each with an email address, a phone number and a
 /// device); its `cost per delivery: {...}` line is the README's table ("AWS cost per
 /// delivery"), and its budgets are asserted.
 pub async fn campaigns_through_the_function_binaries_within_their_cost_budgets() -> anyhow::Result<()> {
@@ -371,7 +373,7 @@ pub async fn campaigns_through_the_function_binaries_within_their_cost_budgets()
         .map(|i| {
             let s = &s;
             async move {
-                let user = json!({"email": format!("k{i}@example.com"), "tags": ["all"]});
+                let user = json!({"email": format!("k{i}@example.com"), "phone": format!("+1415555{i:04}"), "tags": ["all"]});
                 let (st, v) = s.call("PUT", &format!("/v1/users/k{i:04}"), Some(user)).await?;
                 anyhow::ensure!(st == 200, "{v}");
                 let device = json!({"user_id": format!("k{i:04}"), "platform": "ios", "token": format!("tok-k{i:04}")});
@@ -387,7 +389,7 @@ pub async fn campaigns_through_the_function_binaries_within_their_cost_budgets()
         r?;
     }
     let template = json!({"default_locale": "en", "locales": {"en": {"email_subject": "Sale", "email_body": "Hi {{ user_id }}",
-        "push_title": "Sale", "push_body": "Hi {{ user_id }}"}}});
+        "push_title": "Sale", "push_body": "Hi {{ user_id }}", "sms": "Sale for {{ user_id }}"}}});
     ok(&s, "PUT", "/v1/templates/promo", Some(template)).await?;
     let wanted = std::env::var("TIDINGS_E2E_CAMPAIGN_CASES").ok();
     let mut over = Vec::new();

@@ -232,8 +232,8 @@ async fn retries_without_dedup_or_claiming_exactly_once() {
 
 /// A worker that claimed u1's SMS delivery of `id` (as the channel worker does, with a lease)
 /// and died before doing anything more.
-async fn claim_and_die(w: &World, id: &str, lease: Duration) {
-    let key = keys::delivery(&w.t, id, "u1", Channel::Sms);
+async fn claim_and_die(w: &World, id: &str, channel: Channel, lease: Duration) {
+    let key = keys::delivery(&w.t, id, "u1", channel);
     let lease_until = w.deps.clock.now_ms() + lease.as_millis() as i64;
     let claim =
         vec![Update::set("status", "sending"), Update::add("attempts", 1), Update::set("lease_until_ms", lease_until)];
@@ -251,7 +251,7 @@ async fn one_step_dedup_key_before_send_loses_the_otp_on_crash() {
     relay_once(&w).await;
     run_queue(&w, "requests-high").await;
     // The worker claimed the key, then died before calling the provider.
-    claim_and_die(&w, &id, Duration::from_secs(60)).await;
+    claim_and_die(&w, &id, Channel::Sms, Duration::from_secs(60)).await;
     // While the lease runs, the redelivered task waits (no second sender).
     let outcomes = run_queue(&w, "sms-high").await;
     assert!(matches!(outcomes[..], [Outcome::Retry(_)]), "{outcomes:?}");
@@ -271,23 +271,23 @@ async fn one_step_dedup_key_before_send_loses_the_otp_on_crash() {
 #[tokio::test]
 async fn a_marketing_claim_outliving_its_lease_is_closed_not_sent_again() {
     let w = world().await;
-    let id = accept(&w, request("promo-1", "marketing", "sms", 1)).await;
+    let id = accept(&w, request("promo-1", "marketing", "email", 1)).await;
     relay_once(&w).await;
     run_queue(&w, "requests-low").await;
     let lease = w.deps.config.marketing_lease;
-    claim_and_die(&w, &id, lease).await;
+    claim_and_die(&w, &id, Channel::Email, lease).await;
 
-    let outcomes = run_queue(&w, "sms-low").await;
+    let outcomes = run_queue(&w, "email-low").await;
     assert!(matches!(outcomes[..], [Outcome::Retry(_)]), "the lease is running: {outcomes:?}");
-    assert_eq!(delivery(&w, &id, Channel::Sms).await.status, DeliveryStatus::Sending);
+    assert_eq!(delivery(&w, &id, Channel::Email).await.status, DeliveryStatus::Sending);
     let view = api::get_notification(&w.deps, &w.t, &id).await.unwrap().unwrap();
     assert_eq!((view.status, view.counts.queued), (NotificationStatus::Processing, 1));
 
     w.clock.advance(chrono::Duration::from_std(lease).unwrap() + chrono::Duration::seconds(1));
-    let outcomes = run_queue(&w, "sms-low").await;
+    let outcomes = run_queue(&w, "email-low").await;
     assert!(matches!(outcomes[..], [Outcome::Done]), "{outcomes:?}");
-    assert!(w.sms.calls().is_empty(), "never sent again");
-    let d = delivery(&w, &id, Channel::Sms).await;
+    assert!(w.email.calls().is_empty(), "never sent again");
+    let d = delivery(&w, &id, Channel::Email).await;
     assert_eq!((d.status, d.reason.as_deref()), (DeliveryStatus::Failed, Some("outcome_unknown")));
     assert_eq!(d.lease_until_ms, None);
     let view = api::get_notification(&w.deps, &w.t, &id).await.unwrap().unwrap();

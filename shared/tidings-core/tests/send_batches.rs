@@ -479,3 +479,46 @@ async fn a_dead_batch_is_explained_on_its_dlq_and_redriven_once() {
     assert_eq!((v.counts.sent as usize, v.counts.dead, v.counts.queued), (reachable, 0, 0), "{v:?}");
     assert_eq!(v.status, NotificationStatus::Completed);
 }
+
+/// Marketing SMS goes out in send batches too (no receipts or tracked links name an SMS
+/// delivery, so nothing needs its own item): each member with a number once, counts exact,
+/// the deliveries list shows every member, and only the suppressed have a `D#` item.
+#[tokio::test]
+async fn an_sms_campaign_goes_out_in_batches_once_each() {
+    let sms = Arc::new(Push::default());
+    let tw = TestWorld::builder()
+        .all_queues(5)
+        .sms(sms.clone())
+        .config(CoreConfig { campaign_page_size: 100, frequency_cap: 100, ..CoreConfig::default() })
+        .build();
+    let (feed, t) = (tw.feed("relay"), TenantId::parse("shop-a").unwrap());
+    let (deps, store) = (tw.deps, tw.store);
+    let mut reachable = 0;
+    for i in 0..130 {
+        let phone = (i % 10 != 3).then(|| format!("+86138{i:08}"));
+        reachable += usize::from(phone.is_some());
+        let input = UserInput { tags: vec!["vip".into()], phone, ..Default::default() };
+        users::put_user(&deps, &t, &format!("u{i:04}"), input).await.unwrap();
+    }
+    let template = serde_json::from_value(json!({"default_locale": "en", "locales": {"en": {"sms": "Sale for {{ user_id }}"}}}));
+    templates::put_template(&deps, &t, "promo", template.unwrap()).await.unwrap();
+    let mut request = campaign("sms-sale", "vip");
+    request.channels = Some(vec![tidings_core::ports::Channel::Sms]);
+    let id = api::accept(&deps, &t, request).await.unwrap().notification_id;
+    tidings_embedded::test_world::drain(&deps, &feed).await;
+
+    assert_eq!((sms.total() as usize, sms.users(), sms.max_per_user()), (reachable, reachable, 1));
+    let v = api::get_notification(&deps, &t, &id).await.unwrap().unwrap();
+    assert_eq!(v.status, NotificationStatus::Completed, "{v:?}");
+    assert_eq!((v.counts.sent as usize, v.counts.suppressed as usize, v.counts.queued), (reachable, 130 - reachable, 0));
+    let pk = keys::notification_pk(&t, &id);
+    let all = QueryOpts { limit: 1000, cursor: None, descending: false };
+    let made = store.query(&pk, "B#", all.clone()).await.unwrap().items;
+    let entries: usize = made.iter().map(|i| i.parse::<SendBatch>().unwrap().entries.len()).sum();
+    assert_eq!(entries, reachable, "every SMS sent is an entry of a batch");
+    let ds = store.query(&pk, "D#", all).await.unwrap().items;
+    assert_eq!(ds.len(), 130 - reachable, "only the suppressed have a delivery item");
+    let listed = api::list_deliveries(&deps, &t, &id, 500, None).await.unwrap().unwrap();
+    assert_eq!(listed.items.len(), 130, "every member listed");
+    assert_eq!(listed.items.iter().filter(|d| d.status == DeliveryStatus::Sent).count(), reachable);
+}

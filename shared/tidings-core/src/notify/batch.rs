@@ -1,7 +1,7 @@
-//! Send batches: a page's marketing push deliveries recorded per batch of up to 25 instead of
+//! Send batches: a page's marketing push and SMS deliveries recorded per batch of up to 25 instead of
 //! an item each (docs/delivery.md, "Send batches").
 //!
-//! - The orchestrator packs a page's marketing push sends into batches ([`pack`]): one queue
+//! - The orchestrator packs a page's marketing push and SMS sends into batches ([`pack`]): one queue
 //!   message ([`SendBatchTask`], each entry with its address and rendered content, under a
 //!   queue message's size) and one item `B#{page}#{n}` ([`SendBatch`]) listing its users,
 //!   created `pending` by a conditional put in a transaction with the page's counters
@@ -12,8 +12,9 @@
 //!   entry's outcome in one transaction with the counters it moves (`super::send_batch`).
 //! - `GET /v1/notifications/{id}/deliveries` lists the entries like deliveries ([`list`]).
 //!
-//! Everything else (transactional, email, SMS, in-app, and every delivery that ends at
-//! planning: suppressed, failed render, deferred) keeps its own `D#` item.
+//! Everything else (transactional, email, in-app, and every delivery that ends at planning:
+//! suppressed, failed render, deferred) keeps its own `D#` item. Marketing email does too: its
+//! receipts and tracked links name a delivery item, which a batch entry is not (yet).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -33,9 +34,10 @@ pub const MAX_BATCH: usize = 25;
 /// Room kept in a batch message for its envelope (tenant, ids, priority).
 const ENVELOPE_BYTES: usize = 1024;
 
-/// Whether a delivery of this category on this channel is sent through a send batch.
+/// Whether a delivery of this category on this channel is sent through a send batch: marketing
+/// push and SMS, whose sends nothing names afterwards (no receipt, no tracked link).
 pub fn batchable(category: Category, channel: Channel) -> bool {
-    category == Category::Marketing && channel == Channel::Push
+    category == Category::Marketing && matches!(channel, Channel::Push | Channel::Sms)
 }
 
 /// Where a send batch stands.

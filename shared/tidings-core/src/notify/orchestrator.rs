@@ -429,7 +429,7 @@ struct Planning<'a> {
     template: Option<&'a Template>,
     hosts: &'a LinkHosts,
     channel: Channel,
-    /// In a page: its send batches made already (a marketing push is sent through one).
+    /// In a page: its send batches made already (a marketing push or SMS is sent through one).
     batches: Option<&'a batch::PageBatches>,
 }
 
