@@ -117,6 +117,13 @@ pub fn send_batch(t: &TenantId, notification_id: &str, page: u64, n: u32) -> Key
     Key::new(notification_pk(t, notification_id), format!("{}{n:04}", send_batch_page_prefix(page)))
 }
 
+/// The planning lease of page `page` of a notification ([`crate::notify::batch::PageLease`]):
+/// one run of a page plans it at a time, so that two runs cannot pack a member into two send
+/// batches.
+pub fn page_lease(t: &TenantId, notification_id: &str, page: u64) -> Key {
+    Key::new(notification_pk(t, notification_id), format!("L#{page:08}"))
+}
+
 /// The sort-key prefix of a notification's progress counters.
 pub const COUNTER_PREFIX: &str = "C#";
 

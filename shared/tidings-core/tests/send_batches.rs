@@ -522,3 +522,75 @@ async fn an_sms_campaign_goes_out_in_batches_once_each() {
     assert_eq!(listed.items.len(), 130, "every member listed");
     assert_eq!(listed.items.iter().filter(|d| d.status == DeliveryStatus::Sent).count(), reachable);
 }
+
+/// Two runs of one page at the same time (SQS handed its message to two orchestrators, or a
+/// visibility timeout ran out) must not both plan it: a member could land in a different batch
+/// in each and be sent twice. While one run holds the page's lease, another plans nothing and
+/// its message comes back; once the lease ran out (a crashed run) the page is planned, each
+/// member once.
+#[tokio::test]
+async fn a_page_another_run_holds_is_planned_only_after_its_lease() {
+    use tidings_core::notify::batch::lease_page;
+    let w = world(100);
+    let reachable = members(&w, 60, "vip").await;
+    let id = api::accept(&w.deps, &w.t, campaign("sale-lease", "vip")).await.unwrap().notification_id;
+    let hold = w.deps.config.visibility.as_millis() as i64;
+    let other = lease_page(&w.store, &w.t, &id, 0, w.deps.clock.now_ms(), hold).await.unwrap();
+    assert!(other.is_some(), "the page is free at first");
+    assert!(
+        lease_page(&w.store, &w.t, &id, 0, w.deps.clock.now_ms(), hold).await.unwrap().is_none(),
+        "a held lease is not taken twice"
+    );
+    expand(&w).await;
+    assert!(batches(&w, &id).await.is_empty(), "nothing planned while another run holds the page");
+    drain(&w).await;
+    assert_eq!(w.push.total(), 0);
+    // The other run died: its lease runs out, the message's retry plans the page.
+    w.clock.advance(chrono::Duration::milliseconds(hold + 1));
+    drain_with_time(&w).await;
+    assert_eq!((w.push.total() as usize, w.push.max_per_user()), (reachable, 1));
+    let v = view(&w, &id).await;
+    assert_eq!((v.status, v.counts.sent as usize), (NotificationStatus::Completed, reachable), "{v:?}");
+    // A run that ends lets its page go: a redrive right after it is not held up.
+    assert!(lease_page(&w.store, &w.t, &id, 0, w.deps.clock.now_ms(), hold).await.unwrap().is_some());
+}
+
+/// A run that outlived its lease (another run took the page since) creates no batch: each of
+/// its creating transactions checks the lease.
+#[tokio::test]
+async fn a_run_that_lost_its_page_lease_creates_no_batch() {
+    use tidings_core::notify::batch::{lease_page, pack, write_batches};
+    use tidings_core::notify::model::{Category, ChannelTask, Notification};
+    let w = world(100);
+    members(&w, 3, "vip").await;
+    let id = api::accept(&w.deps, &w.t, campaign("sale-lost", "vip")).await.unwrap().notification_id;
+    let n: Notification = w.store.get(&keys::notification(&w.t, &id)).await.unwrap().unwrap().parse().unwrap();
+    let hold = 1_000;
+    let mine = lease_page(&w.store, &w.t, &id, 0, w.deps.clock.now_ms(), hold).await.unwrap().unwrap();
+    w.clock.advance(chrono::Duration::milliseconds(hold + 1));
+    let theirs = lease_page(&w.store, &w.t, &id, 0, w.deps.clock.now_ms(), hold).await.unwrap();
+    assert!(theirs.is_some(), "an expired lease is taken by the next run");
+    let sends: Vec<ChannelTask> = (0..3)
+        .map(|i| ChannelTask {
+            tenant: w.t.clone(),
+            notification_id: id.clone(),
+            user_id: format!("u{i:04}"),
+            channel: tidings_core::ports::Channel::Push,
+            category: Category::Marketing,
+            to: format!("u{i:04}"),
+            subject: Some("Sale".into()),
+            body: "Hello".into(),
+            html: None,
+            headers: Vec::new(),
+            accepted_ms: Some(0),
+            priority: None,
+        })
+        .collect();
+    let packed = pack(&w.t, &n, 0, 0, sends.clone(), "now");
+    let written = write_batches(&w.store, &w.t, &id, w.deps.clock.now_ms(), &mine, packed).await;
+    assert!(written.is_err(), "the lost lease stops the creation");
+    assert!(batches(&w, &id).await.is_empty(), "no batch created");
+    let packed = pack(&w.t, &n, 0, 0, sends, "now");
+    let written = write_batches(&w.store, &w.t, &id, w.deps.clock.now_ms(), &theirs.unwrap(), packed).await.unwrap();
+    assert_eq!(written.len(), 1, "the holder creates its batch");
+}

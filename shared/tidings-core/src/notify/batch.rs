@@ -26,7 +26,7 @@ use crate::error::{CoreError, CoreResult};
 use crate::ids::TenantId;
 use crate::keys;
 use crate::ports::table::MAX_TRANSACTION_WRITES;
-use crate::ports::{Channel, Cond, Item, Key, QueryOpts, StoreError, Table, Write, attrs_of};
+use crate::ports::{Channel, Cond, Item, Key, QueryOpts, StoreError, Table, Update, Write, attrs_of};
 
 /// Most deliveries in one send batch.
 pub const MAX_BATCH: usize = 25;
@@ -213,6 +213,64 @@ pub async fn page_batches(
     }
 }
 
+/// One run's hold on planning a page (docs/delivery.md, "Send batches": two runs of one page).
+/// A `D#` item per delivery rules out a second send by its key; a member of a send batch is
+/// only kept from a second batch by the batches a run reads before planning, so two runs of one
+/// page at the same time (SQS hands a message to two consumers, a visibility timeout ran out)
+/// must not both plan it. The lease is an item `L#{page}` naming its run, held for the
+/// visibility timeout: a crashed run's message comes back after that (SQS's own timeout is
+/// never shorter), so a retry finds it expired. Every transaction that creates batches checks
+/// that this run still holds it, so a run that outlived its lease creates nothing.
+#[derive(Clone, Debug)]
+pub struct PageLease {
+    pub key: Key,
+    pub owner: String,
+}
+
+impl PageLease {
+    fn check(&self) -> Write {
+        Write::Check { key: self.key.clone(), cond: Cond::eq("owner", self.owner.as_str()) }
+    }
+
+    /// Lets the page go (best effort: a lease not released runs out).
+    pub async fn release(&self, table: &dyn Table) {
+        if let Err(e) = table.delete(&self.key, Cond::eq("owner", self.owner.as_str())).await {
+            tracing::debug!(error = %e, "page lease not released; it runs out");
+        }
+    }
+}
+
+/// Whether planning this notification's pages takes a [`PageLease`]: when it may make send
+/// batches.
+pub fn needs_page_lease(n: &Notification) -> bool {
+    let channels = n.request.channels.as_deref().unwrap_or(&Channel::ALL[..]);
+    channels.iter().any(|&c| batchable(n.request.category, c))
+}
+
+/// Takes the page's lease for `hold_ms`, unless another run holds it (then `None`).
+pub async fn lease_page(
+    table: &dyn Table,
+    t: &TenantId,
+    notification_id: &str,
+    page: u64,
+    now_ms: i64,
+    hold_ms: i64,
+) -> CoreResult<Option<PageLease>> {
+    let lease = PageLease { key: keys::page_lease(t, notification_id, page), owner: crate::ids::new_id() };
+    let updates = vec![
+        Update::set("owner", lease.owner.as_str()),
+        Update::set("until_ms", now_ms.saturating_add(hold_ms)),
+        // Kept a week at most (the table's TTL attribute), whatever happens to the run.
+        Update::set("ttl", now_ms / 1000 + 7 * 86_400),
+    ];
+    let free = Cond::Or(vec![Cond::NotExists, Cond::lt("until_ms", now_ms)]);
+    match table.update(&lease.key, updates, free).await {
+        Ok(_) => Ok(Some(lease)),
+        Err(StoreError::ConditionFailed { .. }) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// A batch about to be created: its item and its message.
 pub struct NewBatch {
     pub key: Key,
@@ -317,13 +375,16 @@ pub fn requeued(
 const WRITE_CHUNK: usize = 20;
 
 /// Creates the batches (each put only if absent) in transactions with the page's `queued`
-/// counters. Returns the messages to queue: the batches created, and those that existed
-/// already and are still `pending` (their message, cut to the batch's members).
+/// counters, each checking that `lease` is still this run's. Returns the messages to queue: the
+/// batches created, and those that existed already and are still `pending` (their message, cut
+/// to the batch's members). A lease lost (another run holds the page now) is an error: nothing
+/// more is created, and what was is that run's to find.
 pub async fn write_batches(
     table: &dyn Table,
     t: &TenantId,
     notification_id: &str,
     now_ms: i64,
+    lease: &PageLease,
     batches: Vec<NewBatch>,
 ) -> CoreResult<Vec<SendBatchTask>> {
     let counters = |bs: &[&NewBatch]| {
@@ -337,25 +398,31 @@ pub async fn write_batches(
     let put = |b: &NewBatch| -> Result<Write, StoreError> {
         Ok(Write::Put { item: Item::new(b.key.clone(), attrs_of(&b.item)?), cond: Cond::NotExists })
     };
+    let lost = || CoreError::conflict("page_lease_lost", "another run of this page holds its lease");
     let mut out = Vec::with_capacity(batches.len());
-    for chunk in batches.chunks(WRITE_CHUNK.min(MAX_TRANSACTION_WRITES - progress::COUNTER_SHARDS as usize)) {
+    let room = MAX_TRANSACTION_WRITES - progress::COUNTER_SHARDS as usize - 1;
+    for chunk in batches.chunks(WRITE_CHUNK.min(room)) {
         let refs: Vec<&NewBatch> = chunk.iter().collect();
-        let mut writes = chunk.iter().map(put).collect::<Result<Vec<_>, _>>()?;
+        // The lease's check first: index 0 of a failed condition is a lost lease.
+        let mut writes = vec![lease.check()];
+        writes.extend(chunk.iter().map(put).collect::<Result<Vec<_>, _>>()?);
         writes.extend(counters(&refs));
         match progress::transact_retrying(table, writes).await {
             Ok(()) => {
                 out.extend(chunk.iter().map(|b| b.task.clone()));
                 continue;
             }
+            Err(StoreError::ConditionFailed { index: 0 }) => return Err(lost()),
             Err(StoreError::ConditionFailed { .. }) => {}
             Err(e) => return Err(e.into()),
         }
-        // Some exist (another run of the page made them): one by one.
+        // Some exist (an earlier run of the page made them): one by one.
         for b in chunk {
-            let mut writes = vec![put(b)?];
+            let mut writes = vec![lease.check(), put(b)?];
             writes.extend(counters(&[b]));
             match progress::transact_retrying(table, writes).await {
                 Ok(()) => out.push(b.task.clone()),
+                Err(StoreError::ConditionFailed { index: 0 }) => return Err(lost()),
                 Err(StoreError::ConditionFailed { .. }) => {
                     let Some(item) = table.get(&b.key).await? else { continue };
                     let existing: SendBatch = item.parse()?;

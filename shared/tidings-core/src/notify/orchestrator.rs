@@ -19,7 +19,7 @@ use super::model::{
 use super::policy::{self, Recipient, Verdict};
 use super::progress;
 use crate::deps::Deps;
-use crate::error::CoreResult;
+use crate::error::{CoreError, CoreResult};
 use crate::ids::TenantId;
 use crate::inbox;
 use crate::keys;
@@ -123,6 +123,34 @@ pub(crate) async fn orchestrate_page(
     page: u64,
     users: &[(String, Option<User>)],
 ) -> CoreResult<()> {
+    // A page that may make send batches is planned by one run at a time (`batch::PageLease`);
+    // a second run at the same time waits for the message's retry.
+    let lease = if batch::needs_page_lease(n) {
+        let hold = i64::try_from(deps.config.visibility.as_millis()).unwrap_or(i64::MAX);
+        let now = deps.clock.now_ms();
+        match batch::lease_page(deps.table.as_ref(), t, &n.notification_id, page, now, hold).await? {
+            Some(lease) => Some(lease),
+            None => return Err(CoreError::conflict("page_leased", "another run of this page is planning it")),
+        }
+    } else {
+        None
+    };
+    let planned = plan_page(deps, t, n, page, users, lease.as_ref()).await;
+    if let Some(lease) = &lease {
+        lease.release(deps.table.as_ref()).await;
+    }
+    planned
+}
+
+/// [`orchestrate_page`] under its lease, if it needs one.
+async fn plan_page(
+    deps: &Deps,
+    t: &TenantId,
+    n: &Notification,
+    page: u64,
+    users: &[(String, Option<User>)],
+    lease: Option<&batch::PageLease>,
+) -> CoreResult<()> {
     use futures::{StreamExt, TryStreamExt};
     let template = templates::get_template(deps, t, &n.request.template_id).await?;
     let hosts = crate::tracking::link_hosts_for(deps, t, template.as_ref()).await?;
@@ -173,10 +201,14 @@ pub(crate) async fn orchestrate_page(
     let now = deps.clock.now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     let mut next = made.next;
     for (queue, sends) in batched {
+        let Some(lease) = lease else {
+            return Err(StoreError::Invalid("send batches planned without the page's lease".into()).into());
+        };
         let packed = batch::pack(t, n, page, next, sends, &now);
         next += packed.len() as u32;
         let messages =
-            batch::write_batches(deps.table.as_ref(), t, &n.notification_id, deps.clock.now_ms(), packed).await?;
+            batch::write_batches(deps.table.as_ref(), t, &n.notification_id, deps.clock.now_ms(), lease, packed)
+                .await?;
         for m in messages {
             let body =
                 serde_json::to_string(&ChannelMessage::Batch(m)).map_err(|e| StoreError::Corrupt(e.to_string()))?;
