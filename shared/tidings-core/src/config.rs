@@ -47,6 +47,11 @@ pub struct CoreConfig {
     pub provider_timeout: Duration,
     /// Visibility timeout the runtime uses when it receives.
     pub visibility: Duration,
+    /// Whether an order's expiry message (`inventory::orders`) is sent after the order is
+    /// answered instead of before. Only a process that outlives its requests may (`tidings
+    /// serve`: its backends set it); a Lambda function is frozen once it answers. Either way the
+    /// durable timer written with the order expires it if the message never goes.
+    pub detached_expiry_messages: bool,
     /// Keys for signed links and tokens (the first signs; all verify).
     pub signer: Signer,
     /// Public base URL for links in messages.
@@ -92,6 +97,7 @@ impl Default for CoreConfig {
             marketing_lease: Duration::from_secs(600),
             provider_timeout: Duration::from_secs(10),
             visibility: Duration::from_secs(60),
+            detached_expiry_messages: false,
             signer: Signer::default(),
             public_url: "http://127.0.0.1:8080".into(),
             hold_times: HoldTimes::default(),
@@ -623,6 +629,8 @@ impl Settings {
             marketing_lease: ms("TIDINGS_MARKETING_LEASE_MS"),
             provider_timeout: ms("TIDINGS_PROVIDER_TIMEOUT_MS"),
             visibility: Duration::from_secs(self.number("TIDINGS_VISIBILITY_S").max(1)),
+            // Set by the process, not by a setting (see the field).
+            detached_expiry_messages: false,
             signer: self.get("TIDINGS_SIGNING_KEYS").map(Signer::parse).unwrap_or_default(),
             public_url: self.value("TIDINGS_PUBLIC_URL").to_owned(),
             hold_times: HoldTimes::parse(self.value("TIDINGS_HOLD_TIMES")).unwrap_or_default(),

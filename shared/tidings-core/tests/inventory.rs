@@ -955,3 +955,111 @@ async fn a_thousand_buyers_for_two_hundred_units() {
     }
     assert_consistent(&w, &["one", "eight"]).await;
 }
+
+/// Queues whose sends to the timers queue wait until `open` is notified: the order's expiry
+/// message is held back.
+struct HeldTimers {
+    inner: Arc<dyn Queues>,
+    open: Arc<tokio::sync::Semaphore>,
+}
+
+#[async_trait::async_trait]
+impl Queues for HeldTimers {
+    async fn send_batch(
+        &self,
+        queue: &str,
+        messages: Vec<tidings_core::ports::OutMessage>,
+    ) -> Result<(), tidings_core::ports::QueueError> {
+        if queue == TIMERS_QUEUE {
+            let _ = self.open.acquire().await;
+        }
+        self.inner.send_batch(queue, messages).await
+    }
+    async fn receive(
+        &self,
+        queue: &str,
+        max: usize,
+        visibility: Duration,
+        wait: Duration,
+    ) -> Result<Vec<tidings_core::ports::Received>, tidings_core::ports::QueueError> {
+        self.inner.receive(queue, max, visibility, wait).await
+    }
+    async fn change_visibility(
+        &self,
+        queue: &str,
+        receipt: &str,
+        visibility: Duration,
+    ) -> Result<(), tidings_core::ports::QueueError> {
+        self.inner.change_visibility(queue, receipt, visibility).await
+    }
+    async fn delete(&self, queue: &str, receipt: &str) -> Result<(), tidings_core::ports::QueueError> {
+        self.inner.delete(queue, receipt).await
+    }
+    async fn stats(&self, queue: &str) -> Result<tidings_core::ports::QueueStats, tidings_core::ports::QueueError> {
+        self.inner.stats(queue).await
+    }
+    async fn redrive(&self, queue: &str) -> Result<u64, tidings_core::ports::QueueError> {
+        self.inner.redrive(queue).await
+    }
+    async fn peek_dlq(
+        &self,
+        queue: &str,
+        max: usize,
+    ) -> Result<Vec<tidings_core::ports::Received>, tidings_core::ports::QueueError> {
+        self.inner.peek_dlq(queue, max).await
+    }
+    async fn send_to_dlq(&self, queue: &str, body: String) -> Result<(), tidings_core::ports::QueueError> {
+        self.inner.send_to_dlq(queue, body).await
+    }
+}
+
+/// A world whose expiry messages wait for the returned semaphore to get a permit.
+fn held_world(detached: bool) -> (World, Arc<tokio::sync::Semaphore>) {
+    let w = world_with(CoreConfig { detached_expiry_messages: detached, ..CoreConfig::default() });
+    let open = Arc::new(tokio::sync::Semaphore::new(0));
+    let queues: Arc<dyn Queues> = Arc::new(HeldTimers { inner: w.deps.queues.clone(), open: open.clone() });
+    (World { deps: Deps { queues, ..w.deps }, ..w }, open)
+}
+
+async fn timer_messages(w: &World) -> u64 {
+    let s = w.store.stats(TIMERS_QUEUE).await.unwrap();
+    s.visible + s.in_flight + s.delayed
+}
+
+/// In a process that outlives its requests (`tidings serve`), an order is answered once it is
+/// durable, without waiting for its expiry message, a second write; the message follows.
+/// Elsewhere (a Lambda function, frozen once it answers) the answer waits for the message.
+#[tokio::test]
+async fn a_detached_expiry_message_goes_after_the_answer_and_an_attached_one_before() {
+    let (w, open) = held_world(true);
+    warm(&w, "a", 10).await;
+    let placed = tokio::time::timeout(
+        Duration::from_secs(30),
+        inventory::place_order(&w.deps, &w.t, &order("o1", &[("a", 1)], Some(60))),
+    )
+    .await
+    .expect("answered while its expiry message is held back")
+    .unwrap();
+    assert!(placed.created);
+    assert_eq!(timer_messages(&w).await, 0, "the message is still held");
+    open.add_permits(1);
+    for _ in 0..3000 {
+        if timer_messages(&w).await == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(timer_messages(&w).await, 1, "the message follows the answer");
+
+    let (w, open) = held_world(false);
+    warm(&w, "a", 10).await;
+    let deps = w.deps.clone();
+    let t = w.t.clone();
+    let placing =
+        tokio::spawn(async move { inventory::place_order(&deps, &t, &order("o1", &[("a", 1)], Some(60))).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!placing.is_finished(), "not answered before its expiry message is sent");
+    open.add_permits(1);
+    assert!(placing.await.unwrap().unwrap().created);
+    assert_eq!(timer_messages(&w).await, 1);
+}

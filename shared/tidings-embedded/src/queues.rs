@@ -193,21 +193,22 @@ impl EmbeddedStore {
                 let tx = conn.savepoint().map_err(q_err)?;
                 let mut got = Vec::new();
                 let mut moved = 0usize;
-                // Keyset over (sent_at_ms, seq): oldest first, each candidate looked at once.
+                // Keyset over (visible_at_ms, seq) in the index `messages_due`: visible the
+                // longest first, each candidate looked at once, none that is not due read.
                 let mut last: (i64, i64) = (i64::MIN, i64::MIN);
                 'outer: loop {
-                    let candidates: Vec<(i64, String, String, u32, i64)> = {
+                    let candidates: Vec<(i64, String, String, u32, i64, i64)> = {
                         let mut stmt = tx
                             .prepare_cached(
-                                "SELECT seq, id, body, receive_count, sent_at_ms FROM messages
+                                "SELECT seq, id, body, receive_count, sent_at_ms, visible_at_ms FROM messages
                                  WHERE queue = ?1 AND visible_at_ms <= ?2
-                                   AND (sent_at_ms > ?3 OR (sent_at_ms = ?3 AND seq > ?4))
-                                 ORDER BY sent_at_ms, seq LIMIT 64",
+                                   AND (visible_at_ms > ?3 OR (visible_at_ms = ?3 AND seq > ?4))
+                                 ORDER BY visible_at_ms, seq LIMIT 64",
                             )
                             .map_err(q_err)?;
                         let rows = stmt
                             .query_map(params![queue, now, last.0, last.1], |r| {
-                                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+                                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?))
                             })
                             .map_err(q_err)?;
                         rows.collect::<Result<_, _>>().map_err(q_err)?
@@ -215,8 +216,8 @@ impl EmbeddedStore {
                     if candidates.is_empty() {
                         break;
                     }
-                    for (seq, id, body, count, sent_at_ms) in candidates {
-                        last = (sent_at_ms, seq);
+                    for (seq, id, body, count, sent_at_ms, visible_at_ms) in candidates {
+                        last = (visible_at_ms, seq);
                         if let Some((max_receives, dlq)) = &redrive
                             && count >= *max_receives
                         {
@@ -273,6 +274,10 @@ impl Queues for EmbeddedStore {
         }
         let name = queue.to_owned();
         let queue = queue.to_owned();
+        // Only a message visible now wakes the receivers waiting on the queue: a delayed one
+        // (an order's expiry, due in minutes) would wake every one of them for nothing, and
+        // each would run a receive on the writer's connection; they find it when they poll.
+        let wakes = messages.iter().any(|m| m.delay.is_zero());
         self.with_conn(move |conn, inner| {
             let now = inner.clock.now_ms();
             let tx = conn.savepoint().map_err(q_err)?;
@@ -291,7 +296,9 @@ impl Queues for EmbeddedStore {
             tx.commit().map_err(q_err)
         })
         .await?;
-        self.messages_of(&name).notify_waiters();
+        if wakes {
+            self.messages_of(&name).notify_waiters();
+        }
         Ok(())
     }
 

@@ -47,6 +47,8 @@ impl Backend {
     /// injection and a record of sends), which only emulators on this machine may have.
     pub async fn open_for(args: &BackendArgs, clock: Arc<dyn Clock>, dev: bool) -> anyhow::Result<Self> {
         let mut config = crate::settings().core();
+        // This process outlives its requests: an order's expiry message may go after its answer.
+        config.detached_expiry_messages = true;
         if !config.signer.is_configured() {
             config.signer = local_signing_key(&args.data_dir)?;
         }

@@ -245,7 +245,15 @@ pub async fn place_order(deps: &Deps, t: &TenantId, req: &OrderRequest) -> CoreR
         match deps.table.transact(writes).await {
             Ok(()) => {
                 crate::crash::point("inventory.after_commit");
-                send_expiry_message(deps, expires, &task).await;
+                if deps.config.detached_expiry_messages {
+                    // The order is durable and answered now: its answer does not wait for a
+                    // second write (the message's), which on the embedded store is a second
+                    // group commit and sync.
+                    let deps = deps.clone();
+                    crate::roles::spawn_in_role(async move { send_expiry_message(&deps, expires, &task).await });
+                } else {
+                    send_expiry_message(deps, expires, &task).await;
+                }
                 return Ok(PlacedOrder { order: OrderView::from(&order), created: true });
             }
             Err(StoreError::ConditionFailed { index: 0 }) => {
