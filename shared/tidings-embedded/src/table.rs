@@ -186,6 +186,10 @@ fn apply_write(
     index: usize,
     filter: Option<crate::StreamFilter>,
 ) -> Result<(Option<Attrs>, bool), StoreError> {
+    let write = match write {
+        Write::Put { item, cond: Cond::NotExists } => return insert_new(tx, item, index, filter),
+        other => other,
+    };
     let key = write.key().clone();
     let old = read_attrs(tx, &key)?;
     let cond = match &write {
@@ -217,9 +221,9 @@ fn apply_write(
         // DynamoDB Streams.
         return Ok((new, false));
     }
-    match &new {
-        Some(attrs) => {
-            let json = to_json(attrs)?;
+    let new_json = new.as_ref().map(to_json).transpose()?;
+    match &new_json {
+        Some(json) => {
             tx.prepare_cached(
                 "INSERT INTO items (pk, sk, attrs) VALUES (?1, ?2, ?3)
                  ON CONFLICT (pk, sk) DO UPDATE SET attrs = excluded.attrs",
@@ -237,11 +241,40 @@ fn apply_write(
         return Ok((new, false));
     }
     let old_json = old.as_ref().map(to_json).transpose()?;
-    let new_json = new.as_ref().map(to_json).transpose()?;
-    tx.prepare_cached("INSERT INTO changes (pk, sk, old, new) VALUES (?1, ?2, ?3, ?4)")
-        .and_then(|mut stmt| stmt.execute(params![key.pk, key.sk, old_json, new_json]))
-        .map_err(db_err)?;
+    append_change(tx, &key, old_json.as_deref(), new_json.as_deref())?;
     Ok((new, true))
+}
+
+/// A put that must not find its item (`Cond::NotExists`: an order, a ledger entry, a delivery
+/// record): the insert is its own condition, so no old image is read or parsed. Same answer and
+/// change record as [`apply_write`]'s path, which reads the item first.
+fn insert_new(
+    tx: &Connection,
+    mut item: Item,
+    index: usize,
+    filter: Option<crate::StreamFilter>,
+) -> Result<(Option<Attrs>, bool), StoreError> {
+    strip_nulls(&mut item.attrs);
+    let json = to_json(&item.attrs)?;
+    let inserted = tx
+        .prepare_cached("INSERT INTO items (pk, sk, attrs) VALUES (?1, ?2, ?3) ON CONFLICT (pk, sk) DO NOTHING")
+        .and_then(|mut stmt| stmt.execute(params![item.key.pk, item.key.sk, json]))
+        .map_err(db_err)?;
+    if inserted == 0 {
+        return Err(StoreError::ConditionFailed { index });
+    }
+    if filter.is_some_and(|streamed| !streamed(&item.key, None, Some(&item.attrs))) {
+        return Ok((Some(item.attrs), false));
+    }
+    append_change(tx, &item.key, None, Some(&json))?;
+    Ok((Some(item.attrs), true))
+}
+
+fn append_change(tx: &Connection, key: &Key, old: Option<&str>, new: Option<&str>) -> Result<(), StoreError> {
+    tx.prepare_cached("INSERT INTO changes (pk, sk, old, new) VALUES (?1, ?2, ?3, ?4)")
+        .and_then(|mut stmt| stmt.execute(params![key.pk, key.sk, old, new]))
+        .map(drop)
+        .map_err(db_err)
 }
 
 pub(crate) fn to_json(attrs: &Attrs) -> Result<String, StoreError> {

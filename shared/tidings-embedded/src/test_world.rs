@@ -3,8 +3,14 @@
 //! the system clock, fake providers, and a configuration, assembled into the core's [`Deps`]
 //! through [`Deps::new`].
 //!
-//! ```ignore
-//! let w = TestWorld::builder().start_at("2026-11-29T00:00:00Z").all_queues(5).email(recorder).build();
+//! ```
+//! use std::sync::Arc;
+//! use tidings_core::dev::NullProvider;
+//! use tidings_core::ports::Clock;
+//! use tidings_embedded::test_world::TestWorld;
+//!
+//! let w = TestWorld::builder().start_at("2026-11-29T00:00:00Z").all_queues(5).email(Arc::new(NullProvider)).build();
+//! assert_eq!(w.clock().now().to_rfc3339(), "2026-11-29T00:00:00+00:00");
 //! ```
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test support: a broken set-up should fail loudly
