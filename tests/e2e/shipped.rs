@@ -373,7 +373,8 @@ pub async fn campaigns_through_the_function_binaries_within_their_cost_budgets()
         .map(|i| {
             let s = &s;
             async move {
-                let user = json!({"email": format!("k{i}@example.com"), "phone": format!("+1415555{i:04}"), "tags": ["all"]});
+                let user =
+                    json!({"email": format!("k{i}@example.com"), "phone": format!("+1415555{i:04}"), "tags": ["all"]});
                 let (st, v) = s.call("PUT", &format!("/v1/users/k{i:04}"), Some(user)).await?;
                 anyhow::ensure!(st == 200, "{v}");
                 let device = json!({"user_id": format!("k{i:04}"), "platform": "ios", "token": format!("tok-k{i:04}")});

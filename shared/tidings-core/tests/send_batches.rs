@@ -500,7 +500,8 @@ async fn an_sms_campaign_goes_out_in_batches_once_each() {
         let input = UserInput { tags: vec!["vip".into()], phone, ..Default::default() };
         users::put_user(&deps, &t, &format!("u{i:04}"), input).await.unwrap();
     }
-    let template = serde_json::from_value(json!({"default_locale": "en", "locales": {"en": {"sms": "Sale for {{ user_id }}"}}}));
+    let template =
+        serde_json::from_value(json!({"default_locale": "en", "locales": {"en": {"sms": "Sale for {{ user_id }}"}}}));
     templates::put_template(&deps, &t, "promo", template.unwrap()).await.unwrap();
     let mut request = campaign("sms-sale", "vip");
     request.channels = Some(vec![tidings_core::ports::Channel::Sms]);
@@ -510,7 +511,10 @@ async fn an_sms_campaign_goes_out_in_batches_once_each() {
     assert_eq!((sms.total() as usize, sms.users(), sms.max_per_user()), (reachable, reachable, 1));
     let v = api::get_notification(&deps, &t, &id).await.unwrap().unwrap();
     assert_eq!(v.status, NotificationStatus::Completed, "{v:?}");
-    assert_eq!((v.counts.sent as usize, v.counts.suppressed as usize, v.counts.queued), (reachable, 130 - reachable, 0));
+    assert_eq!(
+        (v.counts.sent as usize, v.counts.suppressed as usize, v.counts.queued),
+        (reachable, 130 - reachable, 0)
+    );
     let pk = keys::notification_pk(&t, &id);
     let all = QueryOpts { limit: 1000, cursor: None, descending: false };
     let made = store.query(&pk, "B#", all.clone()).await.unwrap().items;
