@@ -125,7 +125,7 @@ impl EmbeddedStore {
                 // A savepoint: inside the writer's group transaction (see writer.rs), a failure
                 // rolls back this request's writes only. Its statements are cached: preparing
                 // them again for every request was a tenth of an order's writing.
-                run_cached(conn, "SAVEPOINT write_all")?;
+                run_cached(conn, "SAVEPOINT write_all", [])?;
                 let filter = inner.stream_filter.get().copied();
                 let applied = (|| {
                     let mut after = Vec::with_capacity(writes.len());
@@ -138,9 +138,9 @@ impl EmbeddedStore {
                     Ok::<_, StoreError>((after, appended))
                 })();
                 if applied.is_err() {
-                    run_cached(conn, "ROLLBACK TO write_all")?;
+                    run_cached(conn, "ROLLBACK TO write_all", [])?;
                 }
-                run_cached(conn, "RELEASE write_all")?;
+                run_cached(conn, "RELEASE write_all", [])?;
                 applied
             })
             .await?;
@@ -151,9 +151,9 @@ impl EmbeddedStore {
     }
 }
 
-/// Runs a statement without parameters through the connection's statement cache.
-fn run_cached(conn: &Connection, sql: &str) -> Result<(), StoreError> {
-    conn.prepare_cached(sql).and_then(|mut stmt| stmt.execute([])).map(drop).map_err(db_err)
+/// Runs a statement through the connection's statement cache; the rows it changed.
+fn run_cached(conn: &Connection, sql: &str, params: impl rusqlite::Params) -> Result<usize, StoreError> {
+    conn.prepare_cached(sql).and_then(|mut stmt| stmt.execute(params)).map_err(db_err)
 }
 
 /// Rejects what DynamoDB would reject before looking at any item.
@@ -224,17 +224,15 @@ fn apply_write(
     let new_json = new.as_ref().map(to_json).transpose()?;
     match &new_json {
         Some(json) => {
-            tx.prepare_cached(
+            run_cached(
+                tx,
                 "INSERT INTO items (pk, sk, attrs) VALUES (?1, ?2, ?3)
                  ON CONFLICT (pk, sk) DO UPDATE SET attrs = excluded.attrs",
-            )
-            .and_then(|mut stmt| stmt.execute(params![key.pk, key.sk, json]))
-            .map_err(db_err)?;
+                params![key.pk, key.sk, json],
+            )?;
         }
         None => {
-            tx.prepare_cached("DELETE FROM items WHERE pk = ?1 AND sk = ?2")
-                .and_then(|mut stmt| stmt.execute(params![key.pk, key.sk]))
-                .map_err(db_err)?;
+            run_cached(tx, "DELETE FROM items WHERE pk = ?1 AND sk = ?2", params![key.pk, key.sk])?;
         }
     }
     if filter.is_some_and(|streamed| !streamed(&key, old.as_ref(), new.as_ref())) {
@@ -256,10 +254,11 @@ fn insert_new(
 ) -> Result<(Option<Attrs>, bool), StoreError> {
     strip_nulls(&mut item.attrs);
     let json = to_json(&item.attrs)?;
-    let inserted = tx
-        .prepare_cached("INSERT INTO items (pk, sk, attrs) VALUES (?1, ?2, ?3) ON CONFLICT (pk, sk) DO NOTHING")
-        .and_then(|mut stmt| stmt.execute(params![item.key.pk, item.key.sk, json]))
-        .map_err(db_err)?;
+    let inserted = run_cached(
+        tx,
+        "INSERT INTO items (pk, sk, attrs) VALUES (?1, ?2, ?3) ON CONFLICT (pk, sk) DO NOTHING",
+        params![item.key.pk, item.key.sk, json],
+    )?;
     if inserted == 0 {
         return Err(StoreError::ConditionFailed { index });
     }
@@ -271,10 +270,8 @@ fn insert_new(
 }
 
 fn append_change(tx: &Connection, key: &Key, old: Option<&str>, new: Option<&str>) -> Result<(), StoreError> {
-    tx.prepare_cached("INSERT INTO changes (pk, sk, old, new) VALUES (?1, ?2, ?3, ?4)")
-        .and_then(|mut stmt| stmt.execute(params![key.pk, key.sk, old, new]))
+    run_cached(tx, "INSERT INTO changes (pk, sk, old, new) VALUES (?1, ?2, ?3, ?4)", params![key.pk, key.sk, old, new])
         .map(drop)
-        .map_err(db_err)
 }
 
 pub(crate) fn to_json(attrs: &Attrs) -> Result<String, StoreError> {

@@ -48,6 +48,58 @@ pub struct HttpArgs {
     /// With `--http`: wrk's Lua script (default: `orders.lua` in the peer directory).
     #[arg(long)]
     pub wrk_script: Option<PathBuf>,
+    /// With `--http`: skip the floor, the same wrk run against `GET /healthz` (the server's
+    /// cheapest answer: no key, no store), measured after each connection count's orders.
+    #[arg(long)]
+    pub no_floor: bool,
+}
+
+/// What plain `wrk --latency` (no script) prints of a run: its rate and its 50th and 99th
+/// percentiles (`Requests/sec:`, and the `50%` and `99%` lines of its latency distribution).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlainWrk {
+    pub rps: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    /// Answers that were not 2xx or 3xx (`Non-2xx or 3xx responses:`), and socket errors.
+    pub failed: u64,
+}
+
+impl PlainWrk {
+    pub fn parse(output: &str) -> Option<Self> {
+        let mut rps = None;
+        let (mut p50, mut p99) = (None, None);
+        let mut failed = 0u64;
+        for line in output.lines() {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            match words.as_slice() {
+                ["Requests/sec:", n] => rps = n.parse::<f64>().ok().filter(|v| v.is_finite() && *v >= 0.0),
+                ["50%", t] => p50 = millis(t),
+                ["99%", t] => p99 = millis(t),
+                ["Non-2xx", "or", "3xx", "responses:", n] => failed += n.parse::<u64>().ok()?,
+                ["Socket", "errors:", rest @ ..] => {
+                    // `Socket errors: connect 0, read 0, write 0, timeout 0`
+                    failed += rest.iter().filter_map(|w| w.trim_end_matches(',').parse::<u64>().ok()).sum::<u64>();
+                }
+                _ => {}
+            }
+        }
+        Some(PlainWrk { rps: rps?, p50_ms: p50?, p99_ms: p99?, failed })
+    }
+}
+
+/// wrk's durations (`812.00us`, `1.93ms`, `1.20s`) in milliseconds.
+fn millis(text: &str) -> Option<f64> {
+    let (number, scale) = if let Some(n) = text.strip_suffix("us") {
+        (n, 0.001)
+    } else if let Some(n) = text.strip_suffix("ms") {
+        (n, 1.0)
+    } else if let Some(n) = text.strip_suffix('s') {
+        (n, 1000.0)
+    } else {
+        return None;
+    };
+    number.parse::<f64>().ok().filter(|v| v.is_finite() && *v >= 0.0).map(|v| v * scale)
 }
 
 /// What `orders.lua` prints when wrk is done:
@@ -100,6 +152,10 @@ pub async fn reserve(args: ReserveArgs) -> anyhow::Result<()> {
     // [level][peer] → ratios; [peer] → the peer's figures.
     let mut ratios: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); RESERVE_PEERS.figures.len()]; levels];
     let mut peer_rates: Vec<Vec<f64>> = vec![Vec::new(); RESERVE_PEERS.figures.len()];
+    // [level] → the floor's rates, and the orders' share of it.
+    let mut floors: Vec<Vec<f64>> = vec![Vec::new(); levels];
+    let mut shares: Vec<Vec<f64>> = vec![Vec::new(); levels];
+    let mut floor_ratios: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); RESERVE_PEERS.figures.len()]; levels];
     for run in 1..=runs {
         let clients = http.connections[0].to_string();
         let peer_args = vec![args.peer_seconds.max(1).to_string(), clients];
@@ -108,10 +164,17 @@ pub async fn reserve(args: ReserveArgs) -> anyhow::Result<()> {
             println!("run {run} of {runs}");
         }
         let figures = once(&args, &script, run, &peers).await?;
-        for (level, f) in figures.iter().enumerate() {
+        for (level, (f, floor)) in figures.iter().enumerate() {
             rates[level].push(f.rps);
             for (i, peer) in peers.iter().enumerate() {
                 ratios[level][i].extend(peer.ratio(f.rps));
+            }
+            if let Some(floor) = floor {
+                floors[level].push(floor.rps);
+                shares[level].push(f.rps / floor.rps.max(1.0));
+                for (i, peer) in peers.iter().enumerate() {
+                    floor_ratios[level][i].extend(peer.ratio(floor.rps));
+                }
             }
         }
         for (i, peer) in peers.iter().enumerate() {
@@ -129,6 +192,15 @@ pub async fn reserve(args: ReserveArgs) -> anyhow::Result<()> {
             for (i, name) in RESERVE_PEERS.figures.iter().enumerate() {
                 if !ratios[level][i].is_empty() {
                     println!("  ratio to {name}: {}", bench_peer::spread_text(&ratios[level][i]));
+                }
+            }
+            if !floors[level].is_empty() {
+                println!("  floor GET /healthz/s: {}", bench_peer::spread_text(&floors[level]));
+                println!("  orders' share of the floor: {}", bench_peer::spread_text(&shares[level]));
+                for (i, name) in RESERVE_PEERS.figures.iter().enumerate() {
+                    if !floor_ratios[level][i].is_empty() {
+                        println!("  floor's ratio to {name}: {}", bench_peer::spread_text(&floor_ratios[level][i]));
+                    }
                 }
             }
         }
@@ -158,7 +230,12 @@ async fn open(dir: &Path) -> anyhow::Result<Deps> {
 
 /// One run: the SKU warmed up in a fresh data directory, then for each connection count a
 /// server started, wrk run against it, the server killed and the database checked.
-async fn once(args: &ReserveArgs, script: &Path, run: u32, peers: &[PeerFigure]) -> anyhow::Result<Vec<WrkFigures>> {
+async fn once(
+    args: &ReserveArgs,
+    script: &Path,
+    run: u32,
+    peers: &[PeerFigure],
+) -> anyhow::Result<Vec<(WrkFigures, Option<PlainWrk>)>> {
     let http = &args.http_args;
     let tmp = tempfile::tempdir()?;
     let dir = tmp.path().join("data");
@@ -173,27 +250,9 @@ async fn once(args: &ReserveArgs, script: &Path, run: u32, peers: &[PeerFigure])
     let mut all = Vec::new();
     for &c in &http.connections {
         let progress = Progress::spinner("reserve");
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let log = tmp.path().join(format!("serve-{c}.log"));
-        let mut server = Server(
-            Command::new(std::env::current_exe().context("this binary's path")?)
-                .args(["serve", "--backend", "embedded", "--addr", &format!("127.0.0.1:{port}"), "--data-dir"])
-                .arg(&dir)
-                .env("TIDINGS_API_RATES", "off")
-                .env("TIDINGS_API_KEYS", format!("bench:{key}"))
-                .env("TIDINGS_LOG", "warn")
-                .stdout(Stdio::null())
-                .stderr(std::fs::File::create(&log)?)
-                .spawn()
-                .context("starting tidings serve")?,
-        );
+        let (mut server, port) = start_server(&dir, &key, &log).await?;
         progress.step(format!("tidings serve on 127.0.0.1:{port}"));
-        let (ready_key, ready_log) = (key.clone(), log.clone());
-        let mut server = tokio::task::spawn_blocking(move || {
-            let ready = wait_ready(&mut server, port, &ready_key, &ready_log);
-            ready.map(|()| server)
-        })
-        .await??;
         progress.step(format!("wrk -t{} -c{c} -d{}s", http.wrk_threads, http.seconds));
         let mut wrk = Command::new(&http.wrk);
         wrk.arg(format!("-t{}", http.wrk_threads.max(1)))
@@ -269,15 +328,89 @@ async fn once(args: &ReserveArgs, script: &Path, run: u32, peers: &[PeerFigure])
         for line in &beside {
             println!("  {line}");
         }
+        let floor = if http.no_floor {
+            None
+        } else {
+            progress.step(format!("floor: wrk -c{c} GET /healthz"));
+            let floor = floor(http, c, &dir, &key, &tmp.path().join(format!("floor-{c}.log"))).await?;
+            println!(
+                "  floor: GET /healthz {:.0}/s, p50 {:.2} ms, p99 {:.2} ms (no key, no store: the most this server answers at {c} connections); orders {:.3} of it",
+                floor.rps,
+                floor.p50_ms,
+                floor.p99_ms,
+                f.rps / floor.rps.max(1.0)
+            );
+            for p in peers {
+                if let Some(r) = p.ratio(floor.rps) {
+                    println!("  floor beside peer {}: ratio {r:.3}×", p.name());
+                }
+            }
+            Some(floor)
+        };
         progress.finish(format!(
-            "{c} connections: {:.0} orders/s, p99 {:.1} ms; {}",
+            "{c} connections: {:.0} orders/s, p99 {:.1} ms; {}{}",
             f.rps,
             f.p99_ms,
-            beside.join("; ")
+            beside.join("; "),
+            floor.as_ref().map(|fl| format!("; floor {:.0}/s", fl.rps)).unwrap_or_default()
         ));
-        all.push(f);
+        all.push((f, floor));
     }
     Ok(all)
+}
+
+/// `tidings serve` (this binary) on the embedded backend of `dir`, on a free loopback port,
+/// once it answers; its log in `log`.
+async fn start_server(dir: &Path, key: &str, log: &Path) -> anyhow::Result<(Server, u16)> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let mut server = Server(
+        Command::new(std::env::current_exe().context("this binary's path")?)
+            .args(["serve", "--backend", "embedded", "--addr", &format!("127.0.0.1:{port}"), "--data-dir"])
+            .arg(dir)
+            .env("TIDINGS_API_RATES", "off")
+            .env("TIDINGS_API_KEYS", format!("bench:{key}"))
+            .env("TIDINGS_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log)?)
+            .spawn()
+            .context("starting tidings serve")?,
+    );
+    let (ready_key, ready_log) = (key.to_owned(), log.to_path_buf());
+    let server = tokio::task::spawn_blocking(move || {
+        let ready = wait_ready(&mut server, port, &ready_key, &ready_log);
+        ready.map(|()| server)
+    })
+    .await??;
+    Ok((server, port))
+}
+
+/// The floor at `c` connections: plain wrk (no script) against `GET /healthz` of a server on the
+/// same database, as long as the orders' run. No order can be answered faster than the route that
+/// reads no key and no store, so this is what any change to the order path can at most reach
+/// on this machine, wrk included.
+async fn floor(http: &HttpArgs, c: u64, dir: &Path, key: &str, log: &Path) -> anyhow::Result<PlainWrk> {
+    let (mut server, port) = start_server(dir, key, log).await?;
+    let mut wrk = Command::new(&http.wrk);
+    wrk.arg(format!("-t{}", http.wrk_threads.max(1)))
+        .arg(format!("-c{c}"))
+        .arg(format!("-d{}s", http.seconds.max(1)))
+        .args(["--timeout", "10s", "--latency"])
+        .arg(format!("http://127.0.0.1:{port}/healthz"));
+    let wrk_name = http.wrk.display().to_string();
+    let out = tokio::task::spawn_blocking(move || wrk.output())
+        .await?
+        .with_context(|| format!("{wrk_name} did not start (Debian: apt-get install wrk)"))?;
+    server.kill();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    anyhow::ensure!(
+        out.status.success(),
+        "{wrk_name} failed on /healthz ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    let floor = PlainWrk::parse(&stdout).with_context(|| format!("{wrk_name} printed no figures: {stdout}"))?;
+    anyhow::ensure!(floor.failed == 0, "{} /healthz requests failed (see {})", floor.failed, log.display());
+    Ok(floor)
 }
 
 /// A started `tidings serve`, killed when dropped (an error on the way must not leave it).
@@ -344,5 +477,25 @@ mod tests {
         assert_eq!((f.p50_ms, f.p99_ms, f.rps), (1.93, 9.5, 7391.0));
         assert_eq!(WrkFigures::parse("created 1 refused 2 other x p50_ms 1 p99_ms 2 rps 3"), None);
         assert_eq!(WrkFigures::parse("Requests/sec: 7391.00"), None);
+    }
+
+    #[test]
+    fn plain_wrk_figures_are_read_from_its_summary() {
+        let out = "Running 8s test @ http://127.0.0.1:18080/healthz\n  2 threads and 16 connections\n\
+                   \x20 Thread Stats   Avg      Stdev     Max   +/- Stdev\n\
+                   \x20   Latency   181.67us  367.29us  11.50ms   93.44%\n\
+                   \x20 Latency Distribution\n     50%   98.00us\n     75%  139.00us\n     90%  290.00us\n\
+                   \x20    99%    1.65ms\n  775112 requests in 8.00s, 78.35MB read\n\
+                   Requests/sec:  96845.98\nTransfer/sec:      9.79MB\n";
+        let f = PlainWrk::parse(out).expect("the summary is read");
+        assert_eq!(f, PlainWrk { rps: 96845.98, p50_ms: 0.098, p99_ms: 1.65, failed: 0 });
+        let failing =
+            format!("{out}  Socket errors: connect 2, read 1, write 0, timeout 3\n  Non-2xx or 3xx responses: 4\n");
+        assert_eq!(PlainWrk::parse(&failing).map(|f| f.failed), Some(10));
+        let slow = out.replace("1.65ms", "1.20s");
+        assert_eq!(PlainWrk::parse(&slow).map(|f| f.p99_ms), Some(1200.0));
+        // An orders.lua line is not a plain summary, nor is a summary without its percentiles.
+        assert_eq!(PlainWrk::parse("created 1 refused 2 other 0 p50_ms 1 p99_ms 2 rps 3"), None);
+        assert_eq!(PlainWrk::parse("Requests/sec:  96845.98\n"), None);
     }
 }

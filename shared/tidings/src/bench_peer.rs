@@ -77,6 +77,12 @@ pub enum PeerFigure {
 }
 
 impl PeerFigure {
+    pub fn name(&self) -> &str {
+        match self {
+            PeerFigure::Measured { name, .. } | PeerFigure::Skipped { name, .. } => name,
+        }
+    }
+
     pub fn per_s(&self) -> Option<f64> {
         match self {
             PeerFigure::Measured { per_s, .. } => Some(*per_s),

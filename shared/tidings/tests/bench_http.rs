@@ -89,6 +89,19 @@ fn orders_over_http_sell_the_stock_exactly_and_every_201_survives_a_kill() {
     assert!((150 - 6..=150).contains(&created), "201s {created}:\n{stdout}");
     assert!(after(last, "409") > 0, "the second run finds the SKU sold out:\n{stdout}");
     assert!(stdout.contains("2 connections, 3 s:") && stdout.contains("4 connections, 3 s:"), "{stdout}");
+    // After each connection count, the floor: the same wrk against GET /healthz, all answered.
+    let floors: Vec<&str> = stdout.lines().filter(|l| l.contains("floor: GET /healthz")).collect();
+    assert_eq!(floors.len(), 2, "one floor per connection count:\n{stdout}");
+    for line in floors {
+        let rate: f64 = line
+            .split_whitespace()
+            .nth(3)
+            .and_then(|w| w.strip_suffix("/s,"))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no rate in {line}"));
+        assert!(rate > 0.0, "{line}");
+        assert!(line.contains("orders ") && line.contains(" of it"), "{line}");
+    }
 }
 
 #[test]
@@ -103,6 +116,7 @@ fn a_201_the_database_does_not_hold_fails_the_bench() {
     let liar = liar.to_string_lossy().into_owned();
     let out = bench(dir.path(), &["--connections", "2", "--seconds", "1", "--units", "100", "--wrk", &liar]);
     assert!(!out.status.success(), "the bench passed a run whose 201s are not on disk:\n{}", text(&out));
+    assert!(!text(&out).contains("floor: GET"), "the floor is measured only once the orders' run held");
     let all = text(&out);
     assert!(all.contains("40 orders answered 201 but 0 on disk"), "{all}");
 }
