@@ -21,7 +21,7 @@ use tidings_core::inventory::{self, WarmUpRequest};
 use tidings_core::ports::SystemClock;
 use tidings_core::{Deps, TenantId};
 
-use crate::bench_peer::{self, PeerFigure, RESERVE_PEERS};
+use crate::bench_peer::{self, PeerFigure};
 use crate::bench_reserve::ReserveArgs;
 use crate::progress::Progress;
 use crate::{BackendArgs, BackendKind};
@@ -133,7 +133,8 @@ impl WrkFigures {
     }
 }
 
-/// `--runs` times: the peers (`reserve-peers.sh SECONDS C`, C the first connection count), then
+/// `--runs` times: the peers (`reserve-peers.sh SECONDS C`, C the first connection count, and
+/// the durable Redis gate of `infra/bench`), then
 /// a wrk run for each connection count on one database; each run's figures and ratios, and with
 /// more than one run their spread per connection count.
 pub async fn reserve(args: ReserveArgs) -> anyhow::Result<()> {
@@ -150,16 +151,17 @@ pub async fn reserve(args: ReserveArgs) -> anyhow::Result<()> {
     let levels = http.connections.len();
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); levels];
     // [level][peer] → ratios; [peer] → the peer's figures.
-    let mut ratios: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); RESERVE_PEERS.figures.len()]; levels];
-    let mut peer_rates: Vec<Vec<f64>> = vec![Vec::new(); RESERVE_PEERS.figures.len()];
+    let names = bench_peer::reserve_figures();
+    let mut ratios: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); names.len()]; levels];
+    let mut peer_rates: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
     // [level] → the floor's rates, and the orders' share of it.
     let mut floors: Vec<Vec<f64>> = vec![Vec::new(); levels];
     let mut shares: Vec<Vec<f64>> = vec![Vec::new(); levels];
-    let mut floor_ratios: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); RESERVE_PEERS.figures.len()]; levels];
+    let mut floor_ratios: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); names.len()]; levels];
     for run in 1..=runs {
         let clients = http.connections[0].to_string();
         let peer_args = vec![args.peer_seconds.max(1).to_string(), clients];
-        let peers = bench_peer::measure(bench_peer::peer_dir(&args.peer), &RESERVE_PEERS, peer_args).await;
+        let peers = bench_peer::measure_reserve(bench_peer::peer_dir(&args.peer), peer_args).await;
         if runs > 1 {
             println!("run {run} of {runs}");
         }
@@ -182,14 +184,14 @@ pub async fn reserve(args: ReserveArgs) -> anyhow::Result<()> {
         }
     }
     if runs > 1 {
-        for (i, name) in RESERVE_PEERS.figures.iter().enumerate() {
+        for (i, name) in names.iter().enumerate() {
             if !peer_rates[i].is_empty() {
                 println!("spread over {runs} runs: {name} ops/s {}", bench_peer::spread_text(&peer_rates[i]));
             }
         }
         for (level, c) in http.connections.iter().enumerate() {
             println!("spread over {runs} runs, {c} connections: orders/s {}", bench_peer::spread_text(&rates[level]));
-            for (i, name) in RESERVE_PEERS.figures.iter().enumerate() {
+            for (i, name) in names.iter().enumerate() {
                 if !ratios[level][i].is_empty() {
                     println!("  ratio to {name}: {}", bench_peer::spread_text(&ratios[level][i]));
                 }
@@ -197,7 +199,7 @@ pub async fn reserve(args: ReserveArgs) -> anyhow::Result<()> {
             if !floors[level].is_empty() {
                 println!("  floor GET /healthz/s: {}", bench_peer::spread_text(&floors[level]));
                 println!("  orders' share of the floor: {}", bench_peer::spread_text(&shares[level]));
-                for (i, name) in RESERVE_PEERS.figures.iter().enumerate() {
+                for (i, name) in names.iter().enumerate() {
                     if !floor_ratios[level][i].is_empty() {
                         println!("  floor's ratio to {name}: {}", bench_peer::spread_text(&floor_ratios[level][i]));
                     }

@@ -69,6 +69,40 @@ pub const RESERVE_PEERS: PeerScript = PeerScript {
     ],
 };
 
+/// `redis-durable-gate.sh SECONDS CLIENTS` (this repository's `infra/bench`, carried in the
+/// binary): the Redis Lua gate with its append-only file synced before each answer, the
+/// durability an order has here; the Redis gate of `reserve-peers.sh` keeps nothing.
+pub const DURABLE_REDIS: PeerScript = PeerScript {
+    script: "redis-durable-gate.sh",
+    figures: &["redis-lua-gate-fsync-always"],
+    tools: &["bash", "python3", "redis-server", "redis-cli", "redis-benchmark"],
+};
+const DURABLE_REDIS_TEXT: &str = include_str!("../../../infra/bench/redis-durable-gate.sh");
+
+/// The figures [`measure_reserve`] returns, in its order.
+pub fn reserve_figures() -> Vec<&'static str> {
+    RESERVE_PEERS.figures.iter().chain(DURABLE_REDIS.figures).copied().collect()
+}
+
+/// The reservation peers of `dir` (`reserve-peers.sh`), then the durable Redis gate, with the
+/// same arguments: its script from `dir` when it has one (a stand-in), else the copy this binary
+/// carries; skipped like the others with `--no-peer`.
+pub async fn measure_reserve(dir: Result<PathBuf, String>, args: Vec<String>) -> Vec<PeerFigure> {
+    let mut figures = measure(dir.clone(), &RESERVE_PEERS, args.clone()).await;
+    let own = tempfile::tempdir().map_err(|e| format!("a directory for {}: {e}", DURABLE_REDIS.script));
+    let own_dir = match (&dir, &own) {
+        (Err(why), _) => Err(why.clone()),
+        (Ok(dir), _) if dir.join(DURABLE_REDIS.script).is_file() => Ok(dir.clone()),
+        (Ok(_), Err(why)) => Err(why.clone()),
+        (Ok(_), Ok(tmp)) => std::fs::write(tmp.path().join(DURABLE_REDIS.script), DURABLE_REDIS_TEXT)
+            .map(|()| tmp.path().to_path_buf())
+            .map_err(|e| format!("writing {}: {e}", DURABLE_REDIS.script)),
+    };
+    figures.extend(measure(own_dir, &DURABLE_REDIS, args).await);
+    drop(own);
+    figures
+}
+
 /// One peer's figure in one run, or why there is none.
 #[derive(Clone, Debug, PartialEq)]
 pub enum PeerFigure {

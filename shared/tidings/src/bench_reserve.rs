@@ -15,7 +15,7 @@ use tidings_core::ports::{Provider, SystemClock};
 use tidings_core::{CoreError, Deps, Providers, TenantId};
 
 use crate::BackendKind;
-use crate::bench_peer::{self, PeerArgs, PeerFigure, RESERVE_PEERS};
+use crate::bench_peer::{self, PeerArgs, PeerFigure};
 use crate::progress::Progress;
 
 /// How often one order is tried again after the store answered that it is busy (a transaction
@@ -68,11 +68,12 @@ pub async fn reserve(args: ReserveArgs) -> anyhow::Result<()> {
     let dir = bench_peer::peer_dir(&args.peer);
     let runs = args.peer.runs;
     let mut rates = Vec::new();
-    let mut ratios: Vec<Vec<f64>> = RESERVE_PEERS.figures.iter().map(|_| Vec::new()).collect();
+    let names = bench_peer::reserve_figures();
+    let mut ratios: Vec<Vec<f64>> = names.iter().map(|_| Vec::new()).collect();
     let mut peer_rates: Vec<Vec<f64>> = ratios.clone();
     for run in 1..=runs {
         let peer_args = vec![args.peer_seconds.max(1).to_string(), args.concurrency.max(1).to_string()];
-        let peers = bench_peer::measure(dir.clone(), &RESERVE_PEERS, peer_args).await;
+        let peers = bench_peer::measure_reserve(dir.clone(), peer_args).await;
         if runs > 1 {
             println!("run {run} of {runs}");
         }
@@ -85,7 +86,7 @@ pub async fn reserve(args: ReserveArgs) -> anyhow::Result<()> {
     }
     if runs > 1 {
         println!("spread over {runs} runs: orders/s {}", bench_peer::spread_text(&rates));
-        for (i, name) in RESERVE_PEERS.figures.iter().enumerate() {
+        for (i, name) in names.iter().enumerate() {
             if ratios[i].is_empty() {
                 println!("  {name}: skipped");
             } else {

@@ -165,26 +165,36 @@ fn reserve_reports_both_gates_and_its_ratio_to_each() {
         "echo 'redis-lua-gate ops/s: 80000.00'\necho 'postgres-conditional-update-bare ops/s: 3000.5'\n\
          echo 'postgres-conditional-update-ledger ops/s: 1600.25'",
     );
+    // The durable Redis gate's stand-in, in the same directory (the binary's own copy otherwise).
+    let durable = format!(
+        "#!/usr/bin/env bash\necho \"durable $@\" >> {}\necho 'redis-lua-gate-fsync-always ops/s: 20000.0'\n",
+        peers.path().join("calls").display()
+    );
+    std::fs::write(peers.path().join("redis-durable-gate.sh"), durable).expect("write the stand-in");
     let data = tempfile::tempdir().expect("tempdir");
     let dir = peers.path().to_str().unwrap();
     let args = ["bench", "reserve", "--orders", "300", "--units", "100", "--concurrency", "4", "--peer-seconds", "2"];
     let run = tidings(&[&args[..], &["--peer-dir", dir]].concat(), data.path());
-    assert_eq!(calls(&peers), ["2 4"]);
+    assert_eq!(calls(&peers), ["2 4", "durable 2 4"]);
     let own = orders_per_s(&run.stdout);
     let redis = format!("peer redis-lua-gate 80000/s, ratio {:.3}×", ratio_of(own, 80000.0));
     let ledger = format!("peer postgres-conditional-update-ledger 1600/s, ratio {:.3}×", ratio_of(own, 1600.25));
+    let synced = format!("peer redis-lua-gate-fsync-always 20000/s, ratio {:.3}×", ratio_of(own, 20000.0));
     assert!(run.stdout.lines().any(|l| l == redis), "{redis}:\n{}", run.stdout);
     assert!(run.stdout.lines().any(|l| l == ledger), "{ledger}:\n{}", run.stdout);
+    assert!(run.stdout.lines().any(|l| l == synced), "{synced}:\n{}", run.stdout);
     let summary = run.stderr.lines().last().unwrap_or_default();
     assert!(
-        summary.starts_with("reserve: placed 300 orders in ") && summary.ends_with(&format!("; {redis}; {ledger}")),
+        summary.starts_with("reserve: placed 300 orders in ")
+            && summary.ends_with(&format!("; {redis}; {ledger}; {synced}")),
         "{summary}"
     );
 }
 
 #[test]
 fn reserve_without_its_peers_still_checks_and_reports_its_own_runs() {
-    let empty = tempfile::tempdir().expect("tempdir");
+    // No reserve-peers.sh; a durable gate that fails (as without Redis), so nothing real runs.
+    let empty = peer_dir("redis-durable-gate.sh", "echo 'redis-server: not found' >&2; exit 3");
     let data = tempfile::tempdir().expect("tempdir");
     let dir = empty.path().to_str().unwrap();
     let args = ["bench", "reserve", "--orders", "200", "--units", "50", "--concurrency", "4", "--runs", "3"];
@@ -192,6 +202,8 @@ fn reserve_without_its_peers_still_checks_and_reports_its_own_runs() {
     assert_eq!(run.stdout.matches("invariants hold").count(), 3, "{}", run.stdout);
     let skipped = format!("peer redis-lua-gate skipped: no reserve-peers.sh in {dir}");
     assert_eq!(run.stdout.lines().filter(|l| *l == skipped).count(), 3, "{}", run.stdout);
+    let failed = run.stdout.lines().filter(|l| l.starts_with("peer redis-lua-gate-fsync-always skipped: ")).count();
+    assert_eq!(failed, 3, "{}", run.stdout);
     assert!(run.stdout.contains("spread over 3 runs: orders/s min "), "{}", run.stdout);
     assert!(run.stdout.contains("  redis-lua-gate: skipped"), "{}", run.stdout);
 }
