@@ -115,6 +115,28 @@ DROP INDEX IF EXISTS messages_in_order;
 CREATE INDEX IF NOT EXISTS messages_due ON messages (queue, visible_at_ms, seq);
 ";
 
+/// Prepared statements kept per connection. rusqlite keeps 16 by default, fewer than the
+/// statements one connection runs (reads by key, the shapes of range and prefix queries, the
+/// queues' receives, sends and deletes, the stream, the group's `BEGIN` and `COMMIT`): past
+/// that, a statement evicted was parsed and planned again the next time it ran.
+const STATEMENT_CACHE: usize = 64;
+
+/// What every connection of a store is given before its first statement.
+///
+/// **The query planner's stability guarantee (QPSG) is on.** Without it SQLite plans some
+/// statements with the values bound to them (a bound `LIMIT ?`, a `LIKE ?` pattern, ranges
+/// against STAT4 samples) and marks such a statement expired whenever that parameter is bound
+/// again, so the next step parses and plans it anew (`sqlite3Reprepare`). Every page read here
+/// binds its `LIMIT`: each `query` and `query_range` call was a fresh prepare despite the
+/// statement cache (a campaign's planning reads one such page per member). With the guarantee
+/// a statement keeps one plan for any values, which is all these statements need: their plans
+/// follow the primary key `(pk, sk)` whatever the bounds.
+fn tune(conn: &Connection) -> Result<(), StoreError> {
+    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+    conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true).map_err(db_err)?;
+    Ok(())
+}
+
 /// The shared state behind every handle.
 pub(crate) struct Inner {
     pub(crate) conn: Mutex<Connection>,
@@ -212,6 +234,7 @@ impl EmbeddedStore {
     pub fn open_with_clock(path: &Path, clock: Arc<dyn Clock>) -> Result<Self, StoreError> {
         make_private(path).map_err(|e| StoreError::Unavailable(format!("{}: {e}", path.display())))?;
         let conn = Connection::open(path).map_err(db_err)?;
+        tune(&conn)?;
         // WAL + FULL: each commit syncs the WAL before it counts (and before readers see it);
         // the writer thread makes one commit of many requests (writer.rs).
         let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0)).map_err(db_err)?;
@@ -236,6 +259,7 @@ impl EmbeddedStore {
         let mut readers = Vec::with_capacity(READERS);
         for _ in 0..READERS {
             let reader = Connection::open(path).map_err(db_err)?;
+            tune(&reader)?;
             reader.busy_timeout(std::time::Duration::from_secs(5)).map_err(db_err)?;
             reader.pragma_update(None, "query_only", true).map_err(db_err)?;
             reader.pragma_update(None, "cache_size", -8 * 1024).map_err(db_err)?;
@@ -253,6 +277,7 @@ impl EmbeddedStore {
     /// A store in memory whose queues follow `clock`.
     pub fn in_memory_with_clock(clock: Arc<dyn Clock>) -> Result<Self, StoreError> {
         let conn = Connection::open_in_memory().map_err(db_err)?;
+        tune(&conn)?;
         Self::setup(conn, clock)
     }
 

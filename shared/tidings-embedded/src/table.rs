@@ -29,7 +29,7 @@ impl Table for EmbeddedStore {
         self.with_reader(move |conn| {
             // One read transaction: the answers are of one moment, as one BatchGetItem's are
             // for each of its items.
-            conn.execute_batch("BEGIN").map_err(db_err)?;
+            run_cached(conn, "BEGIN", [])?;
             let mut out = Vec::with_capacity(keys.len());
             let mut failed = None;
             for key in keys {
@@ -41,7 +41,7 @@ impl Table for EmbeddedStore {
                     }
                 }
             }
-            conn.execute_batch("COMMIT").map_err(db_err)?;
+            run_cached(conn, "COMMIT", [])?;
             match failed {
                 Some(e) => Err(e),
                 None => Ok(out),
@@ -152,7 +152,7 @@ impl EmbeddedStore {
 }
 
 /// Runs a statement through the connection's statement cache; the rows it changed.
-fn run_cached(conn: &Connection, sql: &str, params: impl rusqlite::Params) -> Result<usize, StoreError> {
+pub(crate) fn run_cached(conn: &Connection, sql: &str, params: impl rusqlite::Params) -> Result<usize, StoreError> {
     conn.prepare_cached(sql).and_then(|mut stmt| stmt.execute(params)).map_err(db_err)
 }
 
@@ -430,6 +430,49 @@ fn page_of(
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
+
+    /// The statements of every page read bind their `LIMIT`; SQLite re-prepares a statement
+    /// whose plan used a bound value each time that value is bound again, unless the store's
+    /// connections keep one plan per statement (`tune`, QPSG). Counted by SQLite itself.
+    #[tokio::test]
+    async fn page_reads_reuse_their_prepared_statements() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(&dir.path().join("t.db")).unwrap();
+        for i in 0..30 {
+            let item = Item::new(Key::new("P", format!("m#{i:03}")), Attrs::new());
+            store.put(item, Cond::Always).await.unwrap();
+        }
+        let reprepared = store
+            .with_reader(|conn| {
+                let mut cursor = None;
+                let mut pages = 0;
+                loop {
+                    let page = query_page(conn, "P", "m#", cursor.as_deref(), false, 4)?;
+                    pages += 1;
+                    let ranged = range_page(conn, "P", "m#000", "m#029", cursor.as_deref(), false, 4)?;
+                    assert_eq!(ranged.items.len(), page.items.len());
+                    if page.next_cursor.is_none() {
+                        break;
+                    }
+                    cursor = page.items.last().map(|i| i.key.sk.clone());
+                }
+                assert_eq!(pages, 8, "30 items, 4 a page");
+                // The same statements, from the cache: how often SQLite prepared them again.
+                let count = |sql: &str| {
+                    let stmt = conn.prepare_cached(sql).unwrap();
+                    stmt.get_status(rusqlite::StatementStatus::RePrepare)
+                };
+                let page =
+                    count("SELECT sk, attrs FROM items WHERE pk = ?1 AND sk > ?2 AND sk < ?3 ORDER BY sk ASC LIMIT ?4");
+                let range = count(
+                    "SELECT sk, attrs FROM items WHERE pk = ?1 AND sk > ?2 AND sk <= ?3 ORDER BY sk ASC LIMIT ?4",
+                );
+                Ok::<_, StoreError>((page, range))
+            })
+            .await
+            .unwrap();
+        assert_eq!(reprepared, (0, 0), "page statements were prepared again after binding their LIMIT");
+    }
 
     #[test]
     fn upper_bound_is_exact() {

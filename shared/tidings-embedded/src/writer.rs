@@ -180,13 +180,13 @@ fn run_group(inner: &Inner, waiting: &mut Waiting, queue: &mpsc::Receiver<Queued
     let mut conn = inner.conn.lock().unwrap_or_else(|p| p.into_inner());
     let mut answers = Vec::new();
     waiting.drain(queue);
-    let committed = match conn.execute_batch("BEGIN IMMEDIATE") {
+    let committed = match crate::table::run_cached(&conn, "BEGIN IMMEDIATE", []) {
         Err(e) => {
             answers.extend(waiting.first.drain(..).map(|job| job(None)));
             answers.extend(waiting.bulk.drain(..).map(|job| job(None)));
             Err(NotCommitted(e.to_string()))
         }
-        Ok(()) => {
+        Ok(_) => {
             let started = Instant::now();
             let mut bulk_taken = false;
             while answers.len() < MAX_GROUP {
@@ -195,8 +195,8 @@ fn run_group(inner: &Inner, waiting: &mut Waiting, queue: &mpsc::Receiver<Queued
                 bulk_taken |= bulk;
                 answers.push(job(Some((&mut conn, inner))));
             }
-            match conn.execute_batch("COMMIT") {
-                Ok(()) => Ok(()),
+            match crate::table::run_cached(&conn, "COMMIT", []) {
+                Ok(_) => Ok(()),
                 Err(e) => {
                     let _ = conn.execute_batch("ROLLBACK");
                     tracing::error!(error = %e, jobs = answers.len(), "a group's commit failed");
