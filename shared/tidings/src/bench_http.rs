@@ -9,6 +9,7 @@
 //! when wrk stopped), nothing oversold (available + reserved + sold = on hand), no refusal while
 //! units were left, and the SKU's counters equal to its ledger (reconciliation finds nothing).
 
+use std::ffi::OsString;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
@@ -256,29 +257,11 @@ async fn once(
         let (mut server, port) = start_server(&dir, &key, &log).await?;
         progress.step(format!("tidings serve on 127.0.0.1:{port}"));
         progress.step(format!("wrk -t{} -c{c} -d{}s", http.wrk_threads, http.seconds));
-        let mut wrk = Command::new(&http.wrk);
-        wrk.arg(format!("-t{}", http.wrk_threads.max(1)))
-            .arg(format!("-c{c}"))
-            .arg(format!("-d{}s", http.seconds.max(1)))
-            .args(["--timeout", "10s", "-s"])
-            .arg(script)
-            .arg(format!("http://127.0.0.1:{port}"))
-            .env("KEY", &key)
-            .env("SKU", SKU)
-            .env("RUN", format!("r{run}c{c}"));
-        let wrk_name = http.wrk.display().to_string();
-        let out = tokio::task::spawn_blocking(move || wrk.output())
-            .await?
-            .with_context(|| format!("{wrk_name} did not start (Debian: apt-get install wrk)"))?;
+        let script_args = [OsString::from("-s"), script.as_os_str().to_owned()];
+        let env = [("KEY", key.clone()), ("SKU", SKU.to_owned()), ("RUN", format!("r{run}c{c}"))];
         // No shutdown: what was answered must already be on disk.
-        server.kill();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        anyhow::ensure!(
-            out.status.success(),
-            "{wrk_name} failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
+        let stdout = run_wrk(http, c, &mut server, &script_args, &env, format!("http://127.0.0.1:{port}")).await?;
+        let wrk_name = http.wrk.display().to_string();
         let f = WrkFigures::parse(&stdout).with_context(|| format!("{wrk_name} printed no figures: {stdout}"))?;
 
         let deps = open(&dir).await?;
@@ -392,27 +375,44 @@ async fn start_server(dir: &Path, key: &str, log: &Path) -> anyhow::Result<(Serv
 /// on this machine, wrk included.
 async fn floor(http: &HttpArgs, c: u64, dir: &Path, key: &str, log: &Path) -> anyhow::Result<PlainWrk> {
     let (mut server, port) = start_server(dir, key, log).await?;
+    let args = [OsString::from("--latency")];
+    let stdout = run_wrk(http, c, &mut server, &args, &[], format!("http://127.0.0.1:{port}/healthz")).await?;
+    let wrk_name = http.wrk.display().to_string();
+    let floor = PlainWrk::parse(&stdout).with_context(|| format!("{wrk_name} printed no figures: {stdout}"))?;
+    anyhow::ensure!(floor.failed == 0, "{} /healthz requests failed (see {})", floor.failed, log.display());
+    Ok(floor)
+}
+
+/// Runs wrk (the threads and seconds of `http`, `c` connections) with `args` and `env` against
+/// `url`, then kills `server`; wrk's stdout, or why wrk failed.
+async fn run_wrk(
+    http: &HttpArgs,
+    c: u64,
+    server: &mut Server,
+    args: &[OsString],
+    env: &[(&str, String)],
+    url: String,
+) -> anyhow::Result<String> {
     let mut wrk = Command::new(&http.wrk);
     wrk.arg(format!("-t{}", http.wrk_threads.max(1)))
         .arg(format!("-c{c}"))
         .arg(format!("-d{}s", http.seconds.max(1)))
-        .args(["--timeout", "10s", "--latency"])
-        .arg(format!("http://127.0.0.1:{port}/healthz"));
+        .args(["--timeout", "10s"])
+        .args(args)
+        .arg(&url)
+        .envs(env.iter().map(|(k, v)| (k, v)));
     let wrk_name = http.wrk.display().to_string();
     let out = tokio::task::spawn_blocking(move || wrk.output())
         .await?
         .with_context(|| format!("{wrk_name} did not start (Debian: apt-get install wrk)"))?;
     server.kill();
-    let stdout = String::from_utf8_lossy(&out.stdout);
     anyhow::ensure!(
         out.status.success(),
-        "{wrk_name} failed on /healthz ({}): {}",
+        "{wrk_name} failed on {url} ({}): {}",
         out.status,
         String::from_utf8_lossy(&out.stderr).trim()
     );
-    let floor = PlainWrk::parse(&stdout).with_context(|| format!("{wrk_name} printed no figures: {stdout}"))?;
-    anyhow::ensure!(floor.failed == 0, "{} /healthz requests failed (see {})", floor.failed, log.display());
-    Ok(floor)
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// A started `tidings serve`, killed when dropped (an error on the way must not leave it).
