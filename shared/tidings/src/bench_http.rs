@@ -87,6 +87,11 @@ impl PlainWrk {
         }
         Some(PlainWrk { rps: rps?, p50_ms: p50?, p99_ms: p99?, failed })
     }
+
+    /// What share of this floor a rate of `rps` is.
+    pub fn share(&self, rps: f64) -> f64 {
+        rps / self.rps.max(1.0)
+    }
 }
 
 /// wrk's durations (`812.00us`, `1.93ms`, `1.20s`) in milliseconds.
@@ -174,7 +179,7 @@ pub async fn reserve(args: ReserveArgs) -> anyhow::Result<()> {
             }
             if let Some(floor) = floor {
                 floors[level].push(floor.rps);
-                shares[level].push(f.rps / floor.rps.max(1.0));
+                shares[level].push(floor.share(f.rps));
                 for (i, peer) in peers.iter().enumerate() {
                     floor_ratios[level][i].extend(peer.ratio(floor.rps));
                 }
@@ -323,7 +328,7 @@ async fn once(
                 floor.rps,
                 floor.p50_ms,
                 floor.p99_ms,
-                f.rps / floor.rps.max(1.0)
+                floor.share(f.rps)
             );
             for p in peers {
                 if let Some(r) = p.ratio(floor.rps) {
