@@ -10,17 +10,19 @@
 //! written before there was an `email_html` kept their markup there.
 //!
 //! Templates are tenant code running in workers that every tenant shares, so rendering is
-//! bounded (README, "Template limits"): fuel per render, a recursion limit, a size cap on each
-//! field's source and on what it renders (SMS in segments), and a sandbox checked when a
-//! template is saved and again before it renders. The sandbox refuses what could grow a value
-//! without spending fuel: `*` and `**` (`"x" * 100000000` is one instruction and 100 MB),
-//! `{% set %}` and `{% with %}` (a chain of doublings, one statement each), recursive loops, and
-//! more than [`MAX_CONCATS`] `~` or `+` in one field. `range`, `join`, `replace`, `indent` and
-//! `escape` are replaced by versions that refuse a result over [`MAX_VALUE_BYTES`] before
-//! building it, and a placeholder value over that size is refused too. Breaking a limit fails
-//! the delivery with `template_error`, permanently, and touches nothing else.
+//! bounded by construction (docs/templates.md, "Limits"): the engine registers an allowlist of
+//! filters, tests and functions, each called through one guard that bounds the arguments that
+//! size something, charges what goes in and out to the render's work budget ([`MAX_WORK`]) and
+//! refuses a result over [`MAX_VALUE_BYTES`] (`engine`); fuel bounds the instructions, a writer
+//! the output, and a sandbox checked when a template is saved and again before it renders
+//! refuses what could grow a value without spending either: `*` and `**`, every block but `if`,
+//! `for` and `raw` (`set`, `with`, `filter`, `macro` build values no cap sees), recursive loops,
+//! slices with a step, and more than [`MAX_CONCATS`] `~` or `+` in one field. Breaking a limit
+//! fails the delivery with `template_error`, permanently, and touches nothing else; a panic inside
+//! the engine fails that render alone.
 
 pub mod email;
+mod engine;
 pub mod preview;
 
 use std::collections::{BTreeMap, HashMap};
@@ -28,8 +30,7 @@ use std::sync::{Arc, LazyLock, Mutex};
 
 use minijinja::machinery::{Token, WhitespaceConfig, tokenize};
 use minijinja::syntax::SyntaxConfig;
-use minijinja::value::{Kwargs, StringInput};
-use minijinja::{AutoEscape, Environment, ErrorKind, State, UndefinedBehavior, Value as JinjaValue};
+use minijinja::{Environment, ErrorKind, UndefinedBehavior};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -38,6 +39,7 @@ use crate::error::{CoreError, CoreResult};
 use crate::ids::{TenantId, check_id};
 use crate::keys;
 use crate::ports::{Channel, Cond, Item, attrs_of};
+use engine::{LIMIT, environment};
 
 /// The content of one locale. Every field is optional: a channel without content cannot be
 /// used with this template.
@@ -134,8 +136,13 @@ pub const MAX_TEMPLATE_BYTES: usize = 256 * 1024;
 pub const MAX_VALUE_BYTES: usize = 32 * 1024;
 /// `~` and `+` in one field: with neither `set` nor macros, a value grows only through them.
 pub const MAX_CONCATS: usize = 16;
-/// Elements of one `range(...)`.
+/// Elements of one `range(...)`, and parts of one `batch` or `slice`.
 pub const MAX_RANGE: usize = 1_000;
+/// What the filters and functions of one render may read and build together, in bytes of strings
+/// and items of sequences: a long order confirmation spends a few tens of thousands.
+pub const MAX_WORK: usize = 4 * 1024 * 1024;
+/// The largest width or precision of a `format` conversion (`%10.2f`).
+pub const MAX_FORMAT_WIDTH: u64 = 100;
 /// An SMS is at most this many segments (153 GSM-7 characters or 67 UCS-2 units each).
 pub const SMS_MAX_SEGMENTS: usize = 10;
 /// Push title and body together, rendered: APNs and FCM refuse a payload over 4 KB, and the
@@ -578,11 +585,20 @@ fn compiled(text: &str, html: bool, undefined: UndefinedBehavior) -> Result<Arc<
 fn run(env: &Environment<'_>, field: Field, html: bool, params: &Value, cap: usize) -> Result<String, TemplateError> {
     let tmpl = env.get_template(template_name(html)).map_err(|e| TemplateError::Render(e.to_string()))?;
     let mut out = CappedWriter { buf: Vec::new(), cap };
-    match tmpl.render_captured_to(params, &mut out) {
-        Ok(_) => String::from_utf8(out.buf).map_err(|e| TemplateError::Render(e.to_string())),
-        Err(e) => Err(classify(field, cap, &e)),
+    // A panic in the engine (a builtin's bug on input nobody tried) fails this render only,
+    // never the worker every tenant shares.
+    let rendered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        engine::with_budget(|| tmpl.render_captured_to(params, &mut out))
+    }));
+    match rendered {
+        Ok(Ok(_)) => String::from_utf8(out.buf).map_err(|e| TemplateError::Render(e.to_string())),
+        Ok(Err(e)) => Err(classify(field, cap, &e)),
+        Err(_) => Err(TemplateError::Render(ENGINE_FAILED.to_owned())),
     }
 }
+
+/// What a render that panicked inside the engine fails with.
+pub const ENGINE_FAILED: &str = "the template engine failed on this template; simplify it or write to support";
 
 /// Limit errors from the engine (fuel, recursion, the writer, the guarded filters) are told
 /// apart from the rest so that a trial render at save refuses only those.
@@ -622,11 +638,16 @@ impl std::io::Write for CappedWriter {
     }
 }
 
+/// The block statements a template may use (the sandbox refuses any other).
+const STATEMENTS: [&str; 8] = ["if", "elif", "else", "endif", "for", "endfor", "raw", "endraw"];
+
 /// The sandbox, on the tokens of one field (module documentation).
 fn sandbox(text: &str) -> Result<(), TemplateError> {
     let refuse = |what: &str| Err(TemplateError::Limit(what.to_owned()));
     let mut concats = 0usize;
     let mut after_block_start = false;
+    // The brackets open at this token (whether each is a `[`), with the `:` seen directly inside.
+    let mut open: Vec<(bool, u8)> = Vec::new();
     // A unit struct without minijinja's `custom_syntax` feature, a configuration with it.
     #[allow(clippy::default_constructed_unit_structs)]
     let syntax = SyntaxConfig::default();
@@ -635,11 +656,32 @@ fn sandbox(text: &str) -> Result<(), TemplateError> {
         let statement = after_block_start;
         after_block_start = matches!(token, Token::BlockStart);
         match token {
+            Token::BracketOpen | Token::ParenOpen | Token::BraceOpen => open.push((matches!(token, Token::BracketOpen), 0u8)),
+            Token::BracketClose | Token::ParenClose | Token::BraceClose => {
+                open.pop();
+            }
+            // The second `:` of `x[a:b:c]`: minijinja panics on a backwards step over an empty
+            // value, and `reverse` does what a template needs of a step.
+            Token::Colon => {
+                if let Some((true, colons)) = open.last_mut() {
+                    *colons += 1;
+                    if *colons > 1 {
+                        return refuse("slices with a step (`x[::2]`) are not available in templates; use `reverse`");
+                    }
+                }
+            }
             Token::Mul | Token::Pow => {
                 return refuse("`*` and `**` are not available in templates; compute numbers in the shop");
             }
             Token::Ident("set" | "with") if statement => {
                 return refuse("`set` and `with` are not available in templates; pass the value as a variable");
+            }
+            // Every other block but these captures its body into a value no output cap sees
+            // (`filter`, `macro`, `call`) or is of no use in one field.
+            Token::Ident(other) if statement && !STATEMENTS.contains(&other) => {
+                return refuse(&format!(
+                    "`{other}` is not available in templates; only `if`, `for` and `raw` blocks are"
+                ));
             }
             Token::Ident("recursive") => return refuse("recursive loops are not available in templates"),
             Token::Tilde | Token::Plus => {
@@ -698,119 +740,6 @@ static EMPTY_CONTENT: &LocaleContent = &LocaleContent {
     inapp_title: None,
     inapp_body: None,
 };
-
-fn environment() -> Environment<'static> {
-    let mut env = Environment::new();
-    env.set_undefined_behavior(UndefinedBehavior::Strict);
-    env.set_auto_escape_callback(|name| if name.ends_with(".html") { AutoEscape::Html } else { AutoEscape::None });
-    env.set_fuel(Some(FUEL));
-    env.set_recursion_limit(RECURSION_LIMIT);
-    env.add_function("range", range);
-    env.add_filter("join", join);
-    env.add_filter("replace", replace);
-    env.add_filter("indent", indent);
-    env.add_filter("escape", escape);
-    env.add_filter("e", escape);
-    env
-}
-
-/// The prefix of the guarded functions' errors (see [`classify`]).
-const LIMIT: &str = "limit: ";
-
-fn too_large(what: &str, bytes: usize) -> minijinja::Error {
-    minijinja::Error::new(
-        ErrorKind::InvalidOperation,
-        format!("{LIMIT}{what} would be {bytes} bytes; at most {MAX_VALUE_BYTES}"),
-    )
-}
-
-fn range(lower: i64, upper: Option<i64>, step: Option<i64>) -> Result<JinjaValue, minijinja::Error> {
-    let (lower, upper) = match upper {
-        Some(upper) => (lower, upper),
-        None => (0, lower),
-    };
-    let step = step.unwrap_or(1);
-    if step == 0 {
-        return Err(minijinja::Error::new(ErrorKind::InvalidOperation, "cannot create range with step of 0"));
-    }
-    let span = if step > 0 { upper.saturating_sub(lower) } else { lower.saturating_sub(upper) };
-    let len = if span <= 0 { 0 } else { (span as u64).div_ceil(step.unsigned_abs()) };
-    if len > MAX_RANGE as u64 {
-        return Err(minijinja::Error::new(
-            ErrorKind::InvalidOperation,
-            format!("{LIMIT}range of {len} elements; at most {MAX_RANGE}"),
-        ));
-    }
-    let items: Vec<i64> = std::iter::successors(Some(lower), |i| i.checked_add(step))
-        .take_while(|i| if step > 0 { *i < upper } else { *i > upper })
-        .take(MAX_RANGE)
-        .collect();
-    Ok(JinjaValue::from(items))
-}
-
-fn join(state: &State, value: &JinjaValue, joiner: Option<StringInput<'_>>) -> Result<JinjaValue, minijinja::Error> {
-    let joiner_len = joiner.as_ref().map_or(0, |j| j.as_str().len());
-    let mut bytes = 0usize;
-    for (i, item) in value.try_iter()?.enumerate() {
-        bytes += item.as_str().map_or_else(|| item.to_string().len(), str::len) + if i > 0 { joiner_len } else { 0 };
-        if bytes > MAX_VALUE_BYTES {
-            return Err(too_large("join", bytes));
-        }
-    }
-    let out = minijinja::filters::join(state, value, joiner)?;
-    capped("join", out)
-}
-
-fn replace(
-    state: &State,
-    value: StringInput<'_>,
-    from: StringInput<'_>,
-    to: StringInput<'_>,
-) -> Result<JinjaValue, minijinja::Error> {
-    let (v, f) = (value.as_str(), from.as_str());
-    let count = if f.is_empty() { v.chars().count() + 1 } else { v.matches(f).count() };
-    let bytes =
-        (v.len() - count.saturating_mul(f.len()).min(v.len())).saturating_add(count.saturating_mul(to.as_str().len()));
-    if bytes > MAX_VALUE_BYTES {
-        return Err(too_large("replace", bytes));
-    }
-    capped("replace", minijinja::filters::replace(state, value, from, to)?)
-}
-
-fn indent(
-    value: StringInput<'_>,
-    width: Option<usize>,
-    first: Option<bool>,
-    blank: Option<bool>,
-    kwargs: Kwargs,
-) -> Result<JinjaValue, minijinja::Error> {
-    let width_given = match width {
-        Some(w) => w,
-        None => kwargs.get::<Option<usize>>("width")?.unwrap_or(4),
-    };
-    let lines = value.as_str().lines().count() + 1;
-    let bytes = value.as_str().len().saturating_add(lines.saturating_mul(width_given));
-    if bytes > MAX_VALUE_BYTES {
-        return Err(too_large("indent", bytes));
-    }
-    capped("indent", minijinja::filters::indent(value, width, first, blank, kwargs)?)
-}
-
-fn escape(state: &State, value: &JinjaValue) -> Result<JinjaValue, minijinja::Error> {
-    // `&quot;` is the longest entity: six bytes for one.
-    let bytes = value.as_str().map_or(0, str::len).saturating_mul(6);
-    if bytes > MAX_VALUE_BYTES * 6 {
-        return Err(too_large("escape", bytes / 6));
-    }
-    capped("escape", minijinja::filters::escape(state, value)?)
-}
-
-fn capped(what: &str, out: JinjaValue) -> Result<JinjaValue, minijinja::Error> {
-    match out.as_str() {
-        Some(s) if s.len() > MAX_VALUE_BYTES => Err(too_large(what, s.len())),
-        _ => Ok(out),
-    }
-}
 
 fn describe(e: &minijinja::Error) -> String {
     match e.kind() {
@@ -1185,9 +1114,64 @@ mod tests {
     #[test]
     fn a_macro_calling_itself_is_refused_at_save() {
         let deep = "{% macro m(n) %}{{ m(n) }}{% endmacro %}{{ m(1) }}";
-        refused_at_save(&one("email_body", deep), "locales.en.email_body", "macro");
-        let r = one("email_body", deep).render(Channel::Email, None, &json!({}));
-        assert!(matches!(r, Err(TemplateError::Render(_))), "{r:?}");
+        refused_at_save(&one("email_body", deep), "locales.en.email_body", "`macro` is not available");
+        limit(one("email_body", deep).render(Channel::Email, None, &json!({})), "`macro`");
+    }
+
+    #[test]
+    fn blocks_that_capture_their_body_are_refused() {
+        // A `filter` block builds its whole body in memory before the output cap sees it: in a
+        // loop within fuel, hundreds of megabytes.
+        let captured = "{% filter upper %}{% for i in range(1000) %}{{ p }}{% endfor %}{% endfilter %}";
+        refused_at_save(&one("inapp_body", captured), "locales.en.inapp_body", "`filter` is not available");
+        limit(one("inapp_body", captured).render(Channel::Inapp, None, &json!({"p": "x"})), "`filter`");
+        for text in ["{% call m() %}x{% endcall %}", "{% include 'body.txt' %}", "{% autoescape false %}x{% endautoescape %}"] {
+            refused_at_save(&one("sms", text), "locales.en.sms", "not available");
+        }
+        let allowed = "{% if a %}{% for x in b %}{{ x }}{% else %}none{% endfor %}{% elif c %}c{% endif %}{% raw %}{{ }}{% endraw %}";
+        assert!(one("sms", allowed).validate().is_ok());
+    }
+
+    #[test]
+    fn builtins_that_size_a_buffer_from_an_argument_are_bounded_before_they_allocate() {
+        // Each of these asked minijinja for petabytes, and a failed allocation aborts the process.
+        let p = json!({"w": "1000000000000000", "n": 1_000_000_000_000_000_u64});
+        for (text, says) in [
+            ("{{ '%1000000000000000s'|format('x') }}", "format width"),
+            ("{{ ('%' ~ w ~ 's')|format('x') }}", "format width"),
+            ("{{ '%.1000000f'|format(1.5) }}", "format width"),
+            ("{{ []|batch(1000000000000000)|length }}", "batch into"),
+            ("{{ []|batch(n, 'x')|length }}", "batch into"),
+            ("{{ []|slice(1000000000000000)|length }}", "slice into"),
+            ("{{ 'x'|indent(1000000000000000) }}", "indent would be"),
+        ] {
+            refused_or_limited(text, &p, says);
+        }
+        // Within bounds they work as before.
+        let r = one("sms", "{{ '%8.2f'|format(3.14159) }}|{{ [1,2,3]|batch(2)|list|length }}|{{ [1,2,3]|slice(2)|list|length }}")
+            .render(Channel::Sms, None, &json!({}));
+        assert_eq!(r.map(|r| r.body), Ok("    3.14|2|2".into()));
+    }
+
+    #[test]
+    fn the_work_of_filters_is_one_budget_per_render() {
+        // 1,000 sorts of a 32 KB list: each call is one instruction of fuel; the work budget
+        // stops it.
+        let p = json!({"p": "x".repeat(MAX_VALUE_BYTES)});
+        refused_or_limited("{% for i in range(1000) %}{{ p|list|sort|length }}{% endfor %}", &p, "read and build more than");
+        // A value no bigger than its inputs but from many of them is over the value limit.
+        refused_or_limited("{{ (p ~ p)|upper }}", &p, "at most 32768");
+    }
+
+    /// Refused when saved if the trial render (no variables) reaches the limit, else when
+    /// rendered with `p`.
+    fn refused_or_limited(text: &str, p: &Value, says: &str) {
+        let t = one("inapp_body", text);
+        match t.validate() {
+            Err(CoreError::Invalid { detail, .. }) => assert!(detail.contains(says), "{text}: {detail}"),
+            Err(other) => panic!("{text}: {other:?}"),
+            Ok(()) => limit(t.render(Channel::Inapp, None, p), says),
+        }
     }
 
     #[test]
