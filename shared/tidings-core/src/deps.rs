@@ -19,6 +19,9 @@ pub struct Deps {
     pub keys: Arc<crate::ops::key_cache::KeyCache>,
     /// The timer buckets this instance saw open (shared by its clones; [`crate::timers::task::durable_timer`]).
     pub open_buckets: Arc<crate::timers::open_buckets::OpenBuckets>,
+    /// The HTTP client of webhook posts and the name lookup it pins each post's addresses with
+    /// (the system's, one per process; tests give theirs).
+    pub webhook_client: Arc<crate::webhook_targets::WebhookClient>,
 }
 
 impl Deps {
@@ -39,6 +42,7 @@ impl Deps {
             config: config.into(),
             keys: Arc::default(),
             open_buckets: Arc::default(),
+            webhook_client: crate::webhook_targets::WebhookClient::system(),
         }
     }
 }

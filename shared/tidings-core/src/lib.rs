@@ -32,6 +32,7 @@ pub mod tasks;
 pub mod templates;
 pub mod timers;
 pub mod tracking;
+pub mod webhook_targets;
 pub mod webhooks;
 
 pub use config::CoreConfig;

@@ -29,7 +29,7 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use tracing::{info, warn};
 
-use crate::config::{UrlPolicy, WebhookConfig};
+use crate::config::UrlPolicy;
 use crate::deps::Deps;
 use crate::error::{CoreError, CoreResult};
 use crate::gates::{RateGate, SharedGate};
@@ -38,6 +38,7 @@ use crate::messages::Outcome;
 use crate::ports::{Cond, Item, Key, OutMessage, QueryOpts, StoreError, Update, Write, attrs_of};
 use crate::retry::backoff;
 use crate::tasks::{Step, Task};
+use crate::webhook_targets::{TargetRefused, special_purpose};
 
 /// The queue of webhook events and attempts (its DLQ is `webhooks-dlq`).
 pub const WEBHOOKS_QUEUE: &str = "webhooks";
@@ -189,9 +190,14 @@ pub struct LastAttempt {
     pub event_id: String,
     /// `delivered`, `retrying` or `failed` (a 4xx other than 408 and 429: not tried again).
     pub outcome: String,
-    /// The receiver's HTTP status (absent when it did not answer).
+    /// The receiver's HTTP status (absent when it did not answer, or was not asked).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status_code: Option<u16>,
+    /// Why nothing was posted, when the target was refused before any connection:
+    /// `target_refused: resolves to a special-purpose address`, `target_refused: the name did
+    /// not resolve` (retried) or `target_refused: the URL is not an allowed target`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refusal: Option<String>,
     pub at: String,
 }
 
@@ -240,37 +246,6 @@ pub struct EndpointInput {
     pub rate_limit: Option<u32>,
 }
 
-/// Whether an address is one a production server must not post to (SSRF): loopback, private,
-/// link-local (the instance metadata service), shared, unspecified, multicast.
-pub fn is_private(ip: IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(v4) => {
-            let o = v4.octets();
-            v4.is_loopback()
-                || v4.is_private()
-                || v4.is_link_local()
-                || v4.is_unspecified()
-                || v4.is_broadcast()
-                || v4.is_multicast()
-                || v4.is_documentation()
-                || o[0] == 0
-                || (o[0] == 100 && (o[1] & 0xc0) == 64)
-                || (o[0] == 198 && (o[1] & 0xfe) == 18)
-        }
-        IpAddr::V6(v6) => {
-            if let Some(v4) = v6.to_ipv4_mapped() {
-                return is_private(IpAddr::V4(v4));
-            }
-            let s = v6.segments();
-            v6.is_loopback()
-                || v6.is_unspecified()
-                || v6.is_multicast()
-                || (s[0] & 0xfe00) == 0xfc00
-                || (s[0] & 0xffc0) == 0xfe80
-        }
-    }
-}
-
 /// Checks an endpoint URL (422 naming `url`).
 pub fn check_url(url: &str, policy: UrlPolicy) -> CoreResult<url::Url> {
     let bad = |detail: &str| CoreError::invalid("url", detail);
@@ -290,19 +265,30 @@ pub fn check_url(url: &str, policy: UrlPolicy) -> CoreResult<url::Url> {
     if parsed.fragment().is_some() {
         return Err(bad("must not have a fragment"));
     }
-    let private = match parsed.host() {
+    if policy.allow_private {
+        return Ok(parsed);
+    }
+    // A literal address is never looked up, so this is its only check; a name's addresses are
+    // checked at each post, by the lookup the post connects with (`webhook_targets`).
+    let special = match parsed.host() {
         None => return Err(bad("must name a host")),
-        Some(url::Host::Ipv4(ip)) => is_private(IpAddr::V4(ip)),
-        Some(url::Host::Ipv6(ip)) => is_private(IpAddr::V6(ip)),
+        Some(url::Host::Ipv4(ip)) => special_purpose(IpAddr::V4(ip)),
+        Some(url::Host::Ipv6(ip)) => special_purpose(IpAddr::V6(ip)),
         Some(url::Host::Domain(d)) => {
             let d = d.trim_end_matches('.').to_ascii_lowercase();
-            d == "localhost"
+            let local = d == "localhost"
                 || [".localhost", ".local", ".internal", ".localdomain"].iter().any(|s| d.ends_with(s))
-                || !d.contains('.')
+                || !d.contains('.');
+            local.then_some("a local name")
         }
     };
-    if private && !policy.allow_private {
-        return Err(bad("must not point to a private, loopback or link-local address"));
+    if let Some(what) = special {
+        return Err(bad(&format!(
+            "must not point to a special-purpose address or a local name ({what}): loopback, \
+             private, link-local, documentation and reserved addresses, and IPv6 forms carrying \
+             one (IPv4-mapped, NAT64, 6to4, Teredo), are refused; give an https URL whose host is \
+             a public name or address"
+        )));
     }
     Ok(parsed)
 }
@@ -541,26 +527,6 @@ pub enum Message {
     Attempt { tenant: TenantId, endpoint_id: String, event: Event },
 }
 
-/// The HTTP client of every post: rustls, no redirects followed (a redirect to a private
-/// address would get around the URL check), the connect and total timeouts.
-fn client() -> Option<&'static reqwest::Client> {
-    static CLIENT: OnceLock<Option<reqwest::Client>> = OnceLock::new();
-    CLIENT
-        .get_or_init(|| {
-            // The timeouts are no setting: one client serves the process.
-            let c = WebhookConfig::default();
-            reqwest::Client::builder()
-                .connect_timeout(c.connect_timeout)
-                .timeout(c.timeout)
-                .redirect(reqwest::redirect::Policy::none())
-                .user_agent("tidings-webhooks/1")
-                .build()
-                .map_err(|e| warn!(error = %e, "no HTTP client for webhooks"))
-                .ok()
-        })
-        .as_ref()
-}
-
 /// Each endpoint's rate gate, shared by every instance through the table (one bucket item per
 /// endpoint), kept per process so its local allowance lasts.
 fn gate_of(deps: &Deps, t: &TenantId, endpoint: &Stored) -> Arc<SharedGate> {
@@ -618,22 +584,6 @@ async fn fan_out(deps: &Deps, t: &TenantId, event: &Event) -> CoreResult<Next> {
     Ok(Next::Done)
 }
 
-/// Whether a host's addresses are all allowed (looked up now: a name may point anywhere).
-async fn host_allowed(url: &url::Url, policy: UrlPolicy) -> bool {
-    if policy.allow_private {
-        return true;
-    }
-    let (Some(host), Some(port)) = (url.host_str(), url.port_or_known_default()) else { return false };
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    match tokio::net::lookup_host((host, port)).await {
-        Ok(addrs) => {
-            let addrs: Vec<_> = addrs.collect();
-            !addrs.is_empty() && addrs.iter().all(|a| !is_private(a.ip()))
-        }
-        Err(_) => true, // the post fails to connect as well, and is retried
-    }
-}
-
 async fn record_end(deps: &Deps, t: &TenantId, event: &Event, endpoint: &Stored, last: LastAttempt) -> CoreResult<()> {
     if last.outcome != "retrying" {
         let mut attrs = attrs_of(&last)?;
@@ -677,18 +627,25 @@ async fn attempt(
         event_id: event.id.clone(),
         outcome: outcome.into(),
         status_code,
+        refusal: None,
         at: at.clone(),
+    };
+    let refused = |why: &TargetRefused| {
+        let outcome = if why.retryable() { "retrying" } else { "failed" };
+        LastAttempt { refusal: Some(why.to_string()), ..last(outcome, None) }
     };
     let policy = deps.config.webhooks.policy;
     let url = match check_url(&endpoint.url, policy) {
-        Ok(u) if host_allowed(&u, policy).await => u,
-        _ => {
-            warn!(tenant = %t, endpoint_id, "webhook endpoint refused: a private address");
-            record_end(deps, t, event, &endpoint, last("failed", None)).await?;
+        Ok(u) => u,
+        Err(e) => {
+            warn!(tenant = %t, endpoint_id, error = %e, "webhook endpoint refused");
+            record_end(deps, t, event, &endpoint, refused(&TargetRefused::Url)).await?;
             return Ok(Next::Done);
         }
     };
-    let Some(client) = client() else { return Ok(Next::Retry(None)) };
+    // The client looks the name up once and connects only to the addresses it checked: no
+    // lookup here (a second answer is what DNS rebinding gives), docs/webhooks.md.
+    let Some(client) = deps.webhook_client.client(policy) else { return Ok(Next::Retry(None)) };
     let timestamp = now_ms / 1000;
     let body = event.body();
     let signature = signature_header(&endpoint.live_secrets(now_ms), &event.id, timestamp, &body);
@@ -704,6 +661,11 @@ async fn attempt(
     let status = match sent {
         Ok(r) => r.status(),
         Err(e) => {
+            if let Some(why) = TargetRefused::in_error(&e) {
+                warn!(tenant = %t, endpoint_id, error = %why, "webhook target refused; nothing posted");
+                record_end(deps, t, event, &endpoint, refused(why)).await?;
+                return Ok(if why.retryable() { Next::Retry(None) } else { Next::Done });
+            }
             info!(tenant = %t, endpoint_id, error = %e, attempt = task.receive_count, "webhook post failed; retried");
             record_end(deps, t, event, &endpoint, last("retrying", None)).await?;
             return Ok(Next::Retry(None));
