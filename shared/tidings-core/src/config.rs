@@ -352,7 +352,7 @@ pub static VARIABLES: &[Variable] = &[
         "TIDINGS_WEBHOOK_ALLOW_PRIVATE",
         Kind::Flag,
         "false",
-        "webhook endpoints may be private, loopback or link-local addresses (tests and emulators)",
+        "webhook endpoints may be special-purpose addresses (loopback, private, ...: tests and emulators)",
     ),
     var("TIDINGS_WEBHOOK_ROTATION_GRACE_S", ANY, "86400", "how long a rotated-out webhook secret still signs"),
     var("TIDINGS_RESTOCK_BATCH_SIZE", ANY, "100", "back-in-stock: subscriptions per batch (1 to 1000)"),
