@@ -344,9 +344,11 @@ pub static VARIABLES: &[Variable] = &[
     var(
         "TIDINGS_API_RATES",
         Kind::Spec(check_api_rates),
-        "send:50,write:100,read:200,public:20,callback:100",
-        "API requests per second: per tenant by route class, per client address on the public routes; \
-         `acme/send:200` overrides one tenant's, `class:off` or `off` lifts limits",
+        "send:50,recipients:1000,orders:1500:3000,write:100,read:200,public:20,callback:100,auth:1:10",
+        "API limits, units per second and (after a second `:`) the burst: per tenant by class (`recipients` \
+         counts a notification's users, `orders` the order routes), per client address on the public \
+         routes and for failed authentications (`auth`); `acme/send:200` overrides one tenant's, \
+         `class:off` or `off` lifts limits (docs/gates.md, \"API limits\")",
     ),
     var(
         "TIDINGS_WEBHOOK_ALLOW_PRIVATE",
