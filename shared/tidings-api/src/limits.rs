@@ -94,7 +94,7 @@ fn client_ip(req: &Request) -> Option<IpAddr> {
 /// The middleware (`axum::middleware::from_fn_with_state(limits, limit)`).
 pub async fn limit(
     axum::extract::State(limits): axum::extract::State<Arc<ApiLimits>>,
-    mut req: Request,
+    req: Request,
     next: Next,
 ) -> Response {
     let route = req.extensions().get::<MatchedPath>().map(|p| p.as_str().to_owned());
@@ -136,7 +136,13 @@ async fn guard_authentication(
     res
 }
 
-async fn limited(limits: Arc<ApiLimits>, ip: Option<IpAddr>, class: RouteClass, mut req: Request, next: Next) -> Response {
+async fn limited(
+    limits: Arc<ApiLimits>,
+    ip: Option<IpAddr>,
+    class: RouteClass,
+    mut req: Request,
+    next: Next,
+) -> Response {
     if class.by_address() {
         let Some(ip) = ip else { return next.run(req).await };
         let Some(admission) = limits.admit(Caller::Address(ip), class, SystemClock.now_ms()).await else {
@@ -209,8 +215,7 @@ impl SendBudget {
             .into());
         }
         let units = u32::try_from(recipients).unwrap_or(u32::MAX);
-        let Some(admission) =
-            pending.limits.admit_n(caller, RouteClass::Recipients, units, SystemClock.now_ms()).await
+        let Some(admission) = pending.limits.admit_n(caller, RouteClass::Recipients, units, SystemClock.now_ms()).await
         else {
             return Ok(());
         };
@@ -318,7 +323,14 @@ mod tests {
         app.clone().oneshot(req).await.unwrap()
     }
 
-    async fn call(app: &axum::Router, key: &str, method: Method, uri: &str, body: serde_json::Value, ip: &str) -> Response {
+    async fn call(
+        app: &axum::Router,
+        key: &str,
+        method: Method,
+        uri: &str,
+        body: serde_json::Value,
+        ip: &str,
+    ) -> Response {
         let mut req = Request::builder()
             .method(method)
             .uri(uri)
@@ -342,7 +354,8 @@ mod tests {
     async fn a_flash_sale_passes_the_default_rates() {
         let app = app("").await;
         let ip = "198.51.100.7";
-        let res = call(&app, "key-a", Method::PUT, "/v1/inventory/sku-1", serde_json::json!({"on_hand": 100_000}), ip).await;
+        let res =
+            call(&app, "key-a", Method::PUT, "/v1/inventory/sku-1", serde_json::json!({"on_hand": 100_000}), ip).await;
         assert_eq!(res.status(), StatusCode::CREATED);
         for path in ["/v1/orders", "/v1/orders/{id}/pay"] {
             let mut refused = 0;
@@ -373,7 +386,8 @@ mod tests {
     async fn recipients_are_counted_per_user() {
         let app = app("recipients:10").await;
         let ip = "198.51.100.8";
-        let template = serde_json::json!({"default_locale": "en", "locales": {"en": {"email_subject": "S", "email_body": "B"}}});
+        let template =
+            serde_json::json!({"default_locale": "en", "locales": {"en": {"email_subject": "S", "email_body": "B"}}});
         assert_eq!(call(&app, "key-a", Method::PUT, "/v1/templates/t", template, ip).await.status(), StatusCode::OK);
         let send = |users: Vec<String>| {
             serde_json::json!({"recipients": {"user_ids": users}, "template_id": "t",
@@ -393,7 +407,10 @@ mod tests {
         let res = call(&app, "key-a", Method::POST, "/v1/notifications", send(users(11, 20)), ip).await;
         assert_eq!(res.status(), StatusCode::UNPROCESSABLE_ENTITY);
         let p = problem(res).await;
-        assert_eq!((p["code"].as_str(), p["field"].as_str()), (Some("too_many_recipients"), Some("recipients.user_ids")));
+        assert_eq!(
+            (p["code"].as_str(), p["field"].as_str()),
+            (Some("too_many_recipients"), Some("recipients.user_ids"))
+        );
         let campaign = serde_json::json!({"recipients": {"segment": "vip"}, "template_id": "t", "category": "marketing", "channels": ["email"]});
         let res = call(&app, "key-a", Method::POST, "/v1/notifications", campaign, ip).await;
         assert_eq!(res.status(), StatusCode::ACCEPTED, "{}", problem(res).await);

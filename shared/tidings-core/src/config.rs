@@ -875,9 +875,8 @@ pub fn env_keys(tenants: Option<&str>, operators: Option<&str>) -> Result<Vec<En
     for (n, (var, entry)) in listed.enumerate() {
         let place = format!("entry {}", n + 1);
         let k = if var == TENANTS {
-            let (tenant, key) = entry
-                .split_once(':')
-                .ok_or_else(|| ConfigError::new(var, format!("{place} is not tenant:key")))?;
+            let (tenant, key) =
+                entry.split_once(':').ok_or_else(|| ConfigError::new(var, format!("{place} is not tenant:key")))?;
             let tenant = TenantId::parse(tenant.trim())
                 .map_err(|e| ConfigError::new(var, format!("{place}: the tenant: {e}")))?;
             EnvKey { tenant: Some(tenant), key: key.trim().to_owned() }
@@ -989,11 +988,9 @@ mod tests {
         assert_eq!(e.var, "TIDINGS_API_KEYS");
         assert!(e.reason.contains("tenant globex") && e.reason.contains("tenant acme"), "{e}");
         assert!(!e.to_string().contains("0123456789abcdef"), "the key is shown: {e}");
-        let s = settings(&[
-            ("TIDINGS_API_KEYS", "acme:0123456789abcdef"),
-            ("TIDINGS_OPERATOR_KEYS", "0123456789abcdef"),
-        ])
-        .unwrap();
+        let s =
+            settings(&[("TIDINGS_API_KEYS", "acme:0123456789abcdef"), ("TIDINGS_OPERATOR_KEYS", "0123456789abcdef")])
+                .unwrap();
         let e = s.env_keys().unwrap_err();
         assert!(e.var.contains("TIDINGS_OPERATOR_KEYS") && e.reason.contains("an operator"), "{e}");
         // The same key twice for the same tenant is one key.

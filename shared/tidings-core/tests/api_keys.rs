@@ -211,7 +211,8 @@ async fn keys_stored_under_a_derived_id_keep_working_and_lose_that_id() {
     let old = |secret: &str, revoked: bool| {
         let hash = tenants::hash_key(secret);
         let id = format!("env_{}", &hash[..16]);
-        let lookup = serde_json::json!({"id": id, "role": "tenant", "tenant": "acme", "created_at": "2026-11-01T00:00:00Z"});
+        let lookup =
+            serde_json::json!({"id": id, "role": "tenant", "tenant": "acme", "created_at": "2026-11-01T00:00:00Z"});
         let mut index = serde_json::json!({"id": id, "role": "tenant", "tenant": "acme",
             "created_at": "2026-11-01T00:00:00Z", "source": "env", "hash": hash});
         if revoked {

@@ -172,8 +172,7 @@ impl ApiRates {
                         .ok_or_else(|| bad(entry, "needs a rate above 0 (units per second) or off"))?,
                 ),
                 Some((per_s, burst)) => {
-                    let per_s =
-                        positive(per_s).ok_or_else(|| bad(entry, "needs a rate above 0 (units per second)"))?;
+                    let per_s = positive(per_s).ok_or_else(|| bad(entry, "needs a rate above 0 (units per second)"))?;
                     let burst = positive(burst)
                         .filter(|b| *b >= per_s)
                         .ok_or_else(|| bad(entry, "needs a burst of at least its rate (class:rate:burst)"))?;
@@ -313,7 +312,13 @@ impl ApiLimits {
         Some(Self::admission(gate.as_ref(), class, rate, refused, now_ms))
     }
 
-    fn admission(gate: &dyn RateGate, class: RouteClass, rate: Rate, refused: Option<Duration>, now_ms: i64) -> Admission {
+    fn admission(
+        gate: &dyn RateGate,
+        class: RouteClass,
+        rate: Rate,
+        refused: Option<Duration>,
+        now_ms: i64,
+    ) -> Admission {
         let (remaining, reset) = gate.remaining(now_ms);
         let quota = rate.per_s.floor().clamp(1.0, f64::from(u32::MAX)) as u32;
         Admission {
@@ -363,7 +368,11 @@ mod tests {
         assert_eq!(r.classes.get(&RouteClass::Send), Some(&Rate::per_second(5.0)));
         assert_eq!(r.classes.get(&RouteClass::Read), None);
         assert_eq!(r.classes.get(&RouteClass::Orders), Some(&Rate { per_s: 10.0, burst: 40.0 }));
-        assert_eq!(r.classes.get(&RouteClass::Public), Some(&Rate::per_second(20.0)), "unnamed classes keep their default");
+        assert_eq!(
+            r.classes.get(&RouteClass::Public),
+            Some(&Rate::per_second(20.0)),
+            "unnamed classes keep their default"
+        );
         let acme = acme();
         let globex = TenantId::parse("globex").unwrap();
         assert_eq!(r.rate(Caller::Tenant(&acme), RouteClass::Write), Some(Rate::per_second(7.0)));
