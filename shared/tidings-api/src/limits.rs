@@ -442,9 +442,19 @@ mod tests {
         let res = get(&app, None, "/v1/ops/queues", flooder).await;
         assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS, "operator routes too");
 
-        let res = get(&app, Some("guess-x"), "/v1/users/u1", other).await;
+        // The other address as `tidings serve` gives it: the socket's peer.
+        let from_peer = |key: &str| {
+            let mut req = Request::builder()
+                .uri("/v1/users/u1")
+                .header("authorization", format!("Bearer {key}"))
+                .body(HttpBody::empty())
+                .unwrap();
+            req.extensions_mut().insert(ConnectInfo(SocketAddr::new(other.parse().unwrap(), 40_000)));
+            app.clone().oneshot(req)
+        };
+        let res = from_peer("guess-x").await.unwrap();
         assert_eq!(res.status(), StatusCode::UNAUTHORIZED, "another address is not refused");
-        let res = get(&app, Some("key-a"), "/v1/users/u1", other).await;
+        let res = from_peer("key-a").await.unwrap();
         assert_eq!(res.status(), StatusCode::NOT_FOUND, "a right key works");
         // The public routes take no key: the flooder's tracking requests are not refused for it.
         let res = get(&app, None, "/t/o/not-a-token", flooder).await;
