@@ -470,10 +470,16 @@ pub static VARIABLES: &[Variable] = &[
         "TIDINGS_API_KEYS",
         Kind::Spec(check_api_keys),
         "",
-        "`tenant_a:key_a,tenant_b:key_b`, stored only as SHA-256 hashes; unset on the embedded \
-         backend: tenant `demo` with a generated key",
+        "`tenant_a:key_a,tenant_b:key_b`, stored only as SHA-256 hashes; each key at least 16 \
+         characters and one tenant's only; unset on the embedded backend: tenant `demo` with a \
+         generated key",
     ),
-    local("TIDINGS_OPERATOR_KEYS", Kind::Spec(check_operator_keys), "", "operator keys, comma separated"),
+    local(
+        "TIDINGS_OPERATOR_KEYS",
+        Kind::Spec(check_operator_keys),
+        "",
+        "operator keys, comma separated, each at least 16 characters and no tenant's",
+    ),
     local("TIDINGS_WORKERS_HIGH", POSITIVE, "2", "local runtime: workers per high-priority queue (1 to 256)"),
     local("TIDINGS_WORKERS_LOW", POSITIVE, "2", "local runtime: workers per other queue (1 to 256)"),
     local("TIDINGS_HIGH_THREADS", POSITIVE, "2", "local runtime: the high-priority pool's own threads (1 to 256)"),
