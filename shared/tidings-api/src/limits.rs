@@ -1,18 +1,24 @@
-//! Rate limits on the API ([`tidings_core::gates::api`]): a middleware that classes each request
-//! and answers 429 with `Retry-After` and the `RateLimit-Policy` / `RateLimit` fields
+//! Rate limits on the API ([`tidings_core::gates::api`]; how to size them: docs/gates.md, "API
+//! limits"): a middleware that classes each request and answers 429 with `Retry-After`, a
+//! `rate_limited` problem and the `RateLimit-Policy` / `RateLimit` fields
 //! (draft-ietf-httpapi-ratelimit-headers) when its bucket is empty.
 //!
 //! The public routes (tracking links, unsubscribe, callbacks, the live feed) take no key: their
 //! buckets are per client address, taken here before the handler. The others are per tenant,
 //! known only once the key is checked: the middleware leaves a [`Pending`] in the request and
-//! the [`crate::extract::Tenant`] extractor takes from the tenant's bucket through [`admit_tenant`];
-//! the answer gets its fields here on the way out.
+//! the [`crate::extract::Tenant`] extractor takes from the tenant's bucket through [`admit_tenant`]
+//! (a send's recipients through [`SendBudget`]); the answer gets its fields here on the way out.
+//!
+//! In front of every route that checks a key, failed authentications are counted per client
+//! address: an address out of them is answered 429 before its key is looked at, so wrong keys
+//! cannot be tried at the API's speed (docs/gates.md, "API limits").
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::extract::{ConnectInfo, MatchedPath, Request};
+use axum::extract::{ConnectInfo, FromRequestParts, MatchedPath, Request};
+use axum::http::request::Parts;
 use axum::http::{HeaderName, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -46,15 +52,36 @@ pub fn class_of(method: &Method, route: &str) -> Option<RouteClass> {
     if method == Method::POST && route == "/v1/notifications" {
         return Some(RouteClass::Send);
     }
+    // A checkout: holding stock, paying, cancelling, reading the order back. A flash sale is
+    // all of these at once, and must not be refused by the budget of ordinary changes.
+    if route == "/v1/orders" || route.starts_with("/v1/orders/") {
+        return Some(RouteClass::Orders);
+    }
     if method == Method::GET || method == Method::HEAD { Some(RouteClass::Read) } else { Some(RouteClass::Write) }
 }
 
-/// A tenant route's place in its bucket, filled in by [`admit_tenant`].
+/// Whether a route checks a key (so its failed authentications count against the address):
+/// every tenant and operator route, and the `/dev` routes (an operator's key, or none with
+/// `--dev` on loopback).
+fn checks_a_key(class: Option<RouteClass>, route: &str) -> bool {
+    match class {
+        Some(c) => !c.by_address(),
+        None => route.starts_with("/dev/"),
+    }
+}
+
+/// A tenant route's places in its buckets, filled in by [`admit_tenant`] and [`SendBudget`].
 #[derive(Clone)]
 pub struct Pending {
     limits: Arc<ApiLimits>,
     class: RouteClass,
-    admission: Arc<Mutex<Option<Admission>>>,
+    admissions: Arc<Mutex<Vec<Admission>>>,
+}
+
+impl Pending {
+    fn admissions(&self) -> std::sync::MutexGuard<'_, Vec<Admission>> {
+        self.admissions.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 fn client_ip(req: &Request) -> Option<IpAddr> {
@@ -67,38 +94,76 @@ fn client_ip(req: &Request) -> Option<IpAddr> {
 /// The middleware (`axum::middleware::from_fn_with_state(limits, limit)`).
 pub async fn limit(
     axum::extract::State(limits): axum::extract::State<Arc<ApiLimits>>,
-    mut req: Request,
+    req: Request,
     next: Next,
 ) -> Response {
     let route = req.extensions().get::<MatchedPath>().map(|p| p.as_str().to_owned());
-    let Some(class) = class_of(req.method(), route.as_deref().unwrap_or(req.uri().path())) else {
-        return next.run(req).await;
+    let route = route.as_deref().unwrap_or(req.uri().path()).to_owned();
+    let class = class_of(req.method(), &route);
+    // No address known (a test calling the router directly): nothing to key a bucket by.
+    let ip = client_ip(&req);
+    if checks_a_key(class, &route)
+        && let Some(ip) = ip
+    {
+        return guard_authentication(&limits, ip, class, req, next).await;
+    }
+    match class {
+        Some(class) => limited(limits, ip, class, req, next).await,
+        None => next.run(req).await,
+    }
+}
+
+/// Refuses an address out of failed authentications before its key is checked; counts the
+/// request's own failure (a 401, whatever the route) once it is answered.
+async fn guard_authentication(
+    limits: &Arc<ApiLimits>,
+    ip: IpAddr,
+    class: Option<RouteClass>,
+    req: Request,
+    next: Next,
+) -> Response {
+    if let Some(refused) = limits.authentication_refused(ip, SystemClock.now_ms()) {
+        return with_fields(refusal(&refused).into_response(), &[refused]);
+    }
+    let res = match class {
+        Some(class) => limited(limits.clone(), Some(ip), class, req, next).await,
+        None => next.run(req).await,
     };
+    if res.status() == StatusCode::UNAUTHORIZED {
+        // The answer stays the 401: the address learns it is refused from its next request.
+        let _ = limits.authentication_failed(ip, SystemClock.now_ms()).await;
+    }
+    res
+}
+
+async fn limited(
+    limits: Arc<ApiLimits>,
+    ip: Option<IpAddr>,
+    class: RouteClass,
+    mut req: Request,
+    next: Next,
+) -> Response {
     if class.by_address() {
-        // No address known (a test calling the router directly): nothing to key a bucket by.
-        let Some(ip) = client_ip(&req) else { return next.run(req).await };
+        let Some(ip) = ip else { return next.run(req).await };
         let Some(admission) = limits.admit(Caller::Address(ip), class, SystemClock.now_ms()).await else {
             return next.run(req).await;
         };
         if admission.refused.is_some() {
-            return with_fields(refusal(&admission).into_response(), &admission);
+            return with_fields(refusal(&admission).into_response(), &[admission]);
         }
-        return with_fields(next.run(req).await, &admission);
+        return with_fields(next.run(req).await, &[admission]);
     }
-    let slot = Arc::new(Mutex::new(None));
-    req.extensions_mut().insert(Pending { limits, class, admission: slot.clone() });
+    let pending = Pending { limits, class, admissions: Arc::new(Mutex::new(Vec::new())) };
+    req.extensions_mut().insert(pending.clone());
     let res = next.run(req).await;
-    let admission = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
-    match admission {
-        Some(a) => with_fields(res, &a),
-        None => res,
-    }
+    let admissions = std::mem::take(&mut *pending.admissions());
+    with_fields(res, &admissions)
 }
 
 /// Takes a request of `tenant` from its bucket (once per request): 429 when it is empty.
-pub async fn admit_tenant(parts: &axum::http::request::Parts, tenant: &TenantId) -> Result<(), ApiError> {
+pub async fn admit_tenant(parts: &Parts, tenant: &TenantId) -> Result<(), ApiError> {
     let Some(pending) = parts.extensions.get::<Pending>() else { return Ok(()) };
-    if pending.admission.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
+    if pending.admissions().iter().any(|a| a.class == pending.class) {
         return Ok(());
     }
     let Some(admission) = pending.limits.admit(Caller::Tenant(tenant), pending.class, SystemClock.now_ms()).await
@@ -106,10 +171,60 @@ pub async fn admit_tenant(parts: &axum::http::request::Parts, tenant: &TenantId)
         return Ok(());
     };
     let refused = admission.refused.is_some().then(|| refusal(&admission));
-    *pending.admission.lock().unwrap_or_else(|p| p.into_inner()) = Some(admission);
+    pending.admissions().push(admission);
     match refused {
         Some(p) => Err(p.into()),
         None => Ok(()),
+    }
+}
+
+/// The recipients budget of a send (`recipients` in `TIDINGS_API_RATES`): a notification to
+/// 1,000 users costs 1,000 units, taken once its body is read (docs/gates.md, "API limits").
+#[derive(Clone, Default)]
+pub struct SendBudget(Option<Pending>);
+
+impl<S: Send + Sync> FromRequestParts<S> for SendBudget {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        Ok(SendBudget(parts.extensions.get::<Pending>().cloned()))
+    }
+}
+
+impl SendBudget {
+    /// Takes `recipients` units of `tenant`'s budget, all or none: 429 when they are not there
+    /// yet, 422 naming `recipients.user_ids` when they never can be (more than the bucket holds).
+    pub async fn take(&self, tenant: &TenantId, recipients: usize) -> Result<(), ApiError> {
+        let Some(pending) = &self.0 else { return Ok(()) };
+        if recipients == 0 {
+            return Ok(());
+        }
+        let caller = Caller::Tenant(tenant);
+        let Some(rate) = pending.limits.rate(caller, RouteClass::Recipients) else { return Ok(()) };
+        let burst = rate.burst_units();
+        if recipients > burst as usize {
+            return Err(Problem::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "too_many_recipients",
+                format!(
+                    "recipients.user_ids: {recipients} users, more than this tenant's recipients budget holds at once \
+                     ({burst}): send them in requests of at most {burst} users, or to a segment"
+                ),
+            )
+            .with_field("recipients.user_ids")
+            .into());
+        }
+        let units = u32::try_from(recipients).unwrap_or(u32::MAX);
+        let Some(admission) = pending.limits.admit_n(caller, RouteClass::Recipients, units, SystemClock.now_ms()).await
+        else {
+            return Ok(());
+        };
+        let refused = admission.refused.is_some().then(|| refusal(&admission));
+        pending.admissions().push(admission);
+        match refused {
+            Some(p) => Err(p.into()),
+            None => Ok(()),
+        }
     }
 }
 
@@ -120,32 +235,51 @@ fn seconds_up(d: Duration) -> u64 {
 fn refusal(a: &Admission) -> Problem {
     let wait = seconds_up(a.refused.unwrap_or_default()).max(1);
     let who = if a.class.by_address() { "this address" } else { "this tenant" };
-    let mut p = Problem::new(
-        StatusCode::TOO_MANY_REQUESTS,
-        "rate_limited",
-        format!(
-            "more than {} {} requests a second from {who}; try again in {wait} s (see RateLimit-Policy)",
-            a.quota,
-            a.class.as_str()
+    let detail = match a.class {
+        RouteClass::Auth => format!(
+            "too many requests with a missing or wrong API key from this address; its key is not checked \
+             for {wait} s: fix the key (Authorization: Bearer <key>) and try again in {wait} s"
         ),
-    );
+        RouteClass::Recipients => format!(
+            "more than {} recipients a second from this tenant (its recipients budget); try again in {wait} s \
+             or send to a segment (see RateLimit-Policy)",
+            a.quota
+        ),
+        class => format!(
+            "more than {} {} {} a second from {who}; try again in {wait} s (see RateLimit-Policy)",
+            a.quota,
+            class.as_str(),
+            class.unit()
+        ),
+    };
+    let mut p = Problem::new(StatusCode::TOO_MANY_REQUESTS, "rate_limited", detail);
     p.retry_after_s = Some(wait);
     p
 }
 
-/// `RateLimit-Policy: "send";q=50;w=1` and `RateLimit: "send";r=12;t=1` (and `Retry-After` on
-/// a refusal, which the problem document already carries).
-fn with_fields(mut res: Response, a: &Admission) -> Response {
-    let name = a.class.as_str();
-    let reset = if a.refused.is_some() { seconds_up(a.reset).max(1) } else { seconds_up(a.reset) };
+/// `RateLimit-Policy: "send";q=50;w=1` and `RateLimit: "send";r=12;t=1`, one list member per
+/// bucket the request took from (and `Retry-After` on a refusal, which the problem document
+/// already carries).
+fn with_fields(mut res: Response, admissions: &[Admission]) -> Response {
+    if admissions.is_empty() {
+        return res;
+    }
+    let mut policies = Vec::new();
+    let mut limits = Vec::new();
+    for a in admissions {
+        let name = a.class.as_str();
+        let reset = if a.refused.is_some() { seconds_up(a.reset).max(1) } else { seconds_up(a.reset) };
+        policies.push(format!("\"{name}\";q={};w=1", a.quota));
+        limits.push(format!("\"{name}\";r={};t={reset}", a.remaining));
+    }
     let headers = res.headers_mut();
-    if let Ok(v) = HeaderValue::from_str(&format!("\"{name}\";q={};w=1", a.quota)) {
+    if let Ok(v) = HeaderValue::from_str(&policies.join(", ")) {
         headers.insert(RATELIMIT_POLICY.clone(), v);
     }
-    if let Ok(v) = HeaderValue::from_str(&format!("\"{name}\";r={};t={reset}", a.remaining)) {
+    if let Ok(v) = HeaderValue::from_str(&limits.join(", ")) {
         headers.insert(RATELIMIT.clone(), v);
     }
-    if let Some(wait) = a.refused
+    if let Some(wait) = admissions.iter().filter_map(|a| a.refused).max()
         && !headers.contains_key(header::RETRY_AFTER)
     {
         headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds_up(wait).max(1)));
@@ -168,7 +302,10 @@ mod tests {
     use crate::state::AppState;
 
     async fn app(rates: &str) -> axum::Router {
-        let deps = crate::test_support::memory_deps();
+        // Orders write their expiry timers to this queue.
+        let store = tidings_embedded::EmbeddedStore::in_memory().unwrap();
+        store.declare_queue(tidings_embedded::QueueConfig::new(tidings_core::timers::TIMERS_QUEUE, 5)).unwrap();
+        let deps = crate::test_support::deps_over(store);
         tenants::register_key(&deps, &TenantId::parse("a").unwrap(), "key-a").await.unwrap();
         tenants::register_key(&deps, &TenantId::parse("b").unwrap(), "key-b").await.unwrap();
         let limits = Arc::new(ApiLimits::new(ApiRates::parse(rates).unwrap(), GateStore::Local));
@@ -184,6 +321,144 @@ mod tests {
         let mut req = req.body(HttpBody::empty()).unwrap();
         req.extensions_mut().insert(ClientIp(ip.parse().unwrap()));
         app.clone().oneshot(req).await.unwrap()
+    }
+
+    async fn call(
+        app: &axum::Router,
+        key: &str,
+        method: Method,
+        uri: &str,
+        body: serde_json::Value,
+        ip: &str,
+    ) -> Response {
+        let mut req = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header("authorization", format!("Bearer {key}"))
+            .header("content-type", "application/json")
+            .body(HttpBody::from(body.to_string()))
+            .unwrap();
+        req.extensions_mut().insert(ClientIp(ip.parse().unwrap()));
+        app.clone().oneshot(req).await.unwrap()
+    }
+
+    async fn problem(res: Response) -> serde_json::Value {
+        let body = res.into_body().collect().await.unwrap().to_bytes();
+        serde_json::from_slice(&body).unwrap()
+    }
+
+    /// A flash sale at the default rates: 1,000 orders at once and their 1,000 payments are all
+    /// answered by the orders (none 429), where the budget of ordinary changes (100 a second)
+    /// refused most of them.
+    #[tokio::test]
+    async fn a_flash_sale_passes_the_default_rates() {
+        let app = app("").await;
+        let ip = "198.51.100.7";
+        let res =
+            call(&app, "key-a", Method::PUT, "/v1/inventory/sku-1", serde_json::json!({"on_hand": 100_000}), ip).await;
+        assert_eq!(res.status(), StatusCode::CREATED);
+        for path in ["/v1/orders", "/v1/orders/{id}/pay"] {
+            let mut refused = 0;
+            for i in 0..1000 {
+                let (uri, body) = if path == "/v1/orders" {
+                    let order = serde_json::json!({"order_id": format!("o{i}"), "user_id": "u1", "items": [{"sku_id": "sku-1", "qty": 1}]});
+                    ("/v1/orders".to_owned(), order)
+                } else {
+                    (format!("/v1/orders/o{i}/pay"), serde_json::Value::Null)
+                };
+                let res = call(&app, "key-a", Method::POST, &uri, body, ip).await;
+                match res.status() {
+                    StatusCode::TOO_MANY_REQUESTS => refused += 1,
+                    s => assert!(s.is_success(), "{uri}: {s} {}", problem(res).await),
+                }
+            }
+            assert_eq!(refused, 0, "{path}: {refused} of 1,000 refused");
+        }
+        let res = call(&app, "key-a", Method::GET, "/v1/orders/o1", serde_json::Value::Null, ip).await;
+        assert_eq!(res.headers()["ratelimit-policy"], "\"orders\";q=1500;w=1");
+    }
+
+    /// The recipients budget counts users, not requests: with 10 a second, a notification to 8
+    /// users passes, one to 5 more is refused (429, `Retry-After`, both buckets in the fields)
+    /// though the send class has room, one to 11 can never pass (422 naming the field), and a
+    /// segment costs no recipients.
+    #[tokio::test]
+    async fn recipients_are_counted_per_user() {
+        let app = app("recipients:10").await;
+        let ip = "198.51.100.8";
+        let template =
+            serde_json::json!({"default_locale": "en", "locales": {"en": {"email_subject": "S", "email_body": "B"}}});
+        assert_eq!(call(&app, "key-a", Method::PUT, "/v1/templates/t", template, ip).await.status(), StatusCode::OK);
+        let send = |users: Vec<String>| {
+            serde_json::json!({"recipients": {"user_ids": users}, "template_id": "t",
+                "category": "transactional", "channels": ["email"]})
+        };
+        let users = |n: usize, from: usize| (from..from + n).map(|i| format!("u{i}")).collect::<Vec<_>>();
+        let res = call(&app, "key-a", Method::POST, "/v1/notifications", send(users(8, 0)), ip).await;
+        assert_eq!(res.status(), StatusCode::ACCEPTED);
+        assert_eq!(res.headers()["ratelimit-policy"], "\"send\";q=50;w=1, \"recipients\";q=10;w=1");
+        let res = call(&app, "key-a", Method::POST, "/v1/notifications", send(users(5, 8)), ip).await;
+        assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(res.headers()[header::RETRY_AFTER], "1", "3 more units come within 0.3 s");
+        assert!(res.headers()["ratelimit"].to_str().unwrap().contains("\"recipients\";r=0;"));
+        let p = problem(res).await;
+        assert_eq!(p["code"], "rate_limited");
+        assert!(p["detail"].as_str().unwrap().contains("recipients"), "{p}");
+        let res = call(&app, "key-a", Method::POST, "/v1/notifications", send(users(11, 20)), ip).await;
+        assert_eq!(res.status(), StatusCode::UNPROCESSABLE_ENTITY);
+        let p = problem(res).await;
+        assert_eq!(
+            (p["code"].as_str(), p["field"].as_str()),
+            (Some("too_many_recipients"), Some("recipients.user_ids"))
+        );
+        let campaign = serde_json::json!({"recipients": {"segment": "vip"}, "template_id": "t", "category": "marketing", "channels": ["email"]});
+        let res = call(&app, "key-a", Method::POST, "/v1/notifications", campaign, ip).await;
+        assert_eq!(res.status(), StatusCode::ACCEPTED, "{}", problem(res).await);
+    }
+
+    /// Wrong keys from one address are answered 401 until its failed authentications run out,
+    /// then 429 with `Retry-After` and a problem before any key is checked (a right one too);
+    /// another address still gets 401 for a wrong key, and its right key works.
+    #[tokio::test]
+    async fn wrong_keys_from_one_address_are_refused_before_the_key_is_checked() {
+        let app = app("auth:1:5").await;
+        let (flooder, other) = ("203.0.113.66", "203.0.113.67");
+        let mut statuses = Vec::new();
+        for i in 0..50 {
+            let res = get(&app, Some(&format!("guess-{i}")), "/v1/users/u1", flooder).await;
+            statuses.push(res.status().as_u16());
+        }
+        // The bucket's 5, and a sixth if the fifty took a second.
+        let unauthorized = statuses.iter().filter(|s| **s == 401).count();
+        assert!((5..=6).contains(&unauthorized), "{statuses:?}");
+        assert_eq!(statuses.iter().filter(|s| **s == 429).count(), 50 - unauthorized, "{statuses:?}");
+        let res = get(&app, Some("key-a"), "/v1/users/u1", flooder).await;
+        assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS, "refused before the key is looked at");
+        assert_eq!(res.headers()[header::RETRY_AFTER], "1");
+        assert_eq!(res.headers()[header::CONTENT_TYPE], "application/problem+json");
+        let p = problem(res).await;
+        assert_eq!(p["code"], "rate_limited");
+        assert!(p["detail"].as_str().unwrap().contains("API key"), "{p}");
+        let res = get(&app, None, "/v1/ops/queues", flooder).await;
+        assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS, "operator routes too");
+
+        // The other address as `tidings serve` gives it: the socket's peer.
+        let from_peer = |key: &str| {
+            let mut req = Request::builder()
+                .uri("/v1/users/u1")
+                .header("authorization", format!("Bearer {key}"))
+                .body(HttpBody::empty())
+                .unwrap();
+            req.extensions_mut().insert(ConnectInfo(SocketAddr::new(other.parse().unwrap(), 40_000)));
+            app.clone().oneshot(req)
+        };
+        let res = from_peer("guess-x").await.unwrap();
+        assert_eq!(res.status(), StatusCode::UNAUTHORIZED, "another address is not refused");
+        let res = from_peer("key-a").await.unwrap();
+        assert_eq!(res.status(), StatusCode::NOT_FOUND, "a right key works");
+        // The public routes take no key: the flooder's tracking requests are not refused for it.
+        let res = get(&app, None, "/t/o/not-a-token", flooder).await;
+        assert_ne!(res.status(), StatusCode::TOO_MANY_REQUESTS);
     }
 
     /// Tenant a over its rate of reads gets 429 problems with the fields; tenant b, and a's
@@ -250,6 +525,11 @@ mod tests {
         assert_eq!(c(Method::POST, "/u/{token}"), Some(RouteClass::Public));
         assert_eq!(c(Method::GET, "/v1/ws"), Some(RouteClass::Public));
         assert_eq!(c(Method::POST, "/v1/callbacks/{provider}"), Some(RouteClass::Callback));
+        assert_eq!(c(Method::POST, "/v1/orders"), Some(RouteClass::Orders));
+        assert_eq!(c(Method::POST, "/v1/orders/{order_id}/pay"), Some(RouteClass::Orders));
+        assert_eq!(c(Method::POST, "/v1/orders/{order_id}/cancel"), Some(RouteClass::Orders));
+        assert_eq!(c(Method::GET, "/v1/orders/{order_id}"), Some(RouteClass::Orders));
+        assert_eq!(c(Method::PUT, "/v1/inventory/{sku_id}"), Some(RouteClass::Write));
         assert_eq!(c(Method::GET, "/healthz"), None);
         assert_eq!(c(Method::GET, "/dev/deliveries"), None);
     }
@@ -263,7 +543,7 @@ mod tests {
             reset: Duration::from_millis(1200),
             refused: Some(Duration::from_millis(20)),
         };
-        let res = with_fields(refusal(&a).into_response(), &a);
+        let res = with_fields(refusal(&a).into_response(), &[a]);
         assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(res.headers()["ratelimit-policy"], "\"send\";q=50;w=1");
         assert_eq!(res.headers()["ratelimit"], "\"send\";r=0;t=2");

@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use crate::gates::GateConfig;
 use crate::gates::api::ApiRates;
+use crate::ids::TenantId;
 use crate::inventory::HoldTimes;
 use crate::notify::abuse::AbuseGuard;
 use crate::restock::RestockConfig;
@@ -344,9 +345,11 @@ pub static VARIABLES: &[Variable] = &[
     var(
         "TIDINGS_API_RATES",
         Kind::Spec(check_api_rates),
-        "send:50,write:100,read:200,public:20,callback:100",
-        "API requests per second: per tenant by route class, per client address on the public routes; \
-         `acme/send:200` overrides one tenant's, `class:off` or `off` lifts limits",
+        "send:50,recipients:1000,orders:1500:3000,write:100,read:200,public:20,callback:100,auth:1:10",
+        "API limits, units per second and (after a second `:`) the burst: per tenant by class (`recipients` \
+         counts a notification's users, `orders` the order routes), per client address on the public \
+         routes and for failed authentications (`auth`); `acme/send:200` overrides one tenant's, \
+         `class:off` or `off` lifts limits (sizing: docs/gates.md)",
     ),
     var(
         "TIDINGS_WEBHOOK_ALLOW_PRIVATE",
@@ -465,12 +468,18 @@ pub static VARIABLES: &[Variable] = &[
     local("TIDINGS_ADDR", Kind::Text, "127.0.0.1:8080", "`--addr` of `tidings serve`"),
     local(
         "TIDINGS_API_KEYS",
-        Kind::Text,
+        Kind::Spec(check_api_keys),
         "",
-        "`tenant_a:key_a,tenant_b:key_b`, stored only as SHA-256 hashes; unset on the embedded \
-         backend: tenant `demo` with a generated key",
+        "`tenant_a:key_a,tenant_b:key_b`, stored only as SHA-256 hashes; each key at least 16 \
+         characters and one tenant's only; unset on the embedded backend: tenant `demo` with a \
+         generated key",
     ),
-    local("TIDINGS_OPERATOR_KEYS", Kind::Text, "", "operator keys, comma separated"),
+    local(
+        "TIDINGS_OPERATOR_KEYS",
+        Kind::Spec(check_operator_keys),
+        "",
+        "operator keys, comma separated, each at least 16 characters and no tenant's",
+    ),
     local("TIDINGS_WORKERS_HIGH", POSITIVE, "2", "local runtime: workers per high-priority queue (1 to 256)"),
     local("TIDINGS_WORKERS_LOW", POSITIVE, "2", "local runtime: workers per other queue (1 to 256)"),
     local("TIDINGS_HIGH_THREADS", POSITIVE, "2", "local runtime: the high-priority pool's own threads (1 to 256)"),
@@ -618,6 +627,11 @@ impl Settings {
             .filter(|(name, url)| !name.is_empty() && !url.is_empty())
     }
 
+    /// The keys a local run's environment gives ([`env_keys`]: both variables checked together).
+    pub fn env_keys(&self) -> Result<Vec<EnvKey>, ConfigError> {
+        env_keys(self.get("TIDINGS_API_KEYS"), self.get("TIDINGS_OPERATOR_KEYS"))
+    }
+
     /// The core's configuration.
     pub fn core(&self) -> CoreConfig {
         let ms = |name| Duration::from_millis(self.number(name));
@@ -734,6 +748,14 @@ fn check_api_rates(v: &str) -> Result<(), String> {
     ApiRates::parse(v).map(drop)
 }
 
+fn check_api_keys(v: &str) -> Result<(), String> {
+    env_keys(Some(v), None).map(drop).map_err(|e| e.reason)
+}
+
+fn check_operator_keys(v: &str) -> Result<(), String> {
+    env_keys(None, Some(v)).map(drop).map_err(|e| e.reason)
+}
+
 fn check_abuse<const I: usize>(v: &str) -> Result<(), String> {
     let name = crate::notify::abuse::SETTINGS[I];
     AbuseGuard::from_settings(|n| (n == name).then(|| v.to_owned())).map(drop)
@@ -828,6 +850,76 @@ fn millis_list(spec: &str) -> Result<Vec<Duration>, String> {
     Ok(delays)
 }
 
+/// The fewest characters a key given in the environment may have: a short key is guessed (the
+/// per-address limit on failed authentications slows guessing, it does not make a short key
+/// long; docs/operators.md, "Keys").
+pub const MIN_ENV_KEY_CHARS: usize = 16;
+
+/// A key given in the environment of a local run: a tenant's (`TIDINGS_API_KEYS`) or, without
+/// a tenant, an operator's (`TIDINGS_OPERATOR_KEYS`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EnvKey {
+    pub tenant: Option<TenantId>,
+    pub key: String,
+}
+
+/// The keys of `TIDINGS_API_KEYS` (`tenant_a:key_a,tenant_b:key_b`) and `TIDINGS_OPERATOR_KEYS`
+/// (`key_1,key_2`), checked together: each at least [`MIN_ENV_KEY_CHARS`] long, and none given to
+/// two tenants, or to a tenant and an operator (a request's key is all that says whose it is, so
+/// one of them would silently be the other). A key given twice to the same holder counts once.
+/// The messages name the holder and the entry, never the key.
+pub fn env_keys(tenants: Option<&str>, operators: Option<&str>) -> Result<Vec<EnvKey>, ConfigError> {
+    const TENANTS: &str = "TIDINGS_API_KEYS";
+    const OPERATORS: &str = "TIDINGS_OPERATOR_KEYS";
+    let holder = |k: &EnvKey| match &k.tenant {
+        Some(t) => format!("tenant {t}"),
+        None => "an operator".to_owned(),
+    };
+    let mut given: Vec<EnvKey> = Vec::new();
+    let listed = tenants.into_iter().flat_map(entries).map(|e| (TENANTS, e));
+    let listed = listed.chain(operators.into_iter().flat_map(entries).map(|e| (OPERATORS, e)));
+    for (n, (var, entry)) in listed.enumerate() {
+        let place = format!("entry {}", n + 1);
+        let k = if var == TENANTS {
+            let (tenant, key) =
+                entry.split_once(':').ok_or_else(|| ConfigError::new(var, format!("{place} is not tenant:key")))?;
+            let tenant = TenantId::parse(tenant.trim())
+                .map_err(|e| ConfigError::new(var, format!("{place}: the tenant: {e}")))?;
+            EnvKey { tenant: Some(tenant), key: key.trim().to_owned() }
+        } else {
+            EnvKey { tenant: None, key: entry.to_owned() }
+        };
+        let chars = k.key.chars().count();
+        if chars < MIN_ENV_KEY_CHARS {
+            return Err(ConfigError::new(
+                var,
+                format!(
+                    "{place}: the key of {} has {chars} characters, fewer than {MIN_ENV_KEY_CHARS}: give a longer \
+                     random one (`openssl rand -hex 16`), or leave the variable unset for a generated key",
+                    holder(&k)
+                ),
+            ));
+        }
+        if let Some(same) = given.iter().find(|g| g.key == k.key) {
+            if same.tenant == k.tenant {
+                continue;
+            }
+            let names = if var == TENANTS { TENANTS.to_owned() } else { format!("{TENANTS} and {OPERATORS}") };
+            return Err(ConfigError::new(
+                &names,
+                format!(
+                    "{place}: {} is given the key of {}: give each its own (a request's key is all that says \
+                     whose it is)",
+                    holder(&k),
+                    holder(same)
+                ),
+            ));
+        }
+        given.push(k);
+    }
+    Ok(given)
+}
+
 /// The README's configuration table: one row per variable of [`VARIABLES`].
 pub fn markdown_table() -> String {
     let mut out = String::from("| variable | default | meaning |\n|---|---|---|\n");
@@ -875,6 +967,41 @@ mod tests {
             assert_eq!(e.var, name, "{name}={bad}: {e}");
             assert!(!e.reason.starts_with(name), "the name said twice: {e}");
         }
+    }
+
+    /// A key of fewer than 16 characters in the environment stops the start, naming whose it is
+    /// and never showing it.
+    #[test]
+    fn a_short_environment_key_is_refused_at_start() {
+        let e = settings(&[("TIDINGS_API_KEYS", "acme:0123456789abcdef,globex:hunter2")]).unwrap_err();
+        assert_eq!(e.var, "TIDINGS_API_KEYS");
+        assert!(e.reason.contains("tenant globex") && e.reason.contains("16"), "{e}");
+        assert!(!e.to_string().contains("hunter2"), "the key is shown: {e}");
+        let e = settings(&[("TIDINGS_OPERATOR_KEYS", "short-op-key")]).unwrap_err();
+        assert_eq!(e.var, "TIDINGS_OPERATOR_KEYS");
+        assert!(!e.to_string().contains("short-op-key"), "{e}");
+        let ok = settings(&[("TIDINGS_API_KEYS", "acme:0123456789abcdef")]).unwrap();
+        let keys = ok.env_keys().unwrap();
+        assert_eq!(keys, [EnvKey { tenant: Some(TenantId::parse("acme").unwrap()), key: "0123456789abcdef".into() }]);
+    }
+
+    /// The same key for two tenants (which one a request meant cannot be known: it went to the
+    /// last) stops the start; so does a tenant's key given to an operator.
+    #[test]
+    fn one_key_for_two_holders_is_refused_at_start() {
+        let same = "acme:0123456789abcdef,globex:0123456789abcdef";
+        let e = settings(&[("TIDINGS_API_KEYS", same)]).unwrap_err();
+        assert_eq!(e.var, "TIDINGS_API_KEYS");
+        assert!(e.reason.contains("tenant globex") && e.reason.contains("tenant acme"), "{e}");
+        assert!(!e.to_string().contains("0123456789abcdef"), "the key is shown: {e}");
+        let s =
+            settings(&[("TIDINGS_API_KEYS", "acme:0123456789abcdef"), ("TIDINGS_OPERATOR_KEYS", "0123456789abcdef")])
+                .unwrap();
+        let e = s.env_keys().unwrap_err();
+        assert!(e.var.contains("TIDINGS_OPERATOR_KEYS") && e.reason.contains("an operator"), "{e}");
+        // The same key twice for the same tenant is one key.
+        let twice = settings(&[("TIDINGS_API_KEYS", "acme:0123456789abcdef,acme:0123456789abcdef")]).unwrap();
+        assert_eq!(twice.env_keys().unwrap().len(), 1);
     }
 
     #[test]

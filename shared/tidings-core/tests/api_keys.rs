@@ -175,3 +175,78 @@ async fn a_key_stored_before_roles_is_a_tenant_key() {
         Some(Principal::Tenant { tenant: acme(), key_id: None })
     );
 }
+
+/// A key's id is shown (listings, logs, the console): it is random, not a function of the
+/// secret, so seeing it lets nobody test a guess of the secret offline. The same secret in two
+/// stores has two ids; registered again in one store (the next start), it keeps its id.
+#[tokio::test]
+async fn an_environment_keys_id_is_not_a_function_of_its_secret() {
+    let secret = "0123456789abcdef-shared";
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let (deps, _) = world();
+        tenants::register_key(&deps, &acme(), secret).await.unwrap();
+        let (listed, _) = tenants::list(&deps, None, 10, None).await.unwrap();
+        assert_eq!(listed.len(), 1);
+        let id = listed[0].id.clone();
+        assert!(!tenants::hash_key(secret).contains(id.trim_start_matches("env_")), "{id} is the secret's hash");
+        tenants::register_key(&deps, &acme(), secret).await.unwrap();
+        let (again, _) = tenants::list(&deps, None, 10, None).await.unwrap();
+        assert_eq!(again.iter().map(|k| &k.id).collect::<Vec<_>>(), [&id], "the next start keeps the id");
+        assert_eq!(
+            tenants::authenticate(&deps, secret).await.unwrap(),
+            Some(Principal::Tenant { tenant: acme(), key_id: Some(id.clone()) })
+        );
+        ids.push(id);
+    }
+    assert_ne!(ids[0], ids[1], "the same secret in two stores");
+}
+
+/// Keys stored by earlier versions under an id derived from the secret (`env_` and 16 hex of
+/// its SHA-256) keep authenticating; the next start gives them a random id and drops the
+/// derived one, and a revoked one is renamed too.
+#[tokio::test]
+async fn keys_stored_under_a_derived_id_keep_working_and_lose_that_id() {
+    let (deps, _) = world();
+    let old = |secret: &str, revoked: bool| {
+        let hash = tenants::hash_key(secret);
+        let id = format!("env_{}", &hash[..16]);
+        let lookup =
+            serde_json::json!({"id": id, "role": "tenant", "tenant": "acme", "created_at": "2026-11-01T00:00:00Z"});
+        let mut index = serde_json::json!({"id": id, "role": "tenant", "tenant": "acme",
+            "created_at": "2026-11-01T00:00:00Z", "source": "env", "hash": hash});
+        if revoked {
+            index["revoked_at"] = "2026-11-02T00:00:00Z".into();
+        }
+        (id, hash, lookup, index)
+    };
+    let (live_id, live_hash, lookup, index) = old("0123456789abcdef-live", false);
+    deps.table.put(Item::new(keys::api_key(&live_hash), attrs_of(&lookup).unwrap()), Cond::Always).await.unwrap();
+    deps.table.put(Item::new(keys::api_key_index(&live_id), attrs_of(&index).unwrap()), Cond::Always).await.unwrap();
+    let (dead_id, _, _, index) = old("0123456789abcdef-dead", true);
+    deps.table.put(Item::new(keys::api_key_index(&dead_id), attrs_of(&index).unwrap()), Cond::Always).await.unwrap();
+    assert_eq!(
+        tenants::authenticate(&deps, "0123456789abcdef-live").await.unwrap(),
+        Some(Principal::Tenant { tenant: acme(), key_id: Some(live_id.clone()) }),
+        "an old key authenticates before any start of this version"
+    );
+
+    // The next start.
+    tenants::register_key(&deps, &acme(), "0123456789abcdef-live").await.unwrap();
+    assert_eq!(tenants::revoke_env_keys_except(&deps, &["0123456789abcdef-live"]).await.unwrap(), 0);
+    let (listed, _) = tenants::list(&deps, None, 10, None).await.unwrap();
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    for k in &listed {
+        assert!(k.id != live_id && k.id != dead_id, "a derived id is still listed: {listed:?}");
+    }
+    let live = listed.iter().find(|k| k.status == "active").unwrap();
+    assert!(listed.iter().any(|k| k.status == "revoked"));
+    assert_eq!(
+        tenants::authenticate(&deps, "0123456789abcdef-live").await.unwrap(),
+        Some(Principal::Tenant { tenant: acme(), key_id: Some(live.id.clone()) })
+    );
+    assert!(matches!(tenants::get(&deps, &live_id).await, Err(CoreError::NotFound { .. })));
+    // Revoking by the new id refuses the old key.
+    tenants::revoke(&deps, &live.id).await.unwrap();
+    assert_eq!(tenants::authenticate(&deps, "0123456789abcdef-live").await.unwrap(), None);
+}

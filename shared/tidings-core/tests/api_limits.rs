@@ -149,6 +149,34 @@ async fn concurrent_requests_on_one_instance_share_one_lease() {
     assert!(n <= 2, "{n} store requests: a read and one write");
 }
 
+/// A tenant's recipients on two instances of one shared bucket: a weighted take is all or
+/// none across instances, one store write each, and a two-second bucket holds its burst.
+#[tokio::test]
+async fn recipients_on_a_shared_bucket_are_all_or_none_across_instances() {
+    let table = Counting::new();
+    let rates = ApiRates::parse("recipients:100,orders:10:20").unwrap();
+    let a = ApiLimits::new(rates.clone(), GateStore::Shared(table.clone()));
+    let b = ApiLimits::new(rates, GateStore::Shared(table.clone()));
+    let acme = TenantId::parse("acme").unwrap();
+    async fn take(l: &ApiLimits, n: u32) -> Option<std::time::Duration> {
+        let acme = TenantId::parse("acme").unwrap();
+        l.admit_n(Caller::Tenant(&acme), RouteClass::Recipients, n, 0).await.unwrap().refused
+    }
+    assert_eq!(take(&a, 80).await, None);
+    let refused = take(&b, 30).await.expect("80 of 100 taken on the other instance");
+    assert_eq!(refused, std::time::Duration::from_millis(100), "10 more at 100 a second");
+    assert_eq!(take(&b, 20).await, None, "the refused take took nothing");
+    assert!(take(&a, 1).await.is_some(), "the bucket is empty on both");
+    let before = table.requests.load(Ordering::SeqCst);
+    // A bucket of 20 at 10 a second: 20 orders at once on one instance, not 10.
+    let mut passed = 0;
+    for _ in 0..25 {
+        passed += usize::from(a.admit(Caller::Tenant(&acme), RouteClass::Orders, 0).await.unwrap().refused.is_none());
+    }
+    assert_eq!(passed, 20);
+    assert!(before <= 8, "{before} store requests for four weighted takes");
+}
+
 /// A bucket the store cannot reach lets API requests through (they meet the store themselves);
 /// the provider gates back off instead.
 #[tokio::test]

@@ -110,41 +110,30 @@ async fn api_keys(backend: &Backend, args: &ServeArgs) -> anyhow::Result<LocalKe
         return Ok(LocalKeys { tenant: None, operator: None });
     }
     let embedded = args.backend.backend == crate::BackendKind::Embedded;
+    // Short keys, and one key given to two holders, refuse the start (config::env_keys).
+    let given = crate::settings().env_keys()?;
     let mut kept: Vec<String> = Vec::new();
     let mut printed = LocalKeys { tenant: None, operator: None };
-    match tenant_spec {
-        Some(spec) => {
-            for pair in spec.split(',') {
-                let (tenant, key) = pair.trim().split_once(':').context("TIDINGS_API_KEYS entries are tenant:key")?;
-                let tenant = TenantId::parse(tenant).map_err(|e| anyhow::anyhow!("TIDINGS_API_KEYS: {e}"))?;
-                tenants::register_key(deps, &tenant, key).await?;
-                kept.push(key.to_owned());
-            }
-        }
-        None if embedded => {
-            let key = key_file(args, "demo-api-key")?;
-            let demo = TenantId::parse("demo").map_err(|e| anyhow::anyhow!("{e}"))?;
-            tenants::register_key(deps, &demo, &key).await?;
-            kept.push(key.clone());
-            printed.tenant = Some(key);
-        }
-        None => {}
-    }
     let operator = KeySpec { role: Role::Operator, ..Default::default() };
-    match operator_spec {
-        Some(spec) => {
-            for key in spec.split(',').map(str::trim).filter(|k| !k.is_empty()) {
-                tenants::register(deps, key, operator.clone()).await?;
-                kept.push(key.to_owned());
-            }
+    for k in &given {
+        match &k.tenant {
+            Some(tenant) => tenants::register_key(deps, tenant, &k.key).await?,
+            None => tenants::register(deps, &k.key, operator.clone()).await?,
         }
-        None if embedded => {
-            let key = key_file(args, "operator-api-key")?;
-            tenants::register(deps, &key, operator).await?;
-            kept.push(key.clone());
-            printed.operator = Some(key);
-        }
-        None => {}
+        kept.push(k.key.clone());
+    }
+    if tenant_spec.is_none() && embedded {
+        let key = key_file(args, "demo-api-key")?;
+        let demo = TenantId::parse("demo").map_err(|e| anyhow::anyhow!("{e}"))?;
+        tenants::register_key(deps, &demo, &key).await?;
+        kept.push(key.clone());
+        printed.tenant = Some(key);
+    }
+    if operator_spec.is_none() && embedded {
+        let key = key_file(args, "operator-api-key")?;
+        tenants::register(deps, &key, operator).await?;
+        kept.push(key.clone());
+        printed.operator = Some(key);
     }
     let kept: Vec<&str> = kept.iter().map(String::as_str).collect();
     let revoked = tenants::revoke_env_keys_except(deps, &kept).await?;

@@ -8,6 +8,7 @@ use tidings_core::notify::model::{NotificationRequest, NotificationStatus};
 use tidings_core::notify::verification::{self, Verified};
 
 use crate::extract::{Body, IdempotencyKey, PageParams, PathParams, QueryParams, Tenant};
+use crate::limits::SendBudget;
 use crate::problem::{ApiResult, Problem};
 use crate::state::AppState;
 
@@ -30,15 +31,20 @@ pub fn router() -> Router<AppState> {
     request_body = NotificationRequest,
     responses((status = 202, description = "Accepted (or scheduled); the same id for a repeated idempotency key", body = Accepted),
         (status = 409, description = "`idempotency_conflict`: the key was used with another body", body = Problem, content_type = "application/problem+json"),
-        (status = 429, description = "`rate_limited`: the `requester`'s limit is reached (`field` names which); nothing accepted; see `Retry-After`", body = Problem, content_type = "application/problem+json",
+        (status = 422, description = "Invalid, naming the `field`; `too_many_recipients`: more `user_ids` than the tenant's recipients budget holds at once", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "`rate_limited`: the tenant's send requests or recipients a second (`TIDINGS_API_RATES`), or the `requester`'s limit (`field` names which), is reached; nothing accepted; see `Retry-After`", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = u64, description = "Seconds until the limit's window ends")))))]
 async fn create(
     State(s): State<AppState>,
     Tenant(t): Tenant,
+    budget: SendBudget,
     header: IdempotencyKey,
     Body(mut req): Body<NotificationRequest>,
 ) -> ApiResult<(StatusCode, Json<Accepted>)> {
     req.idempotency_key = header.merge(req.idempotency_key.take())?;
+    // Each user named costs one unit of the tenant's recipients budget; a segment (a campaign)
+    // costs none here: its pages are paced by the campaign pipeline (docs/gates.md, "API limits").
+    budget.take(&t, req.user_ids().len()).await?;
     let accepted = api::accept(&s.deps, &t, req).await?;
     Ok((StatusCode::ACCEPTED, Json(accepted)))
 }

@@ -1,13 +1,15 @@
-//! Rate limits on the HTTP API: a token bucket per tenant and route class, and per client
-//! address on the public routes (tracking links, unsubscribe, provider callbacks), so that a
-//! flood from one caller is refused with 429 before it takes the capacity every tenant's OTPs
-//! share. The buckets are the provider gates' ([`super::GateStore`]): in the table on AWS,
-//! shared by every instance and leased a few tokens at a time; in the process on the embedded
-//! backend.
+//! Rate limits on the HTTP API: token buckets per tenant and class, and per client address
+//! where there is no tenant yet (the public routes, provider callbacks, failed
+//! authentications), so that a flood from one caller is refused with 429 before it takes the
+//! capacity every tenant's OTPs share. The buckets are the provider gates'
+//! ([`super::GateStore`]): in the table on AWS, shared by every instance and leased a few tokens
+//! at a time; in the process on the embedded backend. How to size each class: docs/gates.md,
+//! "API limits".
 //!
-//! `TIDINGS_API_RATES="send:50,write:100,read:200,public:20,callback:100,acme/send:200"`:
-//! requests per second per class; `tenant/class:rate` overrides one tenant's; `class:off`
-//! lifts a class's limit; `off` lifts them all. Absent: [`ApiRates::default`].
+//! `TIDINGS_API_RATES="send:50,recipients:1000,orders:1500:3000,acme/send:200"`: per class a
+//! rate per second and, after a second `:`, the bucket's burst (default: one second's rate);
+//! `tenant/class:rate[:burst]` overrides one tenant's; `class:off` lifts a class's limit; `off`
+//! lifts them all. Absent: [`ApiRates::default`].
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -22,8 +24,16 @@ use crate::notify::abuse::{ip_subject, subject_hash};
 /// Which bucket a request takes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum RouteClass {
-    /// `POST /v1/notifications` (OTPs, receipts, campaigns), per tenant.
+    /// `POST /v1/notifications` (OTPs, receipts, campaigns), per tenant: one unit a request.
     Send,
+    /// The recipients of `POST /v1/notifications` with `user_ids`, per tenant: one unit a
+    /// recipient, so that a request to 1,000 users costs what 1,000 requests to one do. A
+    /// segment (a campaign) costs nothing here: its size is not known when it is accepted, and
+    /// its pages are paced by the campaign pipeline and the tenant's send gate
+    /// (`TIDINGS_TENANT_RATES`).
+    Recipients,
+    /// `/v1/orders*` (place, pay, cancel, read an order), per tenant: sized for a flash sale.
+    Orders,
     /// Every other change, per tenant.
     Write,
     /// Reads, per tenant.
@@ -32,19 +42,33 @@ pub enum RouteClass {
     Public,
     /// Provider callbacks (SNS, push services): per client address.
     Callback,
+    /// Failed authentications (401) per client address: an address out of them is answered 429
+    /// before its key is checked, so keys cannot be guessed at the API's speed.
+    Auth,
 }
 
 impl RouteClass {
-    pub const ALL: [RouteClass; 5] =
-        [RouteClass::Send, RouteClass::Write, RouteClass::Read, RouteClass::Public, RouteClass::Callback];
+    pub const ALL: [RouteClass; 8] = [
+        RouteClass::Send,
+        RouteClass::Recipients,
+        RouteClass::Orders,
+        RouteClass::Write,
+        RouteClass::Read,
+        RouteClass::Public,
+        RouteClass::Callback,
+        RouteClass::Auth,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
             RouteClass::Send => "send",
+            RouteClass::Recipients => "recipients",
+            RouteClass::Orders => "orders",
             RouteClass::Write => "write",
             RouteClass::Read => "read",
             RouteClass::Public => "public",
             RouteClass::Callback => "callback",
+            RouteClass::Auth => "auth",
         }
     }
 
@@ -52,9 +76,18 @@ impl RouteClass {
         Self::ALL.into_iter().find(|c| c.as_str() == s)
     }
 
-    /// Whether its buckets are per client address (the routes that take no API key).
+    /// Whether its buckets are per client address (no tenant is known for them).
     pub fn by_address(self) -> bool {
-        matches!(self, RouteClass::Public | RouteClass::Callback)
+        matches!(self, RouteClass::Public | RouteClass::Callback | RouteClass::Auth)
+    }
+
+    /// What one unit of it is, for the answers' words.
+    pub fn unit(self) -> &'static str {
+        match self {
+            RouteClass::Recipients => "recipients",
+            RouteClass::Auth => "failed authentications",
+            _ => "requests",
+        }
     }
 }
 
@@ -65,24 +98,49 @@ pub enum Caller<'a> {
     Address(IpAddr),
 }
 
-/// Requests per second per class, and per tenant where configured.
+/// One bucket's rate: `per_s` units a second, `burst` of them at once.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Rate {
+    pub per_s: f64,
+    pub burst: f64,
+}
+
+impl Rate {
+    /// A bucket of one second's quota.
+    pub const fn per_second(per_s: f64) -> Self {
+        Self { per_s, burst: per_s }
+    }
+
+    /// The whole units the bucket holds: the most one request may cost.
+    pub fn burst_units(&self) -> u32 {
+        self.burst.floor().clamp(1.0, f64::from(u32::MAX)) as u32
+    }
+}
+
+/// Units per second per class, and per tenant where configured (`None`: off for that tenant).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ApiRates {
-    pub classes: BTreeMap<RouteClass, f64>,
-    pub tenants: BTreeMap<(String, RouteClass), f64>,
+    pub classes: BTreeMap<RouteClass, Rate>,
+    pub tenants: BTreeMap<(String, RouteClass), Option<Rate>>,
 }
 
 impl Default for ApiRates {
-    /// Per tenant: 50 sends, 100 other changes and 200 reads a second; per client address: 20
-    /// public requests and 100 callbacks a second (a provider's callbacks come from few
-    /// addresses).
+    /// Per tenant: 50 send requests and 1,000 recipients a second (a bucket of 1,000: one
+    /// `user_ids` list at its largest), 1,500 order requests a second with a burst of 3,000 (a
+    /// flash sale's 1,000 orders at once, their payments and reads), 100 other changes and 200
+    /// reads; per client address: 20 public requests, 100 callbacks (a provider's callbacks come
+    /// from few addresses), and 10 failed authentications at once then one a second. Why these:
+    /// docs/gates.md, "API limits".
     fn default() -> Self {
         let classes = [
-            (RouteClass::Send, 50.0),
-            (RouteClass::Write, 100.0),
-            (RouteClass::Read, 200.0),
-            (RouteClass::Public, 20.0),
-            (RouteClass::Callback, 100.0),
+            (RouteClass::Send, Rate::per_second(50.0)),
+            (RouteClass::Recipients, Rate::per_second(1000.0)),
+            (RouteClass::Orders, Rate { per_s: 1500.0, burst: 3000.0 }),
+            (RouteClass::Write, Rate::per_second(100.0)),
+            (RouteClass::Read, Rate::per_second(200.0)),
+            (RouteClass::Public, Rate::per_second(20.0)),
+            (RouteClass::Callback, Rate::per_second(100.0)),
+            (RouteClass::Auth, Rate { per_s: 1.0, burst: 10.0 }),
         ];
         Self { classes: classes.into_iter().collect(), tenants: BTreeMap::new() }
     }
@@ -101,26 +159,40 @@ impl ApiRates {
                 rates.classes.clear();
                 continue;
             }
-            let (name, rate) = entry.split_once(':').ok_or_else(|| bad(entry, "is not class:rate"))?;
-            let rate = match rate.trim() {
-                "off" => None,
-                r => match r.parse::<f64>() {
-                    Ok(n) if n.is_finite() && n > 0.0 => Some(n),
-                    _ => return Err(bad(entry, "needs a rate above 0 (requests per second) or off")),
-                },
+            let (name, value) = entry.split_once(':').ok_or_else(|| bad(entry, "is not class:rate"))?;
+            let positive = |v: &str| match v.trim().parse::<f64>() {
+                Ok(n) if n.is_finite() && n > 0.0 => Some(n),
+                _ => None,
+            };
+            let rate = match value.trim().split_once(':') {
+                _ if value.trim() == "off" => None,
+                None => Some(
+                    positive(value)
+                        .map(Rate::per_second)
+                        .ok_or_else(|| bad(entry, "needs a rate above 0 (units per second) or off"))?,
+                ),
+                Some((per_s, burst)) => {
+                    let per_s = positive(per_s).ok_or_else(|| bad(entry, "needs a rate above 0 (units per second)"))?;
+                    let burst = positive(burst)
+                        .filter(|b| *b >= per_s)
+                        .ok_or_else(|| bad(entry, "needs a burst of at least its rate (class:rate:burst)"))?;
+                    Some(Rate { per_s, burst })
+                }
             };
             let (tenant, class) = match name.trim().split_once('/') {
                 Some((t, c)) => (Some(t.trim()), c.trim()),
                 None => (None, name.trim()),
             };
-            let class = RouteClass::parse(class)
-                .ok_or_else(|| bad(entry, "names no class (send, write, read, public, callback)"))?;
+            let class = RouteClass::parse(class).ok_or_else(|| {
+                bad(entry, "names no class (send, recipients, orders, write, read, public, callback, auth)")
+            })?;
             match tenant {
-                Some(_) if class.by_address() => return Err(bad(entry, "public and callback limits are per address")),
+                Some(_) if class.by_address() => {
+                    return Err(bad(entry, "public, callback and auth limits are per address"));
+                }
                 Some(t) => {
                     let t = TenantId::parse(t).map_err(|e| bad(entry, &e.to_string()))?;
-                    // A tenant's `off` is a rate no one reaches.
-                    rates.tenants.insert((t.as_str().to_owned(), class), rate.unwrap_or(f64::MAX));
+                    rates.tenants.insert((t.as_str().to_owned(), class), rate);
                 }
                 None => match rate {
                     Some(r) => {
@@ -135,11 +207,12 @@ impl ApiRates {
         Ok(rates)
     }
 
-    fn rate(&self, caller: Caller<'_>, class: RouteClass) -> Option<f64> {
+    /// The rate of `caller`'s bucket of `class`; `None`: no limit.
+    pub fn rate(&self, caller: Caller<'_>, class: RouteClass) -> Option<Rate> {
         if let Caller::Tenant(t) = caller
             && let Some(r) = self.tenants.get(&(t.as_str().to_owned(), class))
         {
-            return (*r < f64::MAX).then_some(*r);
+            return *r;
         }
         self.classes.get(&class).copied()
     }
@@ -149,19 +222,16 @@ impl ApiRates {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Admission {
     pub class: RouteClass,
-    /// Requests allowed per second (the policy's quota over a window of one second).
+    /// Units allowed per second (the policy's quota over a window of one second).
     pub quota: u32,
-    /// About how many more would be let through now.
+    /// About how many more units would be let through now.
     pub remaining: u32,
     /// Until the bucket is full again.
     pub reset: Duration,
-    /// Refused: how long until the next request could pass (`Retry-After`).
+    /// Refused: how long until the request could pass (`Retry-After`).
     pub refused: Option<Duration>,
 }
 
-/// A client may send a second's quota at once, then the rate: the policy is `q` requests
-/// restored over a window of one second.
-const API_BURST_SHARE: f64 = 1.0;
 /// Buckets kept in this process at most; past it, those idle for a while are dropped (a
 /// dropped bucket is a full one, which an idle bucket is anyway).
 const MAX_BUCKETS: usize = 20_000;
@@ -189,7 +259,17 @@ impl ApiLimits {
         Self::new(ApiRates { classes: BTreeMap::new(), tenants: BTreeMap::new() }, GateStore::Local)
     }
 
-    fn gate(&self, name: String, rate: f64, now_ms: i64) -> Arc<dyn RateGate> {
+    fn name(caller: Caller<'_>, class: RouteClass) -> String {
+        match caller {
+            Caller::Tenant(t) => format!("api#{}#T#{t}", class.as_str()),
+            // Hashed: the table holds no client address.
+            Caller::Address(ip) => {
+                format!("api#{}#IP#{}", class.as_str(), subject_hash(&ip_subject(&ip.to_string()).unwrap_or_default()))
+            }
+        }
+    }
+
+    fn gate(&self, name: String, rate: Rate, now_ms: i64) -> Arc<dyn RateGate> {
         let mut gates = self.gates.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(kept) = gates.get_mut(&name) {
             kept.used_ms = now_ms;
@@ -201,35 +281,75 @@ impl ApiLimits {
                 gates.clear();
             }
         }
+        // Seconds of quota the bucket holds: 1 and more (see `TokenBucket::shaped`).
+        let share = (rate.burst / rate.per_s).max(1.0);
         let gate: Arc<dyn RateGate> = match &self.store {
-            GateStore::Local => Arc::new(LocalGate::shaped(rate, API_BURST_SHARE, now_ms)),
-            GateStore::Shared(table) => Arc::new(SharedGate::shaped(table.clone(), &name, rate, API_BURST_SHARE)),
+            GateStore::Local => Arc::new(LocalGate::shaped(rate.per_s, share, now_ms)),
+            GateStore::Shared(table) => Arc::new(SharedGate::shaped(table.clone(), &name, rate.per_s, share)),
         };
         gates.insert(name, Kept { gate: gate.clone(), used_ms: now_ms });
         gate
     }
 
+    /// The rate of `caller`'s bucket of `class`; `None` when that class has no limit.
+    pub fn rate(&self, caller: Caller<'_>, class: RouteClass) -> Option<Rate> {
+        self.rates.rate(caller, class)
+    }
+
     /// Takes one request from `caller`'s bucket of `class`; `None` when that class has no limit.
     pub async fn admit(&self, caller: Caller<'_>, class: RouteClass, now_ms: i64) -> Option<Admission> {
+        self.admit_n(caller, class, 1, now_ms).await
+    }
+
+    /// Takes `units` at once from `caller`'s bucket of `class` (all or none); `None` when that
+    /// class has no limit. More units than the bucket's burst are never admitted: see
+    /// [`ApiLimits::rate`] and [`Rate::burst_units`] to say so before asking.
+    pub async fn admit_n(&self, caller: Caller<'_>, class: RouteClass, units: u32, now_ms: i64) -> Option<Admission> {
         let rate = self.rates.rate(caller, class)?;
-        let name = match caller {
-            Caller::Tenant(t) => format!("api#{}#T#{t}", class.as_str()),
-            // Hashed: the table holds no client address.
-            Caller::Address(ip) => {
-                format!("api#{}#IP#{}", class.as_str(), subject_hash(&ip_subject(&ip.to_string()).unwrap_or_default()))
-            }
-        };
-        let gate = self.gate(name, rate, now_ms);
-        let refused = gate.try_admit(now_ms).await.err();
+        let gate = self.gate(Self::name(caller, class), rate, now_ms);
+        let refused =
+            if units <= 1 { gate.try_admit(now_ms).await.err() } else { gate.try_admit_n(units, now_ms).await.err() };
+        Some(Self::admission(gate.as_ref(), class, rate, refused, now_ms))
+    }
+
+    fn admission(
+        gate: &dyn RateGate,
+        class: RouteClass,
+        rate: Rate,
+        refused: Option<Duration>,
+        now_ms: i64,
+    ) -> Admission {
         let (remaining, reset) = gate.remaining(now_ms);
-        let quota = rate.floor().clamp(1.0, f64::from(u32::MAX)) as u32;
-        Some(Admission {
+        let quota = rate.per_s.floor().clamp(1.0, f64::from(u32::MAX)) as u32;
+        Admission {
             class,
             quota,
-            remaining: if refused.is_some() { 0 } else { remaining.min(quota) },
+            remaining: if refused.is_some() { 0 } else { remaining.min(rate.burst_units()) },
             reset: refused.map_or(reset, |wait| wait.max(reset)),
             refused,
-        })
+        }
+    }
+
+    /// Whether `ip` is out of failed authentications (then the refusal, before its key is
+    /// checked). Asks no store: an instance knows an address's bucket is empty from its own
+    /// last take ([`ApiLimits::authentication_failed`]); an address it never saw fail is not
+    /// refused.
+    pub fn authentication_refused(&self, ip: IpAddr, now_ms: i64) -> Option<Admission> {
+        let caller = Caller::Address(ip);
+        let rate = self.rates.rate(caller, RouteClass::Auth)?;
+        let gate = {
+            let mut gates = self.gates.lock().unwrap_or_else(|p| p.into_inner());
+            let kept = gates.get_mut(&Self::name(caller, RouteClass::Auth))?;
+            kept.used_ms = now_ms;
+            kept.gate.clone()
+        };
+        let wait = gate.empty_for(now_ms)?;
+        Some(Self::admission(gate.as_ref(), RouteClass::Auth, rate, Some(wait), now_ms))
+    }
+
+    /// A request from `ip` failed its authentication: one unit of its bucket.
+    pub async fn authentication_failed(&self, ip: IpAddr, now_ms: i64) -> Option<Admission> {
+        self.admit(Caller::Address(ip), RouteClass::Auth, now_ms).await
     }
 }
 
@@ -243,21 +363,90 @@ mod tests {
     }
 
     #[test]
-    fn rates_parse_with_defaults_overrides_and_off() {
-        let r = ApiRates::parse("send:5, read:off, acme/write:7, globex/send:off").unwrap();
-        assert_eq!(r.classes.get(&RouteClass::Send), Some(&5.0));
+    fn rates_parse_with_defaults_overrides_bursts_and_off() {
+        let r = ApiRates::parse("send:5, read:off, acme/write:7, globex/send:off, orders:10:40").unwrap();
+        assert_eq!(r.classes.get(&RouteClass::Send), Some(&Rate::per_second(5.0)));
         assert_eq!(r.classes.get(&RouteClass::Read), None);
-        assert_eq!(r.classes.get(&RouteClass::Public), Some(&20.0), "unnamed classes keep their default");
+        assert_eq!(r.classes.get(&RouteClass::Orders), Some(&Rate { per_s: 10.0, burst: 40.0 }));
+        assert_eq!(
+            r.classes.get(&RouteClass::Public),
+            Some(&Rate::per_second(20.0)),
+            "unnamed classes keep their default"
+        );
         let acme = acme();
         let globex = TenantId::parse("globex").unwrap();
-        assert_eq!(r.rate(Caller::Tenant(&acme), RouteClass::Write), Some(7.0));
-        assert_eq!(r.rate(Caller::Tenant(&globex), RouteClass::Write), Some(100.0));
+        assert_eq!(r.rate(Caller::Tenant(&acme), RouteClass::Write), Some(Rate::per_second(7.0)));
+        assert_eq!(r.rate(Caller::Tenant(&globex), RouteClass::Write), Some(Rate::per_second(100.0)));
         assert_eq!(r.rate(Caller::Tenant(&globex), RouteClass::Send), None);
         assert!(ApiRates::parse("off").unwrap().classes.is_empty());
-        for bad in ["send", "send:0", "send:-1", "sned:5", "acme/public:5", "send:fast", "Bad Tenant/send:3"] {
+        for bad in [
+            "send",
+            "send:0",
+            "send:-1",
+            "sned:5",
+            "acme/public:5",
+            "acme/auth:5",
+            "send:fast",
+            "Bad Tenant/send:3",
+            "orders:10:5",
+            "orders:10:many",
+            "orders:0:5",
+        ] {
             let e = ApiRates::parse(bad).unwrap_err();
             assert!(e.contains(API_RATES_VAR) && e.contains(bad), "{bad}: {e}");
         }
+    }
+
+    /// The defaults let a flash sale's orders through at once and hold a whole `user_ids` list
+    /// of recipients (docs/gates.md, "API limits").
+    #[test]
+    fn the_defaults_take_a_flash_sale_and_a_largest_list() {
+        let d = ApiRates::default();
+        let orders = d.classes[&RouteClass::Orders];
+        assert!(orders.burst >= 2000.0 && orders.per_s >= 1000.0, "{orders:?}");
+        assert!(
+            d.classes[&RouteClass::Recipients].burst_units() as usize >= crate::notify::model::MAX_USER_IDS,
+            "a list of the most user_ids a request may name must fit in the bucket"
+        );
+        assert!(d.classes.contains_key(&RouteClass::Auth));
+    }
+
+    /// A bucket of 1,000 recipients: 40 notifications of 1,000 recipients at once pass one,
+    /// where they were 40 requests of the send class before; the refusal says when all the
+    /// units will be there.
+    #[tokio::test]
+    async fn recipients_are_counted_by_the_unit() {
+        let limits = ApiLimits::new(ApiRates::default(), GateStore::Local);
+        let acme = acme();
+        let mut passed = 0;
+        for _ in 0..40 {
+            let a = limits.admit_n(Caller::Tenant(&acme), RouteClass::Recipients, 1000, 0).await.unwrap();
+            match a.refused {
+                None => passed += 1,
+                Some(wait) => assert_eq!(wait, Duration::from_secs(1), "1,000 more at 1,000 a second"),
+            }
+        }
+        assert_eq!(passed, 1);
+        let later = limits.admit_n(Caller::Tenant(&acme), RouteClass::Recipients, 1000, 1000).await.unwrap();
+        assert_eq!(later.refused, None, "a second later the bucket holds 1,000 again");
+    }
+
+    /// An address is refused before its key is checked once its failed authentications ran out,
+    /// and not before; another address is not.
+    #[tokio::test]
+    async fn failed_authentications_empty_an_addresss_bucket() {
+        let limits = ApiLimits::new(ApiRates::parse("auth:1:3").unwrap(), GateStore::Local);
+        let a: IpAddr = "203.0.113.7".parse().unwrap();
+        let b: IpAddr = "198.51.100.1".parse().unwrap();
+        assert_eq!(limits.authentication_refused(a, 0), None, "an address never seen failing");
+        for _ in 0..3 {
+            assert_eq!(limits.authentication_failed(a, 0).await.unwrap().refused, None);
+        }
+        let refused = limits.authentication_refused(a, 0).unwrap();
+        assert_eq!(refused.refused, Some(Duration::from_secs(1)));
+        assert_eq!(refused.class, RouteClass::Auth);
+        assert_eq!(limits.authentication_refused(b, 0), None);
+        assert_eq!(limits.authentication_refused(a, 1000), None, "a second later one more try");
     }
 
     /// One tenant sending ten times its rate gets no more than its rate a second; another

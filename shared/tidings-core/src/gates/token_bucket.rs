@@ -4,8 +4,9 @@
 //! `rate` sends in any window of one second (`burst + refill · 1 s`), spread out rather than
 //! in one block (docs/gates.md).
 //!
-//! The API's buckets (`super::api`) hold a whole second's quota instead (`burst_share` 1) and
-//! refill at the rate: a client may send a second's quota at once, then the rate.
+//! The API's buckets (`super::api`) hold at least a whole second's quota instead (`burst_share`
+//! 1 or more: the `orders` class holds two seconds', so a flash sale's orders and their payments
+//! pass at once) and refill at the rate: a client may send its burst at once, then the rate.
 //!
 //! AIMD on 429: the rate halves (never below 1/s) and the bucket pauses for the provider's
 //! `Retry-After`; each accepted send adds back 1% of the configured rate. The number of workers
@@ -36,7 +37,7 @@ pub struct TokenBucket {
     /// When the rate was last halved.
     #[serde(default)]
     pub decreased_ms: i64,
-    /// The share of the rate the bucket holds (its burst): at most one half, or 1 (see
+    /// The share of the rate the bucket holds (its burst): at most one half, or 1 and more (see
     /// [`TokenBucket::refill_rate`]).
     #[serde(default = "provider_burst_share")]
     pub burst_share: f64,
@@ -74,9 +75,9 @@ impl TokenBucket {
         b
     }
 
-    /// Up to one half, or 1.
+    /// Up to one half, or 1 and more (the API's buckets: seconds of quota held).
     fn share(&self) -> f64 {
-        if self.burst_share >= 1.0 { 1.0 } else { self.burst_share.clamp(0.0, 0.5) }
+        if self.burst_share >= 1.0 { self.burst_share } else { self.burst_share.clamp(0.0, 0.5) }
     }
 
     /// The bucket's capacity: `burst_share` of the current rate, at least one token.
@@ -141,6 +142,23 @@ impl TokenBucket {
         Ok(got)
     }
 
+    /// Takes exactly `n` tokens, or none and says how long until `n` are there (a request that
+    /// costs several units: a notification's recipients). `n` above the burst never passes;
+    /// callers check it first ([`TokenBucket::burst`]).
+    pub fn take_exactly(&mut self, n: u32, now_ms: i64) -> Result<(), Duration> {
+        if now_ms < self.paused_until_ms {
+            return Err(Duration::from_millis((self.paused_until_ms - now_ms) as u64));
+        }
+        self.refill(now_ms);
+        let n = f64::from(n.max(1));
+        if self.tokens >= n {
+            self.tokens -= n;
+            return Ok(());
+        }
+        let ms = ((n - self.tokens) * 1000.0 / self.refill_rate()).ceil().max(1.0);
+        Err(Duration::from_millis(ms as u64))
+    }
+
     /// Takes `n` tokens when at least one is there, owing the rest (the bucket goes below zero
     /// and refills from there): a lease of the next tokens, so that one instance takes several
     /// in one request of the store while the rate over time stays the same.
@@ -195,6 +213,13 @@ pub trait RateGate: Send + Sync + 'static {
     async fn try_admit(&self, now_ms: i64) -> Result<(), Duration> {
         self.try_take(now_ms).await
     }
+    /// [`RateGate::try_admit`] of `n` tokens at once, all or none.
+    async fn try_admit_n(&self, n: u32, now_ms: i64) -> Result<(), Duration>;
+    /// How long until a token is there, when this instance knows the bucket is empty (without
+    /// taking one, nor asking a shared store): a check made before any work is done.
+    fn empty_for(&self, _now_ms: i64) -> Option<Duration> {
+        None
+    }
     /// About how many tokens are left after the last take, and how long until the bucket is
     /// full (the API's `RateLimit` header); shared gates know it as of their last read.
     fn remaining(&self, _now_ms: i64) -> (u32, Duration) {
@@ -232,6 +257,12 @@ impl RateGate for LocalGate {
     }
     fn current_rate(&self) -> f64 {
         self.with(|b| b.rate)
+    }
+    async fn try_admit_n(&self, n: u32, now_ms: i64) -> Result<(), Duration> {
+        self.with(|b| b.take_exactly(n, now_ms))
+    }
+    fn empty_for(&self, now_ms: i64) -> Option<Duration> {
+        self.with(|b| (b.available(now_ms) == 0).then(|| b.next_token_in(now_ms).max(Duration::from_millis(1))))
     }
     fn remaining(&self, now_ms: i64) -> (u32, Duration) {
         self.with(|b| (b.available(now_ms), b.until_full(now_ms)))
@@ -340,6 +371,31 @@ impl SharedGate {
         })
     }
 
+    /// Takes `n` tokens at once, all or none: from the local allowance when it holds them,
+    /// else in one write of the shared bucket (a weighted request is one store request).
+    async fn take_n(&self, n: u32, now_ms: i64) -> Result<Result<(), Duration>, StoreError> {
+        let from_local = |local: &mut Allowance| {
+            (local.tokens >= n).then(|| {
+                local.tokens -= n;
+            })
+        };
+        if from_local(&mut self.lock()).is_some() {
+            return Ok(Ok(()));
+        }
+        let _leasing = self.leasing.lock().await;
+        if from_local(&mut self.lock()).is_some() {
+            return Ok(Ok(()));
+        }
+        let taken = self.modify(now_ms, |b| b.take_exactly(n, now_ms)).await?;
+        if let Err(wait) = taken {
+            let mut local = self.lock();
+            if local.tokens == 0 {
+                local.empty_until_ms = now_ms.saturating_add(i64::try_from(wait.as_millis()).unwrap_or(i64::MAX));
+            }
+        }
+        Ok(taken)
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Allowance> {
         self.local.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -429,6 +485,25 @@ impl RateGate for SharedGate {
         }
     }
 
+    async fn try_admit_n(&self, n: u32, now_ms: i64) -> Result<(), Duration> {
+        if n <= 1 {
+            return self.try_admit(now_ms).await;
+        }
+        match self.take_n(n, now_ms).await {
+            Ok(taken) => taken,
+            Err(e) => {
+                tracing::warn!(error = %e, "rate bucket unreachable: the request goes through unmetered");
+                Ok(())
+            }
+        }
+    }
+
+    fn empty_for(&self, now_ms: i64) -> Option<Duration> {
+        let local = self.lock();
+        (local.tokens == 0 && now_ms < local.empty_until_ms)
+            .then(|| Duration::from_millis((local.empty_until_ms - now_ms) as u64))
+    }
+
     async fn throttled(&self, now_ms: i64, retry_after: Option<Duration>) {
         self.lock().tokens = 0;
         if let Err(e) = self.modify(now_ms, |b| b.throttled(now_ms, retry_after)).await {
@@ -498,6 +573,21 @@ mod tests {
             // And it is not starved either: at least half the rate over the run.
             assert!(sends.len() as f64 >= limit * 10.0 * 0.5, "limit {limit}: only {} sends", sends.len());
         }
+    }
+
+    /// The API's buckets may hold more than a second's quota; a weighted take is all or none and
+    /// says when all its tokens will be there.
+    #[test]
+    fn a_bucket_of_two_seconds_and_weighted_takes() {
+        let mut b = TokenBucket::shaped(100.0, 2.0, 0);
+        assert_eq!(b.burst(), 200.0);
+        assert_eq!(b.available(0), 200);
+        assert_eq!(b.take_exactly(150, 0), Ok(()));
+        assert_eq!(b.take_exactly(100, 0), Err(Duration::from_millis(500)), "50 there, 50 more at 100/s");
+        assert_eq!(b.available(0), 50, "a refused take takes nothing");
+        assert_eq!(b.take_exactly(100, 500), Ok(()));
+        // Refilled at the rate, up to the burst.
+        assert_eq!(b.available(10_000), 200);
     }
 
     #[test]

@@ -4,7 +4,11 @@
 //! the lookup item `KEY#{hash}` is what a request is authenticated against (a lookup by hash, so
 //! no secret is ever compared byte by byte and there is no timing side channel), and the index
 //! item `KEYS/{id}` is what operators list, rotate and revoke by. Both are written in one
-//! transaction.
+//! transaction. The id is random, for the environment's keys too: it is shown (listings, logs,
+//! the console), and an id derived from the secret would let whoever sees it test guesses of
+//! the secret offline; the hash that finds the lookup item is never shown. Ids that earlier
+//! versions derived from an environment key's secret are replaced at the next start
+//! (docs/operators.md, "Keys").
 //!
 //! Roles: a *tenant* key acts on its own tenant's data (the `/v1` data routes); an *operator* key
 //! acts on the system (`/v1/ops/*`, `/v1/admin/*`) and on no tenant's data. Revoking deletes the
@@ -272,11 +276,24 @@ pub async fn create(deps: &Deps, spec: KeySpec) -> CoreResult<NewKey> {
     Ok(NewKey { key, info })
 }
 
-/// Stores a key whose secret the caller chose (a local run's environment). The id follows from
-/// the secret, so registering the same key again at every start changes nothing but its role
-/// or tenant.
+/// Stores a key whose secret the caller chose (a local run's environment). Registering the same
+/// key again at every start changes nothing but its role or tenant: it keeps the id it was
+/// given, found through its lookup item.
 pub async fn register_key(deps: &Deps, tenant: &TenantId, key: &str) -> CoreResult<()> {
     register(deps, key, KeySpec { role: Role::Tenant, tenant: Some(tenant.clone()), ..Default::default() }).await
+}
+
+/// A new id for a key from the environment: random like every key id, never a function of the
+/// secret (docs/operators.md, "Keys"): an id is shown in listings, logs and the console, and one
+/// derived from the secret would let whoever sees it test guesses of the secret offline.
+fn new_env_key_id() -> String {
+    format!("env_{}", hex::encode(rand::random::<[u8; 8]>()))
+}
+
+/// Whether `id` is what earlier versions made of a key from the environment: the first 64 bits
+/// of its unsalted SHA-256 (`hash`). Such ids are replaced by random ones at the next start.
+fn is_derived_id(id: &str, hash: &str) -> bool {
+    hash.get(..16).is_some_and(|h| id.strip_prefix("env_") == Some(h))
 }
 
 /// [`register_key`] for any role.
@@ -286,8 +303,22 @@ pub async fn register(deps: &Deps, key: &str, spec: KeySpec) -> CoreResult<()> {
     if key.trim().is_empty() || key.len() > 256 {
         return Err(CoreError::invalid("key", "1 to 256 characters"));
     }
-    let id = format!("env_{}", &hash_key(key)[..16]);
-    let (_, writes) = writes_for(key, id, &spec, KeySource::Env, now);
+    let hash = hash_key(key);
+    let stored = match deps.table.get(&keys::api_key(&hash)).await? {
+        Some(item) => item.parse::<LookupRecord>().ok().and_then(|r| r.id),
+        None => None,
+    };
+    let (id, derived) = match stored {
+        Some(id) if !is_derived_id(&id, &hash) => (id, None),
+        // Stored by an earlier version under an id derived from the secret: a new id, and the
+        // old index item goes (the key itself, its lookup item, keeps working throughout).
+        Some(derived) => (new_env_key_id(), Some(derived)),
+        None => (new_env_key_id(), None),
+    };
+    let (_, mut writes) = writes_for(key, id, &spec, KeySource::Env, now);
+    if let Some(old) = derived {
+        writes.push(Write::Delete { key: keys::api_key_index(&old), cond: Cond::Always });
+    }
     let written = deps.table.transact(writes).await;
     deps.keys.forget_all();
     written?;
@@ -295,14 +326,29 @@ pub async fn register(deps: &Deps, key: &str, spec: KeySpec) -> CoreResult<()> {
 }
 
 /// Revokes every key a local run's environment registered earlier and no longer lists, so a key
-/// taken out of `TIDINGS_API_KEYS` stops working at the next start. Returns how many.
+/// taken out of `TIDINGS_API_KEYS` stops working at the next start. Returns how many. A revoked
+/// key still listed under an id derived from its secret (earlier versions) gets a random one.
 pub async fn revoke_env_keys_except(deps: &Deps, keep: &[&str]) -> CoreResult<usize> {
-    let keep: Vec<String> = keep.iter().map(|k| format!("env_{}", &hash_key(k)[..16])).collect();
+    let keep: Vec<String> = keep.iter().map(|k| hash_key(k)).collect();
     let mut revoked = 0;
-    for info in list_all(deps).await? {
-        if info.source == KeySource::Env && info.revoked_at.is_none() && !keep.contains(&info.id) {
-            revoke(deps, &info.id).await?;
+    for record in list_all_records(deps).await? {
+        if record.info.source != KeySource::Env {
+            continue;
+        }
+        if record.info.revoked_at.is_none() && !keep.contains(&record.hash) {
+            revoke(deps, &record.info.id).await?;
             revoked += 1;
+        } else if record.info.revoked_at.is_some() && is_derived_id(&record.info.id, &record.hash) {
+            let old = record.info.id.clone();
+            let mut info = record.info;
+            info.id = new_env_key_id();
+            let renamed = IndexRecord { info, hash: record.hash };
+            deps.table
+                .transact(vec![
+                    Write::Put { item: index_item(&renamed.info.id, &renamed), cond: Cond::NotExists },
+                    Write::Delete { key: keys::api_key_index(&old), cond: Cond::Exists },
+                ])
+                .await?;
         }
     }
     Ok(revoked)
@@ -407,13 +453,18 @@ pub async fn list(
     Ok((with_last_used(deps, records).await?, page.next_cursor))
 }
 
-async fn list_all(deps: &Deps) -> CoreResult<Vec<KeyInfo>> {
+/// Every index record, with the hash that finds its lookup item (never shown).
+async fn list_all_records(deps: &Deps) -> CoreResult<Vec<IndexRecord>> {
     let mut all = Vec::new();
     let mut cursor = None;
     loop {
-        let (mut page, next) = list(deps, None, 100, cursor).await?;
-        all.append(&mut page);
-        match next {
+        let page = deps
+            .table
+            .query(keys::API_KEY_INDEX_PK, "", QueryOpts { limit: 100, cursor, descending: false })
+            .await
+            .map_err(CoreError::of_page_query)?;
+        all.extend(page.items.iter().filter_map(|i| i.parse::<IndexRecord>().ok()));
+        match page.next_cursor {
             Some(c) => cursor = Some(c),
             None => return Ok(all),
         }
