@@ -951,3 +951,30 @@ async fn a_notification_whose_stream_record_was_lost_is_swept_once_old_enough() 
     let view = api::get_notification(&w.deps, &w.t, &id).await.unwrap().unwrap();
     assert_ne!(view.status, NotificationStatus::Accepted);
 }
+
+/// Header injection (docs/templates.md, "Header fields"): a placeholder's value with a line
+/// break (`1\r\nBcc: victim@example.com`) reaches the email provider as one subject line, the
+/// break a space; the body keeps its lines.
+#[tokio::test]
+async fn a_line_break_from_params_never_reaches_an_email_header() {
+    let w = world().await;
+    let input = serde_json::from_value(json!({"default_locale": "en", "locales": {"en": {
+        "email_subject": "Order {{ order_id }}\u{2028}shipped", "email_body": "Order {{ order_id }}"}}}))
+    .unwrap();
+    templates::put_template(&w.deps, &w.t, "shipped", input).await.unwrap();
+    let req = serde_json::from_value(json!({"idempotency_key": "hdr", "recipients": {"user_ids": ["u1"]},
+        "template_id": "shipped", "params": {"order_id": "1\r\nBcc: victim@example.com\n\u{85}x"},
+        "category": "transactional", "channels": ["email"]}))
+    .unwrap();
+    accept(&w, req).await;
+    drain(&w).await;
+    let calls = w.email.calls();
+    assert_eq!(calls.len(), 1);
+    let subject = calls[0].subject.clone().unwrap();
+    assert!(!subject.chars().any(|c| c.is_control() || c == '\u{2028}'), "one line: {subject:?}");
+    assert_eq!(subject, "Order 1  Bcc: victim@example.com  x shipped");
+    for (name, value) in &calls[0].headers {
+        assert!(!format!("{name}{value}").chars().any(char::is_control), "{name}: {value:?}");
+    }
+    assert!(calls[0].body.contains('\n'), "the body keeps its lines: {:?}", calls[0].body);
+}
