@@ -905,6 +905,37 @@ async fn unregistering_a_token_another_tenant_uses_keeps_its_endpoint() {
     assert_eq!(*w.push.unregistered.lock().unwrap(), ["tok-shared"]);
 }
 
+/// The other order (docs/people.md, "Devices"): tenant B registers a token tenant A registered
+/// first, then deletes it. The endpoint is A's too: B's delete leaves it, A still has the device
+/// and the push service's events about it still find A's; A's own delete, the last, deletes it.
+#[tokio::test]
+async fn another_tenant_deleting_a_token_it_registered_after_us_keeps_our_endpoint() {
+    use tidings_core::people::devices::{self, DeviceInput};
+    use tidings_core::ports::Platform;
+    let w = world().await;
+    let other = TenantId::parse("shop-b").unwrap();
+    let mut address = String::new();
+    for t in [&w.t, &other] {
+        let input = DeviceInput { user_id: "u1".into(), platform: Platform::Ios, token: "tok-a".into() };
+        address = devices::register(&w.deps, t, input).await.unwrap().0.address;
+    }
+    devices::unregister(&w.deps, &other, "tok-a").await.unwrap();
+    assert!(w.push.unregistered.lock().unwrap().is_empty(), "shop-a still sends to it");
+    assert!(devices::list(&w.deps, &other, "u1").await.unwrap().is_empty());
+    assert_eq!(devices::list(&w.deps, &w.t, "u1").await.unwrap().len(), 1);
+    let (owner, _) =
+        devices::by_address(&w.deps, &address).await.unwrap().expect("the endpoint still maps to a device");
+    assert_eq!(owner, w.t, "the push service's events about it reach shop-a's device");
+    // B registering and deleting again, or a B user erased, changes nothing for A either.
+    let input = DeviceInput { user_id: "u2".into(), platform: Platform::Ios, token: "tok-a".into() };
+    devices::register(&w.deps, &other, input).await.unwrap();
+    devices::unregister(&w.deps, &other, "tok-a").await.unwrap();
+    assert!(w.push.unregistered.lock().unwrap().is_empty());
+    devices::unregister(&w.deps, &w.t, "tok-a").await.unwrap();
+    assert_eq!(*w.push.unregistered.lock().unwrap(), ["tok-a"], "the last registration deletes it");
+    assert!(devices::by_address(&w.deps, &address).await.unwrap().is_none());
+}
+
 async fn queued_requests(w: &World) -> u64 {
     let mut n = 0;
     for q in ["requests-high", "requests-normal", "requests-low"] {
