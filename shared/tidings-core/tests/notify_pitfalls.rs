@@ -1009,3 +1009,40 @@ async fn a_line_break_from_params_never_reaches_an_email_header() {
     }
     assert!(calls[0].body.contains('\n'), "the body keeps its lines: {:?}", calls[0].body);
 }
+
+/// Erasure (docs/people.md, "Erasure"): the one-click unsubscribe link of an email sent before
+/// the user was erased writes nothing (no preferences come back), and answers as it would. Once
+/// the user is written again, a link of a notification accepted since works as usual.
+#[tokio::test]
+async fn an_erased_users_unsubscribe_link_writes_nothing() {
+    use tidings_core::people::erasure;
+    use tidings_core::tracking::{self, Claims, TokenKind};
+    let w = world().await;
+    let before = accept(&w, request("m-before", "marketing", "email", 1)).await;
+    drain(&w).await;
+    erasure::erase(&w.deps, &w.t, "u1").await.unwrap();
+    let link = |n: &str| Claims {
+        k: TokenKind::Unsubscribe,
+        t: w.t.clone(),
+        n: n.to_owned(),
+        u: "u1".into(),
+        c: Channel::Email,
+        url: None,
+    };
+    let prefs_item = || async {
+        let prefs = preferences::get(&w.deps, &w.t, "u1").await.unwrap();
+        (prefs.updated_at.clone(), prefs.categories.get("marketing").copied())
+    };
+    tracking::unsubscribe(&w.deps, &link(&before)).await.unwrap();
+    assert_eq!(prefs_item().await, (String::new(), None), "nothing written for an erased user");
+    // Written again: the old link still changes nothing, a new one works.
+    users::put_user(&w.deps, &w.t, "u1", UserInput { email: Some("b@example.com".into()), ..UserInput::default() })
+        .await
+        .unwrap();
+    tracking::unsubscribe(&w.deps, &link(&before)).await.unwrap();
+    assert_eq!(prefs_item().await.1, None, "a link from before the erasure is not the new user's");
+    w.clock.advance(chrono::Duration::seconds(1));
+    let after = accept(&w, request("m-after", "marketing", "email", 2)).await;
+    tracking::unsubscribe(&w.deps, &link(&after)).await.unwrap();
+    assert_eq!(prefs_item().await.1, Some(false), "the user written again unsubscribes");
+}
