@@ -22,6 +22,7 @@
 //! | suppressed address | `T#t#SUPPRESS#{channel}#{sha256(address)}` | `SUPPRESS` |
 //! | provider message → delivery | `PMSG#{provider}#{provider_message_id}` | `PMSG` |
 //! | push endpoint → device (SNS events name only the endpoint) | `PUSHEP#{sha256(address)}` | `PUSHEP` |
+//! | a registration of a push endpoint (deleted with the last one) | `PUSHEP#{sha256(address)}` | `HOLDER#{tenant}#{user}` |
 //! | fake provider send (dev) | `DEV#SENDS` | `{at_ms:015}#{id}` |
 //! | a user erased (`crate::people::erasure`) | `T#t#U#{user}` | `ERASED` |
 //! | users list entry (`crate::lists`) | `T#t#USERS` | `U#{user}` |
