@@ -47,7 +47,7 @@ fn inline_hashes(page: &str, open: &str, close: &str) -> String {
     while let Some(start) = rest.find(open) {
         let after = &rest[start + open.len()..];
         let Some(end) = after.find(close) else { break };
-        let digest = Sha256::digest(after[..end].as_bytes());
+        let digest = Sha256::digest(&after.as_bytes()[..end]);
         hashes.push_str(&format!(" 'sha256-{}'", base64::engine::general_purpose::STANDARD.encode(digest)));
         rest = &after[end + close.len()..];
     }
