@@ -22,6 +22,7 @@
 //! | suppressed address | `T#t#SUPPRESS#{channel}#{sha256(address)}` | `SUPPRESS` |
 //! | provider message → delivery | `PMSG#{provider}#{provider_message_id}` | `PMSG` |
 //! | push endpoint → device (SNS events name only the endpoint) | `PUSHEP#{sha256(address)}` | `PUSHEP` |
+//! | a registration of a push endpoint (deleted with the last one) | `PUSHEP#{sha256(address)}` | `HOLDER#{tenant}#{user}` |
 //! | fake provider send (dev) | `DEV#SENDS` | `{at_ms:015}#{id}` |
 //! | a user erased (`crate::people::erasure`) | `T#t#U#{user}` | `ERASED` |
 //! | users list entry (`crate::lists`) | `T#t#USERS` | `U#{user}` |
@@ -191,8 +192,20 @@ pub fn suppression(t: &TenantId, channel: Channel, address_hash: &str) -> Key {
 /// Which tenant's device a push address (an SNS endpoint ARN) is: SNS's application events name
 /// only the endpoint.
 pub fn push_endpoint(address_hash: &str) -> Key {
-    Key::new(format!("PUSHEP#{address_hash}"), "PUSHEP")
+    Key::new(push_endpoint_pk(address_hash), "PUSHEP")
 }
+
+pub fn push_endpoint_pk(address_hash: &str) -> String {
+    format!("PUSHEP#{address_hash}")
+}
+
+/// One registration of a push address, per (tenant, user): the push service gives one token one
+/// endpoint, and it is deleted only when no registration is left (docs/people.md, "Devices").
+pub fn push_endpoint_holder(address_hash: &str, t: &TenantId, user_id: &str) -> Key {
+    Key::new(push_endpoint_pk(address_hash), format!("{PUSH_HOLDER_SK_PREFIX}{t}#{user_id}"))
+}
+
+pub const PUSH_HOLDER_SK_PREFIX: &str = "HOLDER#";
 
 pub fn provider_message(provider: &str, provider_message_id: &str) -> Key {
     Key::new(format!("PMSG#{provider}#{provider_message_id}"), "PMSG")

@@ -14,6 +14,7 @@ pub mod inventory;
 pub mod keys;
 pub mod lanes;
 pub mod lists;
+pub mod log_lines;
 pub mod messages;
 pub mod metrics;
 pub mod notify;

@@ -905,6 +905,37 @@ async fn unregistering_a_token_another_tenant_uses_keeps_its_endpoint() {
     assert_eq!(*w.push.unregistered.lock().unwrap(), ["tok-shared"]);
 }
 
+/// The other order (docs/people.md, "Devices"): tenant B registers a token tenant A registered
+/// first, then deletes it. The endpoint is A's too: B's delete leaves it, A still has the device
+/// and the push service's events about it still find A's; A's own delete, the last, deletes it.
+#[tokio::test]
+async fn another_tenant_deleting_a_token_it_registered_after_us_keeps_our_endpoint() {
+    use tidings_core::people::devices::{self, DeviceInput};
+    use tidings_core::ports::Platform;
+    let w = world().await;
+    let other = TenantId::parse("shop-b").unwrap();
+    let mut address = String::new();
+    for t in [&w.t, &other] {
+        let input = DeviceInput { user_id: "u1".into(), platform: Platform::Ios, token: "tok-a".into() };
+        address = devices::register(&w.deps, t, input).await.unwrap().0.address;
+    }
+    devices::unregister(&w.deps, &other, "tok-a").await.unwrap();
+    assert!(w.push.unregistered.lock().unwrap().is_empty(), "shop-a still sends to it");
+    assert!(devices::list(&w.deps, &other, "u1").await.unwrap().is_empty());
+    assert_eq!(devices::list(&w.deps, &w.t, "u1").await.unwrap().len(), 1);
+    let (owner, _) =
+        devices::by_address(&w.deps, &address).await.unwrap().expect("the endpoint still maps to a device");
+    assert_eq!(owner, w.t, "the push service's events about it reach shop-a's device");
+    // B registering and deleting again, or a B user erased, changes nothing for A either.
+    let input = DeviceInput { user_id: "u2".into(), platform: Platform::Ios, token: "tok-a".into() };
+    devices::register(&w.deps, &other, input).await.unwrap();
+    devices::unregister(&w.deps, &other, "tok-a").await.unwrap();
+    assert!(w.push.unregistered.lock().unwrap().is_empty());
+    devices::unregister(&w.deps, &w.t, "tok-a").await.unwrap();
+    assert_eq!(*w.push.unregistered.lock().unwrap(), ["tok-a"], "the last registration deletes it");
+    assert!(devices::by_address(&w.deps, &address).await.unwrap().is_none());
+}
+
 async fn queued_requests(w: &World) -> u64 {
     let mut n = 0;
     for q in ["requests-high", "requests-normal", "requests-low"] {
@@ -950,4 +981,68 @@ async fn a_notification_whose_stream_record_was_lost_is_swept_once_old_enough() 
     assert_eq!(relay::redrive(&w.deps, &key).await.unwrap(), Redriven::NothingToDo, "no longer accepted");
     let view = api::get_notification(&w.deps, &w.t, &id).await.unwrap().unwrap();
     assert_ne!(view.status, NotificationStatus::Accepted);
+}
+
+/// Header injection (docs/templates.md, "Header fields"): a placeholder's value with a line
+/// break (`1\r\nBcc: victim@example.com`) reaches the email provider as one subject line, the
+/// break a space; the body keeps its lines.
+#[tokio::test]
+async fn a_line_break_from_params_never_reaches_an_email_header() {
+    let w = world().await;
+    let input = serde_json::from_value(json!({"default_locale": "en", "locales": {"en": {
+        "email_subject": "Order {{ order_id }}\u{2028}shipped", "email_body": "Order {{ order_id }}"}}}))
+    .unwrap();
+    templates::put_template(&w.deps, &w.t, "shipped", input).await.unwrap();
+    let req = serde_json::from_value(json!({"idempotency_key": "hdr", "recipients": {"user_ids": ["u1"]},
+        "template_id": "shipped", "params": {"order_id": "1\r\nBcc: victim@example.com\n\u{85}x"},
+        "category": "transactional", "channels": ["email"]}))
+    .unwrap();
+    accept(&w, req).await;
+    drain(&w).await;
+    let calls = w.email.calls();
+    assert_eq!(calls.len(), 1);
+    let subject = calls[0].subject.clone().unwrap();
+    assert!(!subject.chars().any(|c| c.is_control() || c == '\u{2028}'), "one line: {subject:?}");
+    assert_eq!(subject, "Order 1  Bcc: victim@example.com  x shipped");
+    for (name, value) in &calls[0].headers {
+        assert!(!format!("{name}{value}").chars().any(char::is_control), "{name}: {value:?}");
+    }
+    assert!(calls[0].body.contains('\n'), "the body keeps its lines: {:?}", calls[0].body);
+}
+
+/// Erasure (docs/people.md, "Erasure"): the one-click unsubscribe link of an email sent before
+/// the user was erased writes nothing (no preferences come back), and answers as it would. Once
+/// the user is written again, a link of a notification accepted since works as usual.
+#[tokio::test]
+async fn an_erased_users_unsubscribe_link_writes_nothing() {
+    use tidings_core::people::erasure;
+    use tidings_core::tracking::{self, Claims, TokenKind};
+    let w = world().await;
+    let before = accept(&w, request("m-before", "marketing", "email", 1)).await;
+    drain(&w).await;
+    erasure::erase(&w.deps, &w.t, "u1").await.unwrap();
+    let link = |n: &str| Claims {
+        k: TokenKind::Unsubscribe,
+        t: w.t.clone(),
+        n: n.to_owned(),
+        u: "u1".into(),
+        c: Channel::Email,
+        url: None,
+    };
+    let prefs_item = || async {
+        let prefs = preferences::get(&w.deps, &w.t, "u1").await.unwrap();
+        (prefs.updated_at.clone(), prefs.categories.get("marketing").copied())
+    };
+    tracking::unsubscribe(&w.deps, &link(&before)).await.unwrap();
+    assert_eq!(prefs_item().await, (String::new(), None), "nothing written for an erased user");
+    // Written again: the old link still changes nothing, a new one works.
+    users::put_user(&w.deps, &w.t, "u1", UserInput { email: Some("b@example.com".into()), ..UserInput::default() })
+        .await
+        .unwrap();
+    tracking::unsubscribe(&w.deps, &link(&before)).await.unwrap();
+    assert_eq!(prefs_item().await.1, None, "a link from before the erasure is not the new user's");
+    w.clock.advance(chrono::Duration::seconds(1));
+    let after = accept(&w, request("m-after", "marketing", "email", 2)).await;
+    tracking::unsubscribe(&w.deps, &link(&after)).await.unwrap();
+    assert_eq!(prefs_item().await.1, Some(false), "the user written again unsubscribes");
 }

@@ -120,6 +120,15 @@ fn bounce(message_id: &str, addresses: &[&str]) -> Value {
            "bounce": {"bounceType": "Permanent", "bounceSubType": "General", "bouncedRecipients": listed}})
 }
 
+/// Log forging (docs/operators.md, "Logs"): the refusal of an unauthenticated callback's
+/// topic, which the API logs and answers, quotes the topic with its control characters escaped.
+#[test]
+fn a_refused_topic_is_quoted_with_its_line_breaks_escaped() {
+    let refused = VerifyError::TopicNotAllowed("arn:aws:sns:x\r\nERROR forged".into()).to_string();
+    assert!(!refused.chars().any(char::is_control), "{refused}");
+    assert!(refused.contains(r#""arn:aws:sns:x\r\nERROR forged""#), "{refused}");
+}
+
 async fn suppressed(w: &World, address: &str) -> bool {
     suppression::is_suppressed(&w.deps, &w.t, Channel::Email, address).await.unwrap()
 }

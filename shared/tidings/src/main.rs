@@ -177,7 +177,12 @@ fn init_tracing(settings: &Settings) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_new(settings.value("TIDINGS_LOG")).unwrap_or_else(|_| EnvFilter::new("info"));
     let json = settings.value("TIDINGS_LOG_FORMAT") == "json";
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // One event, one line, whatever a field brought in (an unauthenticated callback's topic):
+    // control characters escaped, so no ANSI colours either (docs/operators.md, "Logs").
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(false)
+        .with_writer(|| tidings_core::log_lines::EscapedLines(std::io::stderr()));
     if json {
         builder.json().init();
     } else {

@@ -120,7 +120,7 @@ async fn callback(
                 warn!(error = %e, "subscription not confirmed; SNS will send the confirmation again");
                 return Err(Problem::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "confirmation failed").into());
             }
-            info!(topic = %message.topic_arn, "SNS subscription confirmed");
+            info!(topic = ?message.topic_arn, "SNS subscription confirmed");
             Ok((StatusCode::OK, Json(json!({"confirmed": true}))))
         }
         "UnsubscribeConfirmation" => Ok((StatusCode::OK, Json(json!({"ignored": true})))),

@@ -4,10 +4,14 @@
 //! the API with the keys it is opened with (README, "The operator console"). These are files,
 //! not API operations: they are not in `/openapi.json`.
 
+use std::sync::LazyLock;
+
 use axum::Router;
 use axum::http::header;
 use axum::response::{Html, IntoResponse};
 use axum::routing::get;
+use base64::Engine as _;
+use sha2::{Digest, Sha256};
 
 use crate::state::AppState;
 
@@ -22,14 +26,58 @@ pub fn router() -> Router<AppState> {
         .route("/console/uPlot.min.css", get(|| async { asset("text/css; charset=utf-8", UPLOT_CSS) }))
 }
 
+/// The page's Content-Security-Policy: its own inline script and style by their hashes (so an
+/// injected one does not run), the vendored library from this server, calls to this server only,
+/// and no framing: a page that framed the console could make its redrive and resend buttons
+/// the target of a click the operator meant for something else (docs/operators.md, "The
+/// console").
+static POLICY: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "default-src 'none'; script-src 'self'{}; style-src 'self'{}; connect-src 'self'; img-src 'self'; \
+         base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+        inline_hashes(PAGE, "<script>", "</script>"),
+        inline_hashes(PAGE, "<style>", "</style>"),
+    )
+});
+
+/// `'sha256-…'` of every block between `open` and `close`: what CSP allows inline by content.
+fn inline_hashes(page: &str, open: &str, close: &str) -> String {
+    let mut hashes = String::new();
+    let mut rest = page;
+    while let Some(start) = rest.find(open) {
+        let after = &rest[start + open.len()..];
+        let Some(end) = after.find(close) else { break };
+        let digest = Sha256::digest(&after.as_bytes()[..end]);
+        hashes.push_str(&format!(" 'sha256-{}'", base64::engine::general_purpose::STANDARD.encode(digest)));
+        rest = &after[end + close.len()..];
+    }
+    hashes
+}
+
 /// The page. It reads its keys from the URL's fragment, which browsers never send: no key
 /// reaches this server's logs by opening the link.
 async fn page() -> impl IntoResponse {
-    ([(header::CACHE_CONTROL, "no-store"), (header::REFERRER_POLICY, "no-referrer")], Html(PAGE))
+    (
+        [
+            (header::CACHE_CONTROL, "no-store"),
+            (header::REFERRER_POLICY, "no-referrer"),
+            (header::X_FRAME_OPTIONS, "DENY"),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        ],
+        [(header::CONTENT_SECURITY_POLICY, POLICY.as_str())],
+        Html(PAGE),
+    )
 }
 
 fn asset(content_type: &'static str, body: &'static str) -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, content_type), (header::CACHE_CONTROL, "max-age=3600")], body)
+    (
+        [
+            (header::CONTENT_TYPE, content_type),
+            (header::CACHE_CONTROL, "max-age=3600"),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        ],
+        body,
+    )
 }
 
 #[cfg(test)]
@@ -40,6 +88,48 @@ mod tests {
     use axum::http::Request;
     use http_body_util::BodyExt;
     use tower::ServiceExt;
+
+    async fn headers_of(uri: &str) -> axum::http::HeaderMap {
+        let res = super::router()
+            .with_state(crate::AppState {
+                deps: crate::test_support::memory_deps(),
+                queue_names: std::sync::Arc::new(Vec::new()),
+                dev: None,
+                live: None,
+            })
+            .oneshot(Request::get(uri).body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        res.headers().clone()
+    }
+
+    /// Clickjacking and injected code: the page may not be framed, and runs only its own inline
+    /// script and style (by hash) and this server's files. The hashes are of the page as
+    /// served, so an edit of the page keeps its policy right; a new inline handler would not
+    /// run, which the browser test (`tests/e2e/console.rs`) would show.
+    #[tokio::test]
+    async fn the_page_refuses_framing_and_runs_only_its_own_code() {
+        use base64::Engine as _;
+        use sha2::Digest as _;
+        let h = headers_of("/").await;
+        let csp = h.get("content-security-policy").map(|v| v.to_str().unwrap().to_owned()).unwrap_or_default();
+        for directive in ["frame-ancestors 'none'", "default-src 'none'", "connect-src 'self'", "base-uri 'none'"] {
+            assert!(csp.contains(directive), "{directive} in {csp:?}");
+        }
+        assert!(!csp.contains("unsafe-inline") && !csp.contains("unsafe-eval"), "{csp}");
+        let (_, _, page) = get("/").await;
+        let script = page.split("<script>").nth(1).and_then(|s| s.split("</script>").next()).unwrap();
+        let digest = base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(script.as_bytes()));
+        let script_src = csp.split(';').find(|d| d.trim().starts_with("script-src")).unwrap();
+        assert!(script_src.contains(&format!("'sha256-{digest}'")), "the inline script is allowed: {csp}");
+        assert_eq!(page.matches("<script>").count(), 1, "one inline script, hashed");
+        assert!(!page.contains(" onclick=") && !page.contains(" style=\""), "no inline handlers or style attributes");
+        assert_eq!(h.get("x-frame-options").unwrap(), "DENY");
+        assert_eq!(h.get("x-content-type-options").unwrap(), "nosniff");
+        assert_eq!(h.get("referrer-policy").unwrap(), "no-referrer");
+        let js = headers_of("/console/uPlot.iife.min.js").await;
+        assert_eq!(js.get("x-content-type-options").unwrap(), "nosniff");
+    }
 
     async fn get(uri: &str) -> (u16, String, String) {
         let res = super::router()

@@ -43,7 +43,31 @@ impl FromRequestParts<AppState> for DevAccess {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
-        if dev_of(state)?.keyless() {
+        let keyless = dev_of(state)?.keyless();
+        let authority = authority(parts);
+        // Without a key, "on loopback" must hold for the name the browser asked for too: a page
+        // whose own domain re-resolves to 127.0.0.1 (DNS rebinding) is same-origin with itself
+        // and reads every answer (docs/operators.md, "The /dev routes").
+        if keyless && !authority.as_deref().is_some_and(is_loopback_authority) {
+            return Err(Problem::new(
+                StatusCode::MISDIRECTED_REQUEST,
+                "dev_host_not_loopback",
+                "the keyless /dev routes answer only a Host of localhost, 127.0.0.1 or [::1]; \
+                 open them by one of those names, or send an operator key",
+            )
+            .into());
+        }
+        // Another site's page can send simple requests (a text/plain POST needs no preflight)
+        // without reading the answer: its writes (fail every send, move the clock) would land.
+        if let Some(why) = cross_site(parts, authority.as_deref()) {
+            return Err(Problem::new(
+                StatusCode::FORBIDDEN,
+                "cross_origin_refused",
+                format!("{why}: the /dev routes answer only pages of this server's own origin; call them from a terminal or the console it serves"),
+            )
+            .into());
+        }
+        if keyless {
             return Ok(DevAccess);
         }
         // Every tenant's sent bodies and OTP codes, and faults that fail every tenant's sends:
@@ -58,6 +82,56 @@ impl FromRequestParts<AppState> for DevAccess {
             .into()),
         }
     }
+}
+
+/// The name and port the client asked for: `Host`, or the URI's authority (HTTP/2).
+fn authority(parts: &Parts) -> Option<String> {
+    match parts.headers.get(axum::http::header::HOST) {
+        Some(h) => h.to_str().ok().map(str::to_owned),
+        None => parts.uri.authority().map(|a| a.as_str().to_owned()),
+    }
+}
+
+/// `localhost`, an IPv4 loopback address or `[::1]`, with or without a port: names no other
+/// site's DNS can hand out.
+fn is_loopback_authority(authority: &str) -> bool {
+    let (host, port) = if let Some(rest) = authority.strip_prefix('[') {
+        let Some((host, tail)) = rest.split_once(']') else { return false };
+        match tail.strip_prefix(':') {
+            Some(port) => (host, Some(port)),
+            None if tail.is_empty() => (host, None),
+            None => return false,
+        }
+    } else {
+        match authority.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (authority, None),
+        }
+    };
+    if port.is_some_and(|p| p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit())) {
+        return false;
+    }
+    host.eq_ignore_ascii_case("localhost") || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Why a request comes from another origin's page, if it does: an `Origin` other than this
+/// server's own, or a browser's `Sec-Fetch-Site` saying another site (or another port of this
+/// one) sent it. Terminals send neither; the console, served from here, is same-origin.
+fn cross_site(parts: &Parts, authority: Option<&str>) -> Option<String> {
+    if let Some(site) = parts.headers.get("sec-fetch-site") {
+        let site = site.to_str().unwrap_or("unreadable");
+        if !matches!(site, "same-origin" | "none") {
+            return Some(format!("Sec-Fetch-Site is {site:?}"));
+        }
+    }
+    let origin = parts.headers.get(axum::http::header::ORIGIN)?;
+    let origin = origin.to_str().unwrap_or("unreadable");
+    let origin_lower = origin.to_ascii_lowercase();
+    let own = authority.is_some_and(|a| {
+        let a = a.to_ascii_lowercase();
+        ["http://", "https://"].iter().any(|scheme| origin_lower.strip_prefix(scheme) == Some(a.as_str()))
+    });
+    (!own).then(|| format!("Origin {origin:?} is not this server's"))
 }
 
 fn channel_of(name: &str) -> ApiResult<Channel> {
@@ -77,7 +151,7 @@ struct SendFilter {
 }
 
 /// Sends the local fake providers accepted (`tidings serve` only).
-#[utoipa::path(get, path = "/dev/deliveries", tag = "dev", security(("api_key" = [])), params(SendFilter),
+#[utoipa::path(get, path = "/dev/deliveries", tag = "dev", security(("operator_key" = [])), params(SendFilter),
     responses((status = 200, description = "Recorded sends", body = Vec<RecordedSend>)))]
 async fn deliveries(
     _: DevAccess,
@@ -90,7 +164,7 @@ async fn deliveries(
 }
 
 /// Makes a local fake provider fail, throttle or time out (`tidings serve` only).
-#[utoipa::path(put, path = "/dev/providers/{channel}", tag = "dev", security(("api_key" = [])), params(("channel" = String, Path, description = "email, sms or push")), request_body = FaultConfig,
+#[utoipa::path(put, path = "/dev/providers/{channel}", tag = "dev", security(("operator_key" = [])), params(("channel" = String, Path, description = "email, sms or push")), request_body = FaultConfig,
     responses((status = 200, description = "The provider's behaviour now", body = FaultConfig),
         (status = 422, description = "`invalid_field`: a bad `channel`, or `delay_ms` over 60000", body = Problem, content_type = "application/problem+json")))]
 async fn configure_provider(
@@ -111,7 +185,7 @@ async fn configure_provider(
     Ok(Json(p.config()))
 }
 
-#[utoipa::path(get, path = "/dev/providers/{channel}", tag = "dev", security(("api_key" = [])), params(("channel" = String, Path, description = "email, sms or push")),
+#[utoipa::path(get, path = "/dev/providers/{channel}", tag = "dev", security(("operator_key" = [])), params(("channel" = String, Path, description = "email, sms or push")),
     responses((status = 200, description = "The provider's behaviour", body = FaultConfig)))]
 async fn provider_config(
     _: DevAccess,
@@ -133,7 +207,7 @@ struct ClockView {
 }
 
 /// The server's clock (`tidings serve` only).
-#[utoipa::path(get, path = "/dev/clock", tag = "dev", security(("api_key" = [])), responses((status = 200, description = "Now", body = ClockView)))]
+#[utoipa::path(get, path = "/dev/clock", tag = "dev", security(("operator_key" = [])), responses((status = 200, description = "Now", body = ClockView)))]
 async fn clock(_: DevAccess, State(s): State<AppState>) -> ApiResult<Json<ClockView>> {
     dev_of(&s)?;
     let now = s.deps.clock.now();
@@ -152,7 +226,7 @@ struct Advance {
 }
 
 /// Moves the manual clock forward and runs what fell due (`tidings serve --manual-clock` only).
-#[utoipa::path(post, path = "/dev/clock/advance", tag = "dev", security(("api_key" = [])), request_body = Advance,
+#[utoipa::path(post, path = "/dev/clock/advance", tag = "dev", security(("operator_key" = [])), request_body = Advance,
     responses((status = 200, description = "The new now", body = ClockView),
         (status = 409, description = "`not_manual_clock`: the server runs on the system clock", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "`clock_not_stored`: the store did not take the new time", body = Problem, content_type = "application/problem+json")))]
@@ -184,7 +258,7 @@ async fn advance(_: DevAccess, State(s): State<AppState>, Body(a): Body<Advance>
 }
 
 /// Runs a scheduled job now and waits for it (`tidings serve` only).
-#[utoipa::path(post, path = "/dev/schedules/{name}/run", tag = "dev", security(("api_key" = [])),
+#[utoipa::path(post, path = "/dev/schedules/{name}/run", tag = "dev", security(("operator_key" = [])),
     params(("name" = String, Path, description = "The schedule's name")),
     responses((status = 200, description = "`{schedule, result}`: what the job reported", body = Object),
         (status = 404, description = "No such schedule", body = Problem, content_type = "application/problem+json"),
@@ -202,6 +276,125 @@ async fn run_schedule(
             tracing::error!(schedule = %name, error = %e, "scheduled job failed");
             Err(Problem::new(StatusCode::SERVICE_UNAVAILABLE, "schedule_failed", "the job failed; see the server log")
                 .into())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use std::sync::Arc;
+
+    use axum::body::Body;
+    use axum::http::Request;
+    use http_body_util::BodyExt;
+    use tidings_core::dev::{DevProvider, DevProviders};
+    use tidings_core::ports::{Channel, ManualClock};
+    use tower::ServiceExt;
+
+    use crate::state::DevControl;
+
+    /// `tidings serve --dev` on loopback: keyless.
+    struct KeylessDev(DevProviders);
+
+    #[async_trait::async_trait]
+    impl DevControl for KeylessDev {
+        fn providers(&self) -> &DevProviders {
+            &self.0
+        }
+        fn manual_clock(&self) -> Option<&ManualClock> {
+            None
+        }
+        async fn run_schedule(&self, _: &str) -> Result<Option<serde_json::Value>, String> {
+            Ok(None)
+        }
+        fn keyless(&self) -> bool {
+            true
+        }
+    }
+
+    fn app() -> axum::Router {
+        let deps = crate::test_support::memory_deps();
+        let provider = |c: Channel| {
+            let inner = deps.providers.for_channel(c).unwrap().clone();
+            Arc::new(DevProvider::new(c, inner, deps.table.clone(), deps.clock.clone()))
+        };
+        let providers = DevProviders {
+            email: provider(Channel::Email),
+            sms: provider(Channel::Sms),
+            push: provider(Channel::Push),
+        };
+        crate::app(crate::AppState {
+            deps,
+            queue_names: Arc::new(Vec::new()),
+            dev: Some(Arc::new(KeylessDev(providers))),
+            live: None,
+        })
+    }
+
+    async fn call(method: &str, uri: &str, headers: &[(&str, &str)]) -> (u16, serde_json::Value) {
+        let mut req = Request::builder().method(method).uri(uri);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let body = if method == "GET" { Body::empty() } else { Body::from(r#"{"seconds": 60}"#) };
+        let res = app().oneshot(req.body(body).unwrap()).await.unwrap();
+        let status = res.status().as_u16();
+        let bytes = res.into_body().collect().await.unwrap().to_bytes();
+        (status, serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null))
+    }
+
+    /// DNS rebinding: a page at `rebind.example`, whose name now resolves to 127.0.0.1, is
+    /// same-origin with itself and would read every tenant's sends. Only loopback names pass.
+    #[tokio::test]
+    async fn keyless_dev_answers_only_a_loopback_host() {
+        for host in ["localhost:8080", "LOCALHOST", "127.0.0.1:9", "127.0.0.1", "[::1]:8080", "[::1]"] {
+            let (st, v) = call("GET", "/dev/deliveries", &[("host", host)]).await;
+            assert_eq!(st, 200, "{host}: {v}");
+        }
+        for host in [
+            "rebind.example",
+            "rebind.example:8080",
+            "localhost.rebind.example",
+            "127.0.0.1.nip.io:8080",
+            "[::2]:8080",
+            "localhost:80x",
+            "[::1]x",
+        ] {
+            let (st, v) = call("GET", "/dev/deliveries", &[("host", host)]).await;
+            assert_eq!((st, v["code"].as_str()), (421, Some("dev_host_not_loopback")), "{host}: {v}");
+            assert!(v["detail"].as_str().unwrap().contains("localhost"), "says what to do: {v}");
+        }
+        let (st, _) = call("GET", "/dev/deliveries", &[]).await;
+        assert_eq!(st, 421, "no Host at all is not loopback");
+    }
+
+    /// A simple cross-site request (a form's text/plain POST needs no preflight) reaches the
+    /// server from any page the developer visits: refused before it does anything.
+    #[tokio::test]
+    async fn keyless_dev_refuses_other_origins_pages() {
+        let host = ("host", "127.0.0.1:8080");
+        let text = ("content-type", "text/plain");
+        for refused in [
+            vec![host, text, ("origin", "https://evil.example")],
+            vec![host, text, ("origin", "null")],
+            vec![host, text, ("origin", "http://localhost:3000")],
+            vec![host, text, ("origin", "http://127.0.0.1:8081")],
+            vec![host, text, ("sec-fetch-site", "cross-site")],
+            vec![host, text, ("sec-fetch-site", "same-site")],
+        ] {
+            let (st, v) = call("POST", "/dev/clock/advance", &refused).await;
+            assert_eq!((st, v["code"].as_str()), (403, Some("cross_origin_refused")), "{refused:?}: {v}");
+        }
+        // The console, served by this server, is its own origin; a terminal sends no Origin.
+        for allowed in [
+            vec![host, ("origin", "http://127.0.0.1:8080"), ("sec-fetch-site", "same-origin")],
+            vec![host, ("sec-fetch-site", "none")],
+            vec![host],
+        ] {
+            let (st, v) = call("GET", "/dev/clock", &allowed).await;
+            assert_eq!(st, 200, "{allowed:?}: {v}");
         }
     }
 }

@@ -498,6 +498,9 @@ impl Modify for Conventions {
             }
             let ops = [&mut item.get, &mut item.put, &mut item.post, &mut item.delete, &mut item.patch];
             for op in ops.into_iter().flatten() {
+                if path.starts_with("/dev/") {
+                    add_dev_answers(op);
+                }
                 add_problem_answers(op);
             }
         }
@@ -525,6 +528,19 @@ fn unique_operation_ids(doc: &mut Document) {
 fn problem_response(description: &str) -> RefOr<utoipa::openapi::Response> {
     let content = ContentBuilder::new().schema(Some(RefOr::Ref(Ref::from_schema_name("Problem")))).build();
     RefOr::T(ResponseBuilder::new().description(description).content("application/problem+json", content).build())
+}
+
+/// What `/dev` refuses before any key is read (`dev::DevAccess`; docs/operators.md).
+fn add_dev_answers(op: &mut Operation) {
+    let answers = &mut op.responses.responses;
+    answers.entry("421".to_owned()).or_insert_with(|| {
+        problem_response(
+            "`dev_host_not_loopback`: without a key, `/dev` answers only a `Host` of localhost, 127.0.0.1 or [::1]",
+        )
+    });
+    answers.entry("403".to_owned()).or_insert_with(|| {
+        problem_response("`cross_origin_refused`: an `Origin` other than this server's, or `Sec-Fetch-Site` other than same-origin; `operator_only`: a tenant key")
+    });
 }
 
 fn add_problem_answers(op: &mut Operation) {
@@ -812,6 +828,13 @@ mod tests {
             "{get_user}"
         );
         assert!(doc["paths"]["/dev/clock/advance"]["post"]["tags"][0] == "dev");
+        // `/dev` shows every tenant's sends: an operator's key, never a tenant's.
+        for (path, item) in doc["paths"].as_object().unwrap().iter().filter(|(p, _)| p.starts_with("/dev/")) {
+            for (method, op) in item.as_object().unwrap() {
+                assert_eq!(op["security"], serde_json::json!([{"operator_key": []}]), "{method} {path}");
+                assert!(op["responses"]["421"].is_object(), "{method} {path} states the Host rule");
+            }
+        }
         assert_eq!(doc["paths"]["/healthz"]["get"]["security"], serde_json::json!([]), "public: no key");
         assert_eq!(doc["paths"]["/v1/callbacks/{provider}"]["post"]["security"], serde_json::json!([]));
     }

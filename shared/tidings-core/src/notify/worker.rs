@@ -467,13 +467,19 @@ async fn call_provider(
     provider: &dyn crate::ports::Provider,
     attempt: u32,
 ) -> Option<Result<ProviderReceipt, ProviderError>> {
+    // Every provider is called from here: header fields are made one line here, once, whatever
+    // rendered them (docs/templates.md, "Header fields").
     let message = OutboundMessage {
         channel: task.channel,
         to: task.to.clone(),
-        subject: task.subject.clone(),
+        subject: task.subject.as_deref().map(crate::ports::one_line),
         body: task.body.clone(),
         html: task.html.clone(),
-        headers: task.headers.clone(),
+        headers: task
+            .headers
+            .iter()
+            .map(|(name, value)| (crate::ports::one_line(name), crate::ports::one_line(value)))
+            .collect(),
         idempotency_key: format!("{}:{}:{}", task.notification_id, task.user_id, task.channel),
         marketing: task.category == Category::Marketing,
         tenant: t.as_str().to_owned(),

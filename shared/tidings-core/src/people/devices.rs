@@ -62,6 +62,32 @@ fn endpoint_key(address: &str) -> crate::ports::Key {
     keys::push_endpoint(&token_hash(address))
 }
 
+/// This (tenant, user)'s registration of a push address.
+fn holder_key(address: &str, t: &TenantId, user_id: &str) -> crate::ports::Key {
+    keys::push_endpoint_holder(&token_hash(address), t, user_id)
+}
+
+/// Every registration of a push address, in every tenant (a phone with two shops' apps on one
+/// push project is one token, one endpoint, two registrations).
+async fn holders(deps: &Deps, address: &str) -> CoreResult<Vec<EndpointIndex>> {
+    let pk = keys::push_endpoint_pk(&token_hash(address));
+    let mut out = Vec::new();
+    let mut cursor = None;
+    loop {
+        let page = deps
+            .table
+            .query(&pk, keys::PUSH_HOLDER_SK_PREFIX, QueryOpts { limit: 100, cursor, descending: false })
+            .await?;
+        for item in &page.items {
+            out.push(item.parse()?);
+        }
+        cursor = page.next_cursor;
+        if cursor.is_none() {
+            return Ok(out);
+        }
+    }
+}
+
 /// The longest collapse id a push carries: APNs refuses an `apns-collapse-id` over 64 bytes, and
 /// FCM's collapse key and tag are given the same bound.
 pub const MAX_COLLAPSE_ID: usize = 64;
@@ -116,28 +142,25 @@ pub async fn register(deps: &Deps, t: &TenantId, input: DeviceInput) -> CoreResu
         address,
         created_at: deps.clock.now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
     };
+    let endpoint = attrs_of(&EndpointIndex {
+        tenant: t.as_str().to_owned(),
+        user_id: input.user_id.clone(),
+        token_hash: hash.clone(),
+    })?;
     let mut writes = vec![
         Write::Put {
             item: Item::new(index_key, attrs_of(&TokenIndex { user_id: input.user_id.clone() })?),
             cond: Cond::Always,
         },
         Write::Put { item: Item::new(keys::device(t, &input.user_id, &hash), attrs_of(&device)?), cond: Cond::Always },
-        Write::Put {
-            item: Item::new(
-                endpoint_key(&device.address),
-                attrs_of(&EndpointIndex {
-                    tenant: t.as_str().to_owned(),
-                    user_id: input.user_id.clone(),
-                    token_hash: hash.clone(),
-                })?,
-            ),
-            cond: Cond::Always,
-        },
+        Write::Put { item: Item::new(endpoint_key(&device.address), endpoint.clone()), cond: Cond::Always },
+        Write::Put { item: Item::new(holder_key(&device.address, t, &input.user_id), endpoint), cond: Cond::Always },
     ];
     if let Some(prev) = previous
         && prev.user_id != input.user_id
     {
         writes.push(Write::Delete { key: keys::device(t, &prev.user_id, &hash), cond: Cond::Always });
+        writes.push(Write::Delete { key: holder_key(&device.address, t, &prev.user_id), cond: Cond::Always });
     }
     deps.table.transact(writes).await?;
     info!(tenant = %t, platform = input.platform.as_str(), "device registered");
@@ -159,12 +182,14 @@ pub async fn unregister(deps: &Deps, t: &TenantId, token: &str) -> CoreResult<()
     {
         warn!(error = %e, "push endpoint not deleted; it is forgotten here anyway");
     }
-    deps.table
-        .transact(vec![
-            Write::Delete { key: index_key, cond: Cond::Always },
-            Write::Delete { key: device_key, cond: Cond::Always },
-        ])
-        .await?;
+    let mut writes = vec![
+        Write::Delete { key: index_key, cond: Cond::Always },
+        Write::Delete { key: device_key, cond: Cond::Always },
+    ];
+    if let Some(d) = &device {
+        writes.push(Write::Delete { key: holder_key(&d.address, t, &index.user_id), cond: Cond::Always });
+    }
+    deps.table.transact(writes).await?;
     if let Some(d) = &device {
         forget_endpoint(deps, t, d).await?;
     }
@@ -172,20 +197,34 @@ pub async fn unregister(deps: &Deps, t: &TenantId, token: &str) -> CoreResult<()
 }
 
 /// Whether the push service's endpoint for `device` is this device's to delete: the push
-/// service gives one token one endpoint, and the same token registered since in another tenant
-/// (or before the index existed: no index) keeps using it.
+/// service gives one token one endpoint, and while another tenant (or user) holds a
+/// registration of it, it keeps using it, whichever registered first. Registrations from before
+/// holders were recorded are known only by the endpoint index, which names the latest.
 async fn endpoint_is_ours(deps: &Deps, t: &TenantId, device: &Device) -> CoreResult<bool> {
+    let is_this = |h: &EndpointIndex| h.tenant == t.as_str() && h.user_id == device.user_id;
+    if holders(deps, &device.address).await?.iter().any(|h| !is_this(h)) {
+        return Ok(false);
+    }
     let Some(item) = deps.table.get(&endpoint_key(&device.address)).await? else {
         return Ok(true);
     };
     let index: EndpointIndex = item.parse()?;
-    Ok(index.tenant == t.as_str() && index.user_id == device.user_id)
+    Ok(is_this(&index))
 }
 
-/// Deletes a device's endpoint index, unless the address now belongs to someone else.
+/// Deletes a device's endpoint index, unless the address now belongs to someone else; when
+/// another registration of the address remains, the index names it, so the push service's
+/// events about the endpoint still find a device.
 async fn forget_endpoint(deps: &Deps, t: &TenantId, device: &Device) -> CoreResult<()> {
     let cond = Cond::And(vec![Cond::eq("tenant", t.as_str()), Cond::eq("user_id", device.user_id.clone())]);
     match deps.table.transact(vec![Write::Delete { key: endpoint_key(&device.address), cond }]).await {
+        Ok(()) | Err(StoreError::ConditionFailed { .. }) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let Some(other) = holders(deps, &device.address).await?.into_iter().next() else { return Ok(()) };
+    let item = Item::new(endpoint_key(&device.address), attrs_of(&other)?);
+    // Never over a registration written meanwhile: that one names itself.
+    match deps.table.transact(vec![Write::Put { item, cond: Cond::AttrNotExists("tenant".into()) }]).await {
         Ok(()) | Err(StoreError::ConditionFailed { .. }) => Ok(()),
         Err(e) => Err(e.into()),
     }
@@ -242,6 +281,7 @@ pub async fn remove_invalid(deps: &Deps, t: &TenantId, device: &Device) -> CoreR
                 cond: Cond::eq("address", device.address.clone()),
             },
             Write::Delete { key: keys::device_token(t, &hash), cond: Cond::eq("user_id", device.user_id.clone()) },
+            Write::Delete { key: holder_key(&device.address, t, &device.user_id), cond: Cond::Always },
         ])
         .await;
     match r {

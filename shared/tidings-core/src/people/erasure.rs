@@ -66,6 +66,21 @@ pub async fn stops_send(deps: &Deps, t: &TenantId, task: &ChannelTask) -> CoreRe
     })
 }
 
+/// Whether a signed link (one-click unsubscribe) of `notification_id` must change nothing: its
+/// user was erased after that notification was accepted, or was erased and not written since.
+/// Such a link would write the erased user's preferences again: data back after the erasure
+/// (docs/people.md, "Erasure"). One read when the user was never erased.
+pub async fn stops_link(deps: &Deps, t: &TenantId, user_id: &str, notification_id: &str) -> CoreResult<bool> {
+    let Some(e) = erasure_of(deps, t, user_id).await? else { return Ok(false) };
+    if crate::people::users::get_user(deps, t, user_id).await?.is_none() {
+        return Ok(true);
+    }
+    Ok(match crate::notify::api::load(deps, t, notification_id).await? {
+        Some(n) => n.created_ms <= e.erased_ms,
+        None => true,
+    })
+}
+
 /// Deletes every item of the partition under `prefix`, but `keep`, a transaction of up to 100
 /// at a time. Returns how many.
 async fn delete_all(deps: &Deps, pk: &str, prefix: &str, keep: Option<&Key>) -> CoreResult<usize> {

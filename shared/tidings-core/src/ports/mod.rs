@@ -7,7 +7,7 @@ pub mod table;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use provider::{
-    Channel, OutboundMessage, PermanentCode, Platform, Provider, ProviderError, ProviderReceipt, Providers,
+    Channel, OutboundMessage, PermanentCode, Platform, Provider, ProviderError, ProviderReceipt, Providers, one_line,
 };
 pub use queue::{OutMessage, QueueError, QueueStats, Queues, Received};
 pub use table::{

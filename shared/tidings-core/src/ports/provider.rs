@@ -81,6 +81,15 @@ pub struct OutboundMessage {
     pub attempt: u32,
 }
 
+/// A header field's text (an email's subject, a header Tidings adds) as one line: every control
+/// character, CR and LF among them, and the Unicode line and paragraph separators become a
+/// space. A placeholder's value or a tenant's template that brings a line break would otherwise
+/// end the header and start one of its own (`Bcc:`) in whatever builds the raw message
+/// (docs/templates.md, "Header fields").
+pub fn one_line(text: &str) -> String {
+    text.chars().map(|c| if c.is_control() || matches!(c, '\u{2028}' | '\u{2029}') { ' ' } else { c }).collect()
+}
+
 /// What a provider answered when it accepted a message.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ProviderReceipt {

@@ -18,7 +18,7 @@ pub mod claims;
 pub mod receipts;
 
 use serde::{Deserialize, Serialize};
-use tracing::debug;
+use tracing::{debug, info};
 
 use crate::deps::{CoreConfig, Deps};
 use crate::error::{CoreError, CoreResult};
@@ -266,9 +266,15 @@ pub async fn apply(deps: &Deps, claims: &Claims, at_ms: i64) -> CoreResult<()> {
     Ok(())
 }
 
-/// One-click unsubscribe: the user leaves marketing (every channel).
+/// One-click unsubscribe: the user leaves marketing (every channel). The link of an erased user
+/// writes nothing and answers as if it worked, which is true: an erased user is sent nothing
+/// (`erasure::stops_link`; docs/tracking.md).
 pub async fn unsubscribe(deps: &Deps, claims: &Claims) -> CoreResult<()> {
     let t = &claims.t;
+    if crate::people::erasure::stops_link(deps, t, &claims.u, &claims.n).await? {
+        info!(tenant = %t, "unsubscribe link of an erased user: nothing written");
+        return Ok(());
+    }
     let input = PreferencesInput {
         categories: Some([("marketing".to_owned(), false)].into_iter().collect()),
         ..PreferencesInput::default()

@@ -77,7 +77,7 @@ pub enum VerifyError {
     BadSignature,
     #[error("the message is not a known SNS message type")]
     UnknownType,
-    #[error("the topic {0} is not one of this stack's")]
+    #[error("the topic {0:?} is not one of this stack's")]
     TopicNotAllowed(String),
 }
 
@@ -446,7 +446,7 @@ pub enum Callback {
 pub async fn receive(deps: &Deps, message: &SnsMessage, event: &Value, callback: Callback) -> CoreResult<Value> {
     let admission = admit(deps, message).await?;
     if admission != Admission::Fresh {
-        info!(topic = %message.topic_arn, why = admission.as_str(), "SNS notification ignored");
+        info!(topic = ?message.topic_arn, why = admission.as_str(), "SNS notification ignored");
         return Ok(serde_json::json!({"ignored": admission.as_str()}));
     }
     let applied = match callback {
