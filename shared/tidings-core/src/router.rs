@@ -104,7 +104,7 @@ async fn guarded(deps: &Deps, lane: Lane, messages: &[Received], deadline: Optio
                 go.push(i);
                 continue;
             }
-            match mark(deps, lane, message, beside, false).await {
+            match mark(deps, lane, message, beside, Mode::First).await {
                 Verdict::Marked(key) => {
                     if beside == 0 {
                         deps.attempts.written_alone(table, &mut entry, &key).await;
@@ -138,7 +138,8 @@ async fn guarded(deps: &Deps, lane: Lane, messages: &[Received], deadline: Optio
         };
         let mut entry = deps.attempts.enter_alone(table, wait).await;
         let beside = entry.beside();
-        let marked = match mark(deps, lane, message, beside, entry.is_alone()).await {
+        let mode = if entry.is_alone() { Mode::Alone } else { Mode::Again };
+        let marked = match mark(deps, lane, message, beside, mode).await {
             Verdict::Marked(key) => {
                 if beside == 0 {
                     deps.attempts.written_alone(table, &mut entry, &key).await;
@@ -168,10 +169,24 @@ enum Verdict {
     Alone,
 }
 
+/// Which attempt [`mark`] marks.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// The first at this receive: an earlier receive's marker is judged.
+    First,
+    /// The attempt alone after an ambiguous end: the earlier marker is replaced.
+    Alone,
+    /// The attempt alone that could not wait for the process to be free of other messages: the
+    /// earlier marker is replaced, and the new one says it was not alone (`beside`).
+    Again,
+}
+
 /// Marks an attempt at `message`, at its receive, `beside` other messages in flight; reads the
-/// marker an earlier receive left, if any (an attempt alone replaces it).
-async fn mark(deps: &Deps, lane: Lane, message: &Received, beside: u32, alone: bool) -> Verdict {
+/// marker an earlier receive left, if any, unless the attempt is the one alone (which
+/// replaces it).
+async fn mark(deps: &Deps, lane: Lane, message: &Received, beside: u32, mode: Mode) -> Verdict {
     let key = keys::attempt(lane.name(), &message.message_id);
+    let alone = mode == Mode::Alone;
     let marker = Marker { receive: message.receive_count, beside, alone, ttl: deps.clock.now().timestamp() + KEEP_S };
     let put = |cond| {
         let key = key.clone();
@@ -186,7 +201,7 @@ async fn mark(deps: &Deps, lane: Lane, message: &Received, beside: u32, alone: b
             "could not mark an attempt at a redelivered message; handled unguarded");
         Verdict::Unmarked
     };
-    let cond = if alone { Cond::Always } else { Cond::NotExists };
+    let cond = if mode == Mode::First { Cond::NotExists } else { Cond::Always };
     match put(cond).await {
         Ok(()) => return Verdict::Marked(key),
         Err(e) if !e.is_condition_failed() => return refused(e),

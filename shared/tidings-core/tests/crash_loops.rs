@@ -344,3 +344,30 @@ async fn a_redelivered_message_cut_off_at_its_deadline_is_not_set_aside() {
     fx.table.unstall("n-1");
     assert_eq!(route(&fx.process(), LANE, &request("m-1", "n-1", 3)).await, Outcome::Done);
 }
+
+/// An attempt alone that could not wait for its process to be free (its wait ran out: at most
+/// `attempts::ALONE_WAIT`, or its deadline) runs beside the others and says so: ending the
+/// process there is still ambiguous, and the next receive is tried alone again, not set aside.
+#[tokio::test(start_paused = true)]
+async fn an_attempt_alone_that_ran_beside_others_is_not_conclusive() {
+    let fx = fixture();
+    let earlier = Marker { receive: 2, beside: 1, alone: false, ttl: 0 };
+    let key = keys::attempt(LANE.name(), "m-1");
+    fx.world.deps.table.put(Item::new(key, attrs_of(&earlier).unwrap()), Cond::Always).await.unwrap();
+    fx.table.stall("n-1");
+    fx.table.stall("n-2");
+    let process = fx.process();
+    let mut handles = stuck(&fx, &process, &[request("m-2", "n-2", 1)]).await;
+    let deps = process.clone();
+    let deadline = std::time::Instant::now() + Duration::from_secs(3600);
+    handles.push(tokio::spawn(async move {
+        route_batch(&deps, LANE, &[request("m-1", "n-1", 3)], Some(deadline)).await.remove(0)
+    }));
+    fx.table.reached.acquire().await.unwrap().forget();
+    ends(handles).await;
+    let marker = fx.marker("m-1").await.unwrap();
+    assert_eq!((marker.receive, marker.beside, marker.alone), (3, 1, false));
+
+    fx.table.unstall("n-1");
+    assert_eq!(route(&fx.process(), LANE, &request("m-1", "n-1", 4)).await, Outcome::Done, "tried alone again");
+}
