@@ -96,7 +96,10 @@ impl Attempts {
         match tokio::time::timeout(wait, self.gate.write()).await {
             Ok(guard) => self.begin(table, 1, Held::Alone(guard)).await,
             Err(_) => {
-                tracing::warn!(waited_ms = wait.as_millis() as u64, "could not handle a message alone; it runs beside others");
+                tracing::warn!(
+                    waited_ms = wait.as_millis() as u64,
+                    "could not handle a message alone; it runs beside others"
+                );
                 self.enter(table, 1).await
             }
         }

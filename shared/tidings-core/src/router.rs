@@ -229,7 +229,8 @@ async fn mark(deps: &Deps, lane: Lane, message: &Received, beside: u32, mode: Mo
 
 /// What an operator reads on the dead letter of a message set aside.
 fn set_aside_reason(earlier: &Marker) -> String {
-    let how = if earlier.alone { "handled alone after an earlier ambiguous end" } else { "with no other message in flight" };
+    let how =
+        if earlier.alone { "handled alone after an earlier ambiguous end" } else { "with no other message in flight" };
     format!(
         "set aside: the process ended while handling this message at receive {} ({how}); handling it again \
          could end it again. Redrive it once the cause is fixed (docs/delivery.md, \"A message that ends the process\")",

@@ -265,7 +265,11 @@ async fn a_message_that_begins_beside_a_lone_attempt_is_counted_in_its_marker() 
     ends(handles).await;
 
     fx.table.unstall("n-1");
-    assert_eq!(route(&fx.process(), LANE, &request("m-1", "n-1", 3)).await, Outcome::Done, "tried alone, not set aside");
+    assert_eq!(
+        route(&fx.process(), LANE, &request("m-1", "n-1", 3)).await,
+        Outcome::Done,
+        "tried alone, not set aside"
+    );
 }
 
 /// An attempt alone waits until what is in flight in its process has ended, and nothing begins
@@ -327,8 +331,14 @@ async fn a_channel_batch_sets_aside_only_the_message_that_ended_the_process() {
     assert!(matches!(&outcomes[2], Outcome::Reject(r) if r.starts_with("malformed")), "{outcomes:?}");
     let marker = |id: &str| keys::attempt(lane.name(), id);
     let table = &fx.world.deps.table;
-    assert!(table.get(&marker("c-3")).await.unwrap().is_none(), "the redelivered one handled with its batch was unmarked");
-    assert!(table.get(&marker("c-1")).await.unwrap().is_some(), "kept until its ttl: a settle that fails sets it aside again");
+    assert!(
+        table.get(&marker("c-3")).await.unwrap().is_none(),
+        "the redelivered one handled with its batch was unmarked"
+    );
+    assert!(
+        table.get(&marker("c-1")).await.unwrap().is_some(),
+        "kept until its ttl: a settle that fails sets it aside again"
+    );
 }
 
 /// A handler cut off at its deadline returned (a retry): its marker is deleted, so its next
