@@ -194,6 +194,8 @@ async fn a_message_that_ends_the_process_at_a_redelivery_is_set_aside_at_the_nex
     assert_eq!((marker.receive, marker.beside, marker.alone), (2, 0, false));
     ends(second).await;
 
+    // Answered now: handled again, it would return, not end the process.
+    fx.table.unstall("n-1");
     let handled = fx.table.handled();
     let third = request("m-1", "n-1", 3);
     let outcome = route(&fx.process(), LANE, &third).await;
@@ -240,6 +242,7 @@ async fn a_message_that_ended_the_process_beside_another_is_tried_alone_first() 
     ends(alone).await;
 
     fx.table.unstall("n-2");
+    fx.table.unstall("n-1");
     assert_eq!(route(&fx.process(), LANE, &request("m-2", "n-2", 3)).await, Outcome::Done);
     match route(&fx.process(), LANE, &request("m-1", "n-1", 4)).await {
         Outcome::Reject(reason) => {
