@@ -22,6 +22,8 @@ pub struct Deps {
     /// The HTTP client of webhook posts and the name lookup it pins each post's addresses with
     /// (the system's, one per process; tests give theirs).
     pub webhook_client: Arc<crate::webhook_targets::WebhookClient>,
+    /// The queue messages this process is handling (shared by its clones; [`crate::attempts`]).
+    pub attempts: Arc<crate::attempts::Attempts>,
 }
 
 impl Deps {
@@ -43,6 +45,7 @@ impl Deps {
             keys: Arc::default(),
             open_buckets: Arc::default(),
             webhook_client: crate::webhook_targets::WebhookClient::system(),
+            attempts: Arc::default(),
         }
     }
 }

@@ -28,6 +28,7 @@
 //! | users list entry (`crate::lists`) | `T#t#USERS` | `U#{user}` |
 //! | templates list entry | `T#t#TPLS` | `TPL#{id}` |
 //! | notifications list entry, by time | `T#t#NLIST` | `{created_ms:015}#{id}` |
+//! | attempt at a redelivered queue message (`crate::attempts`, with `ttl`) | `ATTEMPT#{queue}#{message_id}` | `ATTEMPT` |
 
 use crate::ids::TenantId;
 use crate::ports::{Channel, Key};
@@ -254,6 +255,12 @@ pub fn notifications_list_pk(t: &TenantId) -> String {
 pub fn notification_entry(t: &TenantId, created_ms: i64, notification_id: &str) -> Key {
     Key::new(notifications_list_pk(t), format!("{:015}#{notification_id}", created_ms.max(0)))
 }
+/// The marker of an attempt at a redelivered message of `queue` ([`crate::attempts::Marker`]):
+/// a partition per message, so that a burst of redeliveries writes no hot key.
+pub fn attempt(queue: &str, message_id: &str) -> Key {
+    Key::new(format!("ATTEMPT#{queue}#{message_id}"), "ATTEMPT")
+}
+
 /// `--manual-clock`'s time, kept with the data so that a restart resumes it (dev.rs).
 pub const DEV_CLOCK_PK: &str = "DEV#CLOCK";
 

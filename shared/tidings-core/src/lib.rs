@@ -2,6 +2,7 @@
 //! the local runtime are thin wiring around the handlers here.
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
+pub mod attempts;
 pub mod config;
 pub mod crash;
 pub mod deps;

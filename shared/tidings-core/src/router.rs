@@ -3,12 +3,14 @@
 
 use std::time::Duration;
 
+use crate::attempts::{ALONE_WAIT, KEEP_S, Marker};
 use crate::deps::Deps;
+use crate::keys;
 use crate::lanes::Lane;
 use crate::notify::channel::ChannelSend;
 use crate::notify::orchestrator::Orchestrate;
 use crate::outcome::Outcome;
-use crate::ports::Received;
+use crate::ports::{Cond, Item, Key, Received, StoreError, attrs_of};
 use crate::restock::StockEventStep;
 use crate::tasks::{handle, handle_batch};
 use crate::timers::TimerStep;
@@ -43,7 +45,8 @@ fn unknown(queue: &str) -> Outcome {
     Outcome::Reject(format!("no handler for queue {queue}"))
 }
 
-/// [`dispatch_batch_until`] for a lane.
+/// [`dispatch_batch_until`] for a lane. A redelivered message is handled under an attempt
+/// marker, and one whose earlier handling ended the process is set aside ([`guarded`]).
 pub async fn route_batch(
     deps: &Deps,
     lane: Lane,
@@ -51,16 +54,12 @@ pub async fn route_batch(
     deadline: Option<std::time::Instant>,
 ) -> Vec<Outcome> {
     if let Lane::Channel(..) = lane {
-        return handle_batch::<ChannelSend>(deps, messages, deadline).await;
+        return guarded(deps, lane, messages, deadline).await;
     }
     // One by one (requests, timers, stock events). After the first, which always runs so a
     // batch always makes progress, a message is not started when the longest one so far would
     // not end before the deadline: it is handed back, so the invocation is not cut off with a
     // campaign page half written (and every message of its batch charged a receive).
-    // A message still running `CUT_OFF_AFTER` past the deadline (one far slower than those
-    // before it, or a first one too long for the invocation) is stopped there and retried, so the
-    // invocation still answers: cut off by Lambda instead, its environment would be killed and
-    // every message of the batch would wait out its visibility timeout.
     let mut outcomes = Vec::with_capacity(messages.len());
     let mut longest = std::time::Duration::ZERO;
     for (i, message) in messages.iter().enumerate() {
@@ -69,28 +68,222 @@ pub async fn route_batch(
             continue;
         }
         let started = std::time::Instant::now();
-        let outcome = match deadline {
-            Some(d) => {
-                let cut_off = tokio::time::Instant::from_std(d + CUT_OFF_AFTER);
-                match tokio::time::timeout_at(cut_off, route(deps, lane, message)).await {
-                    Ok(outcome) => outcome,
-                    Err(_) => {
-                        tracing::warn!(
-                            queue = lane.name(),
-                            message_id = %message.message_id,
-                            ran_ms = started.elapsed().as_millis() as u64,
-                            "cut off at the invocation's deadline; retried"
-                        );
-                        Outcome::Retry(Duration::ZERO)
-                    }
-                }
-            }
-            None => route(deps, lane, message).await,
-        };
-        outcomes.push(outcome);
+        outcomes.push(one_of(guarded(deps, lane, std::slice::from_ref(message), deadline).await));
         longest = longest.max(started.elapsed());
     }
     outcomes
+}
+
+/// The one outcome of a one-message batch.
+fn one_of(outcomes: Vec<Outcome>) -> Outcome {
+    outcomes.into_iter().next().unwrap_or(Outcome::Retry(Duration::ZERO))
+}
+
+/// Handles `messages` (one, or a channel lane's batch) under the attempt markers of the
+/// redelivered ones (docs/delivery.md, "A message that ends the process"): a first receipt
+/// writes nothing; a redelivered message is marked before it runs and unmarked after, whatever
+/// the outcome (a cut-off included: only the end of the process leaves a marker); a marker
+/// left by an earlier receive sets the message aside when that attempt had nothing beside it,
+/// and else gets it one more attempt alone. A marker that cannot be written costs nothing but
+/// the guard: the message is handled as if first received.
+async fn guarded(deps: &Deps, lane: Lane, messages: &[Received], deadline: Option<std::time::Instant>) -> Vec<Outcome> {
+    let table = deps.table.as_ref();
+    if messages.iter().all(|m| m.receive_count < 2) {
+        let _entry = deps.attempts.enter(table, messages.len()).await;
+        return run(deps, lane, messages, deadline).await;
+    }
+    let mut outcomes: Vec<Option<Outcome>> = vec![None; messages.len()];
+    let mut alone = Vec::new();
+    {
+        let mut entry = deps.attempts.enter(table, messages.len()).await;
+        let beside = entry.beside();
+        let mut go = Vec::with_capacity(messages.len());
+        let mut marked = Vec::new();
+        for (i, message) in messages.iter().enumerate() {
+            if message.receive_count < 2 {
+                go.push(i);
+                continue;
+            }
+            match mark(deps, lane, message, beside, Mode::First).await {
+                Verdict::Marked(key) => {
+                    if beside == 0 {
+                        deps.attempts.written_alone(table, &mut entry, &key).await;
+                    }
+                    marked.push((i, key));
+                    go.push(i);
+                }
+                Verdict::Unmarked => go.push(i),
+                Verdict::SetAside(reason) => outcomes[i] = Some(Outcome::Reject(reason)),
+                Verdict::Alone => alone.push(i),
+            }
+        }
+        if !go.is_empty() {
+            let batch: Vec<Received> = go.iter().map(|&i| messages[i].clone()).collect();
+            let done = run(deps, lane, &batch, deadline).await;
+            for (&i, outcome) in go.iter().zip(done) {
+                outcomes[i] = Some(outcome);
+            }
+        }
+        drop(entry);
+        for (i, key) in marked {
+            unmark(deps, &key, messages[i].receive_count).await;
+        }
+    }
+    // Each after the others, so that its marker can say it ran with nothing beside it.
+    for i in alone {
+        let message = &messages[i];
+        let wait = match deadline {
+            Some(d) => ALONE_WAIT.min(d.saturating_duration_since(std::time::Instant::now())),
+            None => ALONE_WAIT,
+        };
+        let mut entry = deps.attempts.enter_alone(table, wait).await;
+        let beside = entry.beside();
+        let mode = if entry.is_alone() { Mode::Alone } else { Mode::Again };
+        let marked = match mark(deps, lane, message, beside, mode).await {
+            Verdict::Marked(key) => {
+                if beside == 0 {
+                    deps.attempts.written_alone(table, &mut entry, &key).await;
+                }
+                Some(key)
+            }
+            _ => None,
+        };
+        outcomes[i] = Some(one_of(run(deps, lane, std::slice::from_ref(message), deadline).await));
+        drop(entry);
+        if let Some(key) = marked {
+            unmark(deps, &key, message.receive_count).await;
+        }
+    }
+    outcomes.into_iter().map(|o| o.unwrap_or(Outcome::Retry(Duration::ZERO))).collect()
+}
+
+/// What the marker of a redelivered message decided.
+enum Verdict {
+    /// Marked: handle it, then unmark it.
+    Marked(Key),
+    /// The marker could not be written: handle it as if first received.
+    Unmarked,
+    /// Its handling ended the process, alone: to its DLQ with this reason, not handled.
+    SetAside(String),
+    /// Its handling ended the process beside others: one more attempt, alone.
+    Alone,
+}
+
+/// Which attempt [`mark`] marks.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// The first at this receive: an earlier receive's marker is judged.
+    First,
+    /// The attempt alone after an ambiguous end: the earlier marker is replaced.
+    Alone,
+    /// The attempt alone that could not wait for the process to be free of other messages: the
+    /// earlier marker is replaced, and the new one says it was not alone (`beside`).
+    Again,
+}
+
+/// Marks an attempt at `message`, at its receive, `beside` other messages in flight; reads the
+/// marker an earlier receive left, if any, unless the attempt is the one alone (which
+/// replaces it).
+async fn mark(deps: &Deps, lane: Lane, message: &Received, beside: u32, mode: Mode) -> Verdict {
+    let key = keys::attempt(lane.name(), &message.message_id);
+    let alone = mode == Mode::Alone;
+    let marker = Marker { receive: message.receive_count, beside, alone, ttl: deps.clock.now().timestamp() + KEEP_S };
+    let put = |cond| {
+        let key = key.clone();
+        let marker = marker.clone();
+        async move {
+            let attrs = attrs_of(&marker)?;
+            deps.table.put(Item::new(key, attrs), cond).await
+        }
+    };
+    let refused = |e: StoreError| {
+        tracing::warn!(error = %e, queue = lane.name(), message_id = %message.message_id,
+            "could not mark an attempt at a redelivered message; handled unguarded");
+        Verdict::Unmarked
+    };
+    let cond = if mode == Mode::First { Cond::NotExists } else { Cond::Always };
+    match put(cond).await {
+        Ok(()) => return Verdict::Marked(key),
+        Err(e) if !e.is_condition_failed() => return refused(e),
+        Err(_) => {}
+    }
+    let earlier = match deps.table.get(&key).await {
+        Ok(item) => item.and_then(|item| item.parse::<Marker>().ok()),
+        Err(e) => return refused(e),
+    };
+    match earlier {
+        Some(earlier) if earlier.receive < message.receive_count => {
+            if earlier.beside == 0 {
+                Verdict::SetAside(set_aside_reason(&earlier))
+            } else {
+                Verdict::Alone
+            }
+        }
+        // Of this receive or a later one (a duplicate delivery), or unreadable: no verdict on it.
+        _ => match put(Cond::Always).await {
+            Ok(()) => Verdict::Marked(key),
+            Err(e) => refused(e),
+        },
+    }
+}
+
+/// What an operator reads on the dead letter of a message set aside.
+fn set_aside_reason(earlier: &Marker) -> String {
+    let how =
+        if earlier.alone { "handled alone after an earlier ambiguous end" } else { "with no other message in flight" };
+    format!(
+        "set aside: the process ended while handling this message at receive {} ({how}); handling it again \
+         could end it again. Redrive it once the cause is fixed (docs/delivery.md, \"A message that ends the process\")",
+        earlier.receive
+    )
+}
+
+/// Deletes the marker of an attempt that returned (if it is still this receive's).
+async fn unmark(deps: &Deps, key: &Key, receive: u32) {
+    match deps.table.delete(key, Cond::eq("receive", receive)).await {
+        Ok(()) => {}
+        Err(e) if e.is_condition_failed() => {}
+        // Left behind, it would set the message aside were it to come again alone: only after
+        // a retry, and only if its next attempt is also left unfinished by an end of the process.
+        Err(e) => tracing::warn!(error = %e, "could not delete an attempt marker"),
+    }
+}
+
+/// Runs the handler of `lane` on `messages` (one, or a channel lane's batch).
+async fn run(deps: &Deps, lane: Lane, messages: &[Received], deadline: Option<std::time::Instant>) -> Vec<Outcome> {
+    if let Lane::Channel(..) = lane {
+        return handle_batch::<ChannelSend>(deps, messages, deadline).await;
+    }
+    let mut outcomes = Vec::with_capacity(messages.len());
+    for message in messages {
+        outcomes.push(cut_off_at(deps, lane, message, deadline).await);
+    }
+    outcomes
+}
+
+/// Runs one message's handler. A message still running `CUT_OFF_AFTER` past the deadline (one
+/// far slower than those before it, or a first one too long for the invocation) is stopped
+/// there and retried, so the invocation still answers: cut off by Lambda instead, its
+/// environment would be killed and every message of the batch would wait out its visibility
+/// timeout.
+async fn cut_off_at(deps: &Deps, lane: Lane, message: &Received, deadline: Option<std::time::Instant>) -> Outcome {
+    let Some(d) = deadline else {
+        return handle_one(deps, lane, message).await;
+    };
+    let started = std::time::Instant::now();
+    let cut_off = tokio::time::Instant::from_std(d + CUT_OFF_AFTER);
+    match tokio::time::timeout_at(cut_off, handle_one(deps, lane, message)).await {
+        Ok(outcome) => outcome,
+        Err(_) => {
+            tracing::warn!(
+                queue = lane.name(),
+                message_id = %message.message_id,
+                ran_ms = started.elapsed().as_millis() as u64,
+                "cut off at the invocation's deadline; retried"
+            );
+            Outcome::Retry(Duration::ZERO)
+        }
+    }
 }
 
 /// How long past its deadline a message handled one by one may still run before it is cut off
@@ -109,14 +302,17 @@ pub async fn dispatch(deps: &Deps, queue: &str, message: &Received) -> Outcome {
     }
 }
 
-/// Routes a message to the handler of its lane.
+/// Routes a message to the handler of its lane, under its attempt marker if it is a redelivery
+/// ([`guarded`]).
 pub async fn route(deps: &Deps, lane: Lane, message: &Received) -> Outcome {
+    one_of(guarded(deps, lane, std::slice::from_ref(message), None).await)
+}
+
+/// A message's handler, unguarded.
+async fn handle_one(deps: &Deps, lane: Lane, message: &Received) -> Outcome {
     match lane {
         Lane::Requests(_) => handle::<Orchestrate>(deps, message).await,
-        Lane::Channel(..) => {
-            let one = handle_batch::<ChannelSend>(deps, std::slice::from_ref(message), None).await;
-            one.into_iter().next().unwrap_or(Outcome::Retry(Duration::ZERO))
-        }
+        Lane::Channel(..) => one_of(handle_batch::<ChannelSend>(deps, std::slice::from_ref(message), None).await),
         Lane::StockEvents => handle::<StockEventStep>(deps, message).await,
         Lane::Timers => handle::<TimerStep>(deps, message).await,
         Lane::Webhooks => handle::<WebhookStep>(deps, message).await,
