@@ -84,7 +84,11 @@ impl Default for Options {
                 ("TIDINGS_PROVIDER_TIMEOUT_MS", "5000".into()),
                 // Rate limits far above what a test sends (the limits' own tests set theirs):
                 // the buckets are taken all the same.
-                ("TIDINGS_API_RATES", "send:5000,recipients:100000,orders:5000,write:5000,read:5000,public:5000,callback:5000,auth:5000".into()),
+                (
+                    "TIDINGS_API_RATES",
+                    "send:5000,recipients:100000,orders:5000,write:5000,read:5000,public:5000,callback:5000,auth:5000"
+                        .into(),
+                ),
             ],
             manual_clock: false,
             dev: true,

@@ -7,7 +7,7 @@
 //! one call could ask for petabytes, and Rust aborts the whole process when an allocation fails.
 //! So nothing reaches a builtin unchecked: the arguments that size something are bounded before
 //! the call, what goes in and what comes out is charged to the render's budget
-//! ([`crate::templates::MAX_WORK`]), and a result over [`crate::templates::MAX_VALUE_BYTES`] is
+//! ([`MAX_WORK`]), and a result over [`MAX_VALUE_BYTES`] is
 //! refused. A builtin not in the tables below does not exist for a template (`debug`,
 //! `namespace`, and any builtin a later minijinja adds).
 
@@ -17,7 +17,20 @@ use std::sync::LazyLock;
 use minijinja::value::{Kwargs, Rest, StringInput};
 use minijinja::{AutoEscape, Environment, ErrorKind, State, UndefinedBehavior, Value as JinjaValue};
 
-use super::{FUEL, MAX_FORMAT_WIDTH, MAX_RANGE, MAX_VALUE_BYTES, MAX_WORK, RECURSION_LIMIT};
+/// Instructions one render may execute: a long order confirmation (a loop over 50 lines with a
+/// dozen placeholders each) takes a few thousand.
+pub const FUEL: u64 = 20_000;
+/// Nesting of `if`/`for` at render.
+pub const RECURSION_LIMIT: usize = 64;
+/// What one filter or function may produce, and the largest placeholder value.
+pub const MAX_VALUE_BYTES: usize = 32 * 1024;
+/// Elements of one `range(...)`, and parts of one `batch` or `slice`.
+pub const MAX_RANGE: usize = 1_000;
+/// What the filters and functions of one render may read and build together, in bytes of strings
+/// and items of sequences: a long order confirmation spends a few tens of thousands.
+pub const MAX_WORK: usize = 4 * 1024 * 1024;
+/// The largest width or precision of a `format` conversion (`%10.2f`).
+pub const MAX_FORMAT_WIDTH: u64 = 100;
 
 /// The prefix of the bounded functions' errors (`classify` tells them apart from the rest).
 pub(super) const LIMIT: &str = "limit: ";
@@ -148,10 +161,7 @@ static TESTS: LazyLock<Vec<(&'static str, JinjaValue)>> = LazyLock::new(|| {
 /// The global functions: `range` bounded, `dict` (as many entries as it is given). Not `debug`
 /// (the whole render state), nor `namespace` (only useful with `set`, which the sandbox refuses).
 static FUNCTIONS: LazyLock<Vec<(&'static str, JinjaValue)>> = LazyLock::new(|| {
-    vec![
-        ("range", JinjaValue::from_function(range)),
-        ("dict", JinjaValue::from_function(minijinja::functions::dict)),
-    ]
+    vec![("range", JinjaValue::from_function(range)), ("dict", JinjaValue::from_function(minijinja::functions::dict))]
 });
 
 /// Every filter, test and function call: the arguments that size something are checked before
@@ -185,16 +195,14 @@ fn check_size_arguments(name: &str, args: &[JinjaValue]) -> Result<(), minijinja
     match name {
         // `batch(n)` reserves n slots; `slice(n)` makes n lists.
         "batch" | "slice" => match args.get(1).and_then(number) {
-            Some(n) if n > MAX_RANGE as f64 => {
-                Err(limit_error(format!("{name} into {n} parts; at most {MAX_RANGE}")))
-            }
+            Some(n) if n > MAX_RANGE as f64 => Err(limit_error(format!("{name} into {n} parts; at most {MAX_RANGE}"))),
             _ => Ok(()),
         },
         // A width or precision is a buffer of that many bytes, whatever the value.
         "format" => match args.first().and_then(JinjaValue::as_str).map(widest_conversion) {
-            Some(w) if w > MAX_FORMAT_WIDTH => Err(limit_error(format!(
-                "a format width or precision of {w}; at most {MAX_FORMAT_WIDTH}"
-            ))),
+            Some(w) if w > MAX_FORMAT_WIDTH => {
+                Err(limit_error(format!("a format width or precision of {w}; at most {MAX_FORMAT_WIDTH}")))
+            }
             _ => Ok(()),
         },
         _ => Ok(()),
@@ -431,7 +439,12 @@ mod tests {
 
     #[test]
     fn a_budget_is_per_render_and_spent_by_every_call() {
-        let left = |f: &dyn Fn()| with_budget(|| { f(); WORK_LEFT.with(Cell::get) });
+        let left = |f: &dyn Fn()| {
+            with_budget(|| {
+                f();
+                WORK_LEFT.with(Cell::get)
+            })
+        };
         assert_eq!(left(&|| {}), MAX_WORK);
         assert_eq!(left(&|| spend("x", 10).unwrap()), MAX_WORK - 10);
         let e = with_budget(|| spend("upper", MAX_WORK + 1)).unwrap_err();

@@ -39,6 +39,7 @@ use crate::error::{CoreError, CoreResult};
 use crate::ids::{TenantId, check_id};
 use crate::keys;
 use crate::ports::{Channel, Cond, Item, attrs_of};
+pub use engine::{FUEL, MAX_FORMAT_WIDTH, MAX_RANGE, MAX_VALUE_BYTES, MAX_WORK, RECURSION_LIMIT};
 use engine::{LIMIT, environment};
 
 /// The content of one locale. Every field is optional: a channel without content cannot be
@@ -125,24 +126,10 @@ impl TemplateError {
     }
 }
 
-/// Instructions one render may execute: a long order confirmation (a loop over 50 lines with a
-/// dozen placeholders each) takes a few thousand.
-pub const FUEL: u64 = 20_000;
-/// Nesting of `if`/`for` at render.
-pub const RECURSION_LIMIT: usize = 64;
 /// The whole template (every locale), well inside a table item.
 pub const MAX_TEMPLATE_BYTES: usize = 256 * 1024;
-/// What one filter or function may produce, and the largest placeholder value.
-pub const MAX_VALUE_BYTES: usize = 32 * 1024;
 /// `~` and `+` in one field: with neither `set` nor macros, a value grows only through them.
 pub const MAX_CONCATS: usize = 16;
-/// Elements of one `range(...)`, and parts of one `batch` or `slice`.
-pub const MAX_RANGE: usize = 1_000;
-/// What the filters and functions of one render may read and build together, in bytes of strings
-/// and items of sequences: a long order confirmation spends a few tens of thousands.
-pub const MAX_WORK: usize = 4 * 1024 * 1024;
-/// The largest width or precision of a `format` conversion (`%10.2f`).
-pub const MAX_FORMAT_WIDTH: u64 = 100;
 /// An SMS is at most this many segments (153 GSM-7 characters or 67 UCS-2 units each).
 pub const SMS_MAX_SEGMENTS: usize = 10;
 /// Push title and body together, rendered: APNs and FCM refuse a payload over 4 KB, and the
@@ -656,7 +643,9 @@ fn sandbox(text: &str) -> Result<(), TemplateError> {
         let statement = after_block_start;
         after_block_start = matches!(token, Token::BlockStart);
         match token {
-            Token::BracketOpen | Token::ParenOpen | Token::BraceOpen => open.push((matches!(token, Token::BracketOpen), 0u8)),
+            Token::BracketOpen | Token::ParenOpen | Token::BraceOpen => {
+                open.push((matches!(token, Token::BracketOpen), 0u8))
+            }
             Token::BracketClose | Token::ParenClose | Token::BraceClose => {
                 open.pop();
             }
@@ -1125,7 +1114,9 @@ mod tests {
         let captured = "{% filter upper %}{% for i in range(1000) %}{{ p }}{% endfor %}{% endfilter %}";
         refused_at_save(&one("inapp_body", captured), "locales.en.inapp_body", "`filter` is not available");
         limit(one("inapp_body", captured).render(Channel::Inapp, None, &json!({"p": "x"})), "`filter`");
-        for text in ["{% call m() %}x{% endcall %}", "{% include 'body.txt' %}", "{% autoescape false %}x{% endautoescape %}"] {
+        for text in
+            ["{% call m() %}x{% endcall %}", "{% include 'body.txt' %}", "{% autoescape false %}x{% endautoescape %}"]
+        {
             refused_at_save(&one("sms", text), "locales.en.sms", "not available");
         }
         let allowed = "{% if a %}{% for x in b %}{{ x }}{% else %}none{% endfor %}{% elif c %}c{% endif %}{% raw %}{{ }}{% endraw %}";
@@ -1148,8 +1139,11 @@ mod tests {
             refused_or_limited(text, &p, says);
         }
         // Within bounds they work as before.
-        let r = one("sms", "{{ '%8.2f'|format(3.14159) }}|{{ [1,2,3]|batch(2)|list|length }}|{{ [1,2,3]|slice(2)|list|length }}")
-            .render(Channel::Sms, None, &json!({}));
+        let r = one(
+            "sms",
+            "{{ '%8.2f'|format(3.14159) }}|{{ [1,2,3]|batch(2)|list|length }}|{{ [1,2,3]|slice(2)|list|length }}",
+        )
+        .render(Channel::Sms, None, &json!({}));
         assert_eq!(r.map(|r| r.body), Ok("    3.14|2|2".into()));
     }
 
@@ -1158,7 +1152,11 @@ mod tests {
         // 1,000 sorts of a 32 KB list: each call is one instruction of fuel; the work budget
         // stops it.
         let p = json!({"p": "x".repeat(MAX_VALUE_BYTES)});
-        refused_or_limited("{% for i in range(1000) %}{{ p|list|sort|length }}{% endfor %}", &p, "read and build more than");
+        refused_or_limited(
+            "{% for i in range(1000) %}{{ p|list|sort|length }}{% endfor %}",
+            &p,
+            "read and build more than",
+        );
         // A value no bigger than its inputs but from many of them is over the value limit.
         refused_or_limited("{{ (p ~ p)|upper }}", &p, "at most 32768");
     }
