@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use tidings_core::config::Settings;
 
 /// mimalloc: a campaign allocates and frees small items (keys, attribute maps, JSON) at a
@@ -78,9 +78,14 @@ pub struct BackendArgs {
     pub data_dir: PathBuf,
     #[arg(long, value_enum, default_value = "embedded", env = "TIDINGS_BACKEND", global = true)]
     pub backend: BackendKind,
-    /// Create the tables and queues that template.yaml declares, where missing (emulators).
+    /// Create the tables and queues that template.yaml declares, where missing (emulators); on
+    /// the embedded backend, a new store in --data-dir when there is none.
     #[arg(long, global = true)]
     pub bootstrap: bool,
+    /// Where `data_dir` came from (the flag, TIDINGS_DATA_DIR or the default), for the message
+    /// of a command that finds no store there.
+    #[arg(skip)]
+    pub data_dir_from: Option<clap::parser::ValueSource>,
 }
 
 #[derive(clap::Args, Clone, Debug)]
@@ -190,6 +195,19 @@ fn init_tracing(settings: &Settings) {
     }
 }
 
+/// Where `--data-dir` came from, on the subcommand that took it (it is global: any level).
+fn data_dir_source(matches: &clap::ArgMatches) -> Option<clap::parser::ValueSource> {
+    let mut found = None;
+    let mut at = Some(matches);
+    while let Some(m) = at {
+        if let Ok(Some(source)) = m.try_get_raw("data_dir").map(|_| m.value_source("data_dir")) {
+            found = Some(source);
+        }
+        at = m.subcommand().map(|(_, sub)| sub);
+    }
+    found
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     // A malformed `TIDINGS_*` value stops the start here, naming the variable.
@@ -198,7 +216,18 @@ async fn main() -> anyhow::Result<()> {
     settings.warn_unknown();
     tidings_core::crash::arm(settings.get("TIDINGS_CRASH_AT"));
     let _ = SETTINGS.set(settings);
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let mut cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
+    let data_dir_from = data_dir_source(&matches);
+    match &mut cli.command {
+        Command::Serve(ServeArgs { backend, .. }) | Command::Keys { backend, .. } | Command::Ops { backend, .. } => {
+            backend.data_dir_from = data_dir_from
+        }
+        Command::Bench { .. } | Command::Openapi | Command::Config => {}
+    }
     match cli.command {
         Command::Serve(args) => serve::serve(args).await,
         Command::Bench { command: BenchCommand::Campaign(args) } => bench::campaign(args).await,

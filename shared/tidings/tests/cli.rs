@@ -1,0 +1,114 @@
+//! The `tidings` command cannot mislead: a command other than `serve` finds the store `serve`
+//! made or fails saying where it looked (it never makes a new, empty one that answers as if the
+//! system had nothing); every command's help has examples; a command that prints JSON prints
+//! nothing else on stdout.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+/// Runs `tidings args` in `cwd`, with no `TIDINGS_*` variable but a quiet log.
+fn tidings_in(cwd: &Path, args: &[&str]) -> (Output, String, String) {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_tidings"));
+    for (name, _) in std::env::vars().filter(|(n, _)| n.starts_with("TIDINGS_")) {
+        command.env_remove(name);
+    }
+    let out = command
+        .args(args)
+        .current_dir(cwd)
+        .env("TIDINGS_LOG", "warn")
+        .env_remove("RUST_BACKTRACE")
+        .env_remove("RUST_LIB_BACKTRACE")
+        .output()
+        .expect("the tidings binary runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    (out, stdout, stderr)
+}
+
+fn entries(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> =
+        std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn a_command_finds_no_store_in_a_missing_data_dir_and_says_where_it_looked() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nonexistent");
+    let (out, stdout, stderr) = tidings_in(dir.path(), &["keys", "list", "--data-dir", missing.to_str().unwrap()]);
+    assert!(!out.status.success(), "keys list succeeded without a store:\n{stdout}");
+    assert!(stdout.is_empty(), "something on stdout: {stdout}");
+    assert!(
+        stderr.contains(&format!("no Tidings store at {}", missing.display()))
+            && stderr.contains("because --data-dir names it")
+            && stderr.contains("--data-dir"),
+        "{stderr}"
+    );
+    assert!(!missing.exists(), "the data directory was made");
+}
+
+/// The new user's case: `keys create` and `ops dlq list` run in a directory where no server
+/// runs. Each fails naming `./.tidings` and why it looked there, and nothing is made.
+#[test]
+fn commands_run_where_no_server_runs_make_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    for args in [
+        &["keys", "create", "--role", "operator"][..],
+        &["keys", "list"],
+        &["ops", "dlq", "list"],
+        &["ops", "dlq", "redrive", "email-low"],
+        &["ops", "stream-failures", "list"],
+    ] {
+        let (out, stdout, stderr) = tidings_in(dir.path(), args);
+        assert!(!out.status.success(), "{args:?} succeeded without a store:\n{stdout}");
+        assert!(stdout.is_empty(), "{args:?}: something on stdout: {stdout}");
+        let expected = format!("no Tidings store at {}", dir.path().join(".tidings").display());
+        assert!(
+            stderr.contains(&expected) && stderr.contains("because --data-dir defaults to ./.tidings"),
+            "{args:?}:\n{stderr}"
+        );
+        assert!(stderr.contains("where `tidings serve` runs"), "{args:?}: no way out given:\n{stderr}");
+        assert_eq!(entries(dir.path()), Vec::<String>::new(), "{args:?} made something");
+    }
+    // TIDINGS_DATA_DIR is named when it is where the command looked.
+    let elsewhere = dir.path().join("elsewhere");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_tidings"));
+    let out = command
+        .args(["keys", "list"])
+        .current_dir(dir.path())
+        .env("TIDINGS_DATA_DIR", &elsewhere)
+        .env("TIDINGS_LOG", "warn")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains(&format!("because TIDINGS_DATA_DIR is {}", elsewhere.display())), "{stderr}");
+    assert_eq!(entries(dir.path()), Vec::<String>::new());
+}
+
+/// What `serve` made, the other commands use; a file that is not a store is refused untouched.
+#[test]
+fn a_store_that_is_there_is_used_and_a_file_that_is_not_one_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    // `--bootstrap` is the explicit way to make one (as `serve` does at its first start).
+    let (out, _, stderr) = tidings_in(dir.path(), &["keys", "list", "--bootstrap"]);
+    assert!(out.status.success(), "{stderr}");
+    let (out, stdout, stderr) = tidings_in(dir.path(), &["keys", "create", "--role", "operator", "--name", "laptop"]);
+    assert!(out.status.success(), "{stderr}");
+    let made: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let (out, stdout, stderr) = tidings_in(dir.path(), &["keys", "list"]);
+    assert!(out.status.success(), "{stderr}");
+    let listed: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert!(listed["keys"].as_array().unwrap().iter().any(|k| k["id"] == made["id"]), "{listed} lacks {made}");
+
+    let other = dir.path().join("other");
+    std::fs::create_dir(&other).unwrap();
+    std::fs::write(other.join("tidings.db"), "not a database").unwrap();
+    let (out, _, stderr) = tidings_in(dir.path(), &["keys", "list", "--data-dir", "other"]);
+    assert!(!out.status.success());
+    assert!(stderr.contains("not a Tidings store"), "{stderr}");
+    assert_eq!(std::fs::read_to_string(other.join("tidings.db")).unwrap(), "not a database");
+    assert_eq!(entries(&other), ["tidings.db"]);
+}
