@@ -16,6 +16,7 @@ mod bench;
 mod bench_http;
 mod bench_peer;
 mod bench_reserve;
+mod config;
 mod keys;
 mod progress;
 mod runtime;
@@ -59,8 +60,9 @@ enum Command {
     /// Prints the OpenAPI document that `GET /openapi.json` serves (the committed
     /// `openapi.json`: `cargo run -q -p tidings -- openapi > openapi.json`).
     Openapi,
-    /// Prints the table of every `TIDINGS_*` variable (the README's configuration table).
-    Config,
+    /// Every `TIDINGS_*` variable in effect: its value (secrets masked) and where it comes from
+    /// (environment, flag, data directory, default); `--table` prints the README's table.
+    Config(config::ConfigArgs),
     /// Operations on a running deployment's data.
     Ops {
         #[command(subcommand)]
@@ -226,7 +228,12 @@ async fn main() -> anyhow::Result<()> {
         Command::Serve(ServeArgs { backend, .. }) | Command::Keys { backend, .. } | Command::Ops { backend, .. } => {
             backend.data_dir_from = data_dir_from
         }
-        Command::Bench { .. } | Command::Openapi | Command::Config => {}
+        Command::Config(args) => {
+            let sub = matches.subcommand_matches("config");
+            let source = |id: &str| sub.and_then(|m| m.value_source(id));
+            args.sources = (source("data_dir"), source("backend"));
+        }
+        Command::Bench { .. } | Command::Openapi => {}
     }
     match cli.command {
         Command::Serve(args) => serve::serve(args).await,
@@ -237,10 +244,7 @@ async fn main() -> anyhow::Result<()> {
             print!("{}", tidings_api::routes::openapi::document_json()?);
             Ok(())
         }
-        Command::Config => {
-            print!("{}", tidings_core::config::markdown_table());
-            Ok(())
-        }
+        Command::Config(args) => config::run(crate::settings(), &args),
         Command::Ops { command: OpsCommand::StreamFailures { command }, backend } => {
             stream_failures::run(command, &backend).await
         }
