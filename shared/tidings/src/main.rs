@@ -17,6 +17,7 @@ mod bench_http;
 mod bench_peer;
 mod bench_reserve;
 mod config;
+mod dlq;
 mod keys;
 mod progress;
 mod runtime;
@@ -120,56 +121,13 @@ enum OpsCommand {
     /// Dead-letter queues.
     Dlq {
         #[command(subcommand)]
-        command: DlqCommand,
+        command: dlq::DlqCommand,
     },
     /// Stream records the relay did not relay (the stream's on-failure queue).
     StreamFailures {
         #[command(subcommand)]
         command: stream_failures::StreamFailuresCommand,
     },
-}
-
-#[derive(Subcommand)]
-enum DlqCommand {
-    /// Depth of every queue and its DLQ, and the first dead letters of each.
-    List,
-    /// Moves a queue's dead letters back to it.
-    Redrive { queue: String },
-}
-
-/// What an operator needs to judge a dead letter: for a channel task, its delivery's status,
-/// attempts, last error and first failure time; for a send batch, its status and how many of
-/// its entries stand where, with the last error; for a rejected message, the reason it carries.
-async fn why_dead(deps: &tidings_core::Deps, body: &str) -> String {
-    use tidings_core::notify::model::{ChannelMessage, ChannelTask, Delivery};
-    if let Ok(rejected) = serde_json::from_str::<tidings_core::messages::Rejected>(body) {
-        return format!(
-            "rejected: {} (at {}, received {} times)",
-            rejected.rejected, rejected.at, rejected.receive_count
-        );
-    }
-    if let Ok(ChannelMessage::Batch(batch)) = serde_json::from_str::<ChannelMessage>(body) {
-        return tidings_core::notify::batch::explain(deps.table.as_ref(), &batch).await.0;
-    }
-    let Ok(task) = serde_json::from_str::<ChannelTask>(body) else {
-        return "not a Tidings message (see its body with the queue's tools)".into();
-    };
-    let key = tidings_core::keys::delivery(&task.tenant, &task.notification_id, &task.user_id, task.channel);
-    match deps.table.get(&key).await.map(|i| i.map(|i| i.parse::<Delivery>())) {
-        Ok(Some(Ok(d))) => format!(
-            "{} to {} of notification {}: status {}, {} attempt(s), last error {:?}, first failure {}",
-            task.channel,
-            task.user_id,
-            task.notification_id,
-            d.status.as_str(),
-            d.attempts,
-            d.last_error.unwrap_or_default(),
-            d.first_failed_at.unwrap_or_else(|| "-".into()),
-        ),
-        _ => {
-            format!("{} to {} of notification {}: no delivery record", task.channel, task.user_id, task.notification_id)
-        }
-    }
 }
 
 /// The process's `TIDINGS_*` variables, checked once when `main` starts.
@@ -248,29 +206,6 @@ async fn main() -> anyhow::Result<()> {
         Command::Ops { command: OpsCommand::StreamFailures { command }, backend } => {
             stream_failures::run(command, &backend).await
         }
-        Command::Ops { command: OpsCommand::Dlq { command }, backend } => {
-            let clock = std::sync::Arc::new(tidings_core::ports::SystemClock);
-            let b = backend::Backend::open(&backend, clock).await?;
-            match command {
-                DlqCommand::List => {
-                    for name in &b.queue_names {
-                        let stats = b.deps.queues.stats(name).await?;
-                        println!("{}", serde_json::to_string(&stats)?);
-                        for m in b.deps.queues.peek_dlq(name, 10).await? {
-                            println!("  dead letter {} (received {} times)", m.message_id, m.receive_count);
-                            println!("    why: {}", why_dead(&b.deps, &m.body).await);
-                        }
-                    }
-                }
-                DlqCommand::Redrive { queue } => {
-                    if !b.queue_names.contains(&queue) {
-                        anyhow::bail!("unknown queue {queue}; known: {}", b.queue_names.join(", "));
-                    }
-                    let moved = b.deps.queues.redrive(&queue).await?;
-                    println!("moved {moved} message(s) from {queue}-dlq back to {queue}");
-                }
-            }
-            Ok(())
-        }
+        Command::Ops { command: OpsCommand::Dlq { command }, backend } => dlq::run(command, &backend).await,
     }
 }

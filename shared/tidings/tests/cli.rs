@@ -112,3 +112,53 @@ fn a_store_that_is_there_is_used_and_a_file_that_is_not_one_is_refused() {
     assert_eq!(std::fs::read_to_string(other.join("tidings.db")).unwrap(), "not a database");
     assert_eq!(entries(&other), ["tidings.db"]);
 }
+
+/// stdout of `tidings args` in `cwd`, which must succeed and be one JSON document and nothing else.
+fn json_of(cwd: &Path, args: &[&str]) -> serde_json::Value {
+    let (out, stdout, stderr) = tidings_in(cwd, args);
+    assert!(out.status.success(), "tidings {args:?} failed:\n{stdout}\n{stderr}");
+    serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("tidings {args:?}: stdout is not one JSON document ({e}):\n{stdout}"))
+}
+
+/// Every command that prints JSON prints that and nothing else on stdout (its summary and
+/// progress go to stderr): each one's stdout parses whole.
+#[tokio::test]
+async fn json_commands_print_json_alone_on_stdout() {
+    use tidings_core::ports::Queues;
+    let dir = tempfile::tempdir().unwrap();
+    let cwd = dir.path();
+    assert_eq!(json_of(cwd, &["keys", "list", "--bootstrap"]), serde_json::json!({"keys": []}));
+    let made = json_of(cwd, &["keys", "create", "--role", "tenant", "--tenant", "acme", "--name", "checkout"]);
+    let id = made["id"].as_str().unwrap_or_else(|| panic!("no id: {made}")).to_owned();
+    assert!(made["key"].is_string(), "{made}");
+    assert_eq!(json_of(cwd, &["keys", "list", "--tenant", "acme"])["keys"].as_array().map(Vec::len), Some(1));
+    let rotated = json_of(cwd, &["keys", "rotate", &id, "--grace-seconds", "60"]);
+    assert!(rotated["new"]["key"].is_string() && rotated["previous"]["id"] == id.as_str(), "{rotated}");
+    json_of(cwd, &["keys", "revoke", &id]);
+
+    // A dead letter on email-low's DLQ, put there as a worker would.
+    {
+        let store = tidings_embedded::EmbeddedStore::open(&cwd.join(".tidings").join("tidings.db")).unwrap();
+        store.send_to_dlq("email-low", "not a tidings message".into()).await.unwrap();
+    }
+    let listed = json_of(cwd, &["ops", "dlq", "list"]);
+    let queues = listed["queues"].as_array().unwrap_or_else(|| panic!("{listed}"));
+    assert_eq!(queues.len(), tidings_core::messages::ALL_QUEUES.len(), "{listed}");
+    let email_low = queues.iter().find(|q| q["name"] == "email-low").unwrap_or_else(|| panic!("{listed}"));
+    assert_eq!(email_low["dlq_depth"], 1, "{email_low}");
+    assert_eq!(email_low["dead_letters"][0]["kind"], "unknown", "{email_low}");
+    assert!(email_low["dead_letters"][0]["reason"].is_string(), "{email_low}");
+    assert!(queues.iter().filter(|q| q["name"] != "email-low").all(|q| q["dead_letters"] == serde_json::json!([])));
+    assert_eq!(
+        json_of(cwd, &["ops", "dlq", "redrive", "email-low"]),
+        serde_json::json!({"queue": "email-low", "moved": 1})
+    );
+
+    assert_eq!(json_of(cwd, &["ops", "stream-failures", "list"]), serde_json::json!({"stream_failures": []}));
+    assert_eq!(json_of(cwd, &["ops", "stream-failures", "replay"]), serde_json::json!({"replayed": [], "kept": []}));
+    assert!(json_of(cwd, &["config", "--json"])["variables"].is_array());
+    assert!(json_of(cwd, &["openapi"])["paths"].is_object());
+    let report = json_of(cwd, &["bench", "campaign", "--recipients", "50", "--otp-every-ms", "50", "--no-peer"]);
+    assert_eq!(report["delivered_once"], 50, "{report}");
+}
