@@ -138,9 +138,16 @@ pub fn settings() -> &'static Settings {
     SETTINGS.get_or_init(Settings::default)
 }
 
-fn init_tracing(settings: &Settings) {
+/// `quiet`: without `TIDINGS_LOG`, warnings and errors only (the benches: their progress and
+/// summary on stderr are what is read there, not the system's info lines).
+fn init_tracing(settings: &Settings, quiet: bool) {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_new(settings.value("TIDINGS_LOG")).unwrap_or_else(|_| EnvFilter::new("info"));
+    let directives = match settings.get("TIDINGS_LOG") {
+        Some(set) => set,
+        None if quiet => "warn",
+        None => settings.value("TIDINGS_LOG"),
+    };
+    let filter = EnvFilter::try_new(directives).unwrap_or_else(|_| EnvFilter::new("info"));
     let json = settings.value("TIDINGS_LOG_FORMAT") == "json";
     // One event, one line, whatever a field brought in (an unauthenticated callback's topic):
     // control characters escaped, so no ANSI colours either (docs/operators.md, "Logs").
@@ -172,15 +179,15 @@ fn data_dir_source(matches: &clap::ArgMatches) -> Option<clap::parser::ValueSour
 async fn main() -> anyhow::Result<()> {
     // A malformed `TIDINGS_*` value stops the start here, naming the variable.
     let settings = Settings::from_vars(std::env::vars())?;
-    init_tracing(&settings);
-    settings.warn_unknown();
-    tidings_core::crash::arm(settings.get("TIDINGS_CRASH_AT"));
-    let _ = SETTINGS.set(settings);
     let matches = Cli::command().get_matches();
     let mut cli = match Cli::from_arg_matches(&matches) {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
+    init_tracing(&settings, matches!(cli.command, Command::Bench { .. }));
+    settings.warn_unknown();
+    tidings_core::crash::arm(settings.get("TIDINGS_CRASH_AT"));
+    let _ = SETTINGS.set(settings);
     let data_dir_from = data_dir_source(&matches);
     match &mut cli.command {
         Command::Serve(ServeArgs { backend, .. }) | Command::Keys { backend, .. } | Command::Ops { backend, .. } => {
