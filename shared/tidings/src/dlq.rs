@@ -17,12 +17,14 @@ use crate::backend::Backend;
 pub enum DlqCommand {
     /// Depth of every queue and its DLQ, and the first dead letters of each with why each died
     /// (never a message's text).
+    #[command(after_help = crate::examples::OPS_DLQ_LIST)]
     List {
         /// Dead letters shown per queue (1 to 500).
         #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u16).range(1..=500))]
         limit: u16,
     },
     /// Moves a queue's dead letters back to it; each is then handled once.
+    #[command(after_help = crate::examples::OPS_DLQ_REDRIVE)]
     Redrive {
         /// The queue (as `list` names it), not its DLQ.
         queue: String,

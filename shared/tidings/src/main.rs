@@ -18,6 +18,7 @@ mod bench_peer;
 mod bench_reserve;
 mod config;
 mod dlq;
+mod examples;
 mod keys;
 mod progress;
 mod runtime;
@@ -26,7 +27,12 @@ mod serve;
 mod stream_failures;
 
 #[derive(Parser)]
-#[command(name = "tidings", version, about = "Notifications and inventory consistency for online shops")]
+#[command(
+    name = "tidings",
+    version,
+    about = "Notifications and inventory consistency for online shops",
+    after_help = examples::TIDINGS
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -44,14 +50,17 @@ pub enum BackendKind {
 #[derive(Subcommand)]
 enum Command {
     /// Runs the API, the relay, the workers and the schedules in one process.
+    #[command(after_help = examples::SERVE)]
     Serve(ServeArgs),
     /// Benchmarks on the embedded backend.
+    #[command(after_help = examples::BENCH)]
     Bench {
         #[command(subcommand)]
         command: BenchCommand,
     },
     /// API keys, straight against the store (`--backend aws`: the stack's table, with the
     /// caller's AWS credentials), so the first operator key needs no running server.
+    #[command(after_help = examples::KEYS)]
     Keys {
         #[command(subcommand)]
         command: keys::KeysCommand,
@@ -60,11 +69,17 @@ enum Command {
     },
     /// Prints the OpenAPI document that `GET /openapi.json` serves (the committed
     /// `openapi.json`: `cargo run -q -p tidings -- openapi > openapi.json`).
+    #[command(after_help = examples::OPENAPI)]
     Openapi,
-    /// Every `TIDINGS_*` variable in effect: its value (secrets masked) and where it comes from
-    /// (environment, flag, data directory, default); `--table` prints the README's table.
+    /// Every `TIDINGS_*` variable in effect, and where its value comes from.
+    ///
+    /// Its value (secrets masked) and its source: the environment, a flag, the data directory
+    /// (the keys `tidings serve` kept there) or the default. `--table` prints the README's
+    /// table of every variable instead.
+    #[command(after_help = examples::CONFIG)]
     Config(config::ConfigArgs),
     /// Operations on a running deployment's data.
+    #[command(after_help = examples::OPS)]
     Ops {
         #[command(subcommand)]
         command: OpsCommand,
@@ -76,9 +91,11 @@ enum Command {
 /// Global, so that they may follow the subcommand (`tidings keys create ... --backend aws`).
 #[derive(clap::Args, Clone, Debug)]
 pub struct BackendArgs {
-    /// Where the embedded backend keeps its data.
+    /// The embedded backend's data directory: the one `tidings serve` uses (every command but
+    /// serve needs the store serve made there).
     #[arg(long, default_value = ".tidings", env = "TIDINGS_DATA_DIR", global = true)]
     pub data_dir: PathBuf,
+    /// The embedded store in --data-dir, or the AWS account or emulators of the environment.
     #[arg(long, value_enum, default_value = "embedded", env = "TIDINGS_BACKEND", global = true)]
     pub backend: BackendKind,
     /// Create the tables and queues that template.yaml declares, where missing (emulators); on
@@ -111,19 +128,23 @@ pub struct ServeArgs {
 enum BenchCommand {
     /// A campaign to N recipients (fresh database, fake provider without delay): throughput,
     /// peak RSS, transactional latency meanwhile, each recipient delivered exactly once.
+    #[command(after_help = examples::BENCH_CAMPAIGN)]
     Campaign(bench::CampaignArgs),
     /// Concurrent single-unit orders against one SKU (plain or sharded).
+    #[command(after_help = examples::BENCH_RESERVE)]
     Reserve(bench_reserve::ReserveArgs),
 }
 
 #[derive(Subcommand)]
 enum OpsCommand {
     /// Dead-letter queues.
+    #[command(after_help = examples::OPS_DLQ)]
     Dlq {
         #[command(subcommand)]
         command: dlq::DlqCommand,
     },
     /// Stream records the relay did not relay (the stream's on-failure queue).
+    #[command(after_help = examples::OPS_STREAM_FAILURES)]
     StreamFailures {
         #[command(subcommand)]
         command: stream_failures::StreamFailuresCommand,
@@ -214,5 +235,92 @@ async fn main() -> anyhow::Result<()> {
             stream_failures::run(command, &backend).await
         }
         Command::Ops { command: OpsCommand::Dlq { command }, backend } => dlq::run(command, &backend).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use clap::{CommandFactory, Parser};
+
+    use super::Cli;
+
+    /// An example's words as a shell would split them: quotes kept together, the environment
+    /// assignments before `tidings` and a redirection after it left out.
+    fn words(example: &str) -> Vec<String> {
+        let (mut words, mut word, mut quote, mut any) = (Vec::new(), String::new(), None, false);
+        for c in example.chars() {
+            match (quote, c) {
+                (Some(q), c) if c == q => quote = None,
+                (Some(_), c) => word.push(c),
+                (None, '\'' | '"') => (quote, any) = (Some(c), true),
+                (None, ' ') => {
+                    if any || !word.is_empty() {
+                        words.push(std::mem::take(&mut word));
+                    }
+                    any = false;
+                }
+                (None, c) => word.push(c),
+            }
+        }
+        if any || !word.is_empty() {
+            words.push(word);
+        }
+        let start = words.iter().position(|w| w == "tidings").unwrap_or(0);
+        let end = words.iter().position(|w| w == ">" || w == "|").unwrap_or(words.len());
+        words[start..end].to_vec()
+    }
+
+    /// Every command and subcommand (`tidings` itself too) ends its help with examples; each
+    /// example parses as the command line it shows, and at least one is of the command itself.
+    #[test]
+    fn every_command_has_examples_that_parse() {
+        fn walk(cmd: &mut clap::Command, path: &mut Vec<String>, seen: &mut usize) {
+            path.push(cmd.get_name().to_owned());
+            let help = cmd.render_long_help().to_string();
+            let examples = help
+                .split_once("Examples:\n")
+                .unwrap_or_else(|| panic!("`{}` has no examples:\n{help}", path.join(" ")))
+                .1;
+            // The block of examples, up to the first blank line (prose may follow).
+            let runs: Vec<&str> = examples
+                .lines()
+                .take_while(|l| !l.trim().is_empty())
+                .map(str::trim)
+                .filter(|l| !l.starts_with('#'))
+                .collect();
+            assert!(
+                runs.iter().any(|l| words(l).join(" ").starts_with(&path.join(" "))),
+                "no example of `{}` itself:\n{examples}",
+                path.join(" ")
+            );
+            for run in runs {
+                let words = words(run);
+                if let Err(e) = Cli::try_parse_from(&words) {
+                    panic!("the example `{run}` of `{}` does not parse ({words:?}): {e}", path.join(" "));
+                }
+            }
+            *seen += 1;
+            for sub in cmd.get_subcommands_mut().filter(|s| s.get_name() != "help") {
+                walk(sub, path, seen);
+            }
+            path.pop();
+        }
+        let mut cmd = Cli::command();
+        cmd.build();
+        let mut seen = 0;
+        walk(&mut cmd, &mut Vec::new(), &mut seen);
+        // tidings; serve; bench, campaign, reserve; keys and its 4; openapi; config; ops, dlq and
+        // its 2, stream-failures and its 2.
+        assert!(seen >= 18, "{seen} commands walked");
+    }
+
+    #[test]
+    fn examples_are_split_as_a_shell_would() {
+        assert_eq!(
+            words("TIDINGS_TABLE=t tidings keys create --name 'ops laptop' > out.json"),
+            ["tidings", "keys", "create", "--name", "ops laptop"]
+        );
     }
 }

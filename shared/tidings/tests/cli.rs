@@ -162,3 +162,40 @@ async fn json_commands_print_json_alone_on_stdout() {
     let report = json_of(cwd, &["bench", "campaign", "--recipients", "50", "--otp-every-ms", "50", "--no-peer"]);
     assert_eq!(report["delivered_once"], 50, "{report}");
 }
+
+/// `tidings --help` and every subcommand's `--help`, as the binary prints them, end with
+/// examples; the subcommands are found in each help's `Commands:` list, so a new one is
+/// checked too. (That each example parses: the binary's `every_command_has_examples_that_parse`.)
+#[test]
+fn every_commands_help_has_examples() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut paths: Vec<Vec<String>> = vec![Vec::new()];
+    let mut checked = Vec::new();
+    while let Some(path) = paths.pop() {
+        let mut args: Vec<&str> = path.iter().map(String::as_str).collect();
+        args.push("--help");
+        let (out, help, stderr) = tidings_in(dir.path(), &args);
+        assert!(out.status.success(), "tidings {args:?}: {stderr}");
+        let examples = help.split_once("\nExamples:\n").map(|(_, e)| e).unwrap_or_default();
+        assert!(
+            examples.lines().next().is_some_and(|l| l.starts_with("  ")),
+            "`tidings {}` --help has no examples:\n{help}",
+            path.join(" ")
+        );
+        if let Some((_, commands)) = help.split_once("\nCommands:\n") {
+            for line in commands.lines().take_while(|l| l.starts_with("  ")) {
+                let name = line.split_whitespace().next().unwrap_or_default();
+                if name != "help" {
+                    paths.push([path.clone(), vec![name.to_owned()]].concat());
+                }
+            }
+        }
+        checked.push(path.join(" "));
+    }
+    assert_eq!(entries(dir.path()), Vec::<String>::new(), "--help made something");
+    for expected in
+        ["", "serve", "keys create", "ops dlq list", "ops stream-failures replay", "bench campaign", "config"]
+    {
+        assert!(checked.iter().any(|c| c == expected), "`{expected}` not checked: {checked:?}");
+    }
+}
