@@ -245,8 +245,8 @@ impl EmbeddedStore {
     /// Opens the store a `tidings serve` made at `path`, never a new one: no file is created,
     /// and a file that is not a Tidings store (no `items` table) is refused untouched. For the
     /// commands that read or change a running system's data, where a new empty store in the
-    /// wrong directory would answer as if that system had nothing (docs/operators.md, "The
-    /// `tidings` command").
+    /// wrong directory would answer as if that system had nothing
+    /// (docs/operators.md, "The `tidings` command").
     pub fn open_existing_with_clock(path: &Path, clock: Arc<dyn Clock>) -> Result<Self, StoreError> {
         use rusqlite::OpenFlags;
         let unavailable = |why: String| StoreError::Unavailable(format!("{}: {why}", path.display()));
