@@ -188,8 +188,9 @@ fn data_dir_source(matches: &clap::ArgMatches) -> Option<clap::parser::ValueSour
     let mut found = None;
     let mut at = Some(matches);
     while let Some(m) = at {
-        if let Ok(Some(source)) = m.try_get_raw("data_dir").map(|_| m.value_source("data_dir")) {
-            found = Some(source);
+        // `try_get_raw` errs where the argument is not defined (the top level).
+        if m.try_get_raw("data_dir").is_ok() {
+            found = m.value_source("data_dir").or(found);
         }
         at = m.subcommand().map(|(_, sub)| sub);
     }
