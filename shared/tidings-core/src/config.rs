@@ -184,7 +184,8 @@ pub enum Kind {
 }
 
 /// Which part of the system reads a variable.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Reader {
     /// The core, on both backends.
     Core,
@@ -205,25 +206,61 @@ pub struct Variable {
     pub default: &'static str,
     pub meaning: &'static str,
     pub reader: Reader,
+    /// Whether its value holds secrets, and which part of it may be shown.
+    pub secret: Secret,
+}
+
+/// What of a variable's value may be shown (`tidings config`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Secret {
+    /// All of it.
+    No,
+    /// Nothing but how many comma-separated entries it has.
+    Whole,
+    /// Of each `name:secret` entry, the name (a tenant, a key id).
+    AfterName,
+}
+
+impl Variable {
+    const fn secret(mut self, secret: Secret) -> Self {
+        self.secret = secret;
+        self
+    }
+
+    /// `value` as it may be shown: each secret replaced by `****`.
+    pub fn shown(&self, value: &str) -> String {
+        let hide = |entry: &str| match self.secret {
+            Secret::No => entry.to_owned(),
+            Secret::Whole => "****".to_owned(),
+            Secret::AfterName => match entry.split_once(':') {
+                Some((name, _)) => format!("{}:****", name.trim()),
+                None => "****".to_owned(),
+            },
+        };
+        match self.secret {
+            Secret::No => value.to_owned(),
+            _ => entries(value).map(hide).collect::<Vec<_>>().join(","),
+        }
+    }
 }
 
 const ANY: Kind = Kind::Number { min: 0, max: u64::MAX };
 const POSITIVE: Kind = Kind::Number { min: 1, max: u64::MAX };
 
 const fn var(name: &'static str, kind: Kind, default: &'static str, meaning: &'static str) -> Variable {
-    Variable { name, kind, default, meaning, reader: Reader::Core }
+    Variable { name, kind, default, meaning, reader: Reader::Core, secret: Secret::No }
 }
 
 const fn aws(name: &'static str, kind: Kind, default: &'static str, meaning: &'static str) -> Variable {
-    Variable { name, kind, default, meaning, reader: Reader::Aws }
+    Variable { name, kind, default, meaning, reader: Reader::Aws, secret: Secret::No }
 }
 
 const fn local(name: &'static str, kind: Kind, default: &'static str, meaning: &'static str) -> Variable {
-    Variable { name, kind, default, meaning, reader: Reader::Local }
+    Variable { name, kind, default, meaning, reader: Reader::Local, secret: Secret::No }
 }
 
 const fn test(name: &'static str, meaning: &'static str) -> Variable {
-    Variable { name, kind: Kind::Text, default: "", meaning, reader: Reader::Tests }
+    Variable { name, kind: Kind::Text, default: "", meaning, reader: Reader::Tests, secret: Secret::No }
 }
 
 /// The explicit URL of a logical queue: `TIDINGS_QUEUE_URL_<NAME>` (upper case, `-` as `_`;
@@ -325,7 +362,8 @@ pub static VARIABLES: &[Variable] = &[
         "",
         "`kid:secret,kid:secret`: the first signs links and tokens, all verify (rotation). Local: \
          generated and kept in the data dir when unset",
-    ),
+    )
+    .secret(Secret::AfterName),
     var("TIDINGS_PUBLIC_URL", Kind::Text, "http://127.0.0.1:8080", "base of tracking and unsubscribe links"),
     var(
         "TIDINGS_PROVIDER_RATES",
@@ -473,13 +511,15 @@ pub static VARIABLES: &[Variable] = &[
         "`tenant_a:key_a,tenant_b:key_b`, stored only as SHA-256 hashes; each key at least 16 \
          characters and one tenant's only; unset on the embedded backend: tenant `demo` with a \
          generated key",
-    ),
+    )
+    .secret(Secret::AfterName),
     local(
         "TIDINGS_OPERATOR_KEYS",
         Kind::Spec(check_operator_keys),
         "",
         "operator keys, comma separated, each at least 16 characters and no tenant's",
-    ),
+    )
+    .secret(Secret::Whole),
     local("TIDINGS_WORKERS_HIGH", POSITIVE, "2", "local runtime: workers per high-priority queue (1 to 256)"),
     local("TIDINGS_WORKERS_LOW", POSITIVE, "2", "local runtime: workers per other queue (1 to 256)"),
     local("TIDINGS_HIGH_THREADS", POSITIVE, "2", "local runtime: the high-priority pool's own threads (1 to 256)"),
@@ -508,7 +548,7 @@ pub static VARIABLES: &[Variable] = &[
     test("TIDINGS_CRASH_AT", "tests: abort at a named crash point, `name[:n]` (a `crash-points` build only)"),
     test("TIDINGS_BIN", "tests: the `tidings` binary the end-to-end tests start"),
     test("TIDINGS_URL", "tests: the base URL the generated clients' tests call"),
-    test("TIDINGS_KEY", "tests: the tenant key the generated clients' tests use"),
+    test("TIDINGS_KEY", "tests: the tenant key the generated clients' tests use").secret(Secret::Whole),
     test("TIDINGS_LAMBDA_BINARIES", "tests: `native` runs target/debug/<function> instead of `sam build`'s"),
     test("TIDINGS_LAMBDA_TIME_SCALE", "tests: how much slower the Lambda binaries run (4 under emulation)"),
     test("TIDINGS_TEST_PYTHON", "tests: the Python of infra/.venv"),
@@ -632,6 +672,45 @@ impl Settings {
         env_keys(self.get("TIDINGS_API_KEYS"), self.get("TIDINGS_OPERATOR_KEYS"))
     }
 
+    /// Every variable as it stands in this process (`tidings config`): its value, secrets
+    /// masked ([`Variable::shown`]), and where the value comes from. Every variable of the table
+    /// but the tests' (those only when set), each `TIDINGS_QUEUE_URL_<NAME>` that is set, and a
+    /// note where the value in effect is not the one given (a lease raised to its floor).
+    pub fn in_effect(&self) -> Vec<InEffect> {
+        let mut shown = Vec::new();
+        for v in VARIABLES {
+            if v.name.starts_with(QUEUE_URL_PREFIX) {
+                for (name, url) in self.queue_urls() {
+                    shown.push(InEffect::of(v, &format!("{QUEUE_URL_PREFIX}{name}"), Some(url), Source::Environment));
+                }
+                continue;
+            }
+            let (value, source) = match self.get(v.name) {
+                Some(value) => (Some(value), Source::Environment),
+                None if v.reader == Reader::Tests => continue,
+                None if !v.default.is_empty() => (Some(v.default), Source::Default),
+                None => (None, Source::Unset),
+            };
+            shown.push(InEffect::of(v, v.name, value, source));
+        }
+        let core = self.core();
+        let millis = |d: Duration| d.as_millis().to_string();
+        for (name, in_effect, why) in [
+            ("TIDINGS_DELIVERY_LEASE_MS", millis(core.delivery_lease), "never below the provider timeout + 1 s"),
+            ("TIDINGS_MARKETING_LEASE_MS", millis(core.marketing_lease), "never below 8 × (provider timeout + 2 s)"),
+            ("TIDINGS_CAMPAIGN_PAGE_SIZE", core.campaign_page_size.to_string(), "1 to 1000"),
+            ("TIDINGS_RESTOCK_BATCH_SIZE", core.restock.batch_size.to_string(), "1 to 1000"),
+            ("TIDINGS_FREQUENCY_CAP", core.frequency_cap.to_string(), "at most 10000"),
+        ] {
+            if let Some(e) = shown.iter_mut().find(|e| e.name == name)
+                && e.value.as_deref() != Some(in_effect.as_str())
+            {
+                e.note = Some(format!("{in_effect} in effect ({why})"));
+            }
+        }
+        shown
+    }
+
     /// The core's configuration.
     pub fn core(&self) -> CoreConfig {
         let ms = |name| Duration::from_millis(self.number(name));
@@ -705,6 +784,54 @@ impl Settings {
             policy: UrlPolicy { allow_private: self.flag("TIDINGS_WEBHOOK_ALLOW_PRIVATE") },
             rotation_grace: Duration::from_secs(self.number("TIDINGS_WEBHOOK_ROTATION_GRACE_S")),
             ..WebhookConfig::default()
+        }
+    }
+}
+
+/// Where a variable's value comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    /// The table's default: the variable is unset (or empty).
+    Default,
+    /// The process's environment.
+    Environment,
+    /// A command-line flag (`--data-dir`, `--backend`): the `tidings` command says so.
+    Flag,
+    /// Unset, and what stands for it was made and kept in the data directory (the local signing
+    /// key, the local demo and operator keys): the `tidings` command says so.
+    DataDirectory,
+    /// Unset, without a default.
+    Unset,
+}
+
+/// A variable as it stands in a process ([`Settings::in_effect`]).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct InEffect {
+    pub name: String,
+    /// The value, secrets masked; none when unset without a default.
+    pub value: Option<String>,
+    pub source: Source,
+    /// Whether the value was masked.
+    pub secret: bool,
+    pub reader: Reader,
+    pub meaning: &'static str,
+    /// What else is to be known of the value: the value in effect where the one given is
+    /// raised or capped.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+impl InEffect {
+    fn of(v: &Variable, name: &str, value: Option<&str>, source: Source) -> Self {
+        Self {
+            name: name.to_owned(),
+            value: value.map(|value| v.shown(value)),
+            source,
+            secret: v.secret != Secret::No,
+            reader: v.reader,
+            meaning: v.meaning,
+            note: None,
         }
     }
 }
@@ -1072,6 +1199,56 @@ mod tests {
         assert_eq!(c.public_url, "http://127.0.0.1:8080");
     }
 
+    /// `tidings config`'s view: each variable with its value and where it comes from, no
+    /// secret shown (the names of tenants and key ids are), the tests' variables only when set,
+    /// and a value raised to its floor said so.
+    #[test]
+    fn the_variables_in_effect_say_where_each_comes_from_and_hide_secrets() {
+        let s = settings(&[
+            ("TIDINGS_MAX_RECEIVES", "7"),
+            ("TIDINGS_API_KEYS", "acme:0123456789abcdef,globex:fedcba9876543210"),
+            ("TIDINGS_OPERATOR_KEYS", "operator-secret-0123"),
+            ("TIDINGS_SIGNING_KEYS", "k2:signing-secret-2,k1:signing-secret-1"),
+            ("TIDINGS_DELIVERY_LEASE_MS", "100"),
+            ("TIDINGS_QUEUE_URL_EMAIL_HIGH", "http://q/email-high"),
+            ("TIDINGS_URL", "http://127.0.0.1:1"),
+        ])
+        .unwrap();
+        let shown = s.in_effect();
+        let of = |name: &str| shown.iter().find(|e| e.name == name).unwrap_or_else(|| panic!("{name} missing"));
+        assert_eq!(
+            (of("TIDINGS_MAX_RECEIVES").value.as_deref(), of("TIDINGS_MAX_RECEIVES").source),
+            (Some("7"), Source::Environment)
+        );
+        assert_eq!(
+            (of("TIDINGS_RETRY_BASE_MS").value.as_deref(), of("TIDINGS_RETRY_BASE_MS").source),
+            (Some("10000"), Source::Default)
+        );
+        assert_eq!(
+            (of("TIDINGS_SNS_TOPIC_ARNS").value.as_deref(), of("TIDINGS_SNS_TOPIC_ARNS").source),
+            (None, Source::Unset)
+        );
+        assert_eq!(of("TIDINGS_API_KEYS").value.as_deref(), Some("acme:****,globex:****"));
+        assert_eq!(of("TIDINGS_OPERATOR_KEYS").value.as_deref(), Some("****"));
+        assert_eq!(of("TIDINGS_SIGNING_KEYS").value.as_deref(), Some("k2:****,k1:****"));
+        assert!(of("TIDINGS_SIGNING_KEYS").secret && !of("TIDINGS_MAX_RECEIVES").secret);
+        let all = serde_json::to_string(&shown).unwrap();
+        for secret in ["0123456789abcdef", "fedcba9876543210", "operator-secret", "signing-secret"] {
+            assert!(!all.contains(secret), "{secret} shown: {all}");
+        }
+        let lease = of("TIDINGS_DELIVERY_LEASE_MS");
+        assert_eq!(lease.value.as_deref(), Some("100"));
+        assert_eq!(lease.note.as_deref(), Some("11000 in effect (never below the provider timeout + 1 s)"));
+        assert_eq!(of("TIDINGS_QUEUE_URL_EMAIL_HIGH").value.as_deref(), Some("http://q/email-high"));
+        assert!(!shown.iter().any(|e| e.name.contains('<')), "the family's row itself is not a variable");
+        assert_eq!(of("TIDINGS_URL").reader, Reader::Tests);
+        assert!(!shown.iter().any(|e| e.name == "TIDINGS_BIN"), "an unset tests' variable is shown");
+        // Every variable a deployment reads is there.
+        for v in VARIABLES.iter().filter(|v| v.reader != Reader::Tests && !v.name.contains('<')) {
+            of(v.name);
+        }
+    }
+
     /// The README's configuration table is [`markdown_table`], row for row.
     #[test]
     fn the_readme_table_is_the_module_table() {
@@ -1090,7 +1267,7 @@ mod tests {
         assert!(
             missing.is_empty() && extra.is_empty() && table == expected,
             "README.md's configuration table differs from tidings_core::config::VARIABLES \
-             (print it with `tidings config`):\nmissing from README:\n{missing:#?}\nnot in the module:\n{extra:#?}"
+             (print it with `tidings config --table`):\nmissing from README:\n{missing:#?}\nnot in the module:\n{extra:#?}"
         );
     }
 }

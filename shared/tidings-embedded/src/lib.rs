@@ -239,6 +239,34 @@ impl EmbeddedStore {
     pub fn open_with_clock(path: &Path, clock: Arc<dyn Clock>) -> Result<Self, StoreError> {
         make_private(path).map_err(|e| StoreError::Unavailable(format!("{}: {e}", path.display())))?;
         let conn = Connection::open(path).map_err(db_err)?;
+        Self::open_conn(path, conn, clock)
+    }
+
+    /// Opens the store a `tidings serve` made at `path`, never a new one: no file is created,
+    /// and a file that is not a Tidings store (no `items` table) is refused untouched. For the
+    /// commands that read or change a running system's data, where a new empty store in the
+    /// wrong directory would answer as if that system had nothing
+    /// (docs/operators.md, "The `tidings` command").
+    pub fn open_existing_with_clock(path: &Path, clock: Arc<dyn Clock>) -> Result<Self, StoreError> {
+        use rusqlite::OpenFlags;
+        let unavailable = |why: String| StoreError::Unavailable(format!("{}: {why}", path.display()));
+        if !path.is_file() {
+            return Err(unavailable("no Tidings store there".into()));
+        }
+        // Without SQLITE_OPEN_CREATE: should the file go in between, nothing is made in its place.
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI;
+        let conn = Connection::open_with_flags(path, flags).map_err(db_err)?;
+        let tables: i64 = conn
+            .query_row("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'items'", [], |r| r.get(0))
+            .map_err(|e| unavailable(format!("not a Tidings store ({e})")))?;
+        if tables == 0 {
+            return Err(unavailable("not a Tidings store (no items table)".into()));
+        }
+        make_private(path).map_err(|e| unavailable(e.to_string()))?;
+        Self::open_conn(path, conn, clock)
+    }
+
+    fn open_conn(path: &Path, conn: Connection, clock: Arc<dyn Clock>) -> Result<Self, StoreError> {
         tune(&conn)?;
         // WAL + FULL: each commit syncs the WAL before it counts (and before readers see it);
         // the writer thread makes one commit of many requests (writer.rs).
@@ -449,5 +477,33 @@ mod tests {
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
         let _store = EmbeddedStore::open(&path).unwrap();
         assert_eq!(mode(&path), 0o600);
+    }
+
+    /// `open_existing_with_clock` makes nothing where there is no store, leaves a file that is
+    /// not one untouched, and opens one `open` made, with its data.
+    #[tokio::test]
+    async fn opening_an_existing_store_never_makes_one() {
+        use tidings_core::ports::{Item, Key, Table};
+        let clock = || -> Arc<dyn Clock> { Arc::new(SystemClock) };
+        let tmp = tempfile::tempdir().unwrap();
+        let missing = tmp.path().join("nowhere").join("tidings.db");
+        let e = EmbeddedStore::open_existing_with_clock(&missing, clock()).unwrap_err();
+        assert!(e.to_string().contains("no Tidings store there"), "{e}");
+        assert!(!tmp.path().join("nowhere").exists(), "a directory was made");
+
+        let other = tmp.path().join("other.db");
+        drop(Connection::open(&other).unwrap());
+        let before = std::fs::read(&other).unwrap();
+        let e = EmbeddedStore::open_existing_with_clock(&other, clock()).unwrap_err();
+        assert!(e.to_string().contains("not a Tidings store"), "{e}");
+        assert_eq!(std::fs::read(&other).unwrap(), before, "the other file was changed");
+
+        let path = tmp.path().join("tidings.db");
+        let key = Key::new("pk", "sk");
+        let store = EmbeddedStore::open(&path).unwrap();
+        store.put(Item::new(key.clone(), Default::default()), tidings_core::ports::Cond::Always).await.unwrap();
+        drop(store);
+        let again = EmbeddedStore::open_existing_with_clock(&path, clock()).unwrap();
+        assert!(again.get(&key).await.unwrap().is_some(), "the stored item is not there");
     }
 }

@@ -38,35 +38,95 @@ fn dev_providers(inner: [Arc<dyn Provider>; 3], table: &Arc<dyn Table>, clock: &
     DevProviders { email: wrap(Channel::Email, email), sms: wrap(Channel::Sms, sms), push: wrap(Channel::Push, push) }
 }
 
+/// Whether a command may make the store it opens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StoreUse {
+    /// `serve`, and the benches on stores of their own: the data directory, its database and
+    /// the local signing key are made when missing.
+    MakeWhenMissing,
+    /// Every other command reads or changes the data of a system `tidings serve` runs: only a
+    /// store that is there (`--bootstrap` asks for one to be made). A new, empty one in the
+    /// wrong directory would answer as if that system had no keys and no dead letters, and a
+    /// key made there would be refused by the server (docs/operators.md, "The `tidings` command").
+    Existing,
+}
+
+/// The data directory the embedded backend reads, `tidings.db` in it.
+pub const DATABASE_FILE: &str = "tidings.db";
+
+/// The error of a command that finds no store: where it looked, why there, and how to point
+/// it at the right one.
+pub fn no_store_at(args: &BackendArgs) -> anyhow::Error {
+    let dir = std::path::absolute(&args.data_dir).unwrap_or_else(|_| args.data_dir.clone());
+    let why = match args.data_dir_from {
+        Some(clap::parser::ValueSource::CommandLine) => "because --data-dir names it".to_owned(),
+        Some(clap::parser::ValueSource::EnvVariable) => {
+            format!("because TIDINGS_DATA_DIR is {}", args.data_dir.display())
+        }
+        _ => "because --data-dir defaults to ./.tidings".to_owned(),
+    };
+    anyhow::anyhow!(
+        "no Tidings store at {} (looked there {why}); run this in the directory where `tidings serve` runs, \
+         or pass --data-dir with the data directory `tidings serve` prints (--bootstrap makes a new, empty store \
+         there instead)",
+        dir.display()
+    )
+}
+
 impl Backend {
+    /// The backend of a command other than `serve`: on the embedded backend, the store that is
+    /// in `--data-dir` and never a new one ([`StoreUse::Existing`]), unless `--bootstrap`.
     pub async fn open(args: &BackendArgs, clock: Arc<dyn Clock>) -> anyhow::Result<Self> {
-        Self::open_for(args, clock, false).await
+        let store = if args.bootstrap { StoreUse::MakeWhenMissing } else { StoreUse::Existing };
+        Self::open_for(args, clock, false, store).await
     }
 
     /// `open`; `dev`: on the AWS backend, the providers are wrapped in the dev ones (fault
     /// injection and a record of sends), which only emulators on this machine may have.
-    pub async fn open_for(args: &BackendArgs, clock: Arc<dyn Clock>, dev: bool) -> anyhow::Result<Self> {
+    pub async fn open_for(
+        args: &BackendArgs,
+        clock: Arc<dyn Clock>,
+        dev: bool,
+        store: StoreUse,
+    ) -> anyhow::Result<Self> {
+        // Checked before anything is written (the signing key below included).
+        if store == StoreUse::Existing
+            && args.backend == BackendKind::Embedded
+            && !args.data_dir.join(DATABASE_FILE).is_file()
+        {
+            return Err(no_store_at(args));
+        }
         let mut config = crate::settings().core();
         // This process outlives its requests: an order's expiry message may go after its answer.
         config.detached_expiry_messages = true;
         if !config.signer.is_configured() {
-            config.signer = local_signing_key(&args.data_dir)?;
+            config.signer = local_signing_key(&args.data_dir, store)?;
         }
         let config = Arc::new(config);
         match args.backend {
-            BackendKind::Embedded => Self::embedded(args, clock, config),
+            BackendKind::Embedded => Self::embedded(args, clock, config, store),
             BackendKind::Aws => Self::aws(args, clock, config, dev).await,
         }
     }
 
-    fn embedded(args: &BackendArgs, clock: Arc<dyn Clock>, config: Arc<CoreConfig>) -> anyhow::Result<Self> {
-        tidings_embedded::create_private_dir(&args.data_dir)
-            .with_context(|| format!("creating {}", args.data_dir.display()))?;
-        let path = args.data_dir.join("tidings.db");
+    fn embedded(
+        args: &BackendArgs,
+        clock: Arc<dyn Clock>,
+        config: Arc<CoreConfig>,
+        store_use: StoreUse,
+    ) -> anyhow::Result<Self> {
+        let path = args.data_dir.join(DATABASE_FILE);
         let progress = args.bootstrap.then(|| Progress::spinner("bootstrap"));
         let existed = path.exists();
-        let store = tidings_embedded::EmbeddedStore::open_with_clock(&path, clock.clone())
-            .with_context(|| format!("opening {}", path.display()))?;
+        let store = match store_use {
+            StoreUse::MakeWhenMissing => {
+                tidings_embedded::create_private_dir(&args.data_dir)
+                    .with_context(|| format!("creating {}", args.data_dir.display()))?;
+                tidings_embedded::EmbeddedStore::open_with_clock(&path, clock.clone())
+            }
+            StoreUse::Existing => tidings_embedded::EmbeddedStore::open_existing_with_clock(&path, clock.clone()),
+        }
+        .with_context(|| format!("opening {}", path.display()))?;
         // What the relay reads, as the event source mapping filters it on AWS.
         store.set_stream_filter(tidings_core::notify::relay::streamed_change);
         if let Some(p) = &progress {
@@ -209,11 +269,13 @@ async fn bootstrap_aws() -> anyhow::Result<()> {
 }
 
 /// Without `TIDINGS_SIGNING_KEYS`, the local runtime makes a random key once and keeps it in the
-/// data directory (readable by the owner only), so links stay valid across restarts.
-fn local_signing_key(dir: &std::path::Path) -> anyhow::Result<tidings_core::signing::Signer> {
+/// data directory (readable by the owner only), so links stay valid across restarts. A command
+/// that makes no store makes no key either: without one it has no signer (it signs nothing).
+fn local_signing_key(dir: &std::path::Path, store: StoreUse) -> anyhow::Result<tidings_core::signing::Signer> {
     let path = dir.join("signing-key");
     let secret = match std::fs::read_to_string(&path) {
         Ok(s) if !s.trim().is_empty() => s.trim().to_owned(),
+        _ if store == StoreUse::Existing => return Ok(tidings_core::signing::Signer::default()),
         _ => {
             tidings_embedded::create_private_dir(dir)?;
             let secret = tidings_core::ops::tenants::generate_key();

@@ -232,8 +232,14 @@ fn wrk_script(args: &ReserveArgs) -> anyhow::Result<PathBuf> {
 
 /// The embedded backend of `dir`, as `tidings serve` opens it.
 async fn open(dir: &Path) -> anyhow::Result<Deps> {
-    let args = BackendArgs { data_dir: dir.to_path_buf(), backend: BackendKind::Embedded, bootstrap: false };
-    Ok(crate::backend::Backend::open(&args, Arc::new(SystemClock)).await?.deps)
+    let args = BackendArgs {
+        data_dir: dir.to_path_buf(),
+        backend: BackendKind::Embedded,
+        bootstrap: false,
+        data_dir_from: None,
+    };
+    let store = crate::backend::StoreUse::MakeWhenMissing;
+    Ok(crate::backend::Backend::open_for(&args, Arc::new(SystemClock), false, store).await?.deps)
 }
 
 /// One run: the SKU warmed up in a fresh data directory, then for each connection count a

@@ -113,8 +113,11 @@ async fn target(args: &ReserveArgs, tmp: &tempfile::TempDir) -> anyhow::Result<T
             data_dir: tmp.path().to_path_buf(),
             backend: BackendKind::Aws,
             bootstrap: args.bootstrap,
+            data_dir_from: None,
         };
-        let backend = crate::backend::Backend::open(&backend_args, clock).await?;
+        // The signing key in the run's temporary directory.
+        let store = crate::backend::StoreUse::MakeWhenMissing;
+        let backend = crate::backend::Backend::open_for(&backend_args, clock, false, store).await?;
         let run = format!("{:x}", chrono::Utc::now().timestamp_micros());
         return Ok(Target { deps: backend.deps, sku: format!("hot-{run}"), orders: format!("{run}-o") });
     }

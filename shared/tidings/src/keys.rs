@@ -27,6 +27,7 @@ pub enum RoleArg {
 #[derive(Subcommand)]
 pub enum KeysCommand {
     /// Makes a key and prints it with its secret (shown this once).
+    #[command(after_help = crate::examples::KEYS_CREATE)]
     Create {
         #[arg(long, value_enum)]
         role: RoleArg,
@@ -41,12 +42,14 @@ pub enum KeysCommand {
         expires_at: Option<DateTime<Utc>>,
     },
     /// Lists keys (never their secrets), revoked and expired ones with their status.
+    #[command(after_help = crate::examples::KEYS_LIST)]
     List {
         /// Only this tenant's.
         #[arg(long)]
         tenant: Option<String>,
     },
     /// Makes a new key like the old one; the old one expires after the grace period.
+    #[command(after_help = crate::examples::KEYS_ROTATE)]
     Rotate {
         key_id: String,
         /// Seconds the old key keeps working (0 to 30 days).
@@ -54,6 +57,7 @@ pub enum KeysCommand {
         grace_seconds: i64,
     },
     /// Revokes a key: refused from the next request on.
+    #[command(after_help = crate::examples::KEYS_REVOKE)]
     Revoke { key_id: String },
 }
 

@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use tidings_core::config::Settings;
 
 /// mimalloc: a campaign allocates and frees small items (keys, attribute maps, JSON) at a
@@ -16,6 +16,9 @@ mod bench;
 mod bench_http;
 mod bench_peer;
 mod bench_reserve;
+mod config;
+mod dlq;
+mod examples;
 mod keys;
 mod progress;
 mod runtime;
@@ -24,7 +27,12 @@ mod serve;
 mod stream_failures;
 
 #[derive(Parser)]
-#[command(name = "tidings", version, about = "Notifications and inventory consistency for online shops")]
+#[command(
+    name = "tidings",
+    version,
+    about = "Notifications and inventory consistency for online shops",
+    after_help = examples::TIDINGS
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -42,14 +50,17 @@ pub enum BackendKind {
 #[derive(Subcommand)]
 enum Command {
     /// Runs the API, the relay, the workers and the schedules in one process.
+    #[command(after_help = examples::SERVE)]
     Serve(ServeArgs),
     /// Benchmarks on the embedded backend.
+    #[command(after_help = examples::BENCH)]
     Bench {
         #[command(subcommand)]
         command: BenchCommand,
     },
     /// API keys, straight against the store (`--backend aws`: the stack's table, with the
     /// caller's AWS credentials), so the first operator key needs no running server.
+    #[command(after_help = examples::KEYS)]
     Keys {
         #[command(subcommand)]
         command: keys::KeysCommand,
@@ -58,10 +69,17 @@ enum Command {
     },
     /// Prints the OpenAPI document that `GET /openapi.json` serves (the committed
     /// `openapi.json`: `cargo run -q -p tidings -- openapi > openapi.json`).
+    #[command(after_help = examples::OPENAPI)]
     Openapi,
-    /// Prints the table of every `TIDINGS_*` variable (the README's configuration table).
-    Config,
+    /// Every `TIDINGS_*` variable in effect, and where its value comes from.
+    ///
+    /// Its value (secrets masked) and its source: the environment, a flag, the data directory
+    /// (the keys `tidings serve` kept there) or the default. `--table` prints the README's
+    /// table of every variable instead.
+    #[command(after_help = examples::CONFIG)]
+    Config(config::ConfigArgs),
     /// Operations on a running deployment's data.
+    #[command(after_help = examples::OPS)]
     Ops {
         #[command(subcommand)]
         command: OpsCommand,
@@ -73,14 +91,21 @@ enum Command {
 /// Global, so that they may follow the subcommand (`tidings keys create ... --backend aws`).
 #[derive(clap::Args, Clone, Debug)]
 pub struct BackendArgs {
-    /// Where the embedded backend keeps its data.
+    /// The embedded backend's data directory: the one `tidings serve` uses (every command but
+    /// serve needs the store serve made there).
     #[arg(long, default_value = ".tidings", env = "TIDINGS_DATA_DIR", global = true)]
     pub data_dir: PathBuf,
+    /// The embedded store in --data-dir, or the AWS account or emulators of the environment.
     #[arg(long, value_enum, default_value = "embedded", env = "TIDINGS_BACKEND", global = true)]
     pub backend: BackendKind,
-    /// Create the tables and queues that template.yaml declares, where missing (emulators).
+    /// Create the tables and queues that template.yaml declares, where missing (emulators); on
+    /// the embedded backend, a new store in --data-dir when there is none.
     #[arg(long, global = true)]
     pub bootstrap: bool,
+    /// Where `data_dir` came from (the flag, TIDINGS_DATA_DIR or the default), for the message
+    /// of a command that finds no store there.
+    #[arg(skip)]
+    pub data_dir_from: Option<clap::parser::ValueSource>,
 }
 
 #[derive(clap::Args, Clone, Debug)]
@@ -103,66 +128,27 @@ pub struct ServeArgs {
 enum BenchCommand {
     /// A campaign to N recipients (fresh database, fake provider without delay): throughput,
     /// peak RSS, transactional latency meanwhile, each recipient delivered exactly once.
+    #[command(after_help = examples::BENCH_CAMPAIGN)]
     Campaign(bench::CampaignArgs),
     /// Concurrent single-unit orders against one SKU (plain or sharded).
+    #[command(after_help = examples::BENCH_RESERVE)]
     Reserve(bench_reserve::ReserveArgs),
 }
 
 #[derive(Subcommand)]
 enum OpsCommand {
     /// Dead-letter queues.
+    #[command(after_help = examples::OPS_DLQ)]
     Dlq {
         #[command(subcommand)]
-        command: DlqCommand,
+        command: dlq::DlqCommand,
     },
     /// Stream records the relay did not relay (the stream's on-failure queue).
+    #[command(after_help = examples::OPS_STREAM_FAILURES)]
     StreamFailures {
         #[command(subcommand)]
         command: stream_failures::StreamFailuresCommand,
     },
-}
-
-#[derive(Subcommand)]
-enum DlqCommand {
-    /// Depth of every queue and its DLQ, and the first dead letters of each.
-    List,
-    /// Moves a queue's dead letters back to it.
-    Redrive { queue: String },
-}
-
-/// What an operator needs to judge a dead letter: for a channel task, its delivery's status,
-/// attempts, last error and first failure time; for a send batch, its status and how many of
-/// its entries stand where, with the last error; for a rejected message, the reason it carries.
-async fn why_dead(deps: &tidings_core::Deps, body: &str) -> String {
-    use tidings_core::notify::model::{ChannelMessage, ChannelTask, Delivery};
-    if let Ok(rejected) = serde_json::from_str::<tidings_core::messages::Rejected>(body) {
-        return format!(
-            "rejected: {} (at {}, received {} times)",
-            rejected.rejected, rejected.at, rejected.receive_count
-        );
-    }
-    if let Ok(ChannelMessage::Batch(batch)) = serde_json::from_str::<ChannelMessage>(body) {
-        return tidings_core::notify::batch::explain(deps.table.as_ref(), &batch).await.0;
-    }
-    let Ok(task) = serde_json::from_str::<ChannelTask>(body) else {
-        return "not a Tidings message (see its body with the queue's tools)".into();
-    };
-    let key = tidings_core::keys::delivery(&task.tenant, &task.notification_id, &task.user_id, task.channel);
-    match deps.table.get(&key).await.map(|i| i.map(|i| i.parse::<Delivery>())) {
-        Ok(Some(Ok(d))) => format!(
-            "{} to {} of notification {}: status {}, {} attempt(s), last error {:?}, first failure {}",
-            task.channel,
-            task.user_id,
-            task.notification_id,
-            d.status.as_str(),
-            d.attempts,
-            d.last_error.unwrap_or_default(),
-            d.first_failed_at.unwrap_or_else(|| "-".into()),
-        ),
-        _ => {
-            format!("{} to {} of notification {}: no delivery record", task.channel, task.user_id, task.notification_id)
-        }
-    }
 }
 
 /// The process's `TIDINGS_*` variables, checked once when `main` starts.
@@ -173,9 +159,16 @@ pub fn settings() -> &'static Settings {
     SETTINGS.get_or_init(Settings::default)
 }
 
-fn init_tracing(settings: &Settings) {
+/// `quiet`: without `TIDINGS_LOG`, warnings and errors only (the benches: their progress and
+/// summary on stderr are what is read there, not the system's info lines).
+fn init_tracing(settings: &Settings, quiet: bool) {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_new(settings.value("TIDINGS_LOG")).unwrap_or_else(|_| EnvFilter::new("info"));
+    let directives = match settings.get("TIDINGS_LOG") {
+        Some(set) => set,
+        None if quiet => "warn",
+        None => settings.value("TIDINGS_LOG"),
+    };
+    let filter = EnvFilter::try_new(directives).unwrap_or_else(|_| EnvFilter::new("info"));
     let json = settings.value("TIDINGS_LOG_FORMAT") == "json";
     // One event, one line, whatever a field brought in (an unauthenticated callback's topic):
     // control characters escaped, so no ANSI colours either (docs/operators.md, "Logs").
@@ -190,15 +183,45 @@ fn init_tracing(settings: &Settings) {
     }
 }
 
+/// Where `--data-dir` came from, on the subcommand that took it (it is global: any level).
+fn data_dir_source(matches: &clap::ArgMatches) -> Option<clap::parser::ValueSource> {
+    let mut found = None;
+    let mut at = Some(matches);
+    while let Some(m) = at {
+        // `try_get_raw` errs where the argument is not defined (the top level).
+        if m.try_get_raw("data_dir").is_ok() {
+            found = m.value_source("data_dir").or(found);
+        }
+        at = m.subcommand().map(|(_, sub)| sub);
+    }
+    found
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     // A malformed `TIDINGS_*` value stops the start here, naming the variable.
     let settings = Settings::from_vars(std::env::vars())?;
-    init_tracing(&settings);
+    let matches = Cli::command().get_matches();
+    let mut cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
+    init_tracing(&settings, matches!(cli.command, Command::Bench { .. }));
     settings.warn_unknown();
     tidings_core::crash::arm(settings.get("TIDINGS_CRASH_AT"));
     let _ = SETTINGS.set(settings);
-    let cli = Cli::parse();
+    let data_dir_from = data_dir_source(&matches);
+    match &mut cli.command {
+        Command::Serve(ServeArgs { backend, .. }) | Command::Keys { backend, .. } | Command::Ops { backend, .. } => {
+            backend.data_dir_from = data_dir_from
+        }
+        Command::Config(args) => {
+            let sub = matches.subcommand_matches("config");
+            let source = |id: &str| sub.and_then(|m| m.value_source(id));
+            args.sources = (source("data_dir"), source("backend"));
+        }
+        Command::Bench { .. } | Command::Openapi => {}
+    }
     match cli.command {
         Command::Serve(args) => serve::serve(args).await,
         Command::Bench { command: BenchCommand::Campaign(args) } => bench::campaign(args).await,
@@ -208,36 +231,97 @@ async fn main() -> anyhow::Result<()> {
             print!("{}", tidings_api::routes::openapi::document_json()?);
             Ok(())
         }
-        Command::Config => {
-            print!("{}", tidings_core::config::markdown_table());
-            Ok(())
-        }
+        Command::Config(args) => config::run(crate::settings(), &args),
         Command::Ops { command: OpsCommand::StreamFailures { command }, backend } => {
             stream_failures::run(command, &backend).await
         }
-        Command::Ops { command: OpsCommand::Dlq { command }, backend } => {
-            let clock = std::sync::Arc::new(tidings_core::ports::SystemClock);
-            let b = backend::Backend::open(&backend, clock).await?;
-            match command {
-                DlqCommand::List => {
-                    for name in &b.queue_names {
-                        let stats = b.deps.queues.stats(name).await?;
-                        println!("{}", serde_json::to_string(&stats)?);
-                        for m in b.deps.queues.peek_dlq(name, 10).await? {
-                            println!("  dead letter {} (received {} times)", m.message_id, m.receive_count);
-                            println!("    why: {}", why_dead(&b.deps, &m.body).await);
-                        }
+        Command::Ops { command: OpsCommand::Dlq { command }, backend } => dlq::run(command, &backend).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use clap::{CommandFactory, Parser};
+
+    use super::Cli;
+
+    /// An example's words as a shell would split them: quotes kept together, the environment
+    /// assignments before `tidings` and a redirection after it left out.
+    fn words(example: &str) -> Vec<String> {
+        let (mut words, mut word, mut quote, mut any) = (Vec::new(), String::new(), None, false);
+        for c in example.chars() {
+            match (quote, c) {
+                (Some(q), c) if c == q => quote = None,
+                (Some(_), c) => word.push(c),
+                (None, '\'' | '"') => (quote, any) = (Some(c), true),
+                (None, ' ') => {
+                    if any || !word.is_empty() {
+                        words.push(std::mem::take(&mut word));
                     }
+                    any = false;
                 }
-                DlqCommand::Redrive { queue } => {
-                    if !b.queue_names.contains(&queue) {
-                        anyhow::bail!("unknown queue {queue}; known: {}", b.queue_names.join(", "));
-                    }
-                    let moved = b.deps.queues.redrive(&queue).await?;
-                    println!("moved {moved} message(s) from {queue}-dlq back to {queue}");
+                (None, c) => word.push(c),
+            }
+        }
+        if any || !word.is_empty() {
+            words.push(word);
+        }
+        let start = words.iter().position(|w| w == "tidings").unwrap_or(0);
+        let end = words.iter().position(|w| w == ">" || w == "|").unwrap_or(words.len());
+        words[start..end].to_vec()
+    }
+
+    /// Every command and subcommand (`tidings` itself too) ends its help with examples; each
+    /// example parses as the command line it shows, and at least one is of the command itself.
+    #[test]
+    fn every_command_has_examples_that_parse() {
+        fn walk(cmd: &mut clap::Command, path: &mut Vec<String>, seen: &mut usize) {
+            path.push(cmd.get_name().to_owned());
+            let help = cmd.render_long_help().to_string();
+            let examples = help
+                .split_once("Examples:\n")
+                .unwrap_or_else(|| panic!("`{}` has no examples:\n{help}", path.join(" ")))
+                .1;
+            // The block of examples, up to the first blank line (prose may follow).
+            let runs: Vec<&str> = examples
+                .lines()
+                .take_while(|l| !l.trim().is_empty())
+                .map(str::trim)
+                .filter(|l| !l.starts_with('#'))
+                .collect();
+            assert!(
+                runs.iter().any(|l| words(l).join(" ").starts_with(&path.join(" "))),
+                "no example of `{}` itself:\n{examples}",
+                path.join(" ")
+            );
+            for run in runs {
+                let words = words(run);
+                if let Err(e) = Cli::try_parse_from(&words) {
+                    panic!("the example `{run}` of `{}` does not parse ({words:?}): {e}", path.join(" "));
                 }
             }
-            Ok(())
+            *seen += 1;
+            for sub in cmd.get_subcommands_mut().filter(|s| s.get_name() != "help") {
+                walk(sub, path, seen);
+            }
+            path.pop();
         }
+        let mut cmd = Cli::command();
+        cmd.build();
+        let mut seen = 0;
+        walk(&mut cmd, &mut Vec::new(), &mut seen);
+        // tidings; serve; bench, campaign, reserve; keys and its 4; openapi; config; ops, dlq and
+        // its 2, stream-failures and its 2.
+        assert!(seen >= 18, "{seen} commands walked");
+    }
+
+    #[test]
+    fn examples_are_split_as_a_shell_would() {
+        assert_eq!(
+            words("TIDINGS_TABLE=t tidings keys create --name 'ops laptop' > out.json"),
+            ["tidings", "keys", "create", "--name", "ops laptop"]
+        );
     }
 }

@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use tracing::info;
 
 use crate::ServeArgs;
-use crate::backend::Backend;
+use crate::backend::{Backend, StoreUse};
 
 struct Dev {
     providers: DevProviders,
@@ -153,7 +153,9 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if aws && args.manual_clock && !args.dev {
         anyhow::bail!("--manual-clock moves only by POST /dev/clock/advance: with --backend aws it needs --dev");
     }
-    let backend = roles::acting_as(roles::STARTUP, Backend::open_for(&args.backend, clock, args.dev)).await?;
+    let backend =
+        roles::acting_as(roles::STARTUP, Backend::open_for(&args.backend, clock, args.dev, StoreUse::MakeWhenMissing))
+            .await?;
     let keys = roles::acting_as(roles::STARTUP, api_keys(&backend, &args)).await?;
     if let Some(m) = &manual {
         // The manual clock resumes where it stood on this data, before any worker reads it.
@@ -211,7 +213,14 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.addr).await.with_context(|| format!("binding {}", args.addr))?;
     let addr = listener.local_addr()?;
     let console = console_url(addr, keys.operator.as_deref(), keys.tenant.as_deref());
-    println!("Tidings is listening on http://{addr} (backend: {:?})", args.backend.backend);
+    match args.backend.backend {
+        // Where the other commands (`tidings keys`, `tidings ops`) must look: `--data-dir`.
+        crate::BackendKind::Embedded => {
+            let data = std::path::absolute(&args.backend.data_dir).unwrap_or_else(|_| args.backend.data_dir.clone());
+            println!("Tidings is listening on http://{addr} (backend: embedded, data: {})", data.display());
+        }
+        crate::BackendKind::Aws => println!("Tidings is listening on http://{addr} (backend: aws)"),
+    }
     if let Some(key) = keys.tenant {
         println!("API key for tenant demo: {key}");
         println!("  try: curl -H 'Authorization: Bearer {key}' http://{addr}/v1/users/alice");

@@ -32,8 +32,10 @@ use crate::progress::Progress;
 #[derive(Subcommand)]
 pub enum StreamFailuresCommand {
     /// Lists every entry: its condition, reason, positions and keys.
+    #[command(after_help = crate::examples::OPS_STREAM_FAILURES_LIST)]
     List,
     /// Re-drives what each entry names and deletes the entries replayed.
+    #[command(after_help = crate::examples::OPS_STREAM_FAILURES_REPLAY)]
     Replay,
 }
 

@@ -147,3 +147,32 @@ async fn stream_failure_replay_counts_entries_replayed_and_kept() {
     assert_eq!(report["kept"].as_array().map(Vec::len), Some(1), "{report}");
     assert_no_progress_on_stdout(&stdout);
 }
+
+/// A campaign's sends are not logged one line each: without `TIDINGS_LOG` a bench logs
+/// warnings only, and with `TIDINGS_LOG=info` (as `serve` runs) a send is a debug event. The
+/// progress and the summary are what stderr holds (before: one INFO line per recipient).
+#[test]
+fn a_campaign_bench_logs_no_line_per_send() {
+    for log in [None, Some("info")] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut command = Command::new(env!("CARGO_BIN_EXE_tidings"));
+        command
+            .args(["bench", "campaign", "--recipients", "300", "--otp-every-ms", "50", "--no-peer"])
+            .env("TIDINGS_DATA_DIR", dir.path())
+            .env("TIDINGS_BACKEND", "embedded")
+            .env_remove("TIDINGS_LOG");
+        if let Some(log) = log {
+            command.env("TIDINGS_LOG", log);
+        }
+        let out = command.output().expect("the tidings binary runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "TIDINGS_LOG={log:?}:\n{stderr}");
+        let lines = stderr.lines().count();
+        assert!(lines < 50, "TIDINGS_LOG={log:?}: {lines} lines on stderr for 300 recipients:\n{stderr}");
+        assert!(!stderr.contains(" sent to="), "TIDINGS_LOG={log:?}: a send logged:\n{stderr}");
+        assert!(stderr.contains("seeding: seeded 300 users in "), "{stderr}");
+        let summary = stderr.lines().last().unwrap_or_default();
+        assert!(summary.starts_with("campaign: 300 of 300 recipients sent once in "), "no summary last:\n{stderr}");
+        assert_eq!(first_json(&String::from_utf8_lossy(&out.stdout))["delivered_once"], 300);
+    }
+}

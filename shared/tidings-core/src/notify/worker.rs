@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 
-use tracing::{info, instrument, warn};
+use tracing::{debug, info, instrument, warn};
 
 use super::model::{Category, ChannelTask, Delivery, DeliveryStatus, NotificationStatus};
 use super::progress;
@@ -551,7 +551,9 @@ pub(super) fn settle(
     match result {
         Ok(receipt) => {
             crate::crash::point("worker.after_provider");
-            info!(to = %mask_address(&task.to), attempt = attempts, provider, "sent");
+            // One line per send is a campaign's size in lines (and drowned a bench's progress):
+            // debug. The delivery record and the sends metric keep what was sent; failures warn.
+            debug!(to = %mask_address(&task.to), attempt = attempts, provider, "sent");
             let updates = vec![
                 Update::set("sent_at", now_str(deps)),
                 Update::set("provider_message_id", receipt.provider_message_id.clone()),
