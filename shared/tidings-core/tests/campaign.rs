@@ -838,6 +838,7 @@ async fn requests_near_the_deadline_are_handed_back_after_the_first() {
         body: r#"{"not":"a request"}"#.into(),
         receive_count: 1,
         sent_at_ms: 0,
+        group: None,
     };
     let messages: Vec<_> = (0..3).map(message).collect();
     let past = std::time::Instant::now();

@@ -28,7 +28,7 @@ pub fn router() -> Router<AppState> {
 #[utoipa::path(post, path = "/v1/notifications", tag = "notifications", security(("api_key" = [])),
     params(("Idempotency-Key" = Option<String>, Header, description = "The body's `idempotency_key` as a header (either, or both the same; 422 when they differ)")),
     request_body = NotificationRequest,
-    responses((status = 202, description = "Accepted (or scheduled); the same id for a repeated idempotency key", body = Accepted),
+    responses((status = 202, description = "Accepted (or scheduled); the same id for a repeated idempotency key. `priority` is the one granted: `high` only for a transactional send to at most 10 users, else at most `normal` (`priority_requested` and `priority_lowered` say so)", body = Accepted),
         (status = 409, description = "`idempotency_conflict`: the key was used with another body", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "`rate_limited`: the `requester`'s limit is reached (`field` names which); nothing accepted; see `Retry-After`", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = u64, description = "Seconds until the limit's window ends")))))]

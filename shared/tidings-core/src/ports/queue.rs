@@ -2,11 +2,19 @@
 //! count, and a dead-letter queue that takes a message received more than `max_receives`
 //! times. Queues are named logically (`requests-high`, `email-low`, ...); each backend maps
 //! the name to a real queue and its DLQ.
+//!
+//! A message may carry a *group*, the tenant whose work it is: a queue that tenants share hands
+//! out the groups' messages in turn, not in the order they were sent, so one tenant's backlog
+//! never holds another's messages behind it (SQS fair queues: `MessageGroupId`; the embedded
+//! queues: a dequeue by group in turn). Within a group, the order is the queue's as before
+//! (docs/delivery.md, "Priorities").
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
+
+use crate::ids::TenantId;
 
 /// A message to send.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -14,14 +22,25 @@ pub struct OutMessage {
     pub body: String,
     /// Delay before the message becomes visible (SQS allows up to 15 minutes).
     pub delay: Duration,
+    /// Its fairness group: the tenant whose work it is (`None`: the queue's common group).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
 }
 
 impl OutMessage {
     pub fn new(body: impl Into<String>) -> Self {
-        Self { body: body.into(), delay: Duration::ZERO }
+        Self { body: body.into(), delay: Duration::ZERO, group: None }
     }
     pub fn delayed(body: impl Into<String>, delay: Duration) -> Self {
-        Self { body: body.into(), delay }
+        Self { body: body.into(), delay, group: None }
+    }
+    /// The message as the work of `tenant`: taken in turn with other tenants' on a shared lane.
+    pub fn for_tenant(self, tenant: &TenantId) -> Self {
+        self.in_group(Some(tenant.as_str().to_owned()))
+    }
+    /// The message in `group` (a received message's, for a copy of it).
+    pub fn in_group(self, group: Option<String>) -> Self {
+        Self { group, ..self }
     }
 }
 
@@ -36,6 +55,9 @@ pub struct Received {
     pub receive_count: u32,
     /// When the message was first sent (milliseconds since the epoch).
     pub sent_at_ms: i64,
+    /// Its fairness group ([`OutMessage::group`]), so a copy of it stays in its turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
 }
 
 /// Depths of one queue and its DLQ.
