@@ -17,7 +17,8 @@ use crate::ports::{Cond, Item, QueryOpts, StoreError, Update, Write, attrs_of};
 pub struct Accepted {
     pub notification_id: String,
     pub status: NotificationStatus,
-    /// The priority granted: the lanes it is sent on (docs/delivery.md, "Priorities").
+    /// The priority granted: the lanes it is sent on. `high` only for a transactional send to at
+    /// most 10 users.
     pub priority: Priority,
     /// The priority asked for, when it was not granted.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -182,7 +183,8 @@ pub struct NotificationView {
     pub notification_id: String,
     pub status: NotificationStatus,
     pub category: super::model::Category,
-    /// The priority granted: the lanes it is sent on (docs/delivery.md, "Priorities").
+    /// The priority granted: the lanes it is sent on. `high` only for a transactional send to at
+    /// most 10 users.
     pub priority: Priority,
     /// The priority asked for, when it was not granted.
     #[serde(skip_serializing_if = "Option::is_none")]
