@@ -14,15 +14,14 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use crate::ids::TenantId;
-
 /// A message to send.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct OutMessage {
     pub body: String,
     /// Delay before the message becomes visible (SQS allows up to 15 minutes).
     pub delay: Duration,
-    /// Its fairness group: the tenant whose work it is (`None`: the queue's common group).
+    /// Its fairness group: the tenant whose work it is (`None`: the queue's common group;
+    /// `crate::lanes`' `OutMessage::for_tenant` sets it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<String>,
 }
@@ -33,10 +32,6 @@ impl OutMessage {
     }
     pub fn delayed(body: impl Into<String>, delay: Duration) -> Self {
         Self { body: body.into(), delay, group: None }
-    }
-    /// The message as the work of `tenant`: taken in turn with other tenants' on a shared lane.
-    pub fn for_tenant(self, tenant: &TenantId) -> Self {
-        self.in_group(Some(tenant.as_str().to_owned()))
     }
     /// The message in `group` (a received message's, for a copy of it).
     pub fn in_group(self, group: Option<String>) -> Self {
