@@ -507,9 +507,7 @@ async fn a_messages_tenant_is_its_message_group() {
             SendMessageBatchOutput::builder().set_successful(Some(vec![])).set_failed(Some(vec![])).build().unwrap()
         });
     let receive = mock!(aws_sdk_sqs::Client::receive_message)
-        .match_requests(|r| {
-            r.message_system_attribute_names().contains(&MessageSystemAttributeName::MessageGroupId)
-        })
+        .match_requests(|r| r.message_system_attribute_names().contains(&MessageSystemAttributeName::MessageGroupId))
         .then_output(|| {
             ReceiveMessageOutput::builder()
                 .messages(

@@ -35,7 +35,8 @@ use tidings_core::ports::Attrs;
 
 /// The queues a harness declares for the queue cases, each with a DLQ `{name}-dlq`.
 pub const CONFORMANCE_QUEUES: [&str; 12] = [
-    "conf-a", "conf-b", "conf-c", "conf-d", "conf-e", "conf-f", "conf-g", "conf-h", "conf-i", "conf-j", "conf-k", "conf-l",
+    "conf-a", "conf-b", "conf-c", "conf-d", "conf-e", "conf-f", "conf-g", "conf-h", "conf-i", "conf-j", "conf-k",
+    "conf-l",
 ];
 
 /// The `max_receives` (SQS `maxReceiveCount`) of every conformance queue.

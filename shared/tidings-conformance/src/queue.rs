@@ -441,8 +441,10 @@ pub async fn queue_groups(q: &dyn Queues, queue: &str) {
     let run = run_id();
     let grouped: BTreeSet<String> = (0..3).map(|i| format!("{run}:shop-{i}")).collect();
     let plain = format!("{run}:plain");
-    let mut messages: Vec<OutMessage> =
-        grouped.iter().map(|b| OutMessage::new(b.as_str()).in_group(Some(format!("shop-{}", &b[b.len() - 1..])))).collect();
+    let mut messages: Vec<OutMessage> = grouped
+        .iter()
+        .map(|b| OutMessage::new(b.as_str()).in_group(Some(format!("shop-{}", &b[b.len() - 1..]))))
+        .collect();
     messages.push(OutMessage::new(plain.as_str()));
     q.send_batch(queue, messages).await.unwrap();
     let mut all = grouped.clone();

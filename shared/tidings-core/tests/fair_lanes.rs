@@ -125,7 +125,8 @@ async fn an_otp_is_sent_before_a_neighbours_bulk_and_its_own() {
     shop(&w, &b, PER_SEND, None).await;
     // The segment: B's users from PER_SEND on.
     for i in PER_SEND..PER_SEND + SEGMENT {
-        let user = UserInput { email: Some(format!("u{i}@{b}.example")), tags: vec!["vip".into()], ..UserInput::default() };
+        let user =
+            UserInput { email: Some(format!("u{i}@{b}.example")), tags: vec!["vip".into()], ..UserInput::default() };
         users::put_user(&w.deps, &b, &format!("u{i}"), user).await.unwrap();
     }
     shop(&w, &c, SMALL_SENDS, None).await;

@@ -137,11 +137,8 @@ CREATE INDEX IF NOT EXISTS messages_in_turn ON messages (queue, grp, visible_at_
 /// Brings a store an older version made up to this schema: the queues' fairness group
 /// (`messages.grp`, every message already queued in the common group `''`).
 fn migrate(conn: &Connection) -> rusqlite::Result<()> {
-    let has_group: bool = conn.query_row(
-        "SELECT COUNT(*) > 0 FROM pragma_table_info('messages') WHERE name = 'grp'",
-        [],
-        |r| r.get(0),
-    )?;
+    let has_group: bool =
+        conn.query_row("SELECT COUNT(*) > 0 FROM pragma_table_info('messages') WHERE name = 'grp'", [], |r| r.get(0))?;
     if !has_group {
         conn.execute_batch("ALTER TABLE messages ADD COLUMN grp TEXT NOT NULL DEFAULT ''")?;
     }

@@ -661,7 +661,8 @@ mod tests {
             vec![text("q"), text("a"), Value::Integer(0)],
         );
         assert!(
-            due.iter().any(|l| l == "SEARCH messages USING COVERING INDEX messages_in_turn (queue=? AND grp=? AND visible_at_ms<?)"),
+            due.iter().any(|l| l
+                == "SEARCH messages USING COVERING INDEX messages_in_turn (queue=? AND grp=? AND visible_at_ms<?)"),
             "{due:?}"
         );
         let take = plan_of(
@@ -674,7 +675,9 @@ mod tests {
         );
         assert_eq!(
             take,
-            ["SEARCH messages USING INDEX messages_in_turn (queue=? AND grp=? AND visible_at_ms>? AND visible_at_ms<?)"]
+            [
+                "SEARCH messages USING INDEX messages_in_turn (queue=? AND grp=? AND visible_at_ms>? AND visible_at_ms<?)"
+            ]
         );
     }
 
@@ -768,7 +771,8 @@ mod tests {
         let store = EmbeddedStore::open(&path).unwrap();
         let indexes: Vec<String> = {
             let conn = store.inner.conn.lock().unwrap();
-            let mut stmt = conn.prepare("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'messages'").unwrap();
+            let mut stmt =
+                conn.prepare("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'messages'").unwrap();
             stmt.query_map([], |r| r.get(0)).unwrap().collect::<Result<_, _>>().unwrap()
         };
         assert_eq!(indexes, ["messages_in_turn"]);

@@ -394,7 +394,6 @@ impl ChannelTask {
             Category::Marketing => Priority::Low,
         })
     }
-
 }
 
 /// A channel queue's message: one rendered send, or a send batch of marketing deliveries

@@ -95,7 +95,9 @@ fn step_of(record: &ChangeRecord) -> CoreResult<Step> {
             return Ok(Step::Nothing);
         }
         return Ok(match record.new.as_ref().and_then(super::campaign::page_task) {
-            Some((queue, message)) => Step::Send(queue, OutMessage::new(body_of(&message)?).for_tenant(&message.tenant)),
+            Some((queue, message)) => {
+                Step::Send(queue, OutMessage::new(body_of(&message)?).for_tenant(&message.tenant))
+            }
             None => Step::Poison("unreadable campaign page task".into()),
         });
     }
