@@ -266,7 +266,7 @@ impl SqsQueues {
                         .message_body(&m.body)
                         .delay_seconds(secs_up(m.delay, MAX_DELAY_S))
                         // A fair queue's tenant: SQS serves a quiet tenant's messages ahead of a
-                        // noisy one's backlog (docs/delivery.md, "Priorities").
+                        // noisy one's backlog (docs/delivery.md, "Fair lanes").
                         .set_message_group_id(m.group.clone())
                         .build()
                         .map_err(invalid)?,

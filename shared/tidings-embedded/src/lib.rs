@@ -109,13 +109,9 @@ CREATE TABLE IF NOT EXISTS messages (
 );
 DROP INDEX IF EXISTS messages_by_queue;
 DROP INDEX IF EXISTS messages_by_receipt;
--- Receives walk a queue's visible messages, the longest visible first, and stop at the first
--- one not yet due. The index by sending time it replaces made every receive step over every
--- delayed message (an order's expiry, due in minutes: a flash sale queues tens of thousands).
--- It also carries what a queue's statistics count (receive_count, sent_at_ms: both change only
--- when visible_at_ms does, or never), so those are read off the index alone: counted through
--- the rows, every sample (the runtime's queue ages, every 5 s a queue) read each queued
--- message's body, megabytes while a campaign's queue is deep.
+-- Earlier indexes, replaced by messages_in_turn (INDEXES below). The one by sending time made
+-- every receive step over every delayed message (an order's expiry, due in minutes: a flash
+-- sale queues tens of thousands).
 DROP INDEX IF EXISTS messages_in_order;
 DROP INDEX IF EXISTS messages_due;
 ";
@@ -124,11 +120,13 @@ DROP INDEX IF EXISTS messages_due;
 ///
 /// Receives take a queue's fairness groups (its tenants) in turn, and within a group walk its
 /// visible messages, the longest visible first, stopping at the first one not yet due
-/// (docs/delivery.md, "Priorities"). So the index is by group, then visibility: a receive finds
+/// (docs/delivery.md, "Fair lanes"). So the index is by group, then visibility: a receive finds
 /// the next group by one seek past the last (`grp > ?`), and a group's due messages by one
-/// more, never stepping over another tenant's backlog. It replaces `messages_waiting` (the same
-/// without the group), which walked every tenant's messages in one line. The statistics count
-/// a whole queue off it alone, as before.
+/// more, never stepping over another tenant's backlog nor over a delayed message. It replaces
+/// `messages_waiting` (the same without the group), which walked every tenant's messages in one
+/// line. It also carries what a queue's statistics count (receive_count, sent_at_ms: both
+/// change only when visible_at_ms does, or never), so those are read off the index alone, not
+/// through each queued message's body.
 const INDEXES: &str = "
 DROP INDEX IF EXISTS messages_waiting;
 CREATE INDEX IF NOT EXISTS messages_in_turn ON messages (queue, grp, visible_at_ms, seq, receive_count, sent_at_ms);

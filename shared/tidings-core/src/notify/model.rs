@@ -91,7 +91,7 @@ pub const MAX_USER_IDS: usize = 1000;
 /// order's confirmation or a shipping update goes to one user; a few more covers a household or
 /// a shop's staff. At 10 users and up to three queued channels a request is at most 30 sends,
 /// three receives of the high lanes' batches of 10: what one such request can put in front of
-/// another tenant's OTP (docs/delivery.md, "Priorities").
+/// another tenant's OTP (docs/delivery.md, "Fair lanes").
 pub const MAX_HIGH_RECIPIENTS: usize = 10;
 
 /// Why a notification got a lower priority than it asked for.
@@ -193,7 +193,7 @@ impl NotificationRequest {
     /// are for small transactional sends (an OTP, an order's confirmation): a segment, a
     /// marketing send or a list of more than [`MAX_HIGH_RECIPIENTS`] users asking for `high`
     /// gets `normal`, so no bulk send queues in front of an OTP, the sender's own or another
-    /// tenant's (docs/delivery.md, "Priorities").
+    /// tenant's (docs/delivery.md, "Fair lanes").
     pub fn granted_priority(&self) -> (Priority, Option<PriorityLowered>) {
         let asked = self.priority();
         if asked != Priority::High {

@@ -224,7 +224,7 @@ async fn plan_page(
     crate::crash::point("orchestrator.mid_fanout");
     let queued: usize = tasks.values().map(Vec::len).sum();
     for (queue, messages) in tasks {
-        // Each in its tenant's turn on the shared lane (docs/delivery.md, "Priorities").
+        // Each in its tenant's turn on the shared lane (docs/delivery.md, "Fair lanes").
         let messages = messages.into_iter().map(|m| m.for_tenant(t)).collect();
         deps.queues.send_batch(&queue, messages).await?;
     }

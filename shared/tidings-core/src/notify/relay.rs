@@ -132,7 +132,7 @@ fn step_of(record: &ChangeRecord) -> CoreResult<Step> {
         NotificationStatus::Accepted => {
             let message = RequestMessage::first(&tenant, &notification.notification_id);
             debug!(notification_id = %message.notification_id, "relaying");
-            // In its tenant's turn on the lane (docs/delivery.md, "Priorities").
+            // In its tenant's turn on the lane (docs/delivery.md, "Fair lanes").
             let out = OutMessage::new(body_of(&message)?).for_tenant(&tenant);
             Step::Send(Lane::requests(notification.priority).name().to_owned(), out)
         }

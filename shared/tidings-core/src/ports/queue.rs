@@ -7,7 +7,7 @@
 //! out the groups' messages in turn, not in the order they were sent, so one tenant's backlog
 //! never holds another's messages behind it (SQS fair queues: `MessageGroupId`; the embedded
 //! queues: a dequeue by group in turn). Within a group, the order is the queue's as before
-//! (docs/delivery.md, "Priorities").
+//! (docs/delivery.md, "Fair lanes").
 
 use std::time::Duration;
 
