@@ -178,6 +178,7 @@ queue_case!(queue_redrive, "conf-h");
 queue_case!(queue_stats, "conf-i");
 queue_case!(queue_long_poll, "conf-j");
 queue_case!(queue_size_limits, "conf-k");
+queue_case!(queue_groups, "conf-l");
 
 /// The table cases concurrently on one table (as the embedded suite runs them on one store),
 /// then the queue cases through `queue::ALL` concurrently, as a harness sharing one backend would

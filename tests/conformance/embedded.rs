@@ -99,6 +99,7 @@ queue_case!(queue_redrive, "conf-h");
 queue_case!(queue_stats, "conf-i");
 queue_case!(queue_long_poll, "conf-j");
 queue_case!(queue_size_limits, "conf-k");
+queue_case!(queue_groups, "conf-l");
 
 /// All table and stream cases on one shared in-memory store, concurrently (the cases must not
 /// step on each other), and the queue cases through `queue::ALL`, as a harness that shares one

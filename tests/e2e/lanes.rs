@@ -58,3 +58,40 @@ fn the_templates_queues_and_their_consumers_are_the_lane_table() -> anyhow::Resu
     assert_eq!(mapped, consumed, "the queues with an event source (left) and the consumed lanes (right)");
     Ok(())
 }
+
+/// A function that consumes a high lane has reserved concurrency of at least the sum of its
+/// SQS mappings' `MaximumConcurrency`: each mapping can run at its cap at once, so a flood on a
+/// low lane never takes what the high lane's mapping is promised, and no other function of
+/// the account can take it either (docs/delivery.md, "Priorities").
+#[test]
+fn the_high_lanes_consumers_reserve_what_their_mappings_may_use() -> anyhow::Result<()> {
+    let t = template::decode()?;
+    let resources = t["Resources"].as_object().context("Resources")?;
+    let mut high_consumers = BTreeSet::new();
+    for lane in Lane::ALL.into_iter().filter(|l| l.is_high()) {
+        high_consumers.extend(lane.consumer());
+    }
+    let mut checked = BTreeSet::new();
+    for (logical, r) in resources.iter().filter(|(_, r)| r["Type"] == "AWS::Serverless::Function") {
+        let binary = template::scalar(&r["Metadata"]["BuildProperties"]["Binary"]);
+        if !high_consumers.contains(binary.as_str()) {
+            continue;
+        }
+        let mut caps = 0u64;
+        for (event, e) in r["Properties"]["Events"].as_object().into_iter().flatten() {
+            if e["Type"] == "SQS" {
+                caps += e["Properties"]["ScalingConfig"]["MaximumConcurrency"]
+                    .as_u64()
+                    .with_context(|| format!("{logical} {event}: ScalingConfig.MaximumConcurrency"))?;
+            }
+        }
+        let reserved = r["Properties"]["ReservedConcurrentExecutions"]
+            .as_u64()
+            .with_context(|| format!("{logical}: ReservedConcurrentExecutions"))?;
+        assert!(reserved >= caps, "{logical}: reserves {reserved}, its mappings may use {caps}");
+        checked.insert(binary);
+    }
+    let expected: BTreeSet<String> = high_consumers.into_iter().map(str::to_owned).collect();
+    assert_eq!(checked, expected, "every consumer of a high lane is checked");
+    Ok(())
+}

@@ -491,6 +491,45 @@ async fn sends_in_batches_of_ten_with_delays_and_reports_failed_entries() {
     assert!(matches!(e, QueueError::Unavailable(_)), "{e:?}");
 }
 
+/// A message's tenant goes as its `MessageGroupId` (an SQS fair queue's group), one without a
+/// group without one; a receive asks for the attribute and gives it back.
+#[tokio::test]
+async fn a_messages_tenant_is_its_message_group() {
+    use aws_sdk_sqs::operation::receive_message::ReceiveMessageOutput;
+    use aws_sdk_sqs::operation::send_message_batch::SendMessageBatchOutput;
+    use aws_sdk_sqs::types::{Message, MessageSystemAttributeName};
+    let send = mock!(aws_sdk_sqs::Client::send_message_batch)
+        .match_requests(|r| {
+            let groups: Vec<Option<&str>> = r.entries().iter().map(|e| e.message_group_id()).collect();
+            groups == [Some("shop-a"), None]
+        })
+        .then_output(|| {
+            SendMessageBatchOutput::builder().set_successful(Some(vec![])).set_failed(Some(vec![])).build().unwrap()
+        });
+    let receive = mock!(aws_sdk_sqs::Client::receive_message)
+        .match_requests(|r| r.message_system_attribute_names().contains(&MessageSystemAttributeName::MessageGroupId))
+        .then_output(|| {
+            ReceiveMessageOutput::builder()
+                .messages(
+                    Message::builder()
+                        .message_id("id-1")
+                        .receipt_handle("rh-1")
+                        .body("otp")
+                        .attributes(MessageSystemAttributeName::MessageGroupId, "shop-a")
+                        .build(),
+                )
+                .build()
+        });
+    let urls = url_rule();
+    let queues =
+        SqsQueues::new(client!(aws_sdk_sqs, [&send, &receive, &urls]), &sqs_config(RedriveMode::ReceiveAndResend));
+    let tenant = tidings_core::TenantId::parse("shop-a").unwrap();
+    queues.send_batch("a", vec![OutMessage::new("otp").for_tenant(&tenant), OutMessage::new("x")]).await.unwrap();
+    assert_eq!(send.num_calls(), 1);
+    let got = queues.receive("a", 10, Duration::from_secs(30), Duration::ZERO).await.unwrap();
+    assert_eq!(got[0].group.as_deref(), Some("shop-a"));
+}
+
 #[tokio::test]
 async fn receive_reads_counts_and_stale_receipts_map() {
     use aws_sdk_sqs::operation::receive_message::ReceiveMessageOutput;

@@ -146,6 +146,7 @@ fn received(m: &aws_sdk_sqs::types::Message) -> Received {
             .and_then(|s| s.parse().ok())
             .unwrap_or(1),
         sent_at_ms: attr(MessageSystemAttributeName::SentTimestamp).and_then(|s| s.parse().ok()).unwrap_or(0),
+        group: attr(MessageSystemAttributeName::MessageGroupId).map(str::to_owned),
     }
 }
 
@@ -264,6 +265,9 @@ impl SqsQueues {
                         .id(i.to_string())
                         .message_body(&m.body)
                         .delay_seconds(secs_up(m.delay, MAX_DELAY_S))
+                        // A fair queue's tenant: SQS serves a quiet tenant's messages ahead of a
+                        // noisy one's backlog (docs/delivery.md, "Fair lanes").
+                        .set_message_group_id(m.group.clone())
                         .build()
                         .map_err(invalid)?,
                 );
@@ -310,6 +314,7 @@ impl SqsQueues {
             .wait_time_seconds(secs_up(wait, MAX_WAIT_S))
             .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
             .message_system_attribute_names(MessageSystemAttributeName::SentTimestamp)
+            .message_system_attribute_names(MessageSystemAttributeName::MessageGroupId)
             .send()
             .await
             .map_err(queue_error)?;
@@ -417,7 +422,8 @@ impl SqsQueues {
             if batch.is_empty() {
                 return Ok(moved);
             }
-            self.send_to_url(&target, batch.iter().map(|m| OutMessage::new(m.body.clone())).collect()).await?;
+            let copies = batch.iter().map(|m| OutMessage::new(m.body.clone()).in_group(m.group.clone())).collect();
+            self.send_to_url(&target, copies).await?;
             let receipts: Vec<String> = batch.iter().map(|m| m.receipt.clone()).collect();
             self.delete_batch_at(&dlq, &receipts, false).await?;
             moved += batch.len() as u64;

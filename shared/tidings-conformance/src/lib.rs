@@ -15,7 +15,7 @@
 //!
 //! # Queue cases ([`queue`])
 //! Take `&dyn Queues` and the name of the queue to use. The harness declares the queues of
-//! [`CONFORMANCE_QUEUES`] (`conf-a` … `conf-k`), each with a DLQ and
+//! [`CONFORMANCE_QUEUES`] (`conf-a` … `conf-l`), each with a DLQ and
 //! `max_receives` = [`MAX_RECEIVES`] (2), and gives each queue case its own queue, whose
 //! queue and DLQ are empty at the start, and which no other case uses at the same time. The
 //! cases use real time only, with delays and visibilities of whole seconds (SQS accepts
@@ -34,8 +34,10 @@ use serde_json::Value;
 use tidings_core::ports::Attrs;
 
 /// The queues a harness declares for the queue cases, each with a DLQ `{name}-dlq`.
-pub const CONFORMANCE_QUEUES: [&str; 11] =
-    ["conf-a", "conf-b", "conf-c", "conf-d", "conf-e", "conf-f", "conf-g", "conf-h", "conf-i", "conf-j", "conf-k"];
+pub const CONFORMANCE_QUEUES: [&str; 12] = [
+    "conf-a", "conf-b", "conf-c", "conf-d", "conf-e", "conf-f", "conf-g", "conf-h", "conf-i", "conf-j", "conf-k",
+    "conf-l",
+];
 
 /// The `max_receives` (SQS `maxReceiveCount`) of every conformance queue.
 pub const MAX_RECEIVES: u32 = 2;

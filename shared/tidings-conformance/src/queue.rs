@@ -17,7 +17,7 @@ pub type QueueCase = for<'a> fn(&'a dyn Queues, &'a str) -> futures::future::Box
 
 /// Every queue case with the conformance queue meant for it, for a harness that runs them all
 /// in one test: `for (name, queue, case) in ALL { case(&queues, queue).await }`.
-pub const ALL: [(&str, &str, QueueCase); 11] = [
+pub const ALL: [(&str, &str, QueueCase); 12] = [
     ("queue_send_receive_delete", "conf-a", |q, n| Box::pin(queue_send_receive_delete(q, n))),
     ("queue_send_many", "conf-b", |q, n| Box::pin(queue_send_many(q, n))),
     ("queue_delay", "conf-c", |q, n| Box::pin(queue_delay(q, n))),
@@ -29,6 +29,7 @@ pub const ALL: [(&str, &str, QueueCase); 11] = [
     ("queue_stats", "conf-i", |q, n| Box::pin(queue_stats(q, n))),
     ("queue_long_poll", "conf-j", |q, n| Box::pin(queue_long_poll(q, n))),
     ("queue_size_limits", "conf-k", |q, n| Box::pin(queue_size_limits(q, n))),
+    ("queue_groups", "conf-l", |q, n| Box::pin(queue_groups(q, n))),
 ];
 
 const LONG: Duration = Duration::from_secs(30);
@@ -429,4 +430,37 @@ pub async fn queue_size_limits(q: &dyn Queues, queue: &str) {
         "nothing of a refused call is sent: {:?}",
         after.iter().map(|m| m.body.len()).collect::<Vec<_>>()
     );
+}
+
+/// A message's fairness group (its tenant, `MessageGroupId` on SQS) is accepted on a shared
+/// (standard) queue and comes back with the message, so a copy handed back or redriven keeps
+/// its tenant's turn; a message sent without one comes back without one. (Which group a
+/// receive serves first is the embedded queues' own promise, tested there: SQS's fair queues
+/// promise a quiet tenant less waiting, not an order.)
+pub async fn queue_groups(q: &dyn Queues, queue: &str) {
+    let run = run_id();
+    let grouped: BTreeSet<String> = (0..3).map(|i| format!("{run}:shop-{i}")).collect();
+    let plain = format!("{run}:plain");
+    let mut messages: Vec<OutMessage> = grouped
+        .iter()
+        .map(|b| OutMessage::new(b.as_str()).in_group(Some(format!("shop-{}", &b[b.len() - 1..]))))
+        .collect();
+    messages.push(OutMessage::new(plain.as_str()));
+    q.send_batch(queue, messages).await.unwrap();
+    let mut all = grouped.clone();
+    all.insert(plain.clone());
+    let got = receive_all(q, queue, &all).await;
+    for m in &got {
+        let expected = (m.body != plain).then(|| format!("shop-{}", &m.body[m.body.len() - 1..]));
+        assert_eq!(m.group, expected, "{:?} comes back in its group", m.body);
+    }
+    // A copy sent from what was received (a hand-back) is in the same group.
+    let first = got.iter().find(|m| m.group.is_some()).expect("a grouped message");
+    q.send_batch(queue, vec![OutMessage::new(format!("{}:copy", first.body)).in_group(first.group.clone())])
+        .await
+        .unwrap();
+    delete_all(q, queue, &got).await;
+    let copy = receive_body(q, queue, &format!("{}:copy", first.body), LONG, DEADLINE).await.expect("the copy comes");
+    assert_eq!(copy.group, first.group);
+    q.delete(queue, &copy.receipt).await.unwrap();
 }

@@ -3,8 +3,9 @@
 //! (`tests/e2e/lanes.rs` checks the template against this table). A queue's name is parsed once,
 //! where a message comes in ([`Lane::from_name`]); nothing else matches queue names.
 
+use crate::ids::TenantId;
 use crate::notify::model::Priority;
-use crate::ports::Channel;
+use crate::ports::{Channel, OutMessage};
 
 /// A channel queue's urgency: channel queues have two lanes, high and the rest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -39,6 +40,15 @@ pub async fn bulk<F: std::future::Future>(work: F) -> F::Output {
 /// Whether the current task runs bulk work ([`bulk`]).
 pub fn is_bulk() -> bool {
     BULK.try_with(|_| ()).is_ok()
+}
+
+impl OutMessage {
+    /// The message as the work of `tenant`: on a lane tenants share, taken in turn with the
+    /// other tenants' (its fairness group; docs/delivery.md, "Fair lanes"). Here, not in the
+    /// port, which knows no tenants.
+    pub fn for_tenant(self, tenant: &TenantId) -> Self {
+        self.in_group(Some(tenant.as_str().to_owned()))
+    }
 }
 
 /// One queue of a deployment.

@@ -109,7 +109,8 @@ async fn hand_back(queues: &dyn Queues, queue: &str, messages: &[&Received]) -> 
     if messages.is_empty() {
         return true;
     }
-    let copies = messages.iter().map(|m| OutMessage::new(m.body.clone())).collect();
+    // Each copy in its message's group: handed back, it keeps its tenant's turn.
+    let copies = messages.iter().map(|m| OutMessage::new(m.body.clone()).in_group(m.group.clone())).collect();
     match queues.send_batch(queue, copies).await {
         Ok(()) => true,
         Err(e) => {

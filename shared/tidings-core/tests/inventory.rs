@@ -938,6 +938,7 @@ async fn a_malformed_timer_message_is_rejected() {
         body: "{\"nope\":1}".into(),
         receive_count: 1,
         sent_at_ms: 0,
+        group: None,
     };
     assert!(matches!(handle::<TimerStep>(&w.deps, &m).await, Outcome::Reject(_)));
 }

@@ -57,6 +57,7 @@ fn message(body: &Value) -> Received {
         body: body.to_string(),
         receive_count: 2,
         sent_at_ms: 0,
+        group: None,
     }
 }
 

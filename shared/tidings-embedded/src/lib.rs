@@ -104,21 +104,44 @@ CREATE TABLE IF NOT EXISTS messages (
     visible_at_ms INTEGER NOT NULL,
     receive_count INTEGER NOT NULL,
     sent_at_ms INTEGER NOT NULL,
-    receipt TEXT
+    receipt TEXT,
+    grp TEXT NOT NULL DEFAULT ''
 );
 DROP INDEX IF EXISTS messages_by_queue;
 DROP INDEX IF EXISTS messages_by_receipt;
--- Receives walk a queue's visible messages, the longest visible first, and stop at the first
--- one not yet due. The index by sending time it replaces made every receive step over every
--- delayed message (an order's expiry, due in minutes: a flash sale queues tens of thousands).
--- It also carries what a queue's statistics count (receive_count, sent_at_ms: both change only
--- when visible_at_ms does, or never), so those are read off the index alone: counted through
--- the rows, every sample (the runtime's queue ages, every 5 s a queue) read each queued
--- message's body, megabytes while a campaign's queue is deep.
+-- Earlier indexes, replaced by messages_in_turn (INDEXES below). The one by sending time made
+-- every receive step over every delayed message (an order's expiry, due in minutes: a flash
+-- sale queues tens of thousands).
 DROP INDEX IF EXISTS messages_in_order;
 DROP INDEX IF EXISTS messages_due;
-CREATE INDEX IF NOT EXISTS messages_waiting ON messages (queue, visible_at_ms, seq, receive_count, sent_at_ms);
 ";
+
+/// The index, made after [`migrate`] (an older store's `messages` has no `grp` until then).
+///
+/// Receives take a queue's fairness groups (its tenants) in turn, and within a group walk its
+/// visible messages, the longest visible first, stopping at the first one not yet due
+/// (docs/delivery.md, "Fair lanes"). So the index is by group, then visibility: a receive finds
+/// the next group by one seek past the last (`grp > ?`), and a group's due messages by one
+/// more, never stepping over another tenant's backlog nor over a delayed message. It replaces
+/// `messages_waiting` (the same without the group), which walked every tenant's messages in one
+/// line. It also carries what a queue's statistics count (receive_count, sent_at_ms: both
+/// change only when visible_at_ms does, or never), so those are read off the index alone, not
+/// through each queued message's body.
+const INDEXES: &str = "
+DROP INDEX IF EXISTS messages_waiting;
+CREATE INDEX IF NOT EXISTS messages_in_turn ON messages (queue, grp, visible_at_ms, seq, receive_count, sent_at_ms);
+";
+
+/// Brings a store an older version made up to this schema: the queues' fairness group
+/// (`messages.grp`, every message already queued in the common group `''`).
+fn migrate(conn: &Connection) -> rusqlite::Result<()> {
+    let has_group: bool =
+        conn.query_row("SELECT COUNT(*) > 0 FROM pragma_table_info('messages') WHERE name = 'grp'", [], |r| r.get(0))?;
+    if !has_group {
+        conn.execute_batch("ALTER TABLE messages ADD COLUMN grp TEXT NOT NULL DEFAULT ''")?;
+    }
+    Ok(())
+}
 
 /// Prepared statements kept per connection. rusqlite keeps 16 by default, fewer than the
 /// statements one connection runs (reads by key, the shapes of range and prefix queries, the
@@ -154,6 +177,8 @@ pub(crate) struct Inner {
     pub(crate) messages: Mutex<HashMap<String, Arc<Notify>>>,
     /// Declared queues by name (a DLQ is declared with its queue, with no redrive of its own).
     pub(crate) queues: RwLock<HashMap<String, queues::QueueSpec>>,
+    /// Per queue, the fairness group a receive served last: the next starts after it.
+    pub(crate) turns: Mutex<HashMap<String, String>>,
     /// Which items' changes are recorded (all when unset): see [`EmbeddedStore::set_stream_filter`].
     pub(crate) stream_filter: std::sync::OnceLock<StreamFilter>,
     /// Read-only connections of a store in a file (none in memory: reads then use `conn`).
@@ -317,6 +342,8 @@ impl EmbeddedStore {
     fn setup(conn: Connection, clock: Arc<dyn Clock>) -> Result<Self, StoreError> {
         conn.busy_timeout(std::time::Duration::from_secs(5)).map_err(db_err)?;
         conn.execute_batch(SCHEMA).map_err(db_err)?;
+        migrate(&conn).map_err(db_err)?;
+        conn.execute_batch(INDEXES).map_err(db_err)?;
         let declared = queues::load_declared(&conn).map_err(db_err)?;
         Ok(Self {
             inner: Arc::new(Inner {
@@ -325,6 +352,7 @@ impl EmbeddedStore {
                 changes: Notify::new(),
                 messages: Mutex::new(HashMap::new()),
                 queues: RwLock::new(declared),
+                turns: Mutex::new(HashMap::new()),
                 stream_filter: std::sync::OnceLock::new(),
                 readers: std::sync::OnceLock::new(),
                 writer: std::sync::OnceLock::new(),

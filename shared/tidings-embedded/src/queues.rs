@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use rusqlite::{Connection, params};
+use rusqlite::{Connection, OptionalExtension, params};
 use tidings_core::ports::queue::MAX_DELAY;
 use tidings_core::ports::{OutMessage, QueueError, QueueStats, Queues, Received};
 
@@ -199,62 +199,45 @@ impl EmbeddedStore {
             .with_conn(move |conn, inner| {
                 let now = inner.clock.now_ms();
                 let tx = conn.savepoint().map_err(q_err)?;
-                let mut got = Vec::new();
-                let mut moved = 0usize;
-                // Keyset over (visible_at_ms, seq) in the index `messages_waiting`: visible the
-                // longest first, each candidate looked at once, none that is not due read.
-                let mut last: (i64, i64) = (i64::MIN, i64::MIN);
-                'outer: loop {
-                    let candidates: Vec<(i64, String, String, u32, i64, i64)> = {
-                        let mut stmt = tx
-                            .prepare_cached(
-                                "SELECT seq, id, body, receive_count, sent_at_ms, visible_at_ms FROM messages
-                                 WHERE queue = ?1 AND visible_at_ms <= ?2
-                                   AND (visible_at_ms > ?3 OR (visible_at_ms = ?3 AND seq > ?4))
-                                 ORDER BY visible_at_ms, seq LIMIT 64",
-                            )
-                            .map_err(q_err)?;
-                        let rows = stmt
-                            .query_map(params![queue, now, last.0, last.1], |r| {
-                                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?))
-                            })
-                            .map_err(q_err)?;
-                        rows.collect::<Result<_, _>>().map_err(q_err)?
-                    };
-                    if candidates.is_empty() {
-                        break;
-                    }
-                    for (seq, id, body, count, sent_at_ms, visible_at_ms) in candidates {
-                        last = (visible_at_ms, seq);
-                        if let Some((max_receives, dlq)) = &redrive
-                            && count >= *max_receives
-                        {
-                            tx.prepare_cached(
-                                "UPDATE messages SET queue = ?1, visible_at_ms = ?2, receipt = NULL WHERE seq = ?3",
-                            )
-                            .and_then(|mut stmt| stmt.execute(params![dlq, now, seq]))
-                            .map_err(q_err)?;
-                            moved += 1;
-                            continue;
+                let after = inner.turns.lock().unwrap_or_else(|p| p.into_inner()).get(&queue).cloned();
+                let mut taking = Taking {
+                    tx: &tx,
+                    queue: &queue,
+                    now,
+                    visible_until: now.saturating_add(ms(visibility)),
+                    redrive: redrive.as_ref(),
+                    got: Vec::new(),
+                    moved: 0,
+                };
+                // Deficit round robin by group: each group with a message due gets an equal
+                // share of what is left of the receive, in turn after the group served last;
+                // a group that has less gives its share to the others in the next round.
+                let mut active: Vec<(String, (i64, i64))> =
+                    due_groups(&tx, &queue, now, after.as_deref(), max)?.into_iter().map(|g| (g, START)).collect();
+                let mut served = None;
+                while taking.got.len() < max && !active.is_empty() {
+                    let share = (max - taking.got.len()).div_ceil(active.len());
+                    let mut still = Vec::with_capacity(active.len());
+                    for (group, mut last) in active {
+                        let room = share.min(max - taking.got.len());
+                        if room == 0 {
+                            break;
                         }
-                        let receipt = format!("{seq}.{}", new_id());
-                        let count = count.saturating_add(1);
-                        // Cached: prepared once, not once per message received (it was most of
-                        // a receive's cost).
-                        tx.prepare_cached(
-                            "UPDATE messages SET receive_count = ?1, receipt = ?2, visible_at_ms = ?3 WHERE seq = ?4",
-                        )
-                        .and_then(|mut stmt| {
-                            stmt.execute(params![count, receipt, now.saturating_add(ms(visibility)), seq])
-                        })
-                        .map_err(q_err)?;
-                        got.push(Received { message_id: id, receipt, body, receive_count: count, sent_at_ms });
-                        if got.len() >= max {
-                            break 'outer;
+                        let took = taking.take(&group, &mut last, room)?;
+                        if took == room {
+                            still.push((group.clone(), last));
+                        }
+                        if took > 0 {
+                            served = Some(group);
                         }
                     }
+                    active = still;
                 }
+                let (got, moved) = (taking.got, taking.moved);
                 tx.commit().map_err(q_err)?;
+                if let Some(group) = served {
+                    inner.turns.lock().unwrap_or_else(|p| p.into_inner()).insert(queue, group);
+                }
                 Ok::<_, QueueError>((got, moved))
             })
             .await?;
@@ -262,6 +245,133 @@ impl EmbeddedStore {
             tracing::debug!(moved, "messages moved to a dead-letter queue");
         }
         Ok(got)
+    }
+}
+
+/// The keyset's start: before every message.
+const START: (i64, i64) = (i64::MIN, i64::MIN);
+
+/// The groups of `queue` with a message due, in turn: those after `after` in order, then from
+/// the first round to `after` itself (served last, so last in turn); at most `max`. One seek to
+/// find each group and one to see whether it has a message due, whatever its backlog.
+fn due_groups(
+    tx: &Connection,
+    queue: &str,
+    now: i64,
+    after: Option<&str>,
+    max: usize,
+) -> Result<Vec<String>, QueueError> {
+    let mut groups = Vec::new();
+    let mut at: Option<String> = after.map(str::to_owned);
+    let mut wrapped = after.is_none();
+    loop {
+        let next: Option<String> = match &at {
+            Some(g) => tx
+                .prepare_cached("SELECT grp FROM messages WHERE queue = ?1 AND grp > ?2 ORDER BY grp LIMIT 1")
+                .and_then(|mut stmt| stmt.query_row(params![queue, g], |r| r.get(0)).optional()),
+            None => tx
+                .prepare_cached("SELECT grp FROM messages WHERE queue = ?1 ORDER BY grp LIMIT 1")
+                .and_then(|mut stmt| stmt.query_row(params![queue], |r| r.get(0)).optional()),
+        }
+        .map_err(q_err)?;
+        let Some(group) = next else {
+            if wrapped {
+                break;
+            }
+            wrapped = true;
+            at = None;
+            continue;
+        };
+        if wrapped && after.is_some_and(|a| group.as_str() > a) {
+            break;
+        }
+        let due: bool = tx
+            .prepare_cached(
+                "SELECT EXISTS (SELECT 1 FROM messages WHERE queue = ?1 AND grp = ?2 AND visible_at_ms <= ?3)",
+            )
+            .and_then(|mut stmt| stmt.query_row(params![queue, group, now], |r| r.get(0)))
+            .map_err(q_err)?;
+        if due {
+            groups.push(group.clone());
+            if groups.len() >= max {
+                break;
+            }
+        }
+        at = Some(group);
+    }
+    Ok(groups)
+}
+
+/// A receive in progress: what it took so far, in one savepoint.
+struct Taking<'a> {
+    tx: &'a Connection,
+    queue: &'a str,
+    now: i64,
+    visible_until: i64,
+    redrive: Option<&'a (u32, String)>,
+    got: Vec<Received>,
+    moved: usize,
+}
+
+impl Taking<'_> {
+    /// Takes up to `room` due messages of `group`, from `last` on (keyset over
+    /// `(visible_at_ms, seq)`: visible the longest first, each looked at once, none that is not
+    /// due read). A message received `max_receives` times moves to the DLQ instead and does not
+    /// count. Returns how many it took: fewer than `room` when the group has no more due.
+    fn take(&mut self, group: &str, last: &mut (i64, i64), room: usize) -> Result<usize, QueueError> {
+        let mut took = 0;
+        while took < room {
+            let limit = i64::try_from((room - took).min(64)).unwrap_or(64);
+            let candidates: Vec<(i64, String, String, u32, i64, i64)> = {
+                let mut stmt = self
+                    .tx
+                    .prepare_cached(
+                        "SELECT seq, id, body, receive_count, sent_at_ms, visible_at_ms FROM messages
+                         WHERE queue = ?1 AND grp = ?2 AND visible_at_ms <= ?3
+                           AND (visible_at_ms > ?4 OR (visible_at_ms = ?4 AND seq > ?5))
+                         ORDER BY visible_at_ms, seq LIMIT ?6",
+                    )
+                    .map_err(q_err)?;
+                let rows = stmt
+                    .query_map(params![self.queue, group, self.now, last.0, last.1, limit], |r| {
+                        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?))
+                    })
+                    .map_err(q_err)?;
+                rows.collect::<Result<_, _>>().map_err(q_err)?
+            };
+            if candidates.is_empty() {
+                break;
+            }
+            for (seq, id, body, count, sent_at_ms, visible_at_ms) in candidates {
+                *last = (visible_at_ms, seq);
+                if let Some((max_receives, dlq)) = self.redrive
+                    && count >= *max_receives
+                {
+                    self.tx
+                        .prepare_cached(
+                            "UPDATE messages SET queue = ?1, visible_at_ms = ?2, receipt = NULL WHERE seq = ?3",
+                        )
+                        .and_then(|mut stmt| stmt.execute(params![dlq, self.now, seq]))
+                        .map_err(q_err)?;
+                    self.moved += 1;
+                    continue;
+                }
+                let receipt = format!("{seq}.{}", new_id());
+                let count = count.saturating_add(1);
+                // Cached: prepared once, not once per message received (it was most of a
+                // receive's cost).
+                self.tx
+                    .prepare_cached(
+                        "UPDATE messages SET receive_count = ?1, receipt = ?2, visible_at_ms = ?3 WHERE seq = ?4",
+                    )
+                    .and_then(|mut stmt| stmt.execute(params![count, receipt, self.visible_until, seq]))
+                    .map_err(q_err)?;
+                let group = (!group.is_empty()).then(|| group.to_owned());
+                self.got.push(Received { message_id: id, receipt, body, receive_count: count, sent_at_ms, group });
+                took += 1;
+            }
+        }
+        Ok(took)
     }
 }
 
@@ -292,12 +402,13 @@ impl Queues for EmbeddedStore {
             {
                 let mut stmt = tx
                     .prepare_cached(
-                        "INSERT INTO messages (id, queue, body, visible_at_ms, receive_count, sent_at_ms, receipt)
-                         VALUES (?1, ?2, ?3, ?4, 0, ?5, NULL)",
+                        "INSERT INTO messages (id, queue, body, visible_at_ms, receive_count, sent_at_ms, receipt, grp)
+                         VALUES (?1, ?2, ?3, ?4, 0, ?5, NULL, ?6)",
                     )
                     .map_err(q_err)?;
                 for m in messages {
-                    stmt.execute(params![new_id(), queue, m.body, now.saturating_add(ms(m.delay)), now])
+                    let group = m.group.unwrap_or_default();
+                    stmt.execute(params![new_id(), queue, m.body, now.saturating_add(ms(m.delay)), now, group])
                         .map_err(q_err)?;
                 }
             }
@@ -466,7 +577,7 @@ impl Queues for EmbeddedStore {
         self.with_conn_offloaded(move |conn, _| {
             let mut stmt = conn
                 .prepare_cached(
-                    "SELECT id, body, receive_count, sent_at_ms FROM messages WHERE queue = ?1
+                    "SELECT id, body, receive_count, sent_at_ms, grp FROM messages WHERE queue = ?1
                      ORDER BY sent_at_ms, seq LIMIT ?2",
                 )
                 .map_err(q_err)?;
@@ -479,6 +590,7 @@ impl Queues for EmbeddedStore {
                         body: r.get(1)?,
                         receive_count: r.get(2)?,
                         sent_at_ms: r.get(3)?,
+                        group: Some(r.get::<_, String>(4)?).filter(|g| !g.is_empty()),
                     })
                 })
                 .map_err(q_err)?;
@@ -519,7 +631,157 @@ mod tests {
             })
             .await
             .unwrap();
-        assert_eq!(plan, ["SEARCH messages USING COVERING INDEX messages_waiting (queue=?)"]);
+        assert_eq!(plan, ["SEARCH messages USING COVERING INDEX messages_in_turn (queue=?)"]);
+    }
+
+    fn plan_of(store: &EmbeddedStore, sql: &'static str, params: Vec<rusqlite::types::Value>) -> Vec<String> {
+        let inner = store.inner.clone();
+        let conn = inner.conn.lock().unwrap();
+        let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+        let rows = stmt.query_map(rusqlite::params_from_iter(params), |r| r.get::<_, String>(3)).unwrap();
+        rows.collect::<Result<Vec<_>, _>>().unwrap()
+    }
+
+    /// A receive finds the next group, whether it has a message due, and a group's due
+    /// messages each by a search of the index: none walks another tenant's backlog.
+    #[tokio::test]
+    async fn a_receive_searches_the_index_by_group() {
+        use rusqlite::types::Value;
+        let store = EmbeddedStore::in_memory().unwrap();
+        let text = |s: &str| Value::Text(s.to_owned());
+        let next = plan_of(
+            &store,
+            "SELECT grp FROM messages WHERE queue = ?1 AND grp > ?2 ORDER BY grp LIMIT 1",
+            vec![text("q"), text("a")],
+        );
+        assert_eq!(next, ["SEARCH messages USING COVERING INDEX messages_in_turn (queue=? AND grp>?)"]);
+        let due = plan_of(
+            &store,
+            "SELECT EXISTS (SELECT 1 FROM messages WHERE queue = ?1 AND grp = ?2 AND visible_at_ms <= ?3)",
+            vec![text("q"), text("a"), Value::Integer(0)],
+        );
+        assert!(
+            due.iter().any(|l| l
+                == "SEARCH messages USING COVERING INDEX messages_in_turn (queue=? AND grp=? AND visible_at_ms<?)"),
+            "{due:?}"
+        );
+        let take = plan_of(
+            &store,
+            "SELECT seq, id, body, receive_count, sent_at_ms, visible_at_ms FROM messages
+             WHERE queue = ?1 AND grp = ?2 AND visible_at_ms <= ?3
+               AND (visible_at_ms > ?4 OR (visible_at_ms = ?4 AND seq > ?5))
+             ORDER BY visible_at_ms, seq LIMIT ?6",
+            vec![text("q"), text("a"), Value::Integer(0), Value::Integer(0), Value::Integer(0), Value::Integer(10)],
+        );
+        assert_eq!(
+            take,
+            [
+                "SEARCH messages USING INDEX messages_in_turn (queue=? AND grp=? AND visible_at_ms>? AND visible_at_ms<?)"
+            ]
+        );
+    }
+
+    fn in_group(group: &str, n: usize) -> Vec<OutMessage> {
+        (0..n).map(|i| OutMessage::new(format!("{group}{i}")).in_group(Some(group.to_owned()))).collect()
+    }
+
+    fn groups_of(got: &[tidings_core::ports::Received]) -> Vec<String> {
+        got.iter().map(|m| m.group.clone().unwrap_or_default()).collect()
+    }
+
+    /// A tenant's backlog sent first does not hold another's message behind it: the next
+    /// receive takes the groups in turn, an equal share each, and within a group the oldest
+    /// first; the turn goes on from the group served last.
+    #[tokio::test]
+    async fn a_receive_takes_the_groups_in_turn() {
+        let store = EmbeddedStore::in_memory().unwrap();
+        store.declare_queue(QueueConfig::new("q", 3)).unwrap();
+        let hour = Duration::from_secs(3600);
+        store.send_batch("q", in_group("b", 1000)).await.unwrap();
+        store.send_batch("q", in_group("a", 1)).await.unwrap();
+        let got = store.receive("q", 10, hour, Duration::ZERO).await.unwrap();
+        let mut groups = groups_of(&got);
+        groups.sort();
+        assert_eq!(groups, ["a", "b", "b", "b", "b", "b", "b", "b", "b", "b"]);
+        let b: Vec<&str> = got.iter().filter(|m| m.group.as_deref() == Some("b")).map(|m| m.body.as_str()).collect();
+        assert_eq!(b, ["b0", "b1", "b2", "b3", "b4", "b5", "b6", "b7", "b8"]);
+
+        // Three tenants with work: a receive of 9 takes 3 of each; one of 2 takes two groups
+        // and the next receive starts with the third.
+        store.send_batch("q", in_group("a", 20)).await.unwrap();
+        store.send_batch("q", in_group("c", 20)).await.unwrap();
+        let got = store.receive("q", 9, hour, Duration::ZERO).await.unwrap();
+        let mut groups = groups_of(&got);
+        groups.sort();
+        assert_eq!(groups, ["a", "a", "a", "b", "b", "b", "c", "c", "c"]);
+        let first = groups_of(&store.receive("q", 1, hour, Duration::ZERO).await.unwrap());
+        let second = groups_of(&store.receive("q", 1, hour, Duration::ZERO).await.unwrap());
+        let third = groups_of(&store.receive("q", 1, hour, Duration::ZERO).await.unwrap());
+        let mut turn = [first, second, third].concat();
+        turn.sort();
+        assert_eq!(turn, ["a", "b", "c"], "one receive of one message each takes the next group");
+
+        // Messages without a group are one group of their own, in turn with the tenants.
+        store.send_batch("q", vec![OutMessage::new("plain")]).await.unwrap();
+        let got = store.receive("q", 4, hour, Duration::ZERO).await.unwrap();
+        assert!(got.iter().any(|m| m.body == "plain" && m.group.is_none()), "{:?}", groups_of(&got));
+    }
+
+    /// A group whose messages are delayed or in flight is passed over, not waited for; its
+    /// messages come in its turn once due.
+    #[tokio::test]
+    async fn a_group_with_nothing_due_is_passed_over() {
+        let clock = std::sync::Arc::new(tidings_core::ports::ManualClock::new(chrono::Utc::now()));
+        let store = EmbeddedStore::in_memory_with_clock(clock.clone()).unwrap();
+        store.declare_queue(QueueConfig::new("q", 3)).unwrap();
+        let later = (0..5)
+            .map(|i| OutMessage::delayed(format!("late{i}"), Duration::from_secs(60)).in_group(Some("a".into())))
+            .collect();
+        store.send_batch("q", later).await.unwrap();
+        store.send_batch("q", in_group("b", 5)).await.unwrap();
+        let got = store.receive("q", 10, Duration::from_secs(600), Duration::ZERO).await.unwrap();
+        assert_eq!(groups_of(&got), ["b"; 5]);
+        clock.advance(chrono::Duration::seconds(61));
+        let got = store.receive("q", 10, Duration::from_secs(600), Duration::ZERO).await.unwrap();
+        assert_eq!(groups_of(&got), ["a"; 5]);
+    }
+
+    /// A store an older version made (no group column, the index by visibility alone) opens:
+    /// its queued messages are in the common group and received as before, and new ones carry
+    /// their group.
+    #[tokio::test]
+    async fn a_store_from_before_the_groups_is_migrated() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old.db");
+        {
+            let conn = rusqlite::Connection::open(&path).unwrap();
+            conn.execute_batch(
+                "CREATE TABLE queues (name TEXT PRIMARY KEY, max_receives INTEGER NOT NULL);
+                 CREATE TABLE messages (
+                     seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL, queue TEXT NOT NULL,
+                     body TEXT NOT NULL, visible_at_ms INTEGER NOT NULL, receive_count INTEGER NOT NULL,
+                     sent_at_ms INTEGER NOT NULL, receipt TEXT);
+                 CREATE INDEX messages_waiting ON messages (queue, visible_at_ms, seq, receive_count, sent_at_ms);
+                 INSERT INTO queues VALUES ('q', 3);
+                 INSERT INTO messages (id, queue, body, visible_at_ms, receive_count, sent_at_ms, receipt)
+                     VALUES ('m1', 'q', 'old1', 0, 0, 0, NULL), ('m2', 'q', 'old2', 0, 1, 0, NULL);",
+            )
+            .unwrap();
+        }
+        let store = EmbeddedStore::open(&path).unwrap();
+        let indexes: Vec<String> = {
+            let conn = store.inner.conn.lock().unwrap();
+            let mut stmt =
+                conn.prepare("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'messages'").unwrap();
+            stmt.query_map([], |r| r.get(0)).unwrap().collect::<Result<_, _>>().unwrap()
+        };
+        assert_eq!(indexes, ["messages_in_turn"]);
+        store.send_batch("q", in_group("a", 1)).await.unwrap();
+        let got = store.receive("q", 10, Duration::from_secs(60), Duration::ZERO).await.unwrap();
+        let mut bodies: Vec<(&str, u32, Option<&str>)> =
+            got.iter().map(|m| (m.body.as_str(), m.receive_count, m.group.as_deref())).collect();
+        bodies.sort();
+        assert_eq!(bodies, [("a0", 1, Some("a")), ("old1", 1, None), ("old2", 2, None)]);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

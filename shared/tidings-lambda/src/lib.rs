@@ -78,6 +78,8 @@ pub fn received_of(m: &SqsMessage) -> Received {
         body: m.body.clone().unwrap_or_default(),
         receive_count: attr("ApproximateReceiveCount").parse().unwrap_or(1),
         sent_at_ms: attr("SentTimestamp").parse().unwrap_or(0),
+        // A fair queue's message carries its tenant (docs/delivery.md, "Priorities").
+        group: m.attributes.get("MessageGroupId").cloned(),
     }
 }
 

@@ -4,6 +4,11 @@
 //! message (an OTP) is accepted every 100 ms; its latency from accepted to the provider is the
 //! priority-isolation figure. At the end every recipient must have been sent exactly one
 //! message.
+//!
+//! `--flood`: the audit's neighbour instead of a campaign (docs/delivery.md, "Fair lanes"). The
+//! recipients' tenant sends them transactional notifications of 1,000 users each, asking for
+//! `high`, all at once; the OTPs alternate between another tenant and the flooding one itself.
+//! Their accepted → provider p99 is the figure: neither may wait for the flood.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
@@ -49,9 +54,16 @@ pub struct CampaignArgs {
     /// with one iOS device; marketing push goes out in send batches of up to 25).
     #[arg(long, value_enum, default_value = "email")]
     pub channel: BenchChannel,
+    /// A neighbour's flood instead of a campaign: transactional sends of 1,000 recipients each
+    /// asking for `high`, with OTPs of another tenant and of the flooding one meanwhile.
+    #[arg(long)]
+    pub flood: bool,
     #[command(flatten)]
     pub peer: PeerArgs,
 }
+
+/// Recipients per request of a `--flood` (the most a `user_ids` list may hold).
+const FLOOD_SEND: u64 = 1000;
 
 const TAG: &str = "bench";
 
@@ -274,15 +286,10 @@ async fn campaign_once(
     let seeding = Instant::now();
     let progress = Progress::bar("seeding", n, "users");
     seed_users(table.as_ref(), &t, n, args.channel, &progress).await?;
-    let otp_user = User { user_id: "otp-user".into(), email: Some("otp@example.com".into()), ..Default::default() };
-    tidings_core::people::users::put_user(
-        &deps,
-        &t,
-        "otp-user",
-        tidings_core::people::users::UserInput { email: otp_user.email.clone(), ..Default::default() },
-    )
-    .await?;
-    let template = serde_json::from_value(json!({
+    // The OTPs' tenants: the campaign's own; with `--flood`, another shop's too.
+    let neighbour = TenantId::parse("otp-shop").map_err(|e| anyhow::anyhow!("{e}"))?;
+    let otp_tenants = if args.flood { vec![neighbour, t.clone()] } else { vec![t.clone()] };
+    let template: serde_json::Value = json!({
         "default_locale": "en",
         "locales": {"en": {
             "email_subject": "Sale {{ user_id }}",
@@ -290,8 +297,14 @@ async fn campaign_once(
             "push_title": "Sale {{ user_id }}",
             "push_body": "Hello {{ user_id }}, 20% off today"
         }}
-    }))?;
-    templates::put_template(&deps, &t, "promo", template).await?;
+    });
+    templates::put_template(&deps, &t, "promo", serde_json::from_value(template.clone())?).await?;
+    for ot in &otp_tenants {
+        let email = Some("otp@example.com".to_owned());
+        let user = tidings_core::people::users::UserInput { email, ..Default::default() };
+        tidings_core::people::users::put_user(&deps, ot, "otp-user", user).await?;
+        templates::put_template(&deps, ot, "promo", serde_json::from_value(template.clone())?).await?;
+    }
     let seeded_s = seeding.elapsed().as_secs_f64();
     progress.finish(format!("seeded {n} users in {seeded_s:.1} s ({})", path.display()));
 
@@ -311,20 +324,37 @@ async fn campaign_once(
         pools,
     );
 
-    let request = serde_json::from_value(json!({
-        "idempotency_key": "bench-campaign",
-        "recipients": {"segment": TAG},
-        "template_id": "promo",
-        "category": "marketing",
-        "channels": [args.channel.channel().as_str()],
-    }))?;
     let started = Instant::now();
-    let accepted = api::accept(&deps, &t, request).await?;
+    let watched = if args.flood {
+        // The whole flood accepted before the first OTP, as the audit's tenant sent it.
+        for first in (0..n).step_by(FLOOD_SEND as usize) {
+            let users: Vec<String> = (first..(first + FLOOD_SEND).min(n)).map(user_id).collect();
+            let request = serde_json::from_value(json!({
+                "idempotency_key": format!("bench-flood-{first}"),
+                "recipients": {"user_ids": users},
+                "template_id": "promo",
+                "category": "transactional",
+                "priority": "high",
+                "channels": [args.channel.channel().as_str()],
+            }))?;
+            api::accept(&deps, &t, request).await?;
+        }
+        None
+    } else {
+        let request = serde_json::from_value(json!({
+            "idempotency_key": "bench-campaign",
+            "recipients": {"segment": TAG},
+            "template_id": "promo",
+            "category": "marketing",
+            "channels": [args.channel.channel().as_str()],
+        }))?;
+        Some(api::accept(&deps, &t, request).await?.notification_id)
+    };
 
     // Transactional messages while the campaign drains.
     let (otp_stop_tx, mut otp_stop_rx) = tokio::sync::watch::channel(false);
     let otp = {
-        let (deps, t, provider) = (deps.clone(), t.clone(), provider.clone());
+        let (deps, provider) = (deps.clone(), provider.clone());
         let every = Duration::from_millis(args.otp_every_ms.max(1));
         tokio::spawn(async move {
             let mut i = 0u64;
@@ -342,8 +372,9 @@ async fn campaign_once(
                     "channels": ["email"],
                 }));
                 let Ok(req) = req else { continue };
+                let t = &otp_tenants[(i as usize) % otp_tenants.len()];
                 let at = Instant::now();
-                match api::accept(&deps, &t, req).await {
+                match api::accept(&deps, t, req).await {
                     Ok(a) => {
                         provider.otp.lock().unwrap_or_else(|p| p.into_inner()).accepted(a.notification_id, at);
                     }
@@ -358,7 +389,7 @@ async fn campaign_once(
     // drain was always reported.
     let mut window = (Instant::now(), 0u64);
     let deadline = started + Duration::from_secs(args.timeout_s);
-    let drain = Progress::bar("campaign", n, "sent").every(Duration::from_secs(5));
+    let drain = Progress::bar(if args.flood { "flood" } else { "campaign" }, n, "sent").every(Duration::from_secs(5));
     let (mut depth_read, mut queued): (Option<Instant>, u64) = (None, 0);
     loop {
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -397,7 +428,10 @@ async fn campaign_once(
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let view = api::get_notification(&deps, &t, &accepted.notification_id).await?;
+    let view = match &watched {
+        Some(id) => api::get_notification(&deps, &t, id).await?,
+        None => None,
+    };
     let _ = stop_tx.send(true);
     workers.shutdown().await;
 
@@ -415,6 +449,7 @@ async fn campaign_once(
     let sends_per_s = (once as f64 / elapsed).round();
     let report = json!({
         "recipients": n,
+        "flood": args.flood,
         "channel": args.channel.channel().as_str(),
         "delivered_once": once,
         "duplicates": dupes,

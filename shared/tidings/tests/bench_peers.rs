@@ -224,3 +224,21 @@ fn a_push_campaign_reaches_each_users_device_once() {
     assert_eq!(r["progress"]["status"], "completed", "{r}");
     assert_eq!(r["progress"]["counts"]["sent"], 300, "{r}");
 }
+
+/// `--flood`: the neighbour's transactional bulk instead of a campaign, every recipient still
+/// sent once, and the OTP line (the figure of docs/delivery.md, "Fair lanes") printed with the
+/// OTPs of both tenants counted.
+#[test]
+fn flood_prints_its_otp_line() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let run = tidings(
+        &["bench", "campaign", "--flood", "--recipients", "2500", "--otp-every-ms", "20", "--no-peer"],
+        data.path(),
+    );
+    let r = report(&run.stdout);
+    assert_eq!((r["flood"].as_bool(), r["delivered_once"].as_u64()), (Some(true), Some(2500)), "{r}");
+    assert!(r["transactional"]["p99_ms"].as_f64().is_some(), "{r}");
+    let summary = run.stderr.lines().last().unwrap_or_default();
+    assert!(summary.starts_with("flood: 2500 of 2500 recipients sent once in "), "{}", run.stderr);
+    assert!(summary.contains(" transactional sent meanwhile, p99 "), "{}", run.stderr);
+}

@@ -3,7 +3,9 @@
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use super::model::{Delivery, DeliveryStatus, Notification, NotificationRequest, NotificationStatus};
+use super::model::{
+    Delivery, DeliveryStatus, Notification, NotificationRequest, NotificationStatus, Priority, PriorityLowered,
+};
 use crate::deps::Deps;
 use crate::error::{CoreError, CoreResult};
 use crate::ids::{TenantId, check_id, new_id};
@@ -15,6 +17,15 @@ use crate::ports::{Cond, Item, QueryOpts, StoreError, Update, Write, attrs_of};
 pub struct Accepted {
     pub notification_id: String,
     pub status: NotificationStatus,
+    /// The priority granted: the lanes it is sent on. `high` only for a transactional send to at
+    /// most 10 users.
+    pub priority: Priority,
+    /// The priority asked for, when it was not granted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub priority_requested: Option<Priority>,
+    /// Why the priority asked for was not granted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub priority_lowered: Option<PriorityLowered>,
     /// False when this is the answer to a repeated request.
     #[serde(skip)]
     pub created: bool,
@@ -66,11 +77,14 @@ pub async fn accept(deps: &Deps, t: &TenantId, mut req: NotificationRequest) -> 
         Some(who) => deps.config.abuse.requester_writes(t, who, now),
         None => Vec::new(),
     };
+    // The lanes it goes on: bulk never rides the high ones, whatever it asks.
+    let (priority, priority_lowered) = req.granted_priority();
     let notification = Notification {
         notification_id: new_id(),
         // A scheduled notification's insert makes the relay set its timers (`crate::timers::schedule`).
         status: if req.is_scheduled(now) { NotificationStatus::Scheduled } else { NotificationStatus::Accepted },
-        priority: req.priority(),
+        priority,
+        priority_lowered,
         request: req,
         body_hash: hash.clone(),
         created_at: now.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
@@ -114,9 +128,14 @@ pub async fn accept(deps: &Deps, t: &TenantId, mut req: NotificationRequest) -> 
         ));
     }
     match deps.table.transact(writes).await {
-        Ok(()) => {
-            Ok(Accepted { notification_id: notification.notification_id, status: notification.status, created: true })
-        }
+        Ok(()) => Ok(Accepted {
+            priority_requested: notification.priority_lowered.map(|_| notification.request.priority()),
+            priority_lowered: notification.priority_lowered,
+            priority: notification.priority,
+            notification_id: notification.notification_id,
+            status: notification.status,
+            created: true,
+        }),
         Err(StoreError::ConditionFailed { index: 0 }) if idem_key.is_some() => {
             let Some(key) = idem_key else { return Err(StoreError::Conflict.into()) };
             let Some(existing) = deps.table.get(&key).await? else {
@@ -130,11 +149,19 @@ pub async fn accept(deps: &Deps, t: &TenantId, mut req: NotificationRequest) -> 
                     "this idempotency_key was used with a different request body",
                 ));
             }
+            // The same body as the first request: the same priority granted.
             let status = match get_notification(deps, t, &existing.notification_id).await? {
                 Some(view) => view.status,
                 None => NotificationStatus::Accepted,
             };
-            Ok(Accepted { notification_id: existing.notification_id, status, created: false })
+            Ok(Accepted {
+                notification_id: existing.notification_id,
+                status,
+                priority_requested: notification.priority_lowered.map(|_| notification.request.priority()),
+                priority_lowered: notification.priority_lowered,
+                priority: notification.priority,
+                created: false,
+            })
         }
         Err(StoreError::ConditionFailed { index })
             if let Some(limit) = index.checked_sub(first_limit).and_then(|i| limits.get(i)) =>
@@ -156,7 +183,15 @@ pub struct NotificationView {
     pub notification_id: String,
     pub status: NotificationStatus,
     pub category: super::model::Category,
-    pub priority: super::model::Priority,
+    /// The priority granted: the lanes it is sent on. `high` only for a transactional send to at
+    /// most 10 users.
+    pub priority: Priority,
+    /// The priority asked for, when it was not granted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub priority_requested: Option<Priority>,
+    /// Why the priority asked for was not granted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub priority_lowered: Option<PriorityLowered>,
     pub template_id: String,
     pub created_at: String,
     pub counts: Counts,
@@ -207,6 +242,8 @@ pub async fn view_of(deps: &Deps, t: &TenantId, n: Notification) -> CoreResult<N
         status,
         category: n.request.category,
         priority: n.priority,
+        priority_requested: n.priority_lowered.map(|_| n.request.priority()),
+        priority_lowered: n.priority_lowered,
         segment: n.request.recipients.segment.clone(),
         template_id: n.request.template_id,
         created_at: n.created_at,

@@ -597,6 +597,7 @@ mod tests {
             notification_id: "n1".into(),
             status: NotificationStatus::Processing,
             priority: request.priority(),
+            priority_lowered: None,
             request,
             body_hash: String::new(),
             created_at: String::new(),

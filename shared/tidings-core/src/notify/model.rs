@@ -54,6 +54,8 @@ pub struct NotificationRequest {
     pub category: Category,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub channels: Option<Vec<Channel>>,
+    /// Default: transactional `high`, marketing `low`. `high` is granted only to a
+    /// transactional send to at most 10 users; anything else asking for it gets `normal`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority: Option<Priority>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -84,6 +86,25 @@ fn empty_object() -> Value {
 
 /// Most users in one `user_ids` list; larger audiences are segments (campaigns).
 pub const MAX_USER_IDS: usize = 1000;
+
+/// Most recipients a notification may have and still be sent on the high lanes. An OTP, an
+/// order's confirmation or a shipping update goes to one user; a few more covers a household or
+/// a shop's staff. At 10 users and up to three queued channels a request is at most 30 sends,
+/// three receives of the high lanes' batches of 10: what one such request can put in front of
+/// another tenant's OTP (docs/delivery.md, "Fair lanes").
+pub const MAX_HIGH_RECIPIENTS: usize = 10;
+
+/// Why a notification got a lower priority than it asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PriorityLowered {
+    /// A segment (a campaign): bulk whatever it asks.
+    Segment,
+    /// A marketing send: the high lanes are for transactional messages.
+    Marketing,
+    /// More than [`MAX_HIGH_RECIPIENTS`] users.
+    TooManyRecipients,
+}
 
 impl NotificationRequest {
     pub fn validate(&self) -> CoreResult<()> {
@@ -159,11 +180,38 @@ impl NotificationRequest {
         }
     }
 
+    /// The priority asked for: `priority` as sent, else the category's default (transactional
+    /// `high`, marketing `low`). What it gets is [`Self::granted_priority`].
     pub fn priority(&self) -> Priority {
         self.priority.unwrap_or(match self.category {
             Category::Transactional => Priority::High,
             Category::Marketing => Priority::Low,
         })
+    }
+
+    /// The priority it gets, and why it is lower than asked (`None`: as asked). The high lanes
+    /// are for small transactional sends (an OTP, an order's confirmation): a segment, a
+    /// marketing send or a list of more than [`MAX_HIGH_RECIPIENTS`] users asking for `high`
+    /// gets `normal`, so no bulk send queues in front of an OTP, the sender's own or another
+    /// tenant's (docs/delivery.md, "Fair lanes").
+    pub fn granted_priority(&self) -> (Priority, Option<PriorityLowered>) {
+        let asked = self.priority();
+        if asked != Priority::High {
+            return (asked, None);
+        }
+        let lowered = if self.recipients.segment.is_some() {
+            Some(PriorityLowered::Segment)
+        } else if self.category == Category::Marketing {
+            Some(PriorityLowered::Marketing)
+        } else if self.user_ids().len() > MAX_HIGH_RECIPIENTS {
+            Some(PriorityLowered::TooManyRecipients)
+        } else {
+            None
+        };
+        match lowered {
+            Some(reason) => (Priority::Normal, Some(reason)),
+            None => (Priority::High, None),
+        }
     }
 
     /// The recipients' user ids, without duplicates, in the order given.
@@ -189,7 +237,11 @@ pub struct Notification {
     pub notification_id: String,
     pub status: NotificationStatus,
     pub request: NotificationRequest,
+    /// The priority granted ([`NotificationRequest::granted_priority`]): its lanes.
     pub priority: Priority,
+    /// Why `priority` is lower than the request asked for (absent: as asked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_lowered: Option<PriorityLowered>,
     pub body_hash: String,
     pub created_at: String,
     pub created_ms: i64,

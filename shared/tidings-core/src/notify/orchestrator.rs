@@ -224,6 +224,8 @@ async fn plan_page(
     crate::crash::point("orchestrator.mid_fanout");
     let queued: usize = tasks.values().map(Vec::len).sum();
     for (queue, messages) in tasks {
+        // Each in its tenant's turn on the shared lane (docs/delivery.md, "Fair lanes").
+        let messages = messages.into_iter().map(|m| m.for_tenant(t)).collect();
         deps.queues.send_batch(&queue, messages).await?;
     }
     info!(notification_id = %n.notification_id, page, users = users.len(), queued, "orchestrated");
@@ -351,7 +353,7 @@ pub async fn resume_deferred(
         plan_delivery(&planning).await?
     {
         let body = serde_json::to_string(&task).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        deps.queues.send_batch(&queue, vec![OutMessage::new(body)]).await?;
+        deps.queues.send_batch(&queue, vec![OutMessage::new(body).for_tenant(t)]).await?;
     }
     Ok(())
 }

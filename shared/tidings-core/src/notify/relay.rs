@@ -95,7 +95,9 @@ fn step_of(record: &ChangeRecord) -> CoreResult<Step> {
             return Ok(Step::Nothing);
         }
         return Ok(match record.new.as_ref().and_then(super::campaign::page_task) {
-            Some((queue, message)) => Step::Send(queue, OutMessage::new(body_of(&message)?)),
+            Some((queue, message)) => {
+                Step::Send(queue, OutMessage::new(body_of(&message)?).for_tenant(&message.tenant))
+            }
             None => Step::Poison("unreadable campaign page task".into()),
         });
     }
@@ -130,7 +132,9 @@ fn step_of(record: &ChangeRecord) -> CoreResult<Step> {
         NotificationStatus::Accepted => {
             let message = RequestMessage::first(&tenant, &notification.notification_id);
             debug!(notification_id = %message.notification_id, "relaying");
-            Step::Send(Lane::requests(notification.priority).name().to_owned(), OutMessage::new(body_of(&message)?))
+            // In its tenant's turn on the lane (docs/delivery.md, "Fair lanes").
+            let out = OutMessage::new(body_of(&message)?).for_tenant(&tenant);
+            Step::Send(Lane::requests(notification.priority).name().to_owned(), out)
         }
         _ => Step::Nothing,
     })
@@ -349,7 +353,7 @@ pub async fn redrive(deps: &Deps, key: &Key) -> CoreResult<Redriven> {
         }
         (Lane::requests(n.priority).name().to_owned(), RequestMessage::first(&tenant, &n.notification_id))
     };
-    deps.queues.send_batch(&queue, vec![OutMessage::new(body_of(&message)?)]).await?;
+    deps.queues.send_batch(&queue, vec![OutMessage::new(body_of(&message)?).for_tenant(&tenant)]).await?;
     Ok(Redriven::Queued)
 }
 

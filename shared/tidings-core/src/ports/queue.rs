@@ -2,6 +2,12 @@
 //! count, and a dead-letter queue that takes a message received more than `max_receives`
 //! times. Queues are named logically (`requests-high`, `email-low`, ...); each backend maps
 //! the name to a real queue and its DLQ.
+//!
+//! A message may carry a *group*, the tenant whose work it is: a queue that tenants share hands
+//! out the groups' messages in turn, not in the order they were sent, so one tenant's backlog
+//! never holds another's messages behind it (SQS fair queues: `MessageGroupId`; the embedded
+//! queues: a dequeue by group in turn). Within a group, the order is the queue's as before
+//! (docs/delivery.md, "Fair lanes").
 
 use std::time::Duration;
 
@@ -14,14 +20,22 @@ pub struct OutMessage {
     pub body: String,
     /// Delay before the message becomes visible (SQS allows up to 15 minutes).
     pub delay: Duration,
+    /// Its fairness group: the tenant whose work it is (`None`: the queue's common group;
+    /// `crate::lanes`' `OutMessage::for_tenant` sets it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
 }
 
 impl OutMessage {
     pub fn new(body: impl Into<String>) -> Self {
-        Self { body: body.into(), delay: Duration::ZERO }
+        Self { body: body.into(), delay: Duration::ZERO, group: None }
     }
     pub fn delayed(body: impl Into<String>, delay: Duration) -> Self {
-        Self { body: body.into(), delay }
+        Self { body: body.into(), delay, group: None }
+    }
+    /// The message in `group` (a received message's, for a copy of it).
+    pub fn in_group(self, group: Option<String>) -> Self {
+        Self { group, ..self }
     }
 }
 
@@ -36,6 +50,9 @@ pub struct Received {
     pub receive_count: u32,
     /// When the message was first sent (milliseconds since the epoch).
     pub sent_at_ms: i64,
+    /// Its fairness group ([`OutMessage::group`]), so a copy of it stays in its turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
 }
 
 /// Depths of one queue and its DLQ.

@@ -27,6 +27,7 @@ pub enum Handling {
 
 /// The relay and every consumed queue, round after round, until nothing moves (50 rounds at
 /// most).
+#[allow(dead_code)] // not every test file drains
 pub async fn drain(deps: &Deps, feed: &EmbeddedChangeFeed, handling: Handling) {
     for _ in 0..50 {
         let records = feed.next_batch(1000).await.unwrap();
