@@ -21,7 +21,9 @@ use crate::state::AppState;
                        alerts. Errors are RFC 9457 problem documents with a stable `code`. Every `/v1` \
                        route but the live feed needs `Authorization: Bearer <api key>`: a tenant key for \
                        a tenant's data, an operator key for `/v1/ops` and `/v1/admin`. The `dev` routes \
-                       exist only under `tidings serve`.",
+                       exist only under `tidings serve`. Every answer has an `x-request-id` header (the \
+                       client's own when it sent a valid one), repeated as `request_id` in problem \
+                       documents and in the server's log lines of the request.",
         license(name = "Apache-2.0")
     ),
     paths(healthz),
@@ -550,15 +552,22 @@ fn add_problem_answers(op: &mut Operation) {
     }
     let secured = op.security.as_ref().is_some_and(|s| !s.is_empty());
     if secured {
-        answers
-            .entry("401".to_owned())
-            .or_insert_with(|| problem_response("Missing, unknown, revoked or expired API key"));
+        answers.entry("401".to_owned()).or_insert_with(|| {
+            problem_response("`unauthorized`, naming the `Authorization` header: none was sent, it is not `Bearer <key>`, or the key is not valid (unknown, revoked or expired)")
+        });
         answers.entry("403".to_owned()).or_insert_with(|| {
             problem_response("The key's role may not use this route: a tenant key on an operator route (`operator_only`), an operator key on a tenant's data (`operator_key`)")
         });
     }
     if op.request_body.is_some() {
-        answers.entry("413".to_owned()).or_insert_with(|| problem_response("The body is larger than 1 MiB"));
+        answers
+            .entry("413".to_owned())
+            .or_insert_with(|| problem_response("`body_too_large`: the body is larger than 1 MiB"));
+        answers.entry("415".to_owned()).or_insert_with(|| {
+            problem_response(
+                "`unsupported_media_type`, naming `Content-Type`: the body is not sent as `application/json`",
+            )
+        });
     }
 }
 

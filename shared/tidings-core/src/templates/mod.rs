@@ -509,7 +509,7 @@ fn check_field(field: Field, text: &str, html: bool, params: &Value) -> Result<(
     sandbox(text)?;
     let mut env = environment();
     env.set_undefined_behavior(UndefinedBehavior::Chainable);
-    env.add_template_owned(template_name(html), text.to_owned()).map_err(|e| TemplateError::Render(e.to_string()))?;
+    env.add_template_owned(template_name(html), text.to_owned()).map_err(|e| TemplateError::Render(engine_text(&e)))?;
     match run(&env, field, html, params, field.max_rendered()) {
         Err(e @ TemplateError::Limit(_)) => Err(e),
         Ok(rendered) if field == Field::Sms && sms_segments(&rendered) > SMS_MAX_SEGMENTS => {
@@ -565,7 +565,7 @@ fn compiled(text: &str, html: bool, undefined: UndefinedBehavior) -> Result<Arc<
     sandbox(text)?;
     let mut env = environment();
     env.set_undefined_behavior(undefined);
-    env.add_template_owned(template_name(html), text.to_owned()).map_err(|e| TemplateError::Render(e.to_string()))?;
+    env.add_template_owned(template_name(html), text.to_owned()).map_err(|e| TemplateError::Render(engine_text(&e)))?;
     let env = Arc::new(env);
     let mut all = COMPILED.lock().unwrap_or_else(|p| p.into_inner());
     if all.iter().map(|(_, _, by_source)| by_source.len()).sum::<usize>() >= COMPILED_MAX {
@@ -583,7 +583,7 @@ fn compiled(text: &str, html: bool, undefined: UndefinedBehavior) -> Result<Arc<
 }
 
 fn run(env: &Environment<'_>, field: Field, html: bool, params: &Value, cap: usize) -> Result<String, TemplateError> {
-    let tmpl = env.get_template(template_name(html)).map_err(|e| TemplateError::Render(e.to_string()))?;
+    let tmpl = env.get_template(template_name(html)).map_err(|e| TemplateError::Render(engine_text(&e)))?;
     let mut out = CappedWriter { buf: Vec::new(), cap };
     // A panic in the engine (a builtin's bug on input nobody tried) fails this render only,
     // never the worker every tenant shares.
@@ -652,11 +652,13 @@ fn sandbox(text: &str) -> Result<(), TemplateError> {
     #[allow(clippy::default_constructed_unit_structs)]
     let syntax = SyntaxConfig::default();
     for token in tokenize(text, false, syntax, WhitespaceConfig::default()) {
-        let (token, _) = token.map_err(|e| TemplateError::Render(e.to_string()))?;
+        let (token, _) = token.map_err(|e| TemplateError::Render(engine_text(&e)))?;
         let statement = after_block_start;
         after_block_start = matches!(token, Token::BlockStart);
         match token {
-            Token::BracketOpen | Token::ParenOpen | Token::BraceOpen => open.push((matches!(token, Token::BracketOpen), 0u8)),
+            Token::BracketOpen | Token::ParenOpen | Token::BraceOpen => {
+                open.push((matches!(token, Token::BracketOpen), 0u8))
+            }
             Token::BracketClose | Token::ParenClose | Token::BraceClose => {
                 open.pop();
             }
@@ -746,8 +748,22 @@ fn describe(e: &minijinja::Error) -> String {
         minijinja::ErrorKind::UndefinedError => {
             format!("missing placeholder{}", e.detail().map(|d| format!(" ({d})")).unwrap_or_default())
         }
-        _ => e.to_string(),
+        _ => engine_text(e),
     }
+}
+
+/// The engine's message without the engine's own name of the template (`body.txt`), which
+/// means nothing to the shop: the caller names the field (`locales.en.email_body`), this says
+/// the line in it (docs/templates.md).
+fn engine_text(e: &minijinja::Error) -> String {
+    let mut text = e.kind().to_string();
+    if let Some(detail) = e.detail() {
+        text = format!("{text}: {detail}");
+    }
+    if let Some(line) = e.line() {
+        text = format!("{text} (line {line})");
+    }
+    text
 }
 
 /// The body of `PUT /v1/templates/{id}`. A locale's content is read here from JSON only when it
@@ -990,6 +1006,26 @@ mod tests {
         }
     }
 
+    /// A syntax error names the field and the line in it, never the engine's own name of the
+    /// template (`body.txt`, `body.html`), which the shop never wrote.
+    #[test]
+    fn a_syntax_error_names_the_field_and_its_line() {
+        for (t, field) in [
+            (email(Some("Hi\n{% if x %}no end"), None), "locales.en.email_body"),
+            (email(Some("<p>Hi</p>\n{% if x %}no end"), None), "locales.en.email_body"),
+            (email(Some("Hi"), Some("<p>Hi</p>\n{% if x %}no end")), "locales.en.email_html"),
+        ] {
+            match t.validate() {
+                Err(CoreError::Invalid { field: f, detail }) => {
+                    assert_eq!(f, field);
+                    assert!(detail.contains("syntax error") && detail.contains("line 2"), "{detail}");
+                    assert!(!detail.contains("body.txt") && !detail.contains("body.html"), "{detail}");
+                }
+                other => panic!("accepted: {other:?}"),
+            }
+        }
+    }
+
     #[test]
     fn both_parts_written_render_each_and_the_text_part_must_be_plain() {
         let t = email(Some("Hi {{ name }}: https://shop.example/"), Some("<p>Hi <b>{{ name }}</b></p>"));
@@ -1125,7 +1161,9 @@ mod tests {
         let captured = "{% filter upper %}{% for i in range(1000) %}{{ p }}{% endfor %}{% endfilter %}";
         refused_at_save(&one("inapp_body", captured), "locales.en.inapp_body", "`filter` is not available");
         limit(one("inapp_body", captured).render(Channel::Inapp, None, &json!({"p": "x"})), "`filter`");
-        for text in ["{% call m() %}x{% endcall %}", "{% include 'body.txt' %}", "{% autoescape false %}x{% endautoescape %}"] {
+        for text in
+            ["{% call m() %}x{% endcall %}", "{% include 'body.txt' %}", "{% autoescape false %}x{% endautoescape %}"]
+        {
             refused_at_save(&one("sms", text), "locales.en.sms", "not available");
         }
         let allowed = "{% if a %}{% for x in b %}{{ x }}{% else %}none{% endfor %}{% elif c %}c{% endif %}{% raw %}{{ }}{% endraw %}";
@@ -1148,8 +1186,11 @@ mod tests {
             refused_or_limited(text, &p, says);
         }
         // Within bounds they work as before.
-        let r = one("sms", "{{ '%8.2f'|format(3.14159) }}|{{ [1,2,3]|batch(2)|list|length }}|{{ [1,2,3]|slice(2)|list|length }}")
-            .render(Channel::Sms, None, &json!({}));
+        let r = one(
+            "sms",
+            "{{ '%8.2f'|format(3.14159) }}|{{ [1,2,3]|batch(2)|list|length }}|{{ [1,2,3]|slice(2)|list|length }}",
+        )
+        .render(Channel::Sms, None, &json!({}));
         assert_eq!(r.map(|r| r.body), Ok("    3.14|2|2".into()));
     }
 
@@ -1158,7 +1199,11 @@ mod tests {
         // 1,000 sorts of a 32 KB list: each call is one instruction of fuel; the work budget
         // stops it.
         let p = json!({"p": "x".repeat(MAX_VALUE_BYTES)});
-        refused_or_limited("{% for i in range(1000) %}{{ p|list|sort|length }}{% endfor %}", &p, "read and build more than");
+        refused_or_limited(
+            "{% for i in range(1000) %}{{ p|list|sort|length }}{% endfor %}",
+            &p,
+            "read and build more than",
+        );
         // A value no bigger than its inputs but from many of them is over the value limit.
         refused_or_limited("{{ (p ~ p)|upper }}", &p, "at most 32768");
     }
