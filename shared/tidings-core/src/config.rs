@@ -326,7 +326,13 @@ pub static VARIABLES: &[Variable] = &[
         "`kid:secret,kid:secret`: the first signs links and tokens, all verify (rotation). Local: \
          generated and kept in the data dir when unset",
     ),
-    var("TIDINGS_PUBLIC_URL", Kind::Text, "http://127.0.0.1:8080", "base of tracking and unsubscribe links"),
+    var(
+        "TIDINGS_PUBLIC_URL",
+        Kind::Text,
+        "http://127.0.0.1:8080",
+        "base of tracking, unsubscribe and console links; `tidings serve` without it: the address it \
+         listens on",
+    ),
     var(
         "TIDINGS_PROVIDER_RATES",
         Kind::Spec(check_rates),

@@ -40,13 +40,23 @@ fn dev_providers(inner: [Arc<dyn Provider>; 3], table: &Arc<dyn Table>, clock: &
 
 impl Backend {
     pub async fn open(args: &BackendArgs, clock: Arc<dyn Clock>) -> anyhow::Result<Self> {
-        Self::open_for(args, clock, false).await
+        Self::open_for(args, clock, false, None).await
     }
 
     /// `open`; `dev`: on the AWS backend, the providers are wrapped in the dev ones (fault
     /// injection and a record of sends), which only emulators on this machine may have.
-    pub async fn open_for(args: &BackendArgs, clock: Arc<dyn Clock>, dev: bool) -> anyhow::Result<Self> {
+    /// `public_url`: the base of the links it signs, when the caller knows better than the
+    /// configuration (`tidings serve`: its own address when `TIDINGS_PUBLIC_URL` is unset).
+    pub async fn open_for(
+        args: &BackendArgs,
+        clock: Arc<dyn Clock>,
+        dev: bool,
+        public_url: Option<String>,
+    ) -> anyhow::Result<Self> {
         let mut config = crate::settings().core();
+        if let Some(url) = public_url {
+            config.public_url = url;
+        }
         // This process outlives its requests: an order's expiry message may go after its answer.
         config.detached_expiry_messages = true;
         if !config.signer.is_configured() {
