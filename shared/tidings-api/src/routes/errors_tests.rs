@@ -173,3 +173,26 @@ async fn every_answer_has_a_request_id_and_problems_repeat_it() {
     let a = send(&app, req).await;
     assert_eq!(a.headers["x-request-id"], "JKJaXmPLvHcESHA=");
 }
+
+/// After `DELETE /v1/users/{id}`, what was the user's reads as absent, as the user does, until
+/// the user is written again.
+#[tokio::test]
+async fn an_erased_users_data_reads_404_until_written_again() {
+    let app = app().await;
+    let get = |uri: &str| Request::get(uri).header("authorization", "Bearer key-a").body(Body::empty()).unwrap();
+    let owned = ["/v1/users/u1/preferences", "/v1/users/u1/devices", "/v1/users/u1/inbox", "/v1/users/u1/stock-subscriptions"];
+    assert_eq!(send(&app, put_user(&[KEY, JSON], "{}")).await.status, 200);
+    for uri in owned {
+        assert_eq!(send(&app, get(uri)).await.status, 200, "{uri}");
+    }
+    let erase = Request::delete("/v1/users/u1").header("authorization", "Bearer key-a").body(Body::empty()).unwrap();
+    assert_eq!(send(&app, erase).await.status, 204);
+    for uri in std::iter::once("/v1/users/u1").chain(owned) {
+        let a = send(&app, get(uri)).await;
+        problem(&a, 404, "not_found", None);
+    }
+    assert_eq!(send(&app, put_user(&[KEY, JSON], "{}")).await.status, 200);
+    for uri in owned {
+        assert_eq!(send(&app, get(uri)).await.status, 200, "{uri}");
+    }
+}

@@ -14,6 +14,8 @@ mod dev;
 mod devices;
 #[cfg(test)]
 mod errors_tests;
+#[cfg(test)]
+mod examples_tests;
 mod inbox;
 mod inventory;
 pub mod live;
