@@ -281,7 +281,13 @@ mod tests {
         assert_eq!(base_url(addr("127.0.0.1:9300"), None), "http://127.0.0.1:9300");
         assert_eq!(base_url(addr("192.0.2.10:8081"), None), "http://192.0.2.10:8081");
         assert_eq!(base_url(addr("0.0.0.0:9300"), None), "http://127.0.0.1:9300");
-        assert_eq!(base_url(addr("0.0.0.0:9300"), Some("https://shop.example/tidings/")), "https://shop.example/tidings");
-        assert_eq!(console_url(&base_url(addr("0.0.0.0:1"), Some("https://t.example")), None, None), "https://t.example/");
+        assert_eq!(
+            base_url(addr("0.0.0.0:9300"), Some("https://shop.example/tidings/")),
+            "https://shop.example/tidings"
+        );
+        assert_eq!(
+            console_url(&base_url(addr("0.0.0.0:1"), Some("https://t.example")), None, None),
+            "https://t.example/"
+        );
     }
 }

@@ -134,8 +134,11 @@ async fn rotate_key(
     body: axum::body::Bytes,
 ) -> ApiResult<(StatusCode, Json<Rotated>)> {
     // No body, or `null` (the document's optional body): the default grace.
-    let input: RotateKey =
-        if body.is_empty() { RotateKey::default() } else { parse_json::<Option<RotateKey>>(&body)?.unwrap_or_default() };
+    let input: RotateKey = if body.is_empty() {
+        RotateKey::default()
+    } else {
+        parse_json::<Option<RotateKey>>(&body)?.unwrap_or_default()
+    };
     let grace = input.grace_seconds.unwrap_or(86_400);
     if !(0..=tenants::MAX_GRACE.num_seconds()).contains(&grace) {
         return Err(Problem::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_field", "0 to 2592000 seconds")

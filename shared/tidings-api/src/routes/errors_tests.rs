@@ -180,7 +180,8 @@ async fn every_answer_has_a_request_id_and_problems_repeat_it() {
 async fn an_erased_users_data_reads_404_until_written_again() {
     let app = app().await;
     let get = |uri: &str| Request::get(uri).header("authorization", "Bearer key-a").body(Body::empty()).unwrap();
-    let owned = ["/v1/users/u1/preferences", "/v1/users/u1/devices", "/v1/users/u1/inbox", "/v1/users/u1/stock-subscriptions"];
+    let owned =
+        ["/v1/users/u1/preferences", "/v1/users/u1/devices", "/v1/users/u1/inbox", "/v1/users/u1/stock-subscriptions"];
     assert_eq!(send(&app, put_user(&[KEY, JSON], "{}")).await.status, 200);
     for uri in owned {
         assert_eq!(send(&app, get(uri)).await.status, 200, "{uri}");

@@ -10,10 +10,10 @@ use axum::body::Body;
 use axum::http::Request;
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
+use tidings_core::TenantId;
 use tidings_core::dev::{DevProvider, DevProviders};
 use tidings_core::ops::tenants::{self, KeySpec, Role};
 use tidings_core::ports::{Channel, ManualClock};
-use tidings_core::TenantId;
 use tower::ServiceExt;
 
 use crate::state::DevControl;
@@ -84,7 +84,8 @@ async fn every_example_body_is_taken() {
     let schemas = &doc["components"]["schemas"];
 
     // The fixtures the examples name, from the document's own examples where it has them.
-    let (status, body) = send(&app, "PUT", "/v1/templates/order_shipped", "key-a", &schemas["TemplateInput"]["example"]).await;
+    let (status, body) =
+        send(&app, "PUT", "/v1/templates/order_shipped", "key-a", &schemas["TemplateInput"]["example"]).await;
     assert_eq!(status, 200, "{body}");
     let (status, body) = send(&app, "PUT", "/v1/users/u1", "key-a", &schemas["UserInput"]["example"]).await;
     assert_eq!(status, 200, "{body}");
@@ -125,7 +126,11 @@ async fn every_example_body_is_taken() {
                 sent += 1;
                 continue;
             }
-            assert!((200..300).contains(&status), "{} {path} refused its example {example}: {status} {body}", method.to_uppercase());
+            assert!(
+                (200..300).contains(&status),
+                "{} {path} refused its example {example}: {status} {body}",
+                method.to_uppercase()
+            );
             sent += 1;
         }
     }

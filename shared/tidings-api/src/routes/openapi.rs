@@ -311,12 +311,18 @@ fn constrain(v: &mut serde_json::Value) {
 pub fn request_examples() -> Vec<(&'static str, serde_json::Value)> {
     use serde_json::json;
     vec![
-        ("UserInput", json!({"email": "alice@example.com", "phone": "+14155550100", "locale": "en", "timezone": "America/New_York", "tags": ["vip"]})),
+        (
+            "UserInput",
+            json!({"email": "alice@example.com", "phone": "+14155550100", "locale": "en", "timezone": "America/New_York", "tags": ["vip"]}),
+        ),
         (
             "PreferencesInput",
             json!({"categories": {"marketing": false}, "channels": {"sms": false}, "quiet_hours": {"start": "22:00", "end": "08:00"}}),
         ),
-        ("DeviceInput", json!({"user_id": "u1", "platform": "ios", "token": "740f4707bebcf74f9b7c25d48e3358945f6aa01da5ddb387462c7eaf61bb78ad"})),
+        (
+            "DeviceInput",
+            json!({"user_id": "u1", "platform": "ios", "token": "740f4707bebcf74f9b7c25d48e3358945f6aa01da5ddb387462c7eaf61bb78ad"}),
+        ),
         (
             "NotificationRequest",
             json!({
@@ -329,12 +335,21 @@ pub fn request_examples() -> Vec<(&'static str, serde_json::Value)> {
                 "priority": "high"
             }),
         ),
-        ("PreviewRequest", json!({"params": {"order_id": "123", "name": "Alice"}, "locale": "en", "channels": ["email", "sms"], "user_id": "u1"})),
+        (
+            "PreviewRequest",
+            json!({"params": {"order_id": "123", "name": "Alice"}, "locale": "en", "channels": ["email", "sms"], "user_id": "u1"}),
+        ),
         ("WarmUpRequest", json!({"on_hand": 100, "category": "default"})),
         ("AdjustmentRequest", json!({"delta": 20, "source": "purchase_order", "idempotency_key": "po-7781"})),
-        ("OrderRequest", json!({"order_id": "order-123", "user_id": "u1", "items": [{"sku_id": "sku-1001", "qty": 2}], "hold_seconds": 900})),
+        (
+            "OrderRequest",
+            json!({"order_id": "order-123", "user_id": "u1", "items": [{"sku_id": "sku-1001", "qty": 2}], "hold_seconds": 900}),
+        ),
         ("SubscriptionRequest", json!({"user_id": "u1", "sku_id": "sku-1001"})),
-        ("StockEvent", json!({"event": "stock.in", "skuId": "sku-1001", "qty": 50, "source": "purchase_order", "eventId": "evt-20261205-0001"})),
+        (
+            "StockEvent",
+            json!({"event": "stock.in", "skuId": "sku-1001", "qty": 50, "source": "purchase_order", "eventId": "evt-20261205-0001"}),
+        ),
         ("ResendRequest", json!({"batch_no": "batch-1"})),
         ("LinkHostsInput", json!({"hosts": ["shop.example.com", "*.cdn.shop.example.com"]})),
         ("CreateKey", json!({"role": "tenant", "tenant": "acme", "name": "checkout service"})),
@@ -375,8 +390,18 @@ fn constrain_bodies(schemas: &mut serde_json::Map<String, serde_json::Value>) {
         }
     }
     set(schemas, "WarmUpRequest", "on_hand", json!({"minimum": 0, "maximum": MAX_UNITS}));
-    set(schemas, "AdjustmentRequest", "delta", json!({"minimum": -MAX_UNITS, "maximum": MAX_UNITS, "not": {"const": 0}}));
-    set(schemas, "AdjustmentRequest", "source", json!({"enum": ["purchase_order", "return", "transfer", "manual", "damage"]}));
+    set(
+        schemas,
+        "AdjustmentRequest",
+        "delta",
+        json!({"minimum": -MAX_UNITS, "maximum": MAX_UNITS, "not": {"const": 0}}),
+    );
+    set(
+        schemas,
+        "AdjustmentRequest",
+        "source",
+        json!({"enum": ["purchase_order", "return", "transfer", "manual", "damage"]}),
+    );
     set(schemas, "OrderRequest", "items", json!({"minItems": 1}));
     set(schemas, "OrderLine", "qty", json!({"minimum": 1, "maximum": MAX_QTY}));
     set(schemas, "StockEvent", "event", json!({"enum": ["stock.in"]}));
@@ -423,8 +448,18 @@ fn constrain_bodies(schemas: &mut serde_json::Map<String, serde_json::Value>) {
     // number is in its country's plan, or an address meets every RFC 5322 rule, no pattern says:
     // infra/schemathesis.toml lets that route answer 422 naming the field.
     set(schemas, "UserInput", "locale", json!({"minLength": 1, "maxLength": 35, "pattern": "^[A-Za-z0-9_-]{1,35}$"}));
-    set(schemas, "UserInput", "phone", json!({"minLength": 2, "pattern": "^[ ]*[+][0-9 ().-]*[0-9][0-9 ().-]*$", "example": "+14155550100"}));
-    set(schemas, "UserInput", "email", json!({"format": "email", "minLength": 3, "maxLength": 254, "example": "alice@example.com"}));
+    set(
+        schemas,
+        "UserInput",
+        "phone",
+        json!({"minLength": 2, "pattern": "^[ ]*[+][0-9 ().-]*[0-9][0-9 ().-]*$", "example": "+14155550100"}),
+    );
+    set(
+        schemas,
+        "UserInput",
+        "email",
+        json!({"format": "email", "minLength": 3, "maxLength": 254, "example": "alice@example.com"}),
+    );
     // `PreferencesInput::validate`: transactional messages cannot be turned off (a channel can).
     set(
         schemas,
@@ -434,7 +469,12 @@ fn constrain_bodies(schemas: &mut serde_json::Map<String, serde_json::Value>) {
     );
     // `inventory::orders::place_order`: each SKU once per order. JSON Schema cannot say "unique by
     // `sku_id`"; `uniqueItems` states the part it can, and infra/schemathesis.toml the rest.
-    set(schemas, "OrderRequest", "items", json!({"uniqueItems": true, "maxItems": tidings_core::inventory::orders::MAX_ORDER_SKUS}));
+    set(
+        schemas,
+        "OrderRequest",
+        "items",
+        json!({"uniqueItems": true, "maxItems": tidings_core::inventory::orders::MAX_ORDER_SKUS}),
+    );
     // `restock::rounds::apply_stock_event`: `skuId` an id (a number is read as its text), `qty`
     // and `source` as an adjustment's, and the upstream's `eventId`, required.
     set(
@@ -465,8 +505,7 @@ fn constrain_bodies(schemas: &mut serde_json::Map<String, serde_json::Value>) {
     // name is 1 to 100 printable characters. (`expires_at` in the past is 422 too: no schema
     // knows the time; infra/schemathesis.toml.)
     if let Some(create) = schemas.get_mut("CreateKey") {
-        create["properties"]["name"] =
-            json!({"type": ["string", "null"], "minLength": 1, "maxLength": 100, "pattern": "^[^\\x00-\\x1f\\x7f-\\x9f]+$", "description": "What the key is for, for the people who list them."});
+        create["properties"]["name"] = json!({"type": ["string", "null"], "minLength": 1, "maxLength": 100, "pattern": "^[^\\x00-\\x1f\\x7f-\\x9f]+$", "description": "What the key is for, for the people who list them."});
         let mut tenant = id_schema();
         tenant["description"] = json!("The tenant of a tenant key (absent for an operator key).");
         tenant["type"] = json!(["string", "null"]);
@@ -485,8 +524,7 @@ fn constrain_bodies(schemas: &mut serde_json::Map<String, serde_json::Value>) {
     );
     if let Some(requester) = schemas.get_mut("Requester").and_then(|r| r.get_mut("properties")) {
         if requester.get("device_id").is_some() {
-            requester["device_id"] =
-                json!({"type": ["string", "null"], "minLength": 1, "maxLength": 200, "pattern": "^[^\\x00-\\x1f\\x7f-\\x9f]+$"});
+            requester["device_id"] = json!({"type": ["string", "null"], "minLength": 1, "maxLength": 200, "pattern": "^[^\\x00-\\x1f\\x7f-\\x9f]+$"});
         }
         if requester.get("ip").is_some() {
             requester["ip"] = json!({"type": ["string", "null"], "anyOf": [{"type": "null"}, {"format": "ipv4"}, {"format": "ipv6"}]});

@@ -6,8 +6,8 @@ use axum::http::StatusCode;
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
-use tidings_core::CoreError;
 use serde::Serialize;
+use tidings_core::CoreError;
 use tidings_core::restock::{
     self, NoticePage, ResendReport, StockEvent, StockEventAccepted, Subscription, SubscriptionRequest,
     SubscriptionStatus,
