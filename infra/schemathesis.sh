@@ -5,13 +5,15 @@
 # undocumented status and any response that breaks its schema. Run by infra/test.sh after the
 # tests; alone: `bash infra/schemathesis.sh` (needs target/debug/tidings and infra/.venv).
 #
-# SCHEMATHESIS_MAX_EXAMPLES (default 100) sizes the run: about a minute on an idle machine.
+# SCHEMATHESIS_MAX_EXAMPLES (default 100) sizes the run: about a minute on an idle machine;
+# SCHEMATHESIS_SEED (default 7) picks the run (another seed tries other inputs).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 BIN="${TIDINGS_BIN:-$PWD/target/debug/tidings}"
 PORT="${SCHEMATHESIS_PORT:-18099}"
 MAX_EXAMPLES="${SCHEMATHESIS_MAX_EXAMPLES:-100}"
+SEED="${SCHEMATHESIS_SEED:-7}"
 PHASES="${SCHEMATHESIS_PHASES:-examples,coverage,fuzzing,stateful}"
 # Every check, the request-side ones too: schema-valid requests accepted, schema-violating ones
 # refused. infra/schemathesis.toml lists the statuses some operations answer schema-valid
@@ -23,9 +25,12 @@ infra/.venv/bin/pip install --quiet 'schemathesis==4.32.5'
 
 work="$(mktemp -d)"
 key="schema-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')"
+# The operator routes (`/v1/ops`, `/v1/admin`, `/dev`, `/metrics`) are fuzzed with an operator
+# key (infra/schemathesis.toml gives it to them); the rest with the tenant key.
+export SCHEMATHESIS_OPERATOR_KEY="op-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')"
 # The SNS certificate is the test one, so callbacks never fetch one from the network. No rate
 # limits: a 429 would cut a case short of the answer it checks.
-TIDINGS_API_KEYS="schema:$key" TIDINGS_BACKEND=embedded TIDINGS_API_RATES=off \
+TIDINGS_API_KEYS="schema:$key" TIDINGS_OPERATOR_KEYS="$SCHEMATHESIS_OPERATOR_KEY" TIDINGS_BACKEND=embedded TIDINGS_API_RATES=off \
     TIDINGS_SNS_TRUSTED_CERT_PEM="$PWD/tests/fixtures/sns/test-signing-cert.pem" \
     "$BIN" serve --addr "127.0.0.1:$PORT" --data-dir "$work/data" >"$work/serve.log" 2>&1 &
 server=$!
@@ -57,7 +62,7 @@ root="$PWD"
     --checks "$CHECKS" \
     --phases "$PHASES" \
     --max-examples "$MAX_EXAMPLES" \
-    --seed 7 \
+    --seed "$SEED" \
     --workers 1 \
     --no-color \
     --suppress-health-check all \

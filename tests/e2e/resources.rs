@@ -143,11 +143,11 @@ pub async fn lists_erase_and_preview(backend: Backend) -> anyhow::Result<()> {
         assert_eq!((st, &v), (204, &Value::Null));
         let (st, _) = s.call("GET", "/v1/users/u1", None).await?;
         assert_eq!(st, 404);
-        assert!(pages(&s, &s.key, "/v1/users/u1/devices", 10).await?.is_empty());
-        let (_, subs) = s.call("GET", "/v1/users/u1/stock-subscriptions", None).await?;
-        assert_eq!(subs["items"], json!([]), "{subs}");
-        let (_, prefs) = s.call("GET", "/v1/users/u1/preferences", None).await?;
-        assert_eq!(prefs["channels"], json!({}), "{prefs}");
+        // What was the user's reads as absent too, not as an empty default (docs/people.md).
+        for owned in ["/v1/users/u1/devices", "/v1/users/u1/stock-subscriptions", "/v1/users/u1/preferences"] {
+            let (st, v) = s.call("GET", owned, None).await?;
+            assert_eq!(st, 404, "{owned} of an erased user: {v}");
+        }
         assert_eq!(ids(&pages(&s, &s.key, "/v1/users", 10).await?, "user_id"), ["u0", "u2", "u3", "u4"]);
     }
     let (st, _) = s.call_as(&other, "GET", "/v1/users/g1", None).await?;
@@ -168,7 +168,7 @@ pub async fn lists_erase_and_preview(backend: Backend) -> anyhow::Result<()> {
         assert_eq!((d["status"].as_str(), d["reason"].as_str()), (Some("suppressed"), Some("erased")), "{d}");
     }
     assert!(s.sends(&id).await?.is_empty(), "nothing sent");
-    let (_, inbox) = s.call("GET", "/v1/users/u1/inbox", None).await?;
-    assert_eq!(inbox["items"], json!([]), "no inbox comes back: {inbox}");
+    let (st, inbox) = s.call("GET", "/v1/users/u1/inbox", None).await?;
+    assert_eq!(st, 404, "no inbox comes back: {inbox}");
     Ok(())
 }

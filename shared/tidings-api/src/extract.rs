@@ -4,7 +4,6 @@
 use axum::extract::{FromRef, FromRequest, FromRequestParts, Request};
 use axum::http::StatusCode;
 use axum::http::request::Parts;
-use bytes::Bytes;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use tidings_core::TenantId;
@@ -13,16 +12,31 @@ use tidings_core::ops::tenants::{self, Principal};
 use crate::problem::{ApiError, Problem};
 use crate::state::AppState;
 
-/// Who the request's API key belongs to (`Authorization: Bearer <key>`), or 401.
+/// Who the request's API key belongs to (`Authorization: Bearer <key>`), or 401 naming the
+/// header and what is wrong with it: missing, not a bearer key, or a key that is not valid.
+/// Which of unknown, revoked or expired is never said: it would tell a guesser which keys
+/// existed (docs/errors.md).
 pub async fn principal(parts: &Parts, state: &AppState) -> Result<Principal, ApiError> {
-    let key = parts
-        .headers
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
-        .map(str::trim)
-        .ok_or_else(Problem::unauthorized)?;
-    tenants::authenticate(&state.deps, key).await?.ok_or_else(|| Problem::unauthorized().into())
+    let Some(value) = parts.headers.get(axum::http::header::AUTHORIZATION) else {
+        return Err(Problem::unauthorized("no Authorization header: send `Authorization: Bearer <key>`").into());
+    };
+    let key = bearer_key(value).ok_or_else(|| {
+        Problem::unauthorized("Authorization must be `Bearer <key>`: the word Bearer, a space, then the API key")
+    })?;
+    tenants::authenticate(&state.deps, key).await?.ok_or_else(|| {
+        Problem::unauthorized(
+            "the key is not valid (unknown, revoked or expired): check the key, or ask an operator for a new one",
+        )
+        .into()
+    })
+}
+
+/// The key of an `Authorization: Bearer <key>` value (the scheme's case does not matter, RFC
+/// 9110, 11.1), if it is one.
+fn bearer_key(value: &axum::http::HeaderValue) -> Option<&str> {
+    let (scheme, key) = value.to_str().ok()?.trim().split_once(' ')?;
+    let key = key.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !key.is_empty()).then_some(key)
 }
 
 /// The tenant whose API key came with the request. An operator's key is refused (403): operators
@@ -45,8 +59,10 @@ where
             Principal::Operator { .. } => Err(Problem::new(
                 StatusCode::FORBIDDEN,
                 "operator_key",
-                "an operator key acts on the system, not on a tenant's data: use a tenant key",
+                "this route needs a tenant key: an operator key acts on the system (/v1/ops, /v1/admin), \
+                 not on a tenant's data",
             )
+            .with_field("Authorization")
             .into()),
         }
     }
@@ -71,14 +87,18 @@ where
             Principal::Tenant { .. } => Err(Problem::new(
                 StatusCode::FORBIDDEN,
                 "operator_only",
-                "this route is an operator's: a tenant key cannot use it",
+                "this route needs an operator key (`tidings keys create --role operator`): a tenant key \
+                 cannot use it",
             )
+            .with_field("Authorization")
             .into()),
         }
     }
 }
 
-/// A JSON body. Malformed JSON or a wrong type is 400 naming the field's path.
+/// A JSON body. A content type other than JSON is 415 naming `Content-Type`; a body over
+/// [`MAX_BODY`] is 413, whatever its size; malformed JSON or a wrong type is 400 naming the line
+/// and column, and the field when it is known (docs/errors.md).
 pub struct Body<T>(pub T);
 
 /// The largest body accepted.
@@ -91,16 +111,73 @@ where
 {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let bytes = Bytes::from_request(req, state)
-            .await
-            .map_err(|e| Problem::new(StatusCode::BAD_REQUEST, "bad_body", e.body_text()))?;
-        if bytes.len() > MAX_BODY {
-            return Err(
-                Problem::new(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", "the body is larger than 1 MiB").into()
-            );
+    async fn from_request(req: Request, _state: &S) -> Result<Self, Self::Rejection> {
+        json_content_type(req.headers())?;
+        // Read here rather than through `Bytes`: its limit is axum's (2 MiB), and its error a
+        // text that says nothing of the limit.
+        let bytes = match axum::body::to_bytes(req.into_body(), MAX_BODY).await {
+            Ok(bytes) => bytes,
+            Err(e) if over_the_limit(&e) => return Err(too_large().into()),
+            Err(e) => {
+                return Err(Problem::new(
+                    StatusCode::BAD_REQUEST,
+                    "bad_body",
+                    format!("the body could not be read: {e}"),
+                )
+                .into());
+            }
+        };
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Err(Problem::new(
+                StatusCode::BAD_REQUEST,
+                "malformed_json",
+                "the body is empty: send a JSON object (Content-Type: application/json)",
+            )
+            .into());
         }
         parse_json(&bytes).map(Body)
+    }
+}
+
+/// The 413 of a body over [`MAX_BODY`].
+pub fn too_large() -> Problem {
+    Problem::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "body_too_large",
+        "the body is larger than 1 MiB: send less (a batch route takes at most its stated count of items)",
+    )
+}
+
+/// Whether reading a body failed on its length limit (`http_body_util::Limited`).
+fn over_the_limit(e: &axum::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = source {
+        if err.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        source = err.source();
+    }
+    false
+}
+
+/// A body is JSON: `application/json` or a `+json` type (`application/merge-patch+json`). A body
+/// without a `Content-Type` is read as JSON too; a form (what `curl -d` sends without `-H`) or
+/// any other type is 415 naming the header.
+pub fn json_content_type(headers: &axum::http::HeaderMap) -> Result<(), ApiError> {
+    let Some(value) = headers.get(axum::http::header::CONTENT_TYPE) else { return Ok(()) };
+    let essence = value.to_str().ok().map(|v| v.split(';').next().unwrap_or_default().trim().to_ascii_lowercase());
+    match essence {
+        Some(t) if t == "application/json" || (t.starts_with("application/") && t.ends_with("+json")) => Ok(()),
+        other => Err(Problem::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            format!(
+                "the body must be JSON: send `Content-Type: application/json` (this request's is {})",
+                other.map_or_else(|| "not text".to_owned(), |t| format!("`{t}`"))
+            ),
+        )
+        .with_field("Content-Type")
+        .into()),
     }
 }
 
@@ -142,12 +219,49 @@ fn whole_floats_as_integers(value: serde_json::Value) -> serde_json::Value {
     }
 }
 
-/// A 400 naming the field at `path` (`.` is the body as a whole).
+/// A 400 naming the field at `path` (`.` is the body as a whole) when it is known: malformed
+/// JSON says its line and column, a missing or unknown field is named with its parent's path.
 fn json_problem(path: String, inner: serde_json::Error) -> ApiError {
-    let code = if inner.is_syntax() || inner.is_eof() { "malformed_json" } else { "invalid_body" };
-    let mut p = Problem::new(StatusCode::BAD_REQUEST, code, inner.to_string());
-    if path != "." {
-        p = p.with_field(path);
+    // serde_path_to_error writes `?` for a place it could not name (inside malformed JSON).
+    let known = (path != "." && !path.contains('?')).then_some(path);
+    let message = inner.to_string();
+    // serde_json ends its messages with the position; said here in words of our own.
+    let reason = match message.rfind(" at line ") {
+        Some(i) if inner.line() > 0 => message[..i].to_owned(),
+        _ => message.clone(),
+    };
+    let at = format!("line {}, column {}", inner.line(), inner.column());
+    if inner.is_syntax() || inner.is_eof() {
+        let mut p = Problem::new(
+            StatusCode::BAD_REQUEST,
+            "malformed_json",
+            format!("malformed JSON at {at}: {reason}; the body must be one JSON object"),
+        );
+        if let Some(field) = known {
+            p = p.with_field(field);
+        }
+        return ApiError::from(p);
+    }
+    let within = |name: &str| known.as_ref().map_or_else(|| name.to_owned(), |parent| format!("{parent}.{name}"));
+    let named = |prefix: &str| {
+        reason.strip_prefix(prefix).and_then(|rest| rest.split('`').next()).filter(|n| !n.is_empty()).map(within)
+    };
+    let (field, detail) = if let Some(field) = named("missing field `") {
+        let detail = format!("{field} is required: add it to the body");
+        (Some(field), detail)
+    } else if let Some(field) = named("unknown field `") {
+        let detail = format!("{field} is not a field of this body ({reason}): remove it or check its spelling");
+        (Some(field), detail)
+    } else {
+        let detail = match &known {
+            Some(field) => format!("{field}: {reason} (at {at})"),
+            None => format!("{reason} (at {at})"),
+        };
+        (known, detail)
+    };
+    let mut p = Problem::new(StatusCode::BAD_REQUEST, "invalid_body", detail);
+    if let Some(field) = field {
+        p = p.with_field(field);
     }
     ApiError::from(p)
 }

@@ -5,6 +5,7 @@
 pub mod extract;
 pub mod limits;
 pub mod problem;
+pub mod request_id;
 pub mod routes;
 pub mod state;
 #[cfg(test)]

@@ -20,9 +20,14 @@ pub struct Problem {
     pub code: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
-    /// The request field at fault (400 and 422).
+    /// The request field at fault (400 and 422), or the header (`Authorization` in a 401,
+    /// `Content-Type` in a 415, `Idempotency-Key`): what to change to be answered.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub field: Option<String>,
+    /// The request's `x-request-id` (the client's own when it sent a valid one), as in the
+    /// answer's header and the server's log lines of that request (docs/errors.md).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
     /// Seconds for the `Retry-After` header (429, and 409 `write_conflict`).
     #[serde(skip)]
     pub retry_after_s: Option<u64>,
@@ -37,6 +42,7 @@ impl Problem {
             code: code.to_owned(),
             detail: Some(detail.into()),
             field: None,
+            request_id: None,
             retry_after_s: None,
         }
     }
@@ -50,12 +56,11 @@ impl Problem {
         Problem::new(StatusCode::NOT_FOUND, "not_found", format!("{what} not found"))
     }
 
-    pub fn unauthorized() -> Self {
-        Problem::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "a valid API key is required: Authorization: Bearer <key>",
-        )
+    /// A 401 naming the `Authorization` header. `detail` says what is wrong with it as far as
+    /// that helps a client and not a guesser: missing, not a bearer key, or not a valid key
+    /// (never which of unknown, revoked or expired; docs/errors.md).
+    pub fn unauthorized(detail: &str) -> Self {
+        Problem::new(StatusCode::UNAUTHORIZED, "unauthorized", detail).with_field("Authorization")
     }
 }
 
@@ -65,6 +70,10 @@ impl IntoResponse for Problem {
         let body = serde_json::to_vec(&self).unwrap_or_default();
         let mut res = (status, body).into_response();
         res.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        // RFC 9110, 11.6.1: a 401 says which scheme it asks for.
+        if status == StatusCode::UNAUTHORIZED {
+            res.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
         if let Some(secs) = self.retry_after_s {
             res.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }

@@ -364,7 +364,13 @@ pub static VARIABLES: &[Variable] = &[
          generated and kept in the data dir when unset",
     )
     .secret(Secret::AfterName),
-    var("TIDINGS_PUBLIC_URL", Kind::Text, "http://127.0.0.1:8080", "base of tracking and unsubscribe links"),
+    var(
+        "TIDINGS_PUBLIC_URL",
+        Kind::Text,
+        "http://127.0.0.1:8080",
+        "base of tracking, unsubscribe and console links; `tidings serve` without it: the address it \
+         listens on",
+    ),
     var(
         "TIDINGS_PROVIDER_RATES",
         Kind::Spec(check_rates),

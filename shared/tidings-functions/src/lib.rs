@@ -200,17 +200,21 @@ async fn serve_api(ports: AwsPorts) -> Result<(), lambda_runtime::Error> {
 }
 
 /// The client's address as API Gateway saw it (`requestContext.http.sourceIp`), for the public
-/// routes' rate limits.
+/// routes' rate limits, and API Gateway's id of the request (`requestContext.requestId`), the
+/// answer's `x-request-id` when the client sent none (docs/errors.md).
 async fn source_ip(mut req: axum::extract::Request) -> axum::extract::Request {
     use lambda_http::RequestExt;
-    let ip = match req.request_context_ref() {
+    let (ip, request_id) = match req.request_context_ref() {
         Some(lambda_http::request::RequestContext::ApiGatewayV2(c)) => {
-            c.http.source_ip.as_deref().and_then(|s| s.parse::<std::net::IpAddr>().ok())
+            (c.http.source_ip.as_deref().and_then(|s| s.parse::<std::net::IpAddr>().ok()), c.request_id.clone())
         }
-        _ => None,
+        _ => (None, None),
     };
     if let Some(ip) = ip {
         req.extensions_mut().insert(tidings_api::limits::ClientIp(ip));
+    }
+    if let Some(id) = request_id {
+        req.extensions_mut().insert(tidings_api::request_id::GatewayRequestId(id));
     }
     req
 }
@@ -270,5 +274,7 @@ mod tests {
         let req = super::source_ip(req).await;
         let ip = req.extensions().get::<tidings_api::limits::ClientIp>().unwrap();
         assert_eq!(ip.0, "203.0.113.7".parse::<std::net::IpAddr>().unwrap());
+        let id = req.extensions().get::<tidings_api::request_id::GatewayRequestId>().unwrap();
+        assert_eq!(id.0, serde_json::from_str::<serde_json::Value>(event).unwrap()["requestContext"]["requestId"]);
     }
 }

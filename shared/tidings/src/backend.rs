@@ -78,16 +78,19 @@ impl Backend {
     /// in `--data-dir` and never a new one ([`StoreUse::Existing`]), unless `--bootstrap`.
     pub async fn open(args: &BackendArgs, clock: Arc<dyn Clock>) -> anyhow::Result<Self> {
         let store = if args.bootstrap { StoreUse::MakeWhenMissing } else { StoreUse::Existing };
-        Self::open_for(args, clock, false, store).await
+        Self::open_for(args, clock, false, store, None).await
     }
 
     /// `open`; `dev`: on the AWS backend, the providers are wrapped in the dev ones (fault
     /// injection and a record of sends), which only emulators on this machine may have.
+    /// `public_url`: the base of the links it signs, when the caller knows better than the
+    /// configuration (`tidings serve`: its own address when `TIDINGS_PUBLIC_URL` is unset).
     pub async fn open_for(
         args: &BackendArgs,
         clock: Arc<dyn Clock>,
         dev: bool,
         store: StoreUse,
+        public_url: Option<String>,
     ) -> anyhow::Result<Self> {
         // Checked before anything is written (the signing key below included).
         if store == StoreUse::Existing
@@ -97,6 +100,9 @@ impl Backend {
             return Err(no_store_at(args));
         }
         let mut config = crate::settings().core();
+        if let Some(url) = public_url {
+            config.public_url = url;
+        }
         // This process outlives its requests: an order's expiry message may go after its answer.
         config.detached_expiry_messages = true;
         if !config.signer.is_configured() {

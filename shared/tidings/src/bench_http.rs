@@ -239,7 +239,7 @@ async fn open(dir: &Path) -> anyhow::Result<Deps> {
         data_dir_from: None,
     };
     let store = crate::backend::StoreUse::MakeWhenMissing;
-    Ok(crate::backend::Backend::open_for(&args, Arc::new(SystemClock), false, store).await?.deps)
+    Ok(crate::backend::Backend::open_for(&args, Arc::new(SystemClock), false, store, None).await?.deps)
 }
 
 /// One run: the SKU warmed up in a fresh data directory, then for each connection count a

@@ -117,7 +117,7 @@ async fn target(args: &ReserveArgs, tmp: &tempfile::TempDir) -> anyhow::Result<T
         };
         // The signing key in the run's temporary directory.
         let store = crate::backend::StoreUse::MakeWhenMissing;
-        let backend = crate::backend::Backend::open_for(&backend_args, clock, false, store).await?;
+        let backend = crate::backend::Backend::open_for(&backend_args, clock, false, store, None).await?;
         let run = format!("{:x}", chrono::Utc::now().timestamp_micros());
         return Ok(Target { deps: backend.deps, sku: format!("hot-{run}"), orders: format!("{run}-o") });
     }

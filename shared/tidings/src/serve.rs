@@ -44,11 +44,13 @@ impl DevControl for Dev {
     }
 }
 
-/// The console's link. The keys ride in the URL's fragment, which a browser never sends (so
-/// no server or proxy logs them); the page moves them to its session storage and takes them
-/// off the address bar. Without a printed operator key (keys from the environment) the link
-/// has none and the page asks for it. A wildcard address is opened on loopback.
-fn console_url(addr: std::net::SocketAddr, operator: Option<&str>, tenant: Option<&str>) -> String {
+/// Where this server is reached: `TIDINGS_PUBLIC_URL` when set (a proxy or tunnel in front),
+/// else the address it listens on, a wildcard address as loopback. Tracking and unsubscribe
+/// links and the console's link start with it (docs/tracking.md, "Signed links").
+fn base_url(addr: std::net::SocketAddr, public_url: Option<&str>) -> String {
+    if let Some(url) = public_url.map(|u| u.trim_end_matches('/')).filter(|u| !u.is_empty()) {
+        return url.to_owned();
+    }
     let mut addr = addr;
     if addr.ip().is_unspecified() {
         addr.set_ip(if addr.is_ipv4() {
@@ -57,6 +59,14 @@ fn console_url(addr: std::net::SocketAddr, operator: Option<&str>, tenant: Optio
             std::net::Ipv6Addr::LOCALHOST.into()
         });
     }
+    format!("http://{addr}")
+}
+
+/// The console's link. The keys ride in the URL's fragment, which a browser never sends (so
+/// no server or proxy logs them); the page moves them to its session storage and takes them
+/// off the address bar. Without a printed operator key (keys from the environment) the link
+/// has none and the page asks for it.
+fn console_url(base: &str, operator: Option<&str>, tenant: Option<&str>) -> String {
     // Generated keys are URL-safe base64; a key that is not is left out rather than mangled.
     let url_safe = |k: &&str| k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
     let mut fragment = Vec::new();
@@ -66,7 +76,7 @@ fn console_url(addr: std::net::SocketAddr, operator: Option<&str>, tenant: Optio
             fragment.push(format!("tenant_key={tenant}"));
         }
     }
-    if fragment.is_empty() { format!("http://{addr}/") } else { format!("http://{addr}/#{}", fragment.join("&")) }
+    if fragment.is_empty() { format!("{base}/") } else { format!("{base}/#{}", fragment.join("&")) }
 }
 
 /// The keys a local run prints.
@@ -153,9 +163,16 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if aws && args.manual_clock && !args.dev {
         anyhow::bail!("--manual-clock moves only by POST /dev/clock/advance: with --backend aws it needs --dev");
     }
-    let backend =
-        roles::acting_as(roles::STARTUP, Backend::open_for(&args.backend, clock, args.dev, StoreUse::MakeWhenMissing))
-            .await?;
+    // Bound first: with `--addr 127.0.0.1:0` the port is known only now, and the links the
+    // backend signs start with it.
+    let listener = tokio::net::TcpListener::bind(args.addr).await.with_context(|| format!("binding {}", args.addr))?;
+    let addr = listener.local_addr()?;
+    let base = base_url(addr, crate::settings().get("TIDINGS_PUBLIC_URL"));
+    let backend = roles::acting_as(
+        roles::STARTUP,
+        Backend::open_for(&args.backend, clock, args.dev, StoreUse::MakeWhenMissing, Some(base.clone())),
+    )
+    .await?;
     let keys = roles::acting_as(roles::STARTUP, api_keys(&backend, &args)).await?;
     if let Some(m) = &manual {
         // The manual clock resumes where it stood on this data, before any worker reads it.
@@ -210,9 +227,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     // process on the embedded backend.
     let store = if aws { GateStore::Shared(backend.deps.table.clone()) } else { GateStore::Local };
     let limits = Arc::new(ApiLimits::new(backend.deps.config.api_rates.clone(), store));
-    let listener = tokio::net::TcpListener::bind(args.addr).await.with_context(|| format!("binding {}", args.addr))?;
-    let addr = listener.local_addr()?;
-    let console = console_url(addr, keys.operator.as_deref(), keys.tenant.as_deref());
+    let console = console_url(&base, keys.operator.as_deref(), keys.tenant.as_deref());
     match args.backend.backend {
         // Where the other commands (`tidings keys`, `tidings ops`) must look: `--data-dir`.
         crate::BackendKind::Embedded => {
@@ -252,19 +267,37 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-    use super::console_url;
+    use super::{base_url, console_url};
 
     /// The link `serve` prints: keys in the fragment only (never the path or query, which reach
     /// the server), loopback for a wildcard address, no key that would need escaping.
     #[test]
     fn the_console_link_carries_the_keys_in_its_fragment() {
-        let at = |a: &str| a.parse::<std::net::SocketAddr>().unwrap_or_else(|e| panic!("{a}: {e}"));
+        let at = |a: &str| base_url(a.parse::<std::net::SocketAddr>().unwrap_or_else(|e| panic!("{a}: {e}")), None);
         assert_eq!(
-            console_url(at("127.0.0.1:8080"), Some("tk_op-1"), Some("tk_demo_2")),
+            console_url(&at("127.0.0.1:8080"), Some("tk_op-1"), Some("tk_demo_2")),
             "http://127.0.0.1:8080/#key=tk_op-1&tenant_key=tk_demo_2"
         );
-        assert_eq!(console_url(at("0.0.0.0:8080"), Some("tk_op"), None), "http://127.0.0.1:8080/#key=tk_op");
-        assert_eq!(console_url(at("[::]:8080"), None, Some("tk_demo")), "http://[::1]:8080/", "no operator key: none");
-        assert_eq!(console_url(at("127.0.0.1:1"), Some("a&b=c"), Some("tk")), "http://127.0.0.1:1/");
+        assert_eq!(console_url(&at("0.0.0.0:8080"), Some("tk_op"), None), "http://127.0.0.1:8080/#key=tk_op");
+        assert_eq!(console_url(&at("[::]:8080"), None, Some("tk_demo")), "http://[::1]:8080/", "no operator key: none");
+        assert_eq!(console_url(&at("127.0.0.1:1"), Some("a&b=c"), Some("tk")), "http://127.0.0.1:1/");
+    }
+
+    /// Links start with the listening address, whatever it is, unless `TIDINGS_PUBLIC_URL` says
+    /// where the server is reached from outside.
+    #[test]
+    fn links_start_with_the_listening_address_unless_a_public_url_is_set() {
+        let addr = |a: &str| a.parse::<std::net::SocketAddr>().unwrap_or_else(|e| panic!("{a}: {e}"));
+        assert_eq!(base_url(addr("127.0.0.1:9300"), None), "http://127.0.0.1:9300");
+        assert_eq!(base_url(addr("192.0.2.10:8081"), None), "http://192.0.2.10:8081");
+        assert_eq!(base_url(addr("0.0.0.0:9300"), None), "http://127.0.0.1:9300");
+        assert_eq!(
+            base_url(addr("0.0.0.0:9300"), Some("https://shop.example/tidings/")),
+            "https://shop.example/tidings"
+        );
+        assert_eq!(
+            console_url(&base_url(addr("0.0.0.0:1"), Some("https://t.example")), None, None),
+            "https://t.example/"
+        );
     }
 }

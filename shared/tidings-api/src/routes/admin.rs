@@ -116,6 +116,7 @@ struct RotateKey {
     /// How long the old key keeps working beside the new one, 0 to 2592000 (30 days); 86400 by
     /// default.
     #[serde(default)]
+    #[schema(minimum = 0, maximum = 2_592_000)]
     grace_seconds: Option<i64>,
 }
 
@@ -132,8 +133,12 @@ async fn rotate_key(
     PathParams(key_id): PathParams<String>,
     body: axum::body::Bytes,
 ) -> ApiResult<(StatusCode, Json<Rotated>)> {
-    // No body: the default grace.
-    let input: RotateKey = if body.is_empty() { RotateKey::default() } else { parse_json(&body)? };
+    // No body, or `null` (the document's optional body): the default grace.
+    let input: RotateKey = if body.is_empty() {
+        RotateKey::default()
+    } else {
+        parse_json::<Option<RotateKey>>(&body)?.unwrap_or_default()
+    };
     let grace = input.grace_seconds.unwrap_or(86_400);
     if !(0..=tenants::MAX_GRACE.num_seconds()).contains(&grace) {
         return Err(Problem::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_field", "0 to 2592000 seconds")

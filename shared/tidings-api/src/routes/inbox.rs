@@ -28,6 +28,7 @@ async fn list(
     PathParams(user_id): PathParams<String>,
     QueryParams(page): QueryParams<PageParams>,
 ) -> ApiResult<Json<InboxPage>> {
+    super::users::not_erased(&s, &t, &user_id).await?;
     Ok(Json(inbox::list(&s.deps, &t, &user_id, page.limit()?, page.cursor).await?))
 }
 

@@ -12,6 +12,10 @@ mod callbacks;
 mod console;
 mod dev;
 mod devices;
+#[cfg(test)]
+mod errors_tests;
+#[cfg(test)]
+mod examples_tests;
 mod inbox;
 mod inventory;
 pub mod live;
@@ -53,11 +57,44 @@ pub fn app_with_limits(state: AppState, limits: std::sync::Arc<tidings_core::gat
         router = router.merge(dev::router()).merge(console::router());
     }
     router
-        .fallback(|| async { Problem::new(StatusCode::NOT_FOUND, "no_route", "no such route") })
+        .fallback(|uri: axum::http::Uri| async move { no_route(uri.path()) })
         .method_not_allowed_fallback(|| async {
             Problem::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "method not allowed on this route")
                 .into_response()
         })
         .layer(axum::middleware::from_fn_with_state(limits, crate::limits::limit))
+        .layer(axum::middleware::from_fn(crate::request_id::request_id))
         .with_state(state)
+}
+
+/// The 404 of a path no route has. A path that is a route but for a trailing slash names the
+/// route (a problem rather than a redirect: a client should fix its URL, and a redirected
+/// `POST` loses its body in many clients; docs/errors.md).
+fn no_route(path: &str) -> Problem {
+    let trimmed = path.trim_end_matches('/');
+    if path.ends_with('/') && !trimmed.is_empty() && is_route(trimmed) {
+        return Problem::new(
+            StatusCode::NOT_FOUND,
+            "no_route",
+            format!("no such route: routes have no trailing slash, use `{trimmed}`"),
+        );
+    }
+    Problem::new(StatusCode::NOT_FOUND, "no_route", "no such route: the routes are listed at /openapi.json and /docs")
+}
+
+/// Whether `path` matches a path of the OpenAPI document (`{param}` matches one segment).
+fn is_route(path: &str) -> bool {
+    static TEMPLATES: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    let templates = TEMPLATES.get_or_init(|| {
+        openapi::document()["paths"].as_object().map(|p| p.keys().cloned().collect()).unwrap_or_default()
+    });
+    let segments: Vec<&str> = path.split('/').collect();
+    templates.iter().any(|t| {
+        let parts: Vec<&str> = t.split('/').collect();
+        parts.len() == segments.len()
+            && parts
+                .iter()
+                .zip(&segments)
+                .all(|(p, s)| p == s || (p.starts_with('{') && p.ends_with('}') && !s.is_empty()))
+    })
 }

@@ -21,7 +21,9 @@ use crate::state::AppState;
                        alerts. Errors are RFC 9457 problem documents with a stable `code`. Every `/v1` \
                        route but the live feed needs `Authorization: Bearer <api key>`: a tenant key for \
                        a tenant's data, an operator key for `/v1/ops` and `/v1/admin`. The `dev` routes \
-                       exist only under `tidings serve`.",
+                       exist only under `tidings serve`. Every answer has an `x-request-id` header (the \
+                       client's own when it sent a valid one), repeated as `request_id` in problem \
+                       documents and in the server's log lines of the request.",
         license(name = "Apache-2.0")
     ),
     paths(healthz),
@@ -228,6 +230,12 @@ fn constrain(v: &mut serde_json::Value) {
                             json!({"type": "integer", "minimum": 1, "maximum": 500, "default": 50})
                         }
                         ("query", "template_id") => id_schema(),
+                        // `admin::tenant_param`: a tenant id.
+                        ("query", "tenant") if path == "/v1/admin/keys" => id_schema(),
+                        // `dev::channel_of`: the channels with a fake provider.
+                        ("query" | "path", "channel") if path.starts_with("/dev/") => {
+                            json!({"type": "string", "enum": ["email", "sms", "push"]})
+                        }
                         // `tidings_core::ports::QueryOpts::cursor`: any hex string is a position.
                         ("query", "cursor") => json!({"type": "string", "pattern": "^([0-9A-Fa-f]{2})*$"}),
                         // `tidings_core::restock::list_notices`: only the manual queue is listed.
@@ -290,6 +298,65 @@ fn constrain(v: &mut serde_json::Value) {
         shards["maximum"] = json!(tidings_core::inventory::MAX_SHARDS);
     }
     constrain_bodies(schemas);
+    for (schema, example) in request_examples() {
+        if let Some(s) = schemas.get_mut(schema) {
+            s["example"] = example;
+        }
+    }
+}
+
+/// One valid body per request schema, which the server takes (the test `every_example_body_is_taken`
+/// sends each, after the fixtures it names: the template `order_shipped`, the user `u1`, stock of
+/// `sku-1001`). They are what the reference page (`/docs`) shows and what a client copies first.
+pub fn request_examples() -> Vec<(&'static str, serde_json::Value)> {
+    use serde_json::json;
+    vec![
+        (
+            "UserInput",
+            json!({"email": "alice@example.com", "phone": "+14155550100", "locale": "en", "timezone": "America/New_York", "tags": ["vip"]}),
+        ),
+        (
+            "PreferencesInput",
+            json!({"categories": {"marketing": false}, "channels": {"sms": false}, "quiet_hours": {"start": "22:00", "end": "08:00"}}),
+        ),
+        (
+            "DeviceInput",
+            json!({"user_id": "u1", "platform": "ios", "token": "740f4707bebcf74f9b7c25d48e3358945f6aa01da5ddb387462c7eaf61bb78ad"}),
+        ),
+        (
+            "NotificationRequest",
+            json!({
+                "idempotency_key": "order-123-shipped",
+                "recipients": {"user_ids": ["u1"]},
+                "template_id": "order_shipped",
+                "params": {"order_id": "123", "name": "Alice"},
+                "category": "transactional",
+                "channels": ["email", "inapp"],
+                "priority": "high"
+            }),
+        ),
+        (
+            "PreviewRequest",
+            json!({"params": {"order_id": "123", "name": "Alice"}, "locale": "en", "channels": ["email", "sms"], "user_id": "u1"}),
+        ),
+        ("WarmUpRequest", json!({"on_hand": 100, "category": "default"})),
+        ("AdjustmentRequest", json!({"delta": 20, "source": "purchase_order", "idempotency_key": "po-7781"})),
+        (
+            "OrderRequest",
+            json!({"order_id": "order-123", "user_id": "u1", "items": [{"sku_id": "sku-1001", "qty": 2}], "hold_seconds": 900}),
+        ),
+        ("SubscriptionRequest", json!({"user_id": "u1", "sku_id": "sku-1001"})),
+        (
+            "StockEvent",
+            json!({"event": "stock.in", "skuId": "sku-1001", "qty": 50, "source": "purchase_order", "eventId": "evt-20261205-0001"}),
+        ),
+        ("ResendRequest", json!({"batch_no": "batch-1"})),
+        ("LinkHostsInput", json!({"hosts": ["shop.example.com", "*.cdn.shop.example.com"]})),
+        ("CreateKey", json!({"role": "tenant", "tenant": "acme", "name": "checkout service"})),
+        ("RotateKey", json!({"grace_seconds": 3600})),
+        ("Advance", json!({"seconds": 3600})),
+        ("FaultConfig", json!({"mode": "fail_5xx", "fail_first_n": 2})),
+    ]
 }
 
 /// The body rules `tidings-core` checks beyond the types: stock counts and order lines
@@ -309,25 +376,41 @@ fn constrain_bodies(schemas: &mut serde_json::Map<String, serde_json::Value>) {
         .filter(|e| *e != "webhook.test")
         .cloned()
         .collect();
-    let mut set = |schema: &str, property: &str, rule: serde_json::Value| {
+    fn set(
+        schemas: &mut serde_json::Map<String, serde_json::Value>,
+        schema: &str,
+        property: &str,
+        rule: serde_json::Value,
+    ) {
         let Some(prop) = schemas.get_mut(schema).and_then(|s| s.pointer_mut(&format!("/properties/{property}"))) else {
             return;
         };
         if let (Some(prop), Some(rule)) = (prop.as_object_mut(), rule.as_object()) {
             prop.extend(rule.clone());
         }
-    };
-    set("WarmUpRequest", "on_hand", json!({"minimum": 0, "maximum": MAX_UNITS}));
-    set("AdjustmentRequest", "delta", json!({"minimum": -MAX_UNITS, "maximum": MAX_UNITS, "not": {"const": 0}}));
-    set("AdjustmentRequest", "source", json!({"enum": ["purchase_order", "return", "transfer", "manual", "damage"]}));
-    set("OrderRequest", "items", json!({"minItems": 1}));
-    set("OrderLine", "qty", json!({"minimum": 1, "maximum": MAX_QTY}));
-    set("StockEvent", "event", json!({"enum": ["stock.in"]}));
-    set("StockEvent", "qty", json!({"minimum": 1}));
-    set("OrderRequest", "hold_seconds", json!({"minimum": 1, "maximum": MAX_HOLD_SECONDS}));
-    set("UserInput", "tags", json!({"items": id_schema(), "maxItems": 50}));
-    set("NotificationRequest", "channels", json!({"minItems": 1}));
+    }
+    set(schemas, "WarmUpRequest", "on_hand", json!({"minimum": 0, "maximum": MAX_UNITS}));
     set(
+        schemas,
+        "AdjustmentRequest",
+        "delta",
+        json!({"minimum": -MAX_UNITS, "maximum": MAX_UNITS, "not": {"const": 0}}),
+    );
+    set(
+        schemas,
+        "AdjustmentRequest",
+        "source",
+        json!({"enum": ["purchase_order", "return", "transfer", "manual", "damage"]}),
+    );
+    set(schemas, "OrderRequest", "items", json!({"minItems": 1}));
+    set(schemas, "OrderLine", "qty", json!({"minimum": 1, "maximum": MAX_QTY}));
+    set(schemas, "StockEvent", "event", json!({"enum": ["stock.in"]}));
+    set(schemas, "StockEvent", "qty", json!({"minimum": 1}));
+    set(schemas, "OrderRequest", "hold_seconds", json!({"minimum": 1, "maximum": MAX_HOLD_SECONDS}));
+    set(schemas, "UserInput", "tags", json!({"items": id_schema(), "maxItems": 50}));
+    set(schemas, "NotificationRequest", "channels", json!({"minItems": 1}));
+    set(
+        schemas,
         "PreferencesInput",
         "categories",
         json!({"propertyNames": {"type": "string", "enum": ["transactional", "marketing"]}}),
@@ -335,22 +418,23 @@ fn constrain_bodies(schemas: &mut serde_json::Map<String, serde_json::Value>) {
     // Params are an object of any values: `additionalProperties: true` said outright, since
     // openapi-typescript reads a bare `type: object` as an object with no keys at all.
     let any_object = json!({"type": "object", "additionalProperties": true});
-    set("NotificationRequest", "params", any_object.clone());
-    set("PreviewRequest", "params", any_object);
+    set(schemas, "NotificationRequest", "params", any_object.clone());
+    set(schemas, "PreviewRequest", "params", any_object);
     let channels = json!({"type": "string", "enum": ["email", "sms", "push", "inapp"]});
-    set("PreferencesInput", "channels", json!({"propertyNames": channels}));
+    set(schemas, "PreferencesInput", "channels", json!({"propertyNames": channels}));
     // `GMT0` and `Etc/GMT0` (aliases of `Etc/GMT`, which the server takes too) are left out:
     // client generators name enum members by letters and digits, and they are `GMT-0`'s and
     // `Etc/GMT-0`'s names there (openapi-python-client refuses the document).
     let zones: Vec<&str> =
         chrono_tz::TZ_VARIANTS.iter().map(|z| z.name()).filter(|z| !matches!(*z, "GMT0" | "Etc/GMT0")).collect();
     set(
+        schemas,
         "UserInput",
         "timezone",
         json!({"enum": zones.iter().map(|z| json!(z)).chain([json!(null)]).collect::<Vec<_>>()}),
     );
-    set("LinkHostsInput", "hosts", json!({"items": {"type": "string", "pattern": LINK_HOST_PATTERN}}));
-    set("EndpointInput", "events", json!({"items": {"type": "string", "enum": subscribable}}));
+    set(schemas, "LinkHostsInput", "hosts", json!({"items": {"type": "string", "pattern": LINK_HOST_PATTERN}}));
+    set(schemas, "EndpointInput", "events", json!({"items": {"type": "string", "enum": subscribable}}));
     // Repeats are one subscription (the server keeps each type once): no count to exceed.
     if let Some(events) = schemas
         .get_mut("EndpointInput")
@@ -359,9 +443,103 @@ fn constrain_bodies(schemas: &mut serde_json::Map<String, serde_json::Value>) {
     {
         events.remove("maxItems");
     }
-    // `NotificationRequest::validate`: `local_time` needs `send_at`. (Its "exactly one of
-    // `user_ids` and `segment`" is not stated: openapi-python-client cannot read a `oneOf` of
-    // untyped branches; infra/schemathesis.toml lets the route answer it 422.)
+    // `UserInput::validate` (`people/users.rs`): a locale is a language tag's characters; a phone
+    // is `+` and digits with the separators `e164` skips; an email is one address. Whether a
+    // number is in its country's plan, or an address meets every RFC 5322 rule, no pattern says:
+    // infra/schemathesis.toml lets that route answer 422 naming the field.
+    set(schemas, "UserInput", "locale", json!({"minLength": 1, "maxLength": 35, "pattern": "^[A-Za-z0-9_-]{1,35}$"}));
+    set(
+        schemas,
+        "UserInput",
+        "phone",
+        json!({"minLength": 2, "pattern": "^[ ]*[+][0-9 ().-]*[0-9][0-9 ().-]*$", "example": "+14155550100"}),
+    );
+    set(
+        schemas,
+        "UserInput",
+        "email",
+        json!({"format": "email", "minLength": 3, "maxLength": 254, "example": "alice@example.com"}),
+    );
+    // `PreferencesInput::validate`: transactional messages cannot be turned off (a channel can).
+    set(
+        schemas,
+        "PreferencesInput",
+        "categories",
+        json!({"properties": {"transactional": {"type": "boolean", "const": true}, "marketing": {"type": "boolean"}}}),
+    );
+    // `inventory::orders::place_order`: each SKU once per order. JSON Schema cannot say "unique by
+    // `sku_id`"; `uniqueItems` states the part it can, and infra/schemathesis.toml the rest.
+    set(
+        schemas,
+        "OrderRequest",
+        "items",
+        json!({"uniqueItems": true, "maxItems": tidings_core::inventory::orders::MAX_ORDER_SKUS}),
+    );
+    // `restock::rounds::apply_stock_event`: `skuId` an id (a number is read as its text), `qty`
+    // and `source` as an adjustment's, and the upstream's `eventId`, required.
+    set(
+        schemas,
+        "StockEvent",
+        "skuId",
+        json!({"type": ["string", "number"], "minLength": 1, "maxLength": 128, "pattern": "^[A-Za-z0-9._:@+-]+$"}),
+    );
+    set(schemas, "StockEvent", "qty", json!({"minimum": 1, "maximum": MAX_UNITS}));
+    set(schemas, "StockEvent", "source", json!({"enum": ["purchase_order", "return", "transfer", "manual", "damage"]}));
+    if let Some(event) = schemas.get_mut("StockEvent") {
+        let description = event.pointer("/properties/eventId/description").cloned();
+        event["properties"]["eventId"] = id_schema();
+        if let Some(d) = description {
+            event["properties"]["eventId"]["description"] = d;
+        }
+        event["properties"]["tenant"] = json!({
+            "type": ["string", "null"],
+            "description": "Only on the queue; through the API it must be omitted or be the caller's tenant",
+        });
+        event["required"] = json!(["event", "skuId", "qty", "source", "eventId"]);
+    }
+    // Unsigned fields take the whole unsigned range (utoipa writes `int64`/`int32`, whose range
+    // ends at the signed maximum).
+    set(schemas, "FaultConfig", "retry_after_s", json!({"format": "uint64", "maximum": u64::MAX}));
+    set(schemas, "FaultConfig", "fail_first_n", json!({"format": "uint32", "maximum": u32::MAX}));
+    // `ops::tenants::check_spec`: a tenant key names its tenant (an id), an operator key none; a
+    // name is 1 to 100 printable characters. (`expires_at` in the past is 422 too: no schema
+    // knows the time; infra/schemathesis.toml.)
+    if let Some(create) = schemas.get_mut("CreateKey") {
+        create["properties"]["name"] = json!({"type": ["string", "null"], "minLength": 1, "maxLength": 100, "pattern": "^[^\\x00-\\x1f\\x7f-\\x9f]+$", "description": "What the key is for, for the people who list them."});
+        let mut tenant = id_schema();
+        tenant["description"] = json!("The tenant of a tenant key (absent for an operator key).");
+        tenant["type"] = json!(["string", "null"]);
+        create["properties"]["tenant"] = tenant;
+        create["if"] = json!({"properties": {"role": {"const": "operator"}}});
+        create["then"] = json!({"properties": {"tenant": {"type": "null"}}});
+        create["else"] = json!({"required": ["tenant"], "properties": {"tenant": {"type": "string"}}});
+    }
+    // `NotificationRequest::validate`: the idempotency key's and the requester's rules, exactly
+    // one of `user_ids` (1 to 1,000) and `segment`, and `local_time` needs `send_at`.
+    set(
+        schemas,
+        "NotificationRequest",
+        "idempotency_key",
+        json!({"minLength": 1, "maxLength": 200, "pattern": "^[^#\\x00-\\x1f\\x7f-\\x9f]+$"}),
+    );
+    if let Some(requester) = schemas.get_mut("Requester").and_then(|r| r.get_mut("properties")) {
+        if requester.get("device_id").is_some() {
+            requester["device_id"] = json!({"type": ["string", "null"], "minLength": 1, "maxLength": 200, "pattern": "^[^\\x00-\\x1f\\x7f-\\x9f]+$"});
+        }
+        if requester.get("ip").is_some() {
+            requester["ip"] = json!({"type": ["string", "null"], "anyOf": [{"type": "null"}, {"format": "ipv4"}, {"format": "ipv6"}]});
+        }
+    }
+    if let Some(recipients) = schemas.get_mut("Recipients") {
+        let ids = json!({"type": "array", "items": id_schema(), "minItems": 1, "maxItems": tidings_core::notify::model::MAX_USER_IDS});
+        // Typed branches (`type: object`), which client generators read as two shapes.
+        recipients["oneOf"] = json!([
+            {"type": "object", "title": "UserIds", "required": ["user_ids"],
+             "properties": {"user_ids": ids, "segment": {"type": "null"}}},
+            {"type": "object", "title": "Segment", "required": ["segment"],
+             "properties": {"segment": id_schema(), "user_ids": {"type": "null"}}},
+        ]);
+    }
     if let Some(request) = schemas.get_mut("NotificationRequest") {
         request["if"] = json!({"required": ["local_time"], "properties": {"local_time": {"const": true}}});
         request["then"] = json!({"required": ["send_at"], "properties": {"send_at": {"type": "string"}}});
@@ -501,7 +679,7 @@ impl Modify for Conventions {
                 if path.starts_with("/dev/") {
                     add_dev_answers(op);
                 }
-                add_problem_answers(op);
+                add_problem_answers(path, op);
             }
         }
         unique_operation_ids(doc);
@@ -543,22 +721,34 @@ fn add_dev_answers(op: &mut Operation) {
     });
 }
 
-fn add_problem_answers(op: &mut Operation) {
+fn add_problem_answers(path: &str, op: &mut Operation) {
     let answers = &mut op.responses.responses;
     for (status, description) in ANY_ROUTE {
         answers.entry(status.to_owned()).or_insert_with(|| problem_response(description));
     }
+    if path.contains('{') {
+        answers.entry("404".to_owned()).or_insert_with(|| {
+            problem_response("`not_found`: what the path names does not exist, is another tenant's, or was erased")
+        });
+    }
     let secured = op.security.as_ref().is_some_and(|s| !s.is_empty());
     if secured {
-        answers
-            .entry("401".to_owned())
-            .or_insert_with(|| problem_response("Missing, unknown, revoked or expired API key"));
+        answers.entry("401".to_owned()).or_insert_with(|| {
+            problem_response("`unauthorized`, naming the `Authorization` header: none was sent, it is not `Bearer <key>`, or the key is not valid (unknown, revoked or expired)")
+        });
         answers.entry("403".to_owned()).or_insert_with(|| {
             problem_response("The key's role may not use this route: a tenant key on an operator route (`operator_only`), an operator key on a tenant's data (`operator_key`)")
         });
     }
     if op.request_body.is_some() {
-        answers.entry("413".to_owned()).or_insert_with(|| problem_response("The body is larger than 1 MiB"));
+        answers
+            .entry("413".to_owned())
+            .or_insert_with(|| problem_response("`body_too_large`: the body is larger than 1 MiB"));
+        answers.entry("415".to_owned()).or_insert_with(|| {
+            problem_response(
+                "`unsupported_media_type`, naming `Content-Type`: the body is not sent as `application/json`",
+            )
+        });
     }
 }
 

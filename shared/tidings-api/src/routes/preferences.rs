@@ -36,5 +36,6 @@ async fn get_preferences(
     Tenant(t): Tenant,
     PathParams(user_id): PathParams<String>,
 ) -> ApiResult<Json<Preferences>> {
+    super::users::not_erased(&s, &t, &user_id).await?;
     Ok(Json(preferences::get(&s.deps, &t, &user_id).await?))
 }

@@ -6,9 +6,11 @@ use axum::http::StatusCode;
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
+use serde::Serialize;
 use tidings_core::CoreError;
 use tidings_core::restock::{
-    self, NoticePage, ResendReport, StockEvent, StockEventAccepted, Subscription, SubscriptionPage, SubscriptionRequest,
+    self, NoticePage, ResendReport, StockEvent, StockEventAccepted, Subscription, SubscriptionRequest,
+    SubscriptionStatus,
 };
 
 use crate::extract::{Body, PageParams, PathParams, QueryParams, Tenant};
@@ -29,43 +31,90 @@ pub fn router() -> Router<AppState> {
         .route("/v1/ops/restock-notices/resend", post(resend))
 }
 
+/// A subscription as the API shows it: the stored record without the fields only storage
+/// reads (its sort key and creation time in milliseconds).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct StockSubscription {
+    pub subscription_id: String,
+    pub sku_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spu_id: Option<String>,
+    pub user_id: String,
+    pub status: SubscriptionStatus,
+    pub created_at: String,
+    pub updated_at: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub notified_at: Option<String>,
+    /// The batch that notified it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub batch_no: Option<String>,
+}
+
+impl From<Subscription> for StockSubscription {
+    fn from(s: Subscription) -> Self {
+        StockSubscription {
+            subscription_id: s.subscription_id,
+            sku_id: s.sku_id,
+            spu_id: s.spu_id,
+            user_id: s.user_id,
+            status: s.status,
+            created_at: s.created_at,
+            updated_at: s.updated_at,
+            notified_at: s.notified_at,
+            batch_no: s.batch_no,
+        }
+    }
+}
+
+/// One page of a user's subscriptions, newest first.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct StockSubscriptionPage {
+    pub items: Vec<StockSubscription>,
+    pub next_cursor: Option<String>,
+}
+
 /// 201 with a new WAITING subscription; 200 with the WAITING one that exists.
 #[utoipa::path(post, path = "/v1/stock-subscriptions", tag = "restock", security(("api_key" = [])), request_body = SubscriptionRequest,
-    responses((status = 201, description = "A new WAITING subscription", body = Subscription),
-        (status = 200, description = "The WAITING subscription that exists", body = Subscription)))]
+    responses((status = 201, description = "A new WAITING subscription", body = StockSubscription),
+        (status = 200, description = "The WAITING subscription that exists", body = StockSubscription)))]
 async fn subscribe(
     State(s): State<AppState>,
     Tenant(t): Tenant,
     Body(req): Body<SubscriptionRequest>,
-) -> ApiResult<(StatusCode, Json<Subscription>)> {
+) -> ApiResult<(StatusCode, Json<StockSubscription>)> {
     let (sub, created) = restock::subscribe(&s.deps, &t, &req).await?;
-    Ok((if created { StatusCode::CREATED } else { StatusCode::OK }, Json(sub)))
+    Ok((if created { StatusCode::CREATED } else { StatusCode::OK }, Json(sub.into())))
 }
 
 /// 200 CANCELLED; the record stays.
 #[utoipa::path(delete, path = "/v1/stock-subscriptions/{subscription_id}", tag = "restock", security(("api_key" = [])),
     params(("subscription_id" = String, Path, description = "The subscription id")),
-    responses((status = 200, description = "CANCELLED", body = Subscription),
+    responses((status = 200, description = "CANCELLED", body = StockSubscription),
         (status = 404, description = "No such subscription", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Not cancellable in its status", body = Problem, content_type = "application/problem+json")))]
 async fn cancel(
     State(s): State<AppState>,
     Tenant(t): Tenant,
     PathParams(id): PathParams<String>,
-) -> ApiResult<Json<Subscription>> {
-    Ok(Json(restock::cancel(&s.deps, &t, &id).await?))
+) -> ApiResult<Json<StockSubscription>> {
+    Ok(Json(restock::cancel(&s.deps, &t, &id).await?.into()))
 }
 
 #[utoipa::path(get, path = "/v1/users/{user_id}/stock-subscriptions", tag = "restock", security(("api_key" = [])),
     params(("user_id" = String, Path, description = "The user id"), PageParams),
-    responses((status = 200, description = "The user's subscriptions, newest first", body = SubscriptionPage)))]
+    responses((status = 200, description = "The user's subscriptions, newest first", body = StockSubscriptionPage)))]
 async fn list_for_user(
     State(s): State<AppState>,
     Tenant(t): Tenant,
     PathParams(user_id): PathParams<String>,
     QueryParams(page): QueryParams<PageParams>,
-) -> ApiResult<Json<SubscriptionPage>> {
-    Ok(Json(restock::list_for_user(&s.deps, &t, &user_id, page.limit()?, page.cursor).await?))
+) -> ApiResult<Json<StockSubscriptionPage>> {
+    super::users::not_erased(&s, &t, &user_id).await?;
+    let page = restock::list_for_user(&s.deps, &t, &user_id, page.limit()?, page.cursor).await?;
+    Ok(Json(StockSubscriptionPage {
+        items: page.items.into_iter().map(StockSubscription::from).collect(),
+        next_cursor: page.next_cursor,
+    }))
 }
 
 /// The upstream `stock.in` event, applied once as an adjustment → 202 (the alerts follow).

@@ -58,6 +58,7 @@ async fn list_devices(
     PathParams(user_id): PathParams<String>,
     QueryParams(page): QueryParams<PageParams>,
 ) -> ApiResult<Json<DevicePage>> {
+    not_erased(&s, &t, &user_id).await?;
     Ok(Json(lists::devices(&s.deps, &t, &user_id, page.limit()?, page.cursor).await?))
 }
 
@@ -88,4 +89,13 @@ async fn get_user(
         Some(u) => Ok(Json(u)),
         None => Err(Problem::not_found("user").into()),
     }
+}
+
+/// 404 for a user erased and not written since (`people::erasure::is_erased`): what was theirs
+/// is gone, and reading it answers as reading the user does.
+pub(super) async fn not_erased(s: &AppState, t: &tidings_core::TenantId, user_id: &str) -> ApiResult<()> {
+    if tidings_core::people::erasure::is_erased(&s.deps, t, user_id).await? {
+        return Err(crate::problem::Problem::not_found("user (erased)").into());
+    }
+    Ok(())
 }

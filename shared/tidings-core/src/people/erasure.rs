@@ -105,6 +105,17 @@ async fn delete_all(deps: &Deps, pk: &str, prefix: &str, keep: Option<&Key>) -> 
     }
 }
 
+/// Whether the user was erased and not written since: what was theirs (preferences, devices,
+/// inbox, stock subscriptions) reads as absent, 404, until `PUT /v1/users/{id}` writes the user
+/// again, as the user itself does. One read when the user was never erased.
+pub async fn is_erased(deps: &Deps, t: &TenantId, user_id: &str) -> CoreResult<bool> {
+    check_id("user_id", user_id)?;
+    if erasure_of(deps, t, user_id).await?.is_none() {
+        return Ok(false);
+    }
+    Ok(deps.table.get(&keys::user(t, user_id)).await?.is_none())
+}
+
 /// Erases the user (module documentation).
 pub async fn erase(deps: &Deps, t: &TenantId, user_id: &str) -> CoreResult<()> {
     check_id("user_id", user_id)?;

@@ -496,7 +496,7 @@ fn check_field(field: Field, text: &str, html: bool, params: &Value) -> Result<(
     sandbox(text)?;
     let mut env = environment();
     env.set_undefined_behavior(UndefinedBehavior::Chainable);
-    env.add_template_owned(template_name(html), text.to_owned()).map_err(|e| TemplateError::Render(e.to_string()))?;
+    env.add_template_owned(template_name(html), text.to_owned()).map_err(|e| TemplateError::Render(engine_text(&e)))?;
     match run(&env, field, html, params, field.max_rendered()) {
         Err(e @ TemplateError::Limit(_)) => Err(e),
         Ok(rendered) if field == Field::Sms && sms_segments(&rendered) > SMS_MAX_SEGMENTS => {
@@ -552,7 +552,7 @@ fn compiled(text: &str, html: bool, undefined: UndefinedBehavior) -> Result<Arc<
     sandbox(text)?;
     let mut env = environment();
     env.set_undefined_behavior(undefined);
-    env.add_template_owned(template_name(html), text.to_owned()).map_err(|e| TemplateError::Render(e.to_string()))?;
+    env.add_template_owned(template_name(html), text.to_owned()).map_err(|e| TemplateError::Render(engine_text(&e)))?;
     let env = Arc::new(env);
     let mut all = COMPILED.lock().unwrap_or_else(|p| p.into_inner());
     if all.iter().map(|(_, _, by_source)| by_source.len()).sum::<usize>() >= COMPILED_MAX {
@@ -570,7 +570,7 @@ fn compiled(text: &str, html: bool, undefined: UndefinedBehavior) -> Result<Arc<
 }
 
 fn run(env: &Environment<'_>, field: Field, html: bool, params: &Value, cap: usize) -> Result<String, TemplateError> {
-    let tmpl = env.get_template(template_name(html)).map_err(|e| TemplateError::Render(e.to_string()))?;
+    let tmpl = env.get_template(template_name(html)).map_err(|e| TemplateError::Render(engine_text(&e)))?;
     let mut out = CappedWriter { buf: Vec::new(), cap };
     // A panic in the engine (a builtin's bug on input nobody tried) fails this render only,
     // never the worker every tenant shares.
@@ -639,7 +639,7 @@ fn sandbox(text: &str) -> Result<(), TemplateError> {
     #[allow(clippy::default_constructed_unit_structs)]
     let syntax = SyntaxConfig::default();
     for token in tokenize(text, false, syntax, WhitespaceConfig::default()) {
-        let (token, _) = token.map_err(|e| TemplateError::Render(e.to_string()))?;
+        let (token, _) = token.map_err(|e| TemplateError::Render(engine_text(&e)))?;
         let statement = after_block_start;
         after_block_start = matches!(token, Token::BlockStart);
         match token {
@@ -735,8 +735,22 @@ fn describe(e: &minijinja::Error) -> String {
         minijinja::ErrorKind::UndefinedError => {
             format!("missing placeholder{}", e.detail().map(|d| format!(" ({d})")).unwrap_or_default())
         }
-        _ => e.to_string(),
+        _ => engine_text(e),
     }
+}
+
+/// The engine's message without the engine's own name of the template (`body.txt`), which
+/// means nothing to the shop: the caller names the field (`locales.en.email_body`), this says
+/// the line in it (docs/templates.md).
+fn engine_text(e: &minijinja::Error) -> String {
+    let mut text = e.kind().to_string();
+    if let Some(detail) = e.detail() {
+        text = format!("{text}: {detail}");
+    }
+    if let Some(line) = e.line() {
+        text = format!("{text} (line {line})");
+    }
+    text
 }
 
 /// The body of `PUT /v1/templates/{id}`. A locale's content is read here from JSON only when it
@@ -976,6 +990,26 @@ mod tests {
             assert!(!crate::templates::email::has_markup(&r.body.replace("<i>Al</i>", "")), "{}", r.body);
             assert!(r.body.contains("Hi <i>Al</i>"), "the value itself, unescaped: {}", r.body);
             assert_eq!(r.body, "Hi <i>Al</i>\n\nOrder 7 (https://shop.example/o/7)");
+        }
+    }
+
+    /// A syntax error names the field and the line in it, never the engine's own name of the
+    /// template (`body.txt`, `body.html`), which the shop never wrote.
+    #[test]
+    fn a_syntax_error_names_the_field_and_its_line() {
+        for (t, field) in [
+            (email(Some("Hi\n{% if x %}no end"), None), "locales.en.email_body"),
+            (email(Some("<p>Hi</p>\n{% if x %}no end"), None), "locales.en.email_body"),
+            (email(Some("Hi"), Some("<p>Hi</p>\n{% if x %}no end")), "locales.en.email_html"),
+        ] {
+            match t.validate() {
+                Err(CoreError::Invalid { field: f, detail }) => {
+                    assert_eq!(f, field);
+                    assert!(detail.contains("syntax error") && detail.contains("line 2"), "{detail}");
+                    assert!(!detail.contains("body.txt") && !detail.contains("body.html"), "{detail}");
+                }
+                other => panic!("accepted: {other:?}"),
+            }
         }
     }
 
