@@ -228,6 +228,65 @@ impl SendBudget {
     }
 }
 
+/// The `write` units of a request that makes many changes at once, beyond the one unit its
+/// class took when the key was checked: `POST /v1/users/batch` costs one unit per
+/// [`USERS_PER_WRITE_UNIT`] users (docs/gates.md, "API limits").
+#[derive(Clone, Default)]
+pub struct WriteUnits(Option<Pending>);
+
+/// Users of a batch that one `write` unit pays for: a batch of 1,000 costs 10, where 1,000
+/// `PUT`s cost 1,000 (one transaction holds several users; a user already so costs no write).
+pub const USERS_PER_WRITE_UNIT: usize = 100;
+
+impl<S: Send + Sync> FromRequestParts<S> for WriteUnits {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        Ok(WriteUnits(parts.extensions.get::<Pending>().cloned()))
+    }
+}
+
+impl WriteUnits {
+    /// Takes what `users` users cost in all (the request's first unit is paid already), all or
+    /// none: 429 when they are not there yet, 422 naming `users` when they never can be.
+    pub async fn take_for_users(&self, tenant: &TenantId, users: usize) -> Result<(), ApiError> {
+        let Some(pending) = &self.0 else { return Ok(()) };
+        let units = u32::try_from(users.div_ceil(USERS_PER_WRITE_UNIT)).unwrap_or(u32::MAX);
+        if units <= 1 || pending.class != RouteClass::Write {
+            return Ok(());
+        }
+        let caller = Caller::Tenant(tenant);
+        let Some(rate) = pending.limits.rate(caller, RouteClass::Write) else { return Ok(()) };
+        let burst = rate.burst_units();
+        if units > burst {
+            let most = burst as usize * USERS_PER_WRITE_UNIT;
+            return Err(Problem::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "too_many_users",
+                format!(
+                    "users: {users} users cost {units} write units ({USERS_PER_WRITE_UNIT} users a unit), more than this \
+                     tenant's write budget holds at once ({burst}): send at most {most} users a request"
+                ),
+            )
+            .with_field("users")
+            .into());
+        }
+        let Some(admission) = pending.limits.admit_n(caller, RouteClass::Write, units - 1, SystemClock.now_ms()).await
+        else {
+            return Ok(());
+        };
+        let refused = admission.refused.is_some().then(|| refusal(&admission));
+        // One member per bucket in the fields: this admission says where the bucket now stands.
+        let mut admissions = pending.admissions();
+        admissions.retain(|a| a.class != RouteClass::Write);
+        admissions.push(admission);
+        match refused {
+            Some(p) => Err(p.into()),
+            None => Ok(()),
+        }
+    }
+}
+
 fn seconds_up(d: Duration) -> u64 {
     d.as_millis().div_ceil(1000) as u64
 }

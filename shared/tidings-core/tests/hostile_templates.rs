@@ -19,15 +19,61 @@ use tidings_core::templates::{ENGINE_FAILED, LocaleContent, MAX_VALUE_BYTES, Tem
 
 /// The filters of the engine's allowlist, and names that must not exist.
 const FILTERS: &[&str] = &[
-    "abs", "attr", "batch", "bool", "capitalize", "chain", "count", "d", "default", "dictsort", "e", "escape",
-    "first", "float", "format", "groupby", "indent", "int", "items", "join", "last", "length", "lines", "list",
-    "lower", "map", "max", "min", "pprint", "reject", "rejectattr", "replace", "reverse", "round", "safe", "select",
-    "selectattr", "slice", "sort", "split", "string", "sum", "title", "trim", "unique", "upper", "zip", "tojson",
-    "urlencode", "center", "wordwrap", "truncate",
+    "abs",
+    "attr",
+    "batch",
+    "bool",
+    "capitalize",
+    "chain",
+    "count",
+    "d",
+    "default",
+    "dictsort",
+    "e",
+    "escape",
+    "first",
+    "float",
+    "format",
+    "groupby",
+    "indent",
+    "int",
+    "items",
+    "join",
+    "last",
+    "length",
+    "lines",
+    "list",
+    "lower",
+    "map",
+    "max",
+    "min",
+    "pprint",
+    "reject",
+    "rejectattr",
+    "replace",
+    "reverse",
+    "round",
+    "safe",
+    "select",
+    "selectattr",
+    "slice",
+    "sort",
+    "split",
+    "string",
+    "sum",
+    "title",
+    "trim",
+    "unique",
+    "upper",
+    "zip",
+    "tojson",
+    "urlencode",
+    "center",
+    "wordwrap",
+    "truncate",
 ];
-const TESTS: &[&str] = &[
-    "divisibleby", "startingwith", "endingwith", "sameas", "eq", "lt", "in", "filter", "test", "odd", "string",
-];
+const TESTS: &[&str] =
+    &["divisibleby", "startingwith", "endingwith", "sameas", "eq", "lt", "in", "filter", "test", "odd", "string"];
 /// What gets filtered.
 const INPUTS: &[&str] = &["[]", "'x'", "p", "items", "range(1000)", "m", "1.5", "n", "(p ~ p ~ p ~ p)"];
 /// Arguments that ask for the most.
@@ -101,7 +147,9 @@ fn corpus() -> Vec<String> {
         for b in ARGS {
             out.push(format!("{{{{ range({a}, {b})|length }}}}"));
         }
-        out.push(format!("{{{{ range({a})|length }}}}{{{{ dict(a={a})|length }}}}{{{{ debug() }}}}{{{{ namespace() }}}}"));
+        out.push(format!(
+            "{{{{ range({a})|length }}}}{{{{ dict(a={a})|length }}}}{{{{ debug() }}}}{{{{ namespace() }}}}"
+        ));
         out.push(format!("{{{{ ('%' ~ {a} ~ 's')|format('x') }}}}"));
     }
     // Loops within loops, and growth through every way a value can grow.
@@ -126,7 +174,8 @@ fn corpus() -> Vec<String> {
         "{{ p[-1000000000000000:1000000000000000] ~ items[1000000000000000:-1000000000000000]|length }}".to_owned(),
         "{% filter upper %}{% for i in range(1000) %}{{ p }}{% endfor %}{% endfilter %}".to_owned(),
         "{% macro m() %}{{ p }}{{ p }}{% endmacro %}{{ m() ~ m() }}".to_owned(),
-        "{{ loop.cycle(p) }}{% for i in range(1000) %}{{ loop.cycle(p, p) }}{{ loop.changed(p) }}{% endfor %}".to_owned(),
+        "{{ loop.cycle(p) }}{% for i in range(1000) %}{{ loop.cycle(p, p) }}{{ loop.changed(p) }}{% endfor %}"
+            .to_owned(),
         format!("{{{{ [{}]|length }}}}", vec!["p"; 2000].join(",")),
         format!("{{{{ {}p{} }}}}", "[".repeat(5000), "]".repeat(5000)),
         format!("{}x{}", "{% if true %}".repeat(500), "{% endif %}".repeat(500)),
@@ -196,7 +245,8 @@ fn every_hostile_source_is_refused_or_renders_within_its_limits() {
         // Saved: the trial render of both fields. Sent: rendered with the hostile params, as
         // plain text and (one in ten, it costs more) as an escaped HTML part.
         let _ = t.validate();
-        let channels: &[Channel] = if text.len() % 10 == 0 { &[Channel::Inapp, Channel::Email] } else { &[Channel::Inapp] };
+        let channels: &[Channel] =
+            if text.len() % 10 == 0 { &[Channel::Inapp, Channel::Email] } else { &[Channel::Inapp] };
         for &channel in channels {
             match t.render(channel, None, &params) {
                 Ok(r) => {
@@ -231,7 +281,12 @@ fn a_process_rendering_every_hostile_source_under_a_memory_limit_never_dies() {
         .arg("-c")
         .arg(format!("ulimit -v {limit_kib} && exec \"$0\" \"$@\""))
         .arg(&exe)
-        .args(["--exact", "every_hostile_source_is_refused_or_renders_within_its_limits", "--test-threads=1", "--nocapture"])
+        .args([
+            "--exact",
+            "every_hostile_source_is_refused_or_renders_within_its_limits",
+            "--test-threads=1",
+            "--nocapture",
+        ])
         .env(CHILD, "1")
         .env("MALLOC_ARENA_MAX", "1")
         .output()

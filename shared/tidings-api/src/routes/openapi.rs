@@ -80,8 +80,9 @@ const ID_PATH_PARAMS: [&str; 7] =
     ["user_id", "template_id", "sku_id", "order_id", "subscription_id", "id", "message_id"];
 
 /// Body properties checked as ids: `(schema, property)`; a property of type array has id items.
-const ID_PROPERTIES: [(&str, &str); 14] = [
+const ID_PROPERTIES: [(&str, &str); 15] = [
     ("DeviceInput", "user_id"),
+    ("BatchUser", "user_id"),
     ("AdjustmentRequest", "idempotency_key"),
     ("OrderRequest", "order_id"),
     ("OrderRequest", "user_id"),
@@ -326,6 +327,8 @@ fn constrain_bodies(schemas: &mut serde_json::Map<String, serde_json::Value>) {
     set("StockEvent", "qty", json!({"minimum": 1}));
     set("OrderRequest", "hold_seconds", json!({"minimum": 1, "maximum": MAX_HOLD_SECONDS}));
     set("UserInput", "tags", json!({"items": id_schema(), "maxItems": 50}));
+    set("BatchUser", "tags", json!({"items": id_schema(), "maxItems": 50}));
+    set("UsersBatch", "users", json!({"maxItems": tidings_core::people::users::MAX_BATCH_USERS}));
     set("NotificationRequest", "channels", json!({"minItems": 1}));
     set(
         "PreferencesInput",
@@ -344,11 +347,13 @@ fn constrain_bodies(schemas: &mut serde_json::Map<String, serde_json::Value>) {
     // `Etc/GMT-0`'s names there (openapi-python-client refuses the document).
     let zones: Vec<&str> =
         chrono_tz::TZ_VARIANTS.iter().map(|z| z.name()).filter(|z| !matches!(*z, "GMT0" | "Etc/GMT0")).collect();
-    set(
-        "UserInput",
-        "timezone",
-        json!({"enum": zones.iter().map(|z| json!(z)).chain([json!(null)]).collect::<Vec<_>>()}),
-    );
+    for schema in ["UserInput", "BatchUser"] {
+        set(
+            schema,
+            "timezone",
+            json!({"enum": zones.iter().map(|z| json!(z)).chain([json!(null)]).collect::<Vec<_>>()}),
+        );
+    }
     set("LinkHostsInput", "hosts", json!({"items": {"type": "string", "pattern": LINK_HOST_PATTERN}}));
     set("EndpointInput", "events", json!({"items": {"type": "string", "enum": subscribable}}));
     // Repeats are one subscription (the server keeps each type once): no count to exceed.

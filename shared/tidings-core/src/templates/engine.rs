@@ -148,10 +148,7 @@ static TESTS: LazyLock<Vec<(&'static str, JinjaValue)>> = LazyLock::new(|| {
 /// The global functions: `range` bounded, `dict` (as many entries as it is given). Not `debug`
 /// (the whole render state), nor `namespace` (only useful with `set`, which the sandbox refuses).
 static FUNCTIONS: LazyLock<Vec<(&'static str, JinjaValue)>> = LazyLock::new(|| {
-    vec![
-        ("range", JinjaValue::from_function(range)),
-        ("dict", JinjaValue::from_function(minijinja::functions::dict)),
-    ]
+    vec![("range", JinjaValue::from_function(range)), ("dict", JinjaValue::from_function(minijinja::functions::dict))]
 });
 
 /// Every filter, test and function call: the arguments that size something are checked before
@@ -185,16 +182,14 @@ fn check_size_arguments(name: &str, args: &[JinjaValue]) -> Result<(), minijinja
     match name {
         // `batch(n)` reserves n slots; `slice(n)` makes n lists.
         "batch" | "slice" => match args.get(1).and_then(number) {
-            Some(n) if n > MAX_RANGE as f64 => {
-                Err(limit_error(format!("{name} into {n} parts; at most {MAX_RANGE}")))
-            }
+            Some(n) if n > MAX_RANGE as f64 => Err(limit_error(format!("{name} into {n} parts; at most {MAX_RANGE}"))),
             _ => Ok(()),
         },
         // A width or precision is a buffer of that many bytes, whatever the value.
         "format" => match args.first().and_then(JinjaValue::as_str).map(widest_conversion) {
-            Some(w) if w > MAX_FORMAT_WIDTH => Err(limit_error(format!(
-                "a format width or precision of {w}; at most {MAX_FORMAT_WIDTH}"
-            ))),
+            Some(w) if w > MAX_FORMAT_WIDTH => {
+                Err(limit_error(format!("a format width or precision of {w}; at most {MAX_FORMAT_WIDTH}")))
+            }
             _ => Ok(()),
         },
         _ => Ok(()),
@@ -431,7 +426,12 @@ mod tests {
 
     #[test]
     fn a_budget_is_per_render_and_spent_by_every_call() {
-        let left = |f: &dyn Fn()| with_budget(|| { f(); WORK_LEFT.with(Cell::get) });
+        let left = |f: &dyn Fn()| {
+            with_budget(|| {
+                f();
+                WORK_LEFT.with(Cell::get)
+            })
+        };
         assert_eq!(left(&|| {}), MAX_WORK);
         assert_eq!(left(&|| spend("x", 10).unwrap()), MAX_WORK - 10);
         let e = with_budget(|| spend("upper", MAX_WORK + 1)).unwrap_err();

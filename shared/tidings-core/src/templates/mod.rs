@@ -656,7 +656,9 @@ fn sandbox(text: &str) -> Result<(), TemplateError> {
         let statement = after_block_start;
         after_block_start = matches!(token, Token::BlockStart);
         match token {
-            Token::BracketOpen | Token::ParenOpen | Token::BraceOpen => open.push((matches!(token, Token::BracketOpen), 0u8)),
+            Token::BracketOpen | Token::ParenOpen | Token::BraceOpen => {
+                open.push((matches!(token, Token::BracketOpen), 0u8))
+            }
             Token::BracketClose | Token::ParenClose | Token::BraceClose => {
                 open.pop();
             }
@@ -1125,7 +1127,9 @@ mod tests {
         let captured = "{% filter upper %}{% for i in range(1000) %}{{ p }}{% endfor %}{% endfilter %}";
         refused_at_save(&one("inapp_body", captured), "locales.en.inapp_body", "`filter` is not available");
         limit(one("inapp_body", captured).render(Channel::Inapp, None, &json!({"p": "x"})), "`filter`");
-        for text in ["{% call m() %}x{% endcall %}", "{% include 'body.txt' %}", "{% autoescape false %}x{% endautoescape %}"] {
+        for text in
+            ["{% call m() %}x{% endcall %}", "{% include 'body.txt' %}", "{% autoescape false %}x{% endautoescape %}"]
+        {
             refused_at_save(&one("sms", text), "locales.en.sms", "not available");
         }
         let allowed = "{% if a %}{% for x in b %}{{ x }}{% else %}none{% endfor %}{% elif c %}c{% endif %}{% raw %}{{ }}{% endraw %}";
@@ -1148,8 +1152,11 @@ mod tests {
             refused_or_limited(text, &p, says);
         }
         // Within bounds they work as before.
-        let r = one("sms", "{{ '%8.2f'|format(3.14159) }}|{{ [1,2,3]|batch(2)|list|length }}|{{ [1,2,3]|slice(2)|list|length }}")
-            .render(Channel::Sms, None, &json!({}));
+        let r = one(
+            "sms",
+            "{{ '%8.2f'|format(3.14159) }}|{{ [1,2,3]|batch(2)|list|length }}|{{ [1,2,3]|slice(2)|list|length }}",
+        )
+        .render(Channel::Sms, None, &json!({}));
         assert_eq!(r.map(|r| r.body), Ok("    3.14|2|2".into()));
     }
 
@@ -1158,7 +1165,11 @@ mod tests {
         // 1,000 sorts of a 32 KB list: each call is one instruction of fuel; the work budget
         // stops it.
         let p = json!({"p": "x".repeat(MAX_VALUE_BYTES)});
-        refused_or_limited("{% for i in range(1000) %}{{ p|list|sort|length }}{% endfor %}", &p, "read and build more than");
+        refused_or_limited(
+            "{% for i in range(1000) %}{{ p|list|sort|length }}{% endfor %}",
+            &p,
+            "read and build more than",
+        );
         // A value no bigger than its inputs but from many of them is over the value limit.
         refused_or_limited("{{ (p ~ p)|upper }}", &p, "at most 32768");
     }
