@@ -193,7 +193,7 @@ fn corpus() -> Vec<String> {
             }
         }
         text.push_str(" }}");
-        if rng.next() % 4 == 0 {
+        if rng.next().is_multiple_of(4) {
             text = format!("{{% for i in {} %}}{text}{{% endfor %}}", rng.pick(INPUTS));
         }
         out.push(text);

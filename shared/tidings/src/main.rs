@@ -14,8 +14,10 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod backend;
 mod bench;
 mod bench_http;
+mod bench_import;
 mod bench_peer;
 mod bench_reserve;
+mod import;
 mod keys;
 mod progress;
 mod runtime;
@@ -53,6 +55,15 @@ enum Command {
     Keys {
         #[command(subcommand)]
         command: keys::KeysCommand,
+        #[command(flatten)]
+        backend: BackendArgs,
+    },
+    /// Imports people from another system: a CSV or NDJSON file of users, or an Amazon
+    /// Pinpoint endpoint export (docs/people.md, "Importing users"). Idempotent: run it again
+    /// to finish an interrupted import; a second run writes nothing.
+    Import {
+        #[command(subcommand)]
+        command: import::ImportCommand,
         #[command(flatten)]
         backend: BackendArgs,
     },
@@ -106,6 +117,9 @@ enum BenchCommand {
     Campaign(bench::CampaignArgs),
     /// Concurrent single-unit orders against one SKU (plain or sharded).
     Reserve(bench_reserve::ReserveArgs),
+    /// N users imported from a CSV file and from a Pinpoint export (fresh database), then
+    /// again: how long each takes, and that the second run writes nothing.
+    Import(bench_import::ImportArgs),
 }
 
 #[derive(Subcommand)]
@@ -203,7 +217,9 @@ async fn main() -> anyhow::Result<()> {
         Command::Serve(args) => serve::serve(args).await,
         Command::Bench { command: BenchCommand::Campaign(args) } => bench::campaign(args).await,
         Command::Bench { command: BenchCommand::Reserve(args) } => bench_reserve::reserve(args).await,
+        Command::Bench { command: BenchCommand::Import(args) } => bench_import::import(args).await,
         Command::Keys { command, backend } => keys::run(command, &backend).await,
+        Command::Import { command, backend } => import::run(command, &backend).await,
         Command::Openapi => {
             print!("{}", tidings_api::routes::openapi::document_json()?);
             Ok(())

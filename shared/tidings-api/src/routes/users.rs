@@ -4,7 +4,7 @@ use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use serde::Deserialize;
 use tidings_core::lists::{self, DevicePage, UserPage};
-use tidings_core::people::users::{self, BatchError, BatchOutcome, BatchUser, MAX_BATCH_USERS, User, UserInput};
+use tidings_core::people::users::{self, BatchOutcome, BatchUser, MAX_BATCH_USERS, User, UserInput};
 
 use crate::extract::{Body, PageParams, PathParams, QueryParams, Tenant};
 use crate::limits::WriteUnits;
@@ -80,7 +80,7 @@ async fn put_users(
     let mut refused = Vec::new();
     let mut parsed = Vec::with_capacity(count);
     for (index, value) in batch.users.into_iter().enumerate() {
-        match batch_user(index, value) {
+        match BatchUser::from_json(index, value) {
             Ok(user) => parsed.push((index, user)),
             Err(e) => refused.push(e),
         }
@@ -89,28 +89,6 @@ async fn put_users(
     outcome.errors.extend(refused);
     outcome.errors.sort_by_key(|e| e.index);
     Ok(Json(outcome))
-}
-
-/// One user of a batch, or its error naming the field (a wrong type, an unknown field, no
-/// `user_id`).
-fn batch_user(index: usize, value: serde_json::Value) -> Result<BatchUser, BatchError> {
-    serde_path_to_error::deserialize(value).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.into_inner().to_string();
-        // serde names a missing or unknown field in its message, at the user's own path.
-        let field = if inner.starts_with("missing field `user_id`") {
-            "user_id".to_owned()
-        } else if let Some(name) = inner.strip_prefix("unknown field `").and_then(|r| r.split('`').next()) {
-            name.to_owned()
-        } else {
-            path
-        };
-        let detail = match inner.split_once(" at line ") {
-            Some((head, _)) => head.to_owned(),
-            None => inner,
-        };
-        BatchError::new(index, &field, detail)
-    })
 }
 
 /// The tenant's users, in user-id order (a user shows once written with `PUT` since the list

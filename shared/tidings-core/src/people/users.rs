@@ -1,5 +1,6 @@
 //! Users (contacts) and their preferences.
 
+use futures::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 
 use crate::deps::Deps;
@@ -206,6 +207,29 @@ pub struct BatchUser {
 }
 
 impl BatchUser {
+    /// The user at `index` of a batch from its JSON, or its error naming the field: a wrong
+    /// type, an unknown field, no `user_id` (a batch reads each user on its own, so one such
+    /// user does not refuse the others).
+    pub fn from_json(index: usize, value: serde_json::Value) -> Result<BatchUser, BatchError> {
+        serde_path_to_error::deserialize(value).map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner().to_string();
+            // serde names a missing or unknown field in its message, at the user's own path.
+            let field = if inner.starts_with("missing field `user_id`") {
+                "user_id".to_owned()
+            } else if let Some(name) = inner.strip_prefix("unknown field `").and_then(|r| r.split('`').next()) {
+                name.to_owned()
+            } else {
+                path
+            };
+            let detail = match inner.split_once(" at line ") {
+                Some((head, _)) => head.to_owned(),
+                None => inner,
+            };
+            BatchError::new(index, &field, detail)
+        })
+    }
+
     fn into_input(self) -> (String, UserInput) {
         let BatchUser { user_id, email, phone, locale, timezone, tags } = self;
         (user_id, UserInput { email, phone, locale, timezone, tags })
@@ -253,6 +277,9 @@ fn same_contacts(stored: &User, user: &User) -> bool {
         && stored.tags == user.tags
 }
 
+/// Transactions of one batch written at once.
+const CHUNKS_IN_FLIGHT: usize = 8;
+
 /// Room left in a transaction for what is not counted exactly (DynamoDB's 4 MB, less a margin).
 const BATCH_TRANSACTION_BYTES: usize = crate::sizes::MAX_TRANSACTION_BYTES - 64 * 1024;
 
@@ -295,7 +322,8 @@ pub async fn put_users(deps: &Deps, t: &TenantId, users: Vec<(usize, BatchUser)>
         read_keys.push(keys::user_entry(t, &user.user_id));
     }
     let read = deps.table.get_many(&read_keys).await?;
-    let mut chunk: Vec<(&User, Vec<Write>)> = Vec::new();
+    let mut chunks: Vec<Vec<(User, Vec<Write>)>> = Vec::new();
+    let mut chunk: Vec<(User, Vec<Write>)> = Vec::new();
     let (mut chunk_writes, mut chunk_bytes) = (0, 0);
     let mut alone: Vec<&User> = Vec::new();
     for (user, pair) in checked.iter().zip(read.chunks(2)) {
@@ -317,16 +345,23 @@ pub async fn put_users(deps: &Deps, t: &TenantId, users: Vec<(usize, BatchUser)>
         if !chunk.is_empty()
             && (chunk_writes + writes.len() > MAX_TRANSACTION_WRITES || chunk_bytes + bytes > BATCH_TRANSACTION_BYTES)
         {
-            write_chunk(deps, t, std::mem::take(&mut chunk)).await?;
+            chunks.push(std::mem::take(&mut chunk));
             (chunk_writes, chunk_bytes) = (0, 0);
         }
         chunk_writes += writes.len();
         chunk_bytes += bytes;
-        chunk.push((user, writes));
+        chunk.push((user.clone(), writes));
     }
     if !chunk.is_empty() {
-        write_chunk(deps, t, chunk).await?;
+        chunks.push(chunk);
     }
+    // The chunks hold different users' items, so they go at once: on the embedded backend one
+    // sync then commits several of them, on DynamoDB their requests overlap.
+    futures::stream::iter(chunks)
+        .map(|chunk| write_chunk(deps, t, chunk))
+        .buffer_unordered(CHUNKS_IN_FLIGHT)
+        .try_collect::<Vec<()>>()
+        .await?;
     for user in alone {
         write_user(deps, t, user).await?;
     }
@@ -336,12 +371,12 @@ pub async fn put_users(deps: &Deps, t: &TenantId, users: Vec<(usize, BatchUser)>
 
 /// Writes several users' writes in one transaction; when one of them was written meanwhile
 /// (its revision moved), each is written again on its own, over what it is now.
-async fn write_chunk(deps: &Deps, t: &TenantId, chunk: Vec<(&User, Vec<Write>)>) -> CoreResult<()> {
+async fn write_chunk(deps: &Deps, t: &TenantId, chunk: Vec<(User, Vec<Write>)>) -> CoreResult<()> {
     let writes: Vec<Write> = chunk.iter().flat_map(|(_, w)| w.iter().cloned()).collect();
     match deps.table.transact(writes).await {
         Ok(()) => Ok(()),
         Err(StoreError::ConditionFailed { .. }) => {
-            for (user, _) in chunk {
+            for (user, _) in &chunk {
                 write_user(deps, t, user).await?;
             }
             Ok(())
