@@ -475,6 +475,44 @@ mod tests {
         assert_eq!(res.status(), StatusCode::ACCEPTED, "{}", problem(res).await);
     }
 
+    /// A batch of users costs one `write` unit per 100 users (all or none), told as one member
+    /// of the fields; a batch larger than the bucket can ever hold is 422 naming `users`.
+    #[tokio::test]
+    async fn a_users_batch_costs_a_write_unit_per_hundred_users() {
+        let app = app("write:1:20").await;
+        let ip = "198.51.100.9";
+        let batch = |n: usize, from: usize| {
+            let users: Vec<_> = (from..from + n).map(|i| serde_json::json!({"user_id": format!("u{i}")})).collect();
+            serde_json::json!({ "users": users })
+        };
+        let res = call(&app, "key-a", Method::POST, "/v1/users/batch", batch(1000, 0), ip).await;
+        assert_eq!(res.status(), StatusCode::OK);
+        assert_eq!(res.headers()["ratelimit-policy"], "\"write\";q=1;w=1", "one member for the write bucket");
+        let remaining = res.headers()["ratelimit"].to_str().unwrap().to_owned();
+        assert!(remaining.starts_with("\"write\";r=10;") || remaining.starts_with("\"write\";r=11;"), "{remaining}");
+        let res = call(&app, "key-a", Method::POST, "/v1/users/batch", batch(950, 1000), ip).await;
+        assert_eq!(res.status(), StatusCode::OK, "10 more units");
+        let res = call(&app, "key-a", Method::POST, "/v1/users/batch", batch(1000, 2000), ip).await;
+        assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert!(res.headers().contains_key(header::RETRY_AFTER));
+        let p = problem(res).await;
+        assert!(p["detail"].as_str().unwrap().contains("write"), "{p}");
+        // Another tenant's bucket is its own.
+        let res = call(&app, "key-b", Method::POST, "/v1/users/batch", batch(1000, 0), ip).await;
+        assert_eq!(res.status(), StatusCode::OK);
+
+        let app = self::app("write:5").await;
+        let res = call(&app, "key-a", Method::POST, "/v1/users/batch", batch(501, 0), ip).await;
+        assert_eq!(res.status(), StatusCode::UNPROCESSABLE_ENTITY);
+        let p = problem(res).await;
+        assert_eq!((p["code"].as_str(), p["field"].as_str()), (Some("too_many_users"), Some("users")));
+        assert!(p["detail"].as_str().unwrap().contains("at most 500 users a request"), "{p}");
+        // (That request paid its first unit, as every request does: a fresh bucket for this one.)
+        let app = self::app("write:5").await;
+        let res = call(&app, "key-a", Method::POST, "/v1/users/batch", batch(500, 0), ip).await;
+        assert_eq!(res.status(), StatusCode::OK);
+    }
+
     /// Wrong keys from one address are answered 401 until its failed authentications run out,
     /// then 429 with `Retry-After` and a problem before any key is checked (a right one too);
     /// another address still gets 401 for a wrong key, and its right key works.
