@@ -40,6 +40,7 @@ pub enum ImportCommand {
     /// objects copied here): a directory, searched recursively, or one file; gzip files (or plain
     /// ones) of endpoint JSON, one endpoint a line.
     Pinpoint {
+        /// The export: the directory its objects were copied to, or one of its files.
         path: PathBuf,
         /// The tenant the users belong to.
         #[arg(long)]
