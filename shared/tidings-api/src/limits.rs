@@ -228,6 +228,65 @@ impl SendBudget {
     }
 }
 
+/// The `write` units of a request that makes many changes at once, beyond the one unit its
+/// class took when the key was checked: `POST /v1/users/batch` costs one unit per
+/// [`USERS_PER_WRITE_UNIT`] users (docs/gates.md, "API limits").
+#[derive(Clone, Default)]
+pub struct WriteUnits(Option<Pending>);
+
+/// Users of a batch that one `write` unit pays for: a batch of 1,000 costs 10, where 1,000
+/// `PUT`s cost 1,000 (one transaction holds several users; a user already so costs no write).
+pub const USERS_PER_WRITE_UNIT: usize = 100;
+
+impl<S: Send + Sync> FromRequestParts<S> for WriteUnits {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        Ok(WriteUnits(parts.extensions.get::<Pending>().cloned()))
+    }
+}
+
+impl WriteUnits {
+    /// Takes what `users` users cost in all (the request's first unit is paid already), all or
+    /// none: 429 when they are not there yet, 422 naming `users` when they never can be.
+    pub async fn take_for_users(&self, tenant: &TenantId, users: usize) -> Result<(), ApiError> {
+        let Some(pending) = &self.0 else { return Ok(()) };
+        let units = u32::try_from(users.div_ceil(USERS_PER_WRITE_UNIT)).unwrap_or(u32::MAX);
+        if units <= 1 || pending.class != RouteClass::Write {
+            return Ok(());
+        }
+        let caller = Caller::Tenant(tenant);
+        let Some(rate) = pending.limits.rate(caller, RouteClass::Write) else { return Ok(()) };
+        let burst = rate.burst_units();
+        if units > burst {
+            let most = burst as usize * USERS_PER_WRITE_UNIT;
+            return Err(Problem::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "too_many_users",
+                format!(
+                    "users: {users} users cost {units} write units ({USERS_PER_WRITE_UNIT} users a unit), more than this \
+                     tenant's write budget holds at once ({burst}): send at most {most} users a request"
+                ),
+            )
+            .with_field("users")
+            .into());
+        }
+        let Some(admission) = pending.limits.admit_n(caller, RouteClass::Write, units - 1, SystemClock.now_ms()).await
+        else {
+            return Ok(());
+        };
+        let refused = admission.refused.is_some().then(|| refusal(&admission));
+        // One member per bucket in the fields: this admission says where the bucket now stands.
+        let mut admissions = pending.admissions();
+        admissions.retain(|a| a.class != RouteClass::Write);
+        admissions.push(admission);
+        match refused {
+            Some(p) => Err(p.into()),
+            None => Ok(()),
+        }
+    }
+}
+
 fn seconds_up(d: Duration) -> u64 {
     d.as_millis().div_ceil(1000) as u64
 }
@@ -414,6 +473,44 @@ mod tests {
         let campaign = serde_json::json!({"recipients": {"segment": "vip"}, "template_id": "t", "category": "marketing", "channels": ["email"]});
         let res = call(&app, "key-a", Method::POST, "/v1/notifications", campaign, ip).await;
         assert_eq!(res.status(), StatusCode::ACCEPTED, "{}", problem(res).await);
+    }
+
+    /// A batch of users costs one `write` unit per 100 users (all or none), told as one member
+    /// of the fields; a batch larger than the bucket can ever hold is 422 naming `users`.
+    #[tokio::test]
+    async fn a_users_batch_costs_a_write_unit_per_hundred_users() {
+        let app = app("write:1:20").await;
+        let ip = "198.51.100.9";
+        let batch = |n: usize, from: usize| {
+            let users: Vec<_> = (from..from + n).map(|i| serde_json::json!({"user_id": format!("u{i}")})).collect();
+            serde_json::json!({ "users": users })
+        };
+        let res = call(&app, "key-a", Method::POST, "/v1/users/batch", batch(1000, 0), ip).await;
+        assert_eq!(res.status(), StatusCode::OK);
+        assert_eq!(res.headers()["ratelimit-policy"], "\"write\";q=1;w=1", "one member for the write bucket");
+        let remaining = res.headers()["ratelimit"].to_str().unwrap().to_owned();
+        assert!(remaining.starts_with("\"write\";r=10;") || remaining.starts_with("\"write\";r=11;"), "{remaining}");
+        let res = call(&app, "key-a", Method::POST, "/v1/users/batch", batch(950, 1000), ip).await;
+        assert_eq!(res.status(), StatusCode::OK, "10 more units");
+        let res = call(&app, "key-a", Method::POST, "/v1/users/batch", batch(1000, 2000), ip).await;
+        assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert!(res.headers().contains_key(header::RETRY_AFTER));
+        let p = problem(res).await;
+        assert!(p["detail"].as_str().unwrap().contains("write"), "{p}");
+        // Another tenant's bucket is its own.
+        let res = call(&app, "key-b", Method::POST, "/v1/users/batch", batch(1000, 0), ip).await;
+        assert_eq!(res.status(), StatusCode::OK);
+
+        let app = self::app("write:5").await;
+        let res = call(&app, "key-a", Method::POST, "/v1/users/batch", batch(501, 0), ip).await;
+        assert_eq!(res.status(), StatusCode::UNPROCESSABLE_ENTITY);
+        let p = problem(res).await;
+        assert_eq!((p["code"].as_str(), p["field"].as_str()), (Some("too_many_users"), Some("users")));
+        assert!(p["detail"].as_str().unwrap().contains("at most 500 users a request"), "{p}");
+        // (That request paid its first unit, as every request does: a fresh bucket for this one.)
+        let app = self::app("write:5").await;
+        let res = call(&app, "key-a", Method::POST, "/v1/users/batch", batch(500, 0), ip).await;
+        assert_eq!(res.status(), StatusCode::OK);
     }
 
     /// Wrong keys from one address are answered 401 until its failed authentications run out,

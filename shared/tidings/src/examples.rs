@@ -56,6 +56,35 @@ Examples:
   # POST /v1/orders over loopback with wrk, against a tidings serve started for the run
   tidings bench reserve --http --connections 16,64 --seconds 10";
 
+pub const BENCH_IMPORT: &str = "\
+Examples:
+  tidings bench import --users 100000
+  tidings bench import --users 10000 --data-dir /tmp/bench-import";
+
+pub const IMPORT: &str = "\
+Examples:
+  # Where tidings serve runs (or with its --data-dir)
+  tidings import users customers.csv --tenant acme
+  tidings import pinpoint ./pinpoint-export/ --tenant acme
+  # A deployed stack's table, with your AWS credentials (a build with --features aws)
+  TIDINGS_TABLE=tidings-prod tidings import users customers.ndjson --tenant acme --backend aws
+
+Run it again to finish an interrupted import: what is already there is not written again.";
+
+pub const IMPORT_USERS: &str = "\
+Examples:
+  # user_id,email,phone,locale,timezone,tags,marketing_opt_out (tags separated by ;)
+  tidings import users customers.csv --tenant acme
+  # One user object a line, as POST /v1/users/batch takes them
+  tidings import users customers.ndjson --tenant acme --data-dir /var/lib/tidings";
+
+pub const IMPORT_PINPOINT: &str = "\
+Examples:
+  # The objects of a Pinpoint export job, copied from its bucket (aws s3 cp --recursive)
+  tidings import pinpoint ./pinpoint-export/ --tenant acme
+  # Endpoints without a user id become users named by the endpoint
+  tidings import pinpoint ./pinpoint-export/ --tenant acme --endpoint-id-as-user";
+
 pub const KEYS: &str = "\
 Examples:
   # Where tidings serve runs (or with its --data-dir)

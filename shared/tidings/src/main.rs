@@ -14,11 +14,13 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod backend;
 mod bench;
 mod bench_http;
+mod bench_import;
 mod bench_peer;
 mod bench_reserve;
 mod config;
 mod dlq;
 mod examples;
+mod import;
 mod keys;
 mod progress;
 mod runtime;
@@ -64,6 +66,16 @@ enum Command {
     Keys {
         #[command(subcommand)]
         command: keys::KeysCommand,
+        #[command(flatten)]
+        backend: BackendArgs,
+    },
+    /// Imports people from another system: a CSV or NDJSON file of users, or an Amazon
+    /// Pinpoint endpoint export (docs/people.md, "Importing users"). Idempotent: run it again
+    /// to finish an interrupted import; a second run writes nothing.
+    #[command(after_help = examples::IMPORT)]
+    Import {
+        #[command(subcommand)]
+        command: import::ImportCommand,
         #[command(flatten)]
         backend: BackendArgs,
     },
@@ -133,6 +145,10 @@ enum BenchCommand {
     /// Concurrent single-unit orders against one SKU (plain or sharded).
     #[command(after_help = examples::BENCH_RESERVE)]
     Reserve(bench_reserve::ReserveArgs),
+    /// N users imported from a CSV file and from a Pinpoint export (fresh database), then
+    /// again: how long each takes, and that the second run writes nothing.
+    #[command(after_help = examples::BENCH_IMPORT)]
+    Import(bench_import::ImportArgs),
 }
 
 #[derive(Subcommand)]
@@ -212,9 +228,10 @@ async fn main() -> anyhow::Result<()> {
     let _ = SETTINGS.set(settings);
     let data_dir_from = data_dir_source(&matches);
     match &mut cli.command {
-        Command::Serve(ServeArgs { backend, .. }) | Command::Keys { backend, .. } | Command::Ops { backend, .. } => {
-            backend.data_dir_from = data_dir_from
-        }
+        Command::Serve(ServeArgs { backend, .. })
+        | Command::Keys { backend, .. }
+        | Command::Ops { backend, .. }
+        | Command::Import { backend, .. } => backend.data_dir_from = data_dir_from,
         Command::Config(args) => {
             let sub = matches.subcommand_matches("config");
             let source = |id: &str| sub.and_then(|m| m.value_source(id));
@@ -226,7 +243,9 @@ async fn main() -> anyhow::Result<()> {
         Command::Serve(args) => serve::serve(args).await,
         Command::Bench { command: BenchCommand::Campaign(args) } => bench::campaign(args).await,
         Command::Bench { command: BenchCommand::Reserve(args) } => bench_reserve::reserve(args).await,
+        Command::Bench { command: BenchCommand::Import(args) } => bench_import::import(args).await,
         Command::Keys { command, backend } => keys::run(command, &backend).await,
+        Command::Import { command, backend } => import::run(command, &backend).await,
         Command::Openapi => {
             print!("{}", tidings_api::routes::openapi::document_json()?);
             Ok(())

@@ -82,8 +82,9 @@ const ID_PATH_PARAMS: [&str; 7] =
     ["user_id", "template_id", "sku_id", "order_id", "subscription_id", "id", "message_id"];
 
 /// Body properties checked as ids: `(schema, property)`; a property of type array has id items.
-const ID_PROPERTIES: [(&str, &str); 14] = [
+const ID_PROPERTIES: [(&str, &str); 15] = [
     ("DeviceInput", "user_id"),
+    ("BatchUser", "user_id"),
     ("AdjustmentRequest", "idempotency_key"),
     ("OrderRequest", "order_id"),
     ("OrderRequest", "user_id"),
@@ -390,6 +391,8 @@ fn constrain_bodies(schemas: &mut serde_json::Map<String, serde_json::Value>) {
         }
     }
     set(schemas, "WarmUpRequest", "on_hand", json!({"minimum": 0, "maximum": MAX_UNITS}));
+    set(schemas, "BatchUser", "tags", json!({"items": id_schema(), "maxItems": 50}));
+    set(schemas, "UsersBatch", "users", json!({"maxItems": tidings_core::people::users::MAX_BATCH_USERS}));
     set(
         schemas,
         "AdjustmentRequest",
@@ -427,12 +430,14 @@ fn constrain_bodies(schemas: &mut serde_json::Map<String, serde_json::Value>) {
     // `Etc/GMT-0`'s names there (openapi-python-client refuses the document).
     let zones: Vec<&str> =
         chrono_tz::TZ_VARIANTS.iter().map(|z| z.name()).filter(|z| !matches!(*z, "GMT0" | "Etc/GMT0")).collect();
-    set(
-        schemas,
-        "UserInput",
-        "timezone",
-        json!({"enum": zones.iter().map(|z| json!(z)).chain([json!(null)]).collect::<Vec<_>>()}),
-    );
+    for schema in ["UserInput", "BatchUser"] {
+        set(
+            schemas,
+            schema,
+            "timezone",
+            json!({"enum": zones.iter().map(|z| json!(z)).chain([json!(null)]).collect::<Vec<_>>()}),
+        );
+    }
     set(schemas, "LinkHostsInput", "hosts", json!({"items": {"type": "string", "pattern": LINK_HOST_PATTERN}}));
     set(schemas, "EndpointInput", "events", json!({"items": {"type": "string", "enum": subscribable}}));
     // Repeats are one subscription (the server keeps each type once): no count to exceed.
@@ -447,19 +452,21 @@ fn constrain_bodies(schemas: &mut serde_json::Map<String, serde_json::Value>) {
     // is `+` and digits with the separators `e164` skips; an email is one address. Whether a
     // number is in its country's plan, or an address meets every RFC 5322 rule, no pattern says:
     // infra/schemathesis.toml lets that route answer 422 naming the field.
-    set(schemas, "UserInput", "locale", json!({"minLength": 1, "maxLength": 35, "pattern": "^[A-Za-z0-9_-]{1,35}$"}));
-    set(
-        schemas,
-        "UserInput",
-        "phone",
-        json!({"minLength": 2, "pattern": "^[ ]*[+][0-9 ().-]*[0-9][0-9 ().-]*$", "example": "+14155550100"}),
-    );
-    set(
-        schemas,
-        "UserInput",
-        "email",
-        json!({"format": "email", "minLength": 3, "maxLength": 254, "example": "alice@example.com"}),
-    );
+    for schema in ["UserInput", "BatchUser"] {
+        set(schemas, schema, "locale", json!({"minLength": 1, "maxLength": 35, "pattern": "^[A-Za-z0-9_-]{1,35}$"}));
+        set(
+            schemas,
+            schema,
+            "phone",
+            json!({"minLength": 2, "pattern": "^[ ]*[+][0-9 ().-]*[0-9][0-9 ().-]*$", "example": "+14155550100"}),
+        );
+        set(
+            schemas,
+            schema,
+            "email",
+            json!({"format": "email", "minLength": 3, "maxLength": 254, "example": "alice@example.com"}),
+        );
+    }
     // `PreferencesInput::validate`: transactional messages cannot be turned off (a channel can).
     set(
         schemas,

@@ -1,8 +1,9 @@
 //! The people a tenant sends to: users and their contacts, devices, preferences (categories,
-//! channels, quiet hours, caps), suppressed addresses, and erasure.
+//! channels, quiet hours, caps), suppressed addresses, erasure, and importing people.
 
 pub mod devices;
 pub mod erasure;
+pub mod import;
 pub mod preferences;
 pub mod suppression;
 pub mod users;

@@ -216,6 +216,23 @@ pub async fn put(deps: &Deps, t: &TenantId, user_id: &str, input: PreferencesInp
     Err(CoreError::conflict("concurrent_update", "the preferences changed while they were being updated; try again"))
 }
 
+/// The user leaves marketing on every channel (`categories.marketing: false`): what the one-click
+/// unsubscribe link does (`tracking::unsubscribe`) and what an imported opt-out means
+/// (docs/people.md, "Importing users"). `false` when the user had left it already: nothing is
+/// written then, so doing it again changes nothing.
+pub async fn leave_marketing(deps: &Deps, t: &TenantId, user_id: &str) -> CoreResult<bool> {
+    let marketing = category_name(Category::Marketing);
+    if !get(deps, t, user_id).await?.category_on(Category::Marketing) {
+        return Ok(false);
+    }
+    let input = PreferencesInput {
+        categories: Some([(marketing.to_owned(), false)].into_iter().collect()),
+        ..PreferencesInput::default()
+    };
+    put(deps, t, user_id, input).await?;
+    Ok(true)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -26,7 +26,7 @@ use crate::ids::TenantId;
 use crate::keys;
 use crate::notify::model::{Category, ChannelTask, Delivery, DeliveryStatus};
 use crate::notify::progress::{self, PAGE_ATTR, Transition};
-use crate::people::preferences::{self, PreferencesInput};
+use crate::people::preferences;
 use crate::ports::{Cond, Item, Update, attrs_of};
 pub use crate::signing::TokenError;
 pub use claims::{Claims, TokenKind};
@@ -275,11 +275,7 @@ pub async fn unsubscribe(deps: &Deps, claims: &Claims) -> CoreResult<()> {
         info!(tenant = %t, "unsubscribe link of an erased user: nothing written");
         return Ok(());
     }
-    let input = PreferencesInput {
-        categories: Some([("marketing".to_owned(), false)].into_iter().collect()),
-        ..PreferencesInput::default()
-    };
-    preferences::put(deps, t, &claims.u, input).await?;
+    preferences::leave_marketing(deps, t, &claims.u).await?;
     Ok(())
 }
 
