@@ -111,3 +111,103 @@ pub async fn a_segment_campaign_reaches_each_member_once_and_an_otp_is_not_held_
     assert!(m["oldest_age_s"].is_object(), "{m}");
     Ok(())
 }
+
+/// A neighbour's bulk that asks for the high lane is queued first: transactional notifications
+/// to 20 users each and a segment, all asking `high`, from tenant acme, whose sends are held to
+/// a tenant rate so that its backlog stays. Then globex's OTP and acme's own OTP: both are sent
+/// while most of that backlog still waits (docs/delivery.md, "Fair lanes"). An order of the
+/// sends' times, not a duration, so a loaded machine does not fail it.
+pub async fn a_neighbours_bulk_asking_high_does_not_hold_the_otps(backend: Backend) -> anyhow::Result<()> {
+    let mut opts = Options::default();
+    let acme_rate = if backend == Backend::Aws { 10 } else { 40 };
+    opts.env.retain(|(k, _)| !matches!(*k, "TIDINGS_API_RATES" | "TIDINGS_VISIBILITY_S" | "TIDINGS_TENANT_RATES"));
+    opts.env.push(("TIDINGS_API_RATES", "off".into()));
+    opts.env.push(("TIDINGS_VISIBILITY_S", "30".into()));
+    opts.env.push(("TIDINGS_TENANT_RATES", format!("default:1000,acme:{acme_rate}")));
+    let s = Server::start(backend, opts).await?;
+    let globex = s.other_tenant_key();
+    let members = if backend == Backend::Aws { 60 } else { 400 };
+    let users: Vec<Value> = (0..members)
+        .map(|i| json!({"user_id": format!("b{i:03}"), "email": format!("b{i}@example.com"), "tags": ["all"]}))
+        .chain([json!({"user_id": "own", "email": "own@example.com"})])
+        .collect();
+    let (st, v) = s.call("POST", "/v1/users/batch", Some(json!({"users": users}))).await?;
+    assert_eq!((st, &v["errors"]), (200, &json!([])), "{v}");
+    let template =
+        json!({"default_locale": "en", "locales": {"en": {"email_subject": "Hi", "email_body": "Code {{ code }}"}}});
+    for key in [&s.key, &globex] {
+        let (st, v) = s.call_as(key, "PUT", "/v1/templates/otp", Some(template.clone())).await?;
+        assert_eq!(st, 200, "{v}");
+    }
+    let (st, v) = s.call_as(&globex, "PUT", "/v1/users/shopper", Some(json!({"email": "s@example.com"}))).await?;
+    assert_eq!(st, 200, "{v}");
+
+    let send = |key: &str, body: Value| {
+        let (s, key) = (&s, key.to_owned());
+        async move {
+            let (st, v) = s.call_as(&key, "POST", "/v1/notifications", Some(body)).await?;
+            assert_eq!(st, 202, "{v}");
+            anyhow::Ok(v)
+        }
+    };
+    let mut bulk = HashSet::new();
+    for chunk in 0..members / 20 {
+        let ids: Vec<String> = (chunk * 20..chunk * 20 + 20).map(|i| format!("b{i:03}")).collect();
+        let v = send(
+            &s.key,
+            json!({"idempotency_key": format!("bulk-{chunk}"), "recipients": {"user_ids": ids},
+            "template_id": "otp", "params": {"code": "0"}, "category": "transactional", "channels": ["email"],
+            "priority": "high"}),
+        )
+        .await?;
+        assert_eq!((&v["priority"], &v["priority_lowered"]), (&json!("normal"), &json!("too_many_recipients")), "{v}");
+        bulk.insert(v["notification_id"].as_str().unwrap_or_default().to_owned());
+    }
+    let v = send(&s.key, json!({"idempotency_key": "bulk-segment", "recipients": {"segment": "all"},
+        "template_id": "otp", "params": {"code": "0"}, "category": "marketing", "channels": ["email"], "priority": "high"}))
+    .await?;
+    assert_eq!(v["priority"], "normal", "{v}");
+    bulk.insert(v["notification_id"].as_str().unwrap_or_default().to_owned());
+
+    let otp = |user: &str| {
+        json!({"idempotency_key": format!("otp-{user}"), "recipients": {"user_ids": [user]},
+        "template_id": "otp", "params": {"code": "123456"}, "category": "transactional", "channels": ["email"]})
+    };
+    let theirs = send(&globex, otp("shopper")).await?;
+    let own = send(&s.key, otp("own")).await?;
+    assert_eq!((&theirs["priority"], &own["priority"]), (&json!("high"), &json!("high")));
+    let otps: Vec<String> =
+        [theirs, own].iter().map(|v| v["notification_id"].as_str().unwrap_or_default().to_owned()).collect();
+    let at = |v: &Value| v["at"].as_str().unwrap_or_default().to_owned();
+    let otp_times = s
+        .eventually(WAIT, "both otps sent", || async {
+            let mut times = Vec::new();
+            for id in &otps {
+                match s.sends(id).await?.first() {
+                    Some(send) => times.push(at(send)),
+                    None => return Ok(None),
+                }
+            }
+            Ok(Some(times))
+        })
+        .await?;
+    let last_otp = otp_times.iter().max().cloned().unwrap_or_default();
+    // The whole bulk is sent in the end, each once; at the later OTP, most of it still waited.
+    let total = members * 2;
+    let sends = s
+        .eventually(WAIT * 2, "the bulk sent", || async {
+            let all: Vec<Value> = s
+                .sends_all()
+                .await?
+                .into_iter()
+                .filter(|v| bulk.contains(v["notification_id"].as_str().unwrap_or_default()))
+                .collect();
+            Ok((all.len() >= total).then_some(all))
+        })
+        .await?;
+    assert_eq!(sends.len(), total, "each bulk send once");
+    let before = sends.iter().filter(|v| at(v) < last_otp).count();
+    eprintln!("otps sent at {otp_times:?}; {before} of the bulk's {total} sends before the later one");
+    assert!(before * 2 < total, "{before} of {total} bulk sends went before the otps");
+    Ok(())
+}

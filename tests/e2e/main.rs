@@ -95,7 +95,10 @@ on_both_backends!(sizes as sizes_tests:
     oversized_params_and_bodies_answer_422_naming_the_field,
 );
 
-on_both_backends!(campaign as campaign_tests: a_segment_campaign_reaches_each_member_once_and_an_otp_is_not_held_up);
+on_both_backends!(campaign as campaign_tests:
+    a_segment_campaign_reaches_each_member_once_and_an_otp_is_not_held_up,
+    a_neighbours_bulk_asking_high_does_not_hold_the_otps,
+);
 
 /// Campaigns through the function binaries, their AWS cost per delivery counted and held to a
 /// budget (the embedded backend has no requests to count; its figures are `tidings bench

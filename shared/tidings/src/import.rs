@@ -19,9 +19,9 @@ use tidings_core::people::users::{BatchUser, MAX_BATCH_USERS, e164, is_email};
 use tidings_core::ports::{Platform, SystemClock};
 use tidings_core::{Deps, TenantId};
 
+use crate::BackendArgs;
 use crate::backend::Backend;
 use crate::progress::Progress;
-use crate::BackendArgs;
 
 #[derive(Subcommand)]
 pub enum ImportCommand {
