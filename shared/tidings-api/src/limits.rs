@@ -82,6 +82,20 @@ impl Pending {
     fn admissions(&self) -> std::sync::MutexGuard<'_, Vec<Admission>> {
         self.admissions.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// Keeps an admission for the answer's `RateLimit` fields (one member per bucket: it replaces
+    /// an earlier one of its class, as it says where the bucket now stands) and answers its
+    /// refusal, if it was refused.
+    fn record(&self, admission: Admission) -> Result<(), ApiError> {
+        let refused = admission.refused.is_some().then(|| refusal(&admission));
+        let mut admissions = self.admissions();
+        admissions.retain(|a| a.class != admission.class);
+        admissions.push(admission);
+        match refused {
+            Some(p) => Err(p.into()),
+            None => Ok(()),
+        }
+    }
 }
 
 fn client_ip(req: &Request) -> Option<IpAddr> {
@@ -170,12 +184,7 @@ pub async fn admit_tenant(parts: &Parts, tenant: &TenantId) -> Result<(), ApiErr
     else {
         return Ok(());
     };
-    let refused = admission.refused.is_some().then(|| refusal(&admission));
-    pending.admissions().push(admission);
-    match refused {
-        Some(p) => Err(p.into()),
-        None => Ok(()),
-    }
+    pending.record(admission)
 }
 
 /// The recipients budget of a send (`recipients` in `TIDINGS_API_RATES`): a notification to
@@ -219,12 +228,7 @@ impl SendBudget {
         else {
             return Ok(());
         };
-        let refused = admission.refused.is_some().then(|| refusal(&admission));
-        pending.admissions().push(admission);
-        match refused {
-            Some(p) => Err(p.into()),
-            None => Ok(()),
-        }
+        pending.record(admission)
     }
 }
 
@@ -275,15 +279,7 @@ impl WriteUnits {
         else {
             return Ok(());
         };
-        let refused = admission.refused.is_some().then(|| refusal(&admission));
-        // One member per bucket in the fields: this admission says where the bucket now stands.
-        let mut admissions = pending.admissions();
-        admissions.retain(|a| a.class != RouteClass::Write);
-        admissions.push(admission);
-        match refused {
-            Some(p) => Err(p.into()),
-            None => Ok(()),
-        }
+        pending.record(admission)
     }
 }
 

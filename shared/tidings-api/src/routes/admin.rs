@@ -171,12 +171,9 @@ mod tests {
 
     use std::sync::Arc;
 
-    use axum::body::Body as HttpBody;
-    use axum::http::{Method, Request};
-    use http_body_util::BodyExt;
+    use axum::http::Method;
     use serde_json::Value;
     use tidings_core::ops::tenants::{self, KeySpec, Role};
-    use tower::ServiceExt;
 
     use crate::state::AppState;
 
@@ -187,17 +184,7 @@ mod tests {
     }
 
     async fn call(app: &axum::Router, key: &str, method: Method, uri: &str, body: &str) -> (u16, Value) {
-        let req = Request::builder()
-            .method(method)
-            .uri(uri)
-            .header("authorization", format!("Bearer {key}"))
-            .header("content-type", "application/json")
-            .body(HttpBody::from(body.to_owned()))
-            .unwrap();
-        let res = app.clone().oneshot(req).await.unwrap();
-        let status = res.status().as_u16();
-        let bytes = res.into_body().collect().await.unwrap().to_bytes();
-        (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+        crate::test_support::call_json(app, key, method, uri, body.to_owned()).await
     }
 
     #[tokio::test]

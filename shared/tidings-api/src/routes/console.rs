@@ -89,8 +89,8 @@ mod tests {
     use http_body_util::BodyExt;
     use tower::ServiceExt;
 
-    async fn headers_of(uri: &str) -> axum::http::HeaderMap {
-        let res = super::router()
+    async fn response(uri: &str) -> axum::response::Response {
+        super::router()
             .with_state(crate::AppState {
                 deps: crate::test_support::memory_deps(),
                 queue_names: std::sync::Arc::new(Vec::new()),
@@ -99,8 +99,11 @@ mod tests {
             })
             .oneshot(Request::get(uri).body(Body::empty()).unwrap())
             .await
-            .unwrap();
-        res.headers().clone()
+            .unwrap()
+    }
+
+    async fn headers_of(uri: &str) -> axum::http::HeaderMap {
+        response(uri).await.headers().clone()
     }
 
     /// Clickjacking and injected code: the page may not be framed, and runs only its own inline
@@ -132,16 +135,7 @@ mod tests {
     }
 
     async fn get(uri: &str) -> (u16, String, String) {
-        let res = super::router()
-            .with_state(crate::AppState {
-                deps: crate::test_support::memory_deps(),
-                queue_names: std::sync::Arc::new(Vec::new()),
-                dev: None,
-                live: None,
-            })
-            .oneshot(Request::get(uri).body(Body::empty()).unwrap())
-            .await
-            .unwrap();
+        let res = response(uri).await;
         let status = res.status().as_u16();
         let ct = res.headers().get("content-type").map(|v| v.to_str().unwrap().to_owned()).unwrap_or_default();
         let body = String::from_utf8(res.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap();

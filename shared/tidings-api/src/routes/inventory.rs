@@ -169,17 +169,7 @@ mod tests {
     }
 
     async fn call(app: &axum::Router, key: &str, method: Method, uri: &str, body: Option<&str>) -> (u16, Value) {
-        let req = Request::builder()
-            .method(method)
-            .uri(uri)
-            .header("authorization", format!("Bearer {key}"))
-            .header("content-type", "application/json")
-            .body(HttpBody::from(body.unwrap_or("").to_owned()))
-            .unwrap();
-        let res = app.clone().oneshot(req).await.unwrap();
-        let status = res.status().as_u16();
-        let bytes = res.into_body().collect().await.unwrap().to_bytes();
-        (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+        crate::test_support::call_json(app, key, method, uri, body.unwrap_or("").to_owned()).await
     }
 
     #[tokio::test]

@@ -177,12 +177,9 @@ mod tests {
 
     use std::sync::Arc;
 
-    use axum::body::Body as HttpBody;
-    use axum::http::{Method, Request};
-    use http_body_util::BodyExt;
+    use axum::http::Method;
     use serde_json::{Value, json};
     use tidings_core::{Deps, TenantId, ops::tenants};
-    use tower::ServiceExt;
 
     use crate::state::AppState;
 
@@ -195,17 +192,7 @@ mod tests {
     }
 
     async fn call(app: &axum::Router, key: &str, method: Method, uri: &str, body: Option<Value>) -> (u16, Value) {
-        let req = Request::builder()
-            .method(method)
-            .uri(uri)
-            .header("authorization", format!("Bearer {key}"))
-            .header("content-type", "application/json")
-            .body(HttpBody::from(body.map(|b| b.to_string()).unwrap_or_default()))
-            .unwrap();
-        let res = app.clone().oneshot(req).await.unwrap();
-        let status = res.status().as_u16();
-        let bytes = res.into_body().collect().await.unwrap().to_bytes();
-        (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+        crate::test_support::call_json(app, key, method, uri, body.map(|b| b.to_string()).unwrap_or_default()).await
     }
 
     /// Each user stands or falls alone: the good ones are written, each bad one is named by its
