@@ -156,6 +156,7 @@ fn request(id: &str, n: &str, receive_count: u32) -> Received {
         body: json!({"tenant": "shop", "notification_id": n}).to_string(),
         receive_count,
         sent_at_ms: 0,
+        group: None,
     }
 }
 
@@ -326,6 +327,7 @@ async fn a_channel_batch_sets_aside_only_the_message_that_ended_the_process() {
         body: body.into(),
         receive_count,
         sent_at_ms: 0,
+        group: None,
     };
     let batch = [message("c-1", "{}", 3), message("c-2", "{\"send\": 1}", 1), message("c-3", "{\"send\": 2}", 2)];
     let outcomes = route_batch(&fx.process(), lane, &batch, None).await;

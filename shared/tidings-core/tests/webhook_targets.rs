@@ -95,6 +95,7 @@ async fn post_through(answer: fn(usize) -> Option<IpAddr>, attempts: usize) -> R
             body: serde_json::to_string(&body).unwrap(),
             receive_count: 1,
             sent_at_ms: 0,
+            group: None,
         };
         run.outcomes.push(route(&deps, Lane::Webhooks, &received).await);
         let last = webhooks::get(&deps, &t, &endpoint.endpoint_id).await.unwrap().last_attempt.unwrap();
