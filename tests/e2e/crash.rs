@@ -68,6 +68,9 @@ async fn run_with_sends(
     // `CRASHES + 1` times: the DLQ's threshold is raised above that, so that what is tested is
     // recovery, not how many crashes a message survives.
     opts.env.push(("TIDINGS_MAX_RECEIVES", "12".into()));
+    // The same for the rule that sets aside a message whose handling ended the process
+    // (docs/delivery.md, "A message that ends the process"): here every end is the test's.
+    opts.env.push(("TIDINGS_SET_ASIDE_AFTER_CRASHES", "12".into()));
     let mut s = Server::start(backend, opts).await?;
     setup(&s).await?;
     let request = json!({"idempotency_key": format!("crash-{point}"), "recipients": {"user_ids": USERS},

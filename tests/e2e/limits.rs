@@ -71,7 +71,8 @@ pub async fn one_tenant_over_its_rate_is_refused_while_another_tenants_otps_are_
     for r in flood {
         let (st, headers, body) = r?;
         let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
-        assert_eq!(header("ratelimit-policy"), "\"send\";q=5;w=1", "{st} {body}");
+        // An accepted send also took its recipients (one unit, from a bucket of 1,000).
+        assert!(header("ratelimit-policy").starts_with("\"send\";q=5;w=1"), "{st} {body}");
         match st {
             202 => accepted += 1,
             429 => {

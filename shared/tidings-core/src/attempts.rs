@@ -39,6 +39,9 @@ pub struct Marker {
     /// Whether it was the attempt alone, made after an ambiguous end.
     #[serde(default)]
     pub alone: bool,
+    /// Ends of the process, alone, this message was handled through before this attempt.
+    #[serde(default)]
+    pub crashes: u32,
     /// When the table may drop it (epoch seconds), as for every expiring item.
     pub ttl: i64,
 }

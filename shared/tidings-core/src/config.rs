@@ -37,6 +37,9 @@ pub struct CoreConfig {
     pub retry_cap: Duration,
     /// Receives before a message goes to its DLQ (the queues' redrive policy says the same).
     pub max_receives: u32,
+    /// Ends of the process a redelivered message may be handled through, alone, before it is set
+    /// aside (docs/delivery.md, "A message that ends the process").
+    pub set_aside_after_crashes: u32,
     /// Lease of a transactional delivery while the provider is called.
     pub delivery_lease: Duration,
     /// Lease of a marketing claim: after it, a delivery still `sending` is closed as `failed`
@@ -94,6 +97,7 @@ impl Default for CoreConfig {
             retry_base: Duration::from_secs(10),
             retry_cap: Duration::from_secs(15 * 60),
             max_receives: 5,
+            set_aside_after_crashes: 1,
             delivery_lease: Duration::from_secs(60),
             marketing_lease: Duration::from_secs(600),
             provider_timeout: Duration::from_secs(10),
@@ -277,6 +281,12 @@ pub static VARIABLES: &[Variable] = &[
         Kind::Number { min: 1, max: 1000 },
         "5",
         "receives before the DLQ (the redrive policies say the same)",
+    ),
+    var(
+        "TIDINGS_SET_ASIDE_AFTER_CRASHES",
+        Kind::Number { min: 1, max: 1000 },
+        "1",
+        "a redelivered message whose handling ended the process this many times, alone, goes to its DLQ",
     ),
     var(
         "TIDINGS_RELAY_SWEEP_AFTER_S",
@@ -724,6 +734,7 @@ impl Settings {
             retry_base: ms("TIDINGS_RETRY_BASE_MS"),
             retry_cap: ms("TIDINGS_RETRY_CAP_MS"),
             max_receives: self.number("TIDINGS_MAX_RECEIVES") as u32,
+            set_aside_after_crashes: self.number("TIDINGS_SET_ASIDE_AFTER_CRASHES") as u32,
             delivery_lease: ms("TIDINGS_DELIVERY_LEASE_MS"),
             marketing_lease: ms("TIDINGS_MARKETING_LEASE_MS"),
             provider_timeout: ms("TIDINGS_PROVIDER_TIMEOUT_MS"),

@@ -187,10 +187,16 @@ enum Mode {
 async fn mark(deps: &Deps, lane: Lane, message: &Received, beside: u32, mode: Mode) -> Verdict {
     let key = keys::attempt(lane.name(), &message.message_id);
     let alone = mode == Mode::Alone;
-    let marker = Marker { receive: message.receive_count, beside, alone, ttl: deps.clock.now().timestamp() + KEEP_S };
-    let put = |cond| {
+    let marker = Marker {
+        receive: message.receive_count,
+        beside,
+        alone,
+        crashes: 0,
+        ttl: deps.clock.now().timestamp() + KEEP_S,
+    };
+    let put = |cond, crashes| {
         let key = key.clone();
-        let marker = marker.clone();
+        let marker = Marker { crashes, ..marker.clone() };
         async move {
             let attrs = attrs_of(&marker)?;
             deps.table.put(Item::new(key, attrs), cond).await
@@ -202,7 +208,7 @@ async fn mark(deps: &Deps, lane: Lane, message: &Received, beside: u32, mode: Mo
         Verdict::Unmarked
     };
     let cond = if mode == Mode::First { Cond::NotExists } else { Cond::Always };
-    match put(cond).await {
+    match put(cond, 0).await {
         Ok(()) => return Verdict::Marked(key),
         Err(e) if !e.is_condition_failed() => return refused(e),
         Err(_) => {}
@@ -213,14 +219,22 @@ async fn mark(deps: &Deps, lane: Lane, message: &Received, beside: u32, mode: Mo
     };
     match earlier {
         Some(earlier) if earlier.receive < message.receive_count => {
-            if earlier.beside == 0 {
+            let crashes = earlier.crashes.saturating_add(1);
+            if earlier.beside > 0 {
+                Verdict::Alone
+            } else if crashes >= deps.config.set_aside_after_crashes {
                 Verdict::SetAside(set_aside_reason(&earlier))
             } else {
-                Verdict::Alone
+                // Allowed more ends than this one (`TIDINGS_SET_ASIDE_AFTER_CRASHES`): handled
+                // again, the count carried.
+                match put(Cond::Always, crashes).await {
+                    Ok(()) => Verdict::Marked(key),
+                    Err(e) => refused(e),
+                }
             }
         }
         // Of this receive or a later one (a duplicate delivery), or unreadable: no verdict on it.
-        _ => match put(Cond::Always).await {
+        _ => match put(Cond::Always, 0).await {
             Ok(()) => Verdict::Marked(key),
             Err(e) => refused(e),
         },

@@ -212,6 +212,28 @@ async fn a_message_that_ends_the_process_at_a_redelivery_is_set_aside_at_the_nex
     assert_eq!(letter.original_body, third.body);
 }
 
+/// `TIDINGS_SET_ASIDE_AFTER_CRASHES=2`: the first end on a restart is counted and the message
+/// handled again; the second sets it aside.
+#[tokio::test]
+async fn a_higher_threshold_counts_the_ends_before_setting_a_message_aside() {
+    let fx = fixture();
+    let process = || {
+        let deps = fx.process();
+        let config = tidings_core::CoreConfig { set_aside_after_crashes: 2, ..(*deps.config).clone() };
+        Deps { config: Arc::new(config), ..deps }
+    };
+    fx.table.stall("n-1");
+    ends(stuck(&fx, &process(), &[request("m-1", "n-1", 1)]).await).await;
+    ends(stuck(&fx, &process(), &[request("m-1", "n-1", 2)]).await).await;
+    // Receive 3: one end counted, handled again (it ends the process once more).
+    ends(stuck(&fx, &process(), &[request("m-1", "n-1", 3)]).await).await;
+    let marker = fx.marker("m-1").await.expect("marked");
+    assert_eq!((marker.receive, marker.crashes), (3, 1));
+    fx.table.unstall("n-1");
+    let outcome = route(&process(), LANE, &request("m-1", "n-1", 4)).await;
+    assert!(matches!(&outcome, Outcome::Reject(r) if r.contains("at receive 3")), "{outcome:?}");
+}
+
 /// A redelivered message whose handler returned (a retry, a success) leaves no marker: its next
 /// receive is handled.
 #[tokio::test]
@@ -281,7 +303,7 @@ async fn a_message_that_begins_beside_a_lone_attempt_is_counted_in_its_marker() 
 #[tokio::test]
 async fn an_attempt_alone_waits_for_the_messages_in_flight() {
     let fx = fixture();
-    let earlier = Marker { receive: 2, beside: 1, alone: false, ttl: 0 };
+    let earlier = Marker { receive: 2, beside: 1, alone: false, crashes: 0, ttl: 0 };
     let key = keys::attempt(LANE.name(), "m-1");
     fx.world.deps.table.put(Item::new(key, attrs_of(&earlier).unwrap()), Cond::Always).await.unwrap();
     fx.table.stall("n-2");
@@ -318,7 +340,7 @@ async fn a_message_whose_marker_cannot_be_written_is_handled() {
 async fn a_channel_batch_sets_aside_only_the_message_that_ended_the_process() {
     let fx = fixture();
     let lane = Lane::Channel(Channel::Sms, Urgency::Low);
-    let earlier = Marker { receive: 2, beside: 0, alone: false, ttl: 0 };
+    let earlier = Marker { receive: 2, beside: 0, alone: false, crashes: 0, ttl: 0 };
     let key = keys::attempt(lane.name(), "c-1");
     fx.world.deps.table.put(Item::new(key, attrs_of(&earlier).unwrap()), Cond::Always).await.unwrap();
     let message = |id: &str, body: &str, receive_count| Received {
@@ -366,7 +388,7 @@ async fn a_redelivered_message_cut_off_at_its_deadline_is_not_set_aside() {
 #[tokio::test(start_paused = true)]
 async fn an_attempt_alone_that_ran_beside_others_is_not_conclusive() {
     let fx = fixture();
-    let earlier = Marker { receive: 2, beside: 1, alone: false, ttl: 0 };
+    let earlier = Marker { receive: 2, beside: 1, alone: false, crashes: 0, ttl: 0 };
     let key = keys::attempt(LANE.name(), "m-1");
     fx.world.deps.table.put(Item::new(key, attrs_of(&earlier).unwrap()), Cond::Always).await.unwrap();
     fx.table.stall("n-1");
