@@ -37,7 +37,7 @@ from tidings_client.models import (
     NotificationStatus,
     NotificationView,
     Problem,
-    Recipients,
+    UserIds,
     Template,
     TemplateInput,
     TemplateInputLocales,
@@ -113,7 +113,7 @@ def main() -> None:
 
         def request(order_id: str) -> NotificationRequest:
             return NotificationRequest(
-                recipients=Recipients(user_ids=users),
+                recipients=UserIds(user_ids=users),
                 template_id=template_id,
                 params=NotificationRequestParams.from_dict({"order_id": order_id}),
                 category=Category.TRANSACTIONAL,

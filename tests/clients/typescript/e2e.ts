@@ -10,7 +10,6 @@ import createClient, { type Middleware } from "openapi-fetch";
 import type { components, paths } from "./generated/schema.js";
 
 type Problem = components["schemas"]["Problem"];
-type NotificationRequest = components["schemas"]["NotificationRequest"];
 type NotificationView = components["schemas"]["NotificationView"];
 type Delivery = components["schemas"]["Delivery"];
 
@@ -112,14 +111,15 @@ async function main(): Promise<void> {
     problem(error, response, 422, "invalid_field", "locales.en.email_body");
   }
 
-  const request = (orderId: string): NotificationRequest => ({
+  const request = (orderId: string) => ({
     recipients: { user_ids: users },
     template_id: templateId,
     params: { order_id: orderId },
-    category: "transactional",
-    channels: ["email"],
+    category: "transactional" as const,
+    channels: ["email" as const],
   });
-  const send = (body: NotificationRequest, idempotencyKey: string) =>
+  // Typed where it is sent: the body openapi-fetch checks against the document.
+  const send = (body: ReturnType<typeof request> & { idempotency_key?: string }, idempotencyKey: string) =>
     client.POST("/v1/notifications", { body, params: { header: { "Idempotency-Key": idempotencyKey } } });
 
   // Send with an Idempotency-Key header; the same key and body again is the same notification.
