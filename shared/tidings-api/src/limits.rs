@@ -86,6 +86,29 @@ impl Pending {
     /// Keeps an admission for the answer's `RateLimit` fields (one member per bucket: it replaces
     /// an earlier one of its class, as it says where the bucket now stands) and answers its
     /// refusal, if it was refused.
+    /// Takes `take` units of `tenant`'s `class` bucket, all or none, for a request that costs
+    /// `cost` in all: 422 from `too_many` (given the burst) when `cost` is more than the bucket
+    /// ever holds, 429 when the units are not there yet.
+    async fn take_units(
+        &self,
+        tenant: &TenantId,
+        class: RouteClass,
+        cost: u32,
+        take: u32,
+        too_many: impl FnOnce(u32) -> Problem,
+    ) -> Result<(), ApiError> {
+        let caller = Caller::Tenant(tenant);
+        let Some(rate) = self.limits.rate(caller, class) else { return Ok(()) };
+        let burst = rate.burst_units();
+        if cost > burst {
+            return Err(too_many(burst).into());
+        }
+        let Some(admission) = self.limits.admit_n(caller, class, take, SystemClock.now_ms()).await else {
+            return Ok(());
+        };
+        self.record(admission)
+    }
+
     fn record(&self, admission: Admission) -> Result<(), ApiError> {
         let refused = admission.refused.is_some().then(|| refusal(&admission));
         let mut admissions = self.admissions();
@@ -208,27 +231,20 @@ impl SendBudget {
         if recipients == 0 {
             return Ok(());
         }
-        let caller = Caller::Tenant(tenant);
-        let Some(rate) = pending.limits.rate(caller, RouteClass::Recipients) else { return Ok(()) };
-        let burst = rate.burst_units();
-        if recipients > burst as usize {
-            return Err(Problem::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "too_many_recipients",
-                format!(
-                    "recipients.user_ids: {recipients} users, more than this tenant's recipients budget holds at once \
-                     ({burst}): send them in requests of at most {burst} users, or to a segment"
-                ),
-            )
-            .with_field("recipients.user_ids")
-            .into());
-        }
         let units = u32::try_from(recipients).unwrap_or(u32::MAX);
-        let Some(admission) = pending.limits.admit_n(caller, RouteClass::Recipients, units, SystemClock.now_ms()).await
-        else {
-            return Ok(());
-        };
-        pending.record(admission)
+        pending
+            .take_units(tenant, RouteClass::Recipients, units, units, |burst| {
+                Problem::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "too_many_recipients",
+                    format!(
+                        "recipients.user_ids: {recipients} users, more than this tenant's recipients budget holds at \
+                         once ({burst}): send them in requests of at most {burst} users, or to a segment"
+                    ),
+                )
+                .with_field("recipients.user_ids")
+            })
+            .await
     }
 }
 
@@ -259,27 +275,21 @@ impl WriteUnits {
         if units <= 1 || pending.class != RouteClass::Write {
             return Ok(());
         }
-        let caller = Caller::Tenant(tenant);
-        let Some(rate) = pending.limits.rate(caller, RouteClass::Write) else { return Ok(()) };
-        let burst = rate.burst_units();
-        if units > burst {
-            let most = burst as usize * USERS_PER_WRITE_UNIT;
-            return Err(Problem::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "too_many_users",
-                format!(
-                    "users: {users} users cost {units} write units ({USERS_PER_WRITE_UNIT} users a unit), more than this \
-                     tenant's write budget holds at once ({burst}): send at most {most} users a request"
-                ),
-            )
-            .with_field("users")
-            .into());
-        }
-        let Some(admission) = pending.limits.admit_n(caller, RouteClass::Write, units - 1, SystemClock.now_ms()).await
-        else {
-            return Ok(());
-        };
-        pending.record(admission)
+        // The request's first unit was taken when its key was checked.
+        pending
+            .take_units(tenant, RouteClass::Write, units, units - 1, |burst| {
+                let most = burst as usize * USERS_PER_WRITE_UNIT;
+                Problem::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "too_many_users",
+                    format!(
+                        "users: {users} users cost {units} write units ({USERS_PER_WRITE_UNIT} users a unit), more than \
+                         this tenant's write budget holds at once ({burst}): send at most {most} users a request"
+                    ),
+                )
+                .with_field("users")
+            })
+            .await
     }
 }
 
