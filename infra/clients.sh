@@ -78,11 +78,11 @@ curl -fsS "$BASE/healthz" >/dev/null || fail "tidings serve did not answer /heal
 
 status=0
 echo "-- the Python client, end to end"
-TIDINGS_URL="$BASE" TIDINGS_KEY="$key" PYTHONPATH="$PY_DIR/generated" "$VENV/bin/python" "$PY_DIR/e2e.py" \
+TIDINGS_URL="$BASE" TIDINGS_API_KEY="$key" PYTHONPATH="$PY_DIR/generated" "$VENV/bin/python" "$PY_DIR/e2e.py" \
     || status=$?
 if [ "$status" -eq 0 ]; then
     echo "-- the TypeScript client, end to end"
-    TIDINGS_URL="$BASE" TIDINGS_KEY="$key" node "$TS_DIR/dist/e2e.js" || status=$?
+    TIDINGS_URL="$BASE" TIDINGS_API_KEY="$key" node "$TS_DIR/dist/e2e.js" || status=$?
 fi
 if [ "$status" -ne 0 ]; then
     echo "== a generated client's end-to-end run failed (exit $status); the server's log:"
@@ -90,3 +90,6 @@ if [ "$status" -ne 0 ]; then
     exit "$status"
 fi
 echo "-- both generated clients passed"
+
+echo "-- the README's quickstart and client snippets, as printed (infra/readme.sh)"
+bash infra/readme.sh

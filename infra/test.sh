@@ -70,6 +70,9 @@ bash infra/schemathesis.sh
 echo "== generated clients (Python and TypeScript, from openapi.json, end to end against tidings serve)"
 bash infra/clients.sh
 
+echo "== the book (docs/, mdBook; its links are checked by tests/docs_refs.rs)"
+bash infra/book.sh
+
 echo "== clippy"
 cargo clippy --locked --workspace --all-targets -- -D warnings
 

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 /// "seeds" are fuzzing inputs, not documents). This file is not read either: it holds the
 /// examples its detectors are tested on.
 const SKIP_DIRS: &[&str] =
-    &["target", ".git", ".venv", ".venv-sam", ".ddb", "node_modules", ".tidings", "corpus", "seeds"];
+    &["target", ".git", ".venv", ".venv-sam", ".ddb", ".tools", "node_modules", ".tidings", "corpus", "seeds"];
 
 /// The kinds of file that hold comments or prose.
 const EXTENSIONS: &[&str] = &["rs", "md", "yaml", "yml", "sh", "toml", "py", "html"];
@@ -188,4 +188,156 @@ fn the_detectors_catch_each_kind_and_nothing_else() {
         docs_references("(docs/inventory.md, \"Holds expire\") and docs/README.md"),
         vec![("inventory".to_owned(), Some("Holds expire".to_owned())), ("README".to_owned(), None)]
     );
+}
+
+/// A heading's anchor as mdBook (and GitHub) make it: lower case, letters, digits, `-` and `_`
+/// kept, spaces as `-`, everything else dropped.
+fn anchor_of(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The lines of a markdown page outside fenced code blocks, with their numbers.
+fn prose_lines(page: &str) -> Vec<(usize, &str)> {
+    let mut fenced = false;
+    let mut out = Vec::new();
+    for (n, line) in page.lines().enumerate() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if !fenced {
+            out.push((n + 1, line));
+        }
+    }
+    out
+}
+
+/// Every anchor a page's headings make, a repeated heading numbered as mdBook numbers it.
+fn anchors(page: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for (_, line) in prose_lines(page) {
+        if let Some(h) = line.strip_prefix('#') {
+            let base = anchor_of(h.trim_start_matches('#'));
+            let repeats = out
+                .iter()
+                .filter(|a| {
+                    **a == base || a.strip_prefix(&format!("{base}-")).is_some_and(|n| n.parse::<u32>().is_ok())
+                })
+                .count();
+            out.push(if repeats == 0 { base } else { format!("{base}-{repeats}") });
+        }
+    }
+    out
+}
+
+/// The `[text](target)` links of a line, outside inline code.
+fn links(line: &str) -> Vec<String> {
+    let mut prose = String::new();
+    let mut in_code = false;
+    for c in line.chars() {
+        if c == '`' {
+            in_code = !in_code;
+        } else if !in_code {
+            prose.push(c);
+        }
+    }
+    let mut out = Vec::new();
+    let mut rest = prose.as_str();
+    while let Some(at) = rest.find("](") {
+        let after = &rest[at + 2..];
+        let Some(end) = after.find(')') else { break };
+        out.push(after[..end].to_owned());
+        rest = &after[end..];
+    }
+    out
+}
+
+/// What is wrong with one link of `from` (a file under `root`), if anything. `in_book`: the
+/// page is rendered by mdBook, so its links must stay among the book's files.
+fn broken_link(root: &Path, from: &Path, target: &str, in_book: bool) -> Option<String> {
+    if target.starts_with("http://") || target.starts_with("https://") || target.starts_with("mailto:") {
+        return None;
+    }
+    let (path, anchor) = target.split_once('#').map_or((target, None), |(p, a)| (p, Some(a)));
+    let dir = from.parent().expect("a file's folder");
+    let file = if path.is_empty() { from.to_path_buf() } else { dir.join(path) };
+    let Ok(file) = file.canonicalize() else { return Some(format!("{target}: no such file")) };
+    if in_book && !file.starts_with(root.join("docs")) {
+        return Some(format!("{target}: leaves the book (docs/), so it is broken in the rendered book"));
+    }
+    if let Some(anchor) = anchor {
+        let Ok(page) = fs::read_to_string(&file) else { return Some(format!("{target}: not a text page")) };
+        if !anchors(&page).iter().any(|a| a == anchor) {
+            return Some(format!("{target}: the page has no heading with the anchor #{anchor}"));
+        }
+    }
+    None
+}
+
+#[test]
+fn every_link_in_the_book_and_readme_resolves() {
+    let root = root().canonicalize().expect("the workspace root");
+    let docs = root.join("docs");
+    let summary = fs::read_to_string(docs.join("SUMMARY.md")).expect("docs/SUMMARY.md");
+    let mut pages: Vec<PathBuf> = fs::read_dir(&docs)
+        .expect("docs/")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "md"))
+        .collect();
+    pages.sort();
+    let mut findings = Vec::new();
+    let mut checked = 0;
+    for page in &pages {
+        let name = page.file_name().expect("a name").to_string_lossy().into_owned();
+        // Every page is in the book: one SUMMARY.md does not name is never rendered.
+        if name != "SUMMARY.md" && !summary.contains(&format!("]({name})")) {
+            findings.push(format!("docs/{name}: not in docs/SUMMARY.md, so the book does not have it"));
+        }
+        let text = fs::read_to_string(page).expect("a page");
+        for (n, line) in prose_lines(&text) {
+            for target in links(line) {
+                checked += 1;
+                if let Some(why) = broken_link(&root, page, &target, true) {
+                    findings.push(format!("docs/{name}:{n}: {why}"));
+                }
+            }
+        }
+    }
+    let readme = root.join("README.md");
+    let text = fs::read_to_string(&readme).expect("README.md");
+    for (n, line) in prose_lines(&text) {
+        for target in links(line) {
+            checked += 1;
+            if let Some(why) = broken_link(&root, &readme, &target, false) {
+                findings.push(format!("README.md:{n}: {why}"));
+            }
+        }
+    }
+    assert!(checked > 100, "only {checked} links found: is the walk reading the pages?");
+    assert!(findings.is_empty(), "broken links:\n{}", findings.join("\n"));
+}
+
+/// The link checker itself: a missing page, a missing anchor and a link out of the book are
+/// each caught; a repeated heading's numbered anchor and a link inside code are not.
+#[test]
+fn the_link_checker_catches_each_kind() {
+    let root = root().canonicalize().expect("the workspace root");
+    let page = root.join("docs").join("README.md");
+    assert!(broken_link(&root, &page, "nowhere.md", true).is_some());
+    assert!(broken_link(&root, &page, "inventory.md#no-such-heading", true).is_some());
+    assert!(broken_link(&root, &page, "../LICENSE", true).is_some());
+    assert_eq!(broken_link(&root, &page, "../LICENSE", false), None);
+    assert_eq!(broken_link(&root, &page, "inventory.md#holds-expire", true), None);
+    assert_eq!(anchors("# A\n## The `x` (y)!\n```\n# not a heading\n```\n## A"), ["a", "the-x-y", "a-1"]);
+    assert_eq!(links("see [a](b.md) and `[c](d.md)`"), ["b.md"]);
 }

@@ -1,4 +1,4 @@
-//! An email's text and HTML parts end to end (README, "Email parts"): a template with only a
+//! An email's text and HTML parts end to end (docs/security.md, "Email parts"): a template with only a
 //! text part and one with only an HTML part each send both parts; the text part carries no
 //! markup and its link rewritten through the click redirect, the HTML part the open pixel and
 //! its `href` rewritten. What the fake provider recorded is what SES would have been given.

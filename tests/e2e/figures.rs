@@ -1,4 +1,4 @@
-//! The operating figures (README, "Operating figures"): a backlog builds behind a slow,
+//! The operating figures (docs/operators.md, "Operating figures"): a backlog builds behind a slow,
 //! throttling email provider and drains when it recovers; `GET /v1/ops/metrics` shows the
 //! oldest pending message growing older and falling back, and every figure with a plausible
 //! value; `GET /metrics` gives the same to a Prometheus scrape, to an operator only.

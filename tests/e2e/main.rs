@@ -13,6 +13,7 @@ mod crash;
 mod dashboard;
 mod email_parts;
 mod figures;
+mod import;
 mod inventory;
 mod isolation;
 mod lambda;
@@ -102,7 +103,7 @@ on_both_backends!(campaign as campaign_tests:
 
 /// Campaigns through the function binaries, their AWS cost per delivery counted and held to a
 /// budget (the embedded backend has no requests to count; its figures are `tidings bench
-/// campaign`'s). 2,000 members for the README's table: TIDINGS_E2E_CAMPAIGN_MEMBERS=2000.
+/// campaign`'s). 2,000 members for the table of docs/performance.md: TIDINGS_E2E_CAMPAIGN_MEMBERS=2000.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn campaign_of_two_thousand_through_the_function_binaries_within_the_cost_budget() -> anyhow::Result<()> {
     shipped::campaigns_through_the_function_binaries_within_their_cost_budgets().await
@@ -268,4 +269,11 @@ async fn reserve_bench_on_aws_sells_exactly_the_stock_and_the_table_agrees() -> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bootstrap_on_aws_tells_each_resource_created_then_found() -> anyhow::Result<()> {
     progress::bootstrap_on_aws_tells_each_resource_created_then_found().await
+}
+
+/// `tidings import users` and `tidings import pinpoint --backend aws` beside a running server on
+/// the same table: read back through the API, sendable at once, a second run writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn import_through_the_aws_backend_is_read_back_through_the_api() -> anyhow::Result<()> {
+    import::a_csv_and_a_pinpoint_export_are_imported_through_the_aws_backend().await
 }

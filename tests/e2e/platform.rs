@@ -276,7 +276,7 @@ pub async fn opted_out_users_get_nothing_and_one_click_unsubscribe_works(backend
     let link = header("List-Unsubscribe");
     let path =
         link.trim_start_matches('<').trim_end_matches('>').split_once("/u/").map(|(_, t)| format!("/u/{t}")).unwrap();
-    // The open pixel and the click redirect, signed (in the HTML part: README, "Email parts").
+    // The open pixel and the click redirect, signed (in the HTML part: docs/security.md, "Email parts").
     let body = send["html"].as_str().unwrap();
     assert!(body.contains("/t/o/") && body.contains("/t/c/"), "{body}");
     let click = body.split("href=\"").nth(1).unwrap().split('"').next().unwrap();

@@ -126,6 +126,12 @@ impl Server {
         Ok(s)
     }
 
+    /// The variable `name` as this server was started with it (its table, its queues' prefix),
+    /// for a command run beside it against the same backend.
+    pub fn env_of(&self, name: &str) -> Option<(String, String)> {
+        self.env.iter().find(|(k, _)| k == name).cloned()
+    }
+
     pub fn other_tenant_key(&self) -> String {
         self.key.replace("key-acme-", "key-globex-")
     }

@@ -337,7 +337,7 @@ pub struct CostCase {
 
 /// The campaigns the cost scenario runs, in order, on one stack and one audience. The email
 /// cases fit `make test`; their budgets are wide, about a third over the marketing email figure
-/// of the earlier count (README, "The Lambda budget"), so a change that doubled a delivery's
+/// of the earlier count (docs/deploy.md, "The Lambda budget"), so a change that doubled a delivery's
 /// writes fails them. The push cases hold marketing push to the goal its send batches reach
 /// (docs/delivery.md, "Send batches": at most 2 write units and 0.2 SQS requests a delivery)
 /// and transactional push, which keeps an item per delivery and the two-phase send, to a budget
@@ -361,11 +361,11 @@ pub const COST_CASES: [CostCase; 5] = [
 /// request each function makes, and the event source mappings' receives and deletes (DynamoDB
 /// stream reads by Lambda are not billed), with DynamoDB's request units by operation and item.
 /// Each campaign of [`COST_CASES`] goes to every member (each with an email address, a phone number and a
-/// device); its `cost per delivery: {...}` line is the README's table ("AWS cost per
+/// device); its `cost per delivery: {...}` line is the table of docs/performance.md, "AWS cost per
 /// delivery"), and its budgets are asserted.
 pub async fn campaigns_through_the_function_binaries_within_their_cost_budgets() -> anyhow::Result<()> {
     use futures::StreamExt;
-    // 200 in `make test` (CI's two cores run every binary under emulation); the README's figure
+    // 200 in `make test` (CI's two cores run every binary under emulation); the figure of docs/performance.md
     // is for TIDINGS_E2E_CAMPAIGN_MEMBERS=2000.
     let members: usize = std::env::var("TIDINGS_E2E_CAMPAIGN_MEMBERS").ok().and_then(|v| v.parse().ok()).unwrap_or(200);
     let s = Stack::start(Options { concurrency: 3, ..Options::default() }).await?;

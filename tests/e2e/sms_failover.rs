@@ -1,4 +1,4 @@
-//! SMS failover between two providers (README "SMS failover"): with the primary failing, its
+//! SMS failover between two providers (docs/configuration.md, "SMS failover"): with the primary failing, its
 //! breaker opens and SMS goes out through the secondary; once the primary recovers, the
 //! breaker's probe closes it and SMS goes through the primary again.
 //!

@@ -1,4 +1,4 @@
-//! The Tidings HTTP API (its contract is the committed `openapi.json`; README, "API reference"):
+//! The Tidings HTTP API (its contract is the committed `openapi.json`; docs/http-api.md, "API reference"):
 //! one axum router, served by `lambda_http` in the `api` Lambda function and by `axum::serve` in
 //! `tidings serve`.
 

@@ -134,7 +134,7 @@ impl Provider for SesEmail {
             .collect::<Result<Vec<_>, _>>()?;
         let simple = Message::builder()
             .subject(utf8(message.subject.as_deref().unwrap_or_default())?)
-            // Both parts (README, "Email parts"): readers show the HTML, or the text without it.
+            // Both parts (docs/security.md, "Email parts"): readers show the HTML, or the text without it.
             .body(match &message.html {
                 Some(html) => Body::builder().text(utf8(&message.body)?).html(utf8(html)?).build(),
                 None => Body::builder().text(utf8(&message.body)?).build(),
@@ -189,7 +189,7 @@ impl Provider for SnsSms {
             .message(&message.body)
             .message_attributes("AWS.SNS.SMS.SMSType", sms_type);
         // SNS has no idempotency key for SMS: the delivery key goes as an attribute of the
-        // publish (README "SMS failover"), which SNS does not deduplicate on.
+        // publish (docs/configuration.md, "SMS failover"), which SNS does not deduplicate on.
         if !message.idempotency_key.is_empty() {
             let key = MessageAttributeValue::builder()
                 .data_type("String")

@@ -1,6 +1,6 @@
 //! SMS through AWS End User Messaging SMS (`pinpoint-sms-voice-v2` `SendTextMessage`): the
 //! second SMS provider beside SNS ([`crate::SnsSms`]); either may be the primary
-//! (`TIDINGS_SMS_PRIMARY` / `TIDINGS_SMS_SECONDARY`, README "SMS failover").
+//! (`TIDINGS_SMS_PRIMARY` / `TIDINGS_SMS_SECONDARY`, docs/configuration.md, "SMS failover").
 //!
 //! `SendTextMessage` takes no client token: the delivery key goes in its `Context` map, which
 //! End User Messaging copies into every event of the message (delivered, failed, ...), so an

@@ -8,7 +8,7 @@
 //! reads no environment: an edge passes its variables once ([`Settings::from_vars`] with
 //! `std::env::vars()`), and everything below it takes the parsed values. The table names the
 //! AWS backend's and the local runtime's variables too, as text: a misspelt name is found only
-//! against the whole list, and the README's configuration table is this table printed
+//! against the whole list, and the configuration table of docs/configuration.md is this table printed
 //! ([`markdown_table`]; a test compares the two).
 //!
 //! A malformed value is a [`ConfigError`] naming the variable, and the process refuses to start:
@@ -563,8 +563,14 @@ pub static VARIABLES: &[Variable] = &[
     // Tests and their harness.
     test("TIDINGS_CRASH_AT", "tests: abort at a named crash point, `name[:n]` (a `crash-points` build only)"),
     test("TIDINGS_BIN", "tests: the `tidings` binary the end-to-end tests start"),
-    test("TIDINGS_URL", "tests: the base URL the generated clients' tests call"),
-    test("TIDINGS_KEY", "tests: the tenant key the generated clients' tests use").secret(Secret::Whole),
+    // What `tidings serve` prints to paste into a shell: read by the README's quickstart and
+    // snippets and the generated clients' tests, never by the server.
+    test(
+        "TIDINGS_URL",
+        "clients: the base URL `tidings serve` prints to paste (the README's quickstart and snippets use it)",
+    ),
+    test("TIDINGS_API_KEY", "clients: the `demo` tenant's key `tidings serve` prints to paste").secret(Secret::Whole),
+    test("TIDINGS_OPERATOR_KEY", "clients: the operator key `tidings serve` prints to paste").secret(Secret::Whole),
     test("TIDINGS_LAMBDA_BINARIES", "tests: `native` runs target/debug/<function> instead of `sam build`'s"),
     test("TIDINGS_LAMBDA_TIME_SCALE", "tests: how much slower the Lambda binaries run (4 under emulation)"),
     test("TIDINGS_TEST_PYTHON", "tests: the Python of infra/.venv"),
@@ -1064,7 +1070,7 @@ pub fn env_keys(tenants: Option<&str>, operators: Option<&str>) -> Result<Vec<En
     Ok(given)
 }
 
-/// The README's configuration table: one row per variable of [`VARIABLES`].
+/// The configuration table (docs/configuration.md): one row per variable of [`VARIABLES`].
 pub fn markdown_table() -> String {
     let mut out = String::from("| variable | default | meaning |\n|---|---|---|\n");
     for v in VARIABLES {
@@ -1159,6 +1165,20 @@ mod tests {
         );
         // The misspelt setting has no effect: the default stands.
         assert_eq!(s.core().max_receives, 5);
+    }
+
+    #[test]
+    fn the_variables_serve_prints_for_the_shell_are_known_and_read_by_no_server() {
+        let printed = ["TIDINGS_URL", "TIDINGS_API_KEY", "TIDINGS_OPERATOR_KEY"];
+        let s = settings(&printed.map(|n| (n, "x"))).unwrap();
+        assert_eq!(s.unknown().count(), 0, "pasting them never warns");
+        for name in printed {
+            assert_eq!(
+                variable(name).map(|v| v.reader),
+                Some(Reader::Tests),
+                "{name}: clients read it, not the server"
+            );
+        }
     }
 
     #[test]
@@ -1266,10 +1286,10 @@ mod tests {
         }
     }
 
-    /// The README's configuration table is [`markdown_table`], row for row.
+    /// The configuration table (docs/configuration.md) is [`markdown_table`], row for row.
     #[test]
     fn the_readme_table_is_the_module_table() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md");
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/configuration.md");
         let readme = std::fs::read_to_string(path).unwrap();
         let table: Vec<&str> = readme
             .lines()
@@ -1283,8 +1303,8 @@ mod tests {
         let extra: Vec<&&str> = table.iter().filter(|l| !expected.contains(l)).collect();
         assert!(
             missing.is_empty() && extra.is_empty() && table == expected,
-            "README.md's configuration table differs from tidings_core::config::VARIABLES \
-             (print it with `tidings config --table`):\nmissing from README:\n{missing:#?}\nnot in the module:\n{extra:#?}"
+            "docs/configuration.md's table differs from tidings_core::config::VARIABLES \
+             (print it with `tidings config --table`):\nmissing from docs/configuration.md:\n{missing:#?}\nnot in the module:\n{extra:#?}"
         );
     }
 }

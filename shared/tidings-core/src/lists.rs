@@ -6,7 +6,7 @@
 //! notifications, templates and users lists are written in the same transaction as the thing
 //! they list, by the module that writes it (`notify::api`, `templates`, `people::users`), so a
 //! list never misses an item nor shows one that is not there. What was written before the
-//! lists existed has no entry (README, "Lists"): a user or template shows once it is written
+//! lists existed has no entry (docs/http-api.md, "Lists"): a user or template shows once it is written
 //! again; a notification accepted before does not show.
 
 use chrono::{DateTime, Utc};

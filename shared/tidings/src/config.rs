@@ -2,7 +2,7 @@
 //! (secrets masked) and where the value comes from: the environment, a flag (`--data-dir`,
 //! `--backend`), the data directory (the local keys a `tidings serve` made), or the default.
 //! Built from the one table, `tidings_core::config::VARIABLES` ([`Settings::in_effect`]); there is
-//! no `.env` file or other source. `--table` prints that table itself (the README's).
+//! no `.env` file or other source. `--table` prints that table itself (docs/configuration.md's).
 
 use std::path::{Path, PathBuf};
 
@@ -19,7 +19,7 @@ pub struct ConfigArgs {
     #[arg(long, conflicts_with = "table")]
     pub json: bool,
     /// The table of every variable (name, default, meaning) instead of the values in effect:
-    /// the README's configuration table.
+    /// the table of docs/configuration.md.
     #[arg(long)]
     pub table: bool,
     /// The data directory the other commands would use: what it holds is said.

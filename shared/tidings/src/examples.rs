@@ -123,7 +123,7 @@ Examples:
   tidings config
   # As the commands run with this data directory would see it, as one JSON document
   tidings config --json --data-dir /var/lib/tidings
-  # The README's table: every variable, its default and meaning
+  # The table of docs/configuration.md: every variable, its default and meaning
   tidings config --table";
 
 pub const OPS: &str = "\

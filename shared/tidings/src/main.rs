@@ -86,7 +86,7 @@ enum Command {
     /// Every `TIDINGS_*` variable in effect, and where its value comes from.
     ///
     /// Its value (secrets masked) and its source: the environment, a flag, the data directory
-    /// (the keys `tidings serve` kept there) or the default. `--table` prints the README's
+    /// (the keys `tidings serve` kept there) or the default. `--table` prints docs/configuration.md's
     /// table of every variable instead.
     #[command(after_help = examples::CONFIG)]
     Config(config::ConfigArgs),

@@ -236,13 +236,14 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         }
         crate::BackendKind::Aws => println!("Tidings is listening on http://{addr} (backend: aws)"),
     }
+    // Ready to paste: the README's quickstart and client snippets read these three.
+    println!("Paste into your shell (the README's quickstart uses them):");
+    println!("  export TIDINGS_URL={base}");
     if let Some(key) = keys.tenant {
-        println!("API key for tenant demo: {key}");
-        println!("  try: curl -H 'Authorization: Bearer {key}' http://{addr}/v1/users/alice");
+        println!("  export TIDINGS_API_KEY={key}        # tenant demo: its /v1 data");
     }
     if let Some(key) = keys.operator {
-        println!("Operator key (the console, /v1/ops, /v1/admin): {key}");
-        println!("  try: curl -H 'Authorization: Bearer {key}' http://{addr}/v1/ops/queues");
+        println!("  export TIDINGS_OPERATOR_KEY={key}   # operator: the console, /v1/ops, /v1/admin, /dev");
     }
     // The console is served with the `/dev` routes.
     if state.dev.is_some() {

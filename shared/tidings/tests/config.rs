@@ -111,7 +111,7 @@ fn config_shows_each_value_in_effect_and_where_it_comes_from() {
     assert_eq!(data_dir["note"], "a Tidings store (tidings.db)");
 }
 
-/// Without `--json`, one line per variable (name, value, source); `--table` is the README's.
+/// Without `--json`, one line per variable (name, value, source); `--table` is docs/configuration.md's.
 #[test]
 fn config_prints_a_line_per_variable_and_the_readme_table_on_request() {
     let (_, stdout, _) =

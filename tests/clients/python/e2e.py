@@ -1,6 +1,6 @@
 """The Python client generated from openapi.json (openapi-python-client), driven end to end
 against a running `tidings serve` (embedded backend): infra/clients.sh generates the client into
-tests/clients/python/generated and runs this with TIDINGS_URL and TIDINGS_KEY (a tenant key).
+tests/clients/python/generated and runs this with TIDINGS_URL and TIDINGS_API_KEY (a tenant key).
 
 Every call goes through the generated functions and models; 409 and 422 come back as the
 generated `Problem` model, and a status the document does not list raises
@@ -70,7 +70,7 @@ def problem(parsed: object, status: HTTPStatus, code: str, field: str | None = N
 
 def main() -> None:
     base_url = os.environ["TIDINGS_URL"]
-    key = os.environ["TIDINGS_KEY"]
+    key = os.environ["TIDINGS_API_KEY"]
     run = uuid.uuid4().hex[:10]
     client = AuthenticatedClient(base_url=base_url, token=key, raise_on_unexpected_status=True, timeout=30.0)
 

@@ -1,7 +1,7 @@
 // The TypeScript client generated from openapi.json (openapi-typescript types + openapi-fetch),
 // driven end to end against a running `tidings serve` (embedded backend): infra/clients.sh
 // generates generated/schema.d.ts, type-checks this file (strict), compiles it and runs it with
-// TIDINGS_URL and TIDINGS_KEY (a tenant key).
+// TIDINGS_URL and TIDINGS_API_KEY (a tenant key).
 //
 // Every call is typed by the document: paths, parameters, bodies and answers; 409 and 422 come
 // back as the `error` of the call, typed as the document's Problem.
@@ -46,8 +46,8 @@ const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
 async function main(): Promise<void> {
   const baseUrl = process.env["TIDINGS_URL"];
-  const key = process.env["TIDINGS_KEY"];
-  if (baseUrl === undefined || key === undefined) fail("TIDINGS_URL and TIDINGS_KEY must be set");
+  const key = process.env["TIDINGS_API_KEY"];
+  if (baseUrl === undefined || key === undefined) fail("TIDINGS_URL and TIDINGS_API_KEY must be set");
 
   const client = createClient<paths>({ baseUrl, headers: { Authorization: `Bearer ${key}` } });
   // A 5xx is never an answer the document allows: fail at once, whichever call it was.

@@ -181,7 +181,7 @@ impl Stack {
         let streams = Dynamo { url: streams_url, http: http.clone() };
         let stack = format!("lh{:08x}", rand::random::<u32>());
 
-        // What a shop creates outside the stack (README, "Deploy"): the signing key, the SES
+        // What a shop creates outside the stack (docs/deploy.md, "Deploy"): the signing key, the SES
         // identity, the push platform applications.
         let signing_param = format!("/{stack}/signing-key");
         ssm.put_parameter()
@@ -297,7 +297,7 @@ impl Stack {
                 .await?;
         }
 
-        // The first operator key, made as the README says: `tidings keys create` against the
+        // The first operator key, made as docs/deploy.md says: `tidings keys create` against the
         // stack's table, with the caller's credentials and no running server.
         let made = keys_cli(&table_name, &["create", "--role", "operator", "--name", "harness"]).await?;
         let ops_key = made["key"].as_str().context("tidings keys create printed no key")?.to_owned();
@@ -607,7 +607,7 @@ impl Stack {
         self.functions.iter().map(|(k, f)| (k.clone(), f.stats_now())).collect()
     }
 
-    /// Each function's binary size and init times (spawn → first `next`), for the README.
+    /// Each function's binary size and init times (spawn → first `next`), for docs/deploy.md, "The Lambda budget".
     pub fn budget(&self) -> Value {
         let stats = self.stats();
         json!(self

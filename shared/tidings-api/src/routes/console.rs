@@ -1,7 +1,7 @@
 //! The local operator console (`tidings serve` only, with the `/dev` routes): one static page
 //! and the charting library it plots with, vendored (`src/console/`, uPlot, MIT) and compiled
 //! into the binary, so the page needs neither a build step nor any other site. The page calls
-//! the API with the keys it is opened with (README, "The operator console"). These are files,
+//! the API with the keys it is opened with (docs/operators.md, "The operator console"). These are files,
 //! not API operations: they are not in `/openapi.json`.
 
 use std::sync::LazyLock;

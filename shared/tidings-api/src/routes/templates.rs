@@ -61,7 +61,7 @@ async fn preview_template(
 /// most 16 `~` or `+` per field), and a trial render without variables that must stay within
 /// the fuel and the rendered size of its channel (an SMS at most 10 segments, a push title and
 /// body 3,500 bytes). A limit that only the variables of a notification break fails that
-/// delivery with `template_error`, never retried (README, "Template limits").
+/// delivery with `template_error`, never retried (docs/security.md, "Template limits").
 #[utoipa::path(put, path = "/v1/templates/{template_id}", tag = "templates", security(("api_key" = [])),
     params(("template_id" = String, Path, description = "The template's id")),
     request_body = TemplateInput,

@@ -371,7 +371,7 @@ pub struct ChannelTask {
     pub subject: Option<String>,
     /// The message; for an email, its text part.
     pub body: String,
-    /// An email's HTML part (README, "Email parts").
+    /// An email's HTML part (docs/security.md, "Email parts").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub html: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -90,7 +90,7 @@ impl PreferencesInput {
                 ));
             }
             // Password resets, one-time codes and security alerts always go out; a user stops
-            // them per channel (`channels`) instead (README, "Which preference stops what").
+            // them per channel (`channels`) instead (docs/security.md, "Which preference stops what").
             if name == category_name(Category::Transactional) && !on {
                 return Err(CoreError::invalid(
                     "categories.transactional",

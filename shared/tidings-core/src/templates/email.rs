@@ -1,4 +1,4 @@
-//! An email's two parts (README, "Email parts"): a text part and an HTML part, either of which a
+//! An email's two parts (docs/security.md, "Email parts"): a text part and an HTML part, either of which a
 //! template may leave out and have derived from the other. Text becomes HTML by escaping, with
 //! paragraphs (a blank line) as `<p>`, other line breaks as `<br>` and bare `http(s)` URLs as
 //! anchors. HTML becomes text on html5ever's tokenizer: blocks and `<br>` as line breaks, list

@@ -3,8 +3,8 @@
 //! Placeholders are `{{ name }}`. An undefined placeholder is an error (strict mode): the send
 //! fails permanently with `template_error` instead of going out with a hole in it.
 //!
-//! An email has a text part, `email_body`, and an HTML part, `email_html` (README, "Email
-//! parts"); either may be left out and is then derived from the other ([`crate::templates::email`]). Only
+//! An email has a text part, `email_body`, and an HTML part, `email_html` (docs/security.md,
+//! "Email parts"); either may be left out and is then derived from the other ([`crate::templates::email`]). Only
 //! the HTML part escapes placeholders as HTML; the text part takes them as they are. An
 //! `email_body` written as HTML (with tags) and no `email_html` is the HTML part: templates
 //! written before there was an `email_html` kept their markup there.
