@@ -172,7 +172,7 @@ async fn an_import_writes_devices_and_opt_outs_once() {
         ),
     ];
     let tally = import_batch(&deps, &t, people.clone()).await.unwrap();
-    assert_eq!((tally.users, tally.devices, tally.opt_outs), (2, 2, 2), "{tally:?}");
+    assert_eq!((tally.counts.users, tally.counts.devices, tally.counts.opt_outs), (2, 2, 2), "{tally:?}");
     let fields: Vec<&str> = tally.errors.iter().map(|e| e.field.as_str()).collect();
     assert_eq!(fields, ["users[1].email", "users[2].devices[0].token"]);
     // The refused user's opt-out stands (a later PUT of them must not mail them marketing);
@@ -181,7 +181,13 @@ async fn an_import_writes_devices_and_opt_outs_once() {
     assert!(tidings_core::people::devices::list(&deps, &t, "p2").await.unwrap().is_empty());
     let again = import_batch(&deps, &t, people).await.unwrap();
     assert_eq!(
-        (again.users_unchanged, again.devices, again.devices_unchanged, again.opt_outs, again.opt_outs_unchanged),
+        (
+            again.counts.users_unchanged,
+            again.counts.devices,
+            again.counts.devices_unchanged,
+            again.counts.opt_outs,
+            again.counts.opt_outs_unchanged
+        ),
         (2, 0, 2, 0, 2),
         "{again:?}"
     );

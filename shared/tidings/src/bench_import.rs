@@ -117,30 +117,31 @@ fn write_export(dir: &Path, users: u64) -> anyhow::Result<u64> {
 }
 
 fn figures(s: &Summary) -> serde_json::Value {
-    json!({
+    let mut out = json!({
         "seconds": s.seconds,
-        "users_per_s": (s.users as f64 / s.seconds.max(0.001)).round(),
-        "users": s.users, "users_unchanged": s.users_unchanged,
-        "devices": s.devices, "devices_unchanged": s.devices_unchanged,
-        "opt_outs": s.opt_outs, "opt_outs_unchanged": s.opt_outs_unchanged,
+        "users_per_s": (s.counts.users as f64 / s.seconds.max(0.001)).round(),
         "errors": s.errors_total,
-    })
+    });
+    if let (Some(out), Ok(serde_json::Value::Object(counts))) = (out.as_object_mut(), serde_json::to_value(s.counts)) {
+        out.extend(counts);
+    }
+    out
 }
 
 /// What every run must show: all users in, no errors; a re-run writes nothing.
 fn check(what: &str, first: &Summary, again: &Summary, users: u64) -> anyhow::Result<()> {
     let users = users as usize;
-    if first.users != users || first.errors_total != 0 || first.users_unchanged != 0 {
+    if first.counts.users != users || first.errors_total != 0 || first.counts.users_unchanged != 0 {
         anyhow::bail!(
             "{what}: {} users of {users} imported, {} unchanged, {} errors: {:?}",
-            first.users,
-            first.users_unchanged,
+            first.counts.users,
+            first.counts.users_unchanged,
             first.errors_total,
             first.errors.first()
         );
     }
-    let wrote_again = again.users - again.users_unchanged + again.devices + again.opt_outs;
-    if again.users != users || wrote_again != 0 {
+    let wrote_again = again.counts.written();
+    if again.counts.users != users || wrote_again != 0 {
         anyhow::bail!("{what}: the re-run wrote {wrote_again} things (it must write nothing)");
     }
     Ok(())

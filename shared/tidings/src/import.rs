@@ -14,7 +14,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Subcommand;
 use serde::{Deserialize, Serialize};
-use tidings_core::people::import::{self, ImportTally, ImportedUser};
+use tidings_core::people::import::{self, ImportCounts, ImportTally, ImportedUser};
 use tidings_core::people::users::{BatchUser, MAX_BATCH_USERS, e164, is_email};
 use tidings_core::ports::{Platform, SystemClock};
 use tidings_core::{Deps, TenantId};
@@ -106,12 +106,8 @@ pub struct Summary {
     pub format: &'static str,
     #[serde(flatten)]
     pub notes: SourceNotes,
-    pub users: usize,
-    pub users_unchanged: usize,
-    pub devices: usize,
-    pub devices_unchanged: usize,
-    pub opt_outs: usize,
-    pub opt_outs_unchanged: usize,
+    #[serde(flatten)]
+    pub counts: ImportCounts,
     pub errors_total: usize,
     pub errors: Vec<RecordError>,
     pub seconds: f64,
@@ -160,7 +156,7 @@ pub async fn import_users_file(deps: &Deps, t: &TenantId, file: &Path) -> anyhow
     let mut all = errors;
     all.append(&mut write_errors);
     let summary = summary(t, file, format.name(), notes, tally, all, started);
-    progress.finish(format!("{} users from {name} in {:.1} s", summary.users, summary.seconds));
+    progress.finish(format!("{} users from {name} in {:.1} s", summary.counts.users, summary.seconds));
     Ok(summary)
 }
 
@@ -180,12 +176,7 @@ fn summary(
         source: source.display().to_string(),
         format,
         notes,
-        users: tally.users,
-        users_unchanged: tally.users_unchanged,
-        devices: tally.devices,
-        devices_unchanged: tally.devices_unchanged,
-        opt_outs: tally.opt_outs,
-        opt_outs_unchanged: tally.opt_outs_unchanged,
+        counts: tally.counts,
         errors_total,
         errors,
         seconds: (started.elapsed().as_secs_f64() * 100.0).round() / 100.0,
@@ -641,7 +632,7 @@ pub async fn import_pinpoint(
     let summary = summary(t, path, "pinpoint", notes, tally, all, started);
     progress.finish(format!(
         "{} users, {} devices, {} opt-outs from {} endpoints in {:.1} s",
-        summary.users, summary.devices, summary.opt_outs, summary.notes.records, summary.seconds
+        summary.counts.users, summary.counts.devices, summary.counts.opt_outs, summary.notes.records, summary.seconds
     ));
     Ok(summary)
 }

@@ -30,9 +30,9 @@ pub struct ImportedUser {
     pub marketing_opt_out: bool,
 }
 
-/// What an import did, summed over its batches.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-pub struct ImportTally {
+/// What an import did, counted: summed over its batches, and the figures of its summary.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ImportCounts {
     /// Users that stand as given (written now, or already so).
     pub users: usize,
     /// Of them, those already so (not written again).
@@ -45,18 +45,36 @@ pub struct ImportTally {
     pub opt_outs: usize,
     /// Users who had left marketing already.
     pub opt_outs_unchanged: usize,
-    /// What was not imported, and why (`index` is the person's place in what was given).
-    pub errors: Vec<BatchError>,
 }
 
-impl ImportTally {
-    pub fn add(&mut self, other: ImportTally) {
+impl ImportCounts {
+    pub fn add(&mut self, other: ImportCounts) {
         self.users += other.users;
         self.users_unchanged += other.users_unchanged;
         self.devices += other.devices;
         self.devices_unchanged += other.devices_unchanged;
         self.opt_outs += other.opt_outs;
         self.opt_outs_unchanged += other.opt_outs_unchanged;
+    }
+
+    /// How many things were written: 0 for a re-run over a finished import.
+    pub fn written(&self) -> usize {
+        self.users - self.users_unchanged + self.devices + self.opt_outs
+    }
+}
+
+/// What an import did, summed over its batches: its counts and what it left out.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ImportTally {
+    #[serde(flatten)]
+    pub counts: ImportCounts,
+    /// What was not imported, and why (`index` is the person's place in what was given).
+    pub errors: Vec<BatchError>,
+}
+
+impl ImportTally {
+    pub fn add(&mut self, other: ImportTally) {
+        self.counts.add(other.counts);
         self.errors.extend(other.errors);
     }
 }
@@ -74,10 +92,8 @@ pub async fn import_batch(deps: &Deps, t: &TenantId, people: Vec<(usize, Importe
     let outcome = users::put_users(deps, t, batch).await?;
     let refused: std::collections::HashSet<usize> = outcome.errors.iter().map(|e| e.index).collect();
     let mut tally = ImportTally {
-        users: outcome.upserted,
-        users_unchanged: outcome.unchanged,
+        counts: ImportCounts { users: outcome.upserted, users_unchanged: outcome.unchanged, ..ImportCounts::default() },
         errors: outcome.errors,
-        ..ImportTally::default()
     };
 
     let devices: Vec<(usize, usize, DeviceInput)> = people
@@ -96,8 +112,8 @@ pub async fn import_batch(deps: &Deps, t: &TenantId, people: Vec<(usize, Importe
         .await;
     for (i, d, result) in registered {
         match result {
-            Ok(true) => tally.devices += 1,
-            Ok(false) => tally.devices_unchanged += 1,
+            Ok(true) => tally.counts.devices += 1,
+            Ok(false) => tally.counts.devices_unchanged += 1,
             Err(CoreError::Invalid { field, detail }) => {
                 tally.errors.push(BatchError::new(i, &format!("devices[{d}].{field}"), detail));
             }
@@ -115,8 +131,8 @@ pub async fn import_batch(deps: &Deps, t: &TenantId, people: Vec<(usize, Importe
         .buffer_unordered(IN_FLIGHT)
         .try_collect()
         .await?;
-    tally.opt_outs = left.iter().filter(|now| **now).count();
-    tally.opt_outs_unchanged = left.len() - tally.opt_outs;
+    tally.counts.opt_outs = left.iter().filter(|now| **now).count();
+    tally.counts.opt_outs_unchanged = left.len() - tally.counts.opt_outs;
     tally.errors.sort_by_key(|e| e.index);
     Ok(tally)
 }
