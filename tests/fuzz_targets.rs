@@ -8,22 +8,15 @@ mod targets;
 
 use std::path::PathBuf;
 
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
 /// Inputs per target beyond the seeds.
 const GENERATED: usize = 4000;
 
-/// xorshift64*: deterministic, no dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
+/// A number in `0..n` (0 when `n` is 0), from the run's seeded generator.
+fn below(rng: &mut StdRng, n: usize) -> usize {
+    rng.random_range(0..n.max(1))
 }
 
 fn seeds(target: &str) -> Vec<Vec<u8>> {
@@ -70,24 +63,24 @@ const DICTIONARY: &[&str] = &[
     "k2",
 ];
 
-fn mutate(rng: &mut Rng, seed: &[u8], others: &[Vec<u8>]) -> Vec<u8> {
+fn mutate(rng: &mut StdRng, seed: &[u8], others: &[Vec<u8>]) -> Vec<u8> {
     let mut out = seed.to_vec();
-    for _ in 0..=rng.below(4) {
-        let at = rng.below(out.len() + 1);
-        match rng.below(6) {
+    for _ in 0..=below(rng, 4) {
+        let at = below(rng, out.len() + 1);
+        match below(rng, 6) {
             0 if !out.is_empty() => {
-                let end = (at + 1 + rng.below(16)).min(out.len());
+                let end = (at + 1 + below(rng, 16)).min(out.len());
                 out.drain(at.min(end)..end);
             }
-            1 => out.splice(at..at, DICTIONARY[rng.below(DICTIONARY.len())].bytes()).for_each(drop),
-            2 if at < out.len() => out[at] ^= 1 << rng.below(8),
+            1 => out.splice(at..at, DICTIONARY[below(rng, DICTIONARY.len())].bytes()).for_each(drop),
+            2 if at < out.len() => out[at] ^= 1 << below(rng, 8),
             3 => out.truncate(at),
             4 => {
-                let other = &others[rng.below(others.len())];
-                let from = rng.below(other.len() + 1);
+                let other = &others[below(rng, others.len())];
+                let from = below(rng, other.len() + 1);
                 out.splice(at..at, other[from..].iter().copied().take(64)).for_each(drop);
             }
-            _ => out.insert(at.min(out.len()), rng.next() as u8),
+            _ => out.insert(at.min(out.len()), rng.random::<u8>()),
         }
     }
     out
@@ -95,13 +88,13 @@ fn mutate(rng: &mut Rng, seed: &[u8], others: &[Vec<u8>]) -> Vec<u8> {
 
 fn exercise(target: &str, run: fn(&[u8])) {
     let seeds = seeds(target);
-    let mut rng = Rng(0x7469_6469_6e67_7321);
+    let mut rng = StdRng::seed_from_u64(0x7469_6469_6e67_7321);
     let mut inputs = seeds.clone();
     for i in 0..GENERATED {
         inputs.push(if i % 4 == 3 {
-            (0..rng.below(64)).map(|_| rng.next() as u8).collect()
+            (0..below(&mut rng, 64)).map(|_| rng.random::<u8>()).collect()
         } else {
-            let seed = &seeds[rng.below(seeds.len())];
+            let seed = &seeds[below(&mut rng, seeds.len())];
             mutate(&mut rng, seed, &seeds)
         });
     }

@@ -13,6 +13,9 @@
 
 use std::collections::BTreeMap;
 
+use rand::rngs::StdRng;
+use rand::seq::IndexedRandom;
+use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 use tidings_core::ports::Channel;
 use tidings_core::templates::{ENGINE_FAILED, LocaleContent, MAX_VALUE_BYTES, Template, TemplateError};
@@ -109,19 +112,9 @@ fn params() -> Value {
     })
 }
 
-/// xorshift64*: deterministic, no dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn pick<'a>(&mut self, from: &[&'a str]) -> &'a str {
-        from[(self.next() % from.len() as u64) as usize]
-    }
+/// One of `from`, by the run's seeded generator.
+fn pick<'a>(rng: &mut StdRng, from: &[&'a str]) -> &'a str {
+    from.choose(rng).copied().unwrap_or_default()
 }
 
 fn corpus() -> Vec<String> {
@@ -181,20 +174,20 @@ fn corpus() -> Vec<String> {
         format!("{}x{}", "{% if true %}".repeat(500), "{% endif %}".repeat(500)),
     ]);
     // Random chains of filters with hostile arguments.
-    let mut rng = Rng(0x7d1d_1265_0a11_ce55);
+    let mut rng = StdRng::seed_from_u64(0x7d1d_1265_0a11_ce55);
     for _ in 0..2000 {
-        let mut text = format!("{{{{ {}", rng.pick(INPUTS));
-        for _ in 0..(1 + rng.next() % 5) {
-            let f = rng.pick(FILTERS);
-            match rng.next() % 3 {
+        let mut text = format!("{{{{ {}", pick(&mut rng, INPUTS));
+        for _ in 0..rng.random_range(1..=5) {
+            let f = pick(&mut rng, FILTERS);
+            match rng.random_range(0..3) {
                 0 => text.push_str(&format!("|{f}")),
-                1 => text.push_str(&format!("|{f}({})", rng.pick(ARGS))),
-                _ => text.push_str(&format!("|{f}({}, {})", rng.pick(ARGS), rng.pick(ARGS))),
+                1 => text.push_str(&format!("|{f}({})", pick(&mut rng, ARGS))),
+                _ => text.push_str(&format!("|{f}({}, {})", pick(&mut rng, ARGS), pick(&mut rng, ARGS))),
             }
         }
         text.push_str(" }}");
-        if rng.next().is_multiple_of(4) {
-            text = format!("{{% for i in {} %}}{text}{{% endfor %}}", rng.pick(INPUTS));
+        if rng.random_ratio(1, 4) {
+            text = format!("{{% for i in {} %}}{text}{{% endfor %}}", pick(&mut rng, INPUTS));
         }
         out.push(text);
     }
