@@ -136,7 +136,7 @@ async fn a_page_of_large_emails_is_delivered_in_full() {
 
 /// An email that renders within the template's limits but is larger than any queue message as
 /// a task (its 131,020 quotes double when the task is JSON): its delivery fails at once with
-/// `too_large`, for good, and the notification completes; another recipient's smaller email in
+/// `too_large`, for good, and the notification ends `failed` (nothing of it was sent); another recipient's smaller email in
 /// the same page goes out. Nothing is left `pending` or dead-lettered.
 #[tokio::test]
 async fn an_email_too_large_for_a_queue_message_fails_for_good() {
@@ -154,7 +154,7 @@ async fn an_email_too_large_for_a_queue_message_fails_for_good() {
     assert!(error.starts_with("too_large:") && error.contains(&MAX_MESSAGE_BYTES.to_string()), "{error}");
     assert_eq!(d.attempts, 0, "never tried: it could not be queued");
     let view = api::get_notification(&w.deps, &w.t, &id).await.unwrap().unwrap();
-    assert_eq!((view.status, view.counts.failed, view.counts.queued), (NotificationStatus::Completed, 1, 0));
+    assert_eq!((view.status, view.counts.failed, view.counts.queued), (NotificationStatus::Failed, 1, 0));
     assert_eq!(delivery(&w, &small.notification_id, "u0").await.status, DeliveryStatus::Sent);
     for q in ALL_QUEUES.iter().filter(|q| tidings_core::messages::has_dlq(q)) {
         assert_eq!(w.deps.queues.stats(q).await.unwrap().dlq_depth, 0, "{q}: nothing dead-lettered");
