@@ -96,7 +96,8 @@ async fn world_with(config: CoreConfig) -> World {
     let t = TenantId::parse("shop-a").unwrap();
     let w = World { feed: tw.feed("relay"), clock: tw.clock(), deps: tw.deps, sms, email, push, t };
     let input = serde_json::from_value(json!({"default_locale": "en", "locales": {"en": {
-        "sms": "Code {{ n }}", "email_subject": "S {{ n }}", "email_body": "B {{ n }}"}}}))
+        "sms": "Code {{ n }}", "email_subject": "S {{ n }}", "email_body": "B {{ n }}",
+        "push_title": "P", "push_body": "P {{ n }}"}}}))
     .unwrap();
     templates::put_template(&w.deps, &w.t, "msg", input).await.unwrap();
     let user = UserInput {
