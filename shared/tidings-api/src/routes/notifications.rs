@@ -25,9 +25,10 @@ pub fn router() -> Router<AppState> {
         .route("/v1/notifications/{id}/verified", post(verified))
 }
 
-/// 202 once the request is durably written (the write is the outbox), after what can be checked
-/// before answering: the template exists, has content for the channels named, and the params
-/// give its placeholders.
+/// 202 once the request is durably written (the write is the outbox).
+///
+/// Before answering it checks what can be checked: the template exists, has content for the
+/// channels named, and the params give every placeholder that is not a recipient's attribute.
 #[utoipa::path(post, path = "/v1/notifications", tag = "notifications", security(("api_key" = [])),
     params(("Idempotency-Key" = Option<String>, Header, description = "The body's `idempotency_key` as a header (either, or both the same; 422 when they differ)")),
     request_body = NotificationRequest,

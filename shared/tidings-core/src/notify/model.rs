@@ -223,9 +223,9 @@ impl NotificationRequest {
 
 /// A notification's status. Once every delivery has ended: `completed` when none failed or
 /// died, `completed_with_failures` when some were sent and some failed or died, `failed` when
-/// none was sent and some failed or died (suppressed deliveries are neither). Only `accepted`,
-/// `scheduled`, `processing` and `cancelled` are stored; the ends are read from the counts
-/// ([`Self::ended`]).
+/// none was sent and some failed or died (suppressed deliveries are no failures).
+// Only `accepted`, `scheduled`, `processing` and `cancelled` are stored; the ends are read from
+// the counts (`NotificationStatus::ended`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum NotificationStatus {
