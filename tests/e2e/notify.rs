@@ -311,6 +311,14 @@ pub async fn tenants_are_isolated(backend: Backend) -> anyhow::Result<()> {
     assert_eq!(st, 404);
     let (st, _) = s.call_as(&other, "GET", "/v1/templates/order_shipped", None).await?;
     assert_eq!(st, 404);
+    // Another tenant's template is not this one's: its send of it names no template it has.
+    let (st, v) =
+        s.call_as(&other, "POST", "/v1/notifications", Some(request("k-iso", &["u1"], &["inapp"], "11"))).await?;
+    assert_eq!((st, v["field"].as_str()), (422, Some("template_id")), "{v}");
+    let (_, template) = s.call("GET", "/v1/templates/order_shipped", None).await?;
+    let body = json!({"default_locale": template["default_locale"], "locales": template["locales"]});
+    let (st, v) = s.call_as(&other, "PUT", "/v1/templates/order_shipped", Some(body)).await?;
+    assert_eq!(st, 200, "{v}");
     // The same idempotency key in another tenant is another request.
     let (st, v) =
         s.call_as(&other, "POST", "/v1/notifications", Some(request("k-iso", &["u1"], &["inapp"], "11"))).await?;
