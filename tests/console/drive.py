@@ -1,11 +1,12 @@
 """Drives the operator console (GET / of `tidings serve`) in headless Chromium.
 
-usage: drive.py BASE_URL OPERATOR_KEY TENANT_KEY DEAD_QUEUE SEGMENT SCREENSHOT_DIR
+usage: drive.py BASE_URL OPERATOR_KEY TENANT_KEY DEAD_QUEUE SEGMENT SCREENSHOT_DIR [STATUS=NOTIFICATION_ID...]
 
 Opens the console as the link `tidings serve` prints it (the keys in the URL's fragment) and
 checks each view against a running system that `tests/e2e/console.rs` prepared: the
 notifications list with a campaign's progress bar moving (the campaign is started here, to a
-slowed provider, so the bar is seen below 100% and then higher), the charts of sends, queue
+slowed provider, so the bar is seen below 100% and then higher), each STATUS=ID notification
+shown in its outcome's colour (amber, red, and the campaign green), the charts of sends, queue
 depths and ages, the dead letters with their reasons and a redrive by click after the
 confirmation dialog (dismissed first: nothing moves), a user's inbox, deliveries and
 preferences, a SKU's stock and ledger, and the restock notices needing attention with a resend
@@ -135,6 +136,32 @@ def campaign_bar_moves(c, segment):
     return campaign
 
 
+def outcomes_coloured(c, outcomes):
+    """Each ended notification's status and bar show how it ended: `completed_with_failures`
+    amber, `failed` red, `completed` green."""
+    c.view("notifications")
+    want = {"completed": ("outcome-completed", "done"), "completed_with_failures": ("outcome-partial", "partial"),
+            "failed": ("outcome-failed", "failed")}
+
+    def shown(nid):
+        return c.js("const tr = document.querySelector(`#notifications tr[data-id='${arguments[0]}']`);"
+                    "if (!tr) return null;"
+                    "const b = tr.querySelector('.bar'), s = tr.querySelectorAll('td')[4];"
+                    "return [tr.dataset.status, s.className, [...b.classList], getComputedStyle(b.firstChild).backgroundColor];",
+                    nid)
+    colours = {}
+    for status, nid in outcomes:
+        cls, bar_cls = want[status]
+        got = wait_for(f"{nid} shown {status}", lambda: (lambda v: v and v[0] == status and v)(shown(nid)))
+        if got[1] != cls or bar_cls not in got[2]:
+            raise SystemExit(f"console check failed: {status} {nid} shows status class {got[1]!r}, bar {got[2]}")
+        colours[status] = got[3]
+    if len(set(colours.values())) != len(colours):
+        raise SystemExit(f"console check failed: two outcomes share a colour: {colours}")
+    c.screenshot("outcomes")
+    print(f"outcomes: {colours}")
+
+
 def charts_plot(c):
     c.view("rates")
 
@@ -217,6 +244,8 @@ def restock_resent(c):
 
 def main():
     base, key, tenant_key, dead_queue, segment, shots = sys.argv[1:7]
+    # The notifications that ended each way: `status=id` pairs.
+    outcomes = [tuple(a.split("=", 1)) for a in sys.argv[7:]]
     os.makedirs(shots, exist_ok=True)
     options = Options()
     for flag in ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
@@ -229,6 +258,7 @@ def main():
         c = Console(driver, base, key, tenant_key, shots)
         keys_from_the_link(c)
         campaign = campaign_bar_moves(c, segment)
+        outcomes_coloured(c, outcomes + [("completed", campaign)])
         charts_plot(c)
         dead_letter_redriven(c, dead_queue)
         user_views(c)

@@ -66,15 +66,28 @@ pub async fn console_shows_the_system_and_redrives(backend: Backend) -> anyhow::
         Ok((!emails_to(&s, "alice").await?.is_empty()).then_some(()))
     })
     .await?;
-    // An SMS that dies: the provider fails until after the dead letter is shown.
+    // An SMS that dies beside an email that goes: the provider fails until after the dead letter
+    // is shown, and the notification reads `completed_with_failures` (amber in the console).
     s.call("PUT", "/dev/providers/sms", Some(json!({"mode": "fail_5xx"}))).await?;
     s.call("PUT", "/v1/users/alice", Some(json!({"email": "alice@example.com", "phone": "+14155550100"}))).await?;
-    s.call("POST", "/v1/notifications", Some(send("c-2", json!(["sms"])))).await?;
+    let (_, v) = s.call("POST", "/v1/notifications", Some(send("c-2", json!(["email", "sms"])))).await?;
+    let partial = v["notification_id"].as_str().unwrap_or_default().to_owned();
     s.eventually(Duration::from_secs(90), "a dead letter on sms-high", || async {
         let (_, v) = s.ops("GET", "/v1/ops/queues", None).await?;
         Ok(v["queues"].as_array().unwrap().iter().any(|q| q["name"] == "sms-high" && q["dlq_depth"] == 1).then_some(()))
     })
     .await?;
+    // An SMS refused for good, alone: `failed` (red).
+    s.call("PUT", "/dev/providers/sms", Some(json!({"mode": "permanent"}))).await?;
+    let (_, v) = s.call("POST", "/v1/notifications", Some(send("c-3", json!(["sms"])))).await?;
+    let failed = v["notification_id"].as_str().unwrap_or_default().to_owned();
+    for (id, status) in [(&partial, "completed_with_failures"), (&failed, "failed")] {
+        s.eventually(Duration::from_secs(90), status, || async {
+            let (_, v) = s.call("GET", &format!("/v1/notifications/{id}"), None).await?;
+            Ok((v["status"] == status).then_some(()))
+        })
+        .await?;
+    }
     s.call("PUT", "/dev/providers/sms", Some(json!({"mode": "ok"}))).await?;
     // A SKU with a ledger, and a restock alert whose retries run out (MANUAL).
     let (st, v) = s.call("PUT", "/v1/inventory/A", Some(json!({"on_hand": 0}))).await?;
@@ -100,6 +113,7 @@ pub async fn console_shows_the_system_and_redrives(backend: Backend) -> anyhow::
     let out = tokio::process::Command::new(python())
         .arg(format!("{}/console/drive.py", env!("CARGO_MANIFEST_DIR")))
         .args([&s.base, &s.ops_key, &s.key, "sms-high", "vip", &shots])
+        .args([format!("completed_with_failures={partial}"), format!("failed={failed}")])
         .output()
         .await
         .map_err(|e| {
@@ -111,7 +125,7 @@ pub async fn console_shows_the_system_and_redrives(backend: Backend) -> anyhow::
     assert!(out.status.success(), "console check failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     println!("{stdout}");
     println!("console screenshots: {shots}");
-    for view in ["notifications", "rates", "dead-letters", "user", "stock", "restock"] {
+    for view in ["notifications", "outcomes", "rates", "dead-letters", "user", "stock", "restock"] {
         let png = std::fs::read(format!("{shots}/{view}.png"))?;
         assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000, "{view}.png: {} bytes", png.len());
     }

@@ -73,7 +73,9 @@ on_both_backends!(notify as notify_tests:
     inapp_goes_to_the_inbox,
     bad_input_gets_problem_documents,
     tenants_are_isolated,
-    missing_placeholder_fails_without_retry,
+    a_send_that_cannot_work_is_refused_at_accept,
+    a_recipients_missing_attribute_fails_that_delivery_naming_it,
+    a_notification_reads_how_it_ended,
     provider_fault_matrix_loses_nothing_and_never_retries_permanent_errors,
 );
 

@@ -311,6 +311,14 @@ pub async fn tenants_are_isolated(backend: Backend) -> anyhow::Result<()> {
     assert_eq!(st, 404);
     let (st, _) = s.call_as(&other, "GET", "/v1/templates/order_shipped", None).await?;
     assert_eq!(st, 404);
+    // Another tenant's template is not this one's: its send of it names no template it has.
+    let (st, v) =
+        s.call_as(&other, "POST", "/v1/notifications", Some(request("k-iso", &["u1"], &["inapp"], "11"))).await?;
+    assert_eq!((st, v["field"].as_str()), (422, Some("template_id")), "{v}");
+    let (_, template) = s.call("GET", "/v1/templates/order_shipped", None).await?;
+    let body = json!({"default_locale": template["default_locale"], "locales": template["locales"]});
+    let (st, v) = s.call_as(&other, "PUT", "/v1/templates/order_shipped", Some(body)).await?;
+    assert_eq!(st, 200, "{v}");
     // The same idempotency key in another tenant is another request.
     let (st, v) =
         s.call_as(&other, "POST", "/v1/notifications", Some(request("k-iso", &["u1"], &["inapp"], "11"))).await?;
@@ -322,18 +330,131 @@ pub async fn tenants_are_isolated(backend: Backend) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub async fn missing_placeholder_fails_without_retry(backend: Backend) -> anyhow::Result<()> {
+async fn status_of(s: &Server, id: &str) -> anyhow::Result<Value> {
+    let (st, v) = s.call("GET", &format!("/v1/notifications/{id}"), None).await?;
+    assert_eq!(st, 200, "{v}");
+    Ok(v)
+}
+
+/// Waits until the notification has ended (no longer `accepted` or `processing`).
+async fn wait_ended(s: &Server, id: &str) -> anyhow::Result<Value> {
+    s.eventually(WAIT, &format!("{id} to end"), || async {
+        let v = status_of(s, id).await?;
+        Ok((!["accepted", "processing"].contains(&v["status"].as_str().unwrap_or_default())).then_some(v))
+    })
+    .await
+}
+
+/// What can be checked before answering is checked: a misspelt template is 422 naming
+/// `template_id`, a placeholder the params do not give is 422 `missing_param` naming
+/// `params.order_id` (for a list of users and for a campaign alike), a channel the template has
+/// no content for is 422 naming it; nothing of them is accepted.
+pub async fn a_send_that_cannot_work_is_refused_at_accept(backend: Backend) -> anyhow::Result<()> {
     let s = Server::start(backend, Options::default()).await?;
     setup(&s).await?;
-    let body = json!({
-        "recipients": {"user_ids": ["u2"]}, "template_id": "order_shipped", "params": {},
-        "category": "transactional", "channels": ["sms"],
-    });
+    let refused = |body: Value| {
+        let s = &s;
+        async move {
+            let (st, v) = s.call("POST", "/v1/notifications", Some(body)).await?;
+            assert_eq!(st, 422, "{v}");
+            anyhow::Ok((
+                v["code"].as_str().unwrap_or_default().to_owned(),
+                v["field"].as_str().unwrap_or_default().to_owned(),
+            ))
+        }
+    };
+    let mut misspelt = request("k-typo", &["u2"], &["sms"], "1");
+    misspelt["template_id"] = json!("order_shiped");
+    assert_eq!(refused(misspelt).await?, ("invalid_field".into(), "template_id".into()));
+    let mut no_param = request("k-noparam", &["u2"], &["sms"], "1");
+    no_param["params"] = json!({});
+    assert_eq!(refused(no_param.clone()).await?, ("missing_param".into(), "params.order_id".into()));
+    // Without `channels`: every channel the template has content for is checked.
+    no_param.as_object_mut().unwrap().remove("channels");
+    no_param["idempotency_key"] = json!("k-noparam-any");
+    assert_eq!(refused(no_param).await?, ("missing_param".into(), "params.order_id".into()));
+    let campaign = json!({"recipients": {"segment": "vip"}, "template_id": "order_shipped", "params": {"order": "1"},
+                          "category": "marketing"});
+    assert_eq!(refused(campaign).await?, ("missing_param".into(), "params.order_id".into()));
+    assert_eq!(
+        refused(request("k-push", &["u2"], &["push"], "1")).await?,
+        ("invalid_field".into(), "channels[0]".into())
+    );
+    let (st, v) = s.call("GET", "/v1/notifications", None).await?;
+    assert_eq!((st, v["items"].as_array().map(Vec::len)), (200, Some(0)), "nothing accepted: {v}");
+    // The user attributes need no param: `user_id` and `locale` are each recipient's.
+    let (st, v) = s
+        .call(
+            "PUT",
+            "/v1/templates/hello",
+            Some(json!({"default_locale": "en", "locales": {"en": {"sms": "Hi {{ user_id }} {{ locale }}"}}})),
+        )
+        .await?;
+    assert_eq!(st, 200, "{v}");
+    let mut hello = request("k-hello", &["u1"], &["sms"], "1");
+    hello["template_id"] = json!("hello");
+    hello["params"] = json!({});
+    send(&s, hello).await?;
+    Ok(())
+}
+
+/// What only fails for one recipient fails that delivery alone, naming the placeholder, without
+/// retries: u2 has no `locale`, which the template shows; u1 gets the message. The notification
+/// then reads `completed_with_failures`.
+pub async fn a_recipients_missing_attribute_fails_that_delivery_naming_it(backend: Backend) -> anyhow::Result<()> {
+    let s = Server::start(backend, Options::default()).await?;
+    setup(&s).await?;
+    let (st, v) = s
+        .call(
+            "PUT",
+            "/v1/templates/greet",
+            Some(json!({"default_locale": "en", "locales": {
+            "en": {"sms": "Hi {{ name }} ({{ locale }})"}, "zh-CN": {"sms": "你好 {{ name }} ({{ locale }})"}}})),
+        )
+        .await?;
+    assert_eq!(st, 200, "{v}");
+    let body = json!({"recipients": {"user_ids": ["u1", "u2"]}, "template_id": "greet", "params": {"name": "friend"},
+                      "category": "transactional", "channels": ["sms"]});
     let id = send(&s, body).await?;
     let d = wait_delivery_status(&s, &id, "failed").await?;
-    assert!(d["last_error"].as_str().unwrap().starts_with("template_error"), "{d}");
-    assert_eq!(d["attempts"], 0);
-    assert!(s.sends(&id).await?.is_empty());
+    assert_eq!(d["user_id"], "u2", "{d}");
+    assert_eq!(d["last_error"], "template_error: missing placeholder locale", "{d}");
+    assert_eq!(d["attempts"], 0, "never tried at the provider: {d}");
+    let v = wait_ended(&s, &id).await?;
+    assert_eq!(v["status"], "completed_with_failures", "{v}");
+    assert_eq!((v["counts"]["sent"].as_u64(), v["counts"]["failed"].as_u64()), (Some(1), Some(1)), "{v}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let sends = s.sends(&id).await?;
+    assert_eq!(sends.len(), 1, "{sends:?}");
+    assert_eq!(sends[0]["user_id"], "u1");
+    assert_eq!(deliveries(&s, &id).await?.iter().find(|d| d["user_id"] == "u2").unwrap()["attempts"], 0, "no retry");
+    Ok(())
+}
+
+/// The outcome read once every delivery has ended: `failed` when none was sent (the provider
+/// refuses every message for good), `completed_with_failures` when some were sent and some
+/// failed, `completed` when none failed; suppressed deliveries are not failures.
+pub async fn a_notification_reads_how_it_ended(backend: Backend) -> anyhow::Result<()> {
+    let s = Server::start(backend, Options::default()).await?;
+    setup(&s).await?;
+    s.call("PUT", "/dev/providers/sms", Some(json!({"mode": "permanent"}))).await?;
+    let all_failed = send(&s, request("k-all-failed", &["u1", "u2"], &["sms"], "1")).await?;
+    let v = wait_ended(&s, &all_failed).await?;
+    assert_eq!((v["status"].as_str(), v["counts"]["failed"].as_u64()), (Some("failed"), Some(2)), "{v}");
+    let partly = send(&s, request("k-partly", &["u2"], &["email", "sms"], "2")).await?;
+    let v = wait_ended(&s, &partly).await?;
+    assert_eq!(v["status"], "completed_with_failures", "{v}");
+    assert_eq!((v["counts"]["sent"].as_u64(), v["counts"]["failed"].as_u64()), (Some(1), Some(1)), "{v}");
+    s.call("PUT", "/dev/providers/sms", Some(json!({"mode": "ok"}))).await?;
+    // u3 has no phone: suppressed (no_address), beside u2's sent SMS: completed.
+    s.call("PUT", "/v1/users/u3", Some(json!({"email": "carol@example.com"}))).await?;
+    let fine = send(&s, request("k-fine", &["u2", "u3"], &["sms"], "3")).await?;
+    let v = wait_ended(&s, &fine).await?;
+    assert_eq!((v["status"].as_str(), v["counts"]["suppressed"].as_u64()), (Some("completed"), Some(1)), "{v}");
+    let (st, v) = s.call("GET", "/v1/notifications?status=failed", None).await?;
+    assert_eq!(st, 200, "{v}");
+    let ids: Vec<&str> = v["items"].as_array().unwrap().iter().filter_map(|n| n["notification_id"].as_str()).collect();
+    assert_eq!(ids, [all_failed.as_str()], "the list filters by the outcome: {v}");
     Ok(())
 }
 

@@ -124,7 +124,11 @@ pub async fn lists_erase_and_preview(backend: Backend) -> anyhow::Result<()> {
     let inapp = v["parts"].as_array().unwrap().iter().find(|p| p["channel"] == "inapp").cloned().unwrap();
     assert_eq!(inapp["locale"], "en", "zh-CN has no in-app content: the default's, as a send: {v}");
     let (st, v) = s.call("POST", "/v1/templates/t-a/preview", Some(json!({"params": {}}))).await?;
-    assert_eq!((st, v["field"].as_str()), (422, Some("params.order_id")), "{v}");
+    assert_eq!(
+        (st, v["code"].as_str(), v["field"].as_str()),
+        (422, Some("missing_param"), Some("params.order_id")),
+        "{v}"
+    );
     let (st, v) =
         s.call("POST", "/v1/templates/t-a/preview", Some(json!({"params": {"order_id": "1"}, "locale": "fr"}))).await?;
     assert_eq!((st, v["field"].as_str()), (422, Some("locale")), "{v}");

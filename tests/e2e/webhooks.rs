@@ -365,6 +365,7 @@ pub async fn a_campaigns_end_is_posted_once(backend: Backend) -> anyhow::Result<
     assert_eq!(post.verified_by, vec![0], "{post:?}");
     assert_eq!(post.body["data"]["notification_id"], id.as_str(), "{post:?}");
     assert_eq!(post.body["data"]["segment"], "vip", "{post:?}");
+    assert_eq!(post.body["data"]["status"], "completed", "the event says how it ended: {post:?}");
     assert_eq!(post.body["data"]["counts"]["sent"].as_u64(), Some(8), "{post:?}");
     for _ in 0..2 {
         let (st, _) = s.call("POST", "/dev/schedules/tick/run", None).await?;

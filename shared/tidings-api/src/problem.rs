@@ -98,6 +98,10 @@ impl From<CoreError> for ApiError {
                 Problem::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_field", format!("{field}: {detail}"))
                     .with_field(field.clone())
             }
+            CoreError::MissingParam { field, detail } => {
+                Problem::new(StatusCode::UNPROCESSABLE_ENTITY, "missing_param", format!("{field}: {detail}"))
+                    .with_field(field.clone())
+            }
             CoreError::NotFound { what } => Problem::not_found(what),
             CoreError::Conflict { code, detail } => Problem::new(StatusCode::CONFLICT, code, detail.clone()),
             CoreError::RateLimited { field, detail, retry_after_s } => {

@@ -7,6 +7,10 @@ pub enum CoreError {
     /// Well-formed but invalid input (422), naming the field.
     #[error("{field}: {detail}")]
     Invalid { field: String, detail: String },
+    /// A placeholder of the template that the request's `params` do not give (422
+    /// `missing_param`), naming `params.{name}`.
+    #[error("{field}: {detail}")]
+    MissingParam { field: String, detail: String },
     /// The object does not exist for this tenant (404).
     #[error("{what} not found")]
     NotFound { what: &'static str },
@@ -26,6 +30,11 @@ pub enum CoreError {
 impl CoreError {
     pub fn invalid(field: impl Into<String>, detail: impl Into<String>) -> Self {
         CoreError::Invalid { field: field.into(), detail: detail.into() }
+    }
+
+    /// The template's placeholder `name` (`order_id`, `order.id`) that `params` lacks.
+    pub fn missing_param(name: &str, detail: impl Into<String>) -> Self {
+        CoreError::MissingParam { field: format!("params.{name}"), detail: detail.into() }
     }
 
     pub fn conflict(code: &'static str, detail: impl Into<String>) -> Self {

@@ -43,7 +43,9 @@ pub fn parse<T: DeserializeOwned>(message: &Received, what: &str) -> Result<Task
 pub fn classify(deps: &Deps, what: &str, receive_count: u32, result: CoreResult<Outcome>) -> Outcome {
     match result {
         Ok(outcome) => outcome,
-        Err(CoreError::Invalid { field, detail }) => Outcome::Reject(format!("{what}: {field}: {detail}")),
+        Err(CoreError::Invalid { field, detail } | CoreError::MissingParam { field, detail }) => {
+            Outcome::Reject(format!("{what}: {field}: {detail}"))
+        }
         Err(e) => {
             warn!(error = %e, what, "step failed; will retry");
             retry(deps, receive_count)

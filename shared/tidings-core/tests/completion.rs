@@ -12,7 +12,8 @@ use tidings_core::notify::api;
 use tidings_core::notify::completion::check_open_at_most;
 use tidings_core::notify::model::{NotificationRequest, NotificationStatus};
 use tidings_core::people::users::{self, UserInput};
-use tidings_core::ports::{OutboundMessage, Provider, ProviderError, ProviderReceipt};
+use tidings_core::ports::{ChangeFeed, OutboundMessage, PermanentCode, Provider, ProviderError, ProviderReceipt};
+use tidings_core::webhooks::{self, EVENT_SK, EndpointInput, EventType};
 use tidings_core::{CoreConfig, TenantId, templates};
 use tidings_embedded::test_world::{Recorder, TestWorld, drain};
 
@@ -94,4 +95,84 @@ async fn a_campaign_behind_more_open_ones_than_a_tick_reads_is_still_told() {
         seen += r.checked;
     }
     assert!(seen >= 4, "the two stuck campaigns are looked at on every round: {seen}");
+}
+
+/// An SMS provider that refuses every message for good.
+struct Refusing;
+
+#[async_trait]
+impl Provider for Refusing {
+    fn name(&self) -> &str {
+        "refusing"
+    }
+    async fn send(&self, _: &OutboundMessage) -> Result<ProviderReceipt, ProviderError> {
+        Err(ProviderError::Permanent { reason: "rejected".into(), code: PermanentCode::Rejected })
+    }
+}
+
+/// A campaign whose every delivery failed reads `failed`, one with some sent and some failed
+/// `completed_with_failures`; each is told by `campaign.completed` with that status (the
+/// event says how it ended, as the API does).
+#[tokio::test]
+async fn a_campaigns_end_tells_how_it_ended() {
+    let w = TestWorld::builder()
+        .all_queues(5)
+        .email(Arc::new(Recorder::default()))
+        .sms(Arc::new(Refusing))
+        .config(CoreConfig { frequency_cap: 100, ..CoreConfig::default() })
+        .build();
+    let feed = w.feed("relay");
+    let audit = w.feed("audit");
+    let t = shop(&w, "shop").await;
+    let input = EndpointInput {
+        url: "https://93.184.216.34/hooks".into(),
+        events: vec![EventType::CampaignCompleted],
+        rate_limit: None,
+    };
+    webhooks::create(&w.deps, &t, input).await.unwrap();
+    // A second member without a phone: the SMS campaign's failures are both refusals and a
+    // suppression (no address), which is no failure.
+    let input = UserInput { email: Some("m2@example.com".into()), tags: vec!["members".into()], ..Default::default() };
+    users::put_user(&w.deps, &t, "m2", input).await.unwrap();
+    let failed = campaign(&w, &t, "all-sms", "sms").await;
+    let partly = {
+        let request: NotificationRequest = serde_json::from_value(json!({
+            "idempotency_key": "both", "recipients": {"segment": "members"}, "template_id": "promo",
+            "category": "marketing", "channels": ["email", "sms"],
+        }))
+        .unwrap();
+        api::accept(&w.deps, &t, request).await.unwrap().notification_id
+    };
+    let ok = campaign(&w, &t, "all-email", "email").await;
+    drain(&w.deps, &feed).await;
+    let view = |id: String| {
+        let (deps, t) = (w.deps.clone(), t.clone());
+        async move { api::get_notification(&deps, &t, &id).await.unwrap().unwrap() }
+    };
+    let v = view(failed.clone()).await;
+    assert_eq!((v.status, v.counts.failed, v.counts.suppressed), (NotificationStatus::Failed, 1, 1), "{v:?}");
+    let v = view(partly.clone()).await;
+    assert_eq!(v.status, NotificationStatus::CompletedWithFailures, "{v:?}");
+    assert_eq!(view(ok.clone()).await.status, NotificationStatus::Completed);
+
+    let report = check_open_at_most(&w.deps, 10).await.unwrap();
+    assert_eq!(report.completed, 3, "{report:?}");
+    let records = audit.next_batch(10_000).await.unwrap();
+    let told: std::collections::BTreeMap<String, String> = records
+        .into_iter()
+        .filter(|r| r.key.sk == EVENT_SK && r.is_insert())
+        .filter_map(|r| r.new.and_then(|n| n.get("event").cloned()))
+        .filter(|e| e["type"] == "campaign.completed")
+        .map(|e| {
+            (
+                e["data"]["notification_id"].as_str().unwrap().to_owned(),
+                e["data"]["status"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    let want = [(failed, "failed"), (partly, "completed_with_failures"), (ok, "completed")]
+        .map(|(id, s)| (id, s.to_owned()))
+        .into_iter()
+        .collect();
+    assert_eq!(told, want);
 }

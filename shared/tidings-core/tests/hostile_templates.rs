@@ -248,7 +248,9 @@ fn every_hostile_source_is_refused_or_renders_within_its_limits() {
                 }
                 // A panic caught around the engine keeps the process alive, but is a bug to find.
                 Err(TemplateError::Render(m)) if m == ENGINE_FAILED => panic!("the engine panicked on {text}"),
-                Err(TemplateError::Limit(_) | TemplateError::Render(_)) => refused += 1,
+                Err(TemplateError::Limit(_) | TemplateError::Render(_) | TemplateError::MissingPlaceholder(_)) => {
+                    refused += 1
+                }
                 Err(e) => panic!("{text}: {e:?}"),
             }
         }

@@ -96,7 +96,8 @@ async fn world_with(config: CoreConfig) -> World {
     let t = TenantId::parse("shop-a").unwrap();
     let w = World { feed: tw.feed("relay"), clock: tw.clock(), deps: tw.deps, sms, email, push, t };
     let input = serde_json::from_value(json!({"default_locale": "en", "locales": {"en": {
-        "sms": "Code {{ n }}", "email_subject": "S {{ n }}", "email_body": "B {{ n }}"}}}))
+        "sms": "Code {{ n }}", "email_subject": "S {{ n }}", "email_body": "B {{ n }}",
+        "push_title": "P", "push_body": "P {{ n }}"}}}))
     .unwrap();
     templates::put_template(&w.deps, &w.t, "msg", input).await.unwrap();
     let user = UserInput {
@@ -267,7 +268,8 @@ async fn one_step_dedup_key_before_send_loses_the_otp_on_crash() {
 /// twice, so a worker that stops after its claim (a crash, or a record that failed) loses that
 /// send. The loss must not hang the campaign: the redelivered task waits while the claim's lease
 /// runs (a live worker may still be sending), then closes the delivery as `failed`
-/// (`outcome_unknown`) without a provider call, and the notification completes.
+/// (`outcome_unknown`) without a provider call, and the notification ends (`failed`: its one
+/// delivery was not sent).
 #[tokio::test]
 async fn a_marketing_claim_outliving_its_lease_is_closed_not_sent_again() {
     let w = world().await;
@@ -291,7 +293,7 @@ async fn a_marketing_claim_outliving_its_lease_is_closed_not_sent_again() {
     assert_eq!((d.status, d.reason.as_deref()), (DeliveryStatus::Failed, Some("outcome_unknown")));
     assert_eq!(d.lease_until_ms, None);
     let view = api::get_notification(&w.deps, &w.t, &id).await.unwrap().unwrap();
-    assert_eq!((view.status, view.counts.queued, view.counts.failed), (NotificationStatus::Completed, 0, 1));
+    assert_eq!((view.status, view.counts.queued, view.counts.failed), (NotificationStatus::Failed, 0, 1));
 }
 
 fn guarded(countries: &str, limits: &str) -> CoreConfig {

@@ -395,7 +395,7 @@ fn preview_req(v: Value) -> PreviewRequest {
 
 fn invalid_field(e: CoreError) -> String {
     match e {
-        CoreError::Invalid { field, .. } => field,
+        CoreError::Invalid { field, .. } | CoreError::MissingParam { field, .. } => field,
         other => panic!("{other:?}"),
     }
 }
@@ -427,6 +427,7 @@ async fn a_preview_renders_as_a_send_would() {
     assert_eq!(tpl.render(Channel::Sms, Some("zh"), &params).unwrap().body, got.parts[1].body);
 
     let e = p(json!({"params": {"order_id": "1"}, "channels": ["email"]})).await.unwrap_err();
+    assert!(matches!(&e, CoreError::MissingParam { .. }), "{e:?}");
     assert_eq!(invalid_field(e), "params.name");
     let e = p(json!({"params": {"order_id": "1", "name": "a"}, "locale": "fr"})).await.unwrap_err();
     assert_eq!(invalid_field(e), "locale");

@@ -101,8 +101,9 @@ async fn params_too_large_to_store_are_refused_naming_the_field() {
     let ok = api::accept(&w.deps, &w.t, request("k1", "news", &ids, json!({"n": 1}))).await.unwrap();
     assert!(ok.created, "the idempotency key was not taken by the refused request");
     // Just under the limit is accepted.
-    let fits: serde_json::Map<String, serde_json::Value> =
+    let mut fits: serde_json::Map<String, serde_json::Value> =
         (0..15).map(|i| (format!("p{i}"), json!("x".repeat(25_000)))).collect();
+    fits.insert("n".into(), json!(1)); // the template's placeholder, which accept checks
     assert!(api::accept(&w.deps, &w.t, request("k2", "news", &ids, json!(fits))).await.is_ok());
 }
 
@@ -136,7 +137,7 @@ async fn a_page_of_large_emails_is_delivered_in_full() {
 
 /// An email that renders within the template's limits but is larger than any queue message as
 /// a task (its 131,020 quotes double when the task is JSON): its delivery fails at once with
-/// `too_large`, for good, and the notification completes; another recipient's smaller email in
+/// `too_large`, for good, and the notification ends `failed` (nothing of it was sent); another recipient's smaller email in
 /// the same page goes out. Nothing is left `pending` or dead-lettered.
 #[tokio::test]
 async fn an_email_too_large_for_a_queue_message_fails_for_good() {
@@ -154,7 +155,7 @@ async fn an_email_too_large_for_a_queue_message_fails_for_good() {
     assert!(error.starts_with("too_large:") && error.contains(&MAX_MESSAGE_BYTES.to_string()), "{error}");
     assert_eq!(d.attempts, 0, "never tried: it could not be queued");
     let view = api::get_notification(&w.deps, &w.t, &id).await.unwrap().unwrap();
-    assert_eq!((view.status, view.counts.failed, view.counts.queued), (NotificationStatus::Completed, 1, 0));
+    assert_eq!((view.status, view.counts.failed, view.counts.queued), (NotificationStatus::Failed, 1, 0));
     assert_eq!(delivery(&w, &small.notification_id, "u0").await.status, DeliveryStatus::Sent);
     for q in ALL_QUEUES.iter().filter(|q| tidings_core::messages::has_dlq(q)) {
         assert_eq!(w.deps.queues.stats(q).await.unwrap().dlq_depth, 0, "{q}: nothing dead-lettered");

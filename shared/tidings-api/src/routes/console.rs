@@ -142,6 +142,44 @@ mod tests {
         (status, ct, body)
     }
 
+    /// The colour of a CSS rule of the page (`selector { ...: #rrggbb; }`), as (r, g, b).
+    fn colour_of(page: &str, selector: &str) -> (u8, u8, u8) {
+        let rule = page.split(&format!("{selector} {{")).nth(1).and_then(|r| r.split('}').next()).unwrap();
+        let hex = rule.split('#').nth(1).map(|h| &h[..6]).unwrap();
+        let byte = |i: usize| u8::from_str_radix(&hex[i..i + 2], 16).unwrap();
+        (byte(0), byte(2), byte(4))
+    }
+
+    /// How a notification ended has its class in the console: each status the API reads once
+    /// every delivery has ended (`NotificationStatus::ended`) maps to one, shown green, amber
+    /// (some failed or died) or red (none sent) in its status cell and its progress bar. The
+    /// browser test (`tests/e2e/console.rs`) sees them on a running server.
+    #[tokio::test]
+    async fn each_ending_has_its_colour() {
+        use tidings_core::notify::model::NotificationStatus;
+        let (_, _, page) = get("/").await;
+        let object = page.split("const OUTCOME = {").nth(1).and_then(|s| s.split('}').next()).unwrap();
+        let outcome: std::collections::BTreeMap<&str, &str> = object
+            .split(',')
+            .filter_map(|pair| pair.split_once(':'))
+            .map(|(k, v)| (k.trim(), v.trim().trim_matches('"')))
+            .collect();
+        let ends = [NotificationStatus::ended(1, 0), NotificationStatus::ended(1, 1), NotificationStatus::ended(0, 1)];
+        let keys: std::collections::BTreeSet<&str> = ends.iter().map(|s| s.as_str()).collect();
+        assert_eq!(outcome.keys().copied().collect::<std::collections::BTreeSet<_>>(), keys, "{object}");
+        let (ok, partial, failed) = (outcome["completed"], outcome["completed_with_failures"], outcome["failed"]);
+        let green = colour_of(&page, &format!(".outcome-{ok}"));
+        let amber = colour_of(&page, &format!(".outcome-{partial}"));
+        let red = colour_of(&page, &format!(".outcome-{failed}"));
+        assert!(green.1 > green.0 && green.1 > green.2, "completed is green: {green:?}");
+        assert!(amber.0 > amber.1 && amber.1 > amber.2 && amber.1 > 0x40, "with failures is amber: {amber:?}");
+        assert!(red.0 > 0x90 && red.1 < 0x40, "failed is red: {red:?}");
+        let bar_amber = colour_of(&page, &format!(".bar.{partial} > span"));
+        let bar_red = colour_of(&page, &format!(".bar.{failed} > span"));
+        assert!(bar_amber.0 > bar_amber.1 && bar_amber.1 > bar_amber.2 && bar_amber.1 > 0x40, "{bar_amber:?}");
+        assert!(bar_red.0 > 0x90 && bar_red.1 < 0x60, "{bar_red:?}");
+    }
+
     /// The page loads its library from this server (no other site), and the server has it.
     #[tokio::test]
     async fn the_page_and_its_vendored_library_are_served() {

@@ -26,12 +26,15 @@ pub fn router() -> Router<AppState> {
 }
 
 /// 202 once the request is durably written (the write is the outbox).
+///
+/// Before answering it checks what can be checked: the template exists, has content for the
+/// channels named, and the params give every placeholder that is not a recipient's attribute.
 #[utoipa::path(post, path = "/v1/notifications", tag = "notifications", security(("api_key" = [])),
     params(("Idempotency-Key" = Option<String>, Header, description = "The body's `idempotency_key` as a header (either, or both the same; 422 when they differ)")),
     request_body = NotificationRequest,
     responses((status = 202, description = "Accepted (or scheduled); the same id for a repeated idempotency key. `priority` is the one granted: `high` only for a transactional send to at most 10 users, else at most `normal` (`priority_requested` and `priority_lowered` say so)", body = Accepted),
         (status = 409, description = "`idempotency_conflict`: the key was used with another body", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid, naming the `field`; `too_many_recipients`: more `user_ids` than the tenant's recipients budget holds at once", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid, naming the `field`: no such template (`template_id`), a channel the template has no content for (`channels[i]`); `missing_param`: a placeholder of the template that `params` do not give and that is not a recipient's attribute (`user_id`, `locale`), naming `params.<name>`; `too_many_recipients`: more `user_ids` than the tenant's recipients budget holds at once", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "`rate_limited`: the tenant's send requests or recipients a second (`TIDINGS_API_RATES`), or the `requester`'s limit (`field` names which), is reached; nothing accepted; see `Retry-After`", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = u64, description = "Seconds until the limit's window ends")))))]
 async fn create(

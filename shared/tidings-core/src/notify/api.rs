@@ -110,6 +110,17 @@ pub async fn accept(deps: &Deps, t: &TenantId, mut req: NotificationRequest) -> 
     // anything is written.
     let field = stored.attrs.get("request").and_then(|r| r.as_object()).and_then(crate::sizes::largest_attr);
     crate::sizes::check_stored(field.unwrap_or("params"), &stored)?;
+    // What can be checked before answering (docs/delivery.md, "Accept: checked before it
+    // answers"): the template, read once, and the placeholders the params must give. A repeat of
+    // a request accepted before its template changed answers as a repeat.
+    if let Err(refused) = super::params::check_template(deps, t, &notification.request).await {
+        if let Some(key) = notification.request.idempotency_key.as_deref()
+            && let Some(earlier) = repeat_of(deps, t, key, &hash, &notification.request).await?
+        {
+            return Ok(earlier);
+        }
+        return Err(refused);
+    }
     writes.push(Write::Put { item: stored, cond: Cond::NotExists });
     // Its entry in the tenant's notifications list, in the same transaction (`crate::lists`).
     writes.push(entry_write(t, &notification)?);
@@ -136,32 +147,11 @@ pub async fn accept(deps: &Deps, t: &TenantId, mut req: NotificationRequest) -> 
             status: notification.status,
             created: true,
         }),
-        Err(StoreError::ConditionFailed { index: 0 }) if idem_key.is_some() => {
-            let Some(key) = idem_key else { return Err(StoreError::Conflict.into()) };
-            let Some(existing) = deps.table.get(&key).await? else {
-                // Written and gone again cannot happen (records are kept); a retry will settle it.
-                return Err(StoreError::Conflict.into());
-            };
-            let existing: IdempotencyRecord = existing.parse()?;
-            if existing.body_hash != hash {
-                return Err(CoreError::conflict(
-                    "idempotency_conflict",
-                    "this idempotency_key was used with a different request body",
-                ));
-            }
-            // The same body as the first request: the same priority granted.
-            let status = match get_notification(deps, t, &existing.notification_id).await? {
-                Some(view) => view.status,
-                None => NotificationStatus::Accepted,
-            };
-            Ok(Accepted {
-                notification_id: existing.notification_id,
-                status,
-                priority_requested: notification.priority_lowered.map(|_| notification.request.priority()),
-                priority_lowered: notification.priority_lowered,
-                priority: notification.priority,
-                created: false,
-            })
+        Err(StoreError::ConditionFailed { index: 0 })
+            if let Some(key) = notification.request.idempotency_key.as_deref() =>
+        {
+            // Written and gone again cannot happen (records are kept); a retry will settle it.
+            repeat_of(deps, t, key, &hash, &notification.request).await?.ok_or_else(|| StoreError::Conflict.into())
         }
         Err(StoreError::ConditionFailed { index })
             if let Some(limit) = index.checked_sub(first_limit).and_then(|i| limits.get(i)) =>
@@ -174,6 +164,39 @@ pub async fn accept(deps: &Deps, t: &TenantId, mut req: NotificationRequest) -> 
         }
         Err(e) => Err(e.into()),
     }
+}
+
+/// The answer to a repeat of an accepted request with this idempotency key; `None` when the key
+/// was not used; 409 `idempotency_conflict` when it was, with another body.
+async fn repeat_of(
+    deps: &Deps,
+    t: &TenantId,
+    key: &str,
+    hash: &str,
+    req: &NotificationRequest,
+) -> CoreResult<Option<Accepted>> {
+    let Some(existing) = deps.table.get(&keys::idempotency(t, "notification", key)).await? else { return Ok(None) };
+    let existing: IdempotencyRecord = existing.parse()?;
+    if existing.body_hash != hash {
+        return Err(CoreError::conflict(
+            "idempotency_conflict",
+            "this idempotency_key was used with a different request body",
+        ));
+    }
+    // The same body as the first request: the same priority granted.
+    let status = match get_notification(deps, t, &existing.notification_id).await? {
+        Some(view) => view.status,
+        None => NotificationStatus::Accepted,
+    };
+    let (priority, priority_lowered) = req.granted_priority();
+    Ok(Some(Accepted {
+        notification_id: existing.notification_id,
+        status,
+        priority_requested: priority_lowered.map(|_| req.priority()),
+        priority_lowered,
+        priority,
+        created: false,
+    }))
 }
 
 pub use super::progress::Counts;
@@ -234,7 +257,9 @@ pub async fn view_of(deps: &Deps, t: &TenantId, n: Notification) -> CoreResult<N
     let oldest_pending_age_s =
         oldest_pending_ms.map(|ms| (deps.clock.now_ms().saturating_sub(ms)).max(0) as u64 / 1000).unwrap_or(0);
     let status = match n.status {
-        NotificationStatus::Processing if all_pages_done && counts.queued == 0 => NotificationStatus::Completed,
+        NotificationStatus::Processing if all_pages_done && counts.queued == 0 => {
+            NotificationStatus::ended(counts.sent + counts.delivered, counts.failed + counts.dead)
+        }
         other => other,
     };
     Ok(NotificationView {
@@ -323,10 +348,7 @@ pub async fn cancel(deps: &Deps, t: &TenantId, id: &str) -> CoreResult<Notificat
                 return Err(CoreError::NotFound { what: "notification" });
             };
             if view.status != NotificationStatus::Cancelled {
-                return Err(CoreError::conflict(
-                    "invalid_state",
-                    format!("notification is {:?}", view.status).to_lowercase(),
-                ));
+                return Err(CoreError::conflict("invalid_state", format!("notification is {}", view.status.as_str())));
             }
         }
         Err(e) => return Err(e.into()),

@@ -1,6 +1,6 @@
 //! A campaign's end, told to the shop once: the `campaign.completed` webhook event.
 //!
-//! A campaign is `completed` when every expansion page is done and none of its deliveries is
+//! A campaign has ended when every expansion page is done and none of its deliveries is
 //! still queued — a fact of counters spread over many shards (`super::progress`), which no
 //! single write makes true, so no write can emit the event in its own transaction. Instead:
 //! - when its last page is known ([`super::campaign::set_last_page`]), a counted notification
@@ -11,9 +11,10 @@
 //!   | open campaign | `CAMPAIGNS#OPEN` | `{tenant}#{notification_id}` |
 //!
 //! - every minute the tick ([`crate::schedules::every_minute`]) reads the open list and, for each
-//!   campaign whose status reads `completed` (as `GET /v1/notifications/{id}` shows it), writes
-//!   the event to the webhook outbox and takes the campaign off the list. A cancelled or deleted
-//!   one is taken off without an event.
+//!   campaign whose every delivery has ended (`GET /v1/notifications/{id}` reads `completed`,
+//!   `completed_with_failures` or `failed`), writes the event, with that `status`, to the webhook
+//!   outbox and takes the campaign off the list. A cancelled or deleted one is taken off without
+//!   an event.
 //!
 //! The event's id is derived from the tenant and the notification, and its outbox item is put
 //! only when absent: two ticks at once, or a tick that dies between the write and the removal,
@@ -62,11 +63,12 @@ pub async fn watch(deps: &Deps, t: &TenantId, notification_id: &str) -> CoreResu
 pub struct CompletionReport {
     /// Open campaigns looked at.
     pub checked: u64,
-    /// Campaigns found completed (their event written, if any endpoint subscribes).
+    /// Campaigns found ended, whatever their outcome (their event written, if any endpoint
+    /// subscribes).
     pub completed: u64,
 }
 
-/// Looks at the open campaigns: each completed one gets its `campaign.completed` event and
+/// Looks at the open campaigns: each ended one gets its `campaign.completed` event and
 /// leaves the list. At most [`MAX_PER_TICK`], from where the last tick stopped.
 pub async fn check_open(deps: &Deps) -> CoreResult<CompletionReport> {
     check_open_at_most(deps, MAX_PER_TICK).await
@@ -113,7 +115,7 @@ pub async fn check_open_at_most(deps: &Deps, limit: usize) -> CoreResult<Complet
     Ok(report)
 }
 
-/// `true` when the campaign was found completed (and its event written).
+/// `true` when the campaign was found ended (and its event written).
 async fn check_one(deps: &Deps, entry: &Item) -> CoreResult<bool> {
     let text = |name: &str| entry.attrs.get(name).and_then(|v| v.as_str()).unwrap_or_default().to_owned();
     let (tenant, id) = (text("tenant"), text("notification_id"));
@@ -127,9 +129,11 @@ async fn check_one(deps: &Deps, entry: &Item) -> CoreResult<bool> {
     };
     let view = super::api::view_of(deps, &t, n).await?;
     match view.status {
-        NotificationStatus::Completed => {
+        // Ended, however it went: the event says how (`status`), as `GET /v1/notifications/{id}`.
+        NotificationStatus::Completed | NotificationStatus::CompletedWithFailures | NotificationStatus::Failed => {
             let data = json!({
                 "notification_id": view.notification_id,
+                "status": view.status,
                 "template_id": view.template_id,
                 "segment": view.segment,
                 "expanded": view.expanded,

@@ -9,6 +9,7 @@ pub mod channel;
 pub mod completion;
 pub mod model;
 pub mod orchestrator;
+pub mod params;
 pub mod policy;
 pub mod progress;
 pub mod relay;

@@ -221,14 +221,45 @@ impl NotificationRequest {
     }
 }
 
+/// A notification's status. Once every delivery has ended: `completed` when none failed or
+/// died, `completed_with_failures` when some were sent and some failed or died, `failed` when
+/// none was sent and some failed or died (suppressed deliveries are no failures).
+// Only `accepted`, `scheduled`, `processing` and `cancelled` are stored; the ends are read from
+// the counts (`NotificationStatus::ended`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub enum NotificationStatus {
     Accepted,
     Scheduled,
     Processing,
     Completed,
+    CompletedWithFailures,
+    Failed,
     Cancelled,
+}
+
+impl NotificationStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NotificationStatus::Accepted => "accepted",
+            NotificationStatus::Scheduled => "scheduled",
+            NotificationStatus::Processing => "processing",
+            NotificationStatus::Completed => "completed",
+            NotificationStatus::CompletedWithFailures => "completed_with_failures",
+            NotificationStatus::Failed => "failed",
+            NotificationStatus::Cancelled => "cancelled",
+        }
+    }
+
+    /// The status of a notification whose deliveries have all ended, from how many were sent
+    /// (`sent` and beyond: delivered, opened, clicked) and how many failed or died.
+    pub fn ended(sent: u64, failed_or_dead: u64) -> Self {
+        match (sent, failed_or_dead) {
+            (_, 0) => NotificationStatus::Completed,
+            (0, _) => NotificationStatus::Failed,
+            _ => NotificationStatus::CompletedWithFailures,
+        }
+    }
 }
 
 /// The notification item: the API's write, which is also the outbox entry.

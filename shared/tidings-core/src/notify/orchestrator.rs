@@ -7,7 +7,6 @@
 
 use std::collections::BTreeMap;
 
-use serde_json::{Value, json};
 use tracing::{info, instrument, warn};
 
 use super::api::load;
@@ -674,7 +673,7 @@ fn content_of(p: &Planning<'_>, to: String) -> Result<Content, String> {
     let Some(template) = template else {
         return Err(format!("template_error: template {} not found", n.request.template_id));
     };
-    let params = params_for(&n.request.params, r.user_id, r.user);
+    let params = super::params::params_for(&n.request.params, r.user_id, r.user.and_then(|u| u.locale.as_deref()));
     let rendered =
         template.render(channel, r.user.and_then(|u| u.locale.as_deref()), &params).map_err(|e| e.to_string())?;
     if channel == Channel::Inapp {
@@ -795,16 +794,4 @@ fn task_of(
         crate::tracking::decorate_email(&deps.config, &mut task, deps.clock.now().timestamp(), hosts);
     }
     (crate::lanes::Lane::channel(channel, n.priority).name().to_owned(), task)
-}
-
-/// Template parameters: the request's, plus `user_id` and the user's locale when not given.
-fn params_for(params: &Value, user_id: &str, user: Option<&User>) -> Value {
-    let mut p = params.clone();
-    if let Value::Object(map) = &mut p {
-        map.entry("user_id").or_insert_with(|| json!(user_id));
-        if let Some(locale) = user.and_then(|u| u.locale.clone()) {
-            map.entry("locale").or_insert_with(|| json!(locale));
-        }
-    }
-    p
 }

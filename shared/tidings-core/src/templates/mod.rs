@@ -110,6 +110,10 @@ pub enum TemplateError {
     NoContent(Channel),
     #[error("template_error: {0}")]
     Render(String),
+    /// An undefined placeholder, named as the params would give it (`order_id`, `order.id`):
+    /// strict mode sends no message with a hole in it.
+    #[error("template_error: missing placeholder {0}")]
+    MissingPlaceholder(String),
     /// A limit of the module documentation.
     #[error("template_error: limit: {0}")]
     Limit(String),
@@ -121,6 +125,7 @@ impl TemplateError {
         match self {
             TemplateError::Limit(m) => format!("limit: {m}"),
             TemplateError::Render(m) => m.clone(),
+            TemplateError::MissingPlaceholder(name) => format!("missing placeholder {name}"),
             other => other.to_string(),
         }
     }
@@ -579,7 +584,7 @@ fn run(env: &Environment<'_>, field: Field, html: bool, params: &Value, cap: usi
     }));
     match rendered {
         Ok(Ok(_)) => String::from_utf8(out.buf).map_err(|e| TemplateError::Render(e.to_string())),
-        Ok(Err(e)) => Err(classify(field, cap, &e)),
+        Ok(Err(e)) => Err(classify(field, cap, &e, tmpl.source(), params)),
         Err(_) => Err(TemplateError::Render(ENGINE_FAILED.to_owned())),
     }
 }
@@ -589,7 +594,7 @@ pub const ENGINE_FAILED: &str = "the template engine failed on this template; si
 
 /// Limit errors from the engine (fuel, recursion, the writer, the guarded filters) are told
 /// apart from the rest so that a trial render at save refuses only those.
-fn classify(field: Field, cap: usize, e: &minijinja::Error) -> TemplateError {
+fn classify(field: Field, cap: usize, e: &minijinja::Error, source: &str, params: &Value) -> TemplateError {
     let detail = e.detail().unwrap_or_default();
     match e.kind() {
         ErrorKind::OutOfFuel => TemplateError::Limit(format!("more than {FUEL} instructions")),
@@ -600,8 +605,56 @@ fn classify(field: Field, cap: usize, e: &minijinja::Error) -> TemplateError {
         ErrorKind::InvalidOperation if detail.contains("too large") || detail.contains("too many") => {
             TemplateError::Limit(detail.to_owned())
         }
+        ErrorKind::UndefinedError => match missing_placeholder(source, params, e.range()) {
+            Some(name) => TemplateError::MissingPlaceholder(name),
+            None => TemplateError::Render(describe(e)),
+        },
         _ => TemplateError::Render(describe(e)),
     }
+}
+
+/// The placeholder an undefined value is about: of the variables the source reads from its
+/// params (with the attributes it reads of them: `order.id`), the first one `params` does not
+/// give, preferring those within the error's span (`at`). It names the part that is absent:
+/// `order` when there is no `order`, `order.id` when `order` has no `id`. `None` when every
+/// one is given (the undefined value came from elsewhere, such as a loop variable's attribute).
+pub fn missing_placeholder(source: &str, params: &Value, at: Option<std::ops::Range<usize>>) -> Option<String> {
+    let env = environment();
+    let tmpl = env.template_from_str(source).ok()?;
+    let mut found: Vec<(bool, usize, String)> = Vec::new();
+    for path in tmpl.undeclared_variables(true) {
+        let mut segments = path.split('.');
+        let Some(head) = segments.next() else { continue };
+        if env.globals().any(|(g, _)| g == head) {
+            continue;
+        }
+        // The part of the path that is absent from params.
+        let mut value = params;
+        let mut given = Vec::new();
+        let mut absent = None;
+        for segment in std::iter::once(head).chain(segments) {
+            given.push(segment);
+            match value.get(segment) {
+                Some(v) => value = v,
+                None => {
+                    absent = Some(given.join("."));
+                    break;
+                }
+            }
+            // Attributes of something that is not an object are not looked up here.
+            if !value.is_object() {
+                break;
+            }
+        }
+        let Some(name) = absent else { continue };
+        let first = source.find(name.as_str()).unwrap_or(usize::MAX);
+        let inside = at.as_ref().and_then(|r| source.get(r.clone())).is_some_and(|span| span.contains(name.as_str()));
+        if !found.iter().any(|(_, _, n)| *n == name) {
+            found.push((!inside, first, name));
+        }
+    }
+    found.sort();
+    found.into_iter().next().map(|(_, _, name)| name)
 }
 
 /// The output of one render: an error past `cap` bytes stops the engine at the first write
@@ -708,6 +761,11 @@ pub fn sms_segments(text: &str) -> usize {
         None => (text.encode_utf16().count(), 70, 67),
     };
     if units <= single { 1 } else { units.div_ceil(part) }
+}
+
+/// Whether a locale's content has the channel's body (the channel can be sent in it).
+pub fn has_body(c: &LocaleContent, channel: Channel) -> bool {
+    body_of(c, channel).is_some()
 }
 
 fn body_of(c: &LocaleContent, channel: Channel) -> Option<&str> {
@@ -916,7 +974,29 @@ mod tests {
     fn missing_placeholder_is_an_error() {
         let t = tpl();
         let r = t.render(Channel::Sms, Some("en"), &json!({}));
-        assert!(matches!(r, Err(TemplateError::Render(ref m)) if m.contains("missing placeholder")), "{r:?}");
+        assert_eq!(r, Err(TemplateError::MissingPlaceholder("order_id".into())));
+        assert_eq!(
+            r.map(|_| ()).map_err(|e| e.to_string()),
+            Err("template_error: missing placeholder order_id".into())
+        );
+    }
+
+    /// The error names the placeholder that is absent, the part of its path that is: not a
+    /// placeholder that is given, nor one guarded by `is defined` that did not fail the render.
+    #[test]
+    fn a_missing_placeholder_is_named_by_its_absent_part() {
+        let render = |text: &str, params: serde_json::Value| {
+            render_field(Field::Sms, text, false, &params, 10_000).map_err(|e| e.to_string())
+        };
+        let named = |name: &str| Err(format!("template_error: missing placeholder {name}"));
+        assert_eq!(render("Hi {{ name }}, order {{ order_id }}", json!({"name": "Al"})), named("order_id"));
+        assert_eq!(render("Order {{ order.id }}", json!({})), named("order"));
+        assert_eq!(render("Order {{ order.id }}", json!({"order": {"total": 3}})), named("order.id"));
+        // `coupon` is absent too, but guarded: the render failed on `first_name`.
+        let guarded = "{% if coupon is defined %}{{ coupon }}{% endif %} Hi {{ user.first_name }}";
+        assert_eq!(render(guarded, json!({"user": {}})), named("user.first_name"));
+        assert_eq!(render("{{ a }} {{ b }}", json!({"a": 1})), named("b"));
+        assert_eq!(render("{{ b }} {{ a }}", json!({})), named("b"));
     }
 
     #[test]

@@ -3,8 +3,6 @@
 //! sending anything. A send's tracking (the open pixel, rewritten links, the unsubscribe
 //! headers) is added after rendering and is not shown.
 
-use std::collections::BTreeSet;
-
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -12,7 +10,7 @@ use crate::deps::Deps;
 use crate::error::{CoreError, CoreResult};
 use crate::ids::{TenantId, check_id};
 use crate::ports::Channel;
-use crate::templates::{self, LocaleContent, Template, TemplateError};
+use crate::templates::{self, Template, TemplateError};
 
 /// The body of a preview.
 #[derive(Clone, Debug, Default, Deserialize, utoipa::ToSchema)]
@@ -69,35 +67,6 @@ pub struct Preview {
     pub parts: Vec<PreviewPart>,
 }
 
-/// The fields a channel renders from.
-fn sources(c: &LocaleContent, channel: Channel) -> Vec<&str> {
-    let fields = match channel {
-        Channel::Email => [c.email_subject.as_deref(), c.email_body.as_deref(), c.email_html.as_deref()],
-        Channel::Sms => [c.sms.as_deref(), None, None],
-        Channel::Push => [c.push_title.as_deref(), c.push_body.as_deref(), None],
-        Channel::Inapp => [c.inapp_title.as_deref(), c.inapp_body.as_deref(), None],
-    };
-    fields.into_iter().flatten().collect()
-}
-
-/// The placeholders the channel's content names at the top level that `params` lacks, in
-/// order: what a "missing placeholder" error is about.
-fn missing_params(template: &Template, channel: Channel, params: &Value) -> Vec<String> {
-    let env = minijinja::Environment::new();
-    let mut missing = BTreeSet::new();
-    for content in template.locales.values() {
-        for text in sources(content, channel) {
-            let Ok(tmpl) = env.template_from_str(text) else { continue };
-            for name in tmpl.undeclared_variables(false) {
-                if params.get(&name).is_none() && env.globals().all(|(g, _)| g != name) {
-                    missing.insert(name);
-                }
-            }
-        }
-    }
-    missing.into_iter().collect()
-}
-
 /// Whether the template has the locale, exactly or by its language.
 fn has_locale(template: &Template, locale: &str) -> bool {
     let lang = |l: &str| l.split(['-', '_']).next().unwrap_or_default().to_owned();
@@ -152,11 +121,8 @@ pub async fn preview(deps: &Deps, t: &TenantId, template_id: &str, req: PreviewR
             TemplateError::NoContent(_) => {
                 CoreError::invalid(field.clone(), format!("the template has no {channel} content"))
             }
-            TemplateError::Render(m) if m.contains("missing placeholder") => {
-                match missing_params(&template, channel, &params).first() {
-                    Some(name) => CoreError::invalid(format!("params.{name}"), format!("missing placeholder {name}")),
-                    None => CoreError::invalid("params", m),
-                }
+            TemplateError::MissingPlaceholder(name) => {
+                CoreError::missing_param(&name, format!("missing placeholder {name}: give it in params"))
             }
             other => CoreError::invalid("params", other.to_string()),
         })?;
