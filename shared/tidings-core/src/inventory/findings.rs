@@ -148,14 +148,14 @@ pub struct FindingPage {
 /// The body of `POST /v1/ops/inventory-findings/{id}/settle`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"kind": "corrective_entry", "reason": "shelf count 2026-12-01: the counters are right"}))]
 pub struct SettleRequest {
-    /// `corrective_entry` or `accepted`.
+    /// `corrective_entry` (a ledger entry alone makes the ledger agree with the counters) or
+    /// `accepted` (the difference is known; it is not reported again).
     #[serde(default)]
-    #[schema(example = "corrective_entry")]
     pub kind: String,
-    /// Why (required): what was found, who was asked.
+    /// Why (required, at most 1000 characters): what was found, who was asked.
     #[serde(default)]
-    #[schema(example = "release applied twice on 2026-11-30, see ticket 4411")]
     pub reason: String,
 }
 
