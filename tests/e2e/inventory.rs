@@ -209,10 +209,10 @@ async fn reviews_waiting(s: &Server) -> anyhow::Result<i64> {
     Ok(q.map_or(-1, |q| q["visible"].as_i64().unwrap_or(-1)))
 }
 
-/// Seed 002 §4 (discrepancies go to a person): a difference is one finding and one message on
-/// the review queue however many runs see it, a start's run included; only an operator lists
-/// and settles it, with a reason, once; a corrective entry moves the ledger alone and the next
-/// run finds nothing; an accepted difference is not reopened, by a run or by a start.
+/// Discrepancies go to a person (docs/inventory.md, "Findings"): a difference is one finding and
+/// one message on the review queue however many runs see it, a start's run included; only an
+/// operator lists and settles it, with a reason, once; a corrective entry moves the ledger alone
+/// and the next run finds nothing; an accepted difference is not reopened, by a run or a start.
 pub async fn a_finding_is_queued_once_and_settled_by_an_operator(backend: Backend) -> anyhow::Result<()> {
     use tidings_core::ports::{Key, Update};
     let wait = Duration::from_secs(30);
