@@ -147,6 +147,7 @@ on_both_backends!(inventory as inventory_tests:
     pay_cancel_and_expiry_race_and_release_once,
     short_multi_sku_order_holds_nothing,
     an_expired_hold_is_released_and_its_waiters_are_alerted,
+    a_finding_is_queued_once_and_settled_by_an_operator,
 );
 
 on_both_backends!(safety as safety_tests:

@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -227,6 +228,34 @@ impl Server {
         self.env.retain(|(k, _)| k != "TIDINGS_CRASH_AT");
         if let Some(point) = crash_at {
             self.env.push(("TIDINGS_CRASH_AT".into(), point.into()));
+        }
+        self.spawn().await
+    }
+
+    /// Stops the server, applies `updates` to the item at `key` in its store directly (behind
+    /// the API's back, as a lost write or a bug would), and starts it again on the same data
+    /// (a start runs the scheduled jobs, reconciliation among them).
+    pub async fn write_behind_its_back(
+        &mut self,
+        key: tidings_core::ports::Key,
+        updates: Vec<tidings_core::ports::Update>,
+    ) -> anyhow::Result<()> {
+        use tidings_core::ports::{Cond, SystemClock, Table};
+        if let Some(mut child) = self.child.take() {
+            let _ = child.start_kill();
+            child.wait().await?;
+        }
+        match self.backend {
+            Backend::Embedded => {
+                let path = self.data_dir.join("tidings.db");
+                let store = tidings_embedded::EmbeddedStore::open_existing_with_clock(&path, Arc::new(SystemClock))?;
+                store.update(&key, updates, Cond::Exists).await?;
+            }
+            Backend::Aws => {
+                let table = self.env.iter().find(|(k, _)| k == "TIDINGS_TABLE").map(|(_, v)| v.clone());
+                let config = tidings_aws::AwsConfig { table: table.context("no table")?, ..Default::default() };
+                tidings_aws::AwsBackend::from_config(config).await.table().update(&key, updates, Cond::Exists).await?;
+            }
         }
         self.spawn().await
     }

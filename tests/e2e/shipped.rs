@@ -217,6 +217,27 @@ pub async fn a_day_of_a_shop_through_the_function_binaries() -> anyhow::Result<(
     }
     ok(&s, "POST", "/v1/ops/reconcile", None).await?;
 
+    // A counter moved behind the ledger's back: the reconcile function records one finding
+    // however often it runs, under its own policy; the API settles it with a corrective entry
+    // (under its policy: the finding moves from open to settled), and the next run is clean.
+    {
+        use tidings_core::ports::{Cond, Key, Table, Update};
+        let config = tidings_aws::AwsConfig { table: s.table.clone(), ..Default::default() };
+        let table = tidings_aws::AwsBackend::from_config(config).await.table();
+        let stock = Key::new("T#acme#SKU#sku-day", "STOCK");
+        table.update(&stock, vec![Update::add("available", 1)], Cond::Exists).await?;
+    }
+    let first = s.fire("reconcile").await?;
+    let again = s.fire("reconcile").await?;
+    assert_eq!((first["opened"].as_u64(), again["opened"].as_u64()), (Some(1), Some(0)), "{first} {again}");
+    let open = ok_as(&s, &s.ops_key, "GET", "/v1/ops/inventory-findings?status=open", None).await?;
+    assert_eq!(open["items"].as_array().map(Vec::len), Some(1), "{open}");
+    let id = open["items"][0]["id"].as_str().unwrap_or_default().to_owned();
+    let settle = json!({"kind": "corrective_entry", "reason": "shelf count"});
+    ok_as(&s, &s.ops_key, "POST", &format!("/v1/ops/inventory-findings/{id}/settle"), Some(settle)).await?;
+    let after = s.fire("reconcile").await?;
+    assert_eq!(after["discrepancies"], json!([]), "{after}");
+
     // A dead letter: a task no worker can read goes to its DLQ, is listed, and is redriven.
     let email_high = s.queue_urls["EmailHighQueue"].clone();
     s.sqs.send_message().queue_url(&email_high).message_body("{\"not\":\"a task\"}").send().await?;

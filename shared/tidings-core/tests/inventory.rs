@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use tidings_core::inventory::findings::{self, Finding, FindingStatus, SettleRequest, SettlementKind};
 use tidings_core::inventory::{
     self, AdjustmentRequest, Counters, HoldTimes, LedgerKind, OrderLine, OrderRequest, OrderStatus, REVIEW_QUEUE,
     Settlement, WarmUpRequest,
@@ -391,12 +392,198 @@ async fn pit5_reconcile_checks_each_sku_against_its_ledger() {
     // Reported, recorded for review, queued for an operator; not silently fixed.
     assert_eq!(stock(&w, "a").await.available, 9);
     assert_eq!(stock(&w, "b").await.available, 8);
-    let review = inventory::review_items(&w.deps, &w.t).await.unwrap();
+    let review = findings::all(&w.deps, FindingStatus::Open).await.unwrap();
     assert_eq!(review.len(), 4);
-    assert!(review.iter().all(|r| r.status == "OPEN"));
+    assert!(review.iter().all(|r| r.status == FindingStatus::Open && r.tenant == w.t));
     let queued = w.store.receive(REVIEW_QUEUE, 10, Duration::from_secs(30), Duration::ZERO).await.unwrap();
     assert_eq!(queued.len(), 4);
     assert!(queued.iter().any(|m| m.body.contains("\"sku_id\":\"a\"")));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Findings: one record per difference, settled by a person (docs/inventory.md, "Findings")
+// ---------------------------------------------------------------------------------------------
+
+/// Moves a counter of `sku` (its stock item, or shard `shard`) behind the ledger's back.
+async fn drift(w: &World, sku: &str, shard: Option<u32>, counter: &str, by: i64) {
+    let key = match shard {
+        None => tidings_core::ports::Key::new(format!("T#{}#SKU#{sku}", w.t), "STOCK"),
+        Some(i) => tidings_core::ports::Key::new(format!("T#{}#SKU#{sku}#S{i}", w.t), "CELL"),
+    };
+    w.deps.table.update(&key, vec![Update::add(counter, by)], tidings_core::ports::Cond::Exists).await.unwrap();
+}
+
+async fn open_findings(w: &World) -> Vec<Finding> {
+    findings::all(&w.deps, FindingStatus::Open).await.unwrap()
+}
+
+async fn reviews_queued(w: &World) -> usize {
+    w.store.receive(REVIEW_QUEUE, 10, Duration::from_secs(300), Duration::ZERO).await.unwrap().len()
+}
+
+fn settle_req(kind: &str, reason: &str) -> SettleRequest {
+    SettleRequest { kind: kind.to_owned(), reason: reason.to_owned() }
+}
+
+/// Every run sees the difference; one record holds it (first and last seen, how often) and one
+/// message was queued for it, while sales move the counters and the ledger together.
+#[tokio::test]
+async fn a_difference_seen_by_every_run_is_one_finding_queued_once() {
+    let w = world();
+    warm(&w, "a", 10).await;
+    drift(&w, "a", None, "available", 2).await;
+    let first = inventory::reconcile(&w.deps, None).await.unwrap();
+    assert_eq!(first.opened, 1);
+    w.clock.advance(chrono::TimeDelta::hours(1));
+    inventory::place_order(&w.deps, &w.t, &order("o", &[("a", 3)], None)).await.unwrap();
+    let second = inventory::reconcile(&w.deps, Some(&w.t)).await.unwrap();
+    assert_eq!(second.opened, 0, "{second:?}");
+    assert_eq!(second.discrepancies[0].finding_id, first.discrepancies[0].finding_id);
+    let open = open_findings(&w).await;
+    assert_eq!(open.len(), 1, "{open:?}");
+    let f = &open[0];
+    assert_eq!((f.times_seen, f.difference), (2, Counters::new(2, 0, 0)));
+    assert_eq!((f.expected, f.actual), (Counters::new(7, 3, 0), Counters::new(9, 3, 0)), "the latest sums: {f:?}");
+    assert!(f.last_seen > f.first_seen, "{f:?}");
+    assert_eq!(reviews_queued(&w).await, 1, "queued once");
+
+    // The difference changes while the finding is open: the same record shows the new one.
+    drift(&w, "a", None, "available", 1).await;
+    let third = inventory::reconcile(&w.deps, None).await.unwrap();
+    assert_eq!(third.opened, 0);
+    let open = open_findings(&w).await;
+    assert_eq!((open.len(), open[0].difference, open[0].times_seen), (1, Counters::new(3, 0, 0), 3));
+}
+
+/// A corrective entry settles a finding with the ledger alone: the counters do not move, the
+/// next run finds no difference and no open finding; settling it again is 409.
+#[tokio::test]
+async fn a_corrective_entry_makes_the_ledger_agree_and_the_counters_stay() {
+    let w = world();
+    warm(&w, "a", 10).await;
+    warm_sharded(&w, "c", 8, 4).await;
+    inventory::place_order(&w.deps, &w.t, &order("o", &[("a", 2), ("c", 1)], Some(600))).await.unwrap();
+    drift(&w, "a", None, "reserved", -1).await;
+    drift(&w, "c", Some(0), "available", -1).await;
+    drift(&w, "c", Some(1), "available", 1).await;
+    let report = inventory::reconcile(&w.deps, None).await.unwrap();
+    assert_eq!(report.opened, 3, "{report:?}");
+    let before = (stock(&w, "a").await.counters(), stock(&w, "c").await.counters());
+    for f in open_findings(&w).await {
+        let settled =
+            findings::settle(&w.deps, &f.id, &settle_req("corrective_entry", "counted"), "ops-1").await.unwrap();
+        let s = settled.settlement.clone().unwrap();
+        assert_eq!(
+            (settled.status, s.kind, s.by.as_str()),
+            (FindingStatus::Settled, SettlementKind::CorrectiveEntry, "ops-1")
+        );
+        let again = findings::settle(&w.deps, &f.id, &settle_req("accepted", "again"), "ops-1").await.unwrap_err();
+        assert_eq!(code_of(&again), "already_settled");
+    }
+    assert_eq!((stock(&w, "a").await.counters(), stock(&w, "c").await.counters()), before, "no counter moved");
+    let corrections: Vec<_> = inventory::all_ledger_entries(&w.deps, &w.t, "c")
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.kind == LedgerKind::Correction)
+        .collect();
+    assert_eq!(corrections.len(), 2, "one per shard: {corrections:?}");
+    assert!(corrections.iter().all(|e| e.shards.len() == 1 && e.reason.as_deref() == Some("counted")));
+    assert_consistent(&w, &["a", "c"]).await;
+    let after = inventory::reconcile(&w.deps, None).await.unwrap();
+    assert_eq!((after.discrepancies.len(), after.opened), (0, 0), "{after:?}");
+    assert!(open_findings(&w).await.is_empty());
+    assert_eq!(findings::all(&w.deps, FindingStatus::Settled).await.unwrap().len(), 3);
+
+    // A new difference on the corrected cell is a new finding.
+    drift(&w, "a", None, "sold", 1).await;
+    assert_eq!(inventory::reconcile(&w.deps, None).await.unwrap().opened, 1);
+}
+
+/// An accepted finding is not reopened while the difference is the one accepted; another
+/// difference opens a new finding.
+#[tokio::test]
+async fn an_accepted_difference_is_not_reopened_and_a_new_one_is_a_new_finding() {
+    let w = world();
+    warm(&w, "b", 10).await;
+    drift(&w, "b", None, "available", -1).await;
+    inventory::reconcile(&w.deps, None).await.unwrap();
+    let id = open_findings(&w).await[0].id.clone();
+    let settled = findings::settle(&w.deps, &id, &settle_req("accepted", "legacy import"), "ops-1").await.unwrap();
+    assert_eq!(settled.settlement.map(|s| s.kind), Some(SettlementKind::Accepted));
+    assert_eq!(stock(&w, "b").await.available, 9, "nothing written");
+    assert_eq!(reviews_queued(&w).await, 1);
+    for _ in 0..2 {
+        let run = inventory::reconcile(&w.deps, None).await.unwrap();
+        assert_eq!(run.opened, 0, "{run:?}");
+        assert_eq!(
+            run.discrepancies[0].finding_id.as_deref(),
+            Some(id.as_str()),
+            "reported, under the accepted finding"
+        );
+    }
+    assert!(open_findings(&w).await.is_empty(), "not reopened");
+    assert_eq!(reviews_queued(&w).await, 0, "not queued again");
+
+    drift(&w, "b", None, "available", -1).await;
+    let run = inventory::reconcile(&w.deps, None).await.unwrap();
+    assert_eq!(run.opened, 1, "{run:?}");
+    let open = open_findings(&w).await;
+    assert_eq!((open.len(), open[0].difference), (1, Counters::new(-2, 0, 0)));
+    assert_ne!(open[0].id, id);
+}
+
+/// Settling checks its input (422 naming the field, 404 for no such finding) and refuses a
+/// corrective entry for a difference that is not the finding's any more (409, nothing written).
+#[tokio::test]
+async fn settling_refuses_bad_input_and_a_difference_that_moved() {
+    let w = world();
+    warm(&w, "a", 10).await;
+    drift(&w, "a", None, "available", 2).await;
+    inventory::reconcile(&w.deps, None).await.unwrap();
+    let id = open_findings(&w).await[0].id.clone();
+    for (req, field) in [
+        (settle_req("corrective_entry", ""), "reason"),
+        (settle_req("corrective_entry", " \n "), "reason"),
+        (settle_req("corrective_entry", &"x".repeat(findings::MAX_REASON + 1)), "reason"),
+        (settle_req("fix", "x"), "kind"),
+    ] {
+        match findings::settle(&w.deps, &id, &req, "ops-1").await {
+            Err(CoreError::Invalid { field: f, .. }) => assert_eq!(f, field, "{req:?}"),
+            other => panic!("{req:?}: {other:?}"),
+        }
+    }
+    let e = findings::settle(&w.deps, "nope", &settle_req("accepted", "x"), "ops-1").await.unwrap_err();
+    assert_eq!(code_of(&e), "not_found");
+    let e = findings::settle(&w.deps, "a#b", &settle_req("accepted", "x"), "ops-1").await.unwrap_err();
+    assert_eq!(code_of(&e), "invalid");
+
+    drift(&w, "a", None, "available", 1).await;
+    let entries = inventory::all_ledger_entries(&w.deps, &w.t, "a").await.unwrap().len();
+    let e = findings::settle(&w.deps, &id, &settle_req("corrective_entry", "x"), "ops-1").await.unwrap_err();
+    assert_eq!(code_of(&e), "finding_changed", "{e}");
+    assert_eq!(inventory::all_ledger_entries(&w.deps, &w.t, "a").await.unwrap().len(), entries, "nothing written");
+    assert_eq!(open_findings(&w).await.len(), 1, "still open");
+    // The next run shows the new difference on the same finding; then it can be corrected.
+    inventory::reconcile(&w.deps, None).await.unwrap();
+    findings::settle(&w.deps, &id, &settle_req("corrective_entry", "x"), "ops-1").await.unwrap();
+    assert_consistent(&w, &["a"]).await;
+}
+
+/// Two runs at once (a start's run and an operator's) still make one finding.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_runs_make_one_finding() {
+    let w = world();
+    for sku in ["a", "b", "c"] {
+        warm(&w, sku, 10).await;
+        drift(&w, sku, None, "available", 1).await;
+    }
+    let runs = (0..4).map(|_| inventory::reconcile(&w.deps, None));
+    let reports = futures::future::join_all(runs).await;
+    let opened: u64 = reports.into_iter().map(|r| r.unwrap().opened).sum();
+    assert_eq!(opened, 3);
+    assert_eq!(open_findings(&w).await.len(), 3);
+    assert_eq!(reviews_queued(&w).await, 3);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -239,7 +239,12 @@ async fn serve_reconcile(ports: AwsPorts) -> Result<(), lambda_runtime::Error> {
         let deps = deps.clone();
         async move {
             let report = tidings_core::inventory::reconcile(&deps, None).await?;
-            tracing::info!(checked = report.checked, discrepancies = report.discrepancies.len(), "reconciled");
+            tracing::info!(
+                checked = report.checked,
+                discrepancies = report.discrepancies.len(),
+                opened = report.opened,
+                "reconciled"
+            );
             tidings_lambda::flush_metrics();
             Ok::<Value, lambda_runtime::Error>(serde_json::to_value(report)?)
         }

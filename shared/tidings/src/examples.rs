@@ -130,6 +130,7 @@ pub const OPS: &str = "\
 Examples:
   tidings ops dlq list
   tidings ops dlq redrive email-low
+  tidings ops findings list
   tidings ops stream-failures list --backend aws";
 
 pub const OPS_DLQ: &str = "\
@@ -147,6 +148,24 @@ pub const OPS_DLQ_REDRIVE: &str = "\
 Examples:
   # After the cause is fixed: each letter is handled once (the delivery record decides)
   tidings ops dlq redrive email-low";
+
+pub const OPS_FINDINGS: &str = "\
+Examples:
+  tidings ops findings list
+  tidings ops findings settle 0193a4e8c1f07c2a9d6b3e5f7a8b9c0d --kind accepted --reason 'counted by hand, ticket 4411'";
+
+pub const OPS_FINDINGS_LIST: &str = "\
+Examples:
+  tidings ops findings list
+  # What was settled, by whom and why, of a deployed stack (a build with --features aws)
+  tidings ops findings list --status settled --limit 100 --backend aws";
+
+pub const OPS_FINDINGS_SETTLE: &str = "\
+Examples:
+  # The counters are right (counted on the shelf): a ledger entry makes the ledger agree
+  tidings ops findings settle 0193a4e8c1f07c2a9d6b3e5f7a8b9c0d --kind corrective_entry --reason 'shelf count 2026-12-01'
+  # Known and accepted: the same difference is not reported as a finding again
+  tidings ops findings settle 0193a4e8c1f07c2a9d6b3e5f7a8b9c0d --kind accepted --reason 'legacy import' --by alice";
 
 pub const OPS_STREAM_FAILURES: &str = "\
 Examples:

@@ -20,6 +20,7 @@ mod bench_reserve;
 mod config;
 mod dlq;
 mod examples;
+mod findings;
 mod import;
 mod keys;
 mod progress;
@@ -159,6 +160,12 @@ enum OpsCommand {
         #[command(subcommand)]
         command: dlq::DlqCommand,
     },
+    /// Reconciliation findings: differences between stock counters and the ledger, for a person.
+    #[command(after_help = examples::OPS_FINDINGS)]
+    Findings {
+        #[command(subcommand)]
+        command: findings::FindingsCommand,
+    },
     /// Stream records the relay did not relay (the stream's on-failure queue).
     #[command(after_help = examples::OPS_STREAM_FAILURES)]
     StreamFailures {
@@ -255,6 +262,7 @@ async fn main() -> anyhow::Result<()> {
             stream_failures::run(command, &backend).await
         }
         Command::Ops { command: OpsCommand::Dlq { command }, backend } => dlq::run(command, &backend).await,
+        Command::Ops { command: OpsCommand::Findings { command }, backend } => findings::run(command, &backend).await,
     }
 }
 
@@ -332,8 +340,8 @@ mod tests {
         let mut seen = 0;
         walk(&mut cmd, &mut Vec::new(), &mut seen);
         // tidings; serve; bench, campaign, reserve; keys and its 4; openapi; config; ops, dlq and
-        // its 2, stream-failures and its 2.
-        assert!(seen >= 18, "{seen} commands walked");
+        // its 2, findings and its 2, stream-failures and its 2.
+        assert!(seen >= 21, "{seen} commands walked");
     }
 
     #[test]

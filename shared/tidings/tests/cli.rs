@@ -59,6 +59,8 @@ fn commands_run_where_no_server_runs_make_nothing() {
         &["keys", "list"],
         &["ops", "dlq", "list"],
         &["ops", "dlq", "redrive", "email-low"],
+        &["ops", "findings", "list"],
+        &["ops", "findings", "settle", "f1", "--kind", "accepted", "--reason", "r"],
         &["ops", "stream-failures", "list"],
     ] {
         let (out, stdout, stderr) = tidings_in(dir.path(), args);
@@ -155,6 +157,14 @@ async fn json_commands_print_json_alone_on_stdout() {
         serde_json::json!({"queue": "email-low", "moved": 1})
     );
 
+    assert_eq!(
+        json_of(cwd, &["ops", "findings", "list", "--status", "settled"]),
+        serde_json::json!({"items": [], "next_cursor": null})
+    );
+    let (out, stdout, stderr) =
+        tidings_in(cwd, &["ops", "findings", "settle", "f1", "--kind", "accepted", "--reason", "counted"]);
+    assert!(!out.status.success() && stdout.is_empty(), "settled a finding that is not there: {stdout}");
+    assert!(stderr.contains("finding not found"), "{stderr}");
     assert_eq!(json_of(cwd, &["ops", "stream-failures", "list"]), serde_json::json!({"stream_failures": []}));
     assert_eq!(json_of(cwd, &["ops", "stream-failures", "replay"]), serde_json::json!({"replayed": [], "kept": []}));
     assert!(json_of(cwd, &["config", "--json"])["variables"].is_array());

@@ -5,15 +5,28 @@ use axum::http::StatusCode;
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use tidings_core::inventory::{
-    self, AdjustmentRequest, LedgerPage, OrderRequest, OrderView, ReconcileReport, StockView, WarmUpRequest,
+    self, AdjustmentRequest, Finding, FindingPage, FindingStatus, LedgerPage, OrderRequest, OrderView, ReconcileReport,
+    SettleRequest, StockView, WarmUpRequest,
 };
 
-use crate::extract::{Body, IdempotencyKey, PageParams, PathParams, QueryParams, Tenant};
+use crate::extract::{Body, IdempotencyKey, Operator, PageParams, PathParams, QueryParams, Tenant};
 use crate::problem::{ApiResult, Problem};
 use crate::state::AppState;
 
 #[derive(utoipa::OpenApi)]
-#[openapi(paths(warm_up, show_stock, adjust, ledger, place_order, show_order, pay, cancel, reconcile))]
+#[openapi(paths(
+    warm_up,
+    show_stock,
+    adjust,
+    ledger,
+    place_order,
+    show_order,
+    pay,
+    cancel,
+    reconcile,
+    list_findings,
+    settle_finding
+))]
 pub(super) struct Api;
 
 pub fn router() -> Router<AppState> {
@@ -26,6 +39,8 @@ pub fn router() -> Router<AppState> {
         .route("/v1/orders/{order_id}/pay", post(pay))
         .route("/v1/orders/{order_id}/cancel", post(cancel))
         .route("/v1/ops/reconcile", post(reconcile))
+        .route("/v1/ops/inventory-findings", get(list_findings))
+        .route("/v1/ops/inventory-findings/{id}/settle", post(settle_finding))
 }
 
 /// 201 when the SKU is new; 200 with the stock unchanged when it exists.
@@ -142,6 +157,53 @@ async fn reconcile(State(s): State<AppState>, Tenant(t): Tenant) -> ApiResult<Js
     Ok(Json(inventory::reconcile(&s.deps, Some(&t)).await?))
 }
 
+#[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+struct FindingQuery {
+    /// `open` (the default: what waits for a person) or `settled`.
+    status: Option<String>,
+    /// Items per page, 1 to 500 (default 50).
+    #[param(minimum = 1, maximum = 500)]
+    limit: Option<usize>,
+    /// The `next_cursor` of the previous page.
+    cursor: Option<String>,
+}
+
+/// Every tenant's reconciliation findings in one status, oldest first (an operator key: the
+/// findings are the operators' work, docs/inventory.md, "Findings").
+#[utoipa::path(get, path = "/v1/ops/inventory-findings", tag = "ops", security(("operator_key" = [])), params(FindingQuery),
+    responses((status = 200, description = "One page of findings", body = FindingPage),
+        (status = 403, description = "`operator_only`: a tenant's key", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "A bad `status`, `limit` or `cursor`", body = Problem, content_type = "application/problem+json")))]
+async fn list_findings(
+    State(s): State<AppState>,
+    _op: Operator,
+    QueryParams(q): QueryParams<FindingQuery>,
+) -> ApiResult<Json<FindingPage>> {
+    let limit = PageParams { limit: q.limit, cursor: None }.limit()?;
+    let status = FindingStatus::parse(q.status.as_deref().unwrap_or("open"))?;
+    Ok(Json(inventory::findings::list(&s.deps, status, limit, q.cursor).await?))
+}
+
+/// Settles an open finding with a reason: `corrective_entry` writes one ledger entry (kind
+/// `correction`, no counter moves) that makes the ledger agree with the counters; `accepted`
+/// records the decision, and the same difference is not reported as a finding again.
+#[utoipa::path(post, path = "/v1/ops/inventory-findings/{id}/settle", tag = "ops", security(("operator_key" = [])),
+    params(("id" = String, Path, description = "The finding's id")), request_body = SettleRequest,
+    responses((status = 200, description = "The settled finding", body = Finding),
+        (status = 403, description = "`operator_only`: a tenant's key", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such finding", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`already_settled`; `finding_changed`: the cell no longer differs by the finding's difference (run the reconciliation again)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "No `reason`, or a bad `kind`", body = Problem, content_type = "application/problem+json")))]
+async fn settle_finding(
+    State(s): State<AppState>,
+    op: Operator,
+    PathParams(id): PathParams<String>,
+    Body(req): Body<SettleRequest>,
+) -> ApiResult<Json<Finding>> {
+    Ok(Json(inventory::findings::settle(&s.deps, &id, &req, &op.key_id).await?))
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -232,6 +294,91 @@ mod tests {
         assert_eq!(status, 200);
         assert_eq!(body["checked"], 2);
         assert_eq!(body["discrepancies"], json!([]));
+    }
+
+    /// A finding is one record however often a run sees it; only an operator lists or settles it,
+    /// with a reason, once; a corrective entry moves the ledger alone, and the next run finds
+    /// nothing.
+    #[tokio::test]
+    async fn findings_are_listed_and_settled_once_by_operators_only() {
+        use tidings_core::inventory::REVIEW_QUEUE;
+        use tidings_core::ops::tenants::{KeySpec, Role};
+        use tidings_core::ports::{Cond, Key, Update};
+        let store = EmbeddedStore::in_memory().unwrap();
+        for q in [TIMERS_QUEUE, REVIEW_QUEUE] {
+            store.declare_queue(QueueConfig::new(q, 5)).unwrap();
+        }
+        let deps = crate::test_support::deps_over(store);
+        tenants::register_key(&deps, &TenantId::parse("a").unwrap(), "key-a").await.unwrap();
+        tenants::register(&deps, "key-ops", KeySpec { role: Role::Operator, ..Default::default() }).await.unwrap();
+        let app = crate::app(AppState { deps: deps.clone(), queue_names: Arc::new(Vec::new()), dev: None, live: None });
+        call(&app, "key-a", Method::PUT, "/v1/inventory/1001", Some(r#"{"on_hand": 5}"#)).await;
+        // A counter moved behind the ledger's back (a lost ledger write, say).
+        let stock = Key::new("T#a#SKU#1001", "STOCK");
+        deps.table.update(&stock, vec![Update::add("available", 2)], Cond::Exists).await.unwrap();
+
+        let (_, first) = call(&app, "key-a", Method::POST, "/v1/ops/reconcile", Some("")).await;
+        let (_, second) = call(&app, "key-a", Method::POST, "/v1/ops/reconcile", Some("")).await;
+        assert_eq!((first["opened"].as_u64(), second["opened"].as_u64()), (Some(1), Some(0)), "{first} {second}");
+        let id = first["discrepancies"][0]["finding_id"].as_str().unwrap().to_owned();
+        assert_eq!(second["discrepancies"][0]["finding_id"], json!(id), "{second}");
+
+        for (method, uri) in [
+            (Method::GET, "/v1/ops/inventory-findings".to_owned()),
+            (Method::POST, format!("/v1/ops/inventory-findings/{id}/settle")),
+        ] {
+            let body = r#"{"kind": "accepted", "reason": "x"}"#;
+            let (st, v) = call(&app, "key-a", method, &uri, Some(body)).await;
+            assert_eq!((st, v["code"].as_str()), (403, Some("operator_only")), "a tenant key on {uri}: {v}");
+        }
+        let (st, page) = call(&app, "key-ops", Method::GET, "/v1/ops/inventory-findings", None).await;
+        assert_eq!(st, 200, "{page}");
+        let items = page["items"].as_array().unwrap();
+        assert_eq!(items.len(), 1, "one record for the two runs: {page}");
+        assert_eq!(
+            (&items[0]["id"], &items[0]["times_seen"], &items[0]["status"]),
+            (&json!(id), &json!(2), &json!("open"))
+        );
+        assert_eq!(items[0]["difference"], json!({"available": 2, "reserved": 0, "sold": 0}));
+        for bad in ["status=nope", "limit=0", "cursor=zz"] {
+            let (st, v) = call(&app, "key-ops", Method::GET, &format!("/v1/ops/inventory-findings?{bad}"), None).await;
+            assert_eq!((st, v["field"].as_str()), (422, bad.split('=').next()), "{bad}: {v}");
+        }
+
+        let settle = format!("/v1/ops/inventory-findings/{id}/settle");
+        for (body, field) in [
+            (r#"{"kind": "corrective_entry"}"#, "reason"),
+            (r#"{"kind": "corrective_entry", "reason": "  "}"#, "reason"),
+            (r#"{"kind": "fix", "reason": "x"}"#, "kind"),
+        ] {
+            let (st, v) = call(&app, "key-ops", Method::POST, &settle, Some(body)).await;
+            assert_eq!((st, v["field"].as_str()), (422, Some(field)), "{body}: {v}");
+        }
+        let body = r#"{"kind": "accepted", "reason": "x"}"#;
+        let (st, _) = call(&app, "key-ops", Method::POST, "/v1/ops/inventory-findings/nope/settle", Some(body)).await;
+        assert_eq!(st, 404);
+
+        let body = r#"{"kind": "corrective_entry", "reason": "ledger write lost on 2026-11-30"}"#;
+        let (st, v) = call(&app, "key-ops", Method::POST, &settle, Some(body)).await;
+        assert_eq!(st, 200, "{v}");
+        assert_eq!((&v["status"], &v["settlement"]["kind"]), (&json!("settled"), &json!("corrective_entry")), "{v}");
+        assert!(
+            v["settlement"]["by"].as_str().is_some_and(|b| !b.is_empty()) && v["settlement"]["entry_id"].is_string()
+        );
+        let (st, again) = call(&app, "key-ops", Method::POST, &settle, Some(body)).await;
+        assert_eq!((st, again["code"].as_str()), (409, Some("already_settled")), "{again}");
+
+        let (_, stock) = call(&app, "key-a", Method::GET, "/v1/inventory/1001", None).await;
+        assert_eq!(stock["available"], 7, "the counters did not move: {stock}");
+        let (_, ledger) = call(&app, "key-a", Method::GET, "/v1/inventory/1001/ledger", None).await;
+        let last = ledger["items"].as_array().unwrap().last().cloned().unwrap();
+        assert_eq!((&last["kind"], &last["delta_available"]), (&json!("correction"), &json!(2)), "{ledger}");
+        let (_, report) = call(&app, "key-a", Method::POST, "/v1/ops/reconcile", Some("")).await;
+        assert_eq!(report["discrepancies"], json!([]), "{report}");
+        let (_, open) = call(&app, "key-ops", Method::GET, "/v1/ops/inventory-findings?status=open", None).await;
+        assert_eq!(open["items"], json!([]), "{open}");
+        let (_, settled) = call(&app, "key-ops", Method::GET, "/v1/ops/inventory-findings?status=settled", None).await;
+        assert_eq!(settled["items"][0]["id"], json!(id), "{settled}");
     }
 
     #[tokio::test]

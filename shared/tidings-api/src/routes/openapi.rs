@@ -243,6 +243,10 @@ fn constrain(v: &mut serde_json::Value) {
                         ("query", "status") if path == "/v1/ops/restock-notices" => {
                             json!({"type": "string", "enum": ["MANUAL"], "default": "MANUAL"})
                         }
+                        // `tidings_core::inventory::FindingStatus`.
+                        ("query", "status") if path == "/v1/ops/inventory-findings" => {
+                            json!({"type": "string", "enum": ["open", "settled"], "default": "open"})
+                        }
                         _ => continue,
                     };
                     param["schema"] = schema;

@@ -8,7 +8,8 @@
 //! | ledger entry | `T#t#LEDGER#{sku}` | `E#{entry_id}` (UUID v7: oldest first) |
 //! | SKU catalogue (what reconciliation walks) | `T#t#SKUS` | `{sku}` |
 //! | order | `T#t#ORDER#{order_id}` | `ORDER` |
-//! | reconciliation finding, for review | `T#t#INVREVIEW` | `{at_ms:015}#{sku}#{shard}` |
+//! | reconciliation finding (every tenant's: operators list them) | `INV#FINDINGS` | `OPEN#{id}` or `SETTLED#{id}` |
+//! | a cell's latest finding (what a run decides by) | `T#t#INVFINDING` | `{sku}#{shard}` (`-` unsharded) |
 //! | adjustment idempotency record | `T#t#IDEM#adjustment#{key}` | `IDEM` ([`crate::keys::idempotency`]) |
 //! | tenants that hold inventory | `INV#TENANTS` | `{tenant}` |
 //!
@@ -56,13 +57,12 @@ pub fn order(t: &TenantId, order_id: &str) -> Key {
     Key::new(format!("T#{t}#ORDER#{order_id}"), "ORDER")
 }
 
-pub fn review_pk(t: &TenantId) -> String {
-    format!("T#{t}#INVREVIEW")
-}
+/// The partition of every reconciliation finding ([`super::findings`]).
+pub const FINDINGS_PK: &str = "INV#FINDINGS";
 
-pub fn review_entry(t: &TenantId, at_ms: i64, sku: &str, shard: Option<u32>) -> Key {
+pub fn finding_cell(t: &TenantId, sku: &str, shard: Option<u32>) -> Key {
     let shard = shard.map_or_else(|| "-".to_owned(), |s| s.to_string());
-    Key::new(review_pk(t), format!("{:015}#{sku}#{shard}", at_ms.max(0)))
+    Key::new(format!("T#{t}#INVFINDING"), format!("{sku}#{shard}"))
 }
 
 pub fn tenant_entry(t: &TenantId) -> Key {

@@ -26,7 +26,8 @@
 //! [`HoldTimes`] per category (not one global value), `hold_seconds` overrides.
 //!
 //! [`reconcile`] re-sums every SKU's ledger per SKU and per shard (totals alone hide errors that
-//! cancel out), records each difference for review and reports it, without fixing it.
+//! cancel out), records each difference as a finding ([`findings`]: one record per difference,
+//! never queued twice) and reports it, without fixing it; an operator settles the finding.
 //!
 //! # Hot SKUs: sharded counters
 //!
@@ -62,20 +63,26 @@
 //! # Entry points for the runtime
 //!
 //! - [`reconcile`]`(deps, None)` on the daily schedule (and `POST /v1/ops/reconcile` for one
-//!   tenant); findings go to the table and to the [`REVIEW_QUEUE`] queue.
+//!   tenant); findings go to the table ([`findings`]) and, when new, to the [`REVIEW_QUEUE`]
+//!   queue. `GET /v1/ops/inventory-findings` lists them, `POST .../{id}/settle` settles one.
 //! - Expiry runs from [`crate::timers::TimerStep`] on queue
 //!   [`crate::timers::TIMERS_QUEUE`], fed by [`crate::timers::tick`] every minute.
 
+pub mod compare;
+pub mod findings;
 pub mod keys;
 pub mod model;
 pub mod orders;
 pub mod reconcile;
 pub mod stock;
 
+pub use compare::Discrepancy;
+pub use findings::REVIEW_QUEUE;
+pub use findings::{Finding, FindingPage, FindingSettlement, FindingStatus, SettleRequest, SettlementKind};
 pub use model::{
     AdjustmentRequest, AdjustmentSource, Allocation, Counters, HoldTimes, LedgerEntry, LedgerKind, Order, OrderItem,
     OrderLine, OrderLineView, OrderRequest, OrderStatus, OrderView, ShardDelta, StockView, WarmUpRequest,
 };
 pub use orders::{MAX_ORDER_SKUS, MAX_QTY, PlacedOrder, Settlement, cancel, expire_order, get_order, pay, place_order};
-pub use reconcile::{Discrepancy, REVIEW_QUEUE, ReconcileReport, ReviewItem, reconcile, review_items};
+pub use reconcile::{ReconcileReport, reconcile};
 pub use stock::{LedgerPage, MAX_SHARDS, adjust, all_ledger_entries, get_stock, ledger, warm_up};

@@ -120,6 +120,9 @@ pub enum LedgerKind {
     Reserve,
     Sell,
     Release,
+    /// Written alone (no counter moves) when an operator settles a reconciliation finding with
+    /// a corrective entry: it makes the ledger agree with the counters.
+    Correction,
 }
 
 /// Where an adjustment's stock came from or went to.
