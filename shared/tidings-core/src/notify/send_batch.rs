@@ -129,6 +129,7 @@ async fn deliver(
             attempts: entries.get(*i).map_or(1, |e| e.attempts.saturating_add(1)),
         })
         .collect();
+    let sending = super::fence::enter([(t, b.notification_id.as_str())]);
     let attempts = worker::send_all(deps, &claimed, deadline).await;
     // Step 4: the record.
     let mut retry: Option<Duration> = None;
@@ -141,6 +142,7 @@ async fn deliver(
                 worker::settle(deps, c.task, &provider, c.attempts, receive_count, result)
             }
             Attempt::TimedOut(provider) => worker::timed_out(deps, c.task, &provider, c.attempts, receive_count),
+            Attempt::Cancelled => worker::cancelled(deps),
             Attempt::NoProvider => {
                 rejected = Some(format!("channel {} has no provider", c.task.channel));
                 continue;
@@ -163,7 +165,9 @@ async fn deliver(
         info!(released, "the batch's deadline was near: sends not started stay pending");
     }
     let status = status_of(&entries);
-    match record(deps, t, &key, &batch, entries, status).await {
+    let recorded = record(deps, t, &key, &batch, entries, status).await;
+    drop(sending);
+    match recorded {
         Ok(true) => {
             for _ in 0..sent {
                 crate::crash::point("worker.after_sent");
