@@ -205,6 +205,9 @@ fn stamp_of(updated_at: &str) -> Option<DateTime<Utc>> {
 /// microsecond). Always an RFC 3339 time, and never the one it replaces (the next write's
 /// condition tells them apart). `previous` may be empty (none) or an old `…Z+` stamp.
 fn next_updated_at(now: DateTime<Utc>, previous: &str) -> String {
+    // Compared as written: to the microsecond (a clock's nanoseconds would otherwise make a
+    // `now` later than `previous` that is written as the same stamp).
+    let now = chrono::SubsecRound::trunc_subsecs(now, 6);
     let at = match stamp_of(previous) {
         Some(p) if now <= p => p + Duration::microseconds(1),
         _ => now,
@@ -284,6 +287,11 @@ mod tests {
             assert_eq!(parse(&next).to_rfc3339_opts(chrono::SecondsFormat::Micros, true), next, "round trip");
             previous = next;
         }
+        // A clock standing still within a microsecond (nanoseconds past the stamp) still moves it.
+        let still = parse(&previous).with_timezone(&Utc) + Duration::nanoseconds(300);
+        let next = next_updated_at(still, &previous);
+        assert!(parse(&next) > parse(&previous), "{next} after {previous}");
+        previous = next;
         // A clock that moved on is taken as it is.
         assert_eq!(parse(&next_updated_at(now + Duration::seconds(1), &previous)), now + Duration::seconds(1));
         // A stamp written by the old `…Z+` rule is replaced by a valid, later time.
