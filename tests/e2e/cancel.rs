@@ -127,6 +127,8 @@ pub async fn a_cancelled_campaign_sends_nothing_after_the_answer(backend: Backen
     assert_eq!(sent_deliveries, at_answer, "each send is a sent delivery");
     let (_, view) = s.call("GET", &format!("/v1/notifications/{id}"), None).await?;
     assert_eq!(view["status"], "cancelled", "{view}");
+    let undocumented = s.undocumented();
+    assert!(undocumented.is_empty(), "answers the OpenAPI document does not list: {undocumented:?}");
     Ok(())
 }
 
@@ -179,6 +181,8 @@ pub async fn cancelling_a_sent_notification_is_409_and_a_partly_sent_one_stops(b
     // Cancelling again is still 200 (it is cancelled), never 409.
     let (st, v) = s.call("POST", &format!("/v1/notifications/{part}/cancel"), None).await?;
     assert_eq!((st, v["status"].as_str()), (200, Some("cancelled")), "{v}");
+    let undocumented = s.undocumented();
+    assert!(undocumented.is_empty(), "answers the OpenAPI document does not list: {undocumented:?}");
     Ok(())
 }
 
@@ -248,6 +252,8 @@ pub async fn a_subscription_cancelled_in_the_merge_window_is_not_notified(backen
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(emails("u2").await?.is_empty(), "u2 cancelled the window's only SKU and was notified");
     assert_eq!(emails("u1").await?.len(), 1, "one message");
+    let undocumented = s.undocumented();
+    assert!(undocumented.is_empty(), "answers the OpenAPI document does not list: {undocumented:?}");
     Ok(())
 }
 
@@ -284,5 +290,7 @@ pub async fn an_unknown_sku_is_404_and_preferences_stamps_are_times(backend: Bac
         }
         previous = at;
     }
+    let undocumented = s.undocumented();
+    assert!(undocumented.is_empty(), "answers the OpenAPI document does not list: {undocumented:?}");
     Ok(())
 }

@@ -10,6 +10,7 @@ mod campaign;
 mod cancel;
 mod console;
 mod contention;
+mod contract;
 mod crash;
 mod dashboard;
 mod email_parts;
@@ -63,6 +64,8 @@ macro_rules! on_both_backends {
 }
 
 on_both_backends!(resources as resources_tests: lists_erase_and_preview);
+
+on_both_backends!(contract as contract_tests: every_answer_is_a_documented_status);
 
 on_both_backends!(cancel as cancel_tests:
     a_cancelled_campaign_sends_nothing_after_the_answer,
