@@ -186,7 +186,7 @@ pub async fn cancelling_a_sent_notification_is_409_and_a_partly_sent_one_stops(b
     Ok(())
 }
 
-/// Seed 000: a subscription cancelled while its SKU waits in the buyer's merge window is left
+/// A back-in-stock subscription cancelled while its SKU waits in the buyer's merge window is left
 /// out of the merged message; a window whose every SKU was cancelled sends nothing.
 pub async fn a_subscription_cancelled_in_the_merge_window_is_not_notified(backend: Backend) -> anyhow::Result<()> {
     let mut opts = Options { manual_clock: true, ..Options::default() };

@@ -360,9 +360,12 @@ impl Server {
     }
 }
 
-/// The OpenAPI document's operations: (method, path template split at '/', documented statuses).
-fn operations() -> Vec<(String, Vec<String>, Vec<String>)> {
-    static OPS: std::sync::OnceLock<Vec<(String, Vec<String>, Vec<String>)>> = std::sync::OnceLock::new();
+/// An operation of the OpenAPI document: method, path template split at '/', documented statuses.
+type Operation = (String, Vec<String>, Vec<String>);
+
+/// The OpenAPI document's operations.
+fn operations() -> Vec<Operation> {
+    static OPS: std::sync::OnceLock<Vec<Operation>> = std::sync::OnceLock::new();
     OPS.get_or_init(|| {
         let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../openapi.json");
         let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
