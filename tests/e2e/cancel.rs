@@ -74,11 +74,14 @@ async fn put_template(s: &Server) -> anyhow::Result<()> {
 /// `sent` or `suppressed` (`cancelled`).
 pub async fn a_cancelled_campaign_sends_nothing_after_the_answer(backend: Backend) -> anyhow::Result<()> {
     let mut opts = Options::default();
-    opts.env.push(("TIDINGS_PROVIDER_RATES", "email:25".into()));
+    // Paced by the email provider's rate on the embedded backend; the emulator's own pace (it
+    // runs a table's writes one at a time) is slow enough without a gate.
+    if backend == Backend::Embedded {
+        opts.env.push(("TIDINGS_PROVIDER_RATES", "email:25".into()));
+    }
     opts.env.push(("TIDINGS_CAMPAIGN_PAGE_SIZE", "100".into()));
     let s = Server::start(backend, opts).await?;
-    // Fewer on the emulator, which runs a table's writes one at a time.
-    let members = if backend == Backend::Aws { 150 } else { 400 };
+    let members = if backend == Backend::Aws { 300 } else { 400 };
     put_users(&s, "m", members, "vip").await?;
     put_template(&s).await?;
     let body = json!({"idempotency_key": "sale-cancel", "recipients": {"segment": "vip"}, "template_id": "promo",
