@@ -137,6 +137,8 @@ async fn deliver(
     let mut rejected = None;
     let mut sent = 0usize;
     for (c, attempt) in claimed.iter().zip(attempts) {
+        // A send stopped by the cancel fence was not tried: its entry keeps its attempts.
+        let tried = if matches!(attempt, Attempt::Cancelled) { c.attempts.saturating_sub(1) } else { c.attempts };
         let settled = match attempt {
             Attempt::Called(provider, result) => {
                 worker::settle(deps, c.task, &provider, c.attempts, receive_count, result)
@@ -153,7 +155,7 @@ async fn deliver(
             }
         };
         let Some(entry) = entries.get_mut(c.index) else { continue };
-        *entry = applied(entry, settled.to, c.attempts, &settled.updates)?;
+        *entry = applied(entry, settled.to, tried, &settled.updates)?;
         if settled.to == DeliveryStatus::Sent {
             sent += 1;
         }
