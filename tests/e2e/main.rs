@@ -7,8 +7,10 @@
 mod alarms;
 mod bench;
 mod campaign;
+mod cancel;
 mod console;
 mod contention;
+mod contract;
 mod crash;
 mod dashboard;
 mod email_parts;
@@ -63,6 +65,15 @@ macro_rules! on_both_backends {
 }
 
 on_both_backends!(resources as resources_tests: lists_erase_and_preview);
+
+on_both_backends!(contract as contract_tests: every_answer_is_a_documented_status);
+
+on_both_backends!(cancel as cancel_tests:
+    a_cancelled_campaign_sends_nothing_after_the_answer,
+    cancelling_a_sent_notification_is_409_and_a_partly_sent_one_stops,
+    a_subscription_cancelled_in_the_merge_window_is_not_notified,
+    an_unknown_sku_is_404_and_preferences_stamps_are_times,
+);
 
 on_both_backends!(notify as notify_tests:
     two_users_on_email_and_sms_get_exactly_four_sends,

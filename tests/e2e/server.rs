@@ -59,6 +59,9 @@ pub struct Server {
     dev: bool,
     /// `serve --manual-clock`, on every start of this server (restarts included).
     manual_clock: bool,
+    /// Every answer this server gave the test: (method, path without its query, status), for
+    /// [`Server::undocumented`].
+    answers: std::sync::Mutex<Vec<(String, String, u16)>>,
     pub http: reqwest::Client,
 }
 
@@ -121,6 +124,7 @@ impl Server {
             env,
             dev: opts.dev,
             manual_clock: opts.manual_clock,
+            answers: Default::default(),
             http: reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?,
         };
         s.spawn().await?;
@@ -292,6 +296,7 @@ impl Server {
         }
         let res = req.send().await?;
         let status = res.status().as_u16();
+        self.answered(method, path, status);
         let text = res.text().await?;
         let value =
             if text.is_empty() { Value::Null } else { serde_json::from_str(&text).unwrap_or(Value::String(text)) };
@@ -314,6 +319,7 @@ impl Server {
             .send()
             .await?;
         let (status, headers) = (res.status().as_u16(), res.headers().clone());
+        self.answered(method, path, status);
         Ok((status, headers, res.json().await.unwrap_or(Value::Null)))
     }
 
@@ -331,8 +337,26 @@ impl Server {
         req = req.header("content-type", "application/json");
         let res = req.send().await?;
         let status = res.status().as_u16();
+        self.answered(method, path, status);
         let ct = res.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
         Ok((status, ct, res.text().await?))
+    }
+
+    fn answered(&self, method: &str, path: &str, status: u16) {
+        let path = path.split('?').next().unwrap_or_default().to_owned();
+        self.answers.lock().unwrap_or_else(|p| p.into_inner()).push((method.to_ascii_uppercase(), path, status));
+    }
+
+    /// The answers this server gave that the OpenAPI document (`openapi.json`, generated from the
+    /// routes) does not list for their operation: `"METHOD /path → status"`, one per
+    /// (operation, status). An answer to a path no operation has must be a 404 or 405.
+    pub fn undocumented(&self) -> Vec<String> {
+        undocumented(&self.answers())
+    }
+
+    /// Every answer so far: (method, path without its query, status).
+    pub fn answers(&self) -> Vec<(String, String, u16)> {
+        self.answers.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Accepted sends for this tenant's notification, as the fake providers recorded them.
@@ -369,4 +393,79 @@ impl Server {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
+}
+
+/// An operation of the OpenAPI document: method, path template split at '/', documented statuses.
+type Operation = (String, Vec<String>, Vec<String>);
+
+/// The OpenAPI document's operations.
+fn operations() -> Vec<Operation> {
+    static OPS: std::sync::OnceLock<Vec<Operation>> = std::sync::OnceLock::new();
+    OPS.get_or_init(|| {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../openapi.json");
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let doc: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let mut ops = Vec::new();
+        for (template, item) in doc["paths"].as_object().into_iter().flatten() {
+            for (method, op) in item.as_object().into_iter().flatten() {
+                let statuses = op["responses"].as_object().map(|r| r.keys().cloned().collect()).unwrap_or_default();
+                let segments = template.split('/').map(str::to_owned).collect();
+                ops.push((method.to_ascii_uppercase(), segments, statuses));
+            }
+        }
+        ops
+    })
+    .clone()
+}
+
+/// How well a template matches a path: `None` when it does not, else the number of literal
+/// segments (the most literal template wins: `/v1/users/batch` over `/v1/users/{user_id}`).
+fn matching(template: &[String], path: &str) -> Option<usize> {
+    let segments: Vec<&str> = path.split('/').collect();
+    if segments.len() != template.len() {
+        return None;
+    }
+    let mut literal = 0;
+    for (t, s) in template.iter().zip(segments) {
+        if t.starts_with('{') && t.ends_with('}') {
+            if s.is_empty() {
+                return None;
+            }
+        } else if t == s {
+            literal += 1;
+        } else {
+            return None;
+        }
+    }
+    Some(literal)
+}
+
+/// [`Server::undocumented`] of a list of answers.
+pub fn undocumented(answers: &[(String, String, u16)]) -> Vec<String> {
+    let ops = operations();
+    let mut out = std::collections::BTreeSet::new();
+    for (method, path, status) in answers {
+        let best = ops
+            .iter()
+            .filter(|(m, _, _)| m == method)
+            .filter_map(|op| matching(&op.1, path).map(|score| (score, op)))
+            .max_by_key(|(score, _)| *score);
+        match best {
+            Some((_, (_, template, statuses))) => {
+                if !statuses.iter().any(|s| s == &status.to_string() || s == "default") {
+                    out.insert(format!(
+                        "{method} {} → {status} (documented: {})",
+                        template.join("/"),
+                        statuses.join(", ")
+                    ));
+                }
+            }
+            // No such operation: only "not found" or "method not allowed" are right.
+            None if matches!(status, 404 | 405) => {}
+            None => {
+                out.insert(format!("{method} {path} → {status} (no operation in the OpenAPI document)"));
+            }
+        }
+    }
+    out.into_iter().collect()
 }

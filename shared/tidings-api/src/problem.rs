@@ -103,6 +103,10 @@ impl From<CoreError> for ApiError {
                     .with_field(field.clone())
             }
             CoreError::NotFound { what } => Problem::not_found(what),
+            CoreError::NotFoundAt { field, what } => {
+                Problem::new(StatusCode::NOT_FOUND, "not_found", format!("{field}: no such {what}"))
+                    .with_field(field.clone())
+            }
             CoreError::Conflict { code, detail } => Problem::new(StatusCode::CONFLICT, code, detail.clone()),
             CoreError::RateLimited { field, detail, retry_after_s } => {
                 let mut p = Problem::new(StatusCode::TOO_MANY_REQUESTS, "rate_limited", format!("{field}: {detail}"))

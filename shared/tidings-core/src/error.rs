@@ -14,6 +14,10 @@ pub enum CoreError {
     /// The object does not exist for this tenant (404).
     #[error("{what} not found")]
     NotFound { what: &'static str },
+    /// A request names an object that does not exist for this tenant (404), naming the field
+    /// that names it (an order's `items[0].sku_id`).
+    #[error("{field}: no such {what}")]
+    NotFoundAt { field: String, what: &'static str },
     /// The request conflicts with the state (409), with a stable machine-readable code.
     #[error("{detail}")]
     Conflict { code: &'static str, detail: String },

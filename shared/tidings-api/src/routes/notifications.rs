@@ -121,9 +121,9 @@ async fn deliveries(
 /// Stops what has not been sent yet.
 #[utoipa::path(post, path = "/v1/notifications/{id}/cancel", tag = "notifications", security(("api_key" = [])),
     params(("id" = String, Path, description = "The notification id")),
-    responses((status = 200, description = "The notification, cancelled", body = NotificationView),
+    responses((status = 200, description = "The notification, cancelled: nothing of it is sent after this answer (docs/delivery.md, \"Cancel\")", body = NotificationView),
         (status = 404, description = "No such notification", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Already finished", body = Problem, content_type = "application/problem+json")))]
+        (status = 409, description = "`already_sent`: every delivery has ended, nothing is left to cancel (the notification stays as it was)", body = Problem, content_type = "application/problem+json")))]
 async fn cancel(
     State(s): State<AppState>,
     Tenant(t): Tenant,

@@ -117,7 +117,7 @@ async fn sku_records(deps: &Deps, t: &TenantId, req: &OrderRequest) -> CoreResul
     let reads = req.items.iter().map(|l| read_record(deps, t, &l.sku_id));
     let mut records = Vec::with_capacity(req.items.len());
     for (i, got) in futures::future::join_all(reads).await.into_iter().enumerate() {
-        records.push(got?.ok_or_else(|| CoreError::invalid(format!("items[{i}].sku_id"), "unknown sku"))?);
+        records.push(got?.ok_or_else(|| CoreError::NotFoundAt { field: format!("items[{i}].sku_id"), what: "sku" })?);
     }
     let budget: usize = 2 + records.iter().map(StockChange::release_budget).sum::<usize>();
     if budget > MAX_TRANSACTION_WRITES {

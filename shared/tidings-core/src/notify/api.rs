@@ -2,6 +2,7 @@
 
 use serde::Serialize;
 use sha2::{Digest, Sha256};
+use tracing::warn;
 
 use super::model::{
     Delivery, DeliveryStatus, Notification, NotificationRequest, NotificationStatus, Priority, PriorityLowered,
@@ -335,10 +336,22 @@ pub async fn list_deliveries(
     Ok(Some(DeliveryPage { items, next_cursor: page.next_cursor }))
 }
 
-/// Cancels what has not been sent yet: the orchestrator and the channel workers check the
-/// status before each send.
+/// Cancels what has not been sent yet (docs/delivery.md, "Cancel"). A notification whose every
+/// delivery has ended (`completed`: sent, failed or suppressed, nothing queued) has nothing left
+/// to cancel: 409 `already_sent`, and it stays as it was. Otherwise its status becomes
+/// `cancelled`, and the answer comes once the sends that had passed their check before that
+/// write have ended ([`super::fence`]): nothing of it is sent after the answer.
 pub async fn cancel(deps: &Deps, t: &TenantId, id: &str) -> CoreResult<NotificationView> {
     check_id("notification_id", id)?;
+    let Some(before) = get_notification(deps, t, id).await? else {
+        return Err(CoreError::NotFound { what: "notification" });
+    };
+    if before.status == NotificationStatus::Completed {
+        return Err(CoreError::conflict(
+            "already_sent",
+            "every delivery of this notification has ended (sent, failed or suppressed): nothing is left to cancel",
+        ));
+    }
     let key = keys::notification(t, id);
     let cond = Cond::And(vec![Cond::Exists, Cond::is_in("status", ["accepted", "scheduled", "processing"])]);
     match deps.table.update(&key, vec![Update::set("status", "cancelled")], cond).await {
@@ -352,6 +365,12 @@ pub async fn cancel(deps: &Deps, t: &TenantId, id: &str) -> CoreResult<Notificat
             }
         }
         Err(e) => return Err(e.into()),
+    }
+    // Sends that read the status before the write may be at a gate or at the provider: the
+    // answer waits for them (they end within the gate wait and the provider timeout).
+    let bound = deps.config.gates.max_wait + deps.config.provider_timeout + std::time::Duration::from_secs(2);
+    if !super::fence::wait_for_sends(t, id, bound).await {
+        warn!(tenant = %t, notification_id = id, "cancelled, but sends begun before it had not ended in time");
     }
     get_notification(deps, t, id).await?.ok_or(CoreError::NotFound { what: "notification" })
 }

@@ -7,6 +7,7 @@ pub mod campaign;
 pub mod caps;
 pub mod channel;
 pub mod completion;
+pub mod fence;
 pub mod model;
 pub mod orchestrator;
 pub mod params;

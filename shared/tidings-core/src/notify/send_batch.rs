@@ -129,6 +129,7 @@ async fn deliver(
             attempts: entries.get(*i).map_or(1, |e| e.attempts.saturating_add(1)),
         })
         .collect();
+    let sending = super::fence::enter([(t, b.notification_id.as_str())]);
     let attempts = worker::send_all(deps, &claimed, deadline).await;
     // Step 4: the record.
     let mut retry: Option<Duration> = None;
@@ -136,11 +137,14 @@ async fn deliver(
     let mut rejected = None;
     let mut sent = 0usize;
     for (c, attempt) in claimed.iter().zip(attempts) {
+        // A send stopped by the cancel fence was not tried: its entry keeps its attempts.
+        let tried = if matches!(attempt, Attempt::Cancelled) { c.attempts.saturating_sub(1) } else { c.attempts };
         let settled = match attempt {
             Attempt::Called(provider, result) => {
                 worker::settle(deps, c.task, &provider, c.attempts, receive_count, result)
             }
             Attempt::TimedOut(provider) => worker::timed_out(deps, c.task, &provider, c.attempts, receive_count),
+            Attempt::Cancelled => worker::cancelled(deps),
             Attempt::NoProvider => {
                 rejected = Some(format!("channel {} has no provider", c.task.channel));
                 continue;
@@ -151,7 +155,7 @@ async fn deliver(
             }
         };
         let Some(entry) = entries.get_mut(c.index) else { continue };
-        *entry = applied(entry, settled.to, c.attempts, &settled.updates)?;
+        *entry = applied(entry, settled.to, tried, &settled.updates)?;
         if settled.to == DeliveryStatus::Sent {
             sent += 1;
         }
@@ -163,7 +167,9 @@ async fn deliver(
         info!(released, "the batch's deadline was near: sends not started stay pending");
     }
     let status = status_of(&entries);
-    match record(deps, t, &key, &batch, entries, status).await {
+    let recorded = record(deps, t, &key, &batch, entries, status).await;
+    drop(sending);
+    match recorded {
         Ok(true) => {
             for _ in 0..sent {
                 crate::crash::point("worker.after_sent");

@@ -19,6 +19,10 @@
 //! 3. **Send** ([`send_all`]): each claimed delivery's provider call, with the delivery key as its
 //!    idempotency key and within the provider timeout, a few at a time through the rate gates; a
 //!    call that could outlast the batch's deadline is not started (its claim is given back).
+//!    Right before each call the notification's status is read fresh ([`super::fence`]): a
+//!    cancelled one's delivery is closed as `suppressed` (`cancelled`), not sent; the caller
+//!    holds a [`super::fence::Guard`] from before the send to after the record, which a cancel
+//!    waits for before it answers.
 //! 4. **Record** ([`record_all`]): the provider's answer moves the delivery out of `sending`
 //!    (`sent`, `failed`, back to `pending` for a retry, or `dead`) with its progress counters and
 //!    receipt, in one transaction.
@@ -119,8 +123,10 @@ async fn deliver(deps: &Deps, t: &TenantId, task: &ChannelTask, receive_count: u
         Ok(claimed) => [claimed],
         Err(not_ours) => return Ok(not_ours),
     };
+    let sending = super::fence::enter([(t, task.notification_id.as_str())]);
     let attempts = send_all(deps, &claimed, None).await;
     let outcomes = record_all(deps, &claimed, attempts).await;
+    drop(sending);
     Ok(outcomes.into_iter().next().unwrap_or(Outcome::Retry(Duration::ZERO)))
 }
 
@@ -138,8 +144,10 @@ async fn deliver_batch(
     if claimed.is_empty() {
         return Ok(Vec::new());
     }
+    let sending = super::fence::enter(claimed.iter().map(|c| (c.t, c.task.notification_id.as_str())));
     let attempts = send_all(deps, &claimed, deadline).await;
     let outcomes = record_all(deps, &claimed, attempts).await;
+    drop(sending);
     Ok(claimed.iter().map(|c| c.index).zip(outcomes).collect())
 }
 
@@ -417,8 +425,22 @@ pub(super) enum Attempt {
     TimedOut(String),
     /// No provider for the channel.
     NoProvider,
-    /// Not started: the batch's deadline was too near.
+    /// Not started: the batch's deadline was too near (or its cancel check could not be read).
     Released,
+    /// Not started: the notification was cancelled ([`super::fence`]).
+    Cancelled,
+}
+
+/// What a send stopped by its notification's cancel makes of its claimed delivery: `suppressed`
+/// (`cancelled`), its claim's attempt given back.
+pub(super) fn cancelled(deps: &Deps) -> Settled {
+    let updates = vec![
+        Update::set("reason", "cancelled"),
+        Update::add("attempts", -1),
+        Update::set("updated_at", now_str(deps)),
+        Update::Remove("lease_until_ms".into()),
+    ];
+    Settled { to: DeliveryStatus::Suppressed, updates, outcome: Outcome::Done, receipt: None }
 }
 
 /// Whether a provider call started now could outlast `deadline`.
@@ -444,6 +466,15 @@ pub(super) async fn send_all(
             Box::pin(async move {
                 if i >= SEND_CONCURRENCY && too_late(deps, deadline) {
                     return Attempt::Released;
+                }
+                // The cancel fence: read fresh, after the claim and any earlier wave.
+                match super::fence::cancelled(deps, c.t, &c.task.notification_id).await {
+                    Ok(false) => {}
+                    Ok(true) => return Attempt::Cancelled,
+                    Err(e) => {
+                        warn!(error = %e, "the cancel check failed; the send is handed back");
+                        return Attempt::Released;
+                    }
                 }
                 match deps.providers.for_channel(c.task.channel) {
                     Some(provider) => match call_provider(deps, c.t, c.task, provider.as_ref(), c.attempts).await {
@@ -617,6 +648,7 @@ async fn record_all(deps: &Deps, claimed: &[Claimed<'_>], attempts: Vec<Attempt>
         let settled = match attempt {
             Attempt::Called(provider, result) => settle(deps, c.task, &provider, c.attempts, c.receive_count, result),
             Attempt::TimedOut(provider) => timed_out(deps, c.task, &provider, c.attempts, c.receive_count),
+            Attempt::Cancelled => cancelled(deps),
             Attempt::NoProvider => {
                 outcomes.push(Outcome::Reject(format!("channel {} has no provider", c.task.channel)));
                 continue;

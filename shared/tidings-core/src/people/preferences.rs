@@ -171,12 +171,48 @@ pub fn quiet_window_end(tz: Tz, start: NaiveTime, end: NaiveTime, now: DateTime<
     Some(local_instant(tz, end_date, end))
 }
 
+/// A user's preferences; `updated_at` always an RFC 3339 time (a record written before it was
+/// made one, `…Z+`, reads as that time plus a microsecond).
 pub async fn get(deps: &Deps, t: &TenantId, user_id: &str) -> CoreResult<Preferences> {
+    let mut p = stored(deps, t, user_id).await?;
+    if let Some(at) = p.updated_at.ends_with('+').then(|| stamp_of(&p.updated_at)).flatten() {
+        p.updated_at = at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+    }
+    Ok(p)
+}
+
+/// The record as stored (its `updated_at` is the optimistic write's condition).
+async fn stored(deps: &Deps, t: &TenantId, user_id: &str) -> CoreResult<Preferences> {
     check_id("user_id", user_id)?;
     match deps.table.get(&keys::preferences(t, user_id)).await? {
         Some(item) => Ok(item.parse()?),
         None => Ok(Preferences { user_id: user_id.to_owned(), ..Preferences::default() }),
     }
+}
+
+/// The time an `updated_at` stands for: an old `…Z+` stamp is a microsecond past its time.
+fn stamp_of(updated_at: &str) -> Option<DateTime<Utc>> {
+    let (time, bumped) = match updated_at.strip_suffix('+') {
+        Some(time) => (time, true),
+        None => (updated_at, false),
+    };
+    let at = DateTime::parse_from_rfc3339(time).ok()?.with_timezone(&Utc);
+    Some(if bumped { at + Duration::microseconds(1) } else { at })
+}
+
+/// The `updated_at` of a write replacing one stamped `previous`: `now`, or a microsecond past
+/// `previous` when the clock has not moved beyond it (a manual clock, two writes in one
+/// microsecond). Always an RFC 3339 time, and never the one it replaces (the next write's
+/// condition tells them apart). `previous` may be empty (none) or an old `…Z+` stamp.
+fn next_updated_at(now: DateTime<Utc>, previous: &str) -> String {
+    // Compared as written: to the microsecond (a clock's nanoseconds would otherwise make a
+    // `now` later than `previous` that is written as the same stamp).
+    let now = chrono::SubsecRound::trunc_subsecs(now, 6);
+    let at = match stamp_of(previous) {
+        Some(p) if now <= p => p + Duration::microseconds(1),
+        _ => now,
+    };
+    at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
 }
 
 /// Merges the given fields into the stored preferences. Optimistic: the write is conditioned on
@@ -185,7 +221,7 @@ pub async fn put(deps: &Deps, t: &TenantId, user_id: &str, input: PreferencesInp
     check_id("user_id", user_id)?;
     input.validate()?;
     for _ in 0..3 {
-        let current = get(deps, t, user_id).await?;
+        let current = stored(deps, t, user_id).await?;
         let cond = if current.updated_at.is_empty() {
             Cond::NotExists
         } else {
@@ -205,8 +241,7 @@ pub async fn put(deps: &Deps, t: &TenantId, user_id: &str, input: PreferencesInp
             next.quiet_hours = q.clone();
         }
         next.user_id = user_id.to_owned();
-        let now = deps.clock.now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
-        next.updated_at = if now == current.updated_at { format!("{now}+") } else { now };
+        next.updated_at = next_updated_at(deps.clock.now(), &current.updated_at);
         match deps.table.put(Item::new(keys::preferences(t, user_id), attrs_of(&next)?), cond).await {
             Ok(()) => return Ok(next),
             Err(e) if e.is_condition_failed() => continue,
@@ -236,6 +271,34 @@ pub async fn leave_marketing(deps: &Deps, t: &TenantId, user_id: &str) -> CoreRe
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every stamp is an RFC 3339 time that reads back as itself, and a write under a clock that
+    /// stands still (or went back) still gets a stamp later than the one it replaces.
+    #[test]
+    fn updated_at_is_rfc3339_and_moves_on_even_when_the_clock_does_not() {
+        let now = at("2026-11-29T12:00:00Z");
+        let parse = |s: &str| DateTime::parse_from_rfc3339(s).unwrap_or_else(|e| panic!("{s:?}: {e}"));
+        let first = next_updated_at(now, "");
+        assert_eq!(parse(&first), now);
+        let mut previous = first;
+        for clock in [now, now, now - Duration::seconds(5)] {
+            let next = next_updated_at(clock, &previous);
+            assert!(parse(&next) > parse(&previous), "{next} after {previous}");
+            assert_eq!(parse(&next).to_rfc3339_opts(chrono::SecondsFormat::Micros, true), next, "round trip");
+            previous = next;
+        }
+        // A clock standing still within a microsecond (nanoseconds past the stamp) still moves it.
+        let still = parse(&previous).with_timezone(&Utc) + Duration::nanoseconds(300);
+        let next = next_updated_at(still, &previous);
+        assert!(parse(&next) > parse(&previous), "{next} after {previous}");
+        previous = next;
+        // A clock that moved on is taken as it is.
+        assert_eq!(parse(&next_updated_at(now + Duration::seconds(1), &previous)), now + Duration::seconds(1));
+        // A stamp written by the old `…Z+` rule is replaced by a valid, later time.
+        let old = format!("{}+", now.to_rfc3339_opts(chrono::SecondsFormat::Micros, true));
+        let next = next_updated_at(now, &old);
+        assert!(parse(&next) > now && !next.ends_with('+'), "{next}");
+    }
 
     fn at(s: &str) -> DateTime<Utc> {
         DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)

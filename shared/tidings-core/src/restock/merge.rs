@@ -1,7 +1,7 @@
 //! Merged messages and retries (docs/restock.md, "Merge per buyer", "Retries and manual resend").
 //!
 //! A user's notices wait in a window (default 60 s) opened by the first one; when it closes,
-//! every SKU in it goes out as **one** notification (template `restock`) through the normal
+//! every SKU in it whose subscription was not cancelled meanwhile goes out as **one** notification (template `restock`) through the normal
 //! notification path, with an idempotency key made from the window, so a flush that runs twice
 //! creates it once. Channels are the user's (the orchestrator chooses them from the user's
 //! contacts and preferences).
@@ -212,6 +212,25 @@ pub async fn flush(deps: &Deps, t: &TenantId, window_id: &str) -> CoreResult<()>
         if cursor.is_none() {
             break;
         }
+    }
+    // A subscription cancelled while its SKU waited in the window is left out; a window whose
+    // every SKU was cancelled sends nothing (docs/restock.md, "Merge per buyer").
+    let (items, cancelled) = split_cancelled(deps, t, &items).await?;
+    set_notices(deps, t, &message.user_id, &cancelled, NoticeStatus::Cancelled, &[]).await?;
+    if items.is_empty() && !cancelled.is_empty() {
+        let r = deps
+            .table
+            .update(
+                &keys::message(t, window_id),
+                vec![Update::set("status", "CANCELLED"), Update::set("updated_at", now_text(deps))],
+                Cond::eq("attempt", 0),
+            )
+            .await;
+        info!(tenant = %t, window_id, skus = cancelled.len(), "restock message not sent: every SKU's subscription was cancelled");
+        return match r {
+            Ok(_) | Err(StoreError::ConditionFailed { .. }) => Ok(()),
+            Err(e) => Err(e.into()),
+        };
     }
     if items.is_empty() {
         let r = deps
