@@ -18,7 +18,8 @@ fn at(v: &Value, field: &str) -> DateTime<Utc> {
 }
 
 async fn template(s: &Server, key: &str) -> anyhow::Result<()> {
-    let body = json!({"default_locale": "en", "locales": {"en": {"email_subject": "Hi", "email_body": "Hi {{ user_id }}"}}});
+    let body =
+        json!({"default_locale": "en", "locales": {"en": {"email_subject": "Hi", "email_body": "Hi {{ user_id }}"}}});
     let (st, v) = s.call_as(key, "PUT", "/v1/templates/hi", Some(body)).await?;
     assert_eq!(st, 200, "{v}");
     Ok(())
@@ -91,14 +92,19 @@ pub async fn a_429_with_retry_after_holds_the_provider_for_its_tenant(backend: B
     let other = s.other_tenant_key();
     for key in [&s.key, &other] {
         for u in ["u1", "u2"] {
-            let (st, v) =
-                s.call_as(key, "PUT", &format!("/v1/users/{u}"), Some(json!({"email": format!("{u}@example.com")}))).await?;
+            let (st, v) = s
+                .call_as(key, "PUT", &format!("/v1/users/{u}"), Some(json!({"email": format!("{u}@example.com")})))
+                .await?;
             assert_eq!(st, 200, "{v}");
         }
         template(&s, key).await?;
     }
     let (st, v) = s
-        .call("PUT", "/dev/providers/email", Some(json!({"mode": "throttle_429", "retry_after_s": 6, "fail_first_n": 1})))
+        .call(
+            "PUT",
+            "/dev/providers/email",
+            Some(json!({"mode": "throttle_429", "retry_after_s": 6, "fail_first_n": 1})),
+        )
         .await?;
     assert_eq!(st, 200, "{v}");
     let send = |key: String, user: &'static str, n: &'static str| {

@@ -268,7 +268,9 @@ impl Recorder for LocalRecorder {
     fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
         let mut cells = self.cells.lock().unwrap_or_else(|p| p.into_inner());
         let started = self.started;
-        Counter::from_arc(cells.counters.entry(key_of(key)).or_insert_with(|| Arc::new(CounterCell::new(started))).clone())
+        Counter::from_arc(
+            cells.counters.entry(key_of(key)).or_insert_with(|| Arc::new(CounterCell::new(started))).clone(),
+        )
     }
 
     fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
@@ -420,14 +422,15 @@ pub struct Snapshot {
     pub recent: Vec<(MetricKey, Vec<f64>)>,
 }
 
-/// Accepted → provider latency of the sends of one channel and priority.
+/// A distribution of times: the accepted → provider latency of the sends of one channel and
+/// priority, or the store's answers to one kind of call.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Latency {
-    /// Sends measured since the process started.
+    /// Values measured since the process started (sends, or store calls).
     pub count: u64,
-    /// Median of the last 1,024 sends, milliseconds.
+    /// Median of the last 1,024 values, milliseconds.
     pub p50_ms: f64,
-    /// 99th percentile of the last 1,024 sends, milliseconds.
+    /// 99th percentile of the last 1,024 values, milliseconds.
     pub p99_ms: f64,
     /// The longest since the process started, milliseconds.
     pub max_ms: f64,

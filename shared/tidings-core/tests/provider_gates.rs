@@ -70,7 +70,8 @@ async fn waiting_at_the_rate_gate_is_not_the_providers_time() {
     let w = TestWorld::builder().system_clock().all_queues(5).providers(providers).config(config).build();
     let t = TenantId::parse("shop-a").unwrap();
     for i in 0..MEMBERS {
-        let user = UserInput { email: Some(format!("u{i}@example.com")), tags: vec!["all".into()], ..Default::default() };
+        let user =
+            UserInput { email: Some(format!("u{i}@example.com")), tags: vec!["all".into()], ..Default::default() };
         users::put_user(&w.deps, &t, &format!("u{i:02}"), user).await.unwrap();
     }
     let template = serde_json::from_value(json!({
@@ -273,7 +274,10 @@ async fn the_provider_timeout_counts_only_outside_the_gates() {
         tokio::time::sleep(Duration::from_millis(300)).await;
         "answered"
     };
-    assert_eq!(gates::within(Duration::from_millis(200), Duration::from_secs(2), slow).await, Err(gates::Elapsed::InCall));
+    assert_eq!(
+        gates::within(Duration::from_millis(200), Duration::from_secs(2), slow).await,
+        Err(gates::Elapsed::InCall)
+    );
     // Stuck at a gate past its limit: given up there, unsent.
     let stuck = async {
         let _at = gates::AtGate::enter();

@@ -38,8 +38,8 @@ pub use token_bucket::{LocalGate, RateGate, SharedGate, TokenBucket};
 
 use crate::metrics::{GATE_WAIT_MS, PROVIDER_CALLS};
 use crate::ports::{
-    Channel, Clock, Cond, Item, Key, OutboundMessage, Provider, ProviderError, ProviderReceipt, Providers,
-    StoreError, SystemClock, Table,
+    Channel, Clock, Cond, Item, Key, OutboundMessage, Provider, ProviderError, ProviderReceipt, Providers, StoreError,
+    SystemClock, Table,
 };
 
 /// Rates and breaker settings ([`crate::config`] parses them):
@@ -140,7 +140,11 @@ pub enum Elapsed {
 /// time waiting for a token or a provider's `Retry-After` is not the provider's. The gates bound
 /// their own waits (`max_wait`); `gate_limit` bounds the whole as a last resort (a gate's store
 /// that does not answer), and past it a send still at a gate is [`Elapsed::AtGate`].
-pub async fn within<F: std::future::Future>(timeout: Duration, gate_limit: Duration, send: F) -> Result<F::Output, Elapsed> {
+pub async fn within<F: std::future::Future>(
+    timeout: Duration,
+    gate_limit: Duration,
+    send: F,
+) -> Result<F::Output, Elapsed> {
     let time = Arc::new(Mutex::new(GateTime::default()));
     let send = GATE_TIME.scope(time.clone(), send);
     tokio::pin!(send);
@@ -228,7 +232,8 @@ impl TenantGates {
         let until_ms = now_ms.saturating_add(i64::try_from(retry_after.as_millis()).unwrap_or(i64::MAX));
         {
             let mut holds = self.holds.lock().unwrap_or_else(|p| p.into_inner());
-            let known = holds.entry((provider.to_owned(), tenant.to_owned())).or_insert(Known { until_ms, read_at: None });
+            let known =
+                holds.entry((provider.to_owned(), tenant.to_owned())).or_insert(Known { until_ms, read_at: None });
             known.until_ms = known.until_ms.max(until_ms);
         }
         if let GateStore::Shared(table) = &self.store {

@@ -179,8 +179,7 @@ async fn set_notices(
             let from = current.str("status").unwrap_or_default().to_owned();
             let mut updates = vec![Update::set("status", status.as_str()), Update::set("updated_at", now_text(deps))];
             updates.extend(extra.iter().map(|(k, v)| Update::Set((*k).to_owned(), v.clone())));
-            let mut writes =
-                vec![Write::Update { key: key.clone(), updates, cond: Cond::eq("status", from.as_str()) }];
+            let mut writes = vec![Write::Update { key: key.clone(), updates, cond: Cond::eq("status", from.as_str()) }];
             if from != status.as_str() {
                 writes.push(Write::Delete {
                     key: keys::status_entry(t, &from, &item.batch_no, user),
