@@ -197,7 +197,7 @@ async fn advance(s: &Server, seconds: i64) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Seed 000: a failed alert is retried 1, 5 and 30 minutes after each failure, by the alert's
+/// A failed alert is retried 1, 5 and 30 minutes after each failure, by the alert's
 /// own schedule; the channel's own retries do not run first (they made the first retry come 3
 /// minutes after the failure): each attempt is one provider call. Each state is listable on the
 /// way. On the embedded backend on the manual clock, exactly; on the AWS backend a queue's delay

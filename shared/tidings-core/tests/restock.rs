@@ -547,7 +547,7 @@ async fn permanent_failure_is_not_retried() {
     assert!(e.to_string().contains("status"), "{e}");
 }
 
-/// Seed 000: a failed alert is retried 1, 5 and 30 minutes after each failure, then MANUAL;
+/// A failed alert is retried 1, 5 and 30 minutes after each failure, then MANUAL;
 /// the channel's own retries do not run first (they made the first retry come 3 minutes
 /// after the failure, not 1).
 #[tokio::test]
