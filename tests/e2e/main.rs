@@ -16,6 +16,7 @@ mod dashboard;
 mod email_parts;
 mod figures;
 mod import;
+mod gates;
 mod inventory;
 mod isolation;
 mod lambda;
@@ -151,7 +152,12 @@ on_both_backends!(crash as crash_tests:
     reservation_crash_after_commit_holds_once,
 );
 
-on_both_backends!(restock as restock_tests: event_and_scan_race_send_one_merged_message, bad_input_retries_manual_and_resend);
+on_both_backends!(restock as restock_tests: event_and_scan_race_send_one_merged_message, bad_input_retries_manual_and_resend, retries_come_1_5_and_30_minutes_after_each_failure);
+
+on_both_backends!(gates as gates_tests:
+    thirty_marketing_emails_at_five_a_second_are_all_sent,
+    a_429_with_retry_after_holds_the_provider_for_its_tenant,
+);
 
 on_both_backends!(inventory as inventory_tests:
     concurrent_orders_never_oversell_plain_and_sharded,

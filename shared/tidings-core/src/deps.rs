@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 pub use crate::config::CoreConfig;
 pub use crate::ports::Providers;
-use crate::ports::{Clock, Queues, Table};
+use crate::ports::{Clock, Cond, Item, Key, Page, QueryOpts, Queues, StoreError, Table, Update, Write};
 
 /// Everything the core uses.
 #[derive(Clone)]
@@ -37,7 +37,7 @@ impl Deps {
         config: impl Into<Arc<CoreConfig>>,
     ) -> Self {
         Self {
-            table,
+            table: Arc::new(Timed(table)),
             queues,
             clock,
             providers,
@@ -47,5 +47,45 @@ impl Deps {
             webhook_client: crate::webhook_targets::WebhookClient::system(),
             attempts: Arc::default(),
         }
+    }
+}
+
+/// The store as the core sees it: each call's time to answer is recorded
+/// ([`crate::metrics::STORE_WAIT_MS`], the operators' `store_wait_ms`), the time a use-case
+/// waits on the store.
+struct Timed(Arc<dyn Table>);
+
+async fn timed<T>(op: &'static str, call: impl std::future::Future<Output = T>) -> T {
+    let started = std::time::Instant::now();
+    let out = call.await;
+    metrics::histogram!(crate::metrics::STORE_WAIT_MS, "op" => op).record(started.elapsed().as_secs_f64() * 1000.0);
+    out
+}
+
+#[async_trait::async_trait]
+impl Table for Timed {
+    async fn get(&self, key: &Key) -> Result<Option<Item>, StoreError> {
+        timed("read", self.0.get(key)).await
+    }
+    async fn get_many(&self, keys: &[Key]) -> Result<Vec<Option<Item>>, StoreError> {
+        timed("read", self.0.get_many(keys)).await
+    }
+    async fn put(&self, item: Item, cond: Cond) -> Result<(), StoreError> {
+        timed("write", self.0.put(item, cond)).await
+    }
+    async fn update(&self, key: &Key, updates: Vec<Update>, cond: Cond) -> Result<Item, StoreError> {
+        timed("write", self.0.update(key, updates, cond)).await
+    }
+    async fn delete(&self, key: &Key, cond: Cond) -> Result<(), StoreError> {
+        timed("write", self.0.delete(key, cond)).await
+    }
+    async fn transact(&self, writes: Vec<Write>) -> Result<(), StoreError> {
+        timed("transact", self.0.transact(writes)).await
+    }
+    async fn query(&self, pk: &str, sk_prefix: &str, opts: QueryOpts) -> Result<Page, StoreError> {
+        timed("query", self.0.query(pk, sk_prefix, opts)).await
+    }
+    async fn query_range(&self, pk: &str, from: &str, to: &str, opts: QueryOpts) -> Result<Page, StoreError> {
+        timed("query", self.0.query_range(pk, from, to, opts)).await
     }
 }

@@ -58,13 +58,17 @@ pub async fn settle(
     let resolved;
     let outcome = match outcome {
         Outcome::HandBack => {
-            resolved = handed_back(hand_back(queues, queue, &[message]).await);
+            resolved = handed_back(hand_back(queues, queue, &[(message, Duration::ZERO)]).await, Duration::ZERO);
+            &resolved
+        }
+        Outcome::HandBackAfter(delay) => {
+            resolved = handed_back(hand_back(queues, queue, &[(message, *delay)]).await, *delay);
             &resolved
         }
         other => other,
     };
     match outcome {
-        Outcome::Done | Outcome::HandBack => {
+        Outcome::Done | Outcome::HandBack | Outcome::HandBackAfter(_) => {
             if delete_done {
                 match queues.delete(queue, &message.receipt).await {
                     Ok(()) | Err(QueueError::StaleReceipt) => {}
@@ -103,14 +107,23 @@ pub async fn settle(
     }
 }
 
-/// Sends copies of messages not started (see [`Outcome::HandBack`]), in as few calls as the
-/// queue allows. `false`: not sent (the messages are retried instead).
-async fn hand_back(queues: &dyn Queues, queue: &str, messages: &[&Received]) -> bool {
+/// The longest delay a copy handed back can have (SQS's 15 minutes).
+const MAX_HAND_BACK_DELAY: Duration = Duration::from_secs(900);
+
+/// Sends copies of messages not started (see [`Outcome::HandBack`], [`Outcome::HandBackAfter`]),
+/// each after its delay, in as few calls as the queue allows. `false`: not sent (the messages
+/// are retried instead).
+async fn hand_back(queues: &dyn Queues, queue: &str, messages: &[(&Received, Duration)]) -> bool {
     if messages.is_empty() {
         return true;
     }
     // Each copy in its message's group: handed back, it keeps its tenant's turn.
-    let copies = messages.iter().map(|m| OutMessage::new(m.body.clone()).in_group(m.group.clone())).collect();
+    let copies = messages
+        .iter()
+        .map(|(m, delay)| {
+            OutMessage::delayed(m.body.clone(), (*delay).min(MAX_HAND_BACK_DELAY)).in_group(m.group.clone())
+        })
+        .collect();
     match queues.send_batch(queue, copies).await {
         Ok(()) => true,
         Err(e) => {
@@ -120,9 +133,9 @@ async fn hand_back(queues: &dyn Queues, queue: &str, messages: &[&Received]) -> 
     }
 }
 
-/// What a message handed back becomes: done once its copy is sent, else retried at once.
-fn handed_back(sent: bool) -> Outcome {
-    if sent { Outcome::Done } else { Outcome::Retry(Duration::ZERO) }
+/// What a message handed back becomes: done once its copy is sent, else retried after `delay`.
+fn handed_back(sent: bool, delay: Duration) -> Outcome {
+    if sent { Outcome::Done } else { Outcome::Retry(delay) }
 }
 
 /// [`settle`] for a whole batch, in order: the messages handed back are copied in one
@@ -136,13 +149,21 @@ pub async fn settle_batch(
     now: chrono::DateTime<chrono::Utc>,
     delete_done: bool,
 ) -> Vec<bool> {
-    let back: Vec<&Received> =
-        messages.iter().zip(&outcomes).filter(|(_, o)| matches!(o, Outcome::HandBack)).map(|(m, _)| m).collect();
+    let back: Vec<(&Received, Duration)> = messages
+        .iter()
+        .zip(&outcomes)
+        .filter_map(|(m, o)| match o {
+            Outcome::HandBack => Some((m, Duration::ZERO)),
+            Outcome::HandBackAfter(delay) => Some((m, *delay)),
+            _ => None,
+        })
+        .collect();
     let handed = hand_back(queues, queue, &back).await;
     let mut processed = Vec::with_capacity(messages.len());
     for (message, outcome) in messages.iter().zip(outcomes) {
         let outcome = match outcome {
-            Outcome::HandBack => handed_back(handed),
+            Outcome::HandBack => handed_back(handed, Duration::ZERO),
+            Outcome::HandBackAfter(delay) => handed_back(handed, delay),
             other => other,
         };
         processed.push(match settle(queues, queue, message, &outcome, now, delete_done).await {

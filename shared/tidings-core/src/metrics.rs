@@ -47,6 +47,11 @@ pub const EMPTY_RECEIVES: &str = "tidings_empty_receives";
 pub const GATE_WAIT_MS: &str = "tidings_gate_wait_ms";
 /// Environments started (counter, 1 at a Lambda function's cold start, in its first flush).
 pub const COLD_STARTS: &str = "tidings_cold_starts";
+/// How long each call to the store took to answer, from the caller's side, in milliseconds,
+/// label `op` (`read`, `query`, `write`, `transact`; histogram). On the embedded backend a
+/// write's is mostly its wait for the writer thread (the queue in front of it and the group
+/// commit), the store's connection-pool wait; on DynamoDB, the request's round trip.
+pub const STORE_WAIT_MS: &str = "tidings_store_wait_ms";
 
 /// The CloudWatch namespace of the embedded metrics.
 pub const NAMESPACE: &str = "Tidings";
@@ -64,6 +69,7 @@ pub const ALL: &[&str] = &[
     EMPTY_RECEIVES,
     GATE_WAIT_MS,
     COLD_STARTS,
+    STORE_WAIT_MS,
 ];
 
 /// Counts this environment's start (once: a Lambda function's first flush carries it).
@@ -98,6 +104,54 @@ pub struct MetricKey {
 impl MetricKey {
     pub fn label(&self, name: &str) -> Option<&str> {
         self.labels.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    }
+}
+
+/// A counter: its total, and how much it grew in each of the last seconds (for rates over a
+/// fixed recent window, whenever they are read).
+#[derive(Debug)]
+struct CounterCell {
+    total: AtomicU64,
+    /// The recorder's start: seconds are counted from it.
+    epoch: Instant,
+    /// (second since `epoch`, increase in it), oldest first, at most [`RATE_SECONDS`] + 1.
+    seconds: Mutex<VecDeque<(u64, u64)>>,
+}
+
+/// Seconds kept per counter: the rate window and the second under way.
+const RATE_SECONDS: u64 = 10;
+
+impl CounterCell {
+    fn new(epoch: Instant) -> Self {
+        Self { total: AtomicU64::new(0), epoch, seconds: Mutex::new(VecDeque::new()) }
+    }
+
+    fn load(&self) -> u64 {
+        self.total.load(Ordering::Relaxed)
+    }
+
+    /// The increase over the whole seconds `[now - window, now)` since the epoch.
+    fn increase_in(&self, from_s: u64, to_s: u64) -> u64 {
+        let seconds = self.seconds.lock().unwrap_or_else(|p| p.into_inner());
+        seconds.iter().filter(|(s, _)| *s >= from_s && *s < to_s).map(|(_, n)| n).sum()
+    }
+}
+
+impl metrics::CounterFn for CounterCell {
+    fn increment(&self, value: u64) {
+        self.total.fetch_add(value, Ordering::Relaxed);
+        let now_s = self.epoch.elapsed().as_secs();
+        let mut seconds = self.seconds.lock().unwrap_or_else(|p| p.into_inner());
+        match seconds.back_mut() {
+            Some((s, n)) if *s == now_s => *n += value,
+            _ => seconds.push_back((now_s, value)),
+        }
+        while seconds.front().is_some_and(|(s, _)| *s + RATE_SECONDS < now_s) {
+            seconds.pop_front();
+        }
+    }
+    fn absolute(&self, value: u64) {
+        self.total.store(value, Ordering::Relaxed);
     }
 }
 
@@ -174,19 +228,31 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
 
 #[derive(Default)]
 struct Cells {
-    counters: BTreeMap<MetricKey, Arc<AtomicU64>>,
+    counters: BTreeMap<MetricKey, Arc<CounterCell>>,
     gauges: BTreeMap<MetricKey, Arc<GaugeCell>>,
     histograms: BTreeMap<MetricKey, Arc<HistogramCell>>,
 }
 
 /// An in-process recorder: atomics per metric, read by snapshots.
-#[derive(Default)]
 pub struct LocalRecorder {
     cells: Mutex<Cells>,
-    /// Counter totals at recent reads, for rates over the last few seconds.
-    samples: Mutex<VecDeque<(Instant, BTreeMap<MetricKey, u64>)>>,
+    /// When it started: rates are over whole seconds since.
+    started: Instant,
     /// Counter totals at the last EMF flush.
     flushed: Mutex<BTreeMap<MetricKey, u64>>,
+}
+
+impl Default for LocalRecorder {
+    fn default() -> Self {
+        Self::started_at(Instant::now())
+    }
+}
+
+impl LocalRecorder {
+    /// A recorder whose rates count from `started` (tests: one that has been running a while).
+    pub fn started_at(started: Instant) -> Self {
+        Self { cells: Mutex::default(), started, flushed: Mutex::default() }
+    }
 }
 
 fn key_of(key: &Key) -> MetricKey {
@@ -201,7 +267,10 @@ impl Recorder for LocalRecorder {
 
     fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
         let mut cells = self.cells.lock().unwrap_or_else(|p| p.into_inner());
-        Counter::from_arc(cells.counters.entry(key_of(key)).or_default().clone())
+        let started = self.started;
+        Counter::from_arc(
+            cells.counters.entry(key_of(key)).or_insert_with(|| Arc::new(CounterCell::new(started))).clone(),
+        )
     }
 
     fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
@@ -353,14 +422,15 @@ pub struct Snapshot {
     pub recent: Vec<(MetricKey, Vec<f64>)>,
 }
 
-/// Accepted → provider latency of the sends of one channel and priority.
+/// A distribution of times: the accepted → provider latency of the sends of one channel and
+/// priority, or the store's answers to one kind of call.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Latency {
-    /// Sends measured since the process started.
+    /// Values measured since the process started (sends, or store calls).
     pub count: u64,
-    /// Median of the last 1,024 sends, milliseconds.
+    /// Median of the last 1,024 values, milliseconds.
     pub p50_ms: f64,
-    /// 99th percentile of the last 1,024 sends, milliseconds.
+    /// 99th percentile of the last 1,024 values, milliseconds.
     pub p99_ms: f64,
     /// The longest since the process started, milliseconds.
     pub max_ms: f64,
@@ -371,7 +441,8 @@ pub struct Latency {
 /// rest is in CloudWatch); the queue ages are read from the queues.
 #[derive(Clone, Debug, Default, Serialize, utoipa::ToSchema)]
 pub struct Report {
-    /// Accepted sends per second per channel, over the last few seconds.
+    /// Sends the providers accepted per second per channel, over the last 10 whole seconds
+    /// (fewer just after the start), whenever it is read.
     pub sends_per_s: BTreeMap<String, f64>,
     /// Accepted sends per channel since the process started.
     pub sends_total: BTreeMap<String, u64>,
@@ -396,6 +467,11 @@ pub struct Report {
     pub oldest_age_s: BTreeMap<String, f64>,
     /// Time spent waiting at each rate gate: `{count, mean_ms, max_ms}`.
     pub gate_waits: BTreeMap<String, serde_json::Value>,
+    /// Time waiting on the store, per kind of call (`read`, `query`, `write`, `transact`): how
+    /// long each call took to answer, from the caller's side (embedded backend: mostly a
+    /// write's wait for the writer thread and its group commit; DynamoDB: the round trip).
+    /// `count` since the process started; quantiles of the last 1,024 calls.
+    pub store_wait_ms: BTreeMap<String, Latency>,
     /// Requests to AWS since the process started, by `Service.Operation` (AWS backend only).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub aws_requests: BTreeMap<String, u64>,
@@ -407,8 +483,8 @@ pub struct Report {
     pub empty_receives: u64,
 }
 
-/// The window over which rates are computed.
-const RATE_WINDOW: Duration = Duration::from_secs(10);
+/// The window over which rates are computed: the last [`RATE_SECONDS`] whole seconds.
+pub const RATE_WINDOW: Duration = Duration::from_secs(RATE_SECONDS);
 
 fn ratio(part: u64, whole: u64) -> f64 {
     if whole == 0 { 0.0 } else { (part as f64 / whole as f64).clamp(0.0, 1.0) }
@@ -434,7 +510,7 @@ struct EmfValue {
 
 fn emf_unit(name: &str, counter: bool) -> &'static str {
     match name {
-        DELIVERY_LATENCY_MS | GATE_WAIT_MS | WORKER_BUSY_MS => "Milliseconds",
+        DELIVERY_LATENCY_MS | GATE_WAIT_MS | WORKER_BUSY_MS | STORE_WAIT_MS => "Milliseconds",
         QUEUE_OLDEST_AGE => "Seconds",
         _ if counter => "Count",
         _ => "None",
@@ -464,7 +540,7 @@ impl LocalRecorder {
             })
             .collect();
         Snapshot {
-            counters: cells.counters.iter().map(|(k, v)| (k.clone(), v.load(Ordering::Relaxed))).collect(),
+            counters: cells.counters.iter().map(|(k, v)| (k.clone(), v.load())).collect(),
             gauges: cells
                 .gauges
                 .iter()
@@ -475,22 +551,24 @@ impl LocalRecorder {
         }
     }
 
-    /// The operators' report; rates are over the last [`RATE_WINDOW`] of reads (the first read
-    /// after a quiet spell gives the rate since the previous one); ratios since the start.
+    /// The operators' report; rates are over the last [`RATE_WINDOW`] (whole seconds, whatever
+    /// the reads), ratios since the start.
     pub fn report(&self) -> Report {
+        self.report_at(Instant::now())
+    }
+
+    /// [`LocalRecorder::report`] as of `now`.
+    pub fn report_at(&self, now: Instant) -> Report {
         let snap = self.snapshot();
-        let now = Instant::now();
         let totals: BTreeMap<MetricKey, u64> = snap.counters.iter().cloned().collect();
-        let (base_at, base) = {
-            let mut samples = self.samples.lock().unwrap_or_else(|p| p.into_inner());
-            while samples.len() > 1 && samples.get(1).is_some_and(|(at, _)| now.duration_since(*at) >= RATE_WINDOW) {
-                samples.pop_front();
-            }
-            let base = samples.front().cloned();
-            samples.push_back((now, totals.clone()));
-            base.unwrap_or((now, BTreeMap::new()))
+        // The last whole seconds: `[to - window, to)`, fewer just after the start.
+        let to_s = now.saturating_duration_since(self.started).as_secs();
+        let from_s = to_s.saturating_sub(RATE_SECONDS);
+        let secs = (to_s - from_s) as f64;
+        let increase = |k: &MetricKey| -> u64 {
+            let cells = self.cells.lock().unwrap_or_else(|p| p.into_inner());
+            cells.counters.get(k).map_or(0, |c| c.increase_in(from_s, to_s))
         };
-        let secs = now.duration_since(base_at).as_secs_f64();
         let mut r = Report::default();
         let mut channels: BTreeMap<String, ChannelCounts> = BTreeMap::new();
         for (k, v) in &totals {
@@ -502,8 +580,7 @@ impl LocalRecorder {
                         "ok" => {
                             c.ok += v;
                             *r.sends_total.entry(channel.clone()).or_default() += v;
-                            let before = base.get(k).copied().unwrap_or(0);
-                            let rate = if secs > 0.0 { v.saturating_sub(before) as f64 / secs } else { 0.0 };
+                            let rate = if secs > 0.0 { increase(k) as f64 / secs } else { 0.0 };
                             *r.sends_per_s.entry(channel).or_default() += rate;
                         }
                         "throttled" => c.throttled += v,
@@ -567,6 +644,19 @@ impl LocalRecorder {
                         serde_json::json!({"count": count, "mean_ms": mean, "max_ms": max}),
                     );
                 }
+                STORE_WAIT_MS => {
+                    let values = recent.get(k).map(|v| v.as_slice()).unwrap_or_default();
+                    let op = k.label("op").unwrap_or("-").to_owned();
+                    r.store_wait_ms.insert(
+                        op,
+                        Latency {
+                            count: *count,
+                            p50_ms: quantile(values, 0.5),
+                            p99_ms: quantile(values, 0.99),
+                            max_ms: *max,
+                        },
+                    );
+                }
                 DELIVERY_LATENCY_MS => {
                     let values = recent.get(k).map(|v| v.as_slice()).unwrap_or_default();
                     r.latency_ms.entry(k.label("channel").unwrap_or("-").to_owned()).or_default().insert(
@@ -601,7 +691,7 @@ impl LocalRecorder {
             let cells = self.cells.lock().unwrap_or_else(|p| p.into_inner());
             let mut flushed = self.flushed.lock().unwrap_or_else(|p| p.into_inner());
             for (k, v) in &cells.counters {
-                let v = v.load(Ordering::Relaxed);
+                let v = v.load();
                 let before = flushed.insert(k.clone(), v).unwrap_or(0);
                 let delta = v.saturating_sub(before);
                 if delta > 0 {
@@ -731,6 +821,42 @@ mod tests {
         assert_eq!(rep.worker_concurrency.get("email-low"), Some(&4.0));
         let l = &rep.latency_ms["email"]["high"];
         assert_eq!((l.count, l.p50_ms, l.p99_ms, l.max_ms), (100, 50.0, 99.0, 100.0));
+    }
+
+    /// The send rate is over the last 10 whole seconds, whenever it is read: the first read
+    /// of a busy system is not 0 (it was, taken between two reads), and a read a minute later
+    /// says what the last 10 s did, not the average since the previous read.
+    #[test]
+    fn the_send_rate_is_over_a_fixed_recent_window() {
+        let Some(started) = Instant::now().checked_sub(Duration::from_secs(60)) else { return };
+        let r = LocalRecorder::started_at(started);
+        metrics::with_local_recorder(&r, || {
+            metrics::counter!(PROVIDER_CALLS, "channel" => "email", "result" => "ok").increment(380);
+        });
+        // A second later: the 380 sends of the last second, spread over the window of 10 s.
+        let first = r.report_at(Instant::now() + Duration::from_secs(1));
+        assert_eq!(first.sends_per_s.get("email"), Some(&38.0), "the first read says what goes out");
+        let again = r.report_at(Instant::now() + Duration::from_secs(1));
+        assert_eq!(again.sends_per_s.get("email"), Some(&38.0), "a second read says the same");
+        // Out of the window once 10 s have passed without a send.
+        let later = r.report_at(Instant::now() + Duration::from_secs(12));
+        assert_eq!(later.sends_per_s.get("email"), Some(&0.0));
+        assert_eq!(later.sends_total.get("email"), Some(&380));
+    }
+
+    #[test]
+    fn store_waits_are_reported_per_kind_of_call() {
+        let r = LocalRecorder::default();
+        metrics::with_local_recorder(&r, || {
+            for ms in 1..=100 {
+                metrics::histogram!(STORE_WAIT_MS, "op" => "write").record(f64::from(ms));
+            }
+            metrics::histogram!(STORE_WAIT_MS, "op" => "read").record(2.0);
+        });
+        let rep = r.report();
+        let w = &rep.store_wait_ms["write"];
+        assert_eq!((w.count, w.p50_ms, w.p99_ms, w.max_ms), (100, 50.0, 99.0, 100.0));
+        assert_eq!(rep.store_wait_ms["read"].count, 1);
     }
 
     #[test]

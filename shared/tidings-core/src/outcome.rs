@@ -16,6 +16,11 @@ pub enum Outcome {
     /// message handed back a few times under load would be dead-lettered without ever having
     /// been tried). Falls back to a retry at once if the copy cannot be sent.
     HandBack,
+    /// Not sent: a rate gate said to wait this long (the provider never saw it). The message
+    /// goes back as a new copy delayed by it, so that neither the receive nor the delivery's
+    /// attempts count: waiting one's turn is no failure. Falls back to a retry after it if the
+    /// copy cannot be sent.
+    HandBackAfter(Duration),
     /// The message can never be processed (malformed): it goes straight to the DLQ with the
     /// reason, and the batch goes on.
     Reject(String),

@@ -536,6 +536,51 @@ async fn permanent_failure_is_not_retried() {
     assert_eq!(w.email.calls.lock().unwrap().len(), 1);
     let notice = restock::get_notice(&w.deps, &w.t, &restock::batch_no("A", 1), "u1").await.unwrap().unwrap();
     assert_eq!(notice.status, NoticeStatus::Unreachable);
+    // Every status is listable, not only MANUAL: the notice is in UNREACHABLE's list alone.
+    let unreachable = restock::list_notices(&w.deps, &w.t, "UNREACHABLE", 50, None).await.unwrap();
+    assert_eq!(unreachable.items, [notice], "listed by its status");
+    for other in ["PENDING", "SENDING", "SENT", "FAILED", "MANUAL"] {
+        let page = restock::list_notices(&w.deps, &w.t, other, 50, None).await.unwrap();
+        assert!(page.items.is_empty(), "{other}: {:?}", page.items);
+    }
+    let e = restock::list_notices(&w.deps, &w.t, "LOST", 50, None).await.unwrap_err();
+    assert!(e.to_string().contains("status"), "{e}");
+}
+
+/// A failed alert is retried 1, 5 and 30 minutes after each failure, then MANUAL;
+/// the channel's own retries do not run first (they made the first retry come 3 minutes
+/// after the failure, not 1).
+#[tokio::test]
+async fn retries_come_1_5_and_30_minutes_after_each_failure() {
+    let w = world();
+    user(&w, "u1").await;
+    sku(&w, "A", 0).await;
+    subscribe(&w, "u1", "A").await;
+    *w.email.mode.lock().unwrap() = Mode::Transient;
+    restock_by(&w, "A", 2, "po-1").await;
+    pump(&w).await;
+    advance(&w, 61).await; // the window closes: attempt 1, which fails
+    let calls = || w.email.calls.lock().unwrap().clone();
+    assert_eq!(calls().len(), 1, "one call, no channel retries of its own");
+    let first = calls()[0];
+    let after = |c: &[DateTime<Utc>]| c.iter().map(|at| (*at - first).num_seconds()).collect::<Vec<_>>();
+    let sending = restock::list_notices(&w.deps, &w.t, "SENDING", 50, None).await.unwrap();
+    assert_eq!(sending.items.len(), 1, "listed while it is on its way");
+    for (wait, expect) in [(60, vec![0, 60]), (300, vec![0, 60, 360]), (1800, vec![0, 60, 360, 2160])] {
+        for _ in 0..(wait / 60 - 1) {
+            advance(&w, 60).await;
+        }
+        advance(&w, 59).await;
+        assert_eq!(after(&calls()), expect[..expect.len() - 1], "not before {wait} s after the failure");
+        advance(&w, 1).await;
+        assert_eq!(after(&calls()), expect, "{wait} s after the failure");
+    }
+    advance(&w, 3600).await;
+    assert_eq!(calls().len(), 4, "no retry after the third");
+    let manual = restock::list_notices(&w.deps, &w.t, "MANUAL", 50, None).await.unwrap();
+    assert_eq!(manual.items.len(), 1);
+    assert_eq!(manual.items[0].attempts, 4);
+    assert!(restock::list_notices(&w.deps, &w.t, "FAILED", 50, None).await.unwrap().items.is_empty());
 }
 
 /// Issue 3: 3 units for 100 waiters: the first wave is ~9 users, and the waves stop when stock is gone.

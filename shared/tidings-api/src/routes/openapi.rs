@@ -239,9 +239,11 @@ fn constrain(v: &mut serde_json::Value) {
                         }
                         // `tidings_core::ports::QueryOpts::cursor`: any hex string is a position.
                         ("query", "cursor") => json!({"type": "string", "pattern": "^([0-9A-Fa-f]{2})*$"}),
-                        // `tidings_core::restock::list_notices`: only the manual queue is listed.
+                        // `tidings_core::restock::list_notices`: every notice status is listed.
                         ("query", "status") if path == "/v1/ops/restock-notices" => {
-                            json!({"type": "string", "enum": ["MANUAL"], "default": "MANUAL"})
+                            let all: Vec<&str> =
+                                tidings_core::restock::model::NoticeStatus::ALL.iter().map(|s| s.as_str()).collect();
+                            json!({"type": "string", "enum": all, "default": "MANUAL"})
                         }
                         // `tidings_core::inventory::FindingStatus`.
                         ("query", "status") if path == "/v1/ops/inventory-findings" => {

@@ -8,7 +8,17 @@
 //!    concurrency), never grown on 429.
 //!
 //! A send that would wait longer than `max_wait` at a gate is not held: it is handed back as a
-//! transient error with the wait as `retry_after`, and its message comes back then.
+//! transient error whose reason starts with [`GATE_REFUSAL`], with the wait as `retry_after`;
+//! the channel worker puts its message back on its queue for that long, without counting an
+//! attempt (the provider never saw it).
+//!
+//! Time at the gates is not time with the provider: [`within`] bounds a send by the provider
+//! timeout counted outside the gates only, so a send that waited its turn is never taken for a
+//! provider call that may have reached the provider (`outcome_unknown`).
+//!
+//! A 429 with `Retry-After` holds the provider for its tenant ([`TenantGates::hold`]): no send
+//! of that tenant reaches that provider before it has passed, with or without configured rates;
+//! other tenants are not held.
 //!
 //! Then a circuit breaker per provider ([`breaker`]); SMS may fail over to a second provider
 //! while the first one's breaker is open ([`Failover`]).
@@ -19,7 +29,7 @@ pub mod token_bucket;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
@@ -28,7 +38,8 @@ pub use token_bucket::{LocalGate, RateGate, SharedGate, TokenBucket};
 
 use crate::metrics::{GATE_WAIT_MS, PROVIDER_CALLS};
 use crate::ports::{
-    Channel, Clock, OutboundMessage, Provider, ProviderError, ProviderReceipt, Providers, SystemClock, Table,
+    Channel, Clock, Cond, Item, Key, OutboundMessage, Provider, ProviderError, ProviderReceipt, Providers, StoreError,
+    SystemClock, Table,
 };
 
 /// Rates and breaker settings ([`crate::config`] parses them):
@@ -61,6 +72,10 @@ pub fn is_rate_limited(e: &ProviderError) -> bool {
     }
 }
 
+fn is_throttle_result(r: &Result<ProviderReceipt, ProviderError>) -> bool {
+    matches!(r, Err(e) if is_throttle(e))
+}
+
 /// Whether a transient error is the provider saying "too many requests".
 pub fn is_throttle(e: &ProviderError) -> bool {
     match e {
@@ -68,6 +83,100 @@ pub fn is_throttle(e: &ProviderError) -> bool {
             retry_after.is_some() || reason.contains("429") || reason.to_ascii_lowercase().contains("throttl")
         }
         ProviderError::Permanent { .. } => false,
+    }
+}
+
+/// Time spent at the gates by the send being bounded by [`within`].
+#[derive(Default)]
+struct GateTime {
+    /// Time at the gates, passes that ended.
+    waited: Duration,
+    /// When the pass under way began.
+    since: Option<Instant>,
+}
+
+tokio::task_local! {
+    static GATE_TIME: Arc<Mutex<GateTime>>;
+}
+
+fn lock_time(t: &Mutex<GateTime>) -> std::sync::MutexGuard<'_, GateTime> {
+    t.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Marks the time until it is dropped as time at a gate (for [`within`]; nothing outside it).
+/// [`Gated`] holds one while it waits its turn.
+pub struct AtGate;
+
+impl AtGate {
+    pub fn enter() -> Self {
+        let _ = GATE_TIME.try_with(|t| {
+            lock_time(t).since.get_or_insert_with(Instant::now);
+        });
+        AtGate
+    }
+}
+
+impl Drop for AtGate {
+    fn drop(&mut self) {
+        let _ = GATE_TIME.try_with(|t| {
+            let mut t = lock_time(t);
+            if let Some(since) = t.since.take() {
+                t.waited += since.elapsed();
+            }
+        });
+    }
+}
+
+/// Why [`within`] gave up on a send.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Elapsed {
+    /// The provider timeout ran out outside the gates: the provider may have the message.
+    InCall,
+    /// Still at a gate past `gate_limit`: the provider never saw the message.
+    AtGate,
+}
+
+/// Runs `send` (a provider call behind its gates) with `timeout` counted only outside the gates:
+/// time waiting for a token or a provider's `Retry-After` is not the provider's. The gates bound
+/// their own waits (`max_wait`); `gate_limit` bounds the whole as a last resort (a gate's store
+/// that does not answer), and past it a send still at a gate is [`Elapsed::AtGate`].
+pub async fn within<F: std::future::Future>(
+    timeout: Duration,
+    gate_limit: Duration,
+    send: F,
+) -> Result<F::Output, Elapsed> {
+    let time = Arc::new(Mutex::new(GateTime::default()));
+    let send = GATE_TIME.scope(time.clone(), send);
+    tokio::pin!(send);
+    let start = Instant::now();
+    loop {
+        let (at_gate, in_gate) = {
+            let t = lock_time(&time);
+            (t.waited + t.since.map(|s| s.elapsed()).unwrap_or_default(), t.since.is_some())
+        };
+        let elapsed = start.elapsed();
+        let outside = elapsed.saturating_sub(at_gate);
+        if outside >= timeout {
+            return Err(Elapsed::InCall);
+        }
+        if elapsed >= timeout + gate_limit {
+            return Err(if in_gate { Elapsed::AtGate } else { Elapsed::InCall });
+        }
+        let next = (timeout - outside).min(timeout + gate_limit - elapsed).max(Duration::from_millis(1));
+        tokio::select! {
+            done = &mut send => return Ok(done),
+            () = tokio::time::sleep(next) => {}
+        }
+    }
+}
+
+/// Whether a send was refused by a gate before reaching the provider.
+pub fn gate_refusal(e: &ProviderError) -> Option<Duration> {
+    match e {
+        ProviderError::Transient { reason, retry_after } if reason.starts_with(GATE_REFUSAL) => {
+            Some(retry_after.unwrap_or(Duration::from_secs(1)))
+        }
+        _ => None,
     }
 }
 
@@ -87,16 +196,80 @@ impl GateStore {
     }
 }
 
-/// Per-tenant gates, made on first use.
+/// Per-tenant gates, made on first use, and the holds a provider's `Retry-After` put on a
+/// tenant's sends to it.
 pub struct TenantGates {
     config: GateConfig,
     store: GateStore,
     gates: Mutex<BTreeMap<String, Arc<dyn RateGate>>>,
+    /// (provider gate, tenant) → held until (ms), and when this instance last read it from a
+    /// shared store.
+    holds: Mutex<BTreeMap<(String, String), Known>>,
 }
+
+#[derive(Clone, Copy)]
+struct Known {
+    until_ms: i64,
+    read_at: Option<Instant>,
+}
+
+/// How often an instance reads a tenant's hold on a provider from a shared store (another
+/// instance's 429); its own 429s it knows at once.
+pub const HOLD_READ_EVERY: Duration = Duration::from_millis(250);
 
 impl TenantGates {
     pub fn new(config: GateConfig, store: GateStore) -> Self {
-        Self { config, store, gates: Mutex::new(BTreeMap::new()) }
+        Self { config, store, gates: Mutex::new(BTreeMap::new()), holds: Mutex::new(BTreeMap::new()) }
+    }
+
+    fn hold_key(provider: &str, tenant: &str) -> Key {
+        Key::new(format!("RATE#hold#{provider}#{tenant}"), "HOLD")
+    }
+
+    /// The provider answered a send of `tenant` 429 with `Retry-After`: none of that tenant's
+    /// sends to it pass before `now_ms + retry_after` (other tenants are not held).
+    pub async fn hold(&self, provider: &str, tenant: &str, now_ms: i64, retry_after: Duration) {
+        let until_ms = now_ms.saturating_add(i64::try_from(retry_after.as_millis()).unwrap_or(i64::MAX));
+        {
+            let mut holds = self.holds.lock().unwrap_or_else(|p| p.into_inner());
+            let known =
+                holds.entry((provider.to_owned(), tenant.to_owned())).or_insert(Known { until_ms, read_at: None });
+            known.until_ms = known.until_ms.max(until_ms);
+        }
+        if let GateStore::Shared(table) = &self.store {
+            let key = Self::hold_key(provider, tenant);
+            let mut attrs = crate::ports::Attrs::new();
+            attrs.insert("until_ms".into(), until_ms.into());
+            attrs.insert("ttl".into(), (until_ms / 1000 + 3600).into());
+            // The longest hold wins: a shorter one written later changes nothing.
+            let cond = Cond::Or(vec![Cond::NotExists, Cond::lt("until_ms", until_ms)]);
+            match table.put(Item::new(key, attrs), cond).await {
+                Ok(()) | Err(StoreError::ConditionFailed { .. }) => {}
+                Err(e) => tracing::warn!(error = %e, provider, tenant, "a provider's hold not shared"),
+            }
+        }
+    }
+
+    /// How long `tenant`'s sends to `provider` are still held (none: not held).
+    pub async fn held(&self, provider: &str, tenant: &str, now_ms: i64) -> Option<Duration> {
+        let id = (provider.to_owned(), tenant.to_owned());
+        let known = self.holds.lock().unwrap_or_else(|p| p.into_inner()).get(&id).copied();
+        let mut until_ms = known.map_or(0, |k| k.until_ms);
+        if let GateStore::Shared(table) = &self.store
+            && known.is_none_or(|k| k.read_at.is_none_or(|at| at.elapsed() >= HOLD_READ_EVERY))
+        {
+            match table.get(&Self::hold_key(provider, tenant)).await {
+                Ok(item) => {
+                    until_ms = until_ms.max(item.and_then(|i| i.i64("until_ms")).unwrap_or(0));
+                    let mut holds = self.holds.lock().unwrap_or_else(|p| p.into_inner());
+                    let k = holds.entry(id).or_insert(Known { until_ms, read_at: None });
+                    k.until_ms = k.until_ms.max(until_ms);
+                    k.read_at = Some(Instant::now());
+                }
+                Err(e) => tracing::warn!(error = %e, provider, tenant, "a provider's hold could not be read"),
+            }
+        }
+        (until_ms > now_ms).then(|| Duration::from_millis(u64::try_from(until_ms - now_ms).unwrap_or(0)))
     }
 
     fn gate(&self, tenant: &str, now_ms: i64) -> Option<Arc<dyn RateGate>> {
@@ -115,6 +288,8 @@ impl TenantGates {
 pub struct Gated {
     inner: Arc<dyn Provider>,
     channel: Channel,
+    /// The provider's gate name (`email`, `sms`, `sms-secondary`, `push`): what a hold names.
+    name: String,
     provider_gate: Option<Arc<dyn RateGate>>,
     tenants: Arc<TenantGates>,
     max_wait: Duration,
@@ -130,7 +305,30 @@ impl Gated {
         max_wait: Duration,
         clock: Arc<dyn Clock>,
     ) -> Self {
-        Self { inner, channel, provider_gate, tenants, max_wait, clock }
+        Self { inner, channel, name: channel.as_str().to_owned(), provider_gate, tenants, max_wait, clock }
+    }
+
+    /// The same, under another gate name (the SMS failover provider's `sms-secondary`).
+    pub fn named(mut self, name: &str) -> Self {
+        self.name = name.to_owned();
+        self
+    }
+
+    /// Waits out the tenant's hold on this provider (a `Retry-After`), if it ends within what is
+    /// left of `max_wait`; else refuses.
+    async fn wait_hold(&self, tenant: &str, waited: &mut Duration) -> Result<(), ProviderError> {
+        while let Some(wait) = self.tenants.held(&self.name, tenant, self.clock.now_ms()).await {
+            if *waited + wait > self.max_wait {
+                return Err(ProviderError::Transient {
+                    reason: format!("{GATE_REFUSAL} {}: held by the provider's Retry-After", self.name),
+                    retry_after: Some(wait.max(Duration::from_millis(100))),
+                });
+            }
+            metrics::histogram!(GATE_WAIT_MS, "gate" => "hold").record(wait.as_secs_f64() * 1000.0);
+            tokio::time::sleep(wait).await;
+            *waited += wait;
+        }
+        Ok(())
     }
 
     /// Waits for a token of `gate` (at most what is left of `max_wait`).
@@ -170,12 +368,19 @@ impl Provider for Gated {
     }
 
     async fn send(&self, message: &OutboundMessage) -> Result<ProviderReceipt, ProviderError> {
-        let mut waited = Duration::ZERO;
-        if let Some(gate) = self.tenants.gate(&message.tenant, self.clock.now_ms()) {
-            self.pass(gate.as_ref(), "tenant", &mut waited).await?;
-        }
-        if let Some(gate) = &self.provider_gate {
-            self.pass(gate.as_ref(), self.channel.as_str(), &mut waited).await?;
+        {
+            // Time here is the gates', not the provider's (`within`).
+            let _at_gate = AtGate::enter();
+            let mut waited = Duration::ZERO;
+            self.wait_hold(&message.tenant, &mut waited).await?;
+            if let Some(gate) = self.tenants.gate(&message.tenant, self.clock.now_ms()) {
+                self.pass(gate.as_ref(), "tenant", &mut waited).await?;
+            }
+            if let Some(gate) = &self.provider_gate {
+                self.pass(gate.as_ref(), self.channel.as_str(), &mut waited).await?;
+            }
+            // A 429 may have come while this send waited for its tokens.
+            self.wait_hold(&message.tenant, &mut waited).await?;
         }
         let result = self.inner.send(message).await;
         let outcome = match &result {
@@ -186,16 +391,18 @@ impl Provider for Gated {
         };
         metrics::counter!(PROVIDER_CALLS, "channel" => self.channel.as_str(), "provider" => self.inner.name().to_owned(), "result" => outcome)
             .increment(1);
+        if let Err(ProviderError::Transient { retry_after: Some(retry_after), .. }) = &result
+            && is_throttle_result(&result)
+        {
+            // The whole provider, for this tenant: no other send of it goes before then.
+            self.tenants.hold(&self.name, &message.tenant, self.clock.now_ms(), *retry_after).await;
+        }
         if let Some(gate) = &self.provider_gate {
             match &result {
                 Ok(_) => gate.succeeded().await,
-                Err(e) if is_throttle(e) => {
-                    let retry_after = match e {
-                        ProviderError::Transient { retry_after, .. } => *retry_after,
-                        ProviderError::Permanent { .. } => None,
-                    };
-                    gate.throttled(self.clock.now_ms(), retry_after).await;
-                }
+                // The shared bucket slows down (AIMD); the pause is the tenant's hold above,
+                // so one tenant's 429 does not stop the others' sends.
+                Err(e) if is_throttle(e) => gate.throttled(self.clock.now_ms(), None).await,
                 Err(_) => {}
             }
         }
@@ -352,7 +559,7 @@ pub fn wrap(
     let tenants = Arc::new(TenantGates::new(config.clone(), store.clone()));
     let gated = |channel: Channel, name: &str, inner: Arc<dyn Provider>| -> Arc<dyn Provider> {
         let gate = config.provider_rates.get(name).map(|rate| store.gate(&format!("provider#{name}"), *rate, now));
-        Arc::new(Gated::new(inner, channel, gate, tenants.clone(), config.max_wait, clock.clone()))
+        Arc::new(Gated::new(inner, channel, gate, tenants.clone(), config.max_wait, clock.clone()).named(name))
     };
     let guarded = |channel: Channel, inner: &Arc<dyn Provider>| {
         Arc::new(Guarded::new(inner.clone(), channel, config.breaker.clone(), clock.clone()))

@@ -8,8 +8,10 @@
 //! 1 or more: the `orders` class holds two seconds', so a flash sale's orders and their payments
 //! pass at once) and refill at the rate: a client may send its burst at once, then the rate.
 //!
-//! AIMD on 429: the rate halves (never below 1/s) and the bucket pauses for the provider's
-//! `Retry-After`; each accepted send adds back 1% of the configured rate. The number of workers
+//! AIMD on 429: the rate halves (never below 1/s); each accepted send adds back 1% of the
+//! configured rate. [`TokenBucket::throttled`] can also pause the bucket for a `Retry-After`;
+//! the provider gates pass none, and hold the tenant whose send was answered 429 instead
+//! (`super::TenantGates::hold`), so one tenant's 429 does not stop the others' sends. The number of workers
 //! never changes: fewer tokens, not more callers (more workers against a throttling provider
 //! only get the account blocked sooner).
 

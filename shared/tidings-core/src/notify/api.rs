@@ -64,7 +64,17 @@ fn body_hash(req: &NotificationRequest) -> CoreResult<String> {
 /// Accepts a notification: one transaction writes the idempotency record and the notification
 /// item. The notification item is the outbox entry: its change-stream record makes the relay
 /// queue it, so "accepted but never queued" cannot happen.
-pub async fn accept(deps: &Deps, t: &TenantId, mut req: NotificationRequest) -> CoreResult<Accepted> {
+pub async fn accept(deps: &Deps, t: &TenantId, req: NotificationRequest) -> CoreResult<Accepted> {
+    accept_as(deps, t, req, false).await
+}
+
+/// [`accept`] of a notification whose sends get one attempt on their channel: its creator
+/// retries on its own schedule ([`Notification::one_attempt`]; `crate::restock::merge`).
+pub async fn accept_one_attempt(deps: &Deps, t: &TenantId, req: NotificationRequest) -> CoreResult<Accepted> {
+    accept_as(deps, t, req, true).await
+}
+
+async fn accept_as(deps: &Deps, t: &TenantId, mut req: NotificationRequest, one_attempt: bool) -> CoreResult<Accepted> {
     req.validate()?;
     // The requester is neither stored nor part of the request's identity (a retry seen from
     // another address is the same request).
@@ -95,6 +105,7 @@ pub async fn accept(deps: &Deps, t: &TenantId, mut req: NotificationRequest) -> 
         last_page: None,
         user_triggered: requester.is_some(),
         verified_at: None,
+        one_attempt,
     };
     let mut writes = Vec::with_capacity(2);
     let idem_key = notification.request.idempotency_key.as_deref().map(|k| keys::idempotency(t, "notification", k));

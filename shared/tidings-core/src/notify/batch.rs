@@ -607,6 +607,7 @@ mod tests {
             last_page: None,
             user_triggered: false,
             verified_at: None,
+            one_attempt: false,
         }
     }
 
@@ -627,6 +628,7 @@ mod tests {
                 headers: Vec::new(),
                 accepted_ms: Some(0),
                 priority: None,
+                one_attempt: false,
             })
             .collect()
     }

@@ -295,6 +295,11 @@ pub struct Notification {
     /// When the shop reported its code used (`POST /v1/notifications/{id}/verified`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verified_at: Option<String>,
+    /// Its sends get one attempt on their channel ([`ChannelTask::one_attempt`]): the caller
+    /// that created it retries on its own schedule (back-in-stock alerts, 1/5/30 minutes after
+    /// the failure). Never set through the API.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub one_attempt: bool,
 }
 
 impl Notification {
@@ -415,6 +420,10 @@ pub struct ChannelTask {
     /// category's default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority: Option<Priority>,
+    /// One attempt only: a transient failure closes the delivery `dead` at once, without the
+    /// channel's own retries, for its notification's creator to retry ([`Notification::one_attempt`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub one_attempt: bool,
 }
 
 impl ChannelTask {
@@ -496,6 +505,7 @@ impl SendBatchTask {
             headers: send.headers.clone(),
             accepted_ms: self.accepted_ms,
             priority: self.priority,
+            one_attempt: false,
         }
     }
 }

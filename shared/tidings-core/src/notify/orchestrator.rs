@@ -789,6 +789,7 @@ fn task_of(
         headers: Vec::new(),
         accepted_ms: Some(n.created_ms),
         priority: Some(n.priority),
+        one_attempt: n.one_attempt,
     };
     if channel == Channel::Email {
         crate::tracking::decorate_email(&deps.config, &mut task, deps.clock.now().timestamp(), hosts);

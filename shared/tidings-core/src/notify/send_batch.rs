@@ -134,6 +134,8 @@ async fn deliver(
     // Step 4: the record.
     let mut retry: Option<Duration> = None;
     let mut released = 0usize;
+    // Entries a rate gate held back: they stay pending, unattempted, and come back after this.
+    let mut gated: Option<Duration> = None;
     let mut rejected = None;
     let mut sent = 0usize;
     for (c, attempt) in claimed.iter().zip(attempts) {
@@ -151,6 +153,10 @@ async fn deliver(
             }
             Attempt::Released => {
                 released += 1;
+                continue;
+            }
+            Attempt::Gated(wait) => {
+                gated = Some(gated.map_or(wait, |g| g.max(wait)));
                 continue;
             }
         };
@@ -186,7 +192,8 @@ async fn deliver(
     }
     Ok(match (rejected, retry) {
         (Some(why), _) => Outcome::Reject(why),
-        (None, Some(d)) => Outcome::Retry(d),
+        (None, Some(d)) => Outcome::Retry(d.max(gated.unwrap_or_default())),
+        (None, None) if let Some(wait) = gated => Outcome::HandBackAfter(wait),
         (None, None) if released > 0 => Outcome::HandBack,
         (None, None) => Outcome::Done,
     })

@@ -423,6 +423,9 @@ pub(super) enum Attempt {
     /// The provider was called and did not answer within the provider timeout: it may have
     /// taken the message.
     TimedOut(String),
+    /// Not sent: a rate gate (or the provider's `Retry-After` hold) said to come back after
+    /// this long. The provider never saw it: no attempt is counted.
+    Gated(Duration),
     /// No provider for the channel.
     NoProvider,
     /// Not started: the batch's deadline was too near (or its cancel check could not be read).
@@ -478,8 +481,10 @@ pub(super) async fn send_all(
                 }
                 match deps.providers.for_channel(c.task.channel) {
                     Some(provider) => match call_provider(deps, c.t, c.task, provider.as_ref(), c.attempts).await {
-                        Some(result) => Attempt::Called(provider.name().to_owned(), result),
-                        None => Attempt::TimedOut(provider.name().to_owned()),
+                        Ok(Err(e)) if let Some(wait) = crate::gates::gate_refusal(&e) => Attempt::Gated(wait),
+                        Ok(result) => Attempt::Called(provider.name().to_owned(), result),
+                        Err(crate::gates::Elapsed::AtGate) => Attempt::Gated(Duration::from_secs(1)),
+                        Err(crate::gates::Elapsed::InCall) => Attempt::TimedOut(provider.name().to_owned()),
                     },
                     None => Attempt::NoProvider,
                 }
@@ -489,15 +494,17 @@ pub(super) async fn send_all(
     futures::stream::iter(sends).buffered(SEND_CONCURRENCY).collect().await
 }
 
-/// The provider call of a claimed delivery, within the provider timeout; `None` when it did not
-/// end in time (its outcome is unknown: the provider may have taken the message).
+/// The provider call of a claimed delivery, within the provider timeout counted outside the
+/// rate gates ([`crate::gates::within`]): `Err(InCall)` when the call did not end in time (its
+/// outcome is unknown: the provider may have taken the message), `Err(AtGate)` when it never
+/// got past the gates.
 async fn call_provider(
     deps: &Deps,
     t: &TenantId,
     task: &ChannelTask,
     provider: &dyn crate::ports::Provider,
     attempt: u32,
-) -> Option<Result<ProviderReceipt, ProviderError>> {
+) -> Result<Result<ProviderReceipt, ProviderError>, crate::gates::Elapsed> {
     // Every provider is called from here: header fields are made one line here, once, whatever
     // rendered them (docs/templates.md, "Header fields").
     let message = OutboundMessage {
@@ -520,23 +527,26 @@ async fn call_provider(
     };
     crate::crash::point("worker.before_provider");
     // Push goes to every device of the user (`devices::send_to_devices`).
-    let result = match tokio::time::timeout(
+    // The gates bound their own waits (`TIDINGS_GATE_MAX_WAIT_MS`); the rest is the provider's.
+    let gate_limit = deps.config.gates.max_wait + GATE_SLACK;
+    let result = crate::gates::within(
         deps.config.provider_timeout,
+        gate_limit,
         crate::people::devices::send(deps, t, provider, &message),
     )
-    .await
-    {
-        Ok(r) => r,
-        Err(_) => return None,
-    };
+    .await?;
     if result.is_ok()
         && let Some(accepted_ms) = task.accepted_ms
     {
         let priority = task.priority().as_str();
         crate::metrics::record_delivery_latency(task.channel.as_str(), priority, accepted_ms, deps.clock.now_ms());
     }
-    Some(result)
+    Ok(result)
 }
+
+/// Beyond the gates' own limit, how long a send may still be at a gate (a shared bucket's
+/// store slow to answer) before it is given up there, unsent.
+const GATE_SLACK: Duration = Duration::from_secs(5);
 
 /// What a provider call that timed out settles as. A transactional send is tried again (a
 /// duplicate is the documented trade-off, never a loss); a marketing send is closed as `failed`
@@ -610,6 +620,18 @@ pub(super) fn settle(
         Err(ProviderError::Transient { reason, retry_after }) => {
             let last = receive_count >= deps.config.max_receives;
             warn!(%reason, attempt = attempts, last, "transient failure");
+            if task.one_attempt {
+                // Its creator retries on its own schedule, from now (back-in-stock alerts:
+                // 1/5/30 minutes after the failure): closed `dead` at once, the message done.
+                let updates = vec![
+                    Update::set("last_error", reason),
+                    Update::SetIfAbsent("first_failed_at".into(), now_str(deps).into()),
+                    Update::set("updated_at", now_str(deps)),
+                    Update::set("dead_at", now_str(deps)),
+                    Update::Remove("lease_until_ms".into()),
+                ];
+                return Settled { to: DeliveryStatus::Dead, updates, outcome: Outcome::Done, receipt: None };
+            }
             let mut updates = vec![
                 Update::set("last_error", reason),
                 Update::SetIfAbsent("first_failed_at".into(), now_str(deps).into()),
@@ -653,8 +675,14 @@ async fn record_all(deps: &Deps, claimed: &[Claimed<'_>], attempts: Vec<Attempt>
                 outcomes.push(Outcome::Reject(format!("channel {} has no provider", c.task.channel)));
                 continue;
             }
-            Attempt::Released => {
-                released += 1;
+            Attempt::Released | Attempt::Gated(_) => {
+                let outcome = match attempt {
+                    Attempt::Gated(wait) => Outcome::HandBackAfter(wait),
+                    _ => {
+                        released += 1;
+                        Outcome::HandBack
+                    }
+                };
                 transitions.push(c.moved_to(
                     DeliveryStatus::Pending,
                     vec![
@@ -663,7 +691,7 @@ async fn record_all(deps: &Deps, claimed: &[Claimed<'_>], attempts: Vec<Attempt>
                         Update::Remove("lease_until_ms".into()),
                     ],
                 ));
-                outcomes.push(Outcome::HandBack);
+                outcomes.push(outcome);
                 continue;
             }
         };

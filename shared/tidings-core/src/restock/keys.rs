@@ -10,7 +10,7 @@
 //! | tenants with subscriptions | `RESTOCK#TENANTS` | `{tenant}` |
 //! | restock round (waves, counts) | `T#t#RROUND#{sku}` | `{round:012}` |
 //! | notice log `(sku, user, batch_no)` | `T#t#RNOTICE#{batch_no}` | `{user}` |
-//! | MANUAL notices index | `T#t#RMANUAL` | `{batch_no}#{user}` |
+//! | notices index by status (`MANUAL`, `UNREACHABLE`, ...) | `T#t#R{STATUS}` | `{batch_no}#{user}` |
 //! | a user's open merge window | `T#t#RWIN#{user}` | `OPEN` |
 //! | merged message (one per window) | `T#t#RMSG#{window_id}` | `MSG` |
 //! | one SKU in a merged message | `T#t#RMSG#{window_id}` | `E#{batch_no}` |
@@ -73,12 +73,13 @@ pub fn notice(t: &TenantId, batch_no: &str, user: &str) -> Key {
     Key::new(notice_pk(t, batch_no), user)
 }
 
-pub fn manual_pk(t: &TenantId) -> String {
-    format!("T#{t}#RMANUAL")
+/// The index of the notices in `status` (`T#t#RMANUAL` for MANUAL, as it always was).
+pub fn status_pk(t: &TenantId, status: &str) -> String {
+    format!("T#{t}#R{status}")
 }
 
-pub fn manual_entry(t: &TenantId, batch_no: &str, user: &str) -> Key {
-    Key::new(manual_pk(t), format!("{batch_no}#{user}"))
+pub fn status_entry(t: &TenantId, status: &str, batch_no: &str, user: &str) -> Key {
+    Key::new(status_pk(t, status), format!("{batch_no}#{user}"))
 }
 
 pub fn open_window(t: &TenantId, user: &str) -> Key {

@@ -7,9 +7,12 @@
 //! contacts and preferences).
 //!
 //! After each send a check looks at the deliveries: sent → SENT; only permanent failures (no
-//! address, closed channel, unsubscribed) → UNREACHABLE, never retried; transient failures (the
-//! channel worker's own bounded retries exhausted) → retried after 1, 5, 30 minutes, then
-//! MANUAL, which an operator resends per `batch_no`, idempotently, skipping cancelled users.
+//! address, closed channel, unsubscribed) → UNREACHABLE, never retried; transient failures →
+//! retried 1, 5, 30 minutes after the failure, then MANUAL, which an operator resends per
+//! `batch_no`, idempotently, skipping cancelled users. The messages are sent with one attempt
+//! per channel (`api::accept_one_attempt`): the channel worker closes a transient failure at
+//! once instead of retrying on its own first, so these delays are the only retries and run from
+//! the failure itself.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -153,7 +156,7 @@ async fn send(
         map.insert("channels".into(), serde_json::to_value(channels)?);
     }
     let request: NotificationRequest = serde_json::from_value(request)?;
-    Ok(api::accept(deps, t, request).await?.notification_id)
+    Ok(api::accept_one_attempt(deps, t, request).await?.notification_id)
 }
 
 async fn set_notices(
@@ -165,21 +168,47 @@ async fn set_notices(
     extra: &[(&str, Value)],
 ) -> CoreResult<()> {
     for item in items {
-        let mut updates = vec![Update::set("status", status.as_str()), Update::set("updated_at", now_text(deps))];
-        updates.extend(extra.iter().map(|(k, v)| Update::Set((*k).to_owned(), v.clone())));
         let key = keys::notice(t, &item.batch_no, user);
-        deps.table.update(&key, updates, Cond::Exists).await?;
-        let manual = keys::manual_entry(t, &item.batch_no, user);
-        if status == NoticeStatus::Manual {
-            let mut attrs = serde_json::Map::new();
-            attrs.insert("batch_no".into(), json!(item.batch_no));
-            attrs.insert("user_id".into(), json!(user));
-            deps.table.put(Item::new(manual, attrs), Cond::Always).await?;
-        } else {
-            deps.table.delete(&manual, Cond::Always).await?;
+        // The notice and its entry in the index of its status move together, from the status
+        // read (a concurrent move makes the transaction fail: read again).
+        let mut moved = false;
+        for _ in 0..5 {
+            let Some(current) = deps.table.get(&key).await? else {
+                return Err(StoreError::ConditionFailed { index: 0 }.into());
+            };
+            let from = current.str("status").unwrap_or_default().to_owned();
+            let mut updates = vec![Update::set("status", status.as_str()), Update::set("updated_at", now_text(deps))];
+            updates.extend(extra.iter().map(|(k, v)| Update::Set((*k).to_owned(), v.clone())));
+            let mut writes = vec![Write::Update { key: key.clone(), updates, cond: Cond::eq("status", from.as_str()) }];
+            if from != status.as_str() {
+                writes.push(Write::Delete {
+                    key: keys::status_entry(t, &from, &item.batch_no, user),
+                    cond: Cond::Always,
+                });
+                writes.push(status_entry_write(t, status, &item.batch_no, user));
+            }
+            match deps.table.transact(writes).await {
+                Ok(()) => {
+                    moved = true;
+                    break;
+                }
+                Err(StoreError::ConditionFailed { .. } | StoreError::Conflict) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if !moved {
+            return Err(StoreError::Conflict.into());
         }
     }
     Ok(())
+}
+
+/// The entry of a notice in the index of `status` (`list_notices`).
+pub(crate) fn status_entry_write(t: &TenantId, status: NoticeStatus, batch_no: &str, user: &str) -> Write {
+    let mut attrs = serde_json::Map::new();
+    attrs.insert("batch_no".into(), json!(batch_no));
+    attrs.insert("user_id".into(), json!(user));
+    Write::Put { item: Item::new(keys::status_entry(t, status.as_str(), batch_no, user), attrs), cond: Cond::Always }
 }
 
 /// Closes a window and sends its message (attempt 1). Idempotent.
@@ -277,15 +306,25 @@ fn delay_after(deps: &Deps, attempt: u32) -> Duration {
 }
 
 async fn schedule_check(deps: &Deps, t: &TenantId, window_id: &str, attempt: u32) -> CoreResult<()> {
+    schedule_check_at(deps, t, window_id, attempt, later(deps, delay_after(deps, attempt))).await
+}
+
+async fn schedule_check_at(
+    deps: &Deps,
+    t: &TenantId,
+    window_id: &str,
+    attempt: u32,
+    at: chrono::DateTime<chrono::Utc>,
+) -> CoreResult<()> {
     let task = TimerTask::RestockCheck { tenant: t.clone(), window_id: window_id.to_owned(), attempt };
-    timer::schedule(deps, later(deps, delay_after(deps, attempt)), task).await
+    timer::schedule(deps, at, task).await
 }
 
 enum Verdict {
     Sent,
     Open,
-    /// Failed for now on these channels (their retries ran out): try them again later.
-    Transient(Vec<Channel>),
+    /// Failed for now on these channels, the last of them at this time: try them again later.
+    Transient(Vec<Channel>, Option<chrono::DateTime<chrono::Utc>>),
     Permanent,
 }
 
@@ -316,8 +355,14 @@ async fn judge(deps: &Deps, t: &TenantId, notification_id: &str) -> CoreResult<V
     if deciding.iter().any(|d| delivered(d.status)) {
         return Ok(Verdict::Sent);
     }
-    let dead: Vec<Channel> = deciding.iter().filter(|d| d.status == DeliveryStatus::Dead).map(|d| d.channel).collect();
-    if dead.is_empty() { Ok(Verdict::Permanent) } else { Ok(Verdict::Transient(dead)) }
+    let dead: Vec<_> = deciding.iter().filter(|d| d.status == DeliveryStatus::Dead).collect();
+    let failed_at = dead
+        .iter()
+        .filter_map(|d| chrono::DateTime::parse_from_rfc3339(&d.updated_at).ok())
+        .map(|at| at.with_timezone(&chrono::Utc))
+        .max();
+    let channels: Vec<Channel> = dead.iter().map(|d| d.channel).collect();
+    if channels.is_empty() { Ok(Verdict::Permanent) } else { Ok(Verdict::Transient(channels, failed_at)) }
 }
 
 /// Judges attempt `attempt` of a message, and retries, gives up to MANUAL, or marks it.
@@ -347,12 +392,20 @@ pub async fn check(deps: &Deps, t: &TenantId, window_id: &str, attempt: u32) -> 
             set_message("UNREACHABLE").await?;
             set_notices(deps, t, user, &message.items, NoticeStatus::Unreachable, &[]).await
         }
-        Verdict::Transient(channels) => {
+        Verdict::Transient(channels, failed_at) => {
             let retries = u32::try_from(deps.config.restock.retry_delays.len()).unwrap_or(u32::MAX);
             if attempt > retries {
                 set_message("MANUAL").await?;
                 info!(tenant = %t, window_id, attempt, "restock message retries exhausted: MANUAL");
                 return set_notices(deps, t, user, &message.items, NoticeStatus::Manual, &[]).await;
+            }
+            // The retry comes its delay after the failure, not after the send: a send that
+            // failed late (after waiting in its queue) is not retried early.
+            if let Some(failed_at) = failed_at {
+                let due = failed_at + chrono::Duration::from_std(delay_after(deps, attempt)).unwrap_or_default();
+                if due > deps.clock.now() {
+                    return schedule_check_at(deps, t, window_id, attempt, due).await;
+                }
             }
             // Users who cancelled since are not retried: they asked for nothing more.
             let (keep, cancelled) = split_cancelled(deps, t, &message.items).await?;
@@ -412,14 +465,15 @@ async fn split_cancelled(
     Ok((keep, cancelled))
 }
 
-/// One page of MANUAL notices.
+/// One page of notices in one status.
 #[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct NoticePage {
     pub items: Vec<Notice>,
     pub next_cursor: Option<String>,
 }
 
-/// Notices by status; only `MANUAL` is indexed (what operators act on).
+/// Notices by status (every status is indexed: `MANUAL` for operators to resend, `UNREACHABLE`,
+/// `FAILED`, `SENT`, ... to see what became of an alert), oldest batch first.
 pub async fn list_notices(
     deps: &Deps,
     t: &TenantId,
@@ -427,16 +481,23 @@ pub async fn list_notices(
     limit: usize,
     cursor: Option<String>,
 ) -> CoreResult<NoticePage> {
-    if status != NoticeStatus::Manual.as_str() {
-        return Err(CoreError::invalid("status", "only MANUAL can be listed"));
-    }
-    let page = deps.table.query(&keys::manual_pk(t), "", QueryOpts { limit, cursor, descending: false }).await;
+    let Some(status) = NoticeStatus::ALL.into_iter().find(|s| s.as_str() == status) else {
+        let names: Vec<&str> = NoticeStatus::ALL.iter().map(|s| s.as_str()).collect();
+        return Err(CoreError::invalid("status", format!("must be one of {}", names.join(", "))));
+    };
+    let pk = keys::status_pk(t, status.as_str());
+    let page = deps.table.query(&pk, "", QueryOpts { limit, cursor, descending: false }).await;
     let page = page.map_err(CoreError::of_page_query)?;
-    let mut items = Vec::with_capacity(page.items.len());
-    for entry in &page.items {
-        let (Some(batch), Some(user)) = (entry.str("batch_no"), entry.str("user_id")) else { continue };
-        if let Some(notice) = deps.table.get(&keys::notice(t, batch, user)).await? {
-            items.push(notice.parse()?);
+    let keys: Vec<_> = page
+        .items
+        .iter()
+        .filter_map(|entry| Some(keys::notice(t, entry.str("batch_no")?, entry.str("user_id")?)))
+        .collect();
+    let mut items = Vec::with_capacity(keys.len());
+    for notice in deps.table.get_many(&keys).await?.into_iter().flatten() {
+        let notice: Notice = notice.parse()?;
+        if notice.status == status {
+            items.push(notice);
         }
     }
     Ok(NoticePage { items, next_cursor: page.next_cursor })

@@ -113,6 +113,18 @@ pub enum NoticeStatus {
 }
 
 impl NoticeStatus {
+    /// Every status, in the order of a notice's life.
+    pub const ALL: [NoticeStatus; 8] = [
+        Self::Pending,
+        Self::Sending,
+        Self::Sent,
+        Self::Failed,
+        Self::Manual,
+        Self::Unreachable,
+        Self::Cancelled,
+        Self::Resent,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Pending => "PENDING",

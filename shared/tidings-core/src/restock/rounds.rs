@@ -404,6 +404,8 @@ async fn claim(
             item: Item::new(keys::message_entry(t, &window.window_id, &batch), attrs_of(&item)?),
             cond: Cond::Always,
         });
+        // Its entry in the index of its status (`merge::list_notices`).
+        writes.push(merge::status_entry_write(t, NoticeStatus::Pending, &batch, &entry.user_id));
         // The `restock.notified` webhook event, in the notice's own transaction.
         let data = serde_json::json!({
             "sku_id": sku, "user_id": entry.user_id, "round": round,

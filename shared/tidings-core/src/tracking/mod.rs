@@ -331,6 +331,7 @@ mod tests {
             headers: Vec::new(),
             accepted_ms: None,
             priority: None,
+            one_attempt: false,
         };
         let hosts = LinkHosts { hosts: vec!["shop.example".into()], ..LinkHosts::default() };
         decorate_email(&c, &mut task, 0, &hosts);
@@ -360,6 +361,7 @@ mod tests {
             headers: Vec::new(),
             accepted_ms: None,
             priority: None,
+            one_attempt: false,
         };
         let hosts = LinkHosts { hosts: vec!["shop.example".into()], ..LinkHosts::default() };
         decorate_email(&c, &mut task, 0, &hosts);
@@ -386,6 +388,7 @@ mod tests {
             headers: Vec::new(),
             accepted_ms: None,
             priority: None,
+            one_attempt: false,
         }
     }
 
