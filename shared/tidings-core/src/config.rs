@@ -312,7 +312,7 @@ pub static VARIABLES: &[Variable] = &[
         "TIDINGS_PROVIDER_TIMEOUT_MS",
         ANY,
         "10000",
-        "a provider call longer than this has an unknown outcome: a transactional send is tried again, a marketing one is closed as `failed` (`outcome_unknown`)",
+        "a provider call longer than this has an unknown outcome: a transactional send is tried again, a marketing one is closed as `failed` (`outcome_unknown`); the call alone counts, not the wait at Tidings' own rate gates",
     ),
     var(
         "TIDINGS_HOLD_TIMES",
