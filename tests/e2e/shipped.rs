@@ -222,8 +222,11 @@ pub async fn a_day_of_a_shop_through_the_function_binaries() -> anyhow::Result<(
     // (under its policy: the finding moves from open to settled), and the next run is clean.
     {
         use tidings_core::ports::{Cond, Key, Table, Update};
+        // The stacks' DynamoDB, which is not the one of AWS_ENDPOINT_URL_DYNAMODB in `make test`.
+        let (url, _) = crate::lambda::dynamodb_urls()?;
+        let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest()).endpoint_url(url).load().await;
         let config = tidings_aws::AwsConfig { table: s.table.clone(), ..Default::default() };
-        let table = tidings_aws::AwsBackend::from_config(config).await.table();
+        let table = tidings_aws::AwsBackend::from_sdk_config(&sdk, config).table();
         let stock = Key::new("T#acme#SKU#sku-day", "STOCK");
         table.update(&stock, vec![Update::add("available", 1)], Cond::Exists).await?;
     }

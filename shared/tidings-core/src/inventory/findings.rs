@@ -153,10 +153,20 @@ pub struct SettleRequest {
     /// `corrective_entry` (a ledger entry alone makes the ledger agree with the counters) or
     /// `accepted` (the difference is known; it is not reported again).
     #[serde(default)]
+    #[schema(value_type = SettlementKind, required = true)]
     pub kind: String,
-    /// Why (required, at most 1000 characters): what was found, who was asked.
+    /// Why (required, at most 1000 characters, not blank): what was found, who was asked.
     #[serde(default)]
+    #[schema(required = true, min_length = 1, max_length = 1000, pattern = r"[^\s\u0085\u001c-\u001f\ufeff]")]
     pub reason: String,
+}
+
+/// Whether `text` says nothing: only characters that some regular-expression dialect calls
+/// space (Unicode's White_Space, and U+FEFF and U+001C–U+001F, which ECMAScript's and Python's
+/// `\s` add). The document's pattern for `reason` names the same set, so a reason a client's
+/// schema takes is never refused as blank, whichever dialect checks it.
+fn blank(text: &str) -> bool {
+    text.chars().all(|c| c.is_whitespace() || c == '\u{feff}' || ('\u{1c}'..='\u{1f}').contains(&c))
 }
 
 /// A cell's latest finding, kept in the tenant's partition for the runs to decide by.
@@ -327,7 +337,7 @@ pub async fn settle(deps: &Deps, id: &str, req: &SettleRequest, by: &str) -> Cor
     check_id("id", id)?;
     let kind = SettlementKind::parse(&req.kind)?;
     let reason = req.reason.trim();
-    if reason.is_empty() {
+    if blank(reason) {
         return Err(CoreError::invalid("reason", "required: say why the finding is settled"));
     }
     if reason.chars().count() > MAX_REASON {
@@ -454,4 +464,21 @@ async fn correction(
 
 fn show(c: Counters) -> String {
     format!("available {:+}, reserved {:+}, sold {:+}", c.available, c.reserved, c.sold)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::blank;
+
+    /// A reason is blank when every character is space in some dialect's `\s` (what the
+    /// document's pattern refuses), and not otherwise.
+    #[test]
+    fn a_blank_reason_is_what_the_documents_pattern_refuses() {
+        for text in ["", " ", "\t\n", "\u{85}", "\u{a0}\u{3000}", "\u{feff}", "\u{1c}\u{1f}"] {
+            assert!(blank(text), "{text:?}");
+        }
+        for text in ["x", " shelf count ", "\u{feff}a", "盘点"] {
+            assert!(!blank(text), "{text:?}");
+        }
+    }
 }
