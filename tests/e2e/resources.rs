@@ -87,8 +87,12 @@ pub async fn lists_erase_and_preview(backend: Backend) -> anyhow::Result<()> {
 
     let mut sent = Vec::new();
     for i in 0..4 {
-        let body = json!({"recipients": {"user_ids": ["u2"]}, "template_id": "t-a", "params": {"order_id": i.to_string()},
+        let mut body = json!({"recipients": {"user_ids": ["u2"]}, "template_id": "t-a", "params": {"order_id": i.to_string()},
             "category": "transactional", "channels": ["email"]});
+        if i == 1 {
+            // Scheduled for tomorrow, so that its cancel finds it unsent (a sent one is 409).
+            body["send_at"] = json!((chrono::Utc::now() + chrono::Duration::days(1)).to_rfc3339());
+        }
         let (st, v) = s.call("POST", "/v1/notifications", Some(body)).await?;
         assert_eq!(st, 202, "{v}");
         sent.push(v["notification_id"].as_str().unwrap().to_owned());
