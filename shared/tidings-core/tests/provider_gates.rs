@@ -124,23 +124,8 @@ async fn work(deps: &tidings_core::Deps) -> usize {
 /// The relay and the other queues one message at a time; the email queues as `tidings serve`
 /// runs them: batches of 10, two workers at once (their sends wait at the gate together).
 async fn pump(deps: &tidings_core::Deps, feed: &tidings_embedded::EmbeddedChangeFeed) {
-    use tidings_core::ports::ChangeFeed;
     loop {
-        let mut did = 0;
-        let records = feed.next_batch(1000).await.unwrap();
-        if !records.is_empty() {
-            tidings_core::notify::relay::handle_changes(deps, &records).await.unwrap();
-            feed.commit(&records).await.unwrap();
-            did += records.len();
-        }
-        for q in messages::ALL_QUEUES.iter().filter(|q| messages::is_consumed(q) && !q.starts_with("email")) {
-            let got = deps.queues.receive(q, 10, Duration::from_secs(60), Duration::ZERO).await.unwrap();
-            for m in &got {
-                let outcome = messages::dispatch(deps, q, m).await;
-                messages::settle(deps.queues.as_ref(), q, m, &outcome, deps.clock.now(), true).await.unwrap();
-            }
-            did += got.len();
-        }
+        let did = tidings_embedded::test_world::pass(deps, feed, |q| !q.starts_with("email")).await;
         let (a, b) = tokio::join!(work(deps), work(deps));
         if did + a + b == 0 {
             return;

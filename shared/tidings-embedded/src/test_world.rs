@@ -58,33 +58,31 @@ impl TestWorld {
 /// runtime does: each change relayed and committed, each message dispatched to its lane's
 /// handler and settled. Work delayed on the clock (a retry's backoff) waits for the clock.
 pub async fn drain(deps: &Deps, feed: &EmbeddedChangeFeed) {
+    while pass(deps, feed, |_| true).await > 0 {}
+}
+
+/// One pass of [`drain`] over the queues `take` names: the visible changes relayed and committed,
+/// then up to 10 visible messages of each consumed queue dispatched and settled one at a time.
+/// Returns how many changes and messages it handled (0: nothing was visible).
+pub async fn pass(deps: &Deps, feed: &EmbeddedChangeFeed, take: impl Fn(&str) -> bool) -> usize {
     use tidings_core::ports::ChangeFeed;
-    loop {
-        let mut did = 0;
-        let records = feed.next_batch(1000).await.unwrap();
-        if !records.is_empty() {
-            tidings_core::notify::relay::handle_changes(deps, &records).await.unwrap();
-            feed.commit(&records).await.unwrap();
-            did += records.len();
-        }
-        for q in ALL_QUEUES.iter().filter(|q| tidings_core::messages::is_consumed(q)) {
-            let got = deps
-                .queues
-                .receive(q, 10, std::time::Duration::from_secs(60), std::time::Duration::ZERO)
-                .await
-                .unwrap();
-            for m in &got {
-                let outcome = tidings_core::messages::dispatch(deps, q, m).await;
-                tidings_core::messages::settle(deps.queues.as_ref(), q, m, &outcome, deps.clock.now(), true)
-                    .await
-                    .unwrap();
-            }
-            did += got.len();
-        }
-        if did == 0 {
-            return;
-        }
+    let mut did = 0;
+    let records = feed.next_batch(1000).await.unwrap();
+    if !records.is_empty() {
+        tidings_core::notify::relay::handle_changes(deps, &records).await.unwrap();
+        feed.commit(&records).await.unwrap();
+        did += records.len();
     }
+    for q in ALL_QUEUES.iter().filter(|q| tidings_core::messages::is_consumed(q) && take(q)) {
+        let got =
+            deps.queues.receive(q, 10, std::time::Duration::from_secs(60), std::time::Duration::ZERO).await.unwrap();
+        for m in &got {
+            let outcome = tidings_core::messages::dispatch(deps, q, m).await;
+            tidings_core::messages::settle(deps.queues.as_ref(), q, m, &outcome, deps.clock.now(), true).await.unwrap();
+        }
+        did += got.len();
+    }
+    did
 }
 
 /// How a [`TestWorld`] is made; every part has a default: a manual clock at [`DEFAULT_START`],
