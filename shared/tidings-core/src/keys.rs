@@ -103,8 +103,25 @@ pub fn notification(t: &TenantId, id: &str) -> Key {
 }
 
 pub fn delivery(t: &TenantId, notification_id: &str, user_id: &str, channel: Channel) -> Key {
-    Key::new(notification_pk(t, notification_id), format!("D#{user_id}#{channel}"))
+    delivery_at(t, notification_id, user_id, channel, None)
 }
+
+/// A delivery of a workflow's send step `step` (`None`: a template send's delivery): a
+/// workflow may send on one channel in several steps.
+pub fn delivery_at(t: &TenantId, notification_id: &str, user_id: &str, channel: Channel, step: Option<u32>) -> Key {
+    match step {
+        None => Key::new(notification_pk(t, notification_id), format!("D#{user_id}#{channel}")),
+        Some(s) => Key::new(notification_pk(t, notification_id), format!("D#{user_id}#{channel}#{s}")),
+    }
+}
+
+/// A workflow run: one per (notification, recipient) (`crate::workflows::run`).
+pub fn run(t: &TenantId, notification_id: &str, user_id: &str) -> Key {
+    Key::new(notification_pk(t, notification_id), format!("{RUN_PREFIX}{user_id}"))
+}
+
+/// The sort-key prefix of a notification's runs.
+pub const RUN_PREFIX: &str = "R#";
 
 /// The sort-key prefix of a notification's send batches (`crate::notify::batch`).
 pub const SEND_BATCH_PREFIX: &str = "B#";

@@ -36,6 +36,7 @@ pub mod timers;
 pub mod tracking;
 pub mod webhook_targets;
 pub mod webhooks;
+pub mod workflows;
 
 pub use config::CoreConfig;
 pub use deps::Deps;

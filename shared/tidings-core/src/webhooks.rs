@@ -486,13 +486,19 @@ pub fn delivery_event(
         S::Failed | S::Dead => EventType::DeliveryFailed,
         _ => return None,
     };
-    let channel = delivery_sk.rsplit('#').next().unwrap_or_default();
-    let data = json!({
+    // `D#{user}#{channel}`, or a workflow step's `D#{user}#{channel}#{step}`.
+    let rest = delivery_sk.strip_prefix("D#").and_then(|r| r.strip_prefix(user_id)).unwrap_or_default();
+    let mut parts = rest.trim_start_matches('#').split('#');
+    let channel = parts.next().unwrap_or_default();
+    let mut data = json!({
         "notification_id": notification_id,
         "user_id": user_id,
         "channel": channel,
         "status": to.as_str(),
     });
+    if let Some(step) = parts.next().and_then(|s| s.parse::<u32>().ok()) {
+        data["step"] = json!(step);
+    }
     Some(Event::of(deps, t, kind, &[notification_id, delivery_sk], data))
 }
 

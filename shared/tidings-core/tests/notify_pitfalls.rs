@@ -1030,6 +1030,7 @@ async fn an_erased_users_unsubscribe_link_writes_nothing() {
         u: "u1".into(),
         c: Channel::Email,
         url: None,
+        s: None,
     };
     let prefs_item = || async {
         let prefs = preferences::get(&w.deps, &w.t, "u1").await.unwrap();

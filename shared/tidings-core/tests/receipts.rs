@@ -229,7 +229,7 @@ async fn opens_and_clicks_are_queued_then_applied_once() {
     .unwrap();
     let id = api::accept(&w.deps, &w.t, req).await.unwrap().notification_id;
     drain(&w).await;
-    let claims = |k| Claims { k, t: w.t.clone(), n: id.clone(), u: "u1".into(), c: Channel::Email, url: None };
+    let claims = |k| Claims { k, t: w.t.clone(), n: id.clone(), u: "u1".into(), c: Channel::Email, url: None, s: None };
     let opened_at = w.deps.clock.now();
     tracking::queue(&w.deps, &claims(TokenKind::Open)).await.unwrap();
     tracking::queue(&w.deps, &claims(TokenKind::Click)).await.unwrap();

@@ -589,6 +589,7 @@ async fn a_run_that_lost_its_page_lease_creates_no_batch() {
             accepted_ms: Some(0),
             priority: None,
             one_attempt: false,
+            step: None,
         })
         .collect();
     let packed = pack(&w.t, &n, 0, 0, sends.clone(), "now");

@@ -26,7 +26,16 @@ pub struct InboxMessage {
 /// The message id of a notification in a user's inbox: ordered by the notification's time and
 /// deterministic, so a repeated orchestration writes the same item.
 pub fn message_id(n: &Notification) -> String {
-    format!("{:015}-{}", n.created_ms.max(0), n.notification_id)
+    message_id_at(n, None)
+}
+
+/// The message id of a notification's in-app message, or of a workflow's send step `step`
+/// (a workflow may put several messages in one inbox).
+pub fn message_id_at(n: &Notification, step: Option<u32>) -> String {
+    match step {
+        None => format!("{:015}-{}", n.created_ms.max(0), n.notification_id),
+        Some(s) => format!("{:015}-{}-{s}", n.created_ms.max(0), n.notification_id),
+    }
 }
 
 /// The writes that put a message in the inbox once and count it unread.
@@ -34,12 +43,13 @@ pub fn message_writes(
     t: &TenantId,
     user_id: &str,
     n: &Notification,
+    step: Option<u32>,
     title: String,
     body: String,
     created_at: &str,
 ) -> CoreResult<Vec<Write>> {
     let message = InboxMessage {
-        message_id: message_id(n),
+        message_id: message_id_at(n, step),
         title,
         body,
         created_at: created_at.to_owned(),

@@ -82,6 +82,26 @@ async fn accept_as(deps: &Deps, t: &TenantId, mut req: NotificationRequest, one_
     let hash = body_hash(&req)?;
     let now = deps.clock.now();
     req.validate_schedule(now)?;
+    // A workflow send: the version its runs follow, and its category (after the hash: the same
+    // body repeated is the same request whatever the workflow became).
+    let workflow = match &req.workflow_id {
+        Some(id) => {
+            let Some(wf) = crate::workflows::get_workflow(deps, t, id).await? else {
+                if let Some(key) = req.idempotency_key.as_deref()
+                    && let Some(earlier) = repeat_of(deps, t, key, &hash, &req).await?
+                {
+                    return Ok(earlier);
+                }
+                return Err(CoreError::invalid(
+                    "workflow_id",
+                    format!("no workflow {id}: create it with PUT /v1/workflows/{id}"),
+                ));
+            };
+            req.category = Some(wf.category);
+            Some(crate::workflows::WorkflowRef { workflow_id: wf.workflow_id, version: wf.version, required: wf.required })
+        }
+        None => None,
+    };
     // Per-requester limits, counted in this transaction: a repeat fails on its idempotency
     // record first and counts nothing.
     let limits = match &requester {
@@ -106,6 +126,7 @@ async fn accept_as(deps: &Deps, t: &TenantId, mut req: NotificationRequest, one_
         user_triggered: requester.is_some(),
         verified_at: None,
         one_attempt,
+        workflow,
     };
     let mut writes = Vec::with_capacity(2);
     let idem_key = notification.request.idempotency_key.as_deref().map(|k| keys::idempotency(t, "notification", k));
@@ -125,7 +146,11 @@ async fn accept_as(deps: &Deps, t: &TenantId, mut req: NotificationRequest, one_
     // What can be checked before answering (docs/delivery.md, "Accept: checked before it
     // answers"): the template, read once, and the placeholders the params must give. A repeat of
     // a request accepted before its template changed answers as a repeat.
-    if let Err(refused) = super::params::check_template(deps, t, &notification.request).await {
+    let checked = match notification.workflow {
+        Some(_) => Ok(()),
+        None => super::params::check_template(deps, t, &notification.request).await.map(|_| ()),
+    };
+    if let Err(refused) = checked {
         if let Some(key) = notification.request.idempotency_key.as_deref()
             && let Some(earlier) = repeat_of(deps, t, key, &hash, &notification.request).await?
         {
@@ -277,7 +302,7 @@ pub async fn view_of(deps: &Deps, t: &TenantId, n: Notification) -> CoreResult<N
     Ok(NotificationView {
         notification_id: n.notification_id,
         status,
-        category: n.request.category,
+        category: n.request.category(),
         priority: n.priority,
         priority_requested: n.priority_lowered.map(|_| n.request.priority()),
         priority_lowered: n.priority_lowered,

@@ -136,6 +136,7 @@ impl SendBatch {
                 deferred_until: None,
                 category: self.category,
                 updated_at: e.updated_at.clone().unwrap_or_else(|| self.updated_at.clone()),
+                step: None,
             })
             .collect()
     }
@@ -244,7 +245,7 @@ impl PageLease {
 /// batches.
 pub fn needs_page_lease(n: &Notification) -> bool {
     let channels = n.request.channels.as_deref().unwrap_or(&Channel::ALL[..]);
-    channels.iter().any(|&c| batchable(n.request.category, c))
+    channels.iter().any(|&c| batchable(n.request.category(), c))
 }
 
 /// Takes the page's lease for `hold_ms`, unless another run holds it (then `None`).
@@ -608,6 +609,7 @@ mod tests {
             user_triggered: false,
             verified_at: None,
             one_attempt: false,
+            workflow: None,
         }
     }
 
@@ -629,6 +631,7 @@ mod tests {
                 accepted_ms: Some(0),
                 priority: None,
                 one_attempt: false,
+                step: None,
             })
             .collect()
     }

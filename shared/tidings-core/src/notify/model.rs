@@ -48,10 +48,18 @@ pub struct NotificationRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
     pub recipients: Recipients,
+    /// The template to send (or `workflow_id`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub template_id: String,
+    /// The workflow to run for each recipient (then no `template_id`, `category` or
+    /// `channels`: the workflow has them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workflow_id: Option<String>,
     #[serde(default = "empty_object")]
     pub params: Value,
-    pub category: Category,
+    /// Required with `template_id`; a workflow has its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub category: Option<Category>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub channels: Option<Vec<Channel>>,
     /// Default: transactional `high`, marketing `low`. `high` is granted only to a
@@ -116,7 +124,24 @@ impl NotificationRequest {
                 "must be 1 to 200 characters, without # or control characters",
             ));
         }
-        check_id("template_id", &self.template_id)?;
+        match (&self.workflow_id, self.template_id.is_empty()) {
+            (Some(w), true) => {
+                check_id("workflow_id", w)?;
+                if self.category.is_some() {
+                    return Err(CoreError::invalid("category", "a workflow send takes its workflow's category: omit it"));
+                }
+                if self.channels.is_some() {
+                    return Err(CoreError::invalid("channels", "a workflow send takes its workflow's channels: omit them"));
+                }
+            }
+            (None, false) => {
+                check_id("template_id", &self.template_id)?;
+                if self.category.is_none() {
+                    return Err(CoreError::invalid("category", "required: transactional or marketing"));
+                }
+            }
+            _ => return Err(CoreError::invalid("template_id", "give exactly one of template_id or workflow_id")),
+        }
         if let Some(r) = &self.requester {
             if let Some(ip) = &r.ip
                 && ip.parse::<std::net::IpAddr>().is_err()
@@ -183,7 +208,7 @@ impl NotificationRequest {
     /// The priority asked for: `priority` as sent, else the category's default (transactional
     /// `high`, marketing `low`). What it gets is [`Self::granted_priority`].
     pub fn priority(&self) -> Priority {
-        self.priority.unwrap_or(match self.category {
+        self.priority.unwrap_or(match self.category() {
             Category::Transactional => Priority::High,
             Category::Marketing => Priority::Low,
         })
@@ -201,7 +226,7 @@ impl NotificationRequest {
         }
         let lowered = if self.recipients.segment.is_some() {
             Some(PriorityLowered::Segment)
-        } else if self.category == Category::Marketing {
+        } else if self.category() == Category::Marketing {
             Some(PriorityLowered::Marketing)
         } else if self.user_ids().len() > MAX_HIGH_RECIPIENTS {
             Some(PriorityLowered::TooManyRecipients)
@@ -212,6 +237,11 @@ impl NotificationRequest {
             Some(reason) => (Priority::Normal, Some(reason)),
             None => (Priority::High, None),
         }
+    }
+
+    /// The category: as sent, or (a workflow send) its workflow's, set at accept.
+    pub fn category(&self) -> Category {
+        self.category.unwrap_or(Category::Transactional)
     }
 
     /// The recipients' user ids, without duplicates, in the order given.
@@ -300,6 +330,9 @@ pub struct Notification {
     /// the failure). Never set through the API.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub one_attempt: bool,
+    /// A workflow send: the workflow and the version its runs follow.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workflow: Option<crate::workflows::WorkflowRef>,
 }
 
 impl Notification {
@@ -368,6 +401,9 @@ pub struct Delivery {
     pub deferred_until: Option<String>,
     pub category: Category,
     pub updated_at: String,
+    /// A workflow's send step (its index): a workflow may send on one channel in several steps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<u32>,
 }
 
 /// The request queue message: which notification to orchestrate. For a campaign (a segment),
@@ -424,9 +460,18 @@ pub struct ChannelTask {
     /// channel's own retries, for its notification's creator to retry ([`Notification::one_attempt`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub one_attempt: bool,
+    /// A workflow's send step: its delivery is `D#{user}#{channel}#{step}`, and its end wakes
+    /// the run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<u32>,
 }
 
 impl ChannelTask {
+    /// The key of its delivery.
+    pub fn delivery_key(&self) -> crate::ports::Key {
+        crate::keys::delivery_at(&self.tenant, &self.notification_id, &self.user_id, self.channel, self.step)
+    }
+
     /// Its notification's priority.
     pub fn priority(&self) -> Priority {
         self.priority.unwrap_or(match self.category {
@@ -506,6 +551,7 @@ impl SendBatchTask {
             accepted_ms: self.accepted_ms,
             priority: self.priority,
             one_attempt: false,
+            step: None,
         }
     }
 }

@@ -122,6 +122,10 @@ pub(crate) async fn orchestrate_page(
     page: u64,
     users: &[(String, Option<User>)],
 ) -> CoreResult<()> {
+    // A workflow send: a run per user, driven by the engine (`crate::workflows::run`).
+    if let Some(wref) = &n.workflow {
+        return crate::workflows::run::start_page(deps, t, n, wref, page, users).await;
+    }
     // A page that may make send batches is planned by one run at a time (`batch::PageLease`);
     // a second run at the same time waits for the message's retry.
     let lease = if batch::needs_page_lease(n) {
@@ -193,6 +197,7 @@ async fn plan_page(
             Planned::Requeue(key, queue, task) => {
                 requeued.entry(key).or_insert_with(|| (queue, Vec::new())).1.push(task)
             }
+            Planned::Defer(_) => {}
         }
     }
     // The page's new send batches, created with their counters; the pending ones of an earlier
@@ -240,7 +245,7 @@ fn prefetch_keys(deps: &Deps, t: &TenantId, n: &Notification, users: &[(String, 
         None => Channel::ALL.to_vec(),
     };
     let now = deps.clock.now();
-    let marketing = n.request.category != super::model::Category::Transactional;
+    let marketing = n.request.category() != super::model::Category::Transactional;
     let mut keys = Vec::with_capacity(users.len() * (1 + 3 * channels.len()));
     let no_prefs = preferences::Preferences::default();
     for (user_id, user) in users {
@@ -281,6 +286,8 @@ enum Planned {
     /// A member of a send batch an earlier run made, still `pending`: rendered again for the
     /// batch's message.
     Requeue(Key, String, ChannelTask),
+    /// A workflow's send held back (quiet hours, `local_time`) until then: the run waits.
+    Defer(chrono::DateTime<chrono::Utc>),
 }
 
 /// The per-user code: policy, channels, one delivery per channel.
@@ -300,7 +307,8 @@ async fn plan_user(
     let r = Recipient { user_id, user, prefs: &prefs, devices: &devices };
     let mut out = Vec::new();
     for channel in channels_for(n, &r, template) {
-        if let Some(planned) = plan_delivery(&Planning { deps, t, n, r: &r, template, hosts, channel, batches }).await?
+        if let Some(planned) =
+            plan_delivery(&Planning { deps, t, n, r: &r, template, hosts, channel, batches, step: None }).await?
         {
             out.push(planned);
         }
@@ -347,7 +355,7 @@ pub async fn resume_deferred(
     let devices = devices_if_push(deps, t, &n, user_id).await?;
     let r = Recipient { user_id, user: user.as_ref(), prefs: &prefs, devices: &devices };
     let planning =
-        Planning { deps, t, n: &n, r: &r, template: template.as_ref(), hosts: &hosts, channel, batches: None };
+        Planning { deps, t, n: &n, r: &r, template: template.as_ref(), hosts: &hosts, channel, batches: None, step: None };
     if let Some(Planned::Task(queue, task) | Planned::Batch(queue, task) | Planned::Requeue(_, queue, task)) =
         plan_delivery(&planning).await?
     {
@@ -355,6 +363,94 @@ pub async fn resume_deferred(
         deps.queues.send_batch(&queue, vec![OutMessage::new(body).for_tenant(t)]).await?;
     }
     Ok(())
+}
+
+/// What a workflow's send step made of one channel ([`plan_step_send`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum StepSend {
+    /// Queued for its channel worker (or still on its way from an earlier drive).
+    Queued,
+    /// Sent already (an in-app message is at once).
+    Sent,
+    /// Not sent: the reason (`no_address`, `channel_off`, `workflow_off`, …).
+    Suppressed(String),
+    /// Cannot be sent (a render error), or failed for good.
+    Failed(String),
+    /// Held back until then (quiet hours, `local_time`).
+    Deferred(chrono::DateTime<chrono::Utc>),
+}
+
+/// Plans one delivery of a workflow's send step `step` on `channel` (the same checks, content,
+/// delivery record and task as a template send, the delivery `D#{user}#{channel}#{step}`,
+/// counted in the run's page) and queues its task; what it made of it, from the delivery. A
+/// second call for the same step finds the delivery and queues nothing new (a still pending one
+/// again: the worker deduplicates).
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn plan_step_send(
+    deps: &Deps,
+    t: &TenantId,
+    n: &Notification,
+    page: u64,
+    user_id: &str,
+    user: Option<&User>,
+    channel: Channel,
+    step: u32,
+) -> CoreResult<StepSend> {
+    let template = templates::get_template(deps, t, &n.request.template_id).await?;
+    let hosts = match channel {
+        Channel::Email => crate::tracking::link_hosts_for(deps, t, template.as_ref()).await?,
+        _ => LinkHosts::default(),
+    };
+    let prefs = preferences::get(deps, t, user_id).await?;
+    let devices = match channel {
+        Channel::Push => devices::list(deps, t, user_id).await?,
+        _ => Vec::new(),
+    };
+    let r = Recipient { user_id, user, prefs: &prefs, devices: &devices };
+    let writer = std::sync::Arc::new(campaign::PageWriter::new(
+        deps.table.clone(),
+        t,
+        &n.notification_id,
+        page,
+        deps.clock.now_ms(),
+    ));
+    let page_deps = Deps { table: writer.clone(), ..deps.clone() };
+    let planning = Planning {
+        deps: &page_deps,
+        t,
+        n,
+        r: &r,
+        template: template.as_ref(),
+        hosts: &hosts,
+        channel,
+        batches: None,
+        step: Some(step),
+    };
+    let planned = plan_delivery(&planning).await?;
+    let skip = writer.flush().await?;
+    let key = keys::delivery_at(t, &n.notification_id, user_id, channel, Some(step));
+    match planned {
+        Some(Planned::Defer(until)) => return Ok(StepSend::Deferred(until)),
+        Some(Planned::Task(queue, task) | Planned::Batch(queue, task) | Planned::Requeue(_, queue, task))
+            if !skip.contains(&key) =>
+        {
+            let body = serde_json::to_string(&task).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            deps.queues.send_batch(&queue, vec![OutMessage::new(body).for_tenant(t)]).await?;
+        }
+        _ => {}
+    }
+    let Some(item) = deps.table.get(&key).await? else {
+        return Err(StoreError::Invalid("a step's delivery was not written".into()).into());
+    };
+    let d: Delivery = item.parse()?;
+    Ok(match d.status {
+        DeliveryStatus::Pending | DeliveryStatus::Sending => StepSend::Queued,
+        DeliveryStatus::Sent | DeliveryStatus::Delivered | DeliveryStatus::Opened | DeliveryStatus::Clicked => {
+            StepSend::Sent
+        }
+        DeliveryStatus::Suppressed => StepSend::Suppressed(d.reason.unwrap_or_default()),
+        DeliveryStatus::Failed | DeliveryStatus::Dead => StepSend::Failed(d.last_error.unwrap_or_default()),
+    })
 }
 
 /// The user's devices, read only when push may be used (one query less per user otherwise).
@@ -403,8 +499,9 @@ fn new_delivery(n: &Notification, user_id: &str, channel: Channel, now: &str) ->
         lease_until_ms: None,
         provider_message_id: None,
         deferred_until: None,
-        category: n.request.category,
+        category: n.request.category(),
         updated_at: now.to_owned(),
+        step: None,
     }
 }
 
@@ -464,12 +561,15 @@ struct Planning<'a> {
     channel: Channel,
     /// In a page: its send batches made already (a marketing push or SMS is sent through one).
     batches: Option<&'a batch::PageBatches>,
+    /// A workflow's send step: its own delivery (`keys::delivery_at`), and a deferral handed back
+    /// to the run ([`Planned::Defer`]) instead of a deferred delivery.
+    step: Option<u32>,
 }
 
 impl Planning<'_> {
     /// Whether this delivery goes through a send batch (docs/delivery.md, "Send batches").
     fn batched(&self) -> bool {
-        self.batches.is_some() && batch::batchable(self.n.request.category, self.channel)
+        self.batches.is_some() && batch::batchable(self.n.request.category(), self.channel)
     }
 }
 
@@ -480,7 +580,7 @@ impl Planning<'_> {
 async fn plan_delivery(p: &Planning<'_>) -> CoreResult<Option<Planned>> {
     let Planning { deps, t, n, r, channel, .. } = *p;
     let user_id = r.user_id;
-    let key = keys::delivery(t, &n.notification_id, user_id, channel);
+    let key = keys::delivery_at(t, &n.notification_id, user_id, channel, p.step);
     // A member of a batch made already: fixed there (queued again while it is pending).
     if p.batched()
         && let Some((batch_key, pending)) = p.batches.and_then(|b| b.by_user.get(user_id))
@@ -499,6 +599,7 @@ async fn plan_delivery(p: &Planning<'_>) -> CoreResult<Option<Planned>> {
         Start::Planned => return Ok(None),
     };
     let mut delivery = new_delivery(n, user_id, channel, &now);
+    delivery.step = p.step;
     // An erased user gets nothing (`crate::people::erasure`).
     if crate::people::erasure::stops_planning(deps, t, n, user_id, r.user).await? {
         delivery.status = DeliveryStatus::Suppressed;
@@ -513,6 +614,7 @@ async fn plan_delivery(p: &Planning<'_>) -> CoreResult<Option<Planned>> {
             write_final(deps, t, n, key, &delivery, deferred).await?;
             return Ok(None);
         }
+        Verdict::Defer(until, _) if p.step.is_some() => return Ok(Some(Planned::Defer(until))),
         Verdict::Defer(until, why) => {
             defer(deps, t, n, key, &mut delivery, deferred, until, why).await?;
             return Ok(None);
@@ -679,7 +781,8 @@ fn content_of(p: &Planning<'_>, to: String) -> Result<Content, String> {
     if channel == Channel::Inapp {
         return Ok(Content::Inbox(rendered));
     }
-    let (queue, task) = task_of(deps, t, n, r.user_id, channel, to, rendered, hosts);
+    let (queue, mut task) = task_of(deps, t, n, r.user_id, channel, to, rendered, hosts);
+    task.step = p.step;
     if p.batched() && !batch::fits(&task) {
         return Err(format!(
             "too_large: the {channel} does not fit a send batch message of at most {} bytes",
@@ -738,6 +841,7 @@ async fn write_planned(
             t,
             &delivery.user_id,
             n,
+            delivery.step,
             rendered.subject.unwrap_or_default(),
             rendered.body,
             &delivery.updated_at,
@@ -781,7 +885,7 @@ fn task_of(
         notification_id: n.notification_id.clone(),
         user_id: user_id.to_owned(),
         channel,
-        category: n.request.category,
+        category: n.request.category(),
         to,
         subject: rendered.subject,
         body: rendered.body,
@@ -790,6 +894,7 @@ fn task_of(
         accepted_ms: Some(n.created_ms),
         priority: Some(n.priority),
         one_attempt: n.one_attempt,
+        step: None,
     };
     if channel == Channel::Email {
         crate::tracking::decorate_email(&deps.config, &mut task, deps.clock.now().timestamp(), hosts);

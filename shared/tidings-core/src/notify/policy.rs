@@ -134,7 +134,7 @@ pub async fn check(
     r: &Recipient<'_>,
     channel: Channel,
 ) -> CoreResult<Verdict> {
-    let category = n.request.category;
+    let category = n.request.category();
     let transactional = category == Category::Transactional;
     if !transactional && r.prefs.unsubscribe_all {
         return Ok(Verdict::Suppress(SuppressReason::Unsubscribed));

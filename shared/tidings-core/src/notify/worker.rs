@@ -113,7 +113,7 @@ fn now_str(deps: &Deps) -> String {
 /// One task through the four steps: a batch of one, with every case a batch leaves alone.
 #[instrument(skip(deps, t, task), fields(tenant = %t, notification_id = %task.notification_id, channel = %task.channel))]
 async fn deliver(deps: &Deps, t: &TenantId, task: &ChannelTask, receive_count: u32) -> CoreResult<Outcome> {
-    let key = keys::delivery(t, &task.notification_id, &task.user_id, task.channel);
+    let key = task.delivery_key();
     let now_ms = deps.clock.now_ms();
     if let Some(reason) = stopped(deps, t, task).await? {
         close_stopped(deps, t, task, &key, reason, now_ms).await?;
@@ -195,7 +195,7 @@ async fn select_batch<'a>(deps: &Deps, tasks: &'a [Task<ChannelTask>]) -> CoreRe
     let mut status: std::collections::HashMap<&str, Option<NotificationStatus>> = Default::default();
     for (i, Task { body: task, .. }) in tasks.iter().enumerate() {
         let t = &task.tenant;
-        let key = keys::delivery(t, &task.notification_id, &task.user_id, task.channel);
+        let key = task.delivery_key();
         // Transactional messages one by one: a crash after a provider call then costs at most
         // the one duplicate the two-phase send promises, not one per message of the batch.
         if task.category == Category::Transactional || !seen.insert(key.clone()) {
@@ -666,6 +666,8 @@ async fn record_all(deps: &Deps, claimed: &[Claimed<'_>], attempts: Vec<Attempt>
     let mut receipts = Vec::new();
     let mut sent = 0usize;
     let mut released = 0usize;
+    // Workflow sends that ended here: their runs are woken once recorded.
+    let mut ended_steps: Vec<&ChannelTask> = Vec::new();
     for (c, attempt) in claimed.iter().zip(attempts) {
         let settled = match attempt {
             Attempt::Called(provider, result) => settle(deps, c.task, &provider, c.attempts, c.receive_count, result),
@@ -705,6 +707,9 @@ async fn record_all(deps: &Deps, claimed: &[Claimed<'_>], attempts: Vec<Attempt>
                 }
             }
         }
+        if c.task.step.is_some() && !settled.to.is_open() {
+            ended_steps.push(c.task);
+        }
         transitions.push(c.moved_to(settled.to, settled.updates));
         outcomes.push(settled.outcome);
     }
@@ -729,6 +734,12 @@ async fn record_all(deps: &Deps, claimed: &[Claimed<'_>], attempts: Vec<Attempt>
         Ok(()) => {
             for _ in 0..sent {
                 crate::crash::point("worker.after_sent");
+            }
+            // A lost wake costs only time: the run's own check finds the end.
+            for task in ended_steps {
+                if let Err(e) = crate::workflows::run::wake_soon(deps, task).await {
+                    warn!(error = %e, "the run of a workflow send was not woken; its check will find the end");
+                }
             }
         }
         Err(e) => {

@@ -6,7 +6,6 @@
 use serde::Serialize;
 
 use crate::deps::Deps;
-use crate::keys;
 use crate::messages::Rejected;
 use crate::notify::model::{ChannelMessage, ChannelTask, Delivery};
 use crate::ports::Received;
@@ -98,7 +97,7 @@ pub async fn explain(deps: &Deps, m: &Received) -> DeadLetter {
     letter.notification_id = Some(task.notification_id.clone());
     letter.user_id = Some(task.user_id.clone());
     letter.channel = Some(task.channel.to_string());
-    let key = keys::delivery(&task.tenant, &task.notification_id, &task.user_id, task.channel);
+    let key = task.delivery_key();
     letter.reason = match deps.table.get(&key).await.map(|i| i.map(|i| i.parse::<Delivery>())) {
         Ok(Some(Ok(d))) => {
             let reason = format!(

@@ -515,6 +515,18 @@ fn check_field(field: Field, text: &str, html: bool, params: &Value) -> Result<(
     }
 }
 
+/// Checks a short template of the params (a workflow's digest or throttle `key`) as a
+/// template field is checked at save: syntax and the sandbox.
+pub fn check_fragment(text: &str) -> Result<(), String> {
+    compiled(text, false, UndefinedBehavior::Chainable).map(|_| ()).map_err(|e| e.message())
+}
+
+/// Renders a short template of the params (a workflow's `key`): an undefined placeholder is
+/// empty, the output at most 500 bytes.
+pub fn render_fragment(text: &str, params: &Value) -> Result<String, TemplateError> {
+    render_source(Field::InappTitle, text, false, params, 500, UndefinedBehavior::Chainable)
+}
+
 /// Renders one field, within its limits (`html`: its placeholders escaped as HTML).
 fn render_field(field: Field, text: &str, html: bool, params: &Value, cap: usize) -> Result<String, TemplateError> {
     render_source(field, text, html, params, cap, UndefinedBehavior::Strict)

@@ -183,6 +183,14 @@ async fn run(deps: &Deps, task: &TimerTask) -> CoreResult<()> {
         TimerTask::DeferredDelivery { tenant, notification_id, user_id, channel } => {
             crate::notify::orchestrator::resume_deferred(deps, tenant, notification_id, user_id, *channel).await
         }
+        TimerTask::WorkflowResume { tenant, notification_id, user_id, node, check } => {
+            let wake = crate::workflows::run::Wake::Resume { node: *node, check: *check };
+            crate::workflows::run::wake(deps, tenant, notification_id, user_id, wake).await
+        }
+        TimerTask::WorkflowDigest { tenant, notification_id, user_id, node, window } => {
+            let wake = crate::workflows::run::Wake::Digest { node: *node, window: window.clone() };
+            crate::workflows::run::wake(deps, tenant, notification_id, user_id, wake).await
+        }
         TimerTask::Tracked { claims, at_ms } => crate::tracking::apply(deps, claims, *at_ms).await,
     }
 }

@@ -55,6 +55,13 @@ pub enum TimerTask {
     /// A marketing delivery held back by the user's quiet hours: plan it again.
     #[serde(rename = "delivery.resume")]
     DeferredDelivery { tenant: TenantId, notification_id: String, user_id: String, channel: crate::ports::Channel },
+    /// A workflow run's step is due: a delay's end, a deferred send, a fallback's check
+    /// (`check`), or the end of one of its sends (`crate::workflows::run`).
+    #[serde(rename = "workflow.resume")]
+    WorkflowResume { tenant: TenantId, notification_id: String, user_id: String, node: u32, check: bool },
+    /// A digest window's close: the run that leads it goes on with its events.
+    #[serde(rename = "workflow.digest")]
+    WorkflowDigest { tenant: TenantId, notification_id: String, user_id: String, node: u32, window: String },
     /// An open or a click, queued by the tracking routes before they answer (in Lambda an
     /// environment is frozen once it has answered, so nothing may be left to do after it).
     #[serde(rename = "tracking.event")]

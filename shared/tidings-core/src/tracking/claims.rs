@@ -41,4 +41,7 @@ pub struct Claims {
     /// The click's target.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
+    /// A workflow's send step (its delivery's key).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub s: Option<u32>,
 }

@@ -51,7 +51,15 @@ pub fn verify(config: &CoreConfig, kind: TokenKind, token: &str, now_s: i64) -> 
 }
 
 fn claims_for(task: &ChannelTask, k: TokenKind, url: Option<String>) -> Claims {
-    Claims { k, t: task.tenant.clone(), n: task.notification_id.clone(), u: task.user_id.clone(), c: task.channel, url }
+    Claims {
+        k,
+        t: task.tenant.clone(),
+        n: task.notification_id.clone(),
+        u: task.user_id.clone(),
+        c: task.channel,
+        url,
+        s: task.step,
+    }
 }
 
 /// The hosts a tenant's tracked links may lead to: `shop.example`, or `*.shop.example` for
@@ -222,7 +230,7 @@ pub async fn apply(deps: &Deps, claims: &Claims, at_ms: i64) -> CoreResult<()> {
         TokenKind::Unsubscribe => return Ok(()),
     };
     let t = &claims.t;
-    let key = keys::delivery(t, &claims.n, &claims.u, claims.c);
+    let key = keys::delivery_at(t, &claims.n, &claims.u, claims.c, claims.s);
     let rank = |s: DeliveryStatus| match s {
         DeliveryStatus::Sent | DeliveryStatus::Delivered => Some(0),
         DeliveryStatus::Opened => Some(1),
@@ -297,6 +305,7 @@ mod tests {
             u: "u1".into(),
             c: Channel::Email,
             url: Some("https://shop.example/x?a=1&b=2".into()),
+            s: None,
         }
     }
 
@@ -332,6 +341,7 @@ mod tests {
             accepted_ms: None,
             priority: None,
             one_attempt: false,
+            step: None,
         };
         let hosts = LinkHosts { hosts: vec!["shop.example".into()], ..LinkHosts::default() };
         decorate_email(&c, &mut task, 0, &hosts);
@@ -362,6 +372,7 @@ mod tests {
             accepted_ms: None,
             priority: None,
             one_attempt: false,
+            step: None,
         };
         let hosts = LinkHosts { hosts: vec!["shop.example".into()], ..LinkHosts::default() };
         decorate_email(&c, &mut task, 0, &hosts);
@@ -389,6 +400,7 @@ mod tests {
             accepted_ms: None,
             priority: None,
             one_attempt: false,
+            step: None,
         }
     }
 

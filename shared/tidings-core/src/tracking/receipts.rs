@@ -255,6 +255,9 @@ pub struct ProviderMessageRef {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub to_hash: Option<String>,
     pub ttl: i64,
+    /// A workflow's send step (its delivery's key).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<u32>,
 }
 
 /// The write that records which delivery (and which address) a provider message id belongs to,
@@ -276,6 +279,7 @@ pub fn remember_write(
         channel: task.channel,
         to_hash: Some(suppression::address_hash(&task.to)),
         ttl: deps.clock.now().timestamp() + 30 * 86_400,
+        step: task.step,
     };
     let item = Item::new(keys::provider_message(provider, provider_message_id), attrs_of(&r)?);
     Ok(Some(crate::ports::Write::Put { item, cond: Cond::Always }))
@@ -388,7 +392,7 @@ pub async fn apply_ses_event(deps: &Deps, provider: &str, event: &Value) -> Core
         }
         outcome.suppressed = addresses.len();
     }
-    let key = keys::delivery(&t, &r.notification_id, &r.user_id, r.channel);
+    let key = keys::delivery_at(&t, &r.notification_id, &r.user_id, r.channel, r.step);
     let Some(item) = deps.table.get(&key).await? else { return Ok(outcome) };
     let d: Delivery = item.parse()?;
     let now = deps.clock.now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);

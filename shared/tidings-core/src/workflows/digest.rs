@@ -1,0 +1,151 @@
+//! Digest windows: the triggers of one (workflow, recipient, digest step, key) that arrive while
+//! a window is open become one run of the steps after the digest, the first trigger's (its
+//! leader's), with every trigger's params as `events`.
+//!
+//! | item | pk | sk |
+//! |---|---|---|
+//! | the open window | `T#{t}#DG#{workflow}#{user}#{step}#{key hash}` | `HEAD` |
+//! | a trigger's membership (which window, whose run) | same | `M#{notification}` |
+//! | a trigger's event (its params) | same | `E#{window}#{ms:015}#{notification}` |
+//!
+//! Entering is a transaction: the first trigger puts the head (only when absent) with its
+//! membership and event; any other checks that the head still names the window it read and puts
+//! its membership and event beside it. However many triggers arrive at the same instant, on how
+//! many instances, exactly one head is put, so there is one window and one leader; a trigger
+//! that finds its membership entered already (a redelivery, a process that died after the write)
+//! gets the same answer again. Closing deletes the head (only while it names the window), so a
+//! trigger that checked the head before that is in the window, and one after it opens the next;
+//! then the window's events are read, oldest first. Keys are hashed: other keys, other
+//! partitions, never merged.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest as _, Sha256};
+
+use crate::deps::Deps;
+use crate::error::{CoreError, CoreResult};
+use crate::ids::{TenantId, new_id};
+use crate::ports::{Cond, Item, Key, QueryOpts, StoreError, Write, attrs_of};
+
+/// How long digest items outlive their window (for the membership of a late redelivery).
+const KEEP_S: i64 = 35 * 24 * 3600;
+
+/// Where one (workflow, recipient, step, key) collects.
+pub fn partition(t: &TenantId, workflow_id: &str, user_id: &str, step: u32, key: &str) -> String {
+    let hash = hex::encode(&Sha256::digest(key.as_bytes())[..12]);
+    format!("T#{t}#DG#{workflow_id}#{user_id}#{step}#{hash}")
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct Head {
+    window: String,
+    leader: String,
+    flush_ms: i64,
+    ttl: i64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct Member {
+    window: String,
+    leader: String,
+    flush_ms: i64,
+    ttl: i64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct EventItem {
+    params: Value,
+    ttl: i64,
+}
+
+/// A trigger's place in a digest.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Entered {
+    /// It opened the window: its run waits for `flush_ms`, then goes on with the events.
+    Leader { window: String, flush_ms: i64 },
+    /// It joined the window `leader`'s run carries on.
+    Joined { window: String, leader: String },
+}
+
+/// Enters `notification_id`'s trigger (with `params`) in the open window of `pk`, or opens one
+/// that closes at `flush_ms`.
+pub async fn enter(
+    deps: &Deps,
+    pk: &str,
+    notification_id: &str,
+    params: &Value,
+    flush_ms: i64,
+) -> CoreResult<Entered> {
+    let member_key = Key::new(pk, format!("M#{notification_id}"));
+    let head_key = Key::new(pk, "HEAD");
+    let now_ms = deps.clock.now_ms();
+    for _ in 0..20 {
+        if let Some(item) = deps.table.get(&member_key).await? {
+            let m: Member = item.parse()?;
+            return Ok(role(m.window, m.leader, m.flush_ms, notification_id));
+        }
+        let (head, cond_head) = match deps.table.get(&head_key).await? {
+            Some(item) => {
+                let h: Head = item.parse()?;
+                (h.clone(), Write::Check { key: head_key.clone(), cond: Cond::eq("window", h.window) })
+            }
+            None => {
+                let ttl = flush_ms / 1000 + KEEP_S;
+                let h = Head { window: new_id(), leader: notification_id.to_owned(), flush_ms, ttl };
+                let put = Write::Put { item: Item::new(head_key.clone(), attrs_of(&h)?), cond: Cond::NotExists };
+                (h, put)
+            }
+        };
+        let ttl = head.flush_ms / 1000 + KEEP_S;
+        let member = Member { window: head.window.clone(), leader: head.leader.clone(), flush_ms: head.flush_ms, ttl };
+        let event = EventItem { params: params.clone(), ttl };
+        let event_key = Key::new(pk, format!("E#{}#{:015}#{notification_id}", head.window, now_ms.max(0)));
+        let writes = vec![
+            cond_head,
+            Write::Put { item: Item::new(member_key.clone(), attrs_of(&member)?), cond: Cond::NotExists },
+            Write::Put { item: Item::new(event_key, attrs_of(&event)?), cond: Cond::NotExists },
+        ];
+        match deps.table.transact(writes).await {
+            Ok(()) => {
+                crate::crash::point("workflow.digest_entered");
+                return Ok(role(head.window, head.leader, head.flush_ms, notification_id));
+            }
+            // The head changed (opened or closed by another trigger), or this trigger is in
+            // already: read again.
+            Err(StoreError::ConditionFailed { .. }) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(CoreError::conflict("digest_contention", "the digest window kept changing; try again"))
+}
+
+fn role(window: String, leader: String, flush_ms: i64, me: &str) -> Entered {
+    if leader == me { Entered::Leader { window, flush_ms } } else { Entered::Joined { window, leader } }
+}
+
+/// Closes `window` (if still open) and reads its events: the first `max` triggers' params, oldest
+/// first, and how many there were.
+pub async fn close(deps: &Deps, pk: &str, window: &str, max: usize) -> CoreResult<(Vec<Value>, u64)> {
+    match deps.table.delete(&Key::new(pk, "HEAD"), Cond::eq("window", window)).await {
+        Ok(()) | Err(StoreError::ConditionFailed { .. }) => {}
+        Err(e) => return Err(e.into()),
+    }
+    crate::crash::point("workflow.digest_closed");
+    let prefix = format!("E#{window}#");
+    let mut events = Vec::new();
+    let mut count = 0u64;
+    let mut cursor = None;
+    loop {
+        let page = deps.table.query(pk, &prefix, QueryOpts { limit: 500, cursor, descending: false }).await?;
+        for item in &page.items {
+            count += 1;
+            if events.len() < max {
+                events.push(item.parse::<EventItem>()?.params);
+            }
+        }
+        cursor = page.next_cursor;
+        if cursor.is_none() {
+            return Ok((events, count));
+        }
+    }
+}

@@ -1,0 +1,830 @@
+//! The engine: a run per (notification, recipient) that advances step by step, on the request
+//! lanes (its start), the timers (delays, digests, waits of a fallback) and the channel workers'
+//! ends of its sends (docs/workflows.md, "The engine").
+//!
+//! A run is one item in its notification's partition (`R#{user}`), written once each time it
+//! stops (it waits, or it ends), on the condition that nobody wrote it since it was read
+//! (`seq`). Everything a step does before that write is idempotent on its own: a send is its
+//! delivery (`D#{user}#{channel}#{step}`, created once, the channel worker's rules), a digest
+//! entry its membership, a throttle's count its mark, a timer finds the run past its step and
+//! does nothing. So a step that is redelivered, or whose process dies at any point, runs once:
+//! what drove it (the request message, the timer) comes again and finds the effects made.
+//!
+//! The run counts in its page's progress counters (`running`) from its creation to its end, so
+//! the notification is not `completed` while any run waits.
+
+use chrono::{DateTime, Datelike, Duration as ChronoDuration, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tracing::{info, warn};
+
+use super::conditions;
+use super::definition::{self, Every, Node, StepDef};
+use super::digest::{self, Entered};
+use super::{Workflow, WorkflowRef};
+use crate::deps::Deps;
+use crate::error::{CoreError, CoreResult};
+use crate::ids::TenantId;
+use crate::keys;
+use crate::notify::model::{Notification, NotificationStatus};
+use crate::notify::orchestrator::{self, StepSend};
+use crate::notify::progress;
+use crate::people::preferences::{local_instant, zone_of};
+use crate::people::users::{self, User};
+use crate::ports::{Channel, Cond, Item, QueryOpts, StoreError, Update, Write, attrs_of};
+use crate::timers::task::{self as timer, TimerTask};
+
+/// A run's status, as `GET /v1/notifications/{id}/runs` shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    Running,
+    Waiting,
+    Completed,
+    Throttled,
+    Failed,
+    Cancelled,
+}
+
+impl RunStatus {
+    pub fn ended(self) -> bool {
+        !matches!(self, RunStatus::Running | RunStatus::Waiting)
+    }
+}
+
+/// One step a run went through (a send that tried several channels: one per channel).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct StepRecord {
+    pub index: u32,
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// `done`, `skipped`, `waiting`, `queued`, `sent`, `suppressed`, `failed`, `throttled`,
+    /// `digested` (it carries the digest), `merged` (into another trigger's run), `then`,
+    /// `else`, `cancelled`.
+    pub status: String,
+    pub at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channel: Option<Channel>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+/// What a waiting run waits for.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "for", rename_all = "snake_case")]
+pub enum Wait {
+    /// A delay until `due_ms`.
+    Delay { due_ms: i64 },
+    /// Quiet hours (or `local_time`) hold the send at this step's `channel_index` until `due_ms`.
+    Deferred { due_ms: i64, channel_index: u32 },
+    /// A digest window it leads, closing at `due_ms`.
+    Digest { pk: String, window: String, due_ms: i64 },
+    /// A fallback send's channel `channel_index` reaching what the step asks, until
+    /// `deadline_ms` (none: until it ends); checked at `next_check_ms`.
+    Send {
+        channel_index: u32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        deadline_ms: Option<i64>,
+        checks: u32,
+    },
+}
+
+/// A run as stored.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Run {
+    pub user_id: String,
+    pub workflow_id: String,
+    pub version: u32,
+    pub status: RunStatus,
+    /// The step it is at (none once ended).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait: Option<Wait>,
+    /// The params its steps render with: the notification's, and after a digest `events` and
+    /// `count`.
+    pub params: Value,
+    #[serde(default)]
+    pub steps: Vec<StepRecord>,
+    /// The page of its notification it was started by (its progress counter).
+    #[serde(default)]
+    pub page: u64,
+    /// Bumped by each write: a write is conditioned on the value it read.
+    #[serde(default)]
+    pub seq: u64,
+    pub created_at: String,
+    pub updated_at: String,
+    /// A send that failed for good: the run ends `failed`.
+    #[serde(default)]
+    pub failed: bool,
+}
+
+impl Run {
+    /// The channel step `step` last used (a fallback: the last one tried).
+    pub fn channel_of(&self, step: u32) -> Option<Channel> {
+        self.steps.iter().rev().find(|r| r.index == step && r.channel.is_some()).and_then(|r| r.channel)
+    }
+}
+
+/// A run as `GET /v1/notifications/{id}/runs` shows it.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+pub struct RunView {
+    pub user_id: String,
+    pub workflow_id: String,
+    pub version: u32,
+    pub status: RunStatus,
+    /// The steps it went through, and the one it waits at.
+    pub steps: Vec<StepRecord>,
+    /// When it is next due (a delay's end, a digest's close, a fallback's deadline).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waiting_until: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+pub struct RunPage {
+    pub items: Vec<RunView>,
+    pub next_cursor: Option<String>,
+}
+
+/// What woke a run.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Wake {
+    /// Its start, or its start again (the request message redelivered).
+    Start,
+    /// A timer or an end of a send, for step `node`; `check`: the fallback's scheduled check.
+    Resume { node: u32, check: bool },
+    /// The digest it leads closed with these events.
+    Digest { node: u32, window: String },
+}
+
+/// Everything a run's steps need, read once per wake.
+struct Ctx<'a> {
+    deps: &'a Deps,
+    t: &'a TenantId,
+    n: &'a Notification,
+    wf: &'a Workflow,
+    nodes: Vec<Node>,
+    user: Option<User>,
+}
+
+fn rfc3339(ms: i64) -> String {
+    DateTime::<Utc>::from_timestamp_millis(ms).unwrap_or_default().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+/// How many runs of a page start at once.
+const START_CONCURRENCY: usize = 32;
+
+/// Starts (or drives again) the runs of one page of a workflow notification's users.
+pub async fn start_page(
+    deps: &Deps,
+    t: &TenantId,
+    n: &Notification,
+    wref: &WorkflowRef,
+    page: u64,
+    users: &[(String, Option<User>)],
+) -> CoreResult<()> {
+    use futures::{StreamExt, TryStreamExt};
+    let Some(wf) = super::get_version(deps, t, &wref.workflow_id, wref.version).await? else {
+        warn!(workflow_id = %wref.workflow_id, version = wref.version, "workflow version not found; runs not started");
+        return Ok(());
+    };
+    let wf = &wf;
+    type Starting<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = CoreResult<()>> + Send + 'a>>;
+    let starts: Vec<Starting<'_>> = users
+        .iter()
+        .map(|(user_id, user)| -> Starting<'_> { Box::pin(start(deps, t, n, wf, page, user_id, user.clone())) })
+        .collect();
+    futures::stream::iter(starts).buffer_unordered(START_CONCURRENCY).try_collect::<Vec<()>>().await?;
+    Ok(())
+}
+
+/// Creates a user's run (once: a conditional put, counted in its page's `running`) and drives it.
+async fn start(
+    deps: &Deps,
+    t: &TenantId,
+    n: &Notification,
+    wf: &Workflow,
+    page: u64,
+    user_id: &str,
+    user: Option<User>,
+) -> CoreResult<()> {
+    let key = keys::run(t, &n.notification_id, user_id);
+    let run = match deps.table.get(&key).await? {
+        Some(item) => item.parse::<Run>()?,
+        None => {
+            let now = deps.clock.now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+            let run = Run {
+                user_id: user_id.to_owned(),
+                workflow_id: wf.workflow_id.clone(),
+                version: wf.version,
+                status: RunStatus::Running,
+                at: Some(0),
+                wait: None,
+                params: n.request.params.clone(),
+                steps: Vec::new(),
+                page,
+                seq: 0,
+                created_at: now.clone(),
+                updated_at: now,
+                failed: false,
+            };
+            let counter = progress::counter_write(
+                progress::counter_key(t, &n.notification_id, page, user_id),
+                &[("running", 1)],
+                deps.clock.now_ms(),
+            );
+            let put = Write::Put { item: Item::new(key.clone(), attrs_of(&run)?), cond: Cond::NotExists };
+            match deps.table.transact(vec![put, counter]).await {
+                Ok(()) => run,
+                Err(StoreError::ConditionFailed { .. }) => match deps.table.get(&key).await? {
+                    Some(item) => item.parse::<Run>()?,
+                    None => return Ok(()),
+                },
+                Err(e) => return Err(e.into()),
+            }
+        }
+    };
+    crate::crash::point("workflow.run_created");
+    let ctx = Ctx { deps, t, n, wf, nodes: definition::layout(&wf.steps), user };
+    drive(&ctx, run, Wake::Start).await
+}
+
+/// A run's timer or the end of one of its sends: loads what the run needs and drives it.
+pub async fn wake(deps: &Deps, t: &TenantId, notification_id: &str, user_id: &str, wake: Wake) -> CoreResult<()> {
+    let Some(item) = deps.table.get(&keys::run(t, notification_id, user_id)).await? else { return Ok(()) };
+    let run: Run = item.parse()?;
+    if run.status.ended() {
+        return Ok(());
+    }
+    let Some(n) = crate::notify::api::load(deps, t, notification_id).await? else { return Ok(()) };
+    let Some(wf) = super::get_version(deps, t, &run.workflow_id, run.version).await? else {
+        return Err(CoreError::invalid("workflow_id", format!("version {} of {} is gone", run.version, run.workflow_id)));
+    };
+    let user = users::get_user(deps, t, user_id).await?;
+    let ctx = Ctx { deps, t, n: &n, wf: &wf, nodes: definition::layout(&wf.steps), user };
+    drive(&ctx, run, wake).await
+}
+
+/// Wakes the run of a workflow send that ended (its step's fallback may go on).
+pub async fn wake_soon(deps: &Deps, task: &crate::notify::model::ChannelTask) -> CoreResult<()> {
+    let Some(node) = task.step else { return Ok(()) };
+    let wake = TimerTask::WorkflowResume {
+        tenant: task.tenant.clone(),
+        notification_id: task.notification_id.clone(),
+        user_id: task.user_id.clone(),
+        node,
+        check: false,
+    };
+    timer::schedule(deps, deps.clock.now(), wake).await
+}
+
+/// Where a step's work leaves the run.
+enum Next {
+    /// Go on at this node (none: the end).
+    Go(Option<usize>),
+    /// Wait (its timer is set).
+    Wait(Wait),
+    /// End with this status.
+    End(RunStatus),
+}
+
+/// Drives a run from where it is: resolves what it waited for (if `wake` resolves it), then runs
+/// steps until one waits or the run ends, and writes the run once.
+async fn drive(ctx: &Ctx<'_>, mut run: Run, wake: Wake) -> CoreResult<()> {
+    if run.status.ended() {
+        return Ok(());
+    }
+    let seq = run.seq;
+    let now_ms = ctx.deps.clock.now_ms();
+    if ctx.n.status == NotificationStatus::Cancelled {
+        if let Some(at) = run.at {
+            record(ctx, &mut run, at as usize, "cancelled", None, None);
+        }
+        return save(ctx, run, seq, Next::End(RunStatus::Cancelled)).await;
+    }
+    let mut at = run.at.map(|a| a as usize);
+    // What it waits for, resolved (or not) by this wake.
+    if run.status == RunStatus::Waiting {
+        let Some(node_at) = at else { return Ok(()) };
+        let wait = run.wait.clone();
+        let woken_here = match &wake {
+            Wake::Start => false,
+            Wake::Resume { node, .. } | Wake::Digest { node, .. } => *node as usize == node_at,
+        };
+        if !woken_here {
+            return Ok(());
+        }
+        match (wait, &wake) {
+            (Some(Wait::Delay { due_ms }), _) => {
+                if due_ms > now_ms + 1_000 {
+                    return Ok(());
+                }
+                record(ctx, &mut run, node_at, "done", None, None);
+                at = ctx.nodes.get(node_at).and_then(|n| n.next);
+            }
+            (Some(Wait::Deferred { due_ms, channel_index }), _) => {
+                if due_ms > now_ms + 1_000 {
+                    return Ok(());
+                }
+                let next = send(ctx, &mut run, node_at, channel_index as usize).await?;
+                return continue_from(ctx, run, seq, next).await;
+            }
+            (Some(Wait::Digest { pk, window, .. }), Wake::Digest { window: woke, .. }) if *woke == window => {
+                let max = match ctx.nodes.get(node_at).map(|n| &n.step) {
+                    Some(StepDef::Digest { max, .. }) => max.unwrap_or(definition::DEFAULT_DIGEST_EVENTS),
+                    _ => definition::DEFAULT_DIGEST_EVENTS,
+                };
+                let (events, count) = digest::close(ctx.deps, &pk, &window, max as usize).await?;
+                if let Value::Object(map) = &mut run.params {
+                    map.insert("events".into(), Value::Array(events));
+                    map.insert("count".into(), json!(count));
+                }
+                record(ctx, &mut run, node_at, "digested", None, Some(format!("{count} events")));
+                at = ctx.nodes.get(node_at).and_then(|n| n.next);
+            }
+            (Some(Wait::Digest { .. }), _) => return Ok(()),
+            (Some(Wait::Send { channel_index, deadline_ms, checks }), Wake::Resume { check, .. }) => {
+                match judge_send(ctx, &mut run, node_at, channel_index as usize, deadline_ms).await? {
+                    Judged::Done(next) => return continue_from(ctx, run, seq, next).await,
+                    Judged::NextChannel => {
+                        let next = send(ctx, &mut run, node_at, channel_index as usize + 1).await?;
+                        return continue_from(ctx, run, seq, next).await;
+                    }
+                    Judged::Pending => {
+                        // Still on its way: a scheduled check sets the next one.
+                        if *check {
+                            let due = next_check(ctx, now_ms, deadline_ms, checks + 1);
+                            schedule_resume(ctx, &run, node_at, due, true).await?;
+                            run.wait = Some(Wait::Send { channel_index, deadline_ms, checks: checks + 1 });
+                            return write(ctx, run, seq, false).await;
+                        }
+                        return Ok(());
+                    }
+                }
+            }
+            (Some(Wait::Send { .. }), _) | (None, _) => return Ok(()),
+        }
+        run.status = RunStatus::Running;
+        run.wait = None;
+    }
+    continue_from(ctx, run, seq, Next::Go(at)).await
+}
+
+/// Runs steps from `next` until one waits or the run ends, then writes the run.
+async fn continue_from(ctx: &Ctx<'_>, mut run: Run, seq: u64, mut next: Next) -> CoreResult<()> {
+    for _ in 0..=definition::MAX_NODES {
+        match next {
+            Next::Go(None) => {
+                let status = if run.failed { RunStatus::Failed } else { RunStatus::Completed };
+                return save(ctx, run, seq, Next::End(status)).await;
+            }
+            Next::Go(Some(i)) => {
+                run.at = Some(i as u32);
+                next = step(ctx, &mut run, i).await?;
+            }
+            other => return save(ctx, run, seq, other).await,
+        }
+    }
+    Err(CoreError::invalid("steps", "the run did not end within its steps"))
+}
+
+/// One step of the run at node `i`.
+async fn step(ctx: &Ctx<'_>, run: &mut Run, i: usize) -> CoreResult<Next> {
+    let Some(node) = ctx.nodes.get(i) else { return Ok(Next::Go(None)) };
+    if let Some(c) = node.step.when()
+        && !conditions::holds(ctx.deps, ctx.t, ctx.n, run, ctx.user.as_ref(), c).await?
+    {
+        record(ctx, run, i, "skipped", None, None);
+        return Ok(Next::Go(node.next));
+    }
+    let now_ms = ctx.deps.clock.now_ms();
+    match &node.step {
+        StepDef::Branch { when, .. } => {
+            let holds = conditions::holds(ctx.deps, ctx.t, ctx.n, run, ctx.user.as_ref(), when).await?;
+            record(ctx, run, i, if holds { "then" } else { "else" }, None, None);
+            Ok(Next::Go(if holds { node.then.or(node.next) } else { node.otherwise.or(node.next) }))
+        }
+        StepDef::Delay { duration, until, .. } => {
+            let due = match (duration, until) {
+                (Some(d), _) => {
+                    let d = definition::parse_duration(d).unwrap_or_default();
+                    now_ms + i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 2)
+                }
+                (None, Some(u)) => next_wall_time(ctx, u, None, now_ms),
+                (None, None) => now_ms,
+            };
+            if due <= now_ms {
+                record(ctx, run, i, "done", None, None);
+                return Ok(Next::Go(node.next));
+            }
+            schedule_resume(ctx, run, i, due, false).await?;
+            Ok(Next::Wait(Wait::Delay { due_ms: due }))
+        }
+        StepDef::Throttle { limit, per, key, .. } => {
+            let key = match key {
+                Some(k) => render_key(k, &run.params)?,
+                None => String::new(),
+            };
+            if throttle_pass(ctx, run, i, &key, *limit, per).await? {
+                record(ctx, run, i, "done", None, None);
+                Ok(Next::Go(node.next))
+            } else {
+                record(ctx, run, i, "throttled", None, None);
+                Ok(Next::End(RunStatus::Throttled))
+            }
+        }
+        StepDef::Digest { window, schedule, key, .. } => {
+            let key = match key {
+                Some(k) => render_key(k, &run.params)?,
+                None => String::new(),
+            };
+            let due = match (window, schedule) {
+                (Some(w), _) => {
+                    let d = definition::parse_duration(w).unwrap_or_default();
+                    now_ms + i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 2)
+                }
+                (None, Some(s)) => {
+                    let on = match s.every {
+                        Every::Day => None,
+                        Every::Week => Some(
+                            s.on.as_deref().and_then(definition::parse_weekday).unwrap_or(chrono::Weekday::Mon),
+                        ),
+                    };
+                    next_wall_time(ctx, &s.at, on, now_ms)
+                }
+                (None, None) => now_ms,
+            };
+            let pk = digest::partition(ctx.t, &ctx.wf.workflow_id, &run.user_id, i as u32, &key);
+            match digest::enter(ctx.deps, &pk, &ctx.n.notification_id, &run.params, due).await? {
+                Entered::Leader { window, flush_ms } => {
+                    let task = TimerTask::WorkflowDigest {
+                        tenant: ctx.t.clone(),
+                        notification_id: ctx.n.notification_id.clone(),
+                        user_id: run.user_id.clone(),
+                        node: i as u32,
+                        window: window.clone(),
+                    };
+                    timer::schedule(ctx.deps, DateTime::from_timestamp_millis(flush_ms).unwrap_or_default(), task)
+                        .await?;
+                    Ok(Next::Wait(Wait::Digest { pk, window, due_ms: flush_ms }))
+                }
+                Entered::Joined { leader, .. } => {
+                    record(ctx, run, i, "merged", None, Some(format!("into notification {leader}")));
+                    Ok(Next::End(RunStatus::Completed))
+                }
+            }
+        }
+        StepDef::Send { .. } => send(ctx, run, i, 0).await,
+    }
+}
+
+/// A send step from its channel `from` on: the first channel that gets the message ends it; one
+/// that cannot (no address, opted out, a render error) gives way to the next at once; with
+/// several channels, one whose send is queued is waited for ([`judge_send`]).
+async fn send(ctx: &Ctx<'_>, run: &mut Run, i: usize, from: usize) -> CoreResult<Next> {
+    let Some(node) = ctx.nodes.get(i) else { return Ok(Next::Go(None)) };
+    let StepDef::Send { template_id, wait, .. } = &node.step else { return Ok(Next::Go(node.next)) };
+    let channels = node.step.send_channels();
+    let fallback = channels.len() > 1;
+    let now_ms = ctx.deps.clock.now_ms();
+    for (k, &channel) in channels.iter().enumerate().skip(from) {
+        let step_n = step_notification(ctx, run, template_id, channel);
+        let outcome = orchestrator::plan_step_send(
+            ctx.deps,
+            ctx.t,
+            &step_n,
+            run.page,
+            &run.user_id,
+            ctx.user.as_ref(),
+            channel,
+            i as u32,
+        )
+        .await?;
+        crate::crash::point("workflow.send_planned");
+        match outcome {
+            StepSend::Deferred(until) => {
+                let due = until.timestamp_millis();
+                schedule_resume(ctx, run, i, due, false).await?;
+                return Ok(Next::Wait(Wait::Deferred { due_ms: due, channel_index: k as u32 }));
+            }
+            StepSend::Suppressed(reason) => {
+                record(ctx, run, i, "suppressed", Some(channel), Some(reason));
+            }
+            StepSend::Failed(error) => {
+                record(ctx, run, i, "failed", Some(channel), Some(error));
+                if !fallback {
+                    run.failed = true;
+                }
+            }
+            StepSend::Sent => {
+                record(ctx, run, i, "sent", Some(channel), None);
+                if !fallback {
+                    return Ok(Next::Go(node.next));
+                }
+                match judge_send(ctx, run, i, k, None).await? {
+                    Judged::Done(next) => return Ok(next),
+                    Judged::NextChannel => continue,
+                    Judged::Pending => return wait_for_send(ctx, run, i, k, wait.as_deref(), now_ms).await,
+                }
+            }
+            StepSend::Queued => {
+                if !fallback {
+                    record(ctx, run, i, "queued", Some(channel), None);
+                    return Ok(Next::Go(node.next));
+                }
+                record(ctx, run, i, "queued", Some(channel), None);
+                return wait_for_send(ctx, run, i, k, wait.as_deref(), now_ms).await;
+            }
+        }
+    }
+    if fallback && run.steps.iter().rev().take_while(|r| r.index == i as u32).all(|r| r.status == "failed") {
+        run.failed = true;
+    }
+    Ok(Next::Go(node.next))
+}
+
+/// A fallback's channel `k` is on its way: wait for it (until `wait` ends, or until its send
+/// ends), checked by a timer and woken by the send's end.
+async fn wait_for_send(
+    ctx: &Ctx<'_>,
+    run: &Run,
+    i: usize,
+    k: usize,
+    wait: Option<&str>,
+    now_ms: i64,
+) -> CoreResult<Next> {
+    let deadline_ms = wait
+        .and_then(definition::parse_duration)
+        .map(|d| now_ms + i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 2));
+    let due = next_check(ctx, now_ms, deadline_ms, 0);
+    schedule_resume(ctx, run, i, due, true).await?;
+    Ok(Next::Wait(Wait::Send { channel_index: k as u32, deadline_ms, checks: 0 }))
+}
+
+/// When a fallback's send is next checked: at its deadline, or (none) 30 s, then doubling to 15
+/// minutes, while the send has not ended (the send's end wakes the run at once as well).
+fn next_check(ctx: &Ctx<'_>, now_ms: i64, deadline_ms: Option<i64>, checks: u32) -> i64 {
+    let poll = 30_000i64.saturating_mul(1i64 << checks.min(5)).min(15 * 60_000);
+    let _ = ctx;
+    match deadline_ms {
+        Some(d) => d.min(now_ms + poll).max(now_ms),
+        None => now_ms + poll,
+    }
+}
+
+/// What a fallback's channel reached, judged.
+enum Judged {
+    /// Decided: go on there.
+    Done(Next),
+    /// Failed for good, or not in time: the next channel.
+    NextChannel,
+    /// Still on its way.
+    Pending,
+}
+
+/// Judges a fallback's channel `k` by what its send reached.
+async fn judge_send(ctx: &Ctx<'_>, run: &mut Run, i: usize, k: usize, deadline_ms: Option<i64>) -> CoreResult<Judged> {
+    let Some(node) = ctx.nodes.get(i) else { return Ok(Judged::Done(Next::Go(None))) };
+    let StepDef::Send { until, .. } = &node.step else { return Ok(Judged::Done(Next::Go(node.next))) };
+    let channels = node.step.send_channels();
+    let Some(&channel) = channels.get(k) else { return Ok(Judged::Done(Next::Go(node.next))) };
+    let r = conditions::reached(ctx.deps, ctx.t, ctx.n, &run.user_id, i as u32, channel).await?;
+    use crate::notify::model::DeliveryStatus as S;
+    let ended_badly = matches!(r.status, Some(S::Failed | S::Dead | S::Suppressed) | None);
+    let done = match until {
+        Some(reach) => r.reaches(*reach),
+        None => r.reaches(definition::Reach::Sent),
+    };
+    if done {
+        record(ctx, run, i, "done", Some(channel), until.map(|u| format!("reached {}", reach_name(u))));
+        return Ok(Judged::Done(Next::Go(node.next)));
+    }
+    let out_of_time = deadline_ms.is_some_and(|d| ctx.deps.clock.now_ms() + 1_000 >= d);
+    if ended_badly || out_of_time {
+        let why = if ended_badly { "failed for good" } else { "not reached in time" };
+        record(ctx, run, i, "fell_back", Some(channel), Some(why.into()));
+        if k + 1 >= channels.len() {
+            if ended_badly && r.status != Some(S::Suppressed) {
+                run.failed = true;
+            }
+            return Ok(Judged::Done(Next::Go(node.next)));
+        }
+        return Ok(Judged::NextChannel);
+    }
+    Ok(Judged::Pending)
+}
+
+fn reach_name(r: definition::Reach) -> &'static str {
+    match r {
+        definition::Reach::Sent => "sent",
+        definition::Reach::Delivered => "delivered",
+        definition::Reach::Opened => "opened",
+        definition::Reach::Clicked => "clicked",
+        definition::Reach::Read => "read",
+    }
+}
+
+/// The notification a send step plans its delivery as: the workflow's category, the step's
+/// template and channel, the run's params.
+fn step_notification(ctx: &Ctx<'_>, run: &Run, template_id: &str, channel: Channel) -> Notification {
+    let mut n = ctx.n.clone();
+    n.request.template_id = template_id.to_owned();
+    n.request.category = Some(ctx.wf.category);
+    n.request.channels = Some(vec![channel]);
+    n.request.params = run.params.clone();
+    n
+}
+
+fn render_key(template: &str, params: &Value) -> CoreResult<String> {
+    crate::templates::render_fragment(template, params).map_err(|e| CoreError::invalid("key", e.to_string()))
+}
+
+/// The next `at` (`HH:MM`) in the user's zone after now (on weekday `on`, if given).
+fn next_wall_time(ctx: &Ctx<'_>, at: &str, on: Option<chrono::Weekday>, now_ms: i64) -> i64 {
+    let Some(time) = definition::parse_wall_time(at) else { return now_ms };
+    let tz = zone_of(ctx.user.as_ref().and_then(|u| u.timezone.as_deref()));
+    let now = DateTime::<Utc>::from_timestamp_millis(now_ms).unwrap_or_default();
+    let today = now.with_timezone(&tz).date_naive();
+    for days in 0..=8 {
+        let date = today + ChronoDuration::days(days);
+        if on.is_some_and(|w| date.weekday() != w) {
+            continue;
+        }
+        let due = local_instant(tz, date, time);
+        if due > now {
+            return due.timestamp_millis();
+        }
+    }
+    now_ms
+}
+
+/// Counts the run past a throttle (once: the counter remembers the run) unless `limit` runs of
+/// this (recipient, key) passed in the current `per` window.
+async fn throttle_pass(ctx: &Ctx<'_>, run: &Run, i: usize, key: &str, limit: u32, per: &str) -> CoreResult<bool> {
+    let per_ms = definition::parse_duration(per).map_or(86_400_000, |d| i64::try_from(d.as_millis()).unwrap_or(1));
+    let now_ms = ctx.deps.clock.now_ms();
+    let window = now_ms.div_euclid(per_ms.max(1));
+    let hash = hex::encode(&sha2::Digest::finalize(<sha2::Sha256 as sha2::Digest>::new_with_prefix(key))[..12]);
+    let counter = crate::ports::Key::new(
+        format!("T#{}#THR#{}#{}", ctx.t, ctx.wf.workflow_id, run.user_id),
+        format!("{i}#{hash}#{window}"),
+    );
+    let mark = format!("r_{}", ctx.n.notification_id);
+    let ttl = (window + 1) * per_ms / 1000 + 86_400;
+    let cond = Cond::And(vec![
+        Cond::AttrNotExists(mark.clone()),
+        Cond::Or(vec![Cond::AttrNotExists("count".into()), Cond::lt("count", i64::from(limit))]),
+    ]);
+    let updates = vec![Update::add("count", 1), Update::set(&mark, true), Update::set("ttl", ttl)];
+    match ctx.deps.table.update(&counter, updates, cond).await {
+        Ok(_) => Ok(true),
+        Err(StoreError::ConditionFailed { .. }) => {
+            // Counted by an earlier drive of this run, or full.
+            match ctx.deps.table.update(&counter, vec![], Cond::AttrExists(mark)).await {
+                Ok(_) => Ok(true),
+                Err(StoreError::ConditionFailed { .. }) => Ok(false),
+                Err(e) => Err(e.into()),
+            }
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn schedule_resume(ctx: &Ctx<'_>, run: &Run, i: usize, due_ms: i64, check: bool) -> CoreResult<()> {
+    let task = TimerTask::WorkflowResume {
+        tenant: ctx.t.clone(),
+        notification_id: ctx.n.notification_id.clone(),
+        user_id: run.user_id.clone(),
+        node: i as u32,
+        check,
+    };
+    timer::schedule(ctx.deps, DateTime::from_timestamp_millis(due_ms).unwrap_or_default(), task).await
+}
+
+fn record(ctx: &Ctx<'_>, run: &mut Run, i: usize, status: &str, channel: Option<Channel>, detail: Option<String>) {
+    let kind = ctx.nodes.get(i).map_or("step", |n| n.step.kind());
+    run.steps.push(StepRecord {
+        index: i as u32,
+        kind: kind.to_owned(),
+        status: status.to_owned(),
+        at: ctx.deps.clock.now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        channel,
+        detail,
+    });
+}
+
+/// Writes the run where `next` leaves it (waiting, or ended: its page's `running` counted down
+/// in the same transaction).
+async fn save(ctx: &Ctx<'_>, mut run: Run, seq: u64, next: Next) -> CoreResult<()> {
+    let ended = match next {
+        Next::Wait(w) => {
+            run.status = RunStatus::Waiting;
+            run.wait = Some(w);
+            false
+        }
+        Next::End(status) => {
+            run.status = status;
+            run.at = None;
+            run.wait = None;
+            true
+        }
+        Next::Go(_) => false,
+    };
+    write(ctx, run, seq, ended).await
+}
+
+async fn write(ctx: &Ctx<'_>, mut run: Run, seq: u64, ended: bool) -> CoreResult<()> {
+    run.seq = seq + 1;
+    run.updated_at = ctx.deps.clock.now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    // Digest events too many for one item: the count stays, the newest events are dropped.
+    while crate::sizes::check_stored("params", &Item::new(keys::run(ctx.t, "", ""), attrs_of(&run)?)).is_err() {
+        match run.params.get_mut("events") {
+            Some(Value::Array(events)) if !events.is_empty() => events.truncate(events.len() / 2),
+            _ => return Err(CoreError::invalid("params", "the run is too large to store")),
+        }
+    }
+    let key = keys::run(ctx.t, &ctx.n.notification_id, &run.user_id);
+    let cond = Cond::eq("seq", i64::try_from(seq).unwrap_or(i64::MAX));
+    let put = Write::Put { item: Item::new(key, attrs_of(&run)?), cond };
+    let mut writes = vec![put];
+    if ended {
+        writes.push(progress::counter_write(
+            progress::counter_key(ctx.t, &ctx.n.notification_id, run.page, &run.user_id),
+            &[("running", -1)],
+            ctx.deps.clock.now_ms(),
+        ));
+    }
+    match ctx.deps.table.transact(writes).await {
+        Ok(()) => {
+            if ended {
+                info!(notification_id = %ctx.n.notification_id, user_id = %run.user_id, status = ?run.status, "run ended");
+            }
+            Ok(())
+        }
+        // Driven meanwhile by another wake: its write stands (the steps' effects are idempotent).
+        Err(StoreError::ConditionFailed { .. }) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// One page of a notification's runs, in user id order.
+pub async fn runs(
+    deps: &Deps,
+    t: &TenantId,
+    notification_id: &str,
+    limit: usize,
+    cursor: Option<String>,
+) -> CoreResult<RunPage> {
+    let page = deps
+        .table
+        .query(
+            &keys::notification_pk(t, notification_id),
+            keys::RUN_PREFIX,
+            QueryOpts { limit, cursor, descending: false },
+        )
+        .await
+        .map_err(CoreError::of_page_query)?;
+    let mut items = Vec::with_capacity(page.items.len());
+    for item in &page.items {
+        let run: Run = item.parse()?;
+        items.push(view(run));
+    }
+    Ok(RunPage { items, next_cursor: page.next_cursor })
+}
+
+fn view(run: Run) -> RunView {
+    let mut steps = run.steps;
+    let due = match &run.wait {
+        Some(Wait::Delay { due_ms } | Wait::Deferred { due_ms, .. } | Wait::Digest { due_ms, .. }) => Some(*due_ms),
+        Some(Wait::Send { deadline_ms, .. }) => *deadline_ms,
+        None => None,
+    };
+    if run.status == RunStatus::Waiting
+        && let Some(at) = run.at
+    {
+        steps.push(StepRecord {
+            index: at,
+            kind: match &run.wait {
+                Some(Wait::Digest { .. }) => "digest",
+                Some(Wait::Delay { .. }) => "delay",
+                _ => "send",
+            }
+            .into(),
+            status: "waiting".into(),
+            at: run.updated_at.clone(),
+            channel: None,
+            detail: match &run.wait {
+                Some(Wait::Deferred { .. }) => Some("quiet hours".into()),
+                _ => None,
+            },
+        });
+    }
+    RunView {
+        user_id: run.user_id,
+        workflow_id: run.workflow_id,
+        version: run.version,
+        status: run.status,
+        steps,
+        waiting_until: due.map(rfc3339),
+    }
+}
