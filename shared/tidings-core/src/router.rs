@@ -8,7 +8,7 @@ use crate::deps::Deps;
 use crate::keys;
 use crate::lanes::Lane;
 use crate::notify::channel::ChannelSend;
-use crate::notify::orchestrator::Orchestrate;
+use crate::notify::requests::Orchestrate;
 use crate::outcome::Outcome;
 use crate::ports::{Cond, Item, Key, Received, StoreError, attrs_of};
 use crate::restock::StockEventStep;

@@ -28,6 +28,7 @@ mod templates;
 mod tracking;
 mod users;
 mod webhooks;
+mod workflows;
 
 /// The whole API, without rate limits (tests that call the router directly).
 pub fn app(state: AppState) -> Router {
@@ -52,7 +53,8 @@ pub fn app_with_limits(state: AppState, limits: std::sync::Arc<tidings_core::gat
         .merge(restock::router())
         .merge(ops::router())
         .merge(admin::router())
-        .merge(webhooks::router());
+        .merge(webhooks::router())
+        .merge(workflows::router());
     if state.dev.is_some() {
         router = router.merge(dev::router()).merge(console::router());
     }

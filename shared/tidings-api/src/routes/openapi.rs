@@ -65,6 +65,7 @@ pub fn document() -> serde_json::Value {
         super::callbacks::Api::openapi(),
         super::tracking::Api::openapi(),
         super::webhooks::Api::openapi(),
+        super::workflows::Api::openapi(),
     ] {
         doc.merge(part);
     }

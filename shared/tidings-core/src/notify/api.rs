@@ -98,7 +98,11 @@ async fn accept_as(deps: &Deps, t: &TenantId, mut req: NotificationRequest, one_
                 ));
             };
             req.category = Some(wf.category);
-            Some(crate::workflows::WorkflowRef { workflow_id: wf.workflow_id, version: wf.version, required: wf.required })
+            Some(crate::workflows::WorkflowRef {
+                workflow_id: wf.workflow_id,
+                version: wf.version,
+                required: wf.required,
+            })
         }
         None => None,
     };
@@ -252,7 +256,17 @@ pub struct NotificationView {
     /// Why the priority asked for was not granted.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub priority_lowered: Option<PriorityLowered>,
+    /// A template send's template.
+    #[serde(skip_serializing_if = "String::is_empty")]
     pub template_id: String,
+    /// A workflow send's workflow, and the version its runs follow.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workflow_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workflow_version: Option<u32>,
+    /// A workflow send's runs not yet ended (running or waiting): `GET …/runs` shows them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runs_open: Option<u64>,
     pub created_at: String,
     pub counts: Counts,
     /// A campaign's segment.
@@ -281,10 +295,12 @@ pub async fn get_notification(deps: &Deps, t: &TenantId, id: &str) -> CoreResult
 /// once every page is done and nothing is queued) and its counts.
 pub async fn view_of(deps: &Deps, t: &TenantId, n: Notification) -> CoreResult<NotificationView> {
     let id = n.notification_id.as_str();
+    let mut running = 0;
     let (counts, expanded, oldest_pending_ms, all_pages_done) = if n.counted {
         let p = super::progress::read(deps, t, id).await?;
         // Pages may finish out of order: done when every page up to the last one is.
         let done = n.last_page.is_some_and(|last| p.pages > last);
+        running = p.running;
         (p.counts, p.expanded, p.oldest_pending_ms, done)
     } else {
         let counts = count_deliveries(deps, t, id).await?;
@@ -294,7 +310,7 @@ pub async fn view_of(deps: &Deps, t: &TenantId, n: Notification) -> CoreResult<N
     let oldest_pending_age_s =
         oldest_pending_ms.map(|ms| (deps.clock.now_ms().saturating_sub(ms)).max(0) as u64 / 1000).unwrap_or(0);
     let status = match n.status {
-        NotificationStatus::Processing if all_pages_done && counts.queued == 0 => {
+        NotificationStatus::Processing if all_pages_done && counts.queued == 0 && running == 0 => {
             NotificationStatus::ended(counts.sent + counts.delivered, counts.failed + counts.dead)
         }
         other => other,
@@ -308,6 +324,9 @@ pub async fn view_of(deps: &Deps, t: &TenantId, n: Notification) -> CoreResult<N
         priority_lowered: n.priority_lowered,
         segment: n.request.recipients.segment.clone(),
         template_id: n.request.template_id,
+        workflow_id: n.workflow.as_ref().map(|w| w.workflow_id.clone()),
+        workflow_version: n.workflow.as_ref().map(|w| w.version),
+        runs_open: n.workflow.as_ref().map(|_| running),
         created_at: n.created_at,
         counts,
         expanded,

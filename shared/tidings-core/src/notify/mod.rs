@@ -14,6 +14,7 @@ pub mod params;
 pub mod policy;
 pub mod progress;
 pub mod relay;
+pub mod requests;
 pub mod send_batch;
 pub mod sweep;
 pub mod verification;

@@ -128,10 +128,16 @@ impl NotificationRequest {
             (Some(w), true) => {
                 check_id("workflow_id", w)?;
                 if self.category.is_some() {
-                    return Err(CoreError::invalid("category", "a workflow send takes its workflow's category: omit it"));
+                    return Err(CoreError::invalid(
+                        "category",
+                        "a workflow send takes its workflow's category: omit it",
+                    ));
                 }
                 if self.channels.is_some() {
-                    return Err(CoreError::invalid("channels", "a workflow send takes its workflow's channels: omit them"));
+                    return Err(CoreError::invalid(
+                        "channels",
+                        "a workflow send takes its workflow's channels: omit them",
+                    ));
                 }
             }
             (None, false) => {
@@ -332,7 +338,7 @@ pub struct Notification {
     pub one_attempt: bool,
     /// A workflow send: the workflow and the version its runs follow.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub workflow: Option<crate::workflows::WorkflowRef>,
+    pub workflow: Option<crate::workflows::model::WorkflowRef>,
 }
 
 impl Notification {

@@ -7,14 +7,12 @@
 
 use std::collections::BTreeMap;
 
-use tracing::{info, instrument, warn};
+use tracing::{info, instrument};
 
 use super::api::load;
 use super::batch;
 use super::campaign;
-use super::model::{
-    ChannelMessage, ChannelTask, Delivery, DeliveryStatus, Notification, NotificationStatus, RequestMessage,
-};
+use super::model::{ChannelMessage, ChannelTask, Delivery, DeliveryStatus, Notification, NotificationStatus};
 use super::policy::{self, Recipient, Verdict};
 use super::progress;
 use crate::deps::Deps;
@@ -22,71 +20,12 @@ use crate::error::{CoreError, CoreResult};
 use crate::ids::TenantId;
 use crate::inbox;
 use crate::keys;
-use crate::outcome::Outcome;
 use crate::people::users::{self, User};
 use crate::people::{devices, preferences};
 use crate::ports::{Channel, Cond, Item, Key, OutMessage, StoreError, Update, Write, attrs_of};
-use crate::tasks::{Step, Task};
 use crate::templates::{self, Template};
 use crate::timers::task::{self as timer, TimerTask};
 use crate::tracking::LinkHosts;
-
-/// The request lanes' step: one request task ([`orchestrate_task`]).
-pub struct Orchestrate;
-
-impl Step for Orchestrate {
-    type Body = RequestMessage;
-    const WHAT: &'static str = "request message";
-    async fn run(deps: &Deps, task: &Task<RequestMessage>) -> CoreResult<Outcome> {
-        orchestrate_task(deps, &task.body.tenant, &task.body).await.map(|()| Outcome::Done)
-    }
-}
-
-/// Orchestrates a whole notification from its first task (a `user_ids` list, or a campaign's
-/// first page, which queues the next).
-pub async fn orchestrate(deps: &Deps, t: &TenantId, notification_id: &str) -> CoreResult<()> {
-    orchestrate_task(deps, t, &RequestMessage::first(t, notification_id)).await
-}
-
-/// One request task: a `user_ids` notification (one page, 0), or one page of a campaign read
-/// from the segment's index with the task's cursor (see [`super::campaign`]). Both go through
-/// the same per-user code ([`orchestrate_page`]). A page done already does nothing, so a
-/// retried or redriven task creates nothing twice.
-#[instrument(skip(deps, t, task), fields(tenant = %t, notification_id = %task.notification_id, page = task.page))]
-pub async fn orchestrate_task(deps: &Deps, t: &TenantId, task: &RequestMessage) -> CoreResult<()> {
-    let Some(n) = load(deps, t, &task.notification_id).await? else {
-        warn!("notification not found; nothing to do");
-        return Ok(());
-    };
-    // A scheduled notification is started by its timer (`schedule::fire`), never early.
-    if matches!(n.status, NotificationStatus::Cancelled | NotificationStatus::Scheduled) {
-        return Ok(());
-    }
-    // Accepted before page markers existed: done once orchestrated.
-    if (!n.counted && n.orchestrated) || campaign::page_done(deps, t, &n.notification_id, task.page).await? {
-        return Ok(());
-    }
-    start_processing(deps, t, &n).await?;
-    let (users, next) = match n.segment() {
-        Some(tag) => {
-            let (users, next) =
-                users::segment_page(deps, t, tag, deps.config.campaign_page_size, task.cursor.clone()).await?;
-            (users.into_iter().map(|u| (u.user_id.clone(), Some(u))).collect::<Vec<_>>(), next)
-        }
-        None => (users::get_users(deps, t, n.request.user_ids()).await?, None),
-    };
-    // The next page before this one's work, so pages overlap; its item is the outbox entry
-    // that queues it, put once whatever happens to this task.
-    if let Some(cursor) = &next {
-        campaign::queue_page(deps, t, &n, task.page + 1, cursor.clone()).await?;
-    }
-    orchestrate_page(deps, t, &n, task.page, &users).await?;
-    campaign::finish_page(deps, t, &n.notification_id, task.page, users.len()).await?;
-    if next.is_none() {
-        campaign::set_last_page(deps, t, &n.notification_id, task.page).await?;
-    }
-    Ok(())
-}
 
 /// `accepted` or `scheduled` → `processing` (once; a lost race is fine).
 pub(crate) async fn start_processing(deps: &Deps, t: &TenantId, n: &Notification) -> CoreResult<()> {
@@ -111,8 +50,9 @@ pub(crate) async fn start_processing(deps: &Deps, t: &TenantId, n: &Notification
 /// sequential reads would take seconds).
 const PLAN_CONCURRENCY: usize = 32;
 
-/// Plans and queues the deliveries of one page of users, whether they came from a `user_ids`
-/// list or a segment cursor. The deliveries' creations are held back and written in a few
+/// Plans and queues the deliveries of one page of users of a template send, whether they came
+/// from a `user_ids` list or a segment cursor (a workflow send's page starts runs instead:
+/// [`super::requests::orchestrate_page`]). The deliveries' creations are held back and written in a few
 /// large transactions with the page's progress counters ([`campaign::PageWriter`]); then the
 /// tasks go out.
 pub(crate) async fn orchestrate_page(
@@ -122,10 +62,6 @@ pub(crate) async fn orchestrate_page(
     page: u64,
     users: &[(String, Option<User>)],
 ) -> CoreResult<()> {
-    // A workflow send: a run per user, driven by the engine (`crate::workflows::run`).
-    if let Some(wref) = &n.workflow {
-        return crate::workflows::run::start_page(deps, t, n, wref, page, users).await;
-    }
     // A page that may make send batches is planned by one run at a time (`batch::PageLease`);
     // a second run at the same time waits for the message's retry.
     let lease = if batch::needs_page_lease(n) {
@@ -354,8 +290,17 @@ pub async fn resume_deferred(
     let prefs = preferences::get(deps, t, user_id).await?;
     let devices = devices_if_push(deps, t, &n, user_id).await?;
     let r = Recipient { user_id, user: user.as_ref(), prefs: &prefs, devices: &devices };
-    let planning =
-        Planning { deps, t, n: &n, r: &r, template: template.as_ref(), hosts: &hosts, channel, batches: None, step: None };
+    let planning = Planning {
+        deps,
+        t,
+        n: &n,
+        r: &r,
+        template: template.as_ref(),
+        hosts: &hosts,
+        channel,
+        batches: None,
+        step: None,
+    };
     if let Some(Planned::Task(queue, task) | Planned::Batch(queue, task) | Planned::Requeue(_, queue, task)) =
         plan_delivery(&planning).await?
     {

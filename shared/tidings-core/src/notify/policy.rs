@@ -49,6 +49,8 @@ pub enum SuppressReason {
     FrequencyCap,
     CountryNotAllowed,
     NumberRateLimited,
+    /// The user turned this workflow off (on this channel, or on all).
+    WorkflowOff,
 }
 
 impl SuppressReason {
@@ -62,6 +64,7 @@ impl SuppressReason {
             SuppressReason::FrequencyCap => "frequency_cap",
             SuppressReason::CountryNotAllowed => "country_not_allowed",
             SuppressReason::NumberRateLimited => "number_rate_limited",
+            SuppressReason::WorkflowOff => "workflow_off",
         }
     }
 }
@@ -135,16 +138,26 @@ pub async fn check(
     channel: Channel,
 ) -> CoreResult<Verdict> {
     let category = n.request.category();
-    let transactional = category == Category::Transactional;
-    if !transactional && r.prefs.unsubscribe_all {
-        return Ok(Verdict::Suppress(SuppressReason::Unsubscribed));
-    }
-    // Preferences stored before `transactional` could not be turned off may still say `false`.
-    if !transactional && !r.prefs.category_on(category) {
-        return Ok(Verdict::Suppress(SuppressReason::CategoryOff));
-    }
-    if !r.prefs.channel_on(channel) {
-        return Ok(Verdict::Suppress(SuppressReason::ChannelOff));
+    // A required workflow (OTPs, security notices): no preference stops it, nor quiet hours or
+    // the frequency cap; an address and the suppression list still do.
+    let required = n.workflow.as_ref().is_some_and(|w| w.required);
+    let transactional = category == Category::Transactional || required;
+    if !required {
+        if !transactional && r.prefs.unsubscribe_all {
+            return Ok(Verdict::Suppress(SuppressReason::Unsubscribed));
+        }
+        // Preferences stored before `transactional` could not be turned off may still say `false`.
+        if !transactional && !r.prefs.category_on(category) {
+            return Ok(Verdict::Suppress(SuppressReason::CategoryOff));
+        }
+        if !r.prefs.channel_on(channel) {
+            return Ok(Verdict::Suppress(SuppressReason::ChannelOff));
+        }
+        if let Some(w) = &n.workflow
+            && !r.prefs.workflow_on(&w.workflow_id, channel)
+        {
+            return Ok(Verdict::Suppress(SuppressReason::WorkflowOff));
+        }
     }
     let Some(to) = r.address(channel) else {
         return Ok(Verdict::Suppress(SuppressReason::NoAddress));

@@ -233,6 +233,8 @@ pub struct Progress {
     pub pages: u64,
     /// When the oldest counter item that still has queued deliveries was made.
     pub oldest_pending_ms: Option<i64>,
+    /// A workflow send's runs not yet ended (`crate::workflows::run`).
+    pub running: u64,
 }
 
 /// Adds up a notification's counter items.
@@ -254,6 +256,7 @@ pub async fn read(deps: &Deps, t: &TenantId, notification_id: &str) -> CoreResul
             c.dead += n(item, "dead");
             p.expanded += n(item, "expanded");
             p.pages += n(item, "pages");
+            p.running += n(item, "running");
             if n(item, "queued") > 0
                 && let Some(ms) = item.i64("created_ms")
             {

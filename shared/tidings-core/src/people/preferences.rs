@@ -37,8 +37,20 @@ pub struct Preferences {
     pub channels: BTreeMap<String, bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quiet_hours: Option<QuietHours>,
+    /// Per workflow: `false` turns it off, a map of channels turns those channels off for it;
+    /// absent means on (docs/workflows.md, "Preferences").
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub workflows: BTreeMap<String, WorkflowPreference>,
     #[serde(default)]
     pub updated_at: String,
+}
+
+/// A user's preference for one workflow: on or off, or on and off per channel.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(untagged)]
+pub enum WorkflowPreference {
+    All(bool),
+    Channels(BTreeMap<String, bool>),
 }
 
 /// The body of `PUT /v1/users/{id}/preferences`: every field is optional and only the fields
@@ -51,6 +63,9 @@ pub struct PreferencesInput {
     pub channels: Option<BTreeMap<String, bool>>,
     #[serde(default, deserialize_with = "present")]
     pub quiet_hours: Option<Option<QuietHours>>,
+    /// `{"comment": {"email": false}, "price_drop": false}`: a workflow off, or off on some
+    /// channels; a map given for a workflow changes only the channels it names.
+    pub workflows: Option<BTreeMap<String, WorkflowPreference>>,
 }
 
 /// Tells "absent" (`None`) from "null" (`Some(None)`).
@@ -106,6 +121,19 @@ impl PreferencesInput {
                 ));
             }
         }
+        for (id, pref) in self.workflows.iter().flatten() {
+            check_id(&format!("workflows.{id}"), id)?;
+            if let WorkflowPreference::Channels(m) = pref {
+                for name in m.keys() {
+                    if Channel::parse(name).is_none() {
+                        return Err(CoreError::invalid(
+                            format!("workflows.{id}.{name}"),
+                            "unknown channel (email, sms, push, inapp)",
+                        ));
+                    }
+                }
+            }
+        }
         if let Some(Some(q)) = &self.quiet_hours {
             if parse_hhmm(&q.start).is_none() {
                 return Err(CoreError::invalid("quiet_hours.start", "must be HH:MM, e.g. 22:00"));
@@ -125,6 +153,15 @@ impl Preferences {
 
     pub fn channel_on(&self, c: Channel) -> bool {
         self.channels.get(c.as_str()).copied().unwrap_or(true)
+    }
+
+    /// Whether the user takes workflow `id` on channel `c`.
+    pub fn workflow_on(&self, id: &str, c: Channel) -> bool {
+        match self.workflows.get(id) {
+            None => true,
+            Some(WorkflowPreference::All(on)) => *on,
+            Some(WorkflowPreference::Channels(m)) => m.get(c.as_str()).copied().unwrap_or(true),
+        }
     }
 
     /// When the quiet hours that contain `now` end (in UTC), or `None` when `now` is not in
@@ -239,6 +276,17 @@ pub async fn put(deps: &Deps, t: &TenantId, user_id: &str, input: PreferencesInp
         }
         if let Some(q) = &input.quiet_hours {
             next.quiet_hours = q.clone();
+        }
+        for (id, pref) in input.workflows.iter().flatten() {
+            let merged = match (next.workflows.get(id), pref) {
+                (Some(WorkflowPreference::Channels(old)), WorkflowPreference::Channels(new)) => {
+                    let mut m = old.clone();
+                    m.extend(new.iter().map(|(k, v)| (k.clone(), *v)));
+                    WorkflowPreference::Channels(m)
+                }
+                (_, p) => p.clone(),
+            };
+            next.workflows.insert(id.clone(), merged);
         }
         next.user_id = user_id.to_owned();
         next.updated_at = next_updated_at(deps.clock.now(), &current.updated_at);

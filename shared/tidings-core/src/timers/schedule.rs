@@ -26,7 +26,7 @@ use crate::error::CoreResult;
 use crate::ids::TenantId;
 use crate::notify::api::load;
 use crate::notify::model::{Notification, NotificationStatus};
-use crate::notify::{campaign, orchestrator};
+use crate::notify::{campaign, orchestrator, requests};
 use crate::people::preferences::{local_instant, zone_of};
 use crate::people::users;
 
@@ -98,7 +98,7 @@ pub async fn fire(
     }
     orchestrator::start_processing(deps, t, &n).await?;
     let Some(users) = users else {
-        return orchestrator::orchestrate(deps, t, notification_id).await;
+        return requests::orchestrate(deps, t, notification_id).await;
     };
     let page = u64::from(group);
     if campaign::page_done(deps, t, notification_id, page).await? {
@@ -109,7 +109,7 @@ pub async fn fire(
         let user = users::get_user(deps, t, &user_id).await?;
         planned.push((user_id, user));
     }
-    orchestrator::orchestrate_page(deps, t, &n, page, &planned).await?;
+    requests::orchestrate_page(deps, t, &n, page, &planned).await?;
     campaign::finish_page(deps, t, notification_id, page, planned.len()).await?;
     // Every group knows the last page; completion waits for all of them (see `get_notification`).
     campaign::set_last_page(deps, t, notification_id, u64::from(groups.saturating_sub(1))).await?;

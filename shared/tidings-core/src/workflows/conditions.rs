@@ -5,7 +5,7 @@
 use serde_json::Value;
 
 use super::definition::{Condition, Engagement, Reach, UserAttr};
-use super::run::Run;
+use super::model::Run;
 use crate::deps::Deps;
 use crate::error::CoreResult;
 use crate::ids::TenantId;

@@ -359,7 +359,10 @@ fn check_steps(steps: &[StepDef], path: &str, depth: usize, index: &mut usize, n
                 if let Some(m) = max
                     && (*m == 0 || *m > MAX_DIGEST_EVENTS)
                 {
-                    return Err(CoreError::invalid(format!("{field}.max"), format!("must be 1 to {MAX_DIGEST_EVENTS}")));
+                    return Err(CoreError::invalid(
+                        format!("{field}.max"),
+                        format!("must be 1 to {MAX_DIGEST_EVENTS}"),
+                    ));
                 }
             }
             StepDef::Delay { duration, until, .. } => match (duration, until) {
@@ -456,13 +459,16 @@ fn check_condition(c: &Condition, field: &str, here: usize, nodes: &[Node]) -> C
     let n_ops = ops.iter().filter(|o| **o).count();
     if let Some(step) = c.step.or(c.is.map(|_| u32::MAX)) {
         let Some(_) = c.is else {
-            return Err(CoreError::invalid(format!("{field}.is"), "needs is (delivered, opened, clicked, read, not_read, …)"));
+            return Err(CoreError::invalid(
+                format!("{field}.is"),
+                "needs is (delivered, opened, clicked, read, not_read, …)",
+            ));
         };
         if n_ops != 0 {
             return Err(CoreError::invalid(field, "a step condition takes is, no eq/gte/lte/in"));
         }
-        let points_back = (step as usize) < here
-            && nodes.get(step as usize).is_some_and(|n| matches!(n.step, StepDef::Send { .. }));
+        let points_back =
+            (step as usize) < here && nodes.get(step as usize).is_some_and(|n| matches!(n.step, StepDef::Send { .. }));
         if !points_back {
             return Err(CoreError::invalid(
                 format!("{field}.step"),
@@ -591,7 +597,9 @@ mod tests {
         assert_eq!(refused(json!([{"type": "digest", "window": "1m", "max": 0}])), "steps[0].max");
         assert_eq!(refused(json!([{"type": "digest"}])), "steps[0].window");
         assert_eq!(
-            refused(json!([{"type": "branch", "if": {"param": "x", "eq": 1}, "then": [{"type": "delay", "for": "0s"}]}])),
+            refused(
+                json!([{"type": "branch", "if": {"param": "x", "eq": 1}, "then": [{"type": "delay", "for": "0s"}]}])
+            ),
             "steps[0].then[0].for"
         );
         assert_eq!(refused(json!([])), "steps");

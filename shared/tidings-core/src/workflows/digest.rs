@@ -69,13 +69,7 @@ pub enum Entered {
 
 /// Enters `notification_id`'s trigger (with `params`) in the open window of `pk`, or opens one
 /// that closes at `flush_ms`.
-pub async fn enter(
-    deps: &Deps,
-    pk: &str,
-    notification_id: &str,
-    params: &Value,
-    flush_ms: i64,
-) -> CoreResult<Entered> {
+pub async fn enter(deps: &Deps, pk: &str, notification_id: &str, params: &Value, flush_ms: i64) -> CoreResult<Entered> {
     let member_key = Key::new(pk, format!("M#{notification_id}"));
     let head_key = Key::new(pk, "HEAD");
     let now_ms = deps.clock.now_ms();

@@ -13,6 +13,7 @@
 pub mod conditions;
 pub mod definition;
 pub mod digest;
+pub mod model;
 pub mod run;
 
 use serde::{Deserialize, Serialize};
@@ -24,6 +25,7 @@ use crate::notify::model::Category;
 use crate::ports::{Cond, Item, Key, QueryOpts, StoreError, Write, attrs_of};
 use crate::templates;
 pub use definition::{StepDef, WorkflowInput};
+pub use model::WorkflowRef;
 
 /// A workflow as stored and shown: one version of it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -37,16 +39,6 @@ pub struct Workflow {
     #[schema(no_recursion)]
     pub steps: Vec<StepDef>,
     pub updated_at: String,
-}
-
-/// What a notification records of its workflow: the version its runs follow.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WorkflowRef {
-    pub workflow_id: String,
-    pub version: u32,
-    /// No preference stops it.
-    #[serde(default)]
-    pub required: bool,
 }
 
 /// One page of a tenant's workflows.

@@ -14,13 +14,14 @@
 //! the notification is not `completed` while any run waits.
 
 use chrono::{DateTime, Datelike, Duration as ChronoDuration, Utc};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::{Value, json};
 use tracing::{info, warn};
 
 use super::conditions;
 use super::definition::{self, Every, Node, StepDef};
 use super::digest::{self, Entered};
+pub use super::model::{Run, RunStatus, StepRecord, Wait};
 use super::{Workflow, WorkflowRef};
 use crate::deps::Deps;
 use crate::error::{CoreError, CoreResult};
@@ -33,98 +34,6 @@ use crate::people::preferences::{local_instant, zone_of};
 use crate::people::users::{self, User};
 use crate::ports::{Channel, Cond, Item, QueryOpts, StoreError, Update, Write, attrs_of};
 use crate::timers::task::{self as timer, TimerTask};
-
-/// A run's status, as `GET /v1/notifications/{id}/runs` shows it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum RunStatus {
-    Running,
-    Waiting,
-    Completed,
-    Throttled,
-    Failed,
-    Cancelled,
-}
-
-impl RunStatus {
-    pub fn ended(self) -> bool {
-        !matches!(self, RunStatus::Running | RunStatus::Waiting)
-    }
-}
-
-/// One step a run went through (a send that tried several channels: one per channel).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct StepRecord {
-    pub index: u32,
-    #[serde(rename = "type")]
-    pub kind: String,
-    /// `done`, `skipped`, `waiting`, `queued`, `sent`, `suppressed`, `failed`, `throttled`,
-    /// `digested` (it carries the digest), `merged` (into another trigger's run), `then`,
-    /// `else`, `cancelled`.
-    pub status: String,
-    pub at: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub channel: Option<Channel>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub detail: Option<String>,
-}
-
-/// What a waiting run waits for.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "for", rename_all = "snake_case")]
-pub enum Wait {
-    /// A delay until `due_ms`.
-    Delay { due_ms: i64 },
-    /// Quiet hours (or `local_time`) hold the send at this step's `channel_index` until `due_ms`.
-    Deferred { due_ms: i64, channel_index: u32 },
-    /// A digest window it leads, closing at `due_ms`.
-    Digest { pk: String, window: String, due_ms: i64 },
-    /// A fallback send's channel `channel_index` reaching what the step asks, until
-    /// `deadline_ms` (none: until it ends); checked at `next_check_ms`.
-    Send {
-        channel_index: u32,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        deadline_ms: Option<i64>,
-        checks: u32,
-    },
-}
-
-/// A run as stored.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Run {
-    pub user_id: String,
-    pub workflow_id: String,
-    pub version: u32,
-    pub status: RunStatus,
-    /// The step it is at (none once ended).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub at: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub wait: Option<Wait>,
-    /// The params its steps render with: the notification's, and after a digest `events` and
-    /// `count`.
-    pub params: Value,
-    #[serde(default)]
-    pub steps: Vec<StepRecord>,
-    /// The page of its notification it was started by (its progress counter).
-    #[serde(default)]
-    pub page: u64,
-    /// Bumped by each write: a write is conditioned on the value it read.
-    #[serde(default)]
-    pub seq: u64,
-    pub created_at: String,
-    pub updated_at: String,
-    /// A send that failed for good: the run ends `failed`.
-    #[serde(default)]
-    pub failed: bool,
-}
-
-impl Run {
-    /// The channel step `step` last used (a fallback: the last one tried).
-    pub fn channel_of(&self, step: u32) -> Option<Channel> {
-        self.steps.iter().rev().find(|r| r.index == step && r.channel.is_some()).and_then(|r| r.channel)
-    }
-}
 
 /// A run as `GET /v1/notifications/{id}/runs` shows it.
 #[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
@@ -258,7 +167,10 @@ pub async fn wake(deps: &Deps, t: &TenantId, notification_id: &str, user_id: &st
     }
     let Some(n) = crate::notify::api::load(deps, t, notification_id).await? else { return Ok(()) };
     let Some(wf) = super::get_version(deps, t, &run.workflow_id, run.version).await? else {
-        return Err(CoreError::invalid("workflow_id", format!("version {} of {} is gone", run.version, run.workflow_id)));
+        return Err(CoreError::invalid(
+            "workflow_id",
+            format!("version {} of {} is gone", run.version, run.workflow_id),
+        ));
     };
     let user = users::get_user(deps, t, user_id).await?;
     let ctx = Ctx { deps, t, n: &n, wf: &wf, nodes: definition::layout(&wf.steps), user };
@@ -446,9 +358,9 @@ async fn step(ctx: &Ctx<'_>, run: &mut Run, i: usize) -> CoreResult<Next> {
                 (None, Some(s)) => {
                     let on = match s.every {
                         Every::Day => None,
-                        Every::Week => Some(
-                            s.on.as_deref().and_then(definition::parse_weekday).unwrap_or(chrono::Weekday::Mon),
-                        ),
+                        Every::Week => {
+                            Some(s.on.as_deref().and_then(definition::parse_weekday).unwrap_or(chrono::Weekday::Mon))
+                        }
                     };
                     next_wall_time(ctx, &s.at, on, now_ms)
                 }
@@ -774,7 +686,11 @@ pub async fn runs(
     notification_id: &str,
     limit: usize,
     cursor: Option<String>,
-) -> CoreResult<RunPage> {
+) -> CoreResult<Option<RunPage>> {
+    crate::ids::check_id("notification_id", notification_id)?;
+    if deps.table.get(&keys::notification(t, notification_id)).await?.is_none() {
+        return Ok(None);
+    }
     let page = deps
         .table
         .query(
@@ -789,7 +705,7 @@ pub async fn runs(
         let run: Run = item.parse()?;
         items.push(view(run));
     }
-    Ok(RunPage { items, next_cursor: page.next_cursor })
+    Ok(Some(RunPage { items, next_cursor: page.next_cursor }))
 }
 
 fn view(run: Run) -> RunView {

@@ -1,0 +1,88 @@
+//! The request lanes' step: one request message → its notification's page of users, each
+//! planned by the orchestrator ([`super::orchestrator`]: a template send's deliveries) or
+//! started as a workflow run ([`crate::workflows::run`]). Here, above both, so neither imports
+//! the other's caller.
+
+use tracing::{instrument, warn};
+
+use super::api::load;
+use super::campaign;
+use super::model::{Notification, NotificationStatus, RequestMessage};
+use super::orchestrator::{self, start_processing};
+use crate::deps::Deps;
+use crate::error::CoreResult;
+use crate::ids::TenantId;
+use crate::outcome::Outcome;
+use crate::people::users::{self, User};
+use crate::tasks::{Step, Task};
+
+/// The request lanes' step: one request task ([`orchestrate_task`]).
+pub struct Orchestrate;
+
+impl Step for Orchestrate {
+    type Body = RequestMessage;
+    const WHAT: &'static str = "request message";
+    async fn run(deps: &Deps, task: &Task<RequestMessage>) -> CoreResult<Outcome> {
+        orchestrate_task(deps, &task.body.tenant, &task.body).await.map(|()| Outcome::Done)
+    }
+}
+
+/// Orchestrates a whole notification from its first task (a `user_ids` list, or a campaign's
+/// first page, which queues the next).
+pub async fn orchestrate(deps: &Deps, t: &TenantId, notification_id: &str) -> CoreResult<()> {
+    orchestrate_task(deps, t, &RequestMessage::first(t, notification_id)).await
+}
+
+/// One request task: a `user_ids` notification (one page, 0), or one page of a campaign read
+/// from the segment's index with the task's cursor (see [`super::campaign`]). Both go through
+/// the same per-user code ([`orchestrate_page`]). A page done already does nothing, so a
+/// retried or redriven task creates nothing twice.
+#[instrument(skip(deps, t, task), fields(tenant = %t, notification_id = %task.notification_id, page = task.page))]
+pub async fn orchestrate_task(deps: &Deps, t: &TenantId, task: &RequestMessage) -> CoreResult<()> {
+    let Some(n) = load(deps, t, &task.notification_id).await? else {
+        warn!("notification not found; nothing to do");
+        return Ok(());
+    };
+    // A scheduled notification is started by its timer (`schedule::fire`), never early.
+    if matches!(n.status, NotificationStatus::Cancelled | NotificationStatus::Scheduled) {
+        return Ok(());
+    }
+    // Accepted before page markers existed: done once orchestrated.
+    if (!n.counted && n.orchestrated) || campaign::page_done(deps, t, &n.notification_id, task.page).await? {
+        return Ok(());
+    }
+    start_processing(deps, t, &n).await?;
+    let (users, next) = match n.segment() {
+        Some(tag) => {
+            let (users, next) =
+                users::segment_page(deps, t, tag, deps.config.campaign_page_size, task.cursor.clone()).await?;
+            (users.into_iter().map(|u| (u.user_id.clone(), Some(u))).collect::<Vec<_>>(), next)
+        }
+        None => (users::get_users(deps, t, n.request.user_ids()).await?, None),
+    };
+    // The next page before this one's work, so pages overlap; its item is the outbox entry
+    // that queues it, put once whatever happens to this task.
+    if let Some(cursor) = &next {
+        campaign::queue_page(deps, t, &n, task.page + 1, cursor.clone()).await?;
+    }
+    orchestrate_page(deps, t, &n, task.page, &users).await?;
+    campaign::finish_page(deps, t, &n.notification_id, task.page, users.len()).await?;
+    if next.is_none() {
+        campaign::set_last_page(deps, t, &n.notification_id, task.page).await?;
+    }
+    Ok(())
+}
+
+/// One page of users: a workflow send's runs, or a template send's deliveries.
+pub(crate) async fn orchestrate_page(
+    deps: &Deps,
+    t: &TenantId,
+    n: &Notification,
+    page: u64,
+    users: &[(String, Option<User>)],
+) -> CoreResult<()> {
+    match &n.workflow {
+        Some(wref) => crate::workflows::run::start_page(deps, t, n, wref, page, users).await,
+        None => orchestrator::orchestrate_page(deps, t, n, page, users).await,
+    }
+}
