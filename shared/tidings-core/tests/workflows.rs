@@ -1,0 +1,545 @@
+//! Workflows (docs/workflows.md) on the embedded store with a manual clock: the digest under
+//! concurrency (the anchors' bugs: novuhq/novu#2569, #3893, #2698, #1633, #2699, #2628), channel
+//! fallback (#2859), conditions on engagement, throttles, branches, preferences per workflow,
+//! required workflows, cancel, and a run's step driven twice doing its work once.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use chrono::Duration;
+use serde_json::{Value, json};
+use tidings_core::error::CoreError;
+use tidings_core::notify::api;
+use tidings_core::notify::model::{NotificationRequest, NotificationStatus};
+use tidings_core::notify::requests;
+use tidings_core::people::devices::{self, DeviceInput};
+use tidings_core::people::preferences::{self, PreferencesInput};
+use tidings_core::people::users::{self, UserInput};
+use tidings_core::ports::{
+    Channel, Cond, Item, Key, OutboundMessage, Page, PermanentCode, Platform, Provider, ProviderError, ProviderReceipt,
+    QueryOpts, StoreError, Table, Update, Write,
+};
+use tidings_core::workflows::run::{self, RunStatus, RunView, Wake};
+use tidings_core::workflows::{self, WorkflowInput};
+use tidings_core::{Deps, TenantId, inbox, templates, timers};
+use tidings_embedded::test_world::{Recorder, TestWorld, drain};
+
+/// A provider that fails every send for good (a push token gone).
+#[derive(Default)]
+struct Refuses {
+    calls: Mutex<usize>,
+}
+
+#[async_trait]
+impl Provider for Refuses {
+    fn name(&self) -> &str {
+        "refuses"
+    }
+    async fn send(&self, _: &OutboundMessage) -> Result<ProviderReceipt, ProviderError> {
+        *self.calls.lock().unwrap() += 1;
+        Err(ProviderError::Permanent { reason: "gone".into(), code: PermanentCode::Rejected })
+    }
+}
+
+/// The store with a read latency on digest heads (as a remote table has one): every trigger
+/// reads "no window open" before any of them writes, so they all race to open it.
+struct Latent(Arc<dyn Table>);
+
+#[async_trait]
+impl Table for Latent {
+    async fn get(&self, key: &Key) -> Result<Option<Item>, StoreError> {
+        let got = self.0.get(key).await;
+        if key.sk == "HEAD" {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        got
+    }
+    async fn put(&self, item: Item, cond: Cond) -> Result<(), StoreError> {
+        self.0.put(item, cond).await
+    }
+    async fn update(&self, key: &Key, updates: Vec<Update>, cond: Cond) -> Result<Item, StoreError> {
+        self.0.update(key, updates, cond).await
+    }
+    async fn delete(&self, key: &Key, cond: Cond) -> Result<(), StoreError> {
+        self.0.delete(key, cond).await
+    }
+    async fn transact(&self, writes: Vec<Write>) -> Result<(), StoreError> {
+        self.0.transact(writes).await
+    }
+    async fn query(&self, pk: &str, sk_prefix: &str, opts: QueryOpts) -> Result<Page, StoreError> {
+        self.0.query(pk, sk_prefix, opts).await
+    }
+}
+
+struct Shop {
+    w: TestWorld,
+    t: TenantId,
+    email: Arc<Recorder>,
+    sms: Arc<Recorder>,
+}
+
+async fn shop_at(start: &str, push: Arc<dyn Provider>) -> Shop {
+    let email = Arc::new(Recorder::default());
+    let sms = Arc::new(Recorder::default());
+    let w = TestWorld::builder()
+        .start_at(start)
+        .all_queues(5)
+        .email(email.clone())
+        .sms(sms.clone())
+        .push(push.clone())
+        .build();
+    let t = TenantId::parse("shop").unwrap();
+    let tpl = json!({"default_locale": "en", "locales": {"en": {
+        "email_subject": "{{ count }} new", "email_body": "{{ count }} comments{% for e in events %} [{{ e.author }}]{% endfor %} on {{ post_id }}",
+        "sms": "sms {{ post_id }}", "push_title": "push", "push_body": "push {{ post_id }}",
+        "inapp_title": "inapp", "inapp_body": "inapp {{ post_id }}"}}});
+    templates::put_template(&w.deps, &t, "comment", serde_json::from_value(tpl).unwrap()).await.unwrap();
+    let tpl = json!({"default_locale": "en", "locales": {"en": {
+        "email_subject": "note", "email_body": "note {{ post_id }}", "sms": "sms {{ post_id }}",
+        "push_title": "push", "push_body": "push {{ post_id }}", "inapp_title": "inapp", "inapp_body": "inapp {{ post_id }}"}}});
+    templates::put_template(&w.deps, &t, "note", serde_json::from_value(tpl).unwrap()).await.unwrap();
+    Shop { w, t, email, sms }
+}
+
+async fn shop() -> Shop {
+    shop_at("2026-12-01T10:00:00Z", Arc::new(Recorder::default())).await
+}
+
+async fn user(s: &Shop, id: &str, phone: bool, tz: Option<&str>) {
+    let input = UserInput {
+        email: Some(format!("{id}@example.com")),
+        phone: phone.then(|| "+14155550100".to_owned()),
+        timezone: tz.map(str::to_owned),
+        ..Default::default()
+    };
+    users::put_user(&s.w.deps, &s.t, id, input).await.unwrap();
+}
+
+async fn workflow(s: &Shop, id: &str, v: Value) -> u32 {
+    let mut body = json!({"name": id, "category": "transactional"});
+    for (k, x) in v.as_object().unwrap() {
+        body[k] = x.clone();
+    }
+    let input: WorkflowInput = serde_json::from_value(body).unwrap();
+    workflows::put_workflow(&s.w.deps, &s.t, id, input).await.unwrap().version
+}
+
+fn send(workflow: &str, users: &[&str], params: Value) -> NotificationRequest {
+    serde_json::from_value(json!({"recipients": {"user_ids": users}, "workflow_id": workflow, "params": params}))
+        .unwrap()
+}
+
+async fn trigger(s: &Shop, workflow: &str, users: &[&str], params: Value) -> String {
+    api::accept(&s.w.deps, &s.t, send(workflow, users, params)).await.unwrap().notification_id
+}
+
+async fn settle(s: &Shop) {
+    let feed = s.w.feed("test");
+    drain(&s.w.deps, &feed).await;
+}
+
+/// Moves the clock, fires due timer buckets and runs what is due.
+async fn pass(s: &Shop, d: Duration) {
+    s.w.clock().advance(d);
+    timers::tick(&s.w.deps).await.unwrap();
+    settle(s).await;
+}
+
+fn bodies(r: &Recorder) -> Vec<String> {
+    r.sent.lock().unwrap().iter().map(|m| m.body.clone()).collect()
+}
+
+async fn runs(s: &Shop, id: &str) -> Vec<RunView> {
+    run::runs(&s.w.deps, &s.t, id, 500, None).await.unwrap().unwrap().items
+}
+
+fn statuses(r: &RunView) -> Vec<String> {
+    r.steps.iter().map(|x| format!("{}:{}", x.index, x.status)).collect()
+}
+
+const DIGEST: &str = r#"[{"type": "digest", "window": "10m", "key": "{{ post_id }}"},
+                         {"type": "send", "channel": "email", "template_id": "comment"}]"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn many_triggers_at_one_instant_on_two_instances_make_one_digest_and_keys_never_merge() {
+    // novuhq/novu#2569 (two triggers in one second, two digests), #3893 (concurrent events not
+    // bucketed together), #2698 (other keys merged).
+    let s = shop().await;
+    user(&s, "u1", false, None).await;
+    workflow(&s, "comments", json!({"steps": serde_json::from_str::<Value>(DIGEST).unwrap()})).await;
+    let mut ids = Vec::new();
+    for i in 0..40 {
+        let post = if i % 4 == 3 { "p2" } else { "p1" };
+        ids.push((trigger(&s, "comments", &["u1"], json!({"post_id": post, "author": format!("a{i}")})).await, post));
+    }
+    // Every trigger's run started at the same instant on one of two instances (each its own
+    // caches, the same store, reads that take a while), all at once.
+    let instance = || {
+        Deps::new(
+            Arc::new(Latent(Arc::new(s.w.store.clone()))),
+            Arc::new(s.w.store.clone()),
+            s.w.deps.clock.clone(),
+            s.w.deps.providers.clone(),
+            (*s.w.deps.config).clone(),
+        )
+    };
+    let (one, two) = (instance(), instance());
+    let mut tasks = Vec::new();
+    for (i, (id, _)) in ids.iter().enumerate() {
+        let deps = if i % 2 == 0 { one.clone() } else { two.clone() };
+        let (t, id) = (s.t.clone(), id.clone());
+        tasks.push(tokio::spawn(async move { requests::orchestrate(&deps, &t, &id).await }));
+    }
+    for task in tasks {
+        task.await.unwrap().unwrap();
+    }
+    settle(&s).await;
+    assert!(bodies(&s.email).is_empty(), "nothing before the window closes");
+    pass(&s, Duration::minutes(11)).await;
+    let mut sent = bodies(&s.email);
+    sent.sort();
+    assert_eq!(sent.len(), 2, "one digest per key: {sent:?}");
+    assert!(sent[0].starts_with("10 comments") && sent[0].ends_with("on p2"), "{}", sent[0]);
+    assert!(sent[1].starts_with("30 comments") && sent[1].ends_with("on p1"), "{}", sent[1]);
+    // Oldest first: the first p1 trigger's author leads the list.
+    assert!(sent[1].contains("comments [a0] [a1] [a2] [a4]"), "{}", sent[1]);
+    let mut digested = 0;
+    let mut merged = 0;
+    for (id, _) in &ids {
+        for r in runs(&s, id).await {
+            assert_eq!(r.status, RunStatus::Completed, "{:?}", r.steps);
+            digested += statuses(&r).iter().filter(|x| *x == "0:digested").count();
+            merged += statuses(&r).iter().filter(|x| *x == "0:merged").count();
+        }
+        let n = api::get_notification(&s.w.deps, &s.t, id).await.unwrap().unwrap();
+        assert_eq!(n.status, NotificationStatus::Completed, "every run ended: {:?}", n.runs_open);
+    }
+    assert_eq!((digested, merged), (2, 38));
+}
+
+#[tokio::test]
+async fn a_delay_then_a_digest_is_one_digest_and_two_digest_steps_each_do_their_job() {
+    // novuhq/novu#1633 (a delay before a digest sent one digest per event), #2699 (more than one
+    // digest step broke).
+    let s = shop().await;
+    user(&s, "u1", false, None).await;
+    workflow(
+        &s,
+        "delayed",
+        json!({"steps": [{"type": "delay", "for": "5m"}, {"type": "digest", "window": "10m"},
+                        {"type": "send", "channel": "email", "template_id": "comment"}]}),
+    )
+    .await;
+    for i in 0..5 {
+        trigger(&s, "delayed", &["u1"], json!({"post_id": "p", "author": i})).await;
+        s.w.clock().advance(Duration::seconds(20));
+    }
+    settle(&s).await;
+    pass(&s, Duration::minutes(6)).await;
+    assert!(bodies(&s.email).is_empty());
+    pass(&s, Duration::minutes(11)).await;
+    assert_eq!(bodies(&s.email).len(), 1, "{:?}", bodies(&s.email));
+    assert!(bodies(&s.email)[0].starts_with("5 comments"), "{:?}", bodies(&s.email));
+
+    workflow(
+        &s,
+        "twice",
+        json!({"steps": [{"type": "digest", "window": "1m"}, {"type": "send", "channel": "inapp", "template_id": "comment"},
+                        {"type": "digest", "window": "30m"}, {"type": "send", "channel": "email", "template_id": "comment"}]}),
+    )
+    .await;
+    // Two bursts a few minutes apart: two in-app digests, then one email digest of both.
+    for burst in 0..2 {
+        for i in 0..3 {
+            trigger(&s, "twice", &["u1"], json!({"post_id": format!("b{burst}"), "author": i})).await;
+        }
+        settle(&s).await;
+        pass(&s, Duration::minutes(2)).await;
+    }
+    let inbox = inbox::list(&s.w.deps, &s.t, "u1", 50, None).await.unwrap();
+    assert_eq!(inbox.items.len(), 2, "one in-app message per first-step window");
+    pass(&s, Duration::minutes(31)).await;
+    let emails = bodies(&s.email);
+    assert_eq!(emails.len(), 2, "{emails:?}");
+    assert!(emails[1].starts_with("2 comments"), "the second digest merged the two first-step runs: {emails:?}");
+}
+
+#[tokio::test]
+async fn a_scheduled_digest_fires_at_the_users_local_time_across_daylight_saving_changes() {
+    // novuhq/novu#2628: a daily digest at a fixed local time got the zone wrong.
+    // 2026-03-08 02:00 New York springs forward: 09:00 that day is 13:00Z, not 14:00Z.
+    let s = shop_at("2026-03-07T23:00:00Z", Arc::new(Recorder::default())).await;
+    user(&s, "ny", false, Some("America/New_York")).await;
+    workflow(
+        &s,
+        "daily",
+        json!({"steps": [{"type": "digest", "schedule": {"at": "09:00", "every": "day"}},
+                        {"type": "send", "channel": "email", "template_id": "comment"}]}),
+    )
+    .await;
+    let id = trigger(&s, "daily", &["ny"], json!({"post_id": "p", "author": "a"})).await;
+    settle(&s).await;
+    let r = runs(&s, &id).await;
+    assert_eq!(r[0].waiting_until.as_deref(), Some("2026-03-08T13:00:00.000Z"));
+    pass(&s, Duration::minutes(13 * 60 + 59)).await; // 2026-03-08T12:59Z
+    assert!(bodies(&s.email).is_empty());
+    pass(&s, Duration::minutes(2)).await;
+    assert_eq!(bodies(&s.email).len(), 1);
+    // And in autumn: 2026-11-01 09:00 New York (standard time again) is 14:00Z.
+    let s = shop_at("2026-10-31T23:00:00Z", Arc::new(Recorder::default())).await;
+    user(&s, "ny", false, Some("America/New_York")).await;
+    workflow(
+        &s,
+        "weekly",
+        json!({"steps": [{"type": "digest", "schedule": {"at": "09:00", "every": "week", "on": "sunday"}},
+                        {"type": "send", "channel": "email", "template_id": "comment"}]}),
+    )
+    .await;
+    let id = trigger(&s, "weekly", &["ny"], json!({"post_id": "p", "author": "a"})).await;
+    settle(&s).await;
+    assert_eq!(runs(&s, &id).await[0].waiting_until.as_deref(), Some("2026-11-01T14:00:00.000Z"));
+}
+
+#[tokio::test]
+async fn fallback_goes_push_sms_email_and_stops_at_the_first_that_works() {
+    // novuhq/novu#2859: channel fallback.
+    let refuses = Arc::new(Refuses::default());
+    let s = shop_at("2026-12-01T10:00:00Z", refuses.clone()).await;
+    user(&s, "nophone", false, None).await;
+    let device = DeviceInput { user_id: "nophone".into(), platform: Platform::Ios, token: "a".repeat(64) };
+    devices::register(&s.w.deps, &s.t, device).await.unwrap();
+    let steps = json!({"steps": [{"type": "send", "channels": ["push", "sms", "email"], "template_id": "note"}]});
+    workflow(&s, "fallback", steps).await;
+    let id = trigger(&s, "fallback", &["nophone"], json!({"post_id": "p"})).await;
+    settle(&s).await;
+    assert_eq!(*refuses.calls.lock().unwrap(), 1, "push tried once");
+    assert!(bodies(&s.sms).is_empty(), "no phone: no SMS");
+    assert_eq!(bodies(&s.email), vec!["note p".to_owned()]);
+    let r = &runs(&s, &id).await[0];
+    let trail: Vec<(String, Option<Channel>)> = r.steps.iter().map(|x| (x.status.clone(), x.channel)).collect();
+    assert_eq!(
+        trail,
+        vec![
+            ("queued".into(), Some(Channel::Push)),
+            ("fell_back".into(), Some(Channel::Push)),
+            ("suppressed".into(), Some(Channel::Sms)),
+            ("queued".into(), Some(Channel::Email)),
+            ("done".into(), Some(Channel::Email)),
+        ],
+        "{:?}",
+        r.steps
+    );
+    assert_eq!(r.status, RunStatus::Completed);
+
+    // Push that works: nothing else is sent.
+    let s = shop().await;
+    user(&s, "u1", true, None).await;
+    let device = DeviceInput { user_id: "u1".into(), platform: Platform::Android, token: "b".repeat(64) };
+    devices::register(&s.w.deps, &s.t, device).await.unwrap();
+    workflow(&s, "fallback", steps_of("push")).await;
+    trigger(&s, "fallback", &["u1"], json!({"post_id": "p"})).await;
+    settle(&s).await;
+    pass(&s, Duration::minutes(30)).await;
+    assert!(bodies(&s.sms).is_empty() && bodies(&s.email).is_empty(), "the push worked: no second channel");
+}
+
+fn steps_of(first: &str) -> Value {
+    json!({"steps": [{"type": "send", "channels": [first, "sms", "email"], "template_id": "note"}]})
+}
+
+#[tokio::test]
+async fn a_fallback_that_waits_for_delivery_tries_the_next_channel_only_after_the_wait() {
+    let s = shop().await;
+    user(&s, "u1", true, None).await;
+    let steps = json!({"steps": [{"type": "send", "channels": ["email", "sms"], "until": "delivered", "wait": "5m", "template_id": "note"}]});
+    workflow(&s, "wait", steps).await;
+    let id = trigger(&s, "wait", &["u1"], json!({"post_id": "p"})).await;
+    settle(&s).await;
+    assert_eq!(bodies(&s.email).len(), 1);
+    pass(&s, Duration::minutes(4)).await;
+    assert!(bodies(&s.sms).is_empty(), "still within the wait");
+    pass(&s, Duration::minutes(2)).await;
+    assert_eq!(bodies(&s.sms).len(), 1, "the email never reached delivered: SMS after the wait");
+    let r = &runs(&s, &id).await[0];
+    assert!(statuses(r).contains(&"0:fell_back".to_owned()), "{:?}", r.steps);
+}
+
+#[tokio::test]
+async fn if_not_read_after_a_delay_skips_a_message_read_meanwhile() {
+    let s = shop().await;
+    user(&s, "reader", false, None).await;
+    user(&s, "busy", false, None).await;
+    let steps = json!({"steps": [
+        {"type": "send", "channel": "inapp", "template_id": "note"},
+        {"type": "delay", "for": "1h"},
+        {"type": "send", "channel": "email", "template_id": "note", "if": {"step": 0, "is": "not_read"}}]});
+    workflow(&s, "nudge", steps).await;
+    let id = trigger(&s, "nudge", &["reader", "busy"], json!({"post_id": "p"})).await;
+    settle(&s).await;
+    let page = inbox::list(&s.w.deps, &s.t, "reader", 10, None).await.unwrap();
+    inbox::mark_read(&s.w.deps, &s.t, "reader", &page.items[0].message_id).await.unwrap();
+    let n = api::get_notification(&s.w.deps, &s.t, &id).await.unwrap().unwrap();
+    assert_eq!((n.status, n.runs_open), (NotificationStatus::Processing, Some(2)), "waiting runs keep it open");
+    pass(&s, Duration::minutes(61)).await;
+    let to: Vec<String> = s.email.sent.lock().unwrap().iter().map(|m| m.to.clone()).collect();
+    assert_eq!(to, vec!["busy@example.com".to_owned()]);
+    for r in runs(&s, &id).await {
+        let last = statuses(&r).last().cloned().unwrap();
+        assert_eq!(last, if r.user_id == "reader" { "2:skipped" } else { "2:queued" }, "{:?}", r.steps);
+    }
+    let n = api::get_notification(&s.w.deps, &s.t, &id).await.unwrap().unwrap();
+    assert_eq!((n.status, n.runs_open), (NotificationStatus::Completed, Some(0)));
+}
+
+#[tokio::test]
+async fn throttle_branch_and_preferences_per_workflow() {
+    let s = shop().await;
+    user(&s, "u1", true, None).await;
+    let steps = json!({"steps": [
+        {"type": "throttle", "limit": 2, "per": "1d"},
+        {"type": "branch", "if": {"param": "total", "gte": 100},
+         "then": [{"type": "send", "channel": "sms", "template_id": "note"}],
+         "else": [{"type": "send", "channel": "email", "template_id": "note"}]}]});
+    workflow(&s, "orders", steps).await;
+    let mut ids = Vec::new();
+    for total in [150, 20, 300, 400] {
+        ids.push(trigger(&s, "orders", &["u1"], json!({"post_id": "p", "total": total})).await);
+    }
+    settle(&s).await;
+    assert_eq!((bodies(&s.sms).len(), bodies(&s.email).len()), (1, 1), "two past the throttle, one per branch");
+    let ended: Vec<RunStatus> = {
+        let mut v = Vec::new();
+        for id in &ids {
+            v.push(runs(&s, id).await[0].status);
+        }
+        v
+    };
+    assert_eq!(ended, vec![RunStatus::Completed, RunStatus::Completed, RunStatus::Throttled, RunStatus::Throttled]);
+    // A run driven again passes the throttle it passed once (its mark), never twice.
+    run::wake(&s.w.deps, &s.t, &ids[0], "u1", Wake::Start).await.unwrap();
+    requests::orchestrate(&s.w.deps, &s.t, &ids[0]).await.unwrap();
+    settle(&s).await;
+    assert_eq!(bodies(&s.sms).len(), 1);
+    // The next day the throttle opens again.
+    pass(&s, Duration::days(1)).await;
+    trigger(&s, "orders", &["u1"], json!({"post_id": "p", "total": 1})).await;
+    settle(&s).await;
+    assert_eq!(bodies(&s.email).len(), 2);
+
+    // Preferences per workflow, per channel; a required workflow passes every preference.
+    workflow(&s, "plain", json!({"steps": [{"type": "send", "channel": "email", "template_id": "note"}]})).await;
+    workflow(
+        &s,
+        "otp",
+        json!({"required": true, "steps": [{"type": "send", "channel": "email", "template_id": "note"}]}),
+    )
+    .await;
+    let prefs: PreferencesInput = serde_json::from_value(json!({"workflows": {"plain": {"email": false}}})).unwrap();
+    preferences::put(&s.w.deps, &s.t, "u1", prefs).await.unwrap();
+    let before = bodies(&s.email).len();
+    let plain = trigger(&s, "plain", &["u1"], json!({"post_id": "p"})).await;
+    settle(&s).await;
+    assert_eq!(bodies(&s.email).len(), before, "turned off for this workflow on email");
+    let r = &runs(&s, &plain).await[0];
+    assert_eq!(r.steps[0].detail.as_deref(), Some("workflow_off"), "{:?}", r.steps);
+    let prefs: PreferencesInput = serde_json::from_value(
+        json!({"unsubscribe_all": true, "channels": {"email": false}, "workflows": {"otp": false}}),
+    )
+    .unwrap();
+    preferences::put(&s.w.deps, &s.t, "u1", prefs).await.unwrap();
+    trigger(&s, "otp", &["u1"], json!({"post_id": "p"})).await;
+    settle(&s).await;
+    assert_eq!(bodies(&s.email).len(), before + 1, "required: no preference stops it");
+}
+
+#[tokio::test]
+async fn a_digest_step_driven_twice_sends_once_and_a_cancel_stops_what_waits() {
+    let s = shop().await;
+    user(&s, "u1", false, None).await;
+    workflow(&s, "comments", json!({"steps": serde_json::from_str::<Value>(DIGEST).unwrap()})).await;
+    let id = trigger(&s, "comments", &["u1"], json!({"post_id": "p", "author": "a"})).await;
+    settle(&s).await;
+    // The request message again (a redelivery): the same run, the same window, its leader.
+    requests::orchestrate(&s.w.deps, &s.t, &id).await.unwrap();
+    settle(&s).await;
+    pass(&s, Duration::minutes(11)).await;
+    let window = || async {
+        let r = runs(&s, &id).await;
+        r[0].steps.iter().any(|x| x.status == "digested")
+    };
+    assert!(window().await);
+    // The close's timer again, and the start again: nothing more.
+    run::wake(&s.w.deps, &s.t, &id, "u1", Wake::Digest { node: 0, window: "any".into() }).await.unwrap();
+    run::wake(&s.w.deps, &s.t, &id, "u1", Wake::Start).await.unwrap();
+    requests::orchestrate(&s.w.deps, &s.t, &id).await.unwrap();
+    settle(&s).await;
+    assert_eq!(bodies(&s.email).len(), 1);
+
+    workflow(
+        &s,
+        "later",
+        json!({"steps": [{"type": "delay", "for": "2h"}, {"type": "send", "channel": "email", "template_id": "note"}]}),
+    )
+    .await;
+    let id = trigger(&s, "later", &["u1"], json!({"post_id": "p"})).await;
+    settle(&s).await;
+    api::cancel(&s.w.deps, &s.t, &id).await.unwrap();
+    pass(&s, Duration::hours(3)).await;
+    assert_eq!(bodies(&s.email).len(), 1, "a cancelled run sends nothing");
+    assert_eq!(runs(&s, &id).await[0].status, RunStatus::Cancelled);
+}
+
+#[tokio::test]
+async fn a_workflow_that_cannot_work_is_refused_and_runs_keep_their_version() {
+    let s = shop().await;
+    user(&s, "u1", false, None).await;
+    let put = |steps: Value| {
+        let input: WorkflowInput =
+            serde_json::from_value(json!({"name": "x", "category": "marketing", "steps": steps})).unwrap();
+        let deps = s.w.deps.clone();
+        let t = s.t.clone();
+        async move { workflows::put_workflow(&deps, &t, "x", input).await }
+    };
+    fn field<T: std::fmt::Debug>(r: Result<T, CoreError>) -> String {
+        match r {
+            Err(CoreError::Invalid { field, .. }) => field,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(
+        field(put(json!([{"type": "send", "channel": "email", "template_id": "nope"}])).await),
+        "steps[0].template_id"
+    );
+    let tpl = json!({"default_locale": "en", "locales": {"en": {"sms": "hi"}}});
+    templates::put_template(&s.w.deps, &s.t, "sms_only", serde_json::from_value(tpl).unwrap()).await.unwrap();
+    assert_eq!(
+        field(put(json!([{"type": "send", "channels": ["sms", "email"], "template_id": "sms_only"}])).await),
+        "steps[0].template_id",
+        "no email content"
+    );
+    let unknown = api::accept(&s.w.deps, &s.t, send("nothing", &["u1"], json!({}))).await;
+    assert_eq!(field(unknown.map(|_| ())), "workflow_id");
+
+    let v1 = workflow(
+        &s,
+        "v",
+        json!({"steps": [{"type": "delay", "for": "1h"}, {"type": "send", "channel": "email", "template_id": "note"}]}),
+    )
+    .await;
+    assert_eq!(v1, 1);
+    assert_eq!(
+        workflow(&s, "v", json!({"steps": [{"type": "delay", "for": "1h"}, {"type": "send", "channel": "email", "template_id": "note"}]})).await,
+        1,
+        "the same definition again is no new version"
+    );
+    let id = trigger(&s, "v", &["u1"], json!({"post_id": "p"})).await;
+    settle(&s).await;
+    let v2 = workflow(&s, "v", json!({"steps": [{"type": "send", "channel": "inapp", "template_id": "note"}]})).await;
+    assert_eq!(v2, 2);
+    pass(&s, Duration::minutes(61)).await;
+    let r = &runs(&s, &id).await[0];
+    assert_eq!((r.version, r.status), (1, RunStatus::Completed));
+    assert_eq!(bodies(&s.email).len(), 1, "the run followed its own version: an email, not an in-app message");
+}
