@@ -74,6 +74,9 @@ pub enum EventType {
     RestockNotified,
     #[serde(rename = "campaign.completed")]
     CampaignCompleted,
+    /// A workflow run ended (`completed`, `failed`, `throttled`, `cancelled`).
+    #[serde(rename = "workflow.run_ended")]
+    WorkflowRunEnded,
     #[serde(rename = "webhook.test")]
     WebhookTest,
 }
@@ -90,6 +93,7 @@ impl EventType {
             EventType::OrderExpired => "order.expired",
             EventType::RestockNotified => "restock.notified",
             EventType::CampaignCompleted => "campaign.completed",
+            EventType::WorkflowRunEnded => "workflow.run_ended",
             EventType::WebhookTest => "webhook.test",
         }
     }

@@ -23,7 +23,9 @@ use tidings_core::ports::{
 };
 use tidings_core::workflows::run::{self, RunStatus, RunView, Wake};
 use tidings_core::workflows::{self, WorkflowInput};
+use tidings_core::webhooks::{self, EVENT_SK, EndpointInput, EventType};
 use tidings_core::{Deps, TenantId, inbox, templates, timers};
+use tidings_core::ports::ChangeFeed;
 use tidings_embedded::test_world::{Recorder, TestWorld, drain};
 
 /// A provider that fails every send for good (a push token gone).
@@ -397,6 +399,13 @@ async fn if_not_read_after_a_delay_skips_a_message_read_meanwhile() {
 async fn throttle_branch_and_preferences_per_workflow() {
     let s = shop().await;
     user(&s, "u1", true, None).await;
+    let audit = s.w.feed("audit");
+    let hook = EndpointInput {
+        url: "https://93.184.216.34/hooks".into(),
+        events: vec![EventType::WorkflowRunEnded],
+        rate_limit: None,
+    };
+    webhooks::create(&s.w.deps, &s.t, hook).await.unwrap();
     let steps = json!({"steps": [
         {"type": "throttle", "limit": 2, "per": "1d"},
         {"type": "branch", "if": {"param": "total", "gte": 100},
@@ -422,6 +431,24 @@ async fn throttle_branch_and_preferences_per_workflow() {
     requests::orchestrate(&s.w.deps, &s.t, &ids[0]).await.unwrap();
     settle(&s).await;
     assert_eq!(bodies(&s.sms).len(), 1);
+    // Each run's end told once, with how it ended.
+    let told: Vec<(String, String)> = audit
+        .next_batch(10_000)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.key.sk == EVENT_SK && r.is_insert())
+        .filter_map(|r| r.new.and_then(|n| n.get("event").cloned()))
+        .filter(|e| e["type"] == "workflow.run_ended")
+        .map(|e| (e["data"]["notification_id"].as_str().unwrap().to_owned(), e["data"]["status"].as_str().unwrap().to_owned()))
+        .collect();
+    let want: Vec<(String, String)> =
+        ids.iter().zip(["completed", "completed", "throttled", "throttled"]).map(|(i, s)| (i.clone(), s.to_owned())).collect();
+    let mut told_sorted = told.clone();
+    told_sorted.sort();
+    let mut want_sorted = want.clone();
+    want_sorted.sort();
+    assert_eq!(told_sorted, want_sorted, "one event per run end: {told:?}");
     // The next day the throttle opens again.
     pass(&s, Duration::days(1)).await;
     trigger(&s, "orders", &["u1"], json!({"post_id": "p", "total": 1})).await;

@@ -34,6 +34,7 @@ use crate::people::preferences::{local_instant, zone_of};
 use crate::people::users::{self, User};
 use crate::ports::{Channel, Cond, Item, QueryOpts, StoreError, Update, Write, attrs_of};
 use crate::timers::task::{self as timer, TimerTask};
+use crate::webhooks::{Event, EventType};
 
 /// A run as `GET /v1/notifications/{id}/runs` shows it.
 #[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
@@ -665,6 +666,23 @@ async fn write(ctx: &Ctx<'_>, mut run: Run, seq: u64, ended: bool) -> CoreResult
             &[("running", -1)],
             ctx.deps.clock.now_ms(),
         ));
+        // Told to the shop in the same transaction (its outbox): once, whatever drives the end.
+        let data = json!({
+            "notification_id": ctx.n.notification_id,
+            "user_id": run.user_id,
+            "workflow_id": run.workflow_id,
+            "version": run.version,
+            "status": run.status,
+            "steps": run.steps.len(),
+        });
+        let event = Event::of(
+            ctx.deps,
+            ctx.t,
+            EventType::WorkflowRunEnded,
+            &[&ctx.n.notification_id, &run.user_id],
+            data,
+        );
+        writes.extend(crate::webhooks::event_writes(ctx.deps, ctx.t, vec![event]).await?);
     }
     match ctx.deps.table.transact(writes).await {
         Ok(()) => {
