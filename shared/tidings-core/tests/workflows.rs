@@ -17,15 +17,15 @@ use tidings_core::notify::requests;
 use tidings_core::people::devices::{self, DeviceInput};
 use tidings_core::people::preferences::{self, PreferencesInput};
 use tidings_core::people::users::{self, UserInput};
+use tidings_core::ports::ChangeFeed;
 use tidings_core::ports::{
     Channel, Cond, Item, Key, OutboundMessage, Page, PermanentCode, Platform, Provider, ProviderError, ProviderReceipt,
     QueryOpts, StoreError, Table, Update, Write,
 };
+use tidings_core::webhooks::{self, EVENT_SK, EndpointInput, EventType};
 use tidings_core::workflows::run::{self, RunStatus, RunView, Wake};
 use tidings_core::workflows::{self, WorkflowInput};
-use tidings_core::webhooks::{self, EVENT_SK, EndpointInput, EventType};
 use tidings_core::{Deps, TenantId, inbox, templates, timers};
-use tidings_core::ports::ChangeFeed;
 use tidings_embedded::test_world::{Recorder, TestWorld, drain};
 
 /// A provider that fails every send for good (a push token gone).
@@ -440,10 +440,18 @@ async fn throttle_branch_and_preferences_per_workflow() {
         .filter(|r| r.key.sk == EVENT_SK && r.is_insert())
         .filter_map(|r| r.new.and_then(|n| n.get("event").cloned()))
         .filter(|e| e["type"] == "workflow.run_ended")
-        .map(|e| (e["data"]["notification_id"].as_str().unwrap().to_owned(), e["data"]["status"].as_str().unwrap().to_owned()))
+        .map(|e| {
+            (
+                e["data"]["notification_id"].as_str().unwrap().to_owned(),
+                e["data"]["status"].as_str().unwrap().to_owned(),
+            )
+        })
         .collect();
-    let want: Vec<(String, String)> =
-        ids.iter().zip(["completed", "completed", "throttled", "throttled"]).map(|(i, s)| (i.clone(), s.to_owned())).collect();
+    let want: Vec<(String, String)> = ids
+        .iter()
+        .zip(["completed", "completed", "throttled", "throttled"])
+        .map(|(i, s)| (i.clone(), s.to_owned()))
+        .collect();
     let mut told_sorted = told.clone();
     told_sorted.sort();
     let mut want_sorted = want.clone();
@@ -569,4 +577,40 @@ async fn a_workflow_that_cannot_work_is_refused_and_runs_keep_their_version() {
     let r = &runs(&s, &id).await[0];
     assert_eq!((r.version, r.status), (1, RunStatus::Completed));
     assert_eq!(bodies(&s.email).len(), 1, "the run followed its own version: an email, not an in-app message");
+}
+
+#[tokio::test]
+async fn the_unsubscribe_link_of_a_workflows_email_turns_that_workflow_off_on_email() {
+    use tidings_core::tracking::{self, TokenKind};
+    let email = Arc::new(Recorder::default());
+    let config = tidings_core::CoreConfig {
+        signer: tidings_core::signing::Signer::parse("k1:a-signing-secret-of-some-length"),
+        ..tidings_core::CoreConfig::default()
+    };
+    let w = TestWorld::builder().all_queues(5).email(email.clone()).config(config).build();
+    let s = Shop { w, t: TenantId::parse("shop").unwrap(), email, sms: Arc::new(Recorder::default()) };
+    let tpl =
+        json!({"default_locale": "en", "locales": {"en": {"email_subject": "s", "email_body": "news {{ post_id }}"}}});
+    templates::put_template(&s.w.deps, &s.t, "note", serde_json::from_value(tpl).unwrap()).await.unwrap();
+    user(&s, "u1", false, None).await;
+    let steps =
+        json!({"category": "marketing", "steps": [{"type": "send", "channel": "email", "template_id": "note"}]});
+    workflow(&s, "price_drop", steps.clone()).await;
+    workflow(&s, "back_in_stock", steps).await;
+    trigger(&s, "price_drop", &["u1"], json!({"post_id": "p"})).await;
+    settle(&s).await;
+    let sent = s.email.sent.lock().unwrap().clone();
+    let unsub = sent[0].headers.iter().find(|(n, _)| n == "List-Unsubscribe").expect("a marketing email has the link");
+    let token = unsub.1.rsplit("/u/").next().unwrap().trim_end_matches('>');
+    let claims =
+        tracking::verify(&s.w.deps.config, TokenKind::Unsubscribe, token, s.w.deps.clock.now().timestamp()).unwrap();
+    assert_eq!(claims.s, Some(0), "the link names the workflow's step");
+    tracking::unsubscribe(&s.w.deps, &claims).await.unwrap();
+    let prefs = preferences::get(&s.w.deps, &s.t, "u1").await.unwrap();
+    assert!(!prefs.workflow_on("price_drop", Channel::Email));
+    assert!(prefs.category_on(tidings_core::notify::model::Category::Marketing), "the rest of marketing stays on");
+    trigger(&s, "price_drop", &["u1"], json!({"post_id": "p2"})).await;
+    trigger(&s, "back_in_stock", &["u1"], json!({"post_id": "p3"})).await;
+    settle(&s).await;
+    assert_eq!(bodies(&s.email), vec!["news p".to_owned(), "news p3".to_owned()]);
 }

@@ -726,8 +726,7 @@ fn content_of(p: &Planning<'_>, to: String) -> Result<Content, String> {
     if channel == Channel::Inapp {
         return Ok(Content::Inbox(rendered));
     }
-    let (queue, mut task) = task_of(deps, t, n, r.user_id, channel, to, rendered, hosts);
-    task.step = p.step;
+    let (queue, task) = task_of(deps, t, n, (r.user_id, channel, p.step), to, rendered, hosts);
     if p.batched() && !batch::fits(&task) {
         return Err(format!(
             "too_large: the {channel} does not fit a send batch message of at most {} bytes",
@@ -819,8 +818,7 @@ fn task_of(
     deps: &Deps,
     t: &TenantId,
     n: &Notification,
-    user_id: &str,
-    channel: Channel,
+    (user_id, channel, step): (&str, Channel, Option<u32>),
     to: String,
     rendered: templates::Rendered,
     hosts: &LinkHosts,
@@ -839,7 +837,7 @@ fn task_of(
         accepted_ms: Some(n.created_ms),
         priority: Some(n.priority),
         one_attempt: n.one_attempt,
-        step: None,
+        step,
     };
     if channel == Channel::Email {
         crate::tracking::decorate_email(&deps.config, &mut task, deps.clock.now().timestamp(), hosts);

@@ -283,6 +283,17 @@ pub async fn unsubscribe(deps: &Deps, claims: &Claims) -> CoreResult<()> {
         info!(tenant = %t, "unsubscribe link of an erased user: nothing written");
         return Ok(());
     }
+    // A workflow's email: that workflow off on email, the rest as it was.
+    if claims.s.is_some()
+        && let Some(n) = crate::notify::api::load(deps, t, &claims.n).await?
+        && let Some(w) = n.workflow
+    {
+        let off = preferences::WorkflowPreference::Channels([(claims.c.as_str().to_owned(), false)].into());
+        let input =
+            preferences::PreferencesInput { workflows: Some([(w.workflow_id, off)].into()), ..Default::default() };
+        preferences::put(deps, t, &claims.u, input).await?;
+        return Ok(());
+    }
     preferences::leave_marketing(deps, t, &claims.u).await?;
     Ok(())
 }
