@@ -13,6 +13,10 @@
 //! | `relay.after_send` | request messages are queued; the stream position is not committed |
 //! | `orchestrator.mid_fanout` | some deliveries of a notification are created, not all |
 //! | `inventory.after_commit` | a reservation's transaction committed; no answer sent yet |
+//! | `workflow.run_created` | a workflow run is created (or read again); none of its steps ran |
+//! | `workflow.send_planned` | a workflow send's delivery is written and queued; the run is not |
+//! | `workflow.digest_entered` | a trigger is in its digest window; its run is not written |
+//! | `workflow.digest_closed` | a digest window is closed; its events are not read, its run not written |
 
 /// Arms the crash point `spec` names (`TIDINGS_CRASH_AT`, which the process's edge passes
 /// once at start); without the `crash-points` feature, nothing.

@@ -53,6 +53,14 @@ pub const COLD_STARTS: &str = "tidings_cold_starts";
 /// commit), the store's connection-pool wait; on DynamoDB, the request's round trip.
 pub const STORE_WAIT_MS: &str = "tidings_store_wait_ms";
 
+/// Workflow steps a run went through, labels `type` (`send`, `delay`, `digest`, …) and `status`
+/// (`queued`, `skipped`, `merged`, `fell_back`, …: docs/workflows.md, "Runs").
+pub const WORKFLOW_STEPS: &str = "tidings_workflow_steps";
+/// Runs that began to wait, label `for` (`delay`, `deferred`, `digest`, `send`).
+pub const WORKFLOW_WAITS: &str = "tidings_workflow_waits";
+/// Runs that ended, label `status` (`completed`, `failed`, `throttled`, `cancelled`).
+pub const WORKFLOW_RUNS_ENDED: &str = "tidings_workflow_runs_ended";
+
 /// The CloudWatch namespace of the embedded metrics.
 pub const NAMESPACE: &str = "Tidings";
 
@@ -70,6 +78,9 @@ pub const ALL: &[&str] = &[
     GATE_WAIT_MS,
     COLD_STARTS,
     STORE_WAIT_MS,
+    WORKFLOW_STEPS,
+    WORKFLOW_WAITS,
+    WORKFLOW_RUNS_ENDED,
 ];
 
 /// Counts this environment's start (once: a Lambda function's first flush carries it).

@@ -616,6 +616,7 @@ async fn schedule_resume(ctx: &Ctx<'_>, run: &Run, i: usize, due_ms: i64, check:
 
 fn record(ctx: &Ctx<'_>, run: &mut Run, i: usize, status: &str, channel: Option<Channel>, detail: Option<String>) {
     let kind = ctx.nodes.get(i).map_or("step", |n| n.step.kind());
+    metrics::counter!(crate::metrics::WORKFLOW_STEPS, "type" => kind, "status" => status.to_owned()).increment(1);
     run.steps.push(StepRecord {
         index: i as u32,
         kind: kind.to_owned(),
@@ -631,6 +632,13 @@ fn record(ctx: &Ctx<'_>, run: &mut Run, i: usize, status: &str, channel: Option<
 async fn save(ctx: &Ctx<'_>, mut run: Run, seq: u64, next: Next) -> CoreResult<()> {
     let ended = match next {
         Next::Wait(w) => {
+            let what = match &w {
+                Wait::Delay { .. } => "delay",
+                Wait::Deferred { .. } => "deferred",
+                Wait::Digest { .. } => "digest",
+                Wait::Send { .. } => "send",
+            };
+            metrics::counter!(crate::metrics::WORKFLOW_WAITS, "for" => what).increment(1);
             run.status = RunStatus::Waiting;
             run.wait = Some(w);
             false
@@ -682,6 +690,9 @@ async fn write(ctx: &Ctx<'_>, mut run: Run, seq: u64, ended: bool) -> CoreResult
     match ctx.deps.table.transact(writes).await {
         Ok(()) => {
             if ended {
+                let status = serde_json::to_value(run.status).ok().and_then(|v| v.as_str().map(str::to_owned));
+                metrics::counter!(crate::metrics::WORKFLOW_RUNS_ENDED, "status" => status.unwrap_or_default())
+                    .increment(1);
                 info!(notification_id = %ctx.n.notification_id, user_id = %run.user_id, status = ?run.status, "run ended");
             }
             Ok(())
