@@ -162,6 +162,47 @@ def outcomes_coloured(c, outcomes):
     print(f"outcomes: {colours}")
 
 
+def workflow_runs_shown(c):
+    """A workflow send's runs: one per recipient, where it waits and until when, or how it ended
+    and why (docs/workflows.md, "Runs")."""
+    c.view("notifications")
+    c.call("PUT", "/v1/templates/wf_note", {"default_locale": "en", "locales": {"en": {
+        "email_subject": "A note", "email_body": "A note for you"}}}, as_tenant=True)
+    for u in ["wf-a", "wf-b"]:
+        c.call("PUT", f"/v1/users/{u}", {"email": f"{u}@example.com"}, as_tenant=True)
+    c.call("PUT", "/v1/workflows/nudge", {"name": "Nudge", "category": "transactional", "steps": [
+        {"type": "throttle", "limit": 1, "per": "1d"},
+        {"type": "send", "channel": "email", "template_id": "wf_note"},
+        {"type": "delay", "for": "1h"},
+        {"type": "send", "channel": "email", "template_id": "wf_note", "if": {"step": 1, "is": "not_opened"}}]},
+        as_tenant=True)
+    # wf-b passes the throttle once here; the next send finds it full.
+    c.call("POST", "/v1/notifications", {"recipients": {"user_ids": ["wf-b"]}, "workflow_id": "nudge"}, as_tenant=True)
+    nid = c.call("POST", "/v1/notifications", {"recipients": {"user_ids": ["wf-a", "wf-b"]}, "workflow_id": "nudge"},
+                 as_tenant=True)["notification_id"]
+    link = f"#notifications button[data-notification='{nid}']"
+
+    def click():
+        found = c.driver.find_elements(By.CSS_SELECTOR, link)
+        if not found:
+            return False
+        found[0].click()
+        return True
+    wait_for("the workflow send in the list", click)
+
+    def runs():
+        rows = {r["data"].get("user"): r["cells"] for r in c.rows("notification-runs") if r["data"].get("user")}
+        a, b = rows.get("wf-a"), rows.get("wf-b")
+        return a and b and a[1] == "waiting" and b[1] == "throttled" and (a, b)
+    a, b = wait_for("wf-a waiting at the delay, wf-b throttled", runs)
+    if a[2] != "2 delay" or not a[3]:
+        raise SystemExit(f"console check failed: the waiting run shows {a}")
+    if b[4] != "throttled":
+        raise SystemExit(f"console check failed: the throttled run says why as {b[4]!r}")
+    c.screenshot("runs")
+    print(f"runs of {nid}: wf-a waits at {a[2]} until {a[3]}; wf-b ended throttled")
+
+
 def charts_plot(c):
     c.view("rates")
 
@@ -259,6 +300,7 @@ def main():
         keys_from_the_link(c)
         campaign = campaign_bar_moves(c, segment)
         outcomes_coloured(c, outcomes + [("completed", campaign)])
+        workflow_runs_shown(c)
         charts_plot(c)
         dead_letter_redriven(c, dead_queue)
         user_views(c)

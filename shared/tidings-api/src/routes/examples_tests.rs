@@ -112,6 +112,7 @@ async fn every_example_body_is_taken() {
             let uri = path
                 .replace("{user_id}", "u1")
                 .replace("{template_id}", "order_shipped")
+                .replace("{workflow_id}", "order_updates")
                 .replace("{sku_id}", "sku-1001")
                 .replace("{channel}", "email")
                 .replace("{key_id}", &key_id)

@@ -359,6 +359,19 @@ pub fn request_examples() -> Vec<(&'static str, serde_json::Value)> {
             json!({"event": "stock.in", "skuId": "sku-1001", "qty": 50, "source": "purchase_order", "eventId": "evt-20261205-0001"}),
         ),
         ("ResendRequest", json!({"batch_no": "batch-1"})),
+        (
+            "WorkflowInput",
+            json!({
+                "name": "Order updates",
+                "category": "transactional",
+                "steps": [
+                    {"type": "digest", "window": "10m", "key": "{{ order_id }}", "max": 20},
+                    {"type": "send", "channel": "inapp", "template_id": "order_shipped"},
+                    {"type": "delay", "for": "1h"},
+                    {"type": "send", "channels": ["sms", "email"], "template_id": "order_shipped", "if": {"step": 1, "is": "not_read"}}
+                ]
+            }),
+        ),
         ("LinkHostsInput", json!({"hosts": ["shop.example.com", "*.cdn.shop.example.com"]})),
         ("CreateKey", json!({"role": "tenant", "tenant": "acme", "name": "checkout service"})),
         ("RotateKey", json!({"grace_seconds": 3600})),
