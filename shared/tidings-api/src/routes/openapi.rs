@@ -106,9 +106,34 @@ const ID_PROPERTIES: [(&str, &str); 15] = [
 /// ids' patterns and lengths, `limit` ranges, push tokens, HH:MM times, shard counts.
 fn exact(doc: Document) -> serde_json::Value {
     let mut v = serde_json::to_value(&doc).unwrap_or_default();
+    if let Some(schemas) = v.pointer_mut("/components/schemas").and_then(serde_json::Value::as_object_mut) {
+        name_step_kinds(schemas);
+    }
     constrain(&mut v);
     link(&mut v);
     v
+}
+
+/// A workflow step (`tidings_core::workflows::StepDef`, tagged by `type`) as one named schema per
+/// kind (`StepDigest`, `StepSend`, …) and a discriminator: a branch's `then` and `else` hold
+/// steps, and the generators follow that recursion only through named schemas.
+fn name_step_kinds(schemas: &mut serde_json::Map<String, serde_json::Value>) {
+    use serde_json::{Value, json};
+    let Some(kinds) = schemas.get_mut("StepDef").and_then(|s| s.get_mut("oneOf")).map(Value::take) else { return };
+    let mut refs = Vec::new();
+    let mut mapping = serde_json::Map::new();
+    for kind in kinds.as_array().into_iter().flatten() {
+        let Some(tag) = kind.pointer("/properties/type/enum/0").and_then(Value::as_str) else { continue };
+        let name = format!("Step{}{}", tag[..1].to_uppercase(), &tag[1..]);
+        let reference = format!("#/components/schemas/{name}");
+        mapping.insert(tag.to_owned(), json!(reference));
+        refs.push(json!({"$ref": reference}));
+        schemas.insert(name, kind.clone());
+    }
+    if let Some(step) = schemas.get_mut("StepDef") {
+        step["oneOf"] = Value::Array(refs);
+        step["discriminator"] = json!({"propertyName": "type", "mapping": mapping});
+    }
 }
 
 /// The chains a client follows (and schemathesis' stateful phase with it): `(from path, from

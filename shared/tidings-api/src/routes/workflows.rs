@@ -2,14 +2,14 @@ use axum::extract::State;
 use axum::routing::{get, put};
 use axum::{Json, Router};
 use tidings_core::workflows::run::{self, RunPage};
-use tidings_core::workflows::{self, Workflow, WorkflowInput, WorkflowPage};
+use tidings_core::workflows::{self, StepDef, Workflow, WorkflowInput, WorkflowPage};
 
 use crate::extract::{Body, PageParams, PathParams, QueryParams, Tenant};
 use crate::problem::{ApiResult, Problem};
 use crate::state::AppState;
 
 #[derive(utoipa::OpenApi)]
-#[openapi(paths(put_workflow, get_workflow, list_workflows, runs))]
+#[openapi(paths(put_workflow, get_workflow, list_workflows, runs), components(schemas(StepDef)))]
 pub(super) struct Api;
 
 pub fn router() -> Router<AppState> {
