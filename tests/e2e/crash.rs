@@ -301,3 +301,82 @@ pub async fn reservation_crash_after_commit_holds_once(backend: Backend) -> anyh
     assert_eq!(report["discrepancies"], json!([]), "{report}");
     Ok(())
 }
+
+/// The workflow engine's crash points (docs/workflows.md, "The engine"): the server dies at each,
+/// once, while three triggers of a digest workflow run for one user; started again, the user gets
+/// one digest of all three. A step cut off midway is driven again by what drove it (the request
+/// message, the timer), and finds its effects made: the run's creation, the digest membership,
+/// the window's close. At `workflow.send_planned` the delivery was queued before the process
+/// died: the worker may have been calling the provider at that instant (the transactional
+/// trade-off), so one resend is allowed there and only there.
+pub async fn workflow_steps_cut_off_at_each_point_send_one_digest(backend: Backend) -> anyhow::Result<()> {
+    for point in ["workflow.run_created", "workflow.digest_entered", "workflow.digest_closed", "workflow.send_planned"]
+    {
+        let mut opts = Options::default();
+        opts.env.push(("TIDINGS_CRASH_AT", point.into()));
+        opts.env.push(("TIDINGS_MAX_RECEIVES", "12".into()));
+        opts.env.push(("TIDINGS_SET_ASIDE_AFTER_CRASHES", "12".into()));
+        let mut s = Server::start(backend, opts).await?;
+        setup(&s).await?;
+        let workflow = json!({"name": "digest", "category": "transactional", "steps": [
+            {"type": "digest", "window": "12s"},
+            {"type": "send", "channel": "email", "template_id": "crash"}]});
+        let (st, v) = s.call("PUT", "/v1/workflows/digest", Some(workflow)).await?;
+        assert_eq!(st, 200, "{v}");
+        let trigger = |n: usize| {
+            json!({"idempotency_key": format!("wf-crash-{n}"), "recipients": {"user_ids": ["c1"]},
+                   "workflow_id": "digest", "params": {"n": n}})
+        };
+        let mut ids = Vec::new();
+        let mut unanswered = Vec::new();
+        for n in 0..3 {
+            match s.call("POST", "/v1/notifications", Some(trigger(n))).await {
+                Ok((202, v)) => ids.push(v["notification_id"].as_str().unwrap_or_default().to_owned()),
+                Ok((st, v)) => anyhow::bail!("{point}: trigger {n}: {st} {v}"),
+                // Cut off by the crash: asked again, with its key, once the server runs clean.
+                Err(_) => unanswered.push(n),
+            }
+        }
+        anyhow::ensure!(s.exited_within(Duration::from_secs(90)).await?, "{point}: the server did not reach the point");
+        s.restart_with_crash_at(None).await?;
+        for n in unanswered {
+            let (st, v) = s.call("POST", "/v1/notifications", Some(trigger(n))).await?;
+            assert_eq!(st, 202, "{point}: {v}");
+            ids.push(v["notification_id"].as_str().unwrap_or_default().to_owned());
+        }
+        s.eventually(Duration::from_secs(120), &format!("{point}: the digest sent"), || async {
+            let sends: Vec<Value> = s.sends_all().await?.into_iter().filter(|x| x["user_id"] == "c1").collect();
+            let ended = {
+                let mut all = true;
+                for id in &ids {
+                    let (_, v) = s.call("GET", &format!("/v1/notifications/{id}"), None).await?;
+                    all &= v["status"] == "completed";
+                }
+                all
+            };
+            Ok((!sends.is_empty() && ended).then_some(()))
+        })
+        .await?;
+        // Nothing more comes after every run ended.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let sends: Vec<Value> = s.sends_all().await?.into_iter().filter(|x| x["user_id"] == "c1").collect();
+        let most = if point == "workflow.send_planned" { 2 } else { 1 };
+        assert!(
+            !sends.is_empty() && sends.len() <= most,
+            "{point}: one digest (at most {most} sends), got {}: {sends:?}",
+            sends.len()
+        );
+        let mut digested = 0;
+        let mut merged = 0;
+        for id in &ids {
+            let (st, v) = s.call("GET", &format!("/v1/notifications/{id}/runs"), None).await?;
+            assert_eq!(st, 200, "{v}");
+            for step in v["items"][0]["steps"].as_array().cloned().unwrap_or_default() {
+                digested += usize::from(step["status"] == "digested");
+                merged += usize::from(step["status"] == "merged");
+            }
+        }
+        assert_eq!((digested, merged), (1, 2), "{point}: one run carried the digest of three: {sends:?}");
+    }
+    Ok(())
+}

@@ -150,6 +150,7 @@ on_both_backends!(crash as crash_tests:
     relay_crash_before_commit_loses_nothing_and_absorbs_repeats,
     fanout_crash_midway_loses_nothing_and_absorbs_repeats,
     reservation_crash_after_commit_holds_once,
+    workflow_steps_cut_off_at_each_point_send_one_digest,
 );
 
 on_both_backends!(restock as restock_tests: event_and_scan_race_send_one_merged_message, bad_input_retries_manual_and_resend, retries_come_1_5_and_30_minutes_after_each_failure);
