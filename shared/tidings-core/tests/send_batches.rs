@@ -590,6 +590,7 @@ async fn a_run_that_lost_its_page_lease_creates_no_batch() {
             priority: None,
             one_attempt: false,
             step: None,
+            wake: false,
         })
         .collect();
     let packed = pack(&w.t, &n, 0, 0, sends.clone(), "now");

@@ -174,7 +174,7 @@ async fn accept_as(deps: &Deps, t: &TenantId, mut req: NotificationRequest, one_
     if notification.user_triggered {
         writes.push(super::verification::accepted_write(
             t,
-            &notification.request.template_id,
+            notification.request.sends_what(),
             now,
             &notification.notification_id,
         ));

@@ -632,6 +632,7 @@ mod tests {
                 priority: None,
                 one_attempt: false,
                 step: None,
+                wake: false,
             })
             .collect()
     }

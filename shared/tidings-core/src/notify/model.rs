@@ -245,6 +245,14 @@ impl NotificationRequest {
         }
     }
 
+    /// What it sends: its template's id, or its workflow's (the key of its verification stats).
+    pub fn sends_what(&self) -> &str {
+        match &self.workflow_id {
+            Some(w) if self.template_id.is_empty() => w,
+            _ => &self.template_id,
+        }
+    }
+
     /// The category: as sent, or (a workflow send) its workflow's, set at accept.
     pub fn category(&self) -> Category {
         self.category.unwrap_or(Category::Transactional)
@@ -470,6 +478,10 @@ pub struct ChannelTask {
     /// the run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step: Option<u32>,
+    /// Its end wakes its run at once (a fallback's channel: the next may follow); other steps'
+    /// sends are not waited for.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub wake: bool,
 }
 
 impl ChannelTask {
@@ -558,6 +570,7 @@ impl SendBatchTask {
             priority: self.priority,
             one_attempt: false,
             step: None,
+            wake: false,
         }
     }
 }

@@ -339,7 +339,7 @@ pub(crate) async fn plan_step_send(
     user_id: &str,
     user: Option<&User>,
     channel: Channel,
-    step: u32,
+    (step, wake): (u32, bool),
 ) -> CoreResult<StepSend> {
     let template = templates::get_template(deps, t, &n.request.template_id).await?;
     let hosts = match channel {
@@ -379,6 +379,7 @@ pub(crate) async fn plan_step_send(
         Some(Planned::Task(queue, task) | Planned::Batch(queue, task) | Planned::Requeue(_, queue, task))
             if !skip.contains(&key) =>
         {
+            let task = ChannelTask { wake, ..task };
             let body = serde_json::to_string(&task).map_err(|e| StoreError::Corrupt(e.to_string()))?;
             deps.queues.send_batch(&queue, vec![OutMessage::new(body).for_tenant(t)]).await?;
         }
@@ -838,6 +839,7 @@ fn task_of(
         priority: Some(n.priority),
         one_attempt: n.one_attempt,
         step,
+        wake: false,
     };
     if channel == Channel::Email {
         crate::tracking::decorate_email(&deps.config, &mut task, deps.clock.now().timestamp(), hosts);

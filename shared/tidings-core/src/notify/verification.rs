@@ -84,7 +84,7 @@ pub async fn verify(deps: &Deps, t: &TenantId, id: &str) -> CoreResult<Option<Ve
     }];
     if n.user_triggered {
         let accepted_at = DateTime::from_timestamp_millis(n.created_ms).unwrap_or_else(|| deps.clock.now());
-        writes.push(count(hour_key(t, &n.request.template_id, accepted_at, id), "verified", accepted_at));
+        writes.push(count(hour_key(t, n.request.sends_what(), accepted_at, id), "verified", accepted_at));
     }
     match deps.table.transact(writes).await {
         Ok(()) => Ok(Some(Verified { notification_id: n.notification_id, verified_at: now })),

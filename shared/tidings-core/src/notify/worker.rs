@@ -707,7 +707,7 @@ async fn record_all(deps: &Deps, claimed: &[Claimed<'_>], attempts: Vec<Attempt>
                 }
             }
         }
-        if c.task.step.is_some() && !settled.to.is_open() {
+        if c.task.wake && !settled.to.is_open() {
             ended_steps.push(c.task);
         }
         transitions.push(c.moved_to(settled.to, settled.updates));

@@ -353,6 +353,7 @@ mod tests {
             priority: None,
             one_attempt: false,
             step: None,
+            wake: false,
         };
         let hosts = LinkHosts { hosts: vec!["shop.example".into()], ..LinkHosts::default() };
         decorate_email(&c, &mut task, 0, &hosts);
@@ -384,6 +385,7 @@ mod tests {
             priority: None,
             one_attempt: false,
             step: None,
+            wake: false,
         };
         let hosts = LinkHosts { hosts: vec!["shop.example".into()], ..LinkHosts::default() };
         decorate_email(&c, &mut task, 0, &hosts);
@@ -412,6 +414,7 @@ mod tests {
             priority: None,
             one_attempt: false,
             step: None,
+            wake: false,
         }
     }
 

@@ -410,7 +410,7 @@ async fn send(ctx: &Ctx<'_>, run: &mut Run, i: usize, from: usize) -> CoreResult
             &run.user_id,
             ctx.user.as_ref(),
             channel,
-            i as u32,
+            (i as u32, fallback),
         )
         .await?;
         crate::crash::point("workflow.send_planned");
