@@ -31,6 +31,12 @@ pub async fn no_route_shows_or_changes_another_tenants_data(backend: Backend) ->
         Some(json!({"default_locale": "en", "locales": {"en": {"inapp_title": MARK, "inapp_body": MARK, "email_subject": MARK, "email_body": MARK}}})),
     )
     .await?;
+    a(
+        "PUT",
+        "/v1/workflows/w1".into(),
+        Some(json!({"name": MARK, "category": "transactional", "steps": [{"type": "send", "channel": "inapp", "template_id": "t1"}]})),
+    )
+    .await?;
     let n = a(
         "POST",
         "/v1/notifications".into(),
@@ -66,6 +72,7 @@ pub async fn no_route_shows_or_changes_another_tenants_data(backend: Backend) ->
         let concrete = path
             .replace("{user_id}", "u1")
             .replace("{template_id}", "t1")
+            .replace("{workflow_id}", "w1")
             .replace("{id}", &nid)
             .replace("{sku_id}", "sku1")
             .replace("{order_id}", "o1")
@@ -117,6 +124,8 @@ pub async fn no_route_shows_or_changes_another_tenants_data(backend: Backend) ->
     assert_ne!(n["status"], "cancelled", "{n}");
     let (_, subs) = s.call("GET", "/v1/users/u1/stock-subscriptions", None).await?;
     assert_eq!(subs["items"][0]["status"], "WAITING", "{subs}");
+    let (_, w) = s.call("GET", "/v1/workflows/w1", None).await?;
+    assert_eq!((w["name"].as_str(), w["version"].as_u64()), (Some(MARK), Some(1)), "{w}");
     let (_, t) = s.call("GET", "/v1/templates/t1", None).await?;
     assert_eq!(t["locales"]["en"]["inapp_body"], MARK);
     let (_, st) = s.call("GET", "/v1/inventory/sku1", None).await?;
