@@ -17,15 +17,15 @@ use tidings_core::notify::requests;
 use tidings_core::people::devices::{self, DeviceInput};
 use tidings_core::people::preferences::{self, PreferencesInput};
 use tidings_core::people::users::{self, UserInput};
+use tidings_core::ports::ChangeFeed;
 use tidings_core::ports::{
     Channel, Cond, Item, Key, OutboundMessage, Page, PermanentCode, Platform, Provider, ProviderError, ProviderReceipt,
     QueryOpts, StoreError, Table, Update, Write,
 };
+use tidings_core::webhooks::{self, EVENT_SK, EndpointInput, EventType};
 use tidings_core::workflows::run::{self, RunStatus, RunView, Wake};
 use tidings_core::workflows::{self, WorkflowInput};
-use tidings_core::webhooks::{self, EVENT_SK, EndpointInput, EventType};
 use tidings_core::{Deps, TenantId, inbox, templates, timers};
-use tidings_core::ports::ChangeFeed;
 use tidings_embedded::test_world::{Recorder, TestWorld, drain};
 
 /// A provider that fails every send for good (a push token gone).
@@ -440,10 +440,18 @@ async fn throttle_branch_and_preferences_per_workflow() {
         .filter(|r| r.key.sk == EVENT_SK && r.is_insert())
         .filter_map(|r| r.new.and_then(|n| n.get("event").cloned()))
         .filter(|e| e["type"] == "workflow.run_ended")
-        .map(|e| (e["data"]["notification_id"].as_str().unwrap().to_owned(), e["data"]["status"].as_str().unwrap().to_owned()))
+        .map(|e| {
+            (
+                e["data"]["notification_id"].as_str().unwrap().to_owned(),
+                e["data"]["status"].as_str().unwrap().to_owned(),
+            )
+        })
         .collect();
-    let want: Vec<(String, String)> =
-        ids.iter().zip(["completed", "completed", "throttled", "throttled"]).map(|(i, s)| (i.clone(), s.to_owned())).collect();
+    let want: Vec<(String, String)> = ids
+        .iter()
+        .zip(["completed", "completed", "throttled", "throttled"])
+        .map(|(i, s)| (i.clone(), s.to_owned()))
+        .collect();
     let mut told_sorted = told.clone();
     told_sorted.sort();
     let mut want_sorted = want.clone();

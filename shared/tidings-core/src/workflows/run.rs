@@ -675,13 +675,8 @@ async fn write(ctx: &Ctx<'_>, mut run: Run, seq: u64, ended: bool) -> CoreResult
             "status": run.status,
             "steps": run.steps.len(),
         });
-        let event = Event::of(
-            ctx.deps,
-            ctx.t,
-            EventType::WorkflowRunEnded,
-            &[&ctx.n.notification_id, &run.user_id],
-            data,
-        );
+        let event =
+            Event::of(ctx.deps, ctx.t, EventType::WorkflowRunEnded, &[&ctx.n.notification_id, &run.user_id], data);
         writes.extend(crate::webhooks::event_writes(ctx.deps, ctx.t, vec![event]).await?);
     }
     match ctx.deps.table.transact(writes).await {
