@@ -329,6 +329,32 @@ fn trail(run: &Value) -> Vec<String> {
         .collect()
 }
 
+/// Disables the push endpoint of a device token, as the push service does with a token that is
+/// no longer valid (a send to it then fails with `EndpointDisabled`).
+async fn disable_endpoint(s: &Stack, token: &str) -> anyhow::Result<()> {
+    let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest()).region("us-east-1").load().await;
+    let sns = aws_sdk_sns::Client::new(&sdk);
+    let apps = sns.list_platform_applications().send().await?;
+    for app in apps.platform_applications() {
+        let arn = app.platform_application_arn().unwrap_or_default();
+        if !arn.contains(&s.spec.name) {
+            continue;
+        }
+        let endpoints = sns.list_endpoints_by_platform_application().platform_application_arn(arn).send().await?;
+        for e in endpoints.endpoints() {
+            if e.attributes().and_then(|a| a.get("Token")).is_some_and(|t| t == token) {
+                sns.set_endpoint_attributes()
+                    .endpoint_arn(e.endpoint_arn().unwrap_or_default())
+                    .attributes("Enabled", "false")
+                    .send()
+                    .await?;
+                return Ok(());
+            }
+        }
+    }
+    anyhow::bail!("no endpoint of {token}")
+}
+
 /// Workflows in the shape that ships: the runs start on the request lanes (the orchestrator), a
 /// digest's window longer than an SQS delay waits in a durable timer bucket that `tick`'s
 /// schedule fires, the timers lane (the `tick` function) closes it and plans its send for the
@@ -346,6 +372,10 @@ pub async fn workflows_through_the_function_binaries() -> anyhow::Result<()> {
     ok(&s, "PUT", "/v1/users/w1", Some(json!({"email": "w1@example.com"}))).await?;
     ok(&s, "PUT", "/v1/users/w2", Some(json!({"email": "w2@example.com", "phone": "+14155550142"}))).await?;
     ok(&s, "POST", "/v1/devices", Some(json!({"user_id": "w2", "platform": "android", "token": "tok-wf-2"}))).await?;
+    // w3 has a device the push service has disabled, and a phone.
+    ok(&s, "PUT", "/v1/users/w3", Some(json!({"email": "w3@example.com", "phone": "+14155550143"}))).await?;
+    ok(&s, "POST", "/v1/devices", Some(json!({"user_id": "w3", "platform": "ios", "token": "tok-wf-3"}))).await?;
+    disable_endpoint(&s, "tok-wf-3").await?;
     let digest = json!({"name": "Comments", "category": "transactional", "steps": [
         {"type": "digest", "window": "20m", "key": "{{ post_id }}"},
         {"type": "send", "channel": "email", "template_id": "comment"}]});
@@ -417,16 +447,31 @@ pub async fn workflows_through_the_function_binaries() -> anyhow::Result<()> {
     assert_eq!(run["steps"][0]["detail"], "2 events", "{run}");
 
     // A fallback: w1 has no device and no phone, so push and SMS give way to email; w2's push
-    // gets through, and nothing else is sent to w2. Each run ends when its send's end wakes it
-    // (the channel worker, through the timers queue) or its check does.
+    // gets through, and nothing else is sent to w2; w3's push fails for good (the endpoint is
+    // disabled), so SMS follows. Each run ends when its send's end wakes it (the channel worker,
+    // through the timers queue) or its check does.
     let f = notify(
         &s,
-        json!({"idempotency_key": "wf-f1", "recipients": {"user_ids": ["w1", "w2"]}, "workflow_id": "notes",
+        json!({"idempotency_key": "wf-f1", "recipients": {"user_ids": ["w1", "w2", "w3"]}, "workflow_id": "notes",
             "params": {"post_id": "p3"}}),
     )
     .await?;
-    let view = completed(&s, &f).await?;
+    let view = s
+        .eventually(WAIT, "the fallback's runs to end", || async {
+            let (_, v) = s.call("GET", &format!("/v1/notifications/{f}"), None).await?;
+            Ok((v["status"] != "processing" && v["status"] != "accepted").then_some(v))
+        })
+        .await?;
+    // w3's push failed: the contract counts it (a failed delivery beside sent ones), though the
+    // fallback made up for it and every run completed.
+    assert_eq!(view["status"], "completed_with_failures", "{view}");
     assert_eq!(view["runs_open"], 0, "{view}");
+    let counts = &view["counts"];
+    assert_eq!(
+        (counts["sent"].as_u64(), counts["failed"].as_u64(), counts["suppressed"].as_u64()),
+        (Some(3), Some(1), Some(2)),
+        "{view}"
+    );
     let by_user: BTreeMap<String, Value> =
         runs(&s, &f).await?.into_iter().map(|r| (r["user_id"].as_str().unwrap_or("").to_owned(), r)).collect();
     // A send found sent already when its delivery is read back is `sent`, else `queued`.
@@ -440,14 +485,25 @@ pub async fn workflows_through_the_function_binaries() -> anyhow::Result<()> {
     );
     let w2: Vec<String> = trail(&by_user["w2"]).iter().map(|x| queued_or_sent(x)).collect();
     assert_eq!(w2, ["0:send:queued:push", "0:send:done:push"], "{}", by_user["w2"]);
+    let w3: Vec<String> = trail(&by_user["w3"]).iter().map(|x| queued_or_sent(x)).collect();
+    assert_eq!(
+        w3,
+        ["0:send:queued:push", "0:send:fell_back:push", "0:send:queued:sms", "0:send:done:sms"],
+        "{}",
+        by_user["w3"]
+    );
     for r in by_user.values() {
         assert_eq!(r["status"], "completed", "{r}");
     }
     let sent = sent_to(&s);
     assert_eq!(sent.get(&("email".into(), "w1@example.com".into())), Some(&2), "the digest and the note: {sent:?}");
-    assert!(!sent.keys().any(|(c, to)| c == "sms" || to == "w2@example.com"), "{sent:?}");
+    assert_eq!(sent.get(&("sms".into(), "+14155550143".into())), Some(&1), "w3's SMS once: {sent:?}");
+    let others = |(c, to): &&(String, String)| {
+        (c == "sms" && to != "+14155550143") || to.starts_with("w2@") || to.starts_with("w3@")
+    };
+    assert!(!sent.keys().any(|k| others(&k)), "{sent:?}");
     let push: Vec<_> = s.sends().into_iter().filter(|m| m.channel == "push").collect();
-    assert_eq!(push.len(), 1, "w2's push once: {push:?}");
+    assert_eq!(push.len(), 1, "w2's push once (w3's was refused by the push service): {push:?}");
     let d = deliveries(&s, &f).await?;
     let statuses: BTreeMap<(String, String), String> = d
         .iter()
@@ -461,6 +517,8 @@ pub async fn workflows_through_the_function_binaries() -> anyhow::Result<()> {
         (("w1", "sms"), "suppressed"),
         (("w1", "email"), "sent"),
         (("w2", "push"), "sent"),
+        (("w3", "push"), "failed"),
+        (("w3", "sms"), "sent"),
     ]
     .into_iter()
     .map(|((u, c), st)| ((u.to_owned(), c.to_owned()), st.to_owned()))
