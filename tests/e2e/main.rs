@@ -228,6 +228,13 @@ async fn a_day_of_a_shop_through_the_function_binaries() -> anyhow::Result<()> {
     shipped::a_day_of_a_shop_through_the_function_binaries().await
 }
 
+/// Workflows through the function binaries: a digest whose window is a durable timer that
+/// `tick` fires, a channel fallback, and the runs and the notification as they wait and end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn workflows_through_the_function_binaries() -> anyhow::Result<()> {
+    shipped::workflows_through_the_function_binaries().await
+}
+
 /// Taking a needed statement out of a function's policy makes that function fail, so the day
 /// above would fail too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -223,10 +223,7 @@ pub async fn a_day_of_a_shop_through_the_function_binaries() -> anyhow::Result<(
     {
         use tidings_core::ports::{Cond, Key, Table, Update};
         // The stacks' DynamoDB, which is not the one of AWS_ENDPOINT_URL_DYNAMODB in `make test`.
-        let (url, _) = crate::lambda::dynamodb_urls()?;
-        let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest()).endpoint_url(url).load().await;
-        let config = tidings_aws::AwsConfig { table: s.table.clone(), ..Default::default() };
-        let table = tidings_aws::AwsBackend::from_sdk_config(&sdk, config).table();
+        let table = s.table().await?;
         let stock = Key::new("T#acme#SKU#sku-day", "STOCK");
         table.update(&stock, vec![Update::add("available", 1)], Cond::Exists).await?;
     }
@@ -306,6 +303,234 @@ pub async fn a_day_of_a_shop_through_the_function_binaries() -> anyhow::Result<(
         assert!(st.init_failures.is_empty(), "{f}: {:?}", st.init_failures);
         assert_eq!(st.out_of_memory, 0, "{f} went over its MemorySize");
     }
+    Ok(())
+}
+
+async fn runs(s: &Stack, id: &str) -> anyhow::Result<Vec<Value>> {
+    let v = ok(s, "GET", &format!("/v1/notifications/{id}/runs"), None).await?;
+    Ok(v["items"].as_array().cloned().unwrap_or_default())
+}
+
+/// A run's steps as `index:type:status:channel`.
+fn trail(run: &Value) -> Vec<String> {
+    run["steps"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|x| {
+            let channel = x["channel"].as_str().unwrap_or("-");
+            format!(
+                "{}:{}:{}:{channel}",
+                x["index"],
+                x["type"].as_str().unwrap_or(""),
+                x["status"].as_str().unwrap_or("")
+            )
+        })
+        .collect()
+}
+
+/// Disables the push endpoint of a device token, as the push service does with a token that is
+/// no longer valid (a send to it then fails with `EndpointDisabled`).
+async fn disable_endpoint(s: &Stack, token: &str) -> anyhow::Result<()> {
+    let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest()).region("us-east-1").load().await;
+    let sns = aws_sdk_sns::Client::new(&sdk);
+    let apps = sns.list_platform_applications().send().await?;
+    for app in apps.platform_applications() {
+        let arn = app.platform_application_arn().unwrap_or_default();
+        if !arn.contains(&s.spec.name) {
+            continue;
+        }
+        let endpoints = sns.list_endpoints_by_platform_application().platform_application_arn(arn).send().await?;
+        for e in endpoints.endpoints() {
+            if e.attributes().and_then(|a| a.get("Token")).is_some_and(|t| t == token) {
+                sns.set_endpoint_attributes()
+                    .endpoint_arn(e.endpoint_arn().unwrap_or_default())
+                    .attributes("Enabled", "false")
+                    .send()
+                    .await?;
+                return Ok(());
+            }
+        }
+    }
+    anyhow::bail!("no endpoint of {token}")
+}
+
+/// Workflows in the shape that ships: the runs start on the request lanes (the orchestrator), a
+/// digest's window longer than an SQS delay waits in a durable timer bucket that `tick`'s
+/// schedule fires, the timers lane (the `tick` function) closes it and plans its send for the
+/// channel worker, and a fallback's sends wake their runs through the timers queue from the
+/// channel worker; each function under the policy `template.yaml` gives it.
+pub async fn workflows_through_the_function_binaries() -> anyhow::Result<()> {
+    let s = Stack::start(Options::default()).await?;
+    let comment = json!({"default_locale": "en", "locales": {"en": {"email_subject": "{{ count }} new",
+        "email_body": "{{ count }} comments{% for e in events %} [{{ e.author }}]{% endfor %} on {{ post_id }}"}}});
+    ok(&s, "PUT", "/v1/templates/comment", Some(comment)).await?;
+    let note = json!({"default_locale": "en", "locales": {"en": {"email_subject": "note", "email_body": "note {{ post_id }}",
+        "sms": "sms {{ post_id }}", "push_title": "push", "push_body": "push {{ post_id }}"}}});
+    ok(&s, "PUT", "/v1/templates/note", Some(note)).await?;
+    // w1 has only an email address; w2 an address, a phone and a device.
+    ok(&s, "PUT", "/v1/users/w1", Some(json!({"email": "w1@example.com"}))).await?;
+    ok(&s, "PUT", "/v1/users/w2", Some(json!({"email": "w2@example.com", "phone": "+14155550142"}))).await?;
+    ok(&s, "POST", "/v1/devices", Some(json!({"user_id": "w2", "platform": "android", "token": "tok-wf-2"}))).await?;
+    // w3 has a device the push service has disabled, and a phone.
+    ok(&s, "PUT", "/v1/users/w3", Some(json!({"email": "w3@example.com", "phone": "+14155550143"}))).await?;
+    ok(&s, "POST", "/v1/devices", Some(json!({"user_id": "w3", "platform": "ios", "token": "tok-wf-3"}))).await?;
+    disable_endpoint(&s, "tok-wf-3").await?;
+    let digest = json!({"name": "Comments", "category": "transactional", "steps": [
+        {"type": "digest", "window": "20m", "key": "{{ post_id }}"},
+        {"type": "send", "channel": "email", "template_id": "comment"}]});
+    ok(&s, "PUT", "/v1/workflows/comments", Some(digest)).await?;
+    let fallback = json!({"name": "Notes", "category": "transactional", "steps": [
+        {"type": "send", "channels": ["push", "sms", "email"], "template_id": "note"}]});
+    ok(&s, "PUT", "/v1/workflows/notes", Some(fallback)).await?;
+
+    // Two comments on one post: one run opens the window and waits, the other joins it and ends.
+    let trigger = |key: &str, author: &str| {
+        json!({"idempotency_key": key, "recipients": {"user_ids": ["w1"]}, "workflow_id": "comments",
+            "params": {"post_id": "p1", "author": author}})
+    };
+    let a = notify(&s, trigger("wf-c1", "a1")).await?;
+    let b = notify(&s, trigger("wf-c2", "a2")).await?;
+    let (leader, joined) = s
+        .eventually(WAIT, "one run waiting on the digest, the other merged", || async {
+            let (ra, rb) = (runs(&s, &a).await?, runs(&s, &b).await?);
+            let (Some(ra), Some(rb)) = (ra.first(), rb.first()) else { return Ok(None) };
+            Ok(match (ra["status"].as_str(), rb["status"].as_str()) {
+                (Some("waiting"), Some("completed")) => Some(((a.clone(), ra.clone()), (b.clone(), rb.clone()))),
+                (Some("completed"), Some("waiting")) => Some(((b.clone(), rb.clone()), (a.clone(), ra.clone()))),
+                _ => None,
+            })
+        })
+        .await?;
+    let ((leader, run), (joined, merged)) = (leader, joined);
+    assert_eq!(trail(&merged), ["0:digest:merged:-"], "{merged}");
+    assert_eq!(trail(&run), ["0:digest:waiting:-"], "{run}");
+    let until = run["waiting_until"].as_str().unwrap_or_default();
+    let until = chrono::DateTime::parse_from_rfc3339(until)?.with_timezone(&chrono::Utc);
+    let ahead = until - chrono::Utc::now();
+    assert!(ahead > chrono::Duration::minutes(19), "the window closes in 20 minutes: {run}");
+    let view = completed(&s, &joined).await?;
+    assert_eq!(view["runs_open"], 0, "{view}");
+    let (_, view) = s.call("GET", &format!("/v1/notifications/{leader}"), None).await?;
+    assert_eq!((view["status"].as_str(), view["runs_open"].as_u64()), (Some("processing"), Some(1)), "{view}");
+
+    // The close is further off than an SQS delay reaches: a durable timer, in its minute's
+    // bucket. Time passes for it (the harness cannot move the functions' clocks:
+    // `Stack::bring_forward`), and tick's schedule fires the bucket.
+    let is_close = |task: &Value| task["kind"] == "workflow.digest" && task["notification_id"] == leader.as_str();
+    let timers = s.durable_timers(is_close).await?;
+    assert_eq!(timers.len(), 1, "the window's close, a durable timer: {timers:?}");
+    let fifteen =
+        tidings_core::timers::bucket_of((chrono::Utc::now() + chrono::Duration::minutes(15)).timestamp_millis());
+    assert!(timers[0].0 > fifteen, "in a bucket past an SQS delay's reach: {timers:?}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!s.sends().iter().any(|m| m.to == "w1@example.com"), "nothing before the window closes");
+    let moved = s.bring_forward(is_close).await?;
+    assert_eq!(moved.len(), 1, "{moved:?}");
+    let fired = s.fire("tick").await?;
+    eprintln!("tick: {fired}");
+    let first_author = if leader == a { "a1" } else { "a2" };
+    let second_author = if leader == a { "a2" } else { "a1" };
+    let mail = s
+        .eventually(WAIT, "the digest's one mail", || async {
+            Ok(s.sends().into_iter().find(|m| m.to == "w1@example.com").map(|m| m.body))
+        })
+        .await?;
+    let expected = format!("2 comments [{first_author}] [{second_author}] on p1");
+    assert!(mail.contains(&expected), "{expected} (the leader's first): {mail}");
+    assert!(s.durable_timers(is_close).await?.is_empty(), "the fired timer was deleted");
+    let view = completed(&s, &leader).await?;
+    assert_eq!(view["runs_open"], 0, "{view}");
+    let run = runs(&s, &leader).await?.first().cloned().unwrap_or_default();
+    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(trail(&run), ["0:digest:digested:-", "1:send:queued:email"], "{run}");
+    assert_eq!(run["steps"][0]["detail"], "2 events", "{run}");
+
+    // A fallback: w1 has no device and no phone, so push and SMS give way to email; w2's push
+    // gets through, and nothing else is sent to w2; w3's push fails for good (the endpoint is
+    // disabled), so SMS follows. Each run ends when its send's end wakes it (the channel worker,
+    // through the timers queue) or its check does.
+    let f = notify(
+        &s,
+        json!({"idempotency_key": "wf-f1", "recipients": {"user_ids": ["w1", "w2", "w3"]}, "workflow_id": "notes",
+            "params": {"post_id": "p3"}}),
+    )
+    .await?;
+    let view = s
+        .eventually(WAIT, "the fallback's runs to end", || async {
+            let (_, v) = s.call("GET", &format!("/v1/notifications/{f}"), None).await?;
+            Ok((v["status"] != "processing" && v["status"] != "accepted").then_some(v))
+        })
+        .await?;
+    // w3's push failed: the contract counts it (a failed delivery beside sent ones), though the
+    // fallback made up for it and every run completed.
+    assert_eq!(view["status"], "completed_with_failures", "{view}");
+    assert_eq!(view["runs_open"], 0, "{view}");
+    let counts = &view["counts"];
+    assert_eq!(
+        (counts["sent"].as_u64(), counts["failed"].as_u64(), counts["suppressed"].as_u64()),
+        (Some(3), Some(1), Some(2)),
+        "{view}"
+    );
+    let by_user: BTreeMap<String, Value> =
+        runs(&s, &f).await?.into_iter().map(|r| (r["user_id"].as_str().unwrap_or("").to_owned(), r)).collect();
+    // A send found sent already when its delivery is read back is `sent`, else `queued`.
+    let queued_or_sent = |x: &str| x.replace(":sent:", ":queued:");
+    let w1: Vec<String> = trail(&by_user["w1"]).iter().map(|x| queued_or_sent(x)).collect();
+    assert_eq!(
+        w1,
+        ["0:send:suppressed:push", "0:send:suppressed:sms", "0:send:queued:email", "0:send:done:email"],
+        "{}",
+        by_user["w1"]
+    );
+    let w2: Vec<String> = trail(&by_user["w2"]).iter().map(|x| queued_or_sent(x)).collect();
+    assert_eq!(w2, ["0:send:queued:push", "0:send:done:push"], "{}", by_user["w2"]);
+    let w3: Vec<String> = trail(&by_user["w3"]).iter().map(|x| queued_or_sent(x)).collect();
+    assert_eq!(
+        w3,
+        ["0:send:queued:push", "0:send:fell_back:push", "0:send:queued:sms", "0:send:done:sms"],
+        "{}",
+        by_user["w3"]
+    );
+    for r in by_user.values() {
+        assert_eq!(r["status"], "completed", "{r}");
+    }
+    let sent = sent_to(&s);
+    assert_eq!(sent.get(&("email".into(), "w1@example.com".into())), Some(&2), "the digest and the note: {sent:?}");
+    assert_eq!(sent.get(&("sms".into(), "+14155550143".into())), Some(&1), "w3's SMS once: {sent:?}");
+    let others = |(c, to): &&(String, String)| {
+        (c == "sms" && to != "+14155550143") || to.starts_with("w2@") || to.starts_with("w3@")
+    };
+    assert!(!sent.keys().any(|k| others(&k)), "{sent:?}");
+    let push: Vec<_> = s.sends().into_iter().filter(|m| m.channel == "push").collect();
+    assert_eq!(push.len(), 1, "w2's push once (w3's was refused by the push service): {push:?}");
+    let d = deliveries(&s, &f).await?;
+    let statuses: BTreeMap<(String, String), String> = d
+        .iter()
+        .map(|x| {
+            let key = (x["user_id"].as_str().unwrap_or("").to_owned(), x["channel"].as_str().unwrap_or("").to_owned());
+            (key, x["status"].as_str().unwrap_or("").to_owned())
+        })
+        .collect();
+    let expected: BTreeMap<(String, String), String> = [
+        (("w1", "push"), "suppressed"),
+        (("w1", "sms"), "suppressed"),
+        (("w1", "email"), "sent"),
+        (("w2", "push"), "sent"),
+        (("w3", "push"), "failed"),
+        (("w3", "sms"), "sent"),
+    ]
+    .into_iter()
+    .map(|((u, c), st)| ((u.to_owned(), c.to_owned()), st.to_owned()))
+    .collect();
+    assert_eq!(statuses, expected, "{d:?}");
+
+    // Time for the last messages (the wakes of sends already judged); nothing was refused.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let refused = s.refused();
+    assert!(refused.is_empty(), "template.yaml does not allow what the functions call:\n{}", refused.join("\n"));
+    eprintln!("requests by function: {}", serde_json::to_string_pretty(&s.requests())?);
+    assert_eq!(s.stream_given_up.load(std::sync::atomic::Ordering::SeqCst), 0, "no stream record was given up");
     Ok(())
 }
 

@@ -585,6 +585,83 @@ impl Stack {
         Ok(out)
     }
 
+    /// The stack's table (in the stacks' DynamoDB, [`dynamodb_urls`]) for what a test does by
+    /// hand beside the functions (no policy applies to it).
+    pub async fn table(&self) -> anyhow::Result<tidings_aws::DynamoTable> {
+        let (url, _) = dynamodb_urls()?;
+        let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest()).endpoint_url(url).load().await;
+        let config = tidings_aws::AwsConfig { table: self.table.clone(), ..Default::default() };
+        Ok(tidings_aws::AwsBackend::from_sdk_config(&sdk, config).table())
+    }
+
+    /// The durable timers (minute buckets, `tidings_core::timers`) whose task `which` picks:
+    /// (bucket, task).
+    pub async fn durable_timers(&self, which: impl Fn(&Value) -> bool) -> anyhow::Result<Vec<(String, Value)>> {
+        Ok(self
+            .durable_timer_items(&which)
+            .await?
+            .into_iter()
+            .map(|(b, item)| (b, item.attrs["task"].clone()))
+            .collect())
+    }
+
+    async fn durable_timer_items(
+        &self,
+        which: &impl Fn(&Value) -> bool,
+    ) -> anyhow::Result<Vec<(String, tidings_core::ports::Item)>> {
+        use tidings_core::ports::{QueryOpts, Table};
+        let table = self.table().await?;
+        let mut out = Vec::new();
+        let mut cursor = None;
+        loop {
+            let opts = QueryOpts { limit: 100, cursor, descending: false };
+            let page = table.query(tidings_core::timers::OPEN_BUCKETS_PK, "", opts).await?;
+            for entry in &page.items {
+                let bucket = entry.key.sk.clone();
+                let opts = QueryOpts { limit: 1000, cursor: None, descending: false };
+                for item in table.query(&format!("TIMER#{bucket}"), "", opts).await?.items {
+                    if which(&item.attrs["task"]) {
+                        out.push((bucket.clone(), item));
+                    }
+                }
+            }
+            cursor = page.next_cursor;
+            if cursor.is_none() {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// What the minutes until a durable timer's bucket would do, for the timers `which` picks:
+    /// the stack cannot move its functions' clocks (each binary, native or emulated, reads the
+    /// system clock), so the timer is moved instead, into a bucket of the past, due now. `tick`
+    /// then fires it as it would have in its minute (the bucket claimed under a lease, the
+    /// timer sent to the timers queue, its task run by the timers lane), every step under the
+    /// functions' own policies. Answers the timers moved: (the bucket it was in, its task).
+    pub async fn bring_forward(&self, which: impl Fn(&Value) -> bool) -> anyhow::Result<Vec<(String, Value)>> {
+        use tidings_core::ports::{Cond, Item, Key, Table, Update};
+        let table = self.table().await?;
+        let now_ms = chrono::Utc::now().timestamp_millis();
+        // A minute before now: no function writes there (buckets are written at least 3 minutes
+        // ahead), and every tick from now on fires it.
+        let bucket = tidings_core::timers::bucket_of(now_ms - 60_000);
+        let mut moved = Vec::new();
+        for (from, item) in self.durable_timer_items(&which).await? {
+            let id = item.key.sk.split_once('#').map_or(item.key.sk.as_str(), |(_, id)| id);
+            let mut attrs = item.attrs.clone();
+            attrs.insert("due_ms".into(), json!(now_ms));
+            let key = Key::new(format!("TIMER#{bucket}"), format!("{now_ms:015}#{id}"));
+            table.put(Item::new(key, attrs), Cond::NotExists).await?;
+            table.delete(&item.key, Cond::Always).await?;
+            moved.push((from, item.attrs["task"].clone()));
+        }
+        if !moved.is_empty() {
+            let index = Key::new(tidings_core::timers::OPEN_BUCKETS_PK, bucket.clone());
+            table.update(&index, vec![Update::SetIfAbsent("bucket".into(), bucket.into())], Cond::Always).await?;
+        }
+        Ok(moved)
+    }
+
     pub fn sends(&self) -> Vec<proxy::ProviderCall> {
         self.ledger.lock().unwrap_or_else(|e| e.into_inner()).sends.clone()
     }
