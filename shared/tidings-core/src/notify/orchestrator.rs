@@ -726,8 +726,7 @@ fn content_of(p: &Planning<'_>, to: String) -> Result<Content, String> {
     if channel == Channel::Inapp {
         return Ok(Content::Inbox(rendered));
     }
-    let (queue, mut task) = task_of(deps, t, n, r.user_id, channel, to, rendered, hosts);
-    task.step = p.step;
+    let (queue, task) = task_of(deps, t, n, r.user_id, channel, to, rendered, hosts, p.step);
     if p.batched() && !batch::fits(&task) {
         return Err(format!(
             "too_large: the {channel} does not fit a send batch message of at most {} bytes",
@@ -813,7 +812,9 @@ fn queued_size(task: &ChannelTask) -> Result<usize, usize> {
     if size <= crate::sizes::MAX_MESSAGE_BYTES { Ok(size) } else { Err(size) }
 }
 
-// The delivery's identity, its address and content, and the tenant's link hosts for the email.
+// The delivery's identity (a workflow's send step included: the email's open, click and
+// unsubscribe tokens are signed here and must name the step's delivery), its address and
+// content, and the tenant's link hosts for the email.
 #[allow(clippy::too_many_arguments)]
 fn task_of(
     deps: &Deps,
@@ -824,6 +825,7 @@ fn task_of(
     to: String,
     rendered: templates::Rendered,
     hosts: &LinkHosts,
+    step: Option<u32>,
 ) -> (String, ChannelTask) {
     let mut task = ChannelTask {
         tenant: t.clone(),
@@ -839,7 +841,7 @@ fn task_of(
         accepted_ms: Some(n.created_ms),
         priority: Some(n.priority),
         one_attempt: n.one_attempt,
-        step: None,
+        step,
     };
     if channel == Channel::Email {
         crate::tracking::decorate_email(&deps.config, &mut task, deps.clock.now().timestamp(), hosts);
