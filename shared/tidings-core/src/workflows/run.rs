@@ -209,6 +209,11 @@ async fn drive(ctx: &Ctx<'_>, mut run: Run, wake: Wake) -> CoreResult<()> {
     let seq = run.seq;
     let now_ms = ctx.deps.clock.now_ms();
     if ctx.n.status == NotificationStatus::Cancelled {
+        // A digest window it leads ends with it (else its head would stay, and every later
+        // trigger of that key would join a window nobody closes).
+        if let Some(Wait::Digest { pk, window, .. }) = &run.wait {
+            digest::abandon(ctx.deps, pk, window).await?;
+        }
         if let Some(at) = run.at {
             record(ctx, &mut run, at as usize, "cancelled", None, None);
         }
