@@ -214,6 +214,8 @@ on_both_backends!(workflows as workflows_tests:
     definitions_are_checked_and_runs_keep_their_version,
     a_throttle_lets_its_limit_through,
     an_hour_long_delay_waits_for_the_clock,
+    a_fallback_waits_for_until_then_takes_the_next_channel,
+    a_cancelled_digest_leader_does_not_swallow_later_triggers,
 );
 
 /// A webhook posted through the function binaries, each under its template policy.

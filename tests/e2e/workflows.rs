@@ -570,7 +570,9 @@ pub async fn an_hour_long_delay_waits_for_the_clock(backend: Backend) -> anyhow:
         ])),
     )
     .await?;
+    user(&s, "u2", json!({"email": "u2@example.com"})).await?;
     let id = trigger(&s, "slow", &["u1"], json!({"n": 60})).await?;
+    let cancelled = trigger(&s, "slow", &["u2"], json!({"n": 61})).await?;
     let run = s
         .eventually(WAIT, "the run to wait at its delay", || async {
             let r = runs(&s, &id).await?;
@@ -586,6 +588,13 @@ pub async fn an_hour_long_delay_waits_for_the_clock(backend: Backend) -> anyhow:
     assert!((3590..=3600).contains(&ahead), "waits an hour: {ahead} s ({run})");
     let v = notification(&s, &id).await?;
     assert_eq!((v["status"].as_str(), v["runs_open"].as_u64()), (Some("processing"), Some(1)), "{v}");
+    // The other one is cancelled while it waits: it stops there.
+    s.eventually(WAIT, "the other run to wait at its delay", || async {
+        Ok(runs(&s, &cancelled).await?.iter().any(|r| r["status"] == "waiting").then_some(()))
+    })
+    .await?;
+    let (st, v) = s.call("POST", &format!("/v1/notifications/{cancelled}/cancel"), None).await?;
+    assert_eq!((st, v["status"].as_str()), (200, Some("cancelled")), "{v}");
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(sent(&s, "u1", "email").await?.is_empty(), "nothing before the hour");
     let (st, v) = s.call("POST", "/dev/clock/advance", Some(json!({"seconds": 61 * 60}))).await?;
@@ -599,6 +608,99 @@ pub async fn an_hour_long_delay_waits_for_the_clock(backend: Backend) -> anyhow:
     assert_eq!(run["status"], "completed", "{run}");
     assert_eq!(records(&run, 0, "done").len(), 1, "{run}");
     assert!(run.get("waiting_until").is_none(), "{run}");
+    let stopped = s
+        .eventually(WAIT, "the cancelled run to end", || async {
+            let r = run_of(&s, &cancelled).await?;
+            Ok((r["status"] != "waiting").then_some(r))
+        })
+        .await?;
+    assert_eq!(stopped["status"], "cancelled", "{stopped}");
+    assert!(records(&stopped, 1, "queued").is_empty(), "{stopped}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(sent(&s, "u2", "email").await?.is_empty(), "a cancelled run sent");
+    assert_eq!(notification(&s, &cancelled).await?["status"], "cancelled");
+    assert_documented(&s);
+    Ok(())
+}
+
+/// `[send channels [email, sms] until opened wait W]`: the user who opened the email within W
+/// gets no SMS; the other gets the SMS after W, the email recorded `fell_back` (not in time).
+pub async fn a_fallback_waits_for_until_then_takes_the_next_channel(backend: Backend) -> anyhow::Result<()> {
+    let s = Server::start(backend, Options::default()).await?;
+    templates(&s).await?;
+    for u in ["opener", "ignorer"] {
+        user(&s, u, json!({"email": format!("{u}@example.com"), "phone": "+14155550100"})).await?;
+    }
+    workflow(
+        &s,
+        "reach",
+        definition(json!([
+            {"type": "send", "channels": ["email", "sms"], "until": "opened", "wait": "8s", "template_id": "note"},
+        ])),
+    )
+    .await?;
+    let id = trigger(&s, "reach", &["opener", "ignorer"], json!({"n": 8})).await?;
+    let email = s
+        .eventually(WAIT, "the opener's email", || async { Ok(sent(&s, "opener", "email").await?.into_iter().next()) })
+        .await?;
+    let html = email["html"].as_str().unwrap_or_default();
+    let start = html.find("/t/o/").expect("an open pixel");
+    let token = &html[start..][..html[start..].find('"').unwrap_or(0)];
+    let (st, _, _) = s.raw("GET", token, "", None).await?;
+    assert_eq!(st, 200, "the open pixel");
+    let opener_run = runs(&s, &id).await?.into_iter().find(|r| r["user_id"] == "opener").unwrap();
+    assert_eq!(opener_run["status"], "waiting", "opened within the wait: {opener_run}");
+    ended(&s, &id).await?;
+    assert!(sent(&s, "opener", "sms").await?.is_empty(), "opened in time: no SMS");
+    assert_eq!(sent(&s, "ignorer", "email").await?.len(), 1);
+    assert_eq!(bodies(&sent(&s, "ignorer", "sms").await?), vec!["Note 8".to_owned()]);
+    let all = runs(&s, &id).await?;
+    let of = |u: &str| all.iter().find(|r| r["user_id"] == u).cloned().unwrap_or(Value::Null);
+    let (opener, ignorer) = (of("opener"), of("ignorer"));
+    let done = records(&opener, 0, "done");
+    assert_eq!((done.len(), done[0]["channel"].as_str()), (1, Some("email")), "{all:?}");
+    let fell = records(&ignorer, 0, "fell_back");
+    assert_eq!(fell[0]["channel"], "email", "{all:?}");
+    assert_eq!(fell[0]["detail"], "not reached in time", "{all:?}");
+    assert!(all.iter().all(|r| r["status"] == "completed"), "{all:?}");
+    assert_documented(&s);
+    Ok(())
+}
+
+/// A digest's leader cancelled while its window is open: its window ends with it, and a later
+/// trigger of the same key opens a new window and is sent (not merged into the dead one).
+pub async fn a_cancelled_digest_leader_does_not_swallow_later_triggers(backend: Backend) -> anyhow::Result<()> {
+    let s = Server::start(backend, Options::default()).await?;
+    templates(&s).await?;
+    user(&s, "u1", json!({"email": "u1@example.com"})).await?;
+    workflow(
+        &s,
+        "comments",
+        definition(json!([
+            {"type": "digest", "window": window(backend, 3), "key": "{{ post_id }}"},
+            {"type": "send", "channel": "email", "template_id": "digest"},
+        ])),
+    )
+    .await?;
+    let leader = trigger(&s, "comments", &["u1"], json!({"post_id": "p"})).await?;
+    s.eventually(WAIT, "the leader to wait at its digest", || async {
+        Ok(runs(&s, &leader).await?.iter().any(|r| r["status"] == "waiting").then_some(()))
+    })
+    .await?;
+    let (st, v) = s.call("POST", &format!("/v1/notifications/{leader}/cancel"), None).await?;
+    assert_eq!((st, v["status"].as_str()), (200, Some("cancelled")), "{v}");
+    let stopped = s
+        .eventually(WAIT, "the leader's run to end at its window's end", || async {
+            let r = run_of(&s, &leader).await?;
+            Ok((r["status"] != "waiting").then_some(r))
+        })
+        .await?;
+    assert_eq!(stopped["status"], "cancelled", "{stopped}");
+    let later = trigger(&s, "comments", &["u1"], json!({"post_id": "p"})).await?;
+    ended(&s, &later).await?;
+    let run = run_of(&s, &later).await?;
+    assert_eq!(count_runs(std::slice::from_ref(&run), 0, "digested"), 1, "a new window, not the dead one: {run}");
+    assert_eq!(bodies(&sent(&s, "u1", "email").await?), vec!["1 new comments on post p".to_owned()]);
     assert_documented(&s);
     Ok(())
 }
