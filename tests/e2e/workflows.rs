@@ -66,16 +66,15 @@ async fn trigger(s: &Server, workflow_id: &str, users: &[&str], params: Value) -
     Ok(v["notification_id"].as_str().unwrap_or_default().to_owned())
 }
 
-/// `n` triggers of one workflow for one user at once (`params_of(i)` each), their ids.
+/// `n` triggers of one workflow for `users` at once (`params_of(i)` each), their ids.
 async fn triggers_at_once(
     s: &Server,
     workflow_id: &str,
-    user_id: &str,
+    users: &[&str],
     n: usize,
     params_of: impl Fn(usize) -> Value,
 ) -> anyhow::Result<Vec<String>> {
-    let users = [user_id];
-    let posts = (0..n).map(|i| trigger(s, workflow_id, &users, params_of(i)));
+    let posts = (0..n).map(|i| trigger(s, workflow_id, users, params_of(i)));
     futures::future::join_all(posts).await.into_iter().collect()
 }
 
@@ -180,7 +179,7 @@ pub async fn many_triggers_in_one_instant_make_one_digest(backend: Backend) -> a
         ])),
     )
     .await?;
-    let ids = triggers_at_once(&s, "comments", "u1", 30, |i| json!({"post_id": "p1", "i": i})).await?;
+    let ids = triggers_at_once(&s, "comments", &["u1"], 30, |i| json!({"post_id": "p1", "i": i})).await?;
     all_ended(&s, &ids).await?;
     let emails = sent(&s, "u1", "email").await?;
     assert_eq!(bodies(&emails), vec!["30 new comments on post p1".to_owned()], "{emails:?}");
@@ -225,11 +224,13 @@ pub async fn many_triggers_in_one_instant_make_one_digest(backend: Backend) -> a
     Ok(())
 }
 
-/// A delay before the digest: the five triggers still make one digest.
+/// A delay before the digest: the five triggers (each to two users) still make one digest for
+/// each user.
 pub async fn a_delay_then_a_digest_make_one_digest(backend: Backend) -> anyhow::Result<()> {
     let s = Server::start(backend, Options::default()).await?;
     templates(&s).await?;
     user(&s, "u1", json!({"email": "u1@example.com"})).await?;
+    user(&s, "u2", json!({"email": "u2@example.com"})).await?;
     workflow(
         &s,
         "later",
@@ -240,17 +241,20 @@ pub async fn a_delay_then_a_digest_make_one_digest(backend: Backend) -> anyhow::
         ])),
     )
     .await?;
-    let ids = triggers_at_once(&s, "later", "u1", 5, |_| json!({"post_id": "p5"})).await?;
+    let ids = triggers_at_once(&s, "later", &["u1", "u2"], 5, |_| json!({"post_id": "p5"})).await?;
     all_ended(&s, &ids).await?;
-    let emails = sent(&s, "u1", "email").await?;
-    assert_eq!(bodies(&emails), vec!["5 new comments on post p5".to_owned()], "{emails:?}");
-    let mut all = Vec::new();
-    for id in &ids {
-        all.push(run_of(&s, id).await?);
+    for u in ["u1", "u2"] {
+        let emails = sent(&s, u, "email").await?;
+        assert_eq!(bodies(&emails), vec!["5 new comments on post p5".to_owned()], "{u}: {emails:?}");
+        let mut all = Vec::new();
+        for id in &ids {
+            all.extend(runs(&s, id).await?.into_iter().filter(|r| r["user_id"] == u));
+        }
+        assert_eq!(all.len(), 5, "{all:?}");
+        assert_eq!(count_runs(&all, 0, "done"), 5, "every run waited its delay: {all:?}");
+        assert_eq!(count_runs(&all, 1, "digested"), 1, "{all:?}");
+        assert_eq!(count_runs(&all, 1, "merged"), 4, "{all:?}");
     }
-    assert_eq!(count_runs(&all, 0, "done"), 5, "every run waited its delay: {all:?}");
-    assert_eq!(count_runs(&all, 1, "digested"), 1, "{all:?}");
-    assert_eq!(count_runs(&all, 1, "merged"), 4, "{all:?}");
     assert_documented(&s);
     Ok(())
 }
@@ -272,7 +276,7 @@ pub async fn two_digest_steps_each_digest(backend: Backend) -> anyhow::Result<()
     )
     .await?;
     let posts = ["a", "a", "a", "b", "b"];
-    let ids = triggers_at_once(&s, "twice", "u1", posts.len(), |i| json!({"post_id": posts[i]})).await?;
+    let ids = triggers_at_once(&s, "twice", &["u1"], posts.len(), |i| json!({"post_id": posts[i]})).await?;
     all_ended(&s, &ids).await?;
     let mut titles: Vec<String> =
         inbox(&s, "u1").await?.iter().map(|m| m["body"].as_str().unwrap_or_default().to_owned()).collect();
@@ -488,13 +492,19 @@ pub async fn definitions_are_checked_and_runs_keep_their_version(backend: Backen
         {"type": "send", "channel": "email", "template_id": "note"},
     ]));
     assert_eq!(workflow(&s, "ver", v1.clone()).await?["version"], 1);
-    let first = trigger(&s, "ver", &["u1"], json!({"n": 1})).await?;
+    let repeated = json!({"idempotency_key": "ver-1", "recipients": {"user_ids": ["u1"]}, "workflow_id": "ver", "params": {"n": 1}});
+    let (st, v) = s.call("POST", "/v1/notifications", Some(repeated.clone())).await?;
+    assert_eq!(st, 202, "{v}");
+    let first = v["notification_id"].as_str().unwrap_or_default().to_owned();
     assert_eq!(workflow(&s, "ver", v1).await?["version"], 1, "the same definition again changes nothing");
     let v2 = definition(json!([
         {"type": "delay", "for": "3s"},
         {"type": "send", "channel": "email", "template_id": "note2"},
     ]));
     assert_eq!(workflow(&s, "ver", v2).await?["version"], 2);
+    // The same request again (after the change): the same notification, no second run.
+    let (st, v) = s.call("POST", "/v1/notifications", Some(repeated)).await?;
+    assert_eq!((st, v["notification_id"].as_str()), (202, Some(first.as_str())), "{v}");
     let (_, v) = s.call("GET", "/v1/workflows/ver", None).await?;
     assert_eq!((v["version"].as_u64(), v["steps"][1]["template_id"].as_str()), (Some(2), Some("note2")), "{v}");
     let (_, v) = s.call("GET", "/v1/workflows", None).await?;
@@ -539,7 +549,7 @@ pub async fn a_throttle_lets_its_limit_through(backend: Backend) -> anyhow::Resu
         ])),
     )
     .await?;
-    let ids = triggers_at_once(&s, "calm", "u1", 4, |i| json!({"n": i})).await?;
+    let ids = triggers_at_once(&s, "calm", &["u1"], 4, |i| json!({"n": i})).await?;
     all_ended(&s, &ids).await?;
     assert_eq!(sent(&s, "u1", "email").await?.len(), 2);
     let mut all = Vec::new();
@@ -701,6 +711,73 @@ pub async fn a_cancelled_digest_leader_does_not_swallow_later_triggers(backend: 
     let run = run_of(&s, &later).await?;
     assert_eq!(count_runs(std::slice::from_ref(&run), 0, "digested"), 1, "a new window, not the dead one: {run}");
     assert_eq!(bodies(&sent(&s, "u1", "email").await?), vec!["1 new comments on post p".to_owned()]);
+    assert_documented(&s);
+    Ok(())
+}
+
+/// A branch on a param, its then and else steps numbered after it, and a step's `if` on the
+/// user's tags: `[branch total ≥ 100 then [sms] else [email], inapp if tagged vip]`.
+pub async fn a_branch_takes_then_or_else_and_goes_on_after_it(backend: Backend) -> anyhow::Result<()> {
+    let s = Server::start(backend, Options::default()).await?;
+    templates(&s).await?;
+    user(&s, "vip", json!({"email": "vip@example.com", "phone": "+14155550101", "tags": ["vip"]})).await?;
+    user(&s, "plain", json!({"email": "plain@example.com", "phone": "+14155550102"})).await?;
+    workflow(
+        &s,
+        "order",
+        definition(json!([
+            {"type": "branch", "if": {"param": "total", "gte": 100},
+             "then": [{"type": "send", "channel": "sms", "template_id": "note"}],
+             "else": [{"type": "send", "channel": "email", "template_id": "note"}]},
+            {"type": "send", "channel": "inapp", "template_id": "note", "if": {"user": "tags", "eq": "vip"}},
+        ])),
+    )
+    .await?;
+    let big = trigger(&s, "order", &["vip", "plain"], json!({"n": 150, "total": 150})).await?;
+    let small = trigger(&s, "order", &["vip", "plain"], json!({"n": 50, "total": "50"})).await?;
+    all_ended(&s, &[big.clone(), small.clone()]).await?;
+    for u in ["vip", "plain"] {
+        assert_eq!(bodies(&sent(&s, u, "sms").await?), vec!["Note 150".to_owned()], "{u}");
+        assert_eq!(bodies(&sent(&s, u, "email").await?), vec!["Note 50".to_owned()], "{u}");
+    }
+    let titles = |items: Vec<Value>| -> Vec<String> {
+        let mut t: Vec<String> = items.iter().map(|m| m["body"].as_str().unwrap_or_default().to_owned()).collect();
+        t.sort();
+        t
+    };
+    assert_eq!(titles(inbox(&s, "vip").await?), vec!["Note 150".to_owned(), "Note 50".to_owned()]);
+    assert!(inbox(&s, "plain").await?.is_empty());
+    let (big_runs, small_runs) = (runs(&s, &big).await?, runs(&s, &small).await?);
+    assert_eq!(count_runs(&big_runs, 0, "then"), 2, "{big_runs:?}");
+    assert_eq!(count_runs(&big_runs, 1, "queued"), 2, "then's send is step 1: {big_runs:?}");
+    assert_eq!(count_runs(&small_runs, 0, "else"), 2, "{small_runs:?}");
+    assert_eq!(count_runs(&small_runs, 2, "queued"), 2, "else's send is step 2: {small_runs:?}");
+    for r in [&big_runs, &small_runs] {
+        assert_eq!(count_runs(r, 3, "skipped"), 1, "plain is not tagged vip: {r:?}");
+        assert_eq!(count_runs(r, 3, "sent"), 1, "{r:?}");
+    }
+    let steps = |d: Vec<Value>| -> Vec<(String, String, u64)> {
+        let mut v: Vec<(String, String, u64)> = d
+            .iter()
+            .map(|x| {
+                (
+                    x["user_id"].as_str().unwrap_or_default().to_owned(),
+                    x["channel"].as_str().unwrap_or_default().to_owned(),
+                    x["step"].as_u64().unwrap_or(99),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(
+        steps(deliveries(&s, &small).await?),
+        vec![
+            ("plain".to_owned(), "email".to_owned(), 2),
+            ("vip".to_owned(), "email".to_owned(), 2),
+            ("vip".to_owned(), "inapp".to_owned(), 3)
+        ]
+    );
     assert_documented(&s);
     Ok(())
 }
