@@ -337,13 +337,13 @@ fn check_steps(steps: &[StepDef], path: &str, depth: usize, index: &mut usize, n
                         if parse_wall_time(&s.at).is_none() {
                             return Err(CoreError::invalid(format!("{field}.schedule.at"), "must be a time HH:MM"));
                         }
-                        if let Some(on) = &s.on {
-                            if s.every != Every::Week || parse_weekday(on).is_none() {
-                                return Err(CoreError::invalid(
-                                    format!("{field}.schedule.on"),
-                                    "a weekday (monday … sunday), with every: week only",
-                                ));
-                            }
+                        if let Some(on) = &s.on
+                            && (s.every != Every::Week || parse_weekday(on).is_none())
+                        {
+                            return Err(CoreError::invalid(
+                                format!("{field}.schedule.on"),
+                                "a weekday (monday … sunday), with every: week only",
+                            ));
                         }
                     }
                     _ => {
