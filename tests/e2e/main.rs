@@ -217,6 +217,7 @@ on_both_backends!(workflows as workflows_tests:
     a_fallback_waits_for_until_then_takes_the_next_channel,
     a_cancelled_digest_leader_does_not_swallow_later_triggers,
     a_branch_takes_then_or_else_and_goes_on_after_it,
+    a_run_whose_send_failed_for_good_ends_failed,
 );
 
 /// A webhook posted through the function binaries, each under its template policy.

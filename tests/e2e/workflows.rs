@@ -781,3 +781,48 @@ pub async fn a_branch_takes_then_or_else_and_goes_on_after_it(backend: Backend) 
     assert_documented(&s);
     Ok(())
 }
+
+/// A one-channel send that fails for good after the run went past it: the run ends `failed`,
+/// the failure recorded at its step, whether it came after the run's end (`[email]`) or before
+/// (`[email, delay, sms]`: the SMS is still sent).
+pub async fn a_run_whose_send_failed_for_good_ends_failed(backend: Backend) -> anyhow::Result<()> {
+    let s = Server::start(backend, Options::default()).await?;
+    templates(&s).await?;
+    user(&s, "u1", json!({"email": "u1@example.com", "phone": "+14155550103"})).await?;
+    workflow(&s, "one", definition(json!([{"type": "send", "channel": "email", "template_id": "note"}]))).await?;
+    workflow(
+        &s,
+        "two",
+        definition(json!([
+            {"type": "send", "channel": "email", "template_id": "note"},
+            {"type": "delay", "for": "3s"},
+            {"type": "send", "channel": "sms", "template_id": "note"},
+        ])),
+    )
+    .await?;
+    let (st, _) = s.call("PUT", "/dev/providers/email", Some(json!({"mode": "permanent"}))).await?;
+    assert_eq!(st, 200);
+    let one = trigger(&s, "one", &["u1"], json!({"n": 1})).await?;
+    let two = trigger(&s, "two", &["u1"], json!({"n": 2})).await?;
+    assert_eq!(ended(&s, &one).await?["status"], "failed");
+    ended(&s, &two).await?;
+    for (id, sms_index) in [(&one, None), (&two, Some(2))] {
+        let run = s
+            .eventually(WAIT, "the run to end failed", || async {
+                let r = run_of(&s, id).await?;
+                Ok((r["status"] != "completed" && r["status"] != "running" && r["status"] != "waiting").then_some(r))
+            })
+            .await?;
+        assert_eq!(run["status"], "failed", "{run}");
+        let failed = records(&run, 0, "failed");
+        assert_eq!(failed.len(), 1, "recorded once: {run}");
+        assert_eq!(failed[0]["channel"], "email", "{run}");
+        if let Some(i) = sms_index {
+            assert_eq!(records(&run, i, "queued").len(), 1, "the run went on: {run}");
+        }
+    }
+    assert!(sent(&s, "u1", "email").await?.is_empty());
+    assert_eq!(bodies(&sent(&s, "u1", "sms").await?), vec!["Note 2".to_owned()]);
+    assert_documented(&s);
+    Ok(())
+}
