@@ -152,7 +152,7 @@ fn records<'a>(run: &'a Value, index: u64, status: &str) -> Vec<&'a Value> {
 /// The records of a one-channel send at `index`: `queued`, or `sent` when the send had ended by
 /// the time the run was driven (a request message redelivered under load drives the run again
 /// and finds the delivery sent).
-fn sends_at<'a>(run: &'a Value, index: u64) -> Vec<&'a Value> {
+fn sends_at(run: &Value, index: u64) -> Vec<&Value> {
     let mut r = records(run, index, "queued");
     r.extend(records(run, index, "sent"));
     r
