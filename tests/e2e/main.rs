@@ -39,6 +39,7 @@ mod sizes;
 mod sms_failover;
 mod sms_shipped;
 mod webhooks;
+mod workflows;
 
 /// Declares each test once per backend: `on_both_backends!(module as module_tests: test, ...)`
 /// makes `module_tests::embedded::test` and `module_tests::aws::test` from `module::test`.
@@ -202,6 +203,22 @@ on_both_backends!(webhooks as webhooks_tests:
     a_failing_receiver_is_retried_dead_lettered_and_redriven_once,
     each_endpoint_is_posted_to_at_its_own_rate_and_loses_nothing,
     a_campaigns_end_is_posted_once,
+);
+
+on_both_backends!(workflows as workflows_tests:
+    many_triggers_in_one_instant_make_one_digest,
+    a_delay_then_a_digest_make_one_digest,
+    two_digest_steps_each_digest,
+    fallback_goes_from_push_to_sms_to_email_only_when_needed,
+    an_email_only_when_the_inapp_message_was_not_read,
+    preferences_per_workflow_and_required,
+    definitions_are_checked_and_runs_keep_their_version,
+    a_throttle_lets_its_limit_through,
+    an_hour_long_delay_waits_for_the_clock,
+    a_fallback_waits_for_until_then_takes_the_next_channel,
+    a_cancelled_digest_leader_does_not_swallow_later_triggers,
+    a_branch_takes_then_or_else_and_goes_on_after_it,
+    a_run_whose_send_failed_for_good_ends_failed,
 );
 
 /// A webhook posted through the function binaries, each under its template policy.

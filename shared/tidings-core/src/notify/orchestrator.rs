@@ -813,7 +813,9 @@ fn queued_size(task: &ChannelTask) -> Result<usize, usize> {
     if size <= crate::sizes::MAX_MESSAGE_BYTES { Ok(size) } else { Err(size) }
 }
 
-// The delivery's identity, its address and content, and the tenant's link hosts for the email.
+// The delivery's identity (a workflow's send step included: the email's open, click and
+// unsubscribe tokens are signed here and must name the step's delivery), its address and
+// content, and the tenant's link hosts for the email.
 #[allow(clippy::too_many_arguments)]
 fn task_of(
     deps: &Deps,

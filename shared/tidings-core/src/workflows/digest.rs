@@ -117,6 +117,16 @@ fn role(window: String, leader: String, flush_ms: i64, me: &str) -> Entered {
     if leader == me { Entered::Leader { window, flush_ms } } else { Entered::Joined { window, leader } }
 }
 
+/// Ends `window` without a digest, its leader's run cancelled: the head goes (only while it
+/// names the window), so the next trigger opens a window of its own instead of joining one that
+/// no run will ever close. The triggers that joined it are cancelled with their leader.
+pub async fn abandon(deps: &Deps, pk: &str, window: &str) -> CoreResult<()> {
+    match deps.table.delete(&Key::new(pk, "HEAD"), Cond::eq("window", window)).await {
+        Ok(()) | Err(StoreError::ConditionFailed { .. }) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Closes `window` (if still open) and reads its events: the first `max` triggers' params, oldest
 /// first, and how many there were.
 pub async fn close(deps: &Deps, pk: &str, window: &str, max: usize) -> CoreResult<(Vec<Value>, u64)> {
