@@ -218,7 +218,7 @@ on_both_backends!(workflows as workflows_tests:
     a_fallback_waits_for_until_then_takes_the_next_channel,
     a_cancelled_digest_leader_does_not_swallow_later_triggers,
     a_branch_takes_then_or_else_and_goes_on_after_it,
-    a_run_whose_send_failed_for_good_ends_failed,
+    a_one_channel_send_that_fails_later_is_the_deliverys_failure_not_the_runs,
 );
 
 /// A webhook posted through the function binaries, each under its template policy.

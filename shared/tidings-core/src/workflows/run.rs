@@ -162,22 +162,8 @@ async fn start(
 /// A run's timer or the end of one of its sends: loads what the run needs and drives it.
 pub async fn wake(deps: &Deps, t: &TenantId, notification_id: &str, user_id: &str, wake: Wake) -> CoreResult<()> {
     let Some(item) = deps.table.get(&keys::run(t, notification_id, user_id)).await? else { return Ok(()) };
-    let mut run: Run = item.parse()?;
+    let run: Run = item.parse()?;
     if run.status.ended() {
-        // The end of a one-channel send of a run that has completed (it does not wait for
-        // those): failed for good, it is recorded and the run is `failed`. Nothing else writes
-        // an ended run; two such wakes at once: the loser's message comes again and finds the
-        // record.
-        if let (RunStatus::Completed, Wake::Resume { node, check: false }) = (run.status, &wake)
-            && late_failure(deps, t, notification_id, &mut run, *node).await?
-        {
-            let seq = run.seq;
-            run.seq = seq + 1;
-            run.status = RunStatus::Failed;
-            run.updated_at = deps.clock.now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
-            let cond = Cond::eq("seq", i64::try_from(seq).unwrap_or(i64::MAX));
-            deps.table.put(Item::new(keys::run(t, notification_id, user_id), attrs_of(&run)?), cond).await?;
-        }
         return Ok(());
     }
     let Some(n) = crate::notify::api::load(deps, t, notification_id).await? else { return Ok(()) };
@@ -190,36 +176,6 @@ pub async fn wake(deps: &Deps, t: &TenantId, notification_id: &str, user_id: &st
     let user = users::get_user(deps, t, user_id).await?;
     let ctx = Ctx { deps, t, n: &n, wf: &wf, nodes: definition::layout(&wf.steps), user };
     drive(&ctx, run, wake).await
-}
-
-/// Whether the send of node `node`, one channel the run went past (its one record `queued` or
-/// `sent`: a fallback's channels are judged by the run itself, which waits for them), failed
-/// for good; if so, it is recorded on `run` (once: a second wake finds the record).
-async fn late_failure(deps: &Deps, t: &TenantId, notification_id: &str, run: &mut Run, node: u32) -> CoreResult<bool> {
-    if matches!(run.status, RunStatus::Throttled | RunStatus::Failed | RunStatus::Cancelled) {
-        return Ok(false);
-    }
-    let here: Vec<&StepRecord> = run.steps.iter().filter(|r| r.index == node).collect();
-    let [only] = here.as_slice() else { return Ok(false) };
-    let (Some(channel), "queued" | "sent") = (only.channel, only.status.as_str()) else { return Ok(false) };
-    let kind = only.kind.clone();
-    let key = keys::delivery_at(t, notification_id, &run.user_id, channel, Some(node));
-    let Some(item) = deps.table.get(&key).await? else { return Ok(false) };
-    let d: crate::notify::model::Delivery = item.parse()?;
-    use crate::notify::model::DeliveryStatus as S;
-    if !matches!(d.status, S::Failed | S::Dead) {
-        return Ok(false);
-    }
-    run.steps.push(StepRecord {
-        index: node,
-        kind,
-        status: "failed".into(),
-        at: deps.clock.now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-        channel: Some(channel),
-        detail: d.last_error,
-    });
-    run.failed = true;
-    Ok(true)
 }
 
 /// Wakes the run of a workflow send that ended (its step's fallback may go on).
@@ -337,12 +293,6 @@ async fn continue_from(ctx: &Ctx<'_>, mut run: Run, seq: u64, mut next: Next) ->
     for _ in 0..=definition::MAX_NODES {
         match next {
             Next::Go(None) => {
-                // One-channel sends it went past that have failed for good since (one that
-                // fails after this: its wake finds the run ended, above in `wake`).
-                let nodes: std::collections::BTreeSet<u32> = run.steps.iter().map(|r| r.index).collect();
-                for node in nodes {
-                    late_failure(ctx.deps, ctx.t, &ctx.n.notification_id, &mut run, node).await?;
-                }
                 let status = if run.failed { RunStatus::Failed } else { RunStatus::Completed };
                 return save(ctx, run, seq, Next::End(status)).await;
             }
