@@ -903,7 +903,8 @@ pub async fn a_one_channel_send_that_fails_later_is_the_deliverys_failure_not_th
         assert_eq!(run["status"], "completed", "{run}");
         assert!(records(&run, 0, "failed").is_empty(), "the run does not wait for a one-channel send: {run}");
         let (_, d) = s.call("GET", &format!("/v1/notifications/{id}/deliveries"), None).await?;
-        let email: Vec<&Value> = d["items"].as_array().into_iter().flatten().filter(|x| x["channel"] == "email").collect();
+        let email: Vec<&Value> =
+            d["items"].as_array().into_iter().flatten().filter(|x| x["channel"] == "email").collect();
         assert_eq!(email.len(), 1, "{d}");
         assert_eq!((email[0]["status"].as_str(), email[0]["step"].as_u64()), (Some("failed"), Some(0)), "{d}");
         if let Some(i) = sms_index {

@@ -614,3 +614,39 @@ async fn the_unsubscribe_link_of_a_workflows_email_turns_that_workflow_off_on_em
     settle(&s).await;
     assert_eq!(bodies(&s.email), vec!["news p".to_owned(), "news p3".to_owned()]);
 }
+
+#[tokio::test]
+async fn a_digest_window_and_a_delay_count_from_the_trigger_not_from_a_backlog() {
+    let s = shop().await;
+    user(&s, "u1", false, None).await;
+    workflow(&s, "comments", json!({"steps": serde_json::from_str::<Value>(DIGEST).unwrap()})).await;
+    workflow(
+        &s,
+        "later",
+        json!({"steps": [{"type": "delay", "for": "10m"}, {"type": "send", "channel": "email", "template_id": "note"}]}),
+    )
+    .await;
+    let start = s.w.deps.clock.now();
+    // Accepted 8 minutes apart; the engine reaches them only at minute 9 (a backlog).
+    let first = trigger(&s, "comments", &["u1"], json!({"post_id": "p", "author": "a"})).await;
+    let delayed = trigger(&s, "later", &["u1"], json!({"post_id": "p"})).await;
+    s.w.clock().advance(Duration::minutes(8));
+    trigger(&s, "comments", &["u1"], json!({"post_id": "p", "author": "b"})).await;
+    s.w.clock().advance(Duration::minutes(1));
+    settle(&s).await;
+    let due = (start + Duration::minutes(10)).to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    assert_eq!(
+        runs(&s, &first).await[0].waiting_until.as_deref(),
+        Some(due.as_str()),
+        "the window closes 10 min after the first trigger"
+    );
+    assert_eq!(
+        runs(&s, &delayed).await[0].waiting_until.as_deref(),
+        Some(due.as_str()),
+        "the delay ends 10 min after its trigger"
+    );
+    pass(&s, Duration::minutes(1) + Duration::seconds(5)).await;
+    let mut sent = bodies(&s.email);
+    sent.sort();
+    assert_eq!(sent, vec!["2 comments [a] [b] on p".to_owned(), "note p".to_owned()]);
+}

@@ -67,12 +67,18 @@ pub enum Entered {
     Joined { window: String, leader: String },
 }
 
-/// Enters `notification_id`'s trigger (with `params`) in the open window of `pk`, or opens one
-/// that closes at `flush_ms`.
-pub async fn enter(deps: &Deps, pk: &str, notification_id: &str, params: &Value, flush_ms: i64) -> CoreResult<Entered> {
+/// Enters `notification_id`'s trigger (with `params`, made at `at_ms`: its events sort by it) in
+/// the open window of `pk`, or opens one that closes at `flush_ms`.
+pub async fn enter(
+    deps: &Deps,
+    pk: &str,
+    notification_id: &str,
+    params: &Value,
+    at_ms: i64,
+    flush_ms: i64,
+) -> CoreResult<Entered> {
     let member_key = Key::new(pk, format!("M#{notification_id}"));
     let head_key = Key::new(pk, "HEAD");
-    let now_ms = deps.clock.now_ms();
     for _ in 0..20 {
         if let Some(item) = deps.table.get(&member_key).await? {
             let m: Member = item.parse()?;
@@ -93,7 +99,7 @@ pub async fn enter(deps: &Deps, pk: &str, notification_id: &str, params: &Value,
         let ttl = head.flush_ms / 1000 + KEEP_S;
         let member = Member { window: head.window.clone(), leader: head.leader.clone(), flush_ms: head.flush_ms, ttl };
         let event = EventItem { params: params.clone(), ttl };
-        let event_key = Key::new(pk, format!("E#{}#{:015}#{notification_id}", head.window, now_ms.max(0)));
+        let event_key = Key::new(pk, format!("E#{}#{:015}#{notification_id}", head.window, at_ms.max(0)));
         let writes = vec![
             cond_head,
             Write::Put { item: Item::new(member_key.clone(), attrs_of(&member)?), cond: Cond::NotExists },

@@ -85,6 +85,12 @@ pub struct Run {
     pub seq: u64,
     pub created_at: String,
     pub updated_at: String,
+    /// When it last went on after a wait (none: it has not waited, and its time is its
+    /// trigger's: the notification's acceptance, or its `send_at`). A delay's `for` and a digest's
+    /// `window` count from it, so a backlog in front of the engine neither stretches a delay nor
+    /// splits a digest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since_ms: Option<i64>,
     /// A send that failed for good: the run ends `failed`.
     #[serde(default)]
     pub failed: bool,

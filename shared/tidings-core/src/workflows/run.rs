@@ -134,6 +134,7 @@ async fn start(
                 steps: Vec::new(),
                 page,
                 seq: 0,
+                since_ms: None,
                 created_at: now.clone(),
                 updated_at: now,
                 failed: false,
@@ -238,12 +239,14 @@ async fn drive(ctx: &Ctx<'_>, mut run: Run, wake: Wake) -> CoreResult<()> {
                     return Ok(());
                 }
                 record(ctx, &mut run, node_at, "done", None, None);
+                run.since_ms = Some(now_ms);
                 at = ctx.nodes.get(node_at).and_then(|n| n.next);
             }
             (Some(Wait::Deferred { due_ms, channel_index }), _) => {
                 if due_ms > now_ms + 1_000 {
                     return Ok(());
                 }
+                run.since_ms = Some(now_ms);
                 let next = send(ctx, &mut run, node_at, channel_index as usize).await?;
                 return continue_from(ctx, run, seq, next).await;
             }
@@ -258,13 +261,18 @@ async fn drive(ctx: &Ctx<'_>, mut run: Run, wake: Wake) -> CoreResult<()> {
                     map.insert("count".into(), json!(count));
                 }
                 record(ctx, &mut run, node_at, "digested", None, Some(format!("{count} events")));
+                run.since_ms = Some(now_ms);
                 at = ctx.nodes.get(node_at).and_then(|n| n.next);
             }
             (Some(Wait::Digest { .. }), _) => return Ok(()),
             (Some(Wait::Send { channel_index, deadline_ms, checks }), Wake::Resume { check, .. }) => {
                 match judge_send(ctx, &mut run, node_at, channel_index as usize, deadline_ms).await? {
-                    Judged::Done(next) => return continue_from(ctx, run, seq, next).await,
+                    Judged::Done(next) => {
+                        run.since_ms = Some(now_ms);
+                        return continue_from(ctx, run, seq, next).await;
+                    }
                     Judged::NextChannel => {
+                        run.since_ms = Some(now_ms);
                         let next = send(ctx, &mut run, node_at, channel_index as usize + 1).await?;
                         return continue_from(ctx, run, seq, next).await;
                     }
@@ -316,6 +324,9 @@ async fn step(ctx: &Ctx<'_>, run: &mut Run, i: usize) -> CoreResult<Next> {
         return Ok(Next::Go(node.next));
     }
     let now_ms = ctx.deps.clock.now_ms();
+    // Where the run's time stands: its trigger's, or its last wait's end (`Run::since_ms`).
+    let trigger_ms = ctx.n.request.send_at.map_or(0, |a| a.timestamp_millis()).max(ctx.n.created_ms);
+    let base_ms = run.since_ms.unwrap_or(trigger_ms).min(now_ms);
     match &node.step {
         StepDef::Branch { when, .. } => {
             let holds = conditions::holds(ctx.deps, ctx.t, ctx.n, run, ctx.user.as_ref(), when).await?;
@@ -326,7 +337,7 @@ async fn step(ctx: &Ctx<'_>, run: &mut Run, i: usize) -> CoreResult<Next> {
             let due = match (duration, until) {
                 (Some(d), _) => {
                     let d = definition::parse_duration(d).unwrap_or_default();
-                    now_ms + i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 2)
+                    base_ms + i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 2)
                 }
                 (None, Some(u)) => next_wall_time(ctx, u, None, now_ms),
                 (None, None) => now_ms,
@@ -359,7 +370,7 @@ async fn step(ctx: &Ctx<'_>, run: &mut Run, i: usize) -> CoreResult<Next> {
             let due = match (window, schedule) {
                 (Some(w), _) => {
                     let d = definition::parse_duration(w).unwrap_or_default();
-                    now_ms + i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 2)
+                    base_ms + i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 2)
                 }
                 (None, Some(s)) => {
                     let on = match s.every {
@@ -373,7 +384,7 @@ async fn step(ctx: &Ctx<'_>, run: &mut Run, i: usize) -> CoreResult<Next> {
                 (None, None) => now_ms,
             };
             let pk = digest::partition(ctx.t, &ctx.wf.workflow_id, &run.user_id, i as u32, &key);
-            match digest::enter(ctx.deps, &pk, &ctx.n.notification_id, &run.params, due).await? {
+            match digest::enter(ctx.deps, &pk, &ctx.n.notification_id, &run.params, base_ms, due).await? {
                 Entered::Leader { window, flush_ms } => {
                     let task = TimerTask::WorkflowDigest {
                         tenant: ctx.t.clone(),
