@@ -361,7 +361,12 @@ async fn disable_endpoint(s: &Stack, token: &str) -> anyhow::Result<()> {
 /// channel worker, and a fallback's sends wake their runs through the timers queue from the
 /// channel worker; each function under the policy `template.yaml` gives it.
 pub async fn workflows_through_the_function_binaries() -> anyhow::Result<()> {
-    let s = Stack::start(Options::default()).await?;
+    let opts = Options { parameters: vec![("WebhookAllowPrivateTargets".into(), "true".into())], ..Options::default() };
+    let s = Stack::start(opts).await?;
+    // Each run's end is told to the shop's endpoint, whichever function ends it.
+    let rx = crate::webhooks::Receiver::start().await?;
+    let hook = ok(&s, "POST", "/v1/webhooks", Some(json!({"url": rx.url, "events": ["workflow.run_ended"]}))).await?;
+    rx.trust(hook["secret"].as_str().unwrap_or_default());
     let comment = json!({"default_locale": "en", "locales": {"en": {"email_subject": "{{ count }} new",
         "email_body": "{{ count }} comments{% for e in events %} [{{ e.author }}]{% endfor %} on {{ post_id }}"}}});
     ok(&s, "PUT", "/v1/templates/comment", Some(comment)).await?;
@@ -525,8 +530,36 @@ pub async fn workflows_through_the_function_binaries() -> anyhow::Result<()> {
     .collect();
     assert_eq!(statuses, expected, "{d:?}");
 
+    // Five runs ended (the merged one on the request lane, the digest's and the fallbacks' on
+    // the timers lane): five posts, each once, signed.
+    let ended = s
+        .eventually(WAIT, "a workflow.run_ended post per run", || async {
+            let posts: Vec<_> = rx.posts().into_iter().filter(|p| p.kind == "workflow.run_ended").collect();
+            Ok((posts.len() >= 5).then_some(posts))
+        })
+        .await?;
+    let mut told: Vec<(String, String, String)> = ended
+        .iter()
+        .map(|p| {
+            let d = &p.body["data"];
+            let field = |k: &str| d[k].as_str().unwrap_or_default().to_owned();
+            (field("notification_id"), field("user_id"), field("status"))
+        })
+        .collect();
+    told.sort();
+    let mut runs_ended: Vec<(String, String, String)> = [&a, &b, &f, &f, &f]
+        .iter()
+        .zip(["w1", "w1", "w1", "w2", "w3"])
+        .map(|(n, u)| ((*n).clone(), u.to_owned(), "completed".to_owned()))
+        .collect();
+    runs_ended.sort();
+    assert_eq!(told, runs_ended, "{ended:?}");
+    assert!(ended.iter().all(|p| p.verified_by == vec![0]), "{ended:?}");
+
     // Time for the last messages (the wakes of sends already judged); nothing was refused.
     tokio::time::sleep(Duration::from_secs(3)).await;
+    let posts = rx.posts().into_iter().filter(|p| p.kind == "workflow.run_ended").count();
+    assert_eq!(posts, 5, "no run's end told twice: {:?}", rx.posts());
     let refused = s.refused();
     assert!(refused.is_empty(), "template.yaml does not allow what the functions call:\n{}", refused.join("\n"));
     eprintln!("requests by function: {}", serde_json::to_string_pretty(&s.requests())?);
