@@ -79,8 +79,8 @@ fn id_schema() -> serde_json::Value {
 }
 
 /// Path parameters checked as ids, by name.
-const ID_PATH_PARAMS: [&str; 7] =
-    ["user_id", "template_id", "sku_id", "order_id", "subscription_id", "id", "message_id"];
+const ID_PATH_PARAMS: [&str; 8] =
+    ["user_id", "template_id", "workflow_id", "sku_id", "order_id", "subscription_id", "id", "message_id"];
 
 /// Body properties checked as ids: `(schema, property)`; a property of type array has id items.
 const ID_PROPERTIES: [(&str, &str); 15] = [
@@ -128,7 +128,10 @@ fn name_step_kinds(schemas: &mut serde_json::Map<String, serde_json::Value>) {
         let reference = format!("#/components/schemas/{name}");
         mapping.insert(tag.to_owned(), json!(reference));
         refs.push(json!({"$ref": reference}));
-        schemas.insert(name, kind.clone());
+        // `deny_unknown_fields`, as the other bodies say it.
+        let mut kind = kind.clone();
+        kind["additionalProperties"] = json!(false);
+        schemas.insert(name, kind);
     }
     if let Some(step) = schemas.get_mut("StepDef") {
         step["oneOf"] = Value::Array(refs);
@@ -470,6 +473,16 @@ fn constrain_bodies(schemas: &mut serde_json::Map<String, serde_json::Value>) {
     set(schemas, "PreviewRequest", "params", any_object);
     let channels = json!({"type": "string", "enum": ["email", "sms", "push", "inapp"]});
     set(schemas, "PreferencesInput", "channels", json!({"propertyNames": channels}));
+    // `PreferencesInput::validate`: a workflow's preference is named by the workflow's id, and its
+    // per-channel switches by channels.
+    set(schemas, "PreferencesInput", "workflows", json!({"propertyNames": id_schema()}));
+    if let Some(kinds) =
+        schemas.get_mut("WorkflowPreference").and_then(|w| w.get_mut("oneOf")).and_then(|o| o.as_array_mut())
+    {
+        for kind in kinds.iter_mut().filter(|k| k["type"] == "object") {
+            kind["propertyNames"] = channels.clone();
+        }
+    }
     // `GMT0` and `Etc/GMT0` (aliases of `Etc/GMT`, which the server takes too) are left out:
     // client generators name enum members by letters and digits, and they are `GMT-0`'s and
     // `Etc/GMT-0`'s names there (openapi-python-client refuses the document).
