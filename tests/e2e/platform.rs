@@ -84,14 +84,6 @@ async fn now(s: &Server) -> anyhow::Result<chrono::DateTime<chrono::Utc>> {
     Ok(chrono::DateTime::parse_from_rfc3339(v["now"].as_str().unwrap())?.with_timezone(&chrono::Utc))
 }
 
-async fn advance(s: &Server, seconds: i64) -> anyhow::Result<()> {
-    let (st, v) = s.call("POST", "/dev/clock/advance", Some(json!({"seconds": seconds}))).await?;
-    assert_eq!(st, 200, "{v}");
-    let (st, v) = s.call("POST", "/dev/schedules/tick/run", None).await?;
-    assert_eq!(st, 200, "{v}");
-    Ok(())
-}
-
 fn manual() -> Options {
     Options { manual_clock: true, ..Options::default() }
 }
@@ -127,11 +119,11 @@ pub async fn quiet_hours_defer_marketing_but_not_transactional(backend: Backend)
     assert!(s.sends(&promo).await?.is_empty(), "nothing may be sent during quiet hours");
 
     // Half an hour on: still quiet.
-    advance(&s, 30 * 60).await?;
+    s.advance_and_tick(30 * 60).await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(s.sends(&promo).await?.is_empty(), "still quiet");
     // The window ends: it arrives.
-    advance(&s, 45 * 60).await?;
+    s.advance_and_tick(45 * 60).await?;
     let sends = s
         .eventually(WAIT, "the promo after the quiet hours", || async {
             let sends = s.sends(&promo).await?;
@@ -333,16 +325,16 @@ pub async fn scheduled_send_fires_at_send_at_and_cancel_stops_it(backend: Backen
     assert_eq!(v["status"], "cancelled");
     // Not before its time.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    advance(&s, 10 * 60).await?;
+    s.advance_and_tick(10 * 60).await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(s.sends(&a).await?.is_empty(), "sent before send_at");
     let (_, v) = s.call("GET", &format!("/v1/notifications/{a}"), None).await?;
     assert_eq!(v["status"], "scheduled", "{v}");
     // Its time: a goes, b waits, c never.
-    advance(&s, 11 * 60).await?;
+    s.advance_and_tick(11 * 60).await?;
     s.eventually(WAIT, "a sent", || async { Ok((!s.sends(&a).await?.is_empty()).then_some(())) }).await?;
     assert!(s.sends(&b).await?.is_empty());
-    advance(&s, 20 * 60).await?;
+    s.advance_and_tick(20 * 60).await?;
     s.eventually(WAIT, "b sent", || async { Ok((!s.sends(&b).await?.is_empty()).then_some(())) }).await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(s.sends(&c).await?.is_empty(), "a cancelled send went out");
@@ -734,7 +726,7 @@ pub async fn a_manual_clock_keeps_its_time_across_kill_9(backend: Backend) -> an
     template(&s).await?;
     user(&s, "u1", json!({"email": "a@example.com"})).await?;
     let t0 = now(&s).await?;
-    advance(&s, 3600).await?;
+    s.advance_and_tick(3600).await?;
     let t1 = now(&s).await?;
     assert_eq!((t1 - t0).num_seconds(), 3600);
     let mut a = req("later", &["u1"], "transactional", Some(&["email"]), 1);
@@ -756,7 +748,7 @@ pub async fn a_manual_clock_keeps_its_time_across_kill_9(backend: Backend) -> an
     let (_, v) = s.call("GET", "/v1/orders/held", None).await?;
     assert_eq!(v["status"], "PENDING", "{v}");
 
-    advance(&s, 21 * 60).await?;
+    s.advance_and_tick(21 * 60).await?;
     s.eventually(WAIT, "the scheduled send after the restart", || async {
         Ok((!s.sends(&a).await?.is_empty()).then_some(()))
     })

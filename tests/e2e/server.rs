@@ -371,6 +371,16 @@ impl Server {
     }
 
     /// Every accepted send of the fake providers.
+    /// Moves the manual clock (`--manual-clock`) and runs the tick: the timer buckets due by then
+    /// fire.
+    pub async fn advance_and_tick(&self, seconds: i64) -> anyhow::Result<()> {
+        let (st, v) = self.call("POST", "/dev/clock/advance", Some(serde_json::json!({"seconds": seconds}))).await?;
+        assert_eq!(st, 200, "{v}");
+        let (st, v) = self.call("POST", "/dev/schedules/tick/run", None).await?;
+        assert_eq!(st, 200, "{v}");
+        Ok(())
+    }
+
     pub async fn sends_all(&self) -> anyhow::Result<Vec<Value>> {
         let (_, v) = self.call("GET", "/dev/deliveries", None).await?;
         Ok(v.as_array().cloned().unwrap_or_default())

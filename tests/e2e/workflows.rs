@@ -180,15 +180,6 @@ fn manual() -> Options {
     Options { manual_clock: true, ..Options::default() }
 }
 
-/// Moves the manual clock and runs the tick (the timer buckets due by then fire).
-async fn advance(s: &Server, seconds: i64) -> anyhow::Result<()> {
-    let (st, v) = s.call("POST", "/dev/clock/advance", Some(json!({"seconds": seconds}))).await?;
-    assert_eq!(st, 200, "{v}");
-    let (st, v) = s.call("POST", "/dev/schedules/tick/run", None).await?;
-    assert_eq!(st, 200, "{v}");
-    Ok(())
-}
-
 /// Waits until each of `ids` has `user_id`'s run at step `index`: waiting there, or merged
 /// there; their runs then.
 async fn all_at(s: &Server, ids: &[String], user_id: &str, index: u64) -> anyhow::Result<Vec<Value>> {
@@ -236,7 +227,7 @@ pub async fn many_triggers_in_one_instant_make_one_digest(backend: Backend) -> a
     let at = all_at(&s, &ids, "u1", 0).await?;
     assert_eq!((waiting_at(&at, 0), count_runs(&at, 0, "merged")), (1, 29), "one window, one leader: {at:?}");
     assert!(sent(&s, "u1", "email").await?.is_empty(), "nothing before the window's end");
-    advance(&s, 21 * 60).await?;
+    s.advance_and_tick(21 * 60).await?;
     all_ended(&s, &ids).await?;
     let emails = sent(&s, "u1", "email").await?;
     assert_eq!(bodies(&emails), vec!["30 new comments on post p1".to_owned()], "{emails:?}");
@@ -268,7 +259,7 @@ pub async fn many_triggers_in_one_instant_make_one_digest(backend: Backend) -> a
             .collect::<anyhow::Result<Vec<_>>>()?;
     let at = all_at(&s, &ab, "u1", 0).await?;
     assert_eq!(waiting_at(&at, 0), 2, "two windows: {at:?}");
-    advance(&s, 21 * 60).await?;
+    s.advance_and_tick(21 * 60).await?;
     all_ended(&s, &ab).await?;
     let emails = sent(&s, "u1", "email").await?;
     assert_eq!(
@@ -305,13 +296,13 @@ pub async fn a_delay_then_a_digest_make_one_digest(backend: Backend) -> anyhow::
     for u in ["u1", "u2"] {
         assert_eq!(waiting_at(&all_at(&s, &ids, u, 0).await?, 0), 5, "every run at its delay");
     }
-    advance(&s, 21 * 60).await?;
+    s.advance_and_tick(21 * 60).await?;
     for u in ["u1", "u2"] {
         let at = all_at(&s, &ids, u, 1).await?;
         assert_eq!((waiting_at(&at, 1), count_runs(&at, 1, "merged")), (1, 4), "{u}: {at:?}");
     }
     assert!(sent(&s, "u1", "email").await?.is_empty());
-    advance(&s, 21 * 60).await?;
+    s.advance_and_tick(21 * 60).await?;
     all_ended(&s, &ids).await?;
     for u in ["u1", "u2"] {
         let emails = sent(&s, u, "email").await?;
@@ -349,7 +340,7 @@ pub async fn two_digest_steps_each_digest(backend: Backend) -> anyhow::Result<()
     let ids = triggers_at_once(&s, "twice", &["u1"], posts.len(), |i| json!({"post_id": posts[i]})).await?;
     let at = all_at(&s, &ids, "u1", 0).await?;
     assert_eq!((waiting_at(&at, 0), count_runs(&at, 0, "merged")), (2, 3), "a window per post: {at:?}");
-    advance(&s, 21 * 60).await?;
+    s.advance_and_tick(21 * 60).await?;
     let leaders: Vec<String> =
         ids.iter().zip(&at).filter(|(_, r)| r["status"] == "waiting").map(|(id, _)| id.clone()).collect();
     let at = all_at(&s, &leaders, "u1", 2).await?;
@@ -359,7 +350,7 @@ pub async fn two_digest_steps_each_digest(backend: Backend) -> anyhow::Result<()
     titles.sort();
     assert_eq!(titles, vec!["2 new comments on post b".to_owned(), "3 new comments on post a".to_owned()]);
     assert!(sent(&s, "u1", "email").await?.is_empty());
-    advance(&s, 21 * 60).await?;
+    s.advance_and_tick(21 * 60).await?;
     all_ended(&s, &ids).await?;
     let emails = sent(&s, "u1", "email").await?;
     assert_eq!(emails.len(), 1, "the two posts' runs make one email: {emails:?}");
@@ -687,10 +678,7 @@ pub async fn an_hour_long_delay_waits_for_the_clock(backend: Backend) -> anyhow:
     assert_eq!((st, v["status"].as_str()), (200, Some("cancelled")), "{v}");
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(sent(&s, "u1", "email").await?.is_empty(), "nothing before the hour");
-    let (st, v) = s.call("POST", "/dev/clock/advance", Some(json!({"seconds": 61 * 60}))).await?;
-    assert_eq!(st, 200, "{v}");
-    let (st, v) = s.call("POST", "/dev/schedules/tick/run", None).await?;
-    assert_eq!(st, 200, "{v}");
+    s.advance_and_tick(61 * 60).await?;
     let v = ended(&s, &id).await?;
     assert_eq!((v["status"].as_str(), v["runs_open"].as_u64()), (Some("completed"), Some(0)), "{v}");
     assert_eq!(bodies(&sent(&s, "u1", "email").await?), vec!["Note 60".to_owned()]);

@@ -12,8 +12,8 @@ use tidings_core::notify::api;
 use tidings_core::notify::completion::check_open_at_most;
 use tidings_core::notify::model::{NotificationRequest, NotificationStatus};
 use tidings_core::people::users::{self, UserInput};
-use tidings_core::ports::{ChangeFeed, OutboundMessage, PermanentCode, Provider, ProviderError, ProviderReceipt};
-use tidings_core::webhooks::{self, EVENT_SK, EndpointInput, EventType};
+use tidings_core::ports::{OutboundMessage, PermanentCode, Provider, ProviderError, ProviderReceipt};
+use tidings_core::webhooks::{self, EndpointInput, EventType};
 use tidings_core::{CoreConfig, TenantId, templates};
 use tidings_embedded::test_world::{Recorder, TestWorld, drain};
 
@@ -157,19 +157,8 @@ async fn a_campaigns_end_tells_how_it_ended() {
 
     let report = check_open_at_most(&w.deps, 10).await.unwrap();
     assert_eq!(report.completed, 3, "{report:?}");
-    let records = audit.next_batch(10_000).await.unwrap();
-    let told: std::collections::BTreeMap<String, String> = records
-        .into_iter()
-        .filter(|r| r.key.sk == EVENT_SK && r.is_insert())
-        .filter_map(|r| r.new.and_then(|n| n.get("event").cloned()))
-        .filter(|e| e["type"] == "campaign.completed")
-        .map(|e| {
-            (
-                e["data"]["notification_id"].as_str().unwrap().to_owned(),
-                e["data"]["status"].as_str().unwrap().to_owned(),
-            )
-        })
-        .collect();
+    let told: std::collections::BTreeMap<String, String> =
+        tidings_embedded::test_world::told(&audit, "campaign.completed").await.into_iter().collect();
     let want = [(failed, "failed"), (partly, "completed_with_failures"), (ok, "completed")]
         .map(|(id, s)| (id, s.to_owned()))
         .into_iter()

@@ -17,12 +17,11 @@ use tidings_core::notify::requests;
 use tidings_core::people::devices::{self, DeviceInput};
 use tidings_core::people::preferences::{self, PreferencesInput};
 use tidings_core::people::users::{self, UserInput};
-use tidings_core::ports::ChangeFeed;
 use tidings_core::ports::{
     Channel, Cond, Item, Key, OutboundMessage, Page, PermanentCode, Platform, Provider, ProviderError, ProviderReceipt,
     QueryOpts, StoreError, Table, Update, Write,
 };
-use tidings_core::webhooks::{self, EVENT_SK, EndpointInput, EventType};
+use tidings_core::webhooks::{self, EndpointInput, EventType};
 use tidings_core::workflows::run::{self, RunStatus, RunView, Wake};
 use tidings_core::workflows::{self, WorkflowInput};
 use tidings_core::{Deps, TenantId, inbox, templates, timers};
@@ -432,21 +431,7 @@ async fn throttle_branch_and_preferences_per_workflow() {
     settle(&s).await;
     assert_eq!(bodies(&s.sms).len(), 1);
     // Each run's end told once, with how it ended.
-    let told: Vec<(String, String)> = audit
-        .next_batch(10_000)
-        .await
-        .unwrap()
-        .into_iter()
-        .filter(|r| r.key.sk == EVENT_SK && r.is_insert())
-        .filter_map(|r| r.new.and_then(|n| n.get("event").cloned()))
-        .filter(|e| e["type"] == "workflow.run_ended")
-        .map(|e| {
-            (
-                e["data"]["notification_id"].as_str().unwrap().to_owned(),
-                e["data"]["status"].as_str().unwrap().to_owned(),
-            )
-        })
-        .collect();
+    let told = tidings_embedded::test_world::told(&audit, "workflow.run_ended").await;
     let want: Vec<(String, String)> = ids
         .iter()
         .zip(["completed", "completed", "throttled", "throttled"])

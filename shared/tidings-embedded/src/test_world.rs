@@ -85,6 +85,22 @@ pub async fn pass(deps: &Deps, feed: &EmbeddedChangeFeed, take: impl Fn(&str) ->
     did
 }
 
+/// The webhook events of type `kind` that were put in the outbox since `feed` last read (each
+/// put once is read once), as `(data.notification_id, data.status)`, in the order written.
+pub async fn told(feed: &EmbeddedChangeFeed, kind: &str) -> Vec<(String, String)> {
+    use tidings_core::ports::ChangeFeed;
+    let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
+    feed.next_batch(10_000)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.key.sk == tidings_core::webhooks::EVENT_SK && r.is_insert())
+        .filter_map(|r| r.new.and_then(|n| n.get("event").cloned()))
+        .filter(|e| e["type"] == kind)
+        .map(|e| (text(&e["data"]["notification_id"]), text(&e["data"]["status"])))
+        .collect()
+}
+
 /// How a [`TestWorld`] is made; every part has a default: a manual clock at [`DEFAULT_START`],
 /// providers that accept everything ([`NullProvider`]), [`CoreConfig::default`], no queue
 /// declared.
