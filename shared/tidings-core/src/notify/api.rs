@@ -55,6 +55,23 @@ fn entry_write(t: &TenantId, n: &Notification) -> CoreResult<Write> {
     })
 }
 
+/// A request refused by what it names (its template or workflow, since changed or removed): a
+/// repeat of an accepted key still answers as the repeat; anything else is refused.
+async fn refused_unless_repeat(
+    deps: &Deps,
+    t: &TenantId,
+    req: &NotificationRequest,
+    hash: &str,
+    refused: CoreError,
+) -> CoreResult<Accepted> {
+    if let Some(key) = req.idempotency_key.as_deref()
+        && let Some(earlier) = repeat_of(deps, t, key, hash, req).await?
+    {
+        return Ok(earlier);
+    }
+    Err(refused)
+}
+
 /// Hash of the request as parsed (so whitespace and key order do not matter).
 fn body_hash(req: &NotificationRequest) -> CoreResult<String> {
     let canonical = serde_json::to_vec(req).map_err(|e| StoreError::Corrupt(e.to_string()))?;
@@ -87,15 +104,11 @@ async fn accept_as(deps: &Deps, t: &TenantId, mut req: NotificationRequest, one_
     let workflow = match &req.workflow_id {
         Some(id) => {
             let Some(wf) = crate::workflows::get_workflow(deps, t, id).await? else {
-                if let Some(key) = req.idempotency_key.as_deref()
-                    && let Some(earlier) = repeat_of(deps, t, key, &hash, &req).await?
-                {
-                    return Ok(earlier);
-                }
-                return Err(CoreError::invalid(
+                let refused = CoreError::invalid(
                     "workflow_id",
                     format!("no workflow {id}: create it with PUT /v1/workflows/{id}"),
-                ));
+                );
+                return refused_unless_repeat(deps, t, &req, &hash, refused).await;
             };
             req.category = Some(wf.category);
             Some(crate::workflows::WorkflowRef {
@@ -155,12 +168,7 @@ async fn accept_as(deps: &Deps, t: &TenantId, mut req: NotificationRequest, one_
         None => super::params::check_template(deps, t, &notification.request).await.map(|_| ()),
     };
     if let Err(refused) = checked {
-        if let Some(key) = notification.request.idempotency_key.as_deref()
-            && let Some(earlier) = repeat_of(deps, t, key, &hash, &notification.request).await?
-        {
-            return Ok(earlier);
-        }
-        return Err(refused);
+        return refused_unless_repeat(deps, t, &notification.request, &hash, refused).await;
     }
     writes.push(Write::Put { item: stored, cond: Cond::NotExists });
     // Its entry in the tenant's notifications list, in the same transaction (`crate::lists`).

@@ -281,11 +281,7 @@ pub async fn resume_deferred(
             Err(e) => Err(e.into()),
         };
     }
-    let template = templates::get_template(deps, t, &n.request.template_id).await?;
-    let hosts = match channel {
-        Channel::Email => crate::tracking::link_hosts_for(deps, t, template.as_ref()).await?,
-        _ => LinkHosts::default(),
-    };
+    let (template, hosts) = content_sources(deps, t, &n, channel).await?;
     let user = users::get_user(deps, t, user_id).await?;
     let prefs = preferences::get(deps, t, user_id).await?;
     let devices = devices_if_push(deps, t, &n, user_id).await?;
@@ -304,9 +300,31 @@ pub async fn resume_deferred(
     if let Some(Planned::Task(queue, task) | Planned::Batch(queue, task) | Planned::Requeue(_, queue, task)) =
         plan_delivery(&planning).await?
     {
-        let body = serde_json::to_string(&task).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        deps.queues.send_batch(&queue, vec![OutMessage::new(body).for_tenant(t)]).await?;
+        queue_one(deps, t, &queue, &task).await?;
     }
+    Ok(())
+}
+
+/// What one delivery's content is rendered from: the notification's template, and for an email
+/// the tenant's link hosts (`crate::tracking`).
+async fn content_sources(
+    deps: &Deps,
+    t: &TenantId,
+    n: &Notification,
+    channel: Channel,
+) -> CoreResult<(Option<Template>, LinkHosts)> {
+    let template = templates::get_template(deps, t, &n.request.template_id).await?;
+    let hosts = match channel {
+        Channel::Email => crate::tracking::link_hosts_for(deps, t, template.as_ref()).await?,
+        _ => LinkHosts::default(),
+    };
+    Ok((template, hosts))
+}
+
+/// Queues one planned task on its lane, in its tenant's turn.
+async fn queue_one(deps: &Deps, t: &TenantId, queue: &str, task: &ChannelTask) -> CoreResult<()> {
+    let body = serde_json::to_string(task).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    deps.queues.send_batch(queue, vec![OutMessage::new(body).for_tenant(t)]).await?;
     Ok(())
 }
 
@@ -341,16 +359,10 @@ pub(crate) async fn plan_step_send(
     channel: Channel,
     (step, wake): (u32, bool),
 ) -> CoreResult<StepSend> {
-    let template = templates::get_template(deps, t, &n.request.template_id).await?;
-    let hosts = match channel {
-        Channel::Email => crate::tracking::link_hosts_for(deps, t, template.as_ref()).await?,
-        _ => LinkHosts::default(),
-    };
+    let (template, hosts) = content_sources(deps, t, n, channel).await?;
     let prefs = preferences::get(deps, t, user_id).await?;
-    let devices = match channel {
-        Channel::Push => devices::list(deps, t, user_id).await?,
-        _ => Vec::new(),
-    };
+    // The step's notification names its one channel: devices are read for a push only.
+    let devices = devices_if_push(deps, t, n, user_id).await?;
     let r = Recipient { user_id, user, prefs: &prefs, devices: &devices };
     let writer = std::sync::Arc::new(campaign::PageWriter::new(
         deps.table.clone(),
@@ -379,9 +391,7 @@ pub(crate) async fn plan_step_send(
         Some(Planned::Task(queue, task) | Planned::Batch(queue, task) | Planned::Requeue(_, queue, task))
             if !skip.contains(&key) =>
         {
-            let task = ChannelTask { wake, ..task };
-            let body = serde_json::to_string(&task).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-            deps.queues.send_batch(&queue, vec![OutMessage::new(body).for_tenant(t)]).await?;
+            queue_one(deps, t, &queue, &ChannelTask { wake, ..task }).await?;
         }
         _ => {}
     }

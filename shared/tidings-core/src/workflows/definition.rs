@@ -133,6 +133,18 @@ pub enum Reach {
     Read,
 }
 
+impl Reach {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reach::Sent => "sent",
+            Reach::Delivered => "delivered",
+            Reach::Opened => "opened",
+            Reach::Clicked => "clicked",
+            Reach::Read => "read",
+        }
+    }
+}
+
 /// A condition, one of: `{"step": N, "is": "delivered"}` (what step N's send reached),
 /// `{"param": "total", "gte": 100}` (`eq`, `gte`, `lte`, `in`), `{"user": "locale", "eq": "zh-CN"}`
 /// (`locale`, `timezone` with `eq` or `in`; `tags` with `eq`: has the tag, or `in`: has one of).
@@ -275,6 +287,18 @@ pub fn parse_duration(text: &str) -> Option<std::time::Duration> {
         _ => return None,
     };
     Some(std::time::Duration::from_secs(secs))
+}
+
+/// A checked duration (`for`, `window`, `wait`, `per`) in milliseconds.
+pub fn duration_ms(text: &str) -> Option<i64> {
+    parse_duration(text).and_then(|d| i64::try_from(d.as_millis()).ok())
+}
+
+/// The hash a `key`'s rendered value is stored under (a digest's partition, a throttle's
+/// counter): bounded in size whatever the params, and other keys never meet.
+pub fn key_hash(key: &str) -> String {
+    use sha2::Digest as _;
+    hex::encode(&sha2::Sha256::digest(key.as_bytes())[..12])
 }
 
 /// A wall time `HH:MM`.

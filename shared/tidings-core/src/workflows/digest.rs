@@ -20,7 +20,6 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use sha2::{Digest as _, Sha256};
 
 use crate::deps::Deps;
 use crate::error::{CoreError, CoreResult};
@@ -32,8 +31,7 @@ const KEEP_S: i64 = 35 * 24 * 3600;
 
 /// Where one (workflow, recipient, step, key) collects.
 pub fn partition(t: &TenantId, workflow_id: &str, user_id: &str, step: u32, key: &str) -> String {
-    let hash = hex::encode(&Sha256::digest(key.as_bytes())[..12]);
-    format!("T#{t}#DG#{workflow_id}#{user_id}#{step}#{hash}")
+    format!("T#{t}#DG#{workflow_id}#{user_id}#{step}#{}", super::definition::key_hash(key))
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -175,18 +175,3 @@ pub async fn list(deps: &Deps, t: &TenantId, limit: usize, cursor: Option<String
     let items = page.items.iter().map(Item::parse).collect::<Result<Vec<WorkflowSummary>, _>>()?;
     Ok(WorkflowPage { items, next_cursor: page.next_cursor })
 }
-
-/// Every workflow of a tenant (its preferences page lists them), at most `max`.
-pub async fn all(deps: &Deps, t: &TenantId, max: usize) -> CoreResult<Vec<WorkflowSummary>> {
-    let mut out = Vec::new();
-    let mut cursor = None;
-    loop {
-        let page = list(deps, t, 500, cursor).await?;
-        out.extend(page.items);
-        cursor = page.next_cursor;
-        if cursor.is_none() || out.len() >= max {
-            out.truncate(max);
-            return Ok(out);
-        }
-    }
-}

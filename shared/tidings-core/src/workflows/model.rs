@@ -18,6 +18,17 @@ pub enum RunStatus {
 }
 
 impl RunStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Running => "running",
+            RunStatus::Waiting => "waiting",
+            RunStatus::Completed => "completed",
+            RunStatus::Throttled => "throttled",
+            RunStatus::Failed => "failed",
+            RunStatus::Cancelled => "cancelled",
+        }
+    }
+
     pub fn ended(self) -> bool {
         !matches!(self, RunStatus::Running | RunStatus::Waiting)
     }
@@ -111,4 +122,22 @@ pub struct WorkflowRef {
     /// No preference stops it.
     #[serde(default)]
     pub required: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn names_are_the_ones_the_api_shows() {
+        use RunStatus::*;
+        for s in [Running, Waiting, Completed, Throttled, Failed, Cancelled] {
+            assert_eq!(serde_json::to_value(s).unwrap(), s.as_str());
+        }
+        use crate::workflows::definition::Reach;
+        for r in [Reach::Sent, Reach::Delivered, Reach::Opened, Reach::Clicked, Reach::Read] {
+            assert_eq!(serde_json::to_value(r).unwrap(), r.as_str());
+        }
+    }
 }

@@ -73,7 +73,8 @@ struct Ctx<'a> {
     t: &'a TenantId,
     n: &'a Notification,
     wf: &'a Workflow,
-    nodes: Vec<Node>,
+    /// The workflow laid out ([`definition::layout`]), once for a page of runs.
+    nodes: &'a [Node],
     user: Option<User>,
 }
 
@@ -98,11 +99,13 @@ pub async fn start_page(
         warn!(workflow_id = %wref.workflow_id, version = wref.version, "workflow version not found; runs not started");
         return Ok(());
     };
-    let wf = &wf;
+    let (wf, nodes) = (&wf, &definition::layout(&wf.steps)[..]);
     type Starting<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = CoreResult<()>> + Send + 'a>>;
     let starts: Vec<Starting<'_>> = users
         .iter()
-        .map(|(user_id, user)| -> Starting<'_> { Box::pin(start(deps, t, n, wf, page, user_id, user.clone())) })
+        .map(|(user_id, user)| -> Starting<'_> {
+            Box::pin(start(deps, t, n, (wf, nodes), page, user_id, user.clone()))
+        })
         .collect();
     futures::stream::iter(starts).buffer_unordered(START_CONCURRENCY).try_collect::<Vec<()>>().await?;
     Ok(())
@@ -113,7 +116,7 @@ async fn start(
     deps: &Deps,
     t: &TenantId,
     n: &Notification,
-    wf: &Workflow,
+    (wf, nodes): (&Workflow, &[Node]),
     page: u64,
     user_id: &str,
     user: Option<User>,
@@ -156,7 +159,7 @@ async fn start(
         }
     };
     crate::crash::point("workflow.run_created");
-    let ctx = Ctx { deps, t, n, wf, nodes: definition::layout(&wf.steps), user };
+    let ctx = Ctx { deps, t, n, wf, nodes, user };
     drive(&ctx, run, Wake::Start).await
 }
 
@@ -175,7 +178,8 @@ pub async fn wake(deps: &Deps, t: &TenantId, notification_id: &str, user_id: &st
         ));
     };
     let user = users::get_user(deps, t, user_id).await?;
-    let ctx = Ctx { deps, t, n: &n, wf: &wf, nodes: definition::layout(&wf.steps), user };
+    let nodes = definition::layout(&wf.steps);
+    let ctx = Ctx { deps, t, n: &n, wf: &wf, nodes: &nodes, user };
     drive(&ctx, run, wake).await
 }
 
@@ -279,7 +283,7 @@ async fn drive(ctx: &Ctx<'_>, mut run: Run, wake: Wake) -> CoreResult<()> {
                     Judged::Pending => {
                         // Still on its way: a scheduled check sets the next one.
                         if *check {
-                            let due = next_check(ctx, now_ms, deadline_ms, checks + 1);
+                            let due = next_check(now_ms, deadline_ms, checks + 1);
                             schedule_resume(ctx, &run, node_at, due, true).await?;
                             run.wait = Some(Wait::Send { channel_index, deadline_ms, checks: checks + 1 });
                             return write(ctx, run, seq, false).await;
@@ -335,10 +339,7 @@ async fn step(ctx: &Ctx<'_>, run: &mut Run, i: usize) -> CoreResult<Next> {
         }
         StepDef::Delay { duration, until, .. } => {
             let due = match (duration, until) {
-                (Some(d), _) => {
-                    let d = definition::parse_duration(d).unwrap_or_default();
-                    base_ms + i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 2)
-                }
+                (Some(d), _) => base_ms.saturating_add(definition::duration_ms(d).unwrap_or(0)),
                 (None, Some(u)) => next_wall_time(ctx, u, None, now_ms),
                 (None, None) => now_ms,
             };
@@ -350,10 +351,7 @@ async fn step(ctx: &Ctx<'_>, run: &mut Run, i: usize) -> CoreResult<Next> {
             Ok(Next::Wait(Wait::Delay { due_ms: due }))
         }
         StepDef::Throttle { limit, per, key, .. } => {
-            let key = match key {
-                Some(k) => render_key(k, &run.params)?,
-                None => String::new(),
-            };
+            let key = render_key(key.as_deref(), &run.params)?;
             if throttle_pass(ctx, run, i, &key, *limit, per).await? {
                 record(ctx, run, i, "done", None, None);
                 Ok(Next::Go(node.next))
@@ -363,15 +361,9 @@ async fn step(ctx: &Ctx<'_>, run: &mut Run, i: usize) -> CoreResult<Next> {
             }
         }
         StepDef::Digest { window, schedule, key, .. } => {
-            let key = match key {
-                Some(k) => render_key(k, &run.params)?,
-                None => String::new(),
-            };
+            let key = render_key(key.as_deref(), &run.params)?;
             let due = match (window, schedule) {
-                (Some(w), _) => {
-                    let d = definition::parse_duration(w).unwrap_or_default();
-                    base_ms + i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 2)
-                }
+                (Some(w), _) => base_ms.saturating_add(definition::duration_ms(w).unwrap_or(0)),
                 (None, Some(s)) => {
                     let on = match s.every {
                         Every::Day => None,
@@ -416,8 +408,9 @@ async fn send(ctx: &Ctx<'_>, run: &mut Run, i: usize, from: usize) -> CoreResult
     let channels = node.step.send_channels();
     let fallback = channels.len() > 1;
     let now_ms = ctx.deps.clock.now_ms();
+    let mut step_n = step_notification(ctx, run, template_id);
     for (k, &channel) in channels.iter().enumerate().skip(from) {
-        let step_n = step_notification(ctx, run, template_id, channel);
+        step_n.request.channels = Some(vec![channel]);
         let outcome = orchestrator::plan_step_send(
             ctx.deps,
             ctx.t,
@@ -457,11 +450,10 @@ async fn send(ctx: &Ctx<'_>, run: &mut Run, i: usize, from: usize) -> CoreResult
                 }
             }
             StepSend::Queued => {
+                record(ctx, run, i, "queued", Some(channel), None);
                 if !fallback {
-                    record(ctx, run, i, "queued", Some(channel), None);
                     return Ok(Next::Go(node.next));
                 }
-                record(ctx, run, i, "queued", Some(channel), None);
                 return wait_for_send(ctx, run, i, k, wait.as_deref(), now_ms).await;
             }
         }
@@ -482,19 +474,16 @@ async fn wait_for_send(
     wait: Option<&str>,
     now_ms: i64,
 ) -> CoreResult<Next> {
-    let deadline_ms = wait
-        .and_then(definition::parse_duration)
-        .map(|d| now_ms + i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 2));
-    let due = next_check(ctx, now_ms, deadline_ms, 0);
+    let deadline_ms = wait.and_then(definition::duration_ms).map(|d| now_ms.saturating_add(d));
+    let due = next_check(now_ms, deadline_ms, 0);
     schedule_resume(ctx, run, i, due, true).await?;
     Ok(Next::Wait(Wait::Send { channel_index: k as u32, deadline_ms, checks: 0 }))
 }
 
 /// When a fallback's send is next checked: at its deadline, or (none) 30 s, then doubling to 15
 /// minutes, while the send has not ended (the send's end wakes the run at once as well).
-fn next_check(ctx: &Ctx<'_>, now_ms: i64, deadline_ms: Option<i64>, checks: u32) -> i64 {
+fn next_check(now_ms: i64, deadline_ms: Option<i64>, checks: u32) -> i64 {
     let poll = 30_000i64.saturating_mul(1i64 << checks.min(5)).min(15 * 60_000);
-    let _ = ctx;
     match deadline_ms {
         Some(d) => d.min(now_ms + poll).max(now_ms),
         None => now_ms + poll,
@@ -525,7 +514,7 @@ async fn judge_send(ctx: &Ctx<'_>, run: &mut Run, i: usize, k: usize, deadline_m
         None => r.reaches(definition::Reach::Sent),
     };
     if done {
-        record(ctx, run, i, "done", Some(channel), until.map(|u| format!("reached {}", reach_name(u))));
+        record(ctx, run, i, "done", Some(channel), until.map(|u| format!("reached {}", u.as_str())));
         return Ok(Judged::Done(Next::Go(node.next)));
     }
     let out_of_time = deadline_ms.is_some_and(|d| ctx.deps.clock.now_ms() + 1_000 >= d);
@@ -543,28 +532,19 @@ async fn judge_send(ctx: &Ctx<'_>, run: &mut Run, i: usize, k: usize, deadline_m
     Ok(Judged::Pending)
 }
 
-fn reach_name(r: definition::Reach) -> &'static str {
-    match r {
-        definition::Reach::Sent => "sent",
-        definition::Reach::Delivered => "delivered",
-        definition::Reach::Opened => "opened",
-        definition::Reach::Clicked => "clicked",
-        definition::Reach::Read => "read",
-    }
-}
-
-/// The notification a send step plans its delivery as: the workflow's category, the step's
-/// template and channel, the run's params.
-fn step_notification(ctx: &Ctx<'_>, run: &Run, template_id: &str, channel: Channel) -> Notification {
+/// The notification a send step plans its deliveries as: the workflow's category, the step's
+/// template, the run's params (the caller names the channel).
+fn step_notification(ctx: &Ctx<'_>, run: &Run, template_id: &str) -> Notification {
     let mut n = ctx.n.clone();
     n.request.template_id = template_id.to_owned();
     n.request.category = Some(ctx.wf.category);
-    n.request.channels = Some(vec![channel]);
     n.request.params = run.params.clone();
     n
 }
 
-fn render_key(template: &str, params: &Value) -> CoreResult<String> {
+/// A step's `key`, rendered with the run's params (none: one key for all).
+fn render_key(template: Option<&str>, params: &Value) -> CoreResult<String> {
+    let Some(template) = template else { return Ok(String::new()) };
     crate::templates::render_fragment(template, params).map_err(|e| CoreError::invalid("key", e.to_string()))
 }
 
@@ -590,10 +570,10 @@ fn next_wall_time(ctx: &Ctx<'_>, at: &str, on: Option<chrono::Weekday>, now_ms: 
 /// Counts the run past a throttle (once: the counter remembers the run) unless `limit` runs of
 /// this (recipient, key) passed in the current `per` window.
 async fn throttle_pass(ctx: &Ctx<'_>, run: &Run, i: usize, key: &str, limit: u32, per: &str) -> CoreResult<bool> {
-    let per_ms = definition::parse_duration(per).map_or(86_400_000, |d| i64::try_from(d.as_millis()).unwrap_or(1));
+    let per_ms = definition::duration_ms(per).unwrap_or(86_400_000);
     let now_ms = ctx.deps.clock.now_ms();
     let window = now_ms.div_euclid(per_ms.max(1));
-    let hash = hex::encode(&sha2::Digest::finalize(<sha2::Sha256 as sha2::Digest>::new_with_prefix(key))[..12]);
+    let hash = definition::key_hash(key);
     let counter = crate::ports::Key::new(
         format!("T#{}#THR#{}#{}", ctx.t, ctx.wf.workflow_id, run.user_id),
         format!("{i}#{hash}#{window}"),
@@ -673,16 +653,20 @@ async fn save(ctx: &Ctx<'_>, mut run: Run, seq: u64, next: Next) -> CoreResult<(
 async fn write(ctx: &Ctx<'_>, mut run: Run, seq: u64, ended: bool) -> CoreResult<()> {
     run.seq = seq + 1;
     run.updated_at = ctx.deps.clock.now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let key = keys::run(ctx.t, &ctx.n.notification_id, &run.user_id);
     // Digest events too many for one item: the count stays, the newest events are dropped.
-    while crate::sizes::check_stored("params", &Item::new(keys::run(ctx.t, "", ""), attrs_of(&run)?)).is_err() {
+    let item = loop {
+        let item = Item::new(key.clone(), attrs_of(&run)?);
+        if crate::sizes::check_stored("params", &item).is_ok() {
+            break item;
+        }
         match run.params.get_mut("events") {
             Some(Value::Array(events)) if !events.is_empty() => events.truncate(events.len() / 2),
             _ => return Err(CoreError::invalid("params", "the run is too large to store")),
         }
-    }
-    let key = keys::run(ctx.t, &ctx.n.notification_id, &run.user_id);
+    };
     let cond = Cond::eq("seq", i64::try_from(seq).unwrap_or(i64::MAX));
-    let put = Write::Put { item: Item::new(key, attrs_of(&run)?), cond };
+    let put = Write::Put { item, cond };
     let mut writes = vec![put];
     if ended {
         writes.push(progress::counter_write(
@@ -706,9 +690,7 @@ async fn write(ctx: &Ctx<'_>, mut run: Run, seq: u64, ended: bool) -> CoreResult
     match ctx.deps.table.transact(writes).await {
         Ok(()) => {
             if ended {
-                let status = serde_json::to_value(run.status).ok().and_then(|v| v.as_str().map(str::to_owned));
-                metrics::counter!(crate::metrics::WORKFLOW_RUNS_ENDED, "status" => status.unwrap_or_default())
-                    .increment(1);
+                metrics::counter!(crate::metrics::WORKFLOW_RUNS_ENDED, "status" => run.status.as_str()).increment(1);
                 info!(notification_id = %ctx.n.notification_id, user_id = %run.user_id, status = ?run.status, "run ended");
             }
             Ok(())
