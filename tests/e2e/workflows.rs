@@ -171,11 +171,11 @@ fn bodies(sends: &[Value]) -> Vec<String> {
 
 /// The digest tests run on the manual clock with windows past the queues' 15 minutes (a timer
 /// bucket, fired by the tick once the clock is moved): a window then closes only when the test
-/// moves the clock, after every trigger has reached it. On the system clock a window is measured
-/// from the first trigger the engine takes, and on the AWS backend the emulators take them at
+/// moves the clock, after every trigger has reached it. On the system clock a window counts from
+/// its first trigger's acceptance, and on the AWS backend the emulators take the triggers at
 /// their own pace (30 triggers accepted within 40 ms reached the digest over 10 s alone, over
 /// 30 s beside three other tests), so a window of seconds could close before the last trigger
-/// was taken, whatever the engine did.
+/// was taken, or before the test acts on an open one, whatever the engine did.
 fn manual() -> Options {
     Options { manual_clock: true, ..Options::default() }
 }
@@ -754,14 +754,14 @@ pub async fn a_fallback_waits_for_until_then_takes_the_next_channel(backend: Bac
 /// A digest's leader cancelled while its window is open: its window ends with it, and a later
 /// trigger of the same key opens a new window and is sent (not merged into the dead one).
 pub async fn a_cancelled_digest_leader_does_not_swallow_later_triggers(backend: Backend) -> anyhow::Result<()> {
-    let s = Server::start(backend, Options::default()).await?;
+    let s = Server::start(backend, manual()).await?;
     templates(&s).await?;
     user(&s, "u1", json!({"email": "u1@example.com"})).await?;
     workflow(
         &s,
         "comments",
         definition(json!([
-            {"type": "digest", "window": "3s", "key": "{{ post_id }}"},
+            {"type": "digest", "window": "20m", "key": "{{ post_id }}"},
             {"type": "send", "channel": "email", "template_id": "digest"},
         ])),
     )
@@ -773,6 +773,7 @@ pub async fn a_cancelled_digest_leader_does_not_swallow_later_triggers(backend: 
     .await?;
     let (st, v) = s.call("POST", &format!("/v1/notifications/{leader}/cancel"), None).await?;
     assert_eq!((st, v["status"].as_str()), (200, Some("cancelled")), "{v}");
+    s.advance_and_tick(21 * 60).await?;
     let stopped = s
         .eventually(WAIT, "the leader's run to end at its window's end", || async {
             let r = run_of(&s, &leader).await?;
@@ -781,6 +782,11 @@ pub async fn a_cancelled_digest_leader_does_not_swallow_later_triggers(backend: 
         .await?;
     assert_eq!(stopped["status"], "cancelled", "{stopped}");
     let later = trigger(&s, "comments", &["u1"], json!({"post_id": "p"})).await?;
+    s.eventually(WAIT, "the later trigger to wait at a digest of its own", || async {
+        Ok(runs(&s, &later).await?.iter().any(|r| r["status"] == "waiting").then_some(()))
+    })
+    .await?;
+    s.advance_and_tick(21 * 60).await?;
     ended(&s, &later).await?;
     let run = run_of(&s, &later).await?;
     assert_eq!(count_runs(std::slice::from_ref(&run), 0, "digested"), 1, "a new window, not the dead one: {run}");
