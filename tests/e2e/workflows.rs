@@ -425,7 +425,9 @@ pub async fn fallback_goes_from_push_to_sms_to_email_only_when_needed(backend: B
 /// `[inapp, delay, email if step 0 not_read]`: the user who read the in-app message before the
 /// delay ended gets no email; the other does.
 pub async fn an_email_only_when_the_inapp_message_was_not_read(backend: Backend) -> anyhow::Result<()> {
-    let s = Server::start(backend, Options::default()).await?;
+    // On the manual clock: the delay ends when the test moves the clock, never while the loaded
+    // emulators are still delivering the in-app message.
+    let s = Server::start(backend, manual()).await?;
     templates(&s).await?;
     user(&s, "reader", json!({"email": "reader@example.com"})).await?;
     user(&s, "idle", json!({"email": "idle@example.com"})).await?;
@@ -434,7 +436,7 @@ pub async fn an_email_only_when_the_inapp_message_was_not_read(backend: Backend)
         "nudge",
         definition(json!([
             {"type": "send", "channel": "inapp", "template_id": "note"},
-            {"type": "delay", "for": "5s"},
+            {"type": "delay", "for": "20m"},
             {"type": "send", "channel": "email", "template_id": "note", "if": {"step": 0, "is": "not_read"}},
         ])),
     )
@@ -454,6 +456,7 @@ pub async fn an_email_only_when_the_inapp_message_was_not_read(backend: Backend)
     assert_eq!(st, 200, "{v}");
     // Read before the delay ended (else this test proves nothing).
     assert!(reader_waits().await?, "read while the run waits at its delay");
+    s.advance_and_tick(21 * 60).await?;
     ended(&s, &id).await?;
     assert!(sent(&s, "reader", "email").await?.is_empty(), "the reader read it: no email");
     assert_eq!(bodies(&sent(&s, "idle", "email").await?), vec!["Note 5".to_owned()]);
@@ -701,10 +704,11 @@ pub async fn an_hour_long_delay_waits_for_the_clock(backend: Backend) -> anyhow:
     Ok(())
 }
 
-/// `[send channels [email, sms] until opened wait 15s]`: the user who opened the email within it
+/// `[send channels [email, sms] until opened wait 20m]`: the user who opened the email within it
 /// gets no SMS; the other gets the SMS after W, the email recorded `fell_back` (not in time).
 pub async fn a_fallback_waits_for_until_then_takes_the_next_channel(backend: Backend) -> anyhow::Result<()> {
-    let s = Server::start(backend, Options::default()).await?;
+    // On the manual clock: the wait ends when the test moves the clock, not before the open is in.
+    let s = Server::start(backend, manual()).await?;
     templates(&s).await?;
     for u in ["opener", "ignorer"] {
         user(&s, u, json!({"email": format!("{u}@example.com"), "phone": "+14155550100"})).await?;
@@ -713,7 +717,7 @@ pub async fn a_fallback_waits_for_until_then_takes_the_next_channel(backend: Bac
         &s,
         "reach",
         definition(json!([
-            {"type": "send", "channels": ["email", "sms"], "until": "opened", "wait": "15s", "template_id": "note"},
+            {"type": "send", "channels": ["email", "sms"], "until": "opened", "wait": "20m", "template_id": "note"},
         ])),
     )
     .await?;
@@ -734,6 +738,11 @@ pub async fn a_fallback_waits_for_until_then_takes_the_next_channel(backend: Bac
     .await?;
     let opener_run = runs(&s, &id).await?.into_iter().find(|r| r["user_id"] == "opener").unwrap();
     assert_eq!(opener_run["status"], "waiting", "opened within the wait: {opener_run}");
+    // The email's wait ends (the ignorer's SMS goes), then the SMS's own.
+    s.advance_and_tick(21 * 60).await?;
+    s.eventually(WAIT, "the ignorer's SMS", || async { Ok(sent(&s, "ignorer", "sms").await?.into_iter().next()) })
+        .await?;
+    s.advance_and_tick(21 * 60).await?;
     ended(&s, &id).await?;
     assert!(sent(&s, "opener", "sms").await?.is_empty(), "opened in time: no SMS");
     assert_eq!(sent(&s, "ignorer", "email").await?.len(), 1);
