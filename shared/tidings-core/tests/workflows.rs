@@ -505,7 +505,12 @@ async fn a_digest_step_driven_twice_sends_once_and_a_cancel_stops_what_waits() {
     .await;
     let id = trigger(&s, "later", &["u1"], json!({"post_id": "p"})).await;
     settle(&s).await;
+    assert_eq!(runs(&s, &id).await[0].status, RunStatus::Waiting);
     api::cancel(&s.w.deps, &s.t, &id).await.unwrap();
+    // Ended by the cancel's sweep, not two hours later by its delay's timer.
+    settle(&s).await;
+    assert_eq!(runs(&s, &id).await[0].status, RunStatus::Cancelled);
+    assert_eq!(api::get_notification(&s.w.deps, &s.t, &id).await.unwrap().unwrap().runs_open, Some(0));
     pass(&s, Duration::hours(3)).await;
     assert_eq!(bodies(&s.email).len(), 1, "a cancelled run sends nothing");
     assert_eq!(runs(&s, &id).await[0].status, RunStatus::Cancelled);

@@ -12,6 +12,7 @@ use crate::error::{CoreError, CoreResult};
 use crate::ids::{TenantId, check_id, new_id};
 use crate::keys;
 use crate::ports::{Cond, Item, QueryOpts, StoreError, Update, Write, attrs_of};
+use crate::timers::task::{self as timer, TimerTask};
 
 /// The answer to an accepted request.
 #[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
@@ -428,6 +429,12 @@ pub async fn cancel(deps: &Deps, t: &TenantId, id: &str) -> CoreResult<Notificat
             }
         }
         Err(e) => return Err(e.into()),
+    }
+    // A workflow's runs that wait (at a delay, a digest, a fallback's wait) end now, swept by a
+    // timer task, not when each one's own timer fires (docs/workflows.md, "Cancel").
+    if before.workflow_id.is_some() {
+        let sweep = TimerTask::WorkflowCancel { tenant: t.clone(), notification_id: id.to_owned(), cursor: None };
+        timer::schedule(deps, deps.clock.now(), sweep).await?;
     }
     // Sends that read the status before the write may be at a gate or at the provider: the
     // answer waits for them (they end within the gate wait and the provider timeout).

@@ -191,6 +191,9 @@ async fn run(deps: &Deps, task: &TimerTask) -> CoreResult<()> {
             let wake = crate::workflows::run::Wake::Digest { node: *node, window: window.clone() };
             crate::workflows::run::wake(deps, tenant, notification_id, user_id, wake).await
         }
+        TimerTask::WorkflowCancel { tenant, notification_id, cursor } => {
+            crate::workflows::run::cancel_page(deps, tenant, notification_id, cursor.clone()).await
+        }
         TimerTask::Tracked { claims, at_ms } => crate::tracking::apply(deps, claims, *at_ms).await,
     }
 }

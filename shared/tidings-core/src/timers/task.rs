@@ -62,6 +62,15 @@ pub enum TimerTask {
     /// A digest window's close: the run that leads it goes on with its events.
     #[serde(rename = "workflow.digest")]
     WorkflowDigest { tenant: TenantId, notification_id: String, user_id: String, node: u32, window: String },
+    /// A cancelled workflow notification: its runs that wait end now (one page of them, then
+    /// the next page's sweep), not when their timers fire (`crate::workflows::run::cancel_page`).
+    #[serde(rename = "workflow.cancel")]
+    WorkflowCancel {
+        tenant: TenantId,
+        notification_id: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cursor: Option<String>,
+    },
     /// An open or a click, queued by the tracking routes before they answer (in Lambda an
     /// environment is frozen once it has answered, so nothing may be left to do after it).
     #[serde(rename = "tracking.event")]

@@ -701,6 +701,36 @@ async fn write(ctx: &Ctx<'_>, mut run: Run, seq: u64, ended: bool) -> CoreResult
     }
 }
 
+/// How many runs one cancel sweep ends before it hands the rest to the next.
+const CANCEL_PAGE: usize = 100;
+
+/// Ends the runs of a cancelled notification that have not ended, a page at a time (the next
+/// page is the next sweep's: a cancel of a million recipients is many short tasks, each
+/// redelivered alone if its process dies). Each run ends as its own next wake would end it:
+/// a digest window it leads is abandoned, the run `cancelled`, the notification's count of open
+/// runs counted down, the `workflow.run_ended` webhook told. A run a step is driving meanwhile
+/// loses the race on its `seq` and is ended by this sweep's retry or by its own next wake.
+pub async fn cancel_page(deps: &Deps, t: &TenantId, notification_id: &str, cursor: Option<String>) -> CoreResult<()> {
+    let pk = keys::notification_pk(t, notification_id);
+    let page =
+        deps.table.query(&pk, keys::RUN_PREFIX, QueryOpts { limit: CANCEL_PAGE, cursor, descending: false }).await?;
+    for item in &page.items {
+        let run: Run = item.parse()?;
+        if !run.status.ended() {
+            wake(deps, t, notification_id, &run.user_id, Wake::Start).await?;
+        }
+    }
+    if let Some(cursor) = page.next_cursor {
+        let next = TimerTask::WorkflowCancel {
+            tenant: t.clone(),
+            notification_id: notification_id.to_owned(),
+            cursor: Some(cursor),
+        };
+        timer::schedule(deps, deps.clock.now(), next).await?;
+    }
+    Ok(())
+}
+
 /// One page of a notification's runs, in user id order.
 pub async fn runs(
     deps: &Deps,
