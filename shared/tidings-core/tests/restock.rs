@@ -482,6 +482,82 @@ async fn review_one_message_per_user_for_several_skus() {
     assert_eq!(emails_to(&w, "u1").len(), 2);
 }
 
+/// The merge window is the workflow engine's digest (docs/restock.md, "Merge per buyer"): while
+/// it is open, its head is in the user's digest partition and a second SKU's notice joins it; the
+/// flush closes it (the head goes) and sends one message. A window opened before the merge was a
+/// digest (its items in the old layout, its id `{ms}-{user}`) still flushes after the upgrade.
+#[tokio::test]
+async fn the_merge_window_is_a_digest_and_a_window_from_before_still_flushes() {
+    use tidings_core::ports::{Cond, Item, Key};
+    let w = world();
+    user(&w, "u1").await;
+    user(&w, "u2").await;
+    for s in ["A", "B", "C"] {
+        sku(&w, s, 0).await;
+    }
+    subscribe(&w, "u1", "A").await;
+    subscribe(&w, "u1", "B").await;
+    subscribe(&w, "u2", "C").await;
+    let head_of = |user: &str| Key::new(restock::keys::merge_partition(&w.t, user), "HEAD");
+    restock_by(&w, "A", 1, "a").await;
+    pump(&w).await;
+    let head = w.deps.table.get(&head_of("u1")).await.unwrap().expect("the open window is the digest's head");
+    let window = head.str("window").unwrap().to_owned();
+    restock_by(&w, "B", 1, "b").await;
+    pump(&w).await;
+    let pending = restock::list_notices(&w.deps, &w.t, "PENDING", 10, None).await.unwrap().items;
+    let windows: Vec<&str> = pending.iter().filter(|n| n.user_id == "u1").map(|n| n.window_id.as_str()).collect();
+    assert_eq!(windows, vec![window.as_str(), window.as_str()], "both SKUs in the one window");
+    assert!(emails_to(&w, "u1").is_empty());
+
+    // u2's window, moved into the layout of before: its head gone from the digest, an open-window
+    // item, the message and its one SKU under the old id.
+    restock_by(&w, "C", 1, "c").await;
+    pump(&w).await;
+    let notice = restock::list_notices(&w.deps, &w.t, "PENDING", 10, None)
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|n| n.user_id == "u2")
+        .unwrap();
+    let new_key = restock::keys::message(&w.t, &notice.window_id);
+    let mut message: restock::RestockMessage = w.deps.table.get(&new_key).await.unwrap().unwrap().parse().unwrap();
+    let old_id = format!("{}-u2", message.start_ms);
+    message.window_id = old_id.clone();
+    let attrs = |v: serde_json::Value| v.as_object().cloned().unwrap();
+    let put = |key: Key, v: serde_json::Value| {
+        let table = w.deps.table.clone();
+        async move { table.put(Item::new(key, attrs(v)), Cond::Always).await.unwrap() }
+    };
+    put(restock::keys::message(&w.t, &old_id), serde_json::to_value(&message).unwrap()).await;
+    let entry =
+        serde_json::json!({"sku_id": "C", "batch_no": notice.batch_no, "subscription_id": notice.subscription_id});
+    put(Key::new(restock::keys::message_pk(&w.t, &old_id), format!("E#{}", notice.batch_no)), entry).await;
+    put(
+        restock::keys::open_window(&w.t, "u2"),
+        serde_json::json!({"window_id": old_id, "closes_ms": message.closes_ms}),
+    )
+    .await;
+    w.deps.table.delete(&head_of("u2"), Cond::Always).await.unwrap();
+    w.deps.table.delete(&new_key, Cond::Always).await.unwrap();
+    restock::merge::flush(&w.deps, &w.t, &old_id).await.unwrap();
+
+    settle(&w).await;
+    let mails = emails_to(&w, "u1");
+    assert_eq!(mails.len(), 1, "one message for the window");
+    assert!(mails[0].body.contains('A') && mails[0].body.contains('B'), "{}", mails[0].body);
+    assert!(w.deps.table.get(&head_of("u1")).await.unwrap().is_none(), "the flush closed the digest");
+    let old = emails_to(&w, "u2");
+    assert_eq!(old.len(), 1, "the window from before flushed");
+    assert!(old[0].body.contains('C'), "{}", old[0].body);
+    assert!(w.deps.table.get(&restock::keys::open_window(&w.t, "u2")).await.unwrap().is_none());
+    assert_eq!(
+        restock::get_notice(&w.deps, &w.t, &notice.batch_no, "u2").await.unwrap().unwrap().status,
+        NoticeStatus::Sent
+    );
+}
+
 /// Launch review: retries capped, and a manual resend
 /// (docs/restock.md, "Retries and manual resend").
 #[tokio::test]

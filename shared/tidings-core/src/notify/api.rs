@@ -431,7 +431,7 @@ pub async fn cancel(deps: &Deps, t: &TenantId, id: &str) -> CoreResult<Notificat
         Err(e) => return Err(e.into()),
     }
     // A workflow's runs that wait (at a delay, a digest, a fallback's wait) end now, swept by a
-    // timer task, not when each one's own timer fires (docs/workflows.md, "Cancel").
+    // timer task, not when each one's own timer fires (docs/workflows.md, "Runs").
     if before.workflow_id.is_some() {
         let sweep = TimerTask::WorkflowCancel { tenant: t.clone(), notification_id: id.to_owned(), cursor: None };
         timer::schedule(deps, deps.clock.now(), sweep).await?;

@@ -193,7 +193,9 @@ pub async fn erase(deps: &Deps, t: &TenantId, user_id: &str) -> CoreResult<()> {
             subscriptions += 1;
         }
     }
-    deps.table.delete(&restock::keys::open_window(t, user_id), Cond::Always).await?;
+    // The user's open merge window (the digest's head), so no later notice joins it.
+    let head = crate::ports::Key::new(restock::keys::merge_partition(t, user_id), "HEAD");
+    deps.table.delete(&head, Cond::Always).await?;
     info!(tenant = %t, rest, inbox, subscriptions, "user erased");
     Ok(())
 }

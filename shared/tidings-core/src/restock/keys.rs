@@ -11,9 +11,9 @@
 //! | restock round (waves, counts) | `T#t#RROUND#{sku}` | `{round:012}` |
 //! | notice log `(sku, user, batch_no)` | `T#t#RNOTICE#{batch_no}` | `{user}` |
 //! | notices index by status (`MANUAL`, `UNREACHABLE`, ...) | `T#t#R{STATUS}` | `{batch_no}#{user}` |
-//! | a user's open merge window | `T#t#RWIN#{user}` | `OPEN` |
+//! | a user's merge window: the workflow engine's digest (`crate::workflows::digest`) | `T#t#DG#~restock#{user}#0#{hash}` | `HEAD`, `E#{window}#{ms}#{batch_no}` |
 //! | merged message (one per window) | `T#t#RMSG#{window_id}` | `MSG` |
-//! | one SKU in a merged message | `T#t#RMSG#{window_id}` | `E#{batch_no}` |
+//! | before the merge was a digest: a user's open window, one SKU in it | `T#t#RWIN#{user}`, `T#t#RMSG#{window_id}` | `OPEN`, `E#{batch_no}` |
 //!
 //! The notice log's key is `(batch_no, user)`, and `batch_no` names the SKU: one notice per
 //! `(sku, user, batch_no)` (docs/restock.md, "Rounds").
@@ -82,6 +82,14 @@ pub fn status_entry(t: &TenantId, status: &str, batch_no: &str, user: &str) -> K
     Key::new(status_pk(t, status), format!("{batch_no}#{user}"))
 }
 
+/// The digest partition of a user's merge window. No workflow id can be `~restock` (`~` is not
+/// an id character), so no tenant's workflow shares it.
+pub fn merge_partition(t: &TenantId, user: &str) -> String {
+    crate::workflows::digest::partition(t, "~restock", user, 0, "")
+}
+
+/// The open window of a window opened before the merge was a digest (its id `{ms}-{user}`):
+/// only its flush still reads it.
 pub fn open_window(t: &TenantId, user: &str) -> Key {
     Key::new(format!("T#{t}#RWIN#{user}"), "OPEN")
 }
@@ -92,8 +100,4 @@ pub fn message_pk(t: &TenantId, window_id: &str) -> String {
 
 pub fn message(t: &TenantId, window_id: &str) -> Key {
     Key::new(message_pk(t, window_id), MESSAGE_SK)
-}
-
-pub fn message_entry(t: &TenantId, window_id: &str, batch_no: &str) -> Key {
-    Key::new(message_pk(t, window_id), format!("{ENTRY_PREFIX}{batch_no}"))
 }

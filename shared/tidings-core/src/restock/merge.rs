@@ -1,6 +1,8 @@
 //! Merged messages and retries (docs/restock.md, "Merge per buyer", "Retries and manual resend").
 //!
-//! A user's notices wait in a window (default 60 s) opened by the first one; when it closes,
+//! A user's notices wait in a window (default 60 s) opened by the first one, a digest of the
+//! workflow engine (`crate::workflows::digest`: the notice enters it in its own transaction,
+//! `rounds::claim`); when it closes,
 //! every SKU in it whose subscription was not cancelled meanwhile goes out as **one** notification (template `restock`) through the normal
 //! notification path, with an idempotency key made from the window, so a flush that runs twice
 //! creates it once. Channels are the user's (the orchestrator chooses them from the user's
@@ -23,7 +25,7 @@ use sha2::{Digest, Sha256};
 use tracing::info;
 
 use super::keys;
-use super::model::{MessageItem, MessageStatus, Notice, NoticeStatus, OpenWindow, RestockMessage, SubscriptionStatus};
+use super::model::{MessageItem, MessageStatus, Notice, NoticeStatus, RestockMessage, SubscriptionStatus};
 use super::subscriptions::{self, now_text};
 use crate::deps::Deps;
 use crate::error::{CoreError, CoreResult};
@@ -34,6 +36,7 @@ use crate::notify::model::NotificationRequest;
 use crate::ports::{Channel, Cond, Item, QueryOpts, StoreError, Update, Write, attrs_of};
 use crate::templates::{LocaleContent, Template};
 use crate::timers::task::{self as timer, TimerTask};
+use crate::workflows::digest;
 
 /// The built-in template's id; a tenant may replace it with `PUT /v1/templates/restock`.
 pub const RESTOCK_TEMPLATE: &str = "restock";
@@ -42,44 +45,77 @@ fn later(deps: &Deps, by: Duration) -> chrono::DateTime<chrono::Utc> {
     deps.clock.now() + chrono::Duration::from_std(by).unwrap_or(chrono::Duration::minutes(1))
 }
 
-/// The user's open window, opened now when there is none. The flush timer is scheduled before
-/// the window is written, so a crash cannot leave a window that never closes (a timer for a
-/// window that was never written finds nothing to do).
-pub(crate) async fn open_window(deps: &Deps, t: &TenantId, user: &str) -> CoreResult<OpenWindow> {
-    let key = keys::open_window(t, user);
-    for _ in 0..5 {
-        if let Some(item) = deps.table.get(&key).await? {
-            return Ok(item.parse()?);
-        }
-        let start_ms = deps.clock.now_ms();
-        let window = deps.config.restock.merge_window;
-        let closes = later(deps, window);
-        let window_id = format!("{start_ms}-{user}");
-        timer::schedule(deps, closes, TimerTask::RestockFlush { tenant: t.clone(), window_id: window_id.clone() })
-            .await?;
-        let open = OpenWindow { window_id: window_id.clone(), closes_ms: closes.timestamp_millis() };
-        let message = RestockMessage {
-            window_id: window_id.clone(),
-            user_id: user.to_owned(),
-            start_ms,
-            closes_ms: open.closes_ms,
-            status: MessageStatus::Open,
-            attempt: 0,
-            notification_id: None,
-            items: Vec::new(),
-            updated_at: now_text(deps),
-        };
-        let writes = vec![
-            Write::Put { item: Item::new(key.clone(), attrs_of(&open)?), cond: Cond::NotExists },
-            Write::Put { item: Item::new(keys::message(t, &window_id), attrs_of(&message)?), cond: Cond::NotExists },
-        ];
-        match deps.table.transact(writes).await {
-            Ok(()) => return Ok(open),
-            Err(StoreError::ConditionFailed { .. } | StoreError::Conflict) => continue,
+/// When a window opened now closes.
+pub(crate) fn window_close(deps: &Deps) -> chrono::DateTime<chrono::Utc> {
+    later(deps, deps.config.restock.merge_window)
+}
+
+/// The flush of a window, scheduled before the window is written, so a crash cannot leave a
+/// window that never closes (a timer for a window that was never written finds nothing to do).
+pub(crate) async fn schedule_flush(
+    deps: &Deps,
+    t: &TenantId,
+    window_id: &str,
+    closes: chrono::DateTime<chrono::Utc>,
+) -> CoreResult<()> {
+    timer::schedule(deps, closes, TimerTask::RestockFlush { tenant: t.clone(), window_id: window_id.to_owned() }).await
+}
+
+/// The message of a window the notice opens, put in the notice's transaction.
+pub(crate) fn message_write(
+    deps: &Deps,
+    t: &TenantId,
+    user: &str,
+    window_id: &str,
+    closes: chrono::DateTime<chrono::Utc>,
+) -> CoreResult<Write> {
+    let message = RestockMessage {
+        window_id: window_id.to_owned(),
+        user_id: user.to_owned(),
+        start_ms: deps.clock.now_ms(),
+        closes_ms: closes.timestamp_millis(),
+        status: MessageStatus::Open,
+        attempt: 0,
+        notification_id: None,
+        items: Vec::new(),
+        updated_at: now_text(deps),
+    };
+    Ok(Write::Put { item: Item::new(keys::message(t, window_id), attrs_of(&message)?), cond: Cond::NotExists })
+}
+
+/// Closes a window and reads its SKUs, in `batch_no` order. A window of the digest (every window
+/// opened since the merge became one) closes as every digest does: its head deleted while it
+/// names the window, then its events read. A window opened before (its id `{ms}-{user}`, never a
+/// digest's) closes from the items it was written with.
+async fn close_window(deps: &Deps, t: &TenantId, message: &RestockMessage) -> CoreResult<Vec<MessageItem>> {
+    let window_id = message.window_id.as_str();
+    let mut items: Vec<MessageItem> = Vec::new();
+    if window_id.contains('-') {
+        match deps.table.delete(&keys::open_window(t, &message.user_id), Cond::eq("window_id", window_id)).await {
+            Ok(()) | Err(StoreError::ConditionFailed { .. }) => {}
             Err(e) => return Err(e.into()),
         }
+        let mut cursor = None;
+        loop {
+            let opts = QueryOpts { limit: 100, cursor, descending: false };
+            let page = deps.table.query(&keys::message_pk(t, window_id), keys::ENTRY_PREFIX, opts).await?;
+            for item in &page.items {
+                items.push(item.parse()?);
+            }
+            cursor = page.next_cursor;
+            if cursor.is_none() {
+                break;
+            }
+        }
+    } else {
+        let pk = keys::merge_partition(t, &message.user_id);
+        let (events, _) = digest::close(deps, &pk, window_id, usize::MAX).await?;
+        for event in events {
+            items.push(serde_json::from_value(event)?);
+        }
+        items.sort_by(|a, b| a.batch_no.cmp(&b.batch_no));
     }
-    Err(StoreError::Conflict.into())
+    Ok(items)
 }
 
 async fn load_message(deps: &Deps, t: &TenantId, window_id: &str) -> CoreResult<Option<RestockMessage>> {
@@ -219,29 +255,7 @@ pub async fn flush(deps: &Deps, t: &TenantId, window_id: &str) -> CoreResult<()>
     }
     // Close first: a claim racing with this either committed before (and is read below) or
     // fails its check on the window and opens the next one.
-    match deps.table.delete(&keys::open_window(t, &message.user_id), Cond::eq("window_id", window_id)).await {
-        Ok(()) | Err(StoreError::ConditionFailed { .. }) => {}
-        Err(e) => return Err(e.into()),
-    }
-    let mut items: Vec<MessageItem> = Vec::new();
-    let mut cursor = None;
-    loop {
-        let page = deps
-            .table
-            .query(
-                &keys::message_pk(t, window_id),
-                keys::ENTRY_PREFIX,
-                QueryOpts { limit: 100, cursor, descending: false },
-            )
-            .await?;
-        for item in &page.items {
-            items.push(item.parse()?);
-        }
-        cursor = page.next_cursor;
-        if cursor.is_none() {
-            break;
-        }
-    }
+    let items = close_window(deps, t, &message).await?;
     // A subscription cancelled while its SKU waited in the window is left out; a window whose
     // every SKU was cancelled sends nothing (docs/restock.md, "Merge per buyer").
     let (items, cancelled) = split_cancelled(deps, t, &items).await?;

@@ -197,13 +197,6 @@ pub struct RestockMessage {
     pub updated_at: String,
 }
 
-/// The open window pointer of a user.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub(crate) struct OpenWindow {
-    pub window_id: String,
-    pub closes_ms: i64,
-}
-
 /// The upstream stock event: `{"event":"stock.in","skuId":1001,"qty":50,
 /// "source":"purchase_order"}`. `skuId` may be a number or a string. On the `stock-events` queue
 /// the message also names its `tenant`; through the API the key does. `eventId` (the upstream's

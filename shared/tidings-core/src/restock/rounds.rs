@@ -30,6 +30,7 @@ use crate::inventory::{self, AdjustmentRequest, AdjustmentSource, StockView};
 use crate::outcome::Outcome;
 use crate::ports::{ChangeRecord, Cond, Item, OutMessage, QueryOpts, StoreError, Update, Write, attrs_of};
 use crate::tasks::{Step, Task};
+use crate::workflows::digest;
 
 /// The queue of upstream stock events and of round jobs.
 pub const STOCK_EVENTS_QUEUE: &str = "stock-events";
@@ -351,8 +352,22 @@ async fn claim(
         // Claimed by another instance, whose transaction also moved the subscription.
         return Ok(Claim::Already);
     }
+    let pk = keys::merge_partition(t, &entry.user_id);
+    let item = super::model::MessageItem {
+        sku_id: sku.to_owned(),
+        batch_no: batch.clone(),
+        subscription_id: entry.subscription_id.clone(),
+    };
+    let params = serde_json::to_value(&item)?;
     for _ in 0..5 {
-        let window = merge::open_window(deps, t, &entry.user_id).await?;
+        // The user's merge window, a digest of the workflow engine: this notice enters the open
+        // one, or opens one (docs/restock.md, "Merge per buyer").
+        let closes = merge::window_close(deps);
+        let window =
+            digest::entry(deps, &pk, &batch, &params, deps.clock.now_ms(), closes.timestamp_millis(), false).await?;
+        if window.opens {
+            merge::schedule_flush(deps, t, &window.window, closes).await?;
+        }
         let at = now_text(deps);
         let notice = Notice {
             batch_no: batch.clone(),
@@ -361,7 +376,7 @@ async fn claim(
             round,
             subscription_id: entry.subscription_id.clone(),
             status: NoticeStatus::Pending,
-            window_id: window.window_id.clone(),
+            window_id: window.window.clone(),
             attempts: 0,
             notification_id: None,
             created_at: at.clone(),
@@ -391,19 +406,12 @@ async fn claim(
             &at,
             Some(&batch),
         ));
-        let item = super::model::MessageItem {
-            sku_id: sku.to_owned(),
-            batch_no: batch.clone(),
-            subscription_id: entry.subscription_id.clone(),
-        };
-        writes.push(Write::Check {
-            key: keys::open_window(t, &entry.user_id),
-            cond: Cond::eq("window_id", window.window_id.as_str()),
-        });
-        writes.push(Write::Put {
-            item: Item::new(keys::message_entry(t, &window.window_id, &batch), attrs_of(&item)?),
-            cond: Cond::Always,
-        });
+        // The window's head (put only when absent, or checked to still name it) and this SKU's
+        // event in it; the message of a window this notice opens.
+        if window.opens {
+            writes.push(merge::message_write(deps, t, &entry.user_id, &window.window, closes)?);
+        }
+        writes.extend(window.writes);
         // Its entry in the index of its status (`merge::list_notices`).
         writes.push(merge::status_entry_write(t, NoticeStatus::Pending, &batch, &entry.user_id));
         // The `restock.notified` webhook event, in the notice's own transaction.

@@ -17,6 +17,10 @@
 //! trigger that checked the head before that is in the window, and one after it opens the next;
 //! then the window's events are read, oldest first. Keys are hashed: other keys, other
 //! partitions, never merged.
+//!
+//! The back-in-stock merge window is one of these digests (`crate::restock::merge`): a notice
+//! enters its user's restock partition in the notice's own transaction ([`entry`]), and the
+//! window's flush closes it ([`close`]).
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -65,6 +69,63 @@ pub enum Entered {
     Joined { window: String, leader: String },
 }
 
+/// The writes that put one member (a trigger, or a back-in-stock notice) in the open window of
+/// `pk` as read now, or open one that closes at `flush_ms`: see [`entry`].
+#[derive(Debug)]
+pub struct Entry {
+    pub window: String,
+    pub leader: String,
+    pub flush_ms: i64,
+    /// This entry opens the window (its head is put only when absent).
+    pub opens: bool,
+    /// The head's condition (its put, or its check), the membership (when remembered) and the
+    /// event: a transaction of these, with the caller's own writes, commits only while the window
+    /// read is still the open one.
+    pub writes: Vec<Write>,
+}
+
+/// Reads the head of `pk` and makes the writes that enter `member` (with `params`, made at
+/// `at_ms`: events sort by it) in its window, or open one that closes at `flush_ms`. `remember`:
+/// also put the membership (`M#{member}`) that answers a redelivery; a caller whose own item
+/// already records the window (a back-in-stock notice) leaves it out.
+pub async fn entry(
+    deps: &Deps,
+    pk: &str,
+    member: &str,
+    params: &Value,
+    at_ms: i64,
+    flush_ms: i64,
+    remember: bool,
+) -> CoreResult<Entry> {
+    let head_key = Key::new(pk, "HEAD");
+    let (head, opens, cond_head) = match deps.table.get(&head_key).await? {
+        Some(item) => {
+            let h: Head = item.parse()?;
+            let check = Write::Check { key: head_key.clone(), cond: Cond::eq("window", h.window.clone()) };
+            (h, false, check)
+        }
+        None => {
+            let ttl = flush_ms / 1000 + KEEP_S;
+            let h = Head { window: new_id(), leader: member.to_owned(), flush_ms, ttl };
+            let put = Write::Put { item: Item::new(head_key.clone(), attrs_of(&h)?), cond: Cond::NotExists };
+            (h, true, put)
+        }
+    };
+    let ttl = head.flush_ms / 1000 + KEEP_S;
+    let mut writes = vec![cond_head];
+    if remember {
+        let m = Member { window: head.window.clone(), leader: head.leader.clone(), flush_ms: head.flush_ms, ttl };
+        writes.push(Write::Put {
+            item: Item::new(Key::new(pk, format!("M#{member}")), attrs_of(&m)?),
+            cond: Cond::NotExists,
+        });
+    }
+    let event = EventItem { params: params.clone(), ttl };
+    let event_key = Key::new(pk, format!("E#{}#{:015}#{member}", head.window, at_ms.max(0)));
+    writes.push(Write::Put { item: Item::new(event_key, attrs_of(&event)?), cond: Cond::NotExists });
+    Ok(Entry { window: head.window, leader: head.leader, flush_ms: head.flush_ms, opens, writes })
+}
+
 /// Enters `notification_id`'s trigger (with `params`, made at `at_ms`: its events sort by it) in
 /// the open window of `pk`, or opens one that closes at `flush_ms`.
 pub async fn enter(
@@ -76,37 +137,16 @@ pub async fn enter(
     flush_ms: i64,
 ) -> CoreResult<Entered> {
     let member_key = Key::new(pk, format!("M#{notification_id}"));
-    let head_key = Key::new(pk, "HEAD");
     for _ in 0..20 {
         if let Some(item) = deps.table.get(&member_key).await? {
             let m: Member = item.parse()?;
             return Ok(role(m.window, m.leader, m.flush_ms, notification_id));
         }
-        let (head, cond_head) = match deps.table.get(&head_key).await? {
-            Some(item) => {
-                let h: Head = item.parse()?;
-                (h.clone(), Write::Check { key: head_key.clone(), cond: Cond::eq("window", h.window) })
-            }
-            None => {
-                let ttl = flush_ms / 1000 + KEEP_S;
-                let h = Head { window: new_id(), leader: notification_id.to_owned(), flush_ms, ttl };
-                let put = Write::Put { item: Item::new(head_key.clone(), attrs_of(&h)?), cond: Cond::NotExists };
-                (h, put)
-            }
-        };
-        let ttl = head.flush_ms / 1000 + KEEP_S;
-        let member = Member { window: head.window.clone(), leader: head.leader.clone(), flush_ms: head.flush_ms, ttl };
-        let event = EventItem { params: params.clone(), ttl };
-        let event_key = Key::new(pk, format!("E#{}#{:015}#{notification_id}", head.window, at_ms.max(0)));
-        let writes = vec![
-            cond_head,
-            Write::Put { item: Item::new(member_key.clone(), attrs_of(&member)?), cond: Cond::NotExists },
-            Write::Put { item: Item::new(event_key, attrs_of(&event)?), cond: Cond::NotExists },
-        ];
-        match deps.table.transact(writes).await {
+        let e = entry(deps, pk, notification_id, params, at_ms, flush_ms, true).await?;
+        match deps.table.transact(e.writes).await {
             Ok(()) => {
                 crate::crash::point("workflow.digest_entered");
-                return Ok(role(head.window, head.leader, head.flush_ms, notification_id));
+                return Ok(role(e.window, e.leader, e.flush_ms, notification_id));
             }
             // The head changed (opened or closed by another trigger), or this trigger is in
             // already: read again.
