@@ -166,6 +166,8 @@ pub async fn a_user_token_reaches_its_users_inbox_and_the_changes_are_live(backe
     assert_eq!((st, &v["changed"], &v["unread_count"]), (200, &json!(1), &json!(0)), "{v}");
     let (st, v) = s.call("POST", "/v1/users/alice/inbox/no-such-message/archive", None).await?;
     assert_eq!(st, 404, "{v}");
+    let undocumented = s.undocumented();
+    assert!(undocumented.is_empty(), "answers openapi.json does not list: {undocumented:#?}");
     Ok(())
 }
 
@@ -268,6 +270,8 @@ pub async fn a_user_token_reaches_nothing_else(backend: Backend) -> anyhow::Resu
         .await?;
     assert_eq!(res.status().as_u16(), 403);
     assert!(res.headers().get("access-control-allow-origin").is_none());
+    let undocumented = s.undocumented();
+    assert!(undocumented.is_empty(), "answers openapi.json does not list: {undocumented:#?}");
     Ok(())
 }
 
@@ -360,6 +364,8 @@ pub async fn my_preferences_show_the_workflows_and_lock_required_ones(backend: B
     }
     assert_eq!(channels_of[0], vec!["inapp"], "the workflow the user turned off on email: in-app only");
     assert_eq!(channels_of[1], vec!["email", "inapp"], "the required workflow: every channel");
+    let undocumented = s.undocumented();
+    assert!(undocumented.is_empty(), "answers openapi.json does not list: {undocumented:#?}");
     Ok(())
 }
 
@@ -511,6 +517,8 @@ pub async fn cors_answers_only_the_tenants_origins_on_the_user_routes(backend: B
         .await?;
     assert_eq!(res.status().as_u16(), 200);
     assert!(!has_cors(&res), "the token route is the shop backend's, never a page's");
+    let undocumented = s.undocumented();
+    assert!(undocumented.is_empty(), "answers openapi.json does not list: {undocumented:#?}");
     Ok(())
 }
 
@@ -643,5 +651,18 @@ pub async fn the_hosted_preferences_page_renders_saves_and_refuses_forged_links(
     }
     let (_, after) = s.call("GET", "/v1/users/dan/preferences", None).await?;
     assert_eq!(after, p, "the refused posts changed nothing");
+    // An erased user's link writes nothing and says so.
+    let (st, v) = s.call("DELETE", "/v1/users/dan", None).await?;
+    assert!((200..300).contains(&st), "{v}");
+    let res = s.http.post(format!("{}{page_path}", s.base)).body("save=1").send().await?;
+    assert_eq!(res.status().as_u16(), 200);
+    assert!(res.text().await?.contains("Nothing to manage"));
+    // Written again, the user has the preferences erasure left (none), not the post's.
+    assert_eq!(s.call("PUT", "/v1/users/dan", Some(json!({"email": "dan@example.com"}))).await?.0, 200);
+    let (st, prefs) = s.call("GET", "/v1/users/dan/preferences", None).await?;
+    assert_eq!(st, 200, "{prefs}");
+    assert_eq!(prefs["categories"].get("marketing"), None, "nothing written for an erased user: {prefs}");
+    let undocumented = s.undocumented();
+    assert!(undocumented.is_empty(), "answers openapi.json does not list: {undocumented:#?}");
     Ok(())
 }
