@@ -212,7 +212,10 @@ pub async fn read_all(deps: &Deps, t: &TenantId, user_id: &str) -> CoreResult<In
     check_id("user_id", user_id)?;
     let mut changed = 0u32;
     let mut cursor = None;
-    loop {
+    // No more can be marked than the counter holds (each mark counts it down, never below 0):
+    // the scan stops there rather than read a long read history to its end.
+    let mut left = unread_count(deps, t, user_id).await?;
+    while left > 0 {
         let page = deps
             .table
             .query(&keys::inbox_pk(t, user_id), "M#", QueryOpts { limit: 100, cursor, descending: true })
@@ -224,6 +227,14 @@ pub async fn read_all(deps: &Deps, t: &TenantId, user_id: &str) -> CoreResult<In
             }
             if mark_once(deps, t, user_id, &m.message_id).await? {
                 changed += 1;
+                left -= 1;
+                if left == 0 {
+                    // A message that came meanwhile counts too: read the counter again.
+                    left = unread_count(deps, t, user_id).await?;
+                    if left == 0 {
+                        break;
+                    }
+                }
             }
         }
         cursor = page.next_cursor;
@@ -231,7 +242,5 @@ pub async fn read_all(deps: &Deps, t: &TenantId, user_id: &str) -> CoreResult<In
             break;
         }
     }
-    // Nothing unread is left: a counter that drifted above zero (it never goes below) is set
-    // back only through the messages themselves, so it is read, not reset.
     Ok(InboxChange { message_id: None, changed, unread_count: unread_count(deps, t, user_id).await? })
 }
