@@ -602,7 +602,11 @@ async fn the_unsubscribe_link_of_a_workflows_email_turns_that_workflow_off_on_em
     trigger(&s, "price_drop", &["u1"], json!({"post_id": "p2"})).await;
     trigger(&s, "back_in_stock", &["u1"], json!({"post_id": "p3"})).await;
     settle(&s).await;
-    assert_eq!(bodies(&s.email), vec!["news p".to_owned(), "news p3".to_owned()]);
+    // Each a marketing email: the page of the user's choices linked at its foot (docs/site.md).
+    let sent = bodies(&s.email);
+    let heads: Vec<&str> = sent.iter().map(|b| b.split("\n\n--\n").next().unwrap_or_default()).collect();
+    assert_eq!(heads, vec!["news p", "news p3"]);
+    assert!(sent.iter().all(|b| b.contains("/p/")), "{sent:?}");
 }
 
 #[tokio::test]

@@ -190,6 +190,28 @@ pub fn decorate_email(config: &CoreConfig, task: &mut ChannelTask, now_s: i64, h
         task.headers.push(("List-Unsubscribe".into(), format!("<{base}/u/{tok}>")));
         task.headers.push(("List-Unsubscribe-Post".into(), "List-Unsubscribe=One-Click".into()));
     }
+    if task.category == Category::Marketing
+        && let Some(tok) = sign(config, &claims_for(task, TokenKind::Preferences, None), UNSUBSCRIBE_DAYS, now_s)
+    {
+        add_preferences_link(task, &format!("{base}/p/{tok}"));
+    }
+}
+
+/// The words before the preferences link at the foot of a marketing email.
+pub const PREFERENCES_LINK_TEXT: &str = "Choose which messages you get";
+
+/// Puts the hosted preferences page's link at the foot of both parts of a marketing email
+/// (docs/site.md, "The hosted preferences page"). Added after the links are rewritten: it is
+/// Tidings' own link, never a tracked one.
+fn add_preferences_link(task: &mut ChannelTask, url: &str) {
+    task.body = format!("{}\n\n--\n{PREFERENCES_LINK_TEXT}: {url}\n", task.body.trim_end());
+    if let Some(html) = &task.html {
+        let foot = format!(
+            "<p style=\"font-size:12px;color:#666\"><a href=\"{}\">{PREFERENCES_LINK_TEXT}</a></p>",
+            crate::templates::email::escape_attr(url)
+        );
+        task.html = Some(crate::templates::email::append_to_body(html, &foot));
+    }
 }
 
 /// Rewrites every `href="http…"` target with `f` (kept as is when `f` gives nothing).
@@ -227,7 +249,7 @@ pub async fn apply(deps: &Deps, claims: &Claims, at_ms: i64) -> CoreResult<()> {
     let to = match claims.k {
         TokenKind::Open => DeliveryStatus::Opened,
         TokenKind::Click => DeliveryStatus::Clicked,
-        TokenKind::Unsubscribe => return Ok(()),
+        TokenKind::Unsubscribe | TokenKind::Preferences => return Ok(()),
     };
     let t = &claims.t;
     let key = keys::delivery_at(t, &claims.n, &claims.u, claims.c, claims.s);
@@ -365,6 +387,16 @@ mod tests {
         assert!(task.headers.contains(&("List-Unsubscribe-Post".into(), "List-Unsubscribe=One-Click".into())));
         let tok = unsub.1.trim_start_matches("<http://127.0.0.1:8080/u/").trim_end_matches('>');
         assert_eq!(verify(&c, TokenKind::Unsubscribe, tok, 10).unwrap().u, "u1");
+        // The hosted preferences page, at the foot of both parts, signed for that page only.
+        let at = task.body.find("http://127.0.0.1:8080/p/").expect("the text part links the page");
+        let page = task.body[at..].trim_end();
+        assert!(task.body[..at].ends_with(&format!("{PREFERENCES_LINK_TEXT}: ")), "{}", task.body);
+        assert!(html.contains(&format!("<a href=\"{page}\">{PREFERENCES_LINK_TEXT}</a>")), "{html}");
+        let ptok = page.trim_start_matches("http://127.0.0.1:8080/p/");
+        let claims = verify(&c, TokenKind::Preferences, ptok, 10).unwrap();
+        assert_eq!((claims.t.as_str(), claims.u.as_str()), ("acme", "u1"));
+        assert!(verify(&c, TokenKind::Unsubscribe, ptok, 10).is_err(), "a page token unsubscribes no one");
+        assert!(verify(&c, TokenKind::Preferences, tok, 10).is_err(), "an unsubscribe token opens no page");
     }
 
     #[test]
@@ -396,6 +428,7 @@ mod tests {
         assert_eq!(task.body.matches("/t/c/").count(), 1, "{}", task.body);
         assert!(task.body.contains(" https://evil.example/x "), "{}", task.body);
         assert!(task.body.ends_with(" https://shop.example@evil.example/"), "{}", task.body);
+        assert!(!task.body.contains("/p/") && !html.contains("/p/"), "a transactional email has no preferences link");
     }
 
     fn email_task(body: &str, html: &str) -> ChannelTask {
