@@ -12,7 +12,8 @@
       more: "Load more", empty: "No notifications yet", error: "Notifications are unavailable right now.",
       offline: "Reconnecting…", loading: "Loading…", new_one: "New notification: {t}",
       prefs: "Notification preferences", required: "Required", saved: "Saved", save_failed: "Not saved: try again",
-      prefs_error: "Preferences are unavailable right now.", topic: "Notification",
+      prefs_error: "Preferences are unavailable right now.", topic: "Notification", all: "All messages",
+      transactional: "Orders and account", marketing: "News and offers",
       email: "Email", sms: "SMS", push: "Push", inapp: "In-app", webhook: "Webhook",
     },
     "zh-CN": {
@@ -21,7 +22,8 @@
       more: "加载更多", empty: "暂无通知", error: "暂时无法获取通知。",
       offline: "正在重新连接…", loading: "加载中…", new_one: "新通知：{t}",
       prefs: "通知偏好设置", required: "必需", saved: "已保存", save_failed: "未保存，请重试",
-      prefs_error: "暂时无法获取偏好设置。", topic: "通知类型",
+      prefs_error: "暂时无法获取偏好设置。", topic: "通知类型", all: "所有消息",
+      transactional: "订单与账户", marketing: "资讯与优惠",
       email: "邮件", sms: "短信", push: "推送", inapp: "站内信", webhook: "Webhook",
     },
   };
@@ -577,21 +579,43 @@ thead th { font-size: 12px; font-weight: 600; color: var(--tidings-muted, #6b728
       }
       this.render();
     }
-    /** The answer of GET|PUT /v1/me/preferences as rows × channels. */
+    /** The answer of GET|PUT /v1/me/preferences (the preferences and their `catalog`) as rows:
+     * every channel for all messages, then each workflow on its channels, or, with no workflows,
+     * each category (transactional ones cannot be turned off). */
     take(p) {
       this.prefs = p;
-      this.channels = p.channels_available || ["email", "sms", "push", "inapp"];
-      this.rows = (p.topics || []).map((r) => ({ kind: r.kind, id: r.id, name: r.name || r.id, required: !!r.required,
-        channels: Object.assign({}, r.channels) }));
+      const cat = p.catalog || {};
+      const chOn = p.channels || {};
+      this.channels = cat.channels || ["email", "sms", "push", "inapp"];
+      const all = { kind: "channel", id: "*", name: this.t("all"), required: false, channels: {} };
+      for (const c of this.channels) all.channels[c] = chOn[c] !== false;
+      const rows = [all];
+      const wfs = cat.workflows || [];
+      for (const w of wfs) {
+        const pref = (p.workflows || {})[w.workflow_id];
+        const row = { kind: "workflow", id: w.workflow_id, name: w.name || w.workflow_id, required: !!w.required, channels: {} };
+        for (const c of w.channels || []) {
+          row.channels[c] = w.required || (pref !== false && !(pref && typeof pref === "object" && pref[c] === false));
+        }
+        rows.push(row);
+      }
+      if (!wfs.length) {
+        for (const c of cat.categories || []) {
+          const required = c === "transactional";
+          rows.push({ kind: "category", id: c, name: this.t(c), required, channels: { "*": required || (p.categories || {})[c] !== false } });
+        }
+      }
+      this.rows = rows;
     }
     async toggle(kind, id, channel) {
       const row = this.rows.find((r) => r.kind === kind && r.id === id);
       if (!row || row.required) return;
-      const on = !(row.channels[channel] !== false);
+      const on = !row.channels[channel];
       row.channels[channel] = on;
-      this.render();
+      this.render(true);
+      const body = kind === "workflow" ? { workflows: { [id]: { [channel]: on } } }
+        : kind === "category" ? { categories: { [id]: on } } : { channels: { [channel]: on } };
       try {
-        const body = kind === "workflow" ? { workflows: { [id]: { [channel]: on } } } : { categories: { [id]: on } };
         const p = await this.call("PUT", "/v1/me/preferences", body);
         this.take(p);
         this.saves++;
@@ -637,13 +661,15 @@ thead th { font-size: 12px; font-weight: 600; color: var(--tidings-muted, #6b728
           th.append(lock);
         }
         row.append(th);
-        for (const c of this.channels) {
+        const cells = "*" in r.channels ? ["*"] : this.channels;
+        for (const c of cells) {
           const td = document.createElement("td");
+          if (c === "*") td.colSpan = this.channels.length;
           if (c in r.channels) {
             const sw = document.createElement("button");
             sw.setAttribute("role", "switch");
-            sw.setAttribute("aria-checked", String(r.channels[c] !== false));
-            sw.setAttribute("aria-label", `${r.name}: ${label(c)}` + (r.required ? ` (${this.t("required")})` : ""));
+            sw.setAttribute("aria-checked", String(r.channels[c]));
+            sw.setAttribute("aria-label", r.name + (c === "*" ? "" : `: ${label(c)}`) + (r.required ? ` (${this.t("required")})` : ""));
             Object.assign(sw.dataset, { kind: r.kind, id: r.id, channel: c });
             sw.disabled = r.required;
             td.append(sw);
