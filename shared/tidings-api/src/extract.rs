@@ -24,6 +24,10 @@ pub async fn principal(parts: &Parts, state: &AppState) -> Result<Principal, Api
         Problem::unauthorized("Authorization must be `Bearer <key>`: the word Bearer, a space, then the API key")
     })?;
     tenants::authenticate(&state.deps, key).await?.ok_or_else(|| {
+        if tidings_core::inbox::live::feed_token_owner(&state.deps, key).is_some() {
+            return Problem::unauthorized("a user token opens only /v1/me/* and /v1/ws: this route takes an API key")
+                .into();
+        }
         Problem::unauthorized(
             "the key is not valid (unknown, revoked or expired): check the key, or ask an operator for a new one",
         )
@@ -65,6 +69,59 @@ where
             .with_field("Authorization")
             .into()),
         }
+    }
+}
+
+/// The one user a user token opens (`Authorization: Bearer <token>`, the token of
+/// `POST /v1/users/{user_id}/inbox/token`): what the `/v1/me` routes act on, and nothing else.
+/// An API key is not a user token (401): `/v1/me` is the user's own, a tenant's key has its
+/// `/v1/users/{user_id}` routes (docs/site.md, "User tokens").
+#[derive(Clone, Debug)]
+pub struct UserToken {
+    pub tenant: TenantId,
+    pub user_id: String,
+}
+
+/// The tenant and user of a user token in `Authorization`, if it is one with a good signature,
+/// expired or not (the CORS layer answers an expired token's 401 so that a page can read it).
+pub fn user_token_owner(parts_headers: &axum::http::HeaderMap, state: &AppState) -> Option<(TenantId, String)> {
+    let key = bearer_key(parts_headers.get(axum::http::header::AUTHORIZATION)?)?;
+    tidings_core::inbox::live::feed_token_owner(&state.deps, key)
+}
+
+impl<S> FromRequestParts<S> for UserToken
+where
+    AppState: FromRef<S>,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let state = AppState::from_ref(state);
+        let Some(value) = parts.headers.get(axum::http::header::AUTHORIZATION) else {
+            return Err(Problem::unauthorized(
+                "no Authorization header: send `Authorization: Bearer <user token>` (from POST /v1/users/{user_id}/inbox/token)",
+            )
+            .into());
+        };
+        let token = bearer_key(value).ok_or_else(|| {
+            Problem::unauthorized(
+                "Authorization must be `Bearer <user token>`: the word Bearer, a space, then the token",
+            )
+        })?;
+        let (tenant, user_id) = tidings_core::inbox::live::verify_feed_token(&state.deps, token).map_err(|e| {
+            Problem::new(
+                StatusCode::UNAUTHORIZED,
+                "invalid_token",
+                format!(
+                    "not a valid user token ({e}): /v1/me takes the token of POST /v1/users/{{user_id}}/inbox/token \
+                         (an API key does not open it); get a new one from the shop's backend"
+                ),
+            )
+            .with_field("Authorization")
+        })?;
+        crate::limits::admit_tenant(parts, &tenant).await?;
+        Ok(UserToken { tenant, user_id })
     }
 }
 

@@ -2,6 +2,7 @@
 //! one axum router, served by `lambda_http` in the `api` Lambda function and by `axum::serve` in
 //! `tidings serve`.
 
+pub mod cors;
 pub mod extract;
 pub mod limits;
 pub mod problem;

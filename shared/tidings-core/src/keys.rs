@@ -85,6 +85,11 @@ pub fn template(t: &TenantId, template_id: &str) -> Key {
     Key::new(format!("T#{t}#TPL#{template_id}"), "TPL")
 }
 
+/// The origins whose pages may call the tenant's `/v1/me` routes (`site::AllowedOrigins`).
+pub fn allowed_origins(t: &TenantId) -> Key {
+    Key::new(format!("T#{t}#SETTINGS"), "ORIGINS")
+}
+
 /// The hosts a tenant's tracked links may lead to (`tracking::LinkHosts`).
 pub fn link_hosts(t: &TenantId) -> Key {
     Key::new(format!("T#{t}#SETTINGS"), "LINKHOSTS")

@@ -29,6 +29,7 @@ pub mod roles;
 pub mod router;
 pub mod schedules;
 pub mod signing;
+pub mod site;
 pub mod sizes;
 pub mod tasks;
 pub mod templates;

@@ -20,11 +20,13 @@ mod examples_tests;
 mod inbox;
 mod inventory;
 pub mod live;
+mod me;
 mod notifications;
 pub mod openapi;
 mod ops;
 mod preferences;
 mod restock;
+mod site;
 mod templates;
 mod tracking;
 mod users;
@@ -56,7 +58,9 @@ pub fn app_with_limits(state: AppState, limits: std::sync::Arc<tidings_core::gat
         .merge(ops::router())
         .merge(admin::router())
         .merge(webhooks::router())
-        .merge(workflows::router());
+        .merge(workflows::router())
+        .merge(me::router())
+        .merge(site::router());
     if state.dev.is_some() {
         router = router.merge(dev::router()).merge(console::router());
     }
@@ -67,6 +71,7 @@ pub fn app_with_limits(state: AppState, limits: std::sync::Arc<tidings_core::gat
                 .into_response()
         })
         .layer(axum::middleware::from_fn_with_state(limits, crate::limits::limit))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), crate::cors::cors))
         .layer(axum::middleware::from_fn(crate::request_id::request_id))
         .with_state(state)
 }

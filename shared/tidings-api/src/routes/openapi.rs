@@ -34,6 +34,8 @@ use crate::state::AppState;
         (name = "ops", description = "Operators' view of the system: an operator key"),
         (name = "admin", description = "API keys: an operator key"), (name = "callbacks"), (name = "tracking"),
         (name = "webhooks", description = "Endpoints the shop is posted events to, signed as Standard Webhooks says"),
+        (name = "me", description = "A user's own inbox and preferences, with the user token of `POST /v1/users/{user_id}/inbox/token` (docs/site.md); CORS for the tenant's allowed origins only"),
+        (name = "site", description = "The shop's own site: the origins allowed to call `/v1/me`, and the hosted preferences page"),
         (name = "dev", description = "Local development hooks: only `tidings serve` has them")
     )
 )]
@@ -66,6 +68,8 @@ pub fn document() -> serde_json::Value {
         super::tracking::Api::openapi(),
         super::webhooks::Api::openapi(),
         super::workflows::Api::openapi(),
+        super::me::Api::openapi(),
+        super::site::Api::openapi(),
     ] {
         doc.merge(part);
     }
@@ -735,6 +739,17 @@ impl Modify for Conventions {
                     .build(),
             ),
         );
+        components.add_security_scheme(
+            "user_token",
+            SecurityScheme::Http(
+                Http::builder()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some(
+                        "A user token from `POST /v1/users/{user_id}/inbox/token`: it opens that user's `/v1/me` routes and `GET /v1/ws`, nothing else",
+                    ))
+                    .build(),
+            ),
+        );
         for (path, item) in doc.paths.paths.iter_mut() {
             if path == "/healthz" {
                 continue;
@@ -797,7 +812,14 @@ fn add_problem_answers(path: &str, op: &mut Operation) {
         });
     }
     let secured = op.security.as_ref().is_some_and(|s| !s.is_empty());
-    if secured {
+    if secured && path.starts_with("/v1/me/") {
+        answers.entry("401".to_owned()).or_insert_with(|| {
+            problem_response("`unauthorized` or `invalid_token`, naming the `Authorization` header: no user token, an expired or forged one, or an API key (which does not open `/v1/me`)")
+        });
+        answers.entry("403".to_owned()).or_insert_with(|| {
+            problem_response("`origin_not_allowed`, naming `Origin`: a page of an origin that is not among the token's tenant's allowed origins (`PUT /v1/settings/allowed-origins`)")
+        });
+    } else if secured {
         answers.entry("401".to_owned()).or_insert_with(|| {
             problem_response("`unauthorized`, naming the `Authorization` header: none was sent, it is not `Bearer <key>`, or the key is not valid (unknown, revoked or expired)")
         });

@@ -27,6 +27,9 @@ pub enum LiveEvent {
     InboxMessage { message: LiveMessage, unread_count: i64 },
     #[serde(rename = "inbox.read")]
     InboxRead { message_id: String, unread_count: i64 },
+    /// The user archived a message (`POST /v1/me/inbox/{id}/archive`): other tabs drop it.
+    #[serde(rename = "inbox.archived")]
+    InboxArchived { message_id: String, unread_count: i64 },
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -82,6 +85,8 @@ pub async fn handle_changes(deps: &Deps, live: &dyn LivePush, records: &[ChangeR
         let Some(new) = &record.new else { continue };
         let Ok(message) = Item::new(record.key.clone(), new.clone()).parse::<InboxMessage>() else { continue };
         let was_read = record.old.as_ref().and_then(|o| o.get("read")).and_then(Value::as_bool);
+        let was_archived =
+            record.old.as_ref().is_some_and(|o| o.get("archived").and_then(Value::as_bool) == Some(true));
         let unread_count = match inbox::unread_count(deps, &tenant, &user).await {
             Ok(n) => n,
             Err(e) => {
@@ -90,6 +95,9 @@ pub async fn handle_changes(deps: &Deps, live: &dyn LivePush, records: &[ChangeR
             }
         };
         let event = match (record.old.is_none(), was_read, message.read) {
+            (false, _, _) if message.archived && !was_archived => {
+                LiveEvent::InboxArchived { message_id: message.message_id.clone(), unread_count }
+            }
             (true, _, _) => LiveEvent::InboxMessage { message: LiveMessage::from(&message), unread_count },
             (false, Some(false), true) => LiveEvent::InboxRead { message_id: message.message_id.clone(), unread_count },
             _ => continue,
@@ -138,6 +146,13 @@ pub fn verify_feed_token(deps: &Deps, token: &str) -> Result<(TenantId, String),
     Ok((tenant, claims.u))
 }
 
+/// The tenant and user of a feed token whose signature holds, expired or not: enough to know
+/// whose CORS list answers a request that is then refused (never to act for the user).
+pub fn feed_token_owner(deps: &Deps, token: &str) -> Option<(TenantId, String)> {
+    let claims: FeedClaims = deps.config.signer.verify(FEED_PURPOSE, token, i64::MIN).ok()?;
+    Some((TenantId::parse(&claims.t).ok()?, claims.u))
+}
+
 /// Inbox messages newer than `since` (a message id), oldest first, at most 100: what a
 /// reconnecting client missed.
 pub async fn missed_since(deps: &Deps, t: &TenantId, user_id: &str, since: &str) -> CoreResult<Vec<LiveMessage>> {
@@ -153,6 +168,9 @@ pub async fn missed_since(deps: &Deps, t: &TenantId, user_id: &str, since: &str)
             let m: InboxMessage = item.parse()?;
             if m.message_id.as_str() <= since || out.len() >= 100 {
                 break 'pages;
+            }
+            if m.archived {
+                continue;
             }
             out.push(LiveMessage::from(&m));
         }

@@ -47,6 +47,13 @@ fn is_web_url(url: &str) -> bool {
     lower.starts_with("http://") || lower.starts_with("https://")
 }
 
+/// `text` escaped for an HTML attribute value in double quotes (and so for text too).
+pub fn escape_attr(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    push_escaped(&mut out, text, true);
+    out
+}
+
 fn push_escaped(out: &mut String, text: &str, attribute: bool) {
     for c in text.chars() {
         match c {

@@ -17,6 +17,9 @@ pub enum TokenKind {
     Click,
     #[serde(rename = "u")]
     Unsubscribe,
+    /// The hosted preferences page (`GET|POST /p/{token}`; docs/site.md).
+    #[serde(rename = "p")]
+    Preferences,
 }
 
 impl TokenKind {
@@ -25,6 +28,7 @@ impl TokenKind {
             TokenKind::Open => "track.open",
             TokenKind::Click => "track.click",
             TokenKind::Unsubscribe => "unsubscribe",
+            TokenKind::Preferences => "preferences",
         }
     }
 }

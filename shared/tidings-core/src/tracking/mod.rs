@@ -190,6 +190,28 @@ pub fn decorate_email(config: &CoreConfig, task: &mut ChannelTask, now_s: i64, h
         task.headers.push(("List-Unsubscribe".into(), format!("<{base}/u/{tok}>")));
         task.headers.push(("List-Unsubscribe-Post".into(), "List-Unsubscribe=One-Click".into()));
     }
+    if task.category == Category::Marketing
+        && let Some(tok) = sign(config, &claims_for(task, TokenKind::Preferences, None), UNSUBSCRIBE_DAYS, now_s)
+    {
+        add_preferences_link(task, &format!("{base}/p/{tok}"));
+    }
+}
+
+/// The words before the preferences link at the foot of a marketing email.
+pub const PREFERENCES_LINK_TEXT: &str = "Choose which messages you get";
+
+/// Puts the hosted preferences page's link at the foot of both parts of a marketing email
+/// (docs/site.md, "The hosted preferences page"). Added after the links are rewritten: it is
+/// Tidings' own link, never a tracked one.
+fn add_preferences_link(task: &mut ChannelTask, url: &str) {
+    task.body = format!("{}\n\n--\n{PREFERENCES_LINK_TEXT}: {url}\n", task.body.trim_end());
+    if let Some(html) = &task.html {
+        let foot = format!(
+            "<p style=\"font-size:12px;color:#666\"><a href=\"{}\">{PREFERENCES_LINK_TEXT}</a></p>",
+            crate::templates::email::escape_attr(url)
+        );
+        task.html = Some(crate::templates::email::append_to_body(html, &foot));
+    }
 }
 
 /// Rewrites every `href="http…"` target with `f` (kept as is when `f` gives nothing).
@@ -227,7 +249,7 @@ pub async fn apply(deps: &Deps, claims: &Claims, at_ms: i64) -> CoreResult<()> {
     let to = match claims.k {
         TokenKind::Open => DeliveryStatus::Opened,
         TokenKind::Click => DeliveryStatus::Clicked,
-        TokenKind::Unsubscribe => return Ok(()),
+        TokenKind::Unsubscribe | TokenKind::Preferences => return Ok(()),
     };
     let t = &claims.t;
     let key = keys::delivery_at(t, &claims.n, &claims.u, claims.c, claims.s);
