@@ -166,6 +166,8 @@ li:not(.unread) .open strong { font-weight: 500; }
 .status { padding: 12px 16px; margin: 0; }
 `;
 
+  const LOCK_SVG = '<svg viewBox="0 0 24 24" width="11" height="11" aria-hidden="true" fill="none" stroke="currentColor" ' +
+    'stroke-width="2.5"><rect x="4" y="11" width="16" height="10" rx="2"/><path d="M8 11V7a4 4 0 0 1 8 0v4"/></svg>';
   const BELL_SVG = '<svg viewBox="0 0 24 24" aria-hidden="true" fill="none" stroke="currentColor" stroke-width="2" ' +
     'stroke-linecap="round" stroke-linejoin="round"><path d="M18 8a6 6 0 0 0-12 0c0 7-3 9-3 9h18s-3-2-3-9"/>' +
     '<path d="M13.73 21a2 2 0 0 1-3.46 0"/></svg>';
@@ -482,6 +484,10 @@ li:not(.unread) .open strong { font-weight: 500; }
     }
     render() {
       this.renderChrome();
+      // Re-rendering keeps the keyboard's place: the focused button of a message stays focused.
+      const active = this.shadowRoot.activeElement;
+      const li = active && active.closest && active.closest("li");
+      const focus = li && `li[data-id="${CSS.escape(li.dataset.id)}"] .${active.className}`;
       const fmt = new Intl.DateTimeFormat(this.locale, { dateStyle: "medium", timeStyle: "short" });
       const frag = document.createDocumentFragment();
       for (const m of this.items) {
@@ -509,6 +515,8 @@ li:not(.unread) .open strong { font-weight: 500; }
         frag.append(li);
       }
       this.$.list.replaceChildren(frag);
+      const again = focus && this.shadowRoot.querySelector(focus);
+      if (again) again.focus();
     }
   }
 
@@ -657,7 +665,8 @@ thead th { font-size: 12px; font-weight: 600; color: var(--tidings-muted, #6b728
         if (r.required) {
           const lock = document.createElement("span");
           lock.className = "lock";
-          lock.textContent = "🔒 " + this.t("required");
+          lock.innerHTML = LOCK_SVG;
+          lock.append(" " + this.t("required"));
           th.append(lock);
         }
         row.append(th);
@@ -678,7 +687,14 @@ thead th { font-size: 12px; font-weight: 600; color: var(--tidings-muted, #6b728
         }
         frag.append(row);
       }
+      const active = this.shadowRoot.activeElement;
       this.$.body.replaceChildren(frag);
+      if (active && active.dataset && active.dataset.kind) {
+        const d = active.dataset;
+        const again = this.shadowRoot.querySelector(
+          `[role=switch][data-kind="${d.kind}"][data-id="${CSS.escape(d.id)}"][data-channel="${d.channel}"]`);
+        if (again) again.focus();
+      }
     }
   }
 
