@@ -185,9 +185,10 @@ def reads_follow_in_a_second_window(s):
     s.driver.switch_to.window(first)
     s.screenshot("inbox-read-one")
     s.inbox().find_element(By.CSS_SELECTOR, ".read-all").click()
-    st = wait_for("read all", lambda: (x := s.state())["unread"] == 0 and x)
-    if any(i["unread"] for i in st["items"]) or st["badge"] != "":
-        fail(f"read all leaves nothing unread and no badge: {st}")
+    # The count may reach 0 by the live events before the answer: then each message by its own.
+    st = wait_for("read all to leave nothing unread and no badge",
+                  lambda: (x := s.state())["unread"] == 0 and not any(i["unread"] for i in x["items"]) and x["badge"] == "" and x,
+                  timeout=5)
     s.driver.switch_to.window(second)
     wait_for("the second window's count to follow read-all", lambda: s.state()["unread"] == 0, timeout=5)
     s.driver.switch_to.window(first)

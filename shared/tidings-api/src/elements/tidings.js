@@ -398,7 +398,13 @@ li:not(.unread) .open strong { font-weight: 500; }
       } else if (/archiv/.test(e.type || "")) {
         this.items = this.items.filter((m) => m.message_id !== id);
       }
-      if (typeof e.unread_count === "number") this.setCount(e.unread_count);
+      if (typeof e.unread_count === "number") {
+        // Events may come late or out of order (on AWS, from the table's stream): a read or an
+        // archive never raises the count, a new message never lowers it; the answers of this
+        // element's own calls set it as they are.
+        const n = e.type === "inbox.message" ? Math.max(this.unreadCount, e.unread_count) : Math.min(this.unreadCount, e.unread_count);
+        this.setCount(n);
+      }
       this.render();
     }
 
