@@ -35,7 +35,7 @@ mod safety;
 mod server;
 mod settings_shipped;
 mod shipped;
-mod site;
+mod site_browser;
 mod sizes;
 mod sms_failover;
 mod sms_shipped;
@@ -101,7 +101,7 @@ on_both_backends!(live as live_tests:
 
 on_both_backends!(console as console_tests: console_shows_the_system_and_redrives);
 
-on_both_backends!(site as site_tests: the_shop_site_shows_both_elements_from_another_origin);
+on_both_backends!(site_browser as site_browser_tests: the_shop_site_shows_both_elements_from_another_origin);
 
 on_both_backends!(figures as figures_tests: a_backlog_shows_its_oldest_age_growing_then_falling_and_every_figure);
 

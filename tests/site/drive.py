@@ -4,7 +4,7 @@ usage: drive.py API TENANT_KEY OTHER_TENANT_KEY SHOP_URL OTHER_SHOP_URL SCREENSH
 
 SHOP_URL is a page of an origin the tenant allows (PUT /v1/settings/allowed-origins), OTHER_SHOP_URL
 one it does not; both are `examples/site/server.py`, which mints alice's token with the tenant key.
-`tests/e2e/site.rs` prepared the server: alice has six in-app messages; the workflows
+`tests/e2e/site_browser.rs` prepared the server: alice has six in-app messages; the workflows
 `order_updates` (in-app then email) and `security` (required) exist; the template `hello`.
 
 Checks, in order, each with a screenshot: the list renders and pages; a message sent through the
