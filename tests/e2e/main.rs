@@ -35,6 +35,7 @@ mod safety;
 mod server;
 mod settings_shipped;
 mod shipped;
+mod site;
 mod site_browser;
 mod sizes;
 mod sms_failover;
@@ -189,6 +190,14 @@ on_both_backends!(limits as limits_tests:
 async fn aws_dev_against_a_remote_endpoint_refuses_to_start() -> anyhow::Result<()> {
     limits::aws_dev_against_a_remote_endpoint_refuses_to_start().await
 }
+
+on_both_backends!(site as site_tests:
+    a_user_token_reaches_its_users_inbox_and_the_changes_are_live,
+    a_user_token_reaches_nothing_else,
+    my_preferences_show_the_workflows_and_lock_required_ones,
+    cors_answers_only_the_tenants_origins_on_the_user_routes,
+    the_hosted_preferences_page_renders_saves_and_refuses_forged_links,
+);
 
 on_both_backends!(isolation as isolation_tests: no_route_shows_or_changes_another_tenants_data);
 

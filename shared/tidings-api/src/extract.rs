@@ -299,7 +299,13 @@ fn json_problem(path: String, inner: serde_json::Error) -> ApiError {
         }
         return ApiError::from(p);
     }
-    let within = |name: &str| known.as_ref().map_or_else(|| name.to_owned(), |parent| format!("{parent}.{name}"));
+    // serde_path_to_error's path ends at the parent of a missing field but at an unknown field
+    // itself: the name is added only when the path does not end with it already.
+    let within = |name: &str| match &known {
+        Some(path) if path == name || path.ends_with(&format!(".{name}")) => path.clone(),
+        Some(parent) => format!("{parent}.{name}"),
+        None => name.to_owned(),
+    };
     let named = |prefix: &str| {
         reason.strip_prefix(prefix).and_then(|rest| rest.split('`').next()).filter(|n| !n.is_empty()).map(within)
     };

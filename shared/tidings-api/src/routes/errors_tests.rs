@@ -131,6 +131,23 @@ async fn malformed_json_says_where_and_a_missing_field_is_named() {
     assert!(a.body["detail"].as_str().unwrap().contains("is required"), "{}", a.body);
 }
 
+/// An unknown field is named once, at its own path (not `colour.colour`).
+#[tokio::test]
+async fn an_unknown_field_is_named_at_its_path() {
+    let app = app().await;
+    let prefs = |body: Value| {
+        Request::put("/v1/users/u1/preferences")
+            .header("authorization", "Bearer key-a")
+            .header("content-type", "application/json")
+            .body(Body::from(body.to_string()))
+            .unwrap()
+    };
+    let a = send(&app, prefs(json!({"colour": "red"}))).await;
+    problem(&a, 400, "invalid_body", Some("colour"));
+    let a = send(&app, prefs(json!({"quiet_hours": {"start": "22:00", "end": "08:00", "zone": "x"}}))).await;
+    problem(&a, 400, "invalid_body", Some("quiet_hours.zone"));
+}
+
 #[tokio::test]
 async fn a_trailing_slash_is_a_404_naming_the_route() {
     let app = app().await;
