@@ -45,7 +45,8 @@ async fn shop(api: &str, key: &str) -> anyhow::Result<(Child, String)> {
 pub async fn the_shop_site_shows_both_elements_from_another_origin(backend: Backend) -> anyhow::Result<()> {
     let mut s = Server::start(backend, Options::default()).await?;
     for user in ["alice", "bob"] {
-        let (st, v) = s.call("PUT", &format!("/v1/users/{user}"), Some(json!({"email": format!("{user}@example.com")}))).await?;
+        let (st, v) =
+            s.call("PUT", &format!("/v1/users/{user}"), Some(json!({"email": format!("{user}@example.com")}))).await?;
         assert_eq!(st, 200, "{v}");
     }
     let content = json!({"inapp_title": "Your order", "inapp_body": "Message {{ n }}",
@@ -58,7 +59,9 @@ pub async fn the_shop_site_shows_both_elements_from_another_origin(backend: Back
         .call(
             "PUT",
             "/v1/workflows/order_updates",
-            Some(json!({"name": "Order updates", "category": "transactional", "steps": [send("inapp"), send("email")]})),
+            Some(
+                json!({"name": "Order updates", "category": "transactional", "steps": [send("inapp"), send("email")]}),
+            ),
         )
         .await?;
     assert_eq!(st, 200, "{v}");
@@ -100,7 +103,9 @@ pub async fn the_shop_site_shows_both_elements_from_another_origin(backend: Back
         .kill_on_drop(true)
         .spawn()
         .map_err(|e| {
-            anyhow::anyhow!("cannot run the browser driver ({e}); run `make test`, which installs chromium and selenium")
+            anyhow::anyhow!(
+                "cannot run the browser driver ({e}); run `make test`, which installs chromium and selenium"
+            )
         })?;
     let mut stdin = driver.stdin.take().context("no stdin")?;
     let mut lines = BufReader::new(driver.stdout.take().context("no stdout")?).lines();
@@ -115,12 +120,7 @@ pub async fn the_shop_site_shows_both_elements_from_another_origin(backend: Back
         said.push(line);
     }
     let out = driver.wait_with_output().await?;
-    assert!(
-        out.status.success(),
-        "site check failed:\n{}\n{}",
-        said.join("\n"),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "site check failed:\n{}\n{}", said.join("\n"), String::from_utf8_lossy(&out.stderr));
     assert!(said.iter().any(|l| l.starts_with("site OK")), "the driver did not finish: {said:?}");
     for view in [
         "inbox-list",

@@ -23,19 +23,16 @@ use crate::state::AppState;
 pub const SCRIPT: &str = include_str!("../elements/tidings.js");
 
 /// The first 16 hex digits of the script's SHA-256: its version.
-pub static VERSION: LazyLock<String> = LazyLock::new(|| {
-    Sha256::digest(SCRIPT.as_bytes()).iter().take(8).map(|b| format!("{b:02x}")).collect()
-});
+pub static VERSION: LazyLock<String> =
+    LazyLock::new(|| Sha256::digest(SCRIPT.as_bytes()).iter().take(8).map(|b| format!("{b:02x}")).collect());
 
 static ETAG: LazyLock<String> = LazyLock::new(|| format!("\"{}\"", *VERSION));
 
 pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/elements/tidings.js", get(|h: HeaderMap| async move { script(&h, false) }))
-        .route(
-            "/elements/{version}/tidings.js",
-            get(|h: HeaderMap, Path(v): Path<String>| async move { script(&h, v == *VERSION) }),
-        )
+    Router::new().route("/elements/tidings.js", get(|h: HeaderMap| async move { script(&h, false) })).route(
+        "/elements/{version}/tidings.js",
+        get(|h: HeaderMap, Path(v): Path<String>| async move { script(&h, v == *VERSION) }),
+    )
 }
 
 /// The script, or 304 when the client's copy is this version. A versioned URL of another version
@@ -51,14 +48,14 @@ fn script(headers: &HeaderMap, pinned: bool) -> Response {
         // A shop whose pages isolate themselves (COEP) may still load it.
         (header::HeaderName::from_static("cross-origin-resource-policy"), HeaderValue::from_static("cross-origin")),
     ];
-    let fresh = headers
-        .get(header::IF_NONE_MATCH)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.split(',').any(|tag| matches!(tag.trim().trim_start_matches("W/"), t if t == *ETAG || t == "*")));
+    let fresh = headers.get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok()).is_some_and(|v| {
+        v.split(',').any(|tag| matches!(tag.trim().trim_start_matches("W/"), t if t == *ETAG || t == "*"))
+    });
     if fresh {
         return (StatusCode::NOT_MODIFIED, common).into_response();
     }
-    (common, [(header::CONTENT_TYPE, HeaderValue::from_static("text/javascript; charset=utf-8"))], SCRIPT).into_response()
+    (common, [(header::CONTENT_TYPE, HeaderValue::from_static("text/javascript; charset=utf-8"))], SCRIPT)
+        .into_response()
 }
 
 #[cfg(test)]
@@ -72,7 +69,8 @@ mod tests {
 
     async fn get(path: &str, if_none_match: Option<&str>) -> (StatusCode, HeaderMap, String) {
         let deps = crate::test_support::memory_deps();
-        let app = crate::app(crate::AppState { deps, queue_names: std::sync::Arc::new(Vec::new()), dev: None, live: None });
+        let app =
+            crate::app(crate::AppState { deps, queue_names: std::sync::Arc::new(Vec::new()), dev: None, live: None });
         let mut req = Request::get(path);
         if let Some(tag) = if_none_match {
             req = req.header(header::IF_NONE_MATCH, tag);
