@@ -1,6 +1,6 @@
 """A shop's own site, in miniature: serves index.html and mints the user token.
 
-    TIDINGS_API=http://127.0.0.1:8080 TIDINGS_KEY=... python3 server.py [--port 8000]
+    TIDINGS_API=http://127.0.0.1:8080 TIDINGS_KEY=... [TIDINGS_WS=wss://…/live] python3 server.py [--port 8000]
 
 The tenant key stays here: the browser gets only the short-lived user token that
 `POST /v1/users/{user_id}/inbox/token` answers, and uses it against Tidings itself
@@ -31,6 +31,7 @@ def mint(api, key, user_id):
 
 class Shop(BaseHTTPRequestHandler):
     api = ""
+    ws = ""
     key = ""
 
     def do_GET(self):
@@ -38,7 +39,7 @@ class Shop(BaseHTTPRequestHandler):
         query = urllib.parse.parse_qs(url.query)
         if url.path == "/":
             with open(os.path.join(HERE, "index.html"), encoding="utf-8") as f:
-                page = f.read().replace("%TIDINGS_API%", self.api)
+                page = f.read().replace("%TIDINGS_API%", self.api).replace("%TIDINGS_WS%", self.ws)
             return self.answer(200, "text/html; charset=utf-8", page.encode())
         if url.path == "/token":
             # A real shop takes the user from its own session; the example takes ?user=.
@@ -75,6 +76,8 @@ def main():
     args = parser.parse_args()
     Shop.api = os.environ.get("TIDINGS_API", "http://127.0.0.1:8080").rstrip("/")
     Shop.key = os.environ.get("TIDINGS_KEY", "")
+    # The live feed: `{api}/v1/ws` under `tidings serve` (empty here), the stack's InboxFeedUrl on AWS.
+    Shop.ws = os.environ.get("TIDINGS_WS", "")
     if not Shop.key:
         raise SystemExit("TIDINGS_KEY is not set: the tenant key `tidings serve` printed")
     server = ThreadingHTTPServer((args.host, args.port), Shop)

@@ -264,6 +264,13 @@ async fn workflows_through_the_function_binaries() -> anyhow::Result<()> {
     shipped::workflows_through_the_function_binaries().await
 }
 
+/// The shop's own site (examples/site, both elements) in headless Chromium through the function
+/// binaries: the `api` function's script, user routes and CORS, the WebSocket API's live feed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_shop_site_through_the_function_binaries() -> anyhow::Result<()> {
+    site_browser::the_shop_site_through_the_function_binaries().await
+}
+
 /// Taking a needed statement out of a function's policy makes that function fail, so the day
 /// above would fail too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -9,7 +9,6 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::Context;
-use serde_json::json;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
 
@@ -22,12 +21,13 @@ fn python() -> String {
 }
 
 /// `examples/site/server.py` on a free loopback port: the child and its URL.
-async fn shop(api: &str, key: &str) -> anyhow::Result<(Child, String)> {
+async fn shop(api: &str, ws: &str, key: &str) -> anyhow::Result<(Child, String)> {
     let mut child = Command::new(python())
         .arg(format!("{}/../examples/site/server.py", env!("CARGO_MANIFEST_DIR")))
         .args(["--port", "0"])
         .env("TIDINGS_API", api)
         .env("TIDINGS_KEY", key)
+        .env("TIDINGS_WS", ws)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .kill_on_drop(true)
@@ -42,77 +42,41 @@ async fn shop(api: &str, key: &str) -> anyhow::Result<(Child, String)> {
     Ok((child, url))
 }
 
-pub async fn the_shop_site_shows_both_elements_from_another_origin(backend: Backend) -> anyhow::Result<()> {
-    let mut s = Server::start(backend, Options::default()).await?;
-    for user in ["alice", "bob"] {
-        let (st, v) =
-            s.call("PUT", &format!("/v1/users/{user}"), Some(json!({"email": format!("{user}@example.com")}))).await?;
-        assert_eq!(st, 200, "{v}");
+/// The two shops (one origin allowed, one not: the driver allows the first), then the driver;
+/// `server`, when given, is stopped when the driver asks (for the reconnect checks).
+async fn drive(
+    api: &str,
+    ws: &str,
+    key: &str,
+    other_key: &str,
+    shots: &str,
+    mut server: Option<&mut Server>,
+) -> anyhow::Result<()> {
+    let (_allowed_shop, allowed) = shop(api, ws, key).await?;
+    let (_other_shop, not_allowed) = shop(api, ws, key).await?;
+    let mut cmd = Command::new(python());
+    cmd.arg(format!("{}/site/drive.py", env!("CARGO_MANIFEST_DIR")))
+        .args([api, key, other_key, &allowed, &not_allowed, shots]);
+    if server.is_none() {
+        cmd.arg("--no-stop");
     }
-    let content = json!({"inapp_title": "Your order", "inapp_body": "Message {{ n }}",
-                         "email_subject": "Your order", "email_body": "Message {{ n }}"});
-    let (st, v) =
-        s.call("PUT", "/v1/templates/hello", Some(json!({"default_locale": "en", "locales": {"en": content}}))).await?;
-    assert_eq!(st, 200, "{v}");
-    let send = |channel: &str| json!({"type": "send", "channel": channel, "template_id": "hello"});
-    let (st, v) = s
-        .call(
-            "PUT",
-            "/v1/workflows/order_updates",
-            Some(
-                json!({"name": "Order updates", "category": "transactional", "steps": [send("inapp"), send("email")]}),
-            ),
-        )
-        .await?;
-    assert_eq!(st, 200, "{v}");
-    let (st, v) = s
-        .call(
-            "PUT",
-            "/v1/workflows/security",
-            Some(json!({"name": "Security alerts", "category": "transactional", "required": true, "steps": [send("email")]})),
-        )
-        .await?;
-    assert_eq!(st, 200, "{v}");
-    // Six messages, one after the other (the list's order is their order).
-    for i in 1..=6 {
-        let body = json!({"idempotency_key": format!("seed-{i}"), "recipients": {"user_ids": ["alice"]},
-                          "template_id": "hello", "params": {"n": format!("seed-{i}")},
-                          "category": "transactional", "channels": ["inapp"]});
-        let (st, v) = s.call("POST", "/v1/notifications", Some(body)).await?;
-        assert_eq!(st, 202, "{v}");
-        s.eventually(Duration::from_secs(60), "the seeded message", || async {
-            let (_, v) = s.call("GET", "/v1/users/alice/inbox", None).await?;
-            Ok((v["items"].as_array().map_or(0, Vec::len) == i).then_some(()))
-        })
-        .await?;
-    }
-
-    let (_allowed_shop, allowed) = shop(&s.base, &s.key).await?;
-    let (_other_shop, not_allowed) = shop(&s.base, &s.key).await?;
-    let (st, v) = s.call("PUT", "/v1/settings/allowed-origins", Some(json!({"origins": [allowed]}))).await?;
-    assert_eq!(st, 200, "{v}");
-
-    let backend_name = format!("{backend:?}").to_lowercase();
-    let shots = format!("{}/../target/site-screenshots/{backend_name}", env!("CARGO_MANIFEST_DIR"));
-    let mut driver = Command::new(python())
-        .arg(format!("{}/site/drive.py", env!("CARGO_MANIFEST_DIR")))
-        .args([&s.base, &s.key, &s.other_tenant_key(), &allowed, &not_allowed, &shots])
+    let mut driver = cmd
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .map_err(|e| {
-            anyhow::anyhow!(
-                "cannot run the browser driver ({e}); run `make test`, which installs chromium and selenium"
-            )
+            anyhow::anyhow!("cannot run the browser driver ({e}); run `make test`, which installs chromium and selenium")
         })?;
     let mut stdin = driver.stdin.take().context("no stdin")?;
     let mut lines = BufReader::new(driver.stdout.take().context("no stdout")?).lines();
     let mut said = Vec::new();
-    while let Some(line) = tokio::time::timeout(Duration::from_secs(300), lines.next_line()).await?? {
+    while let Some(line) = tokio::time::timeout(Duration::from_secs(600), lines.next_line()).await?? {
         println!("{line}");
-        if line == "stop-server" {
+        if line == "stop-server"
+            && let Some(s) = server.as_deref_mut()
+        {
             s.stop().await?;
             stdin.write_all(b"stopped\n").await?;
             stdin.flush().await?;
@@ -122,7 +86,7 @@ pub async fn the_shop_site_shows_both_elements_from_another_origin(backend: Back
     let out = driver.wait_with_output().await?;
     assert!(out.status.success(), "site check failed:\n{}\n{}", said.join("\n"), String::from_utf8_lossy(&out.stderr));
     assert!(said.iter().any(|l| l.starts_with("site OK")), "the driver did not finish: {said:?}");
-    for view in [
+    let mut views = vec![
         "inbox-list",
         "inbox-live",
         "inbox-read-one",
@@ -132,11 +96,34 @@ pub async fn the_shop_site_shows_both_elements_from_another_origin(backend: Back
         "preferences",
         "inbox-other-user",
         "origin-not-allowed",
-        "inbox-reconnecting",
-    ] {
+    ];
+    if server.is_some() {
+        views.push("inbox-reconnecting");
+    }
+    for view in views {
         let png = std::fs::read(format!("{shots}/{view}.png"))?;
         assert!(png.starts_with(b"\x89PNG") && png.len() > 5_000, "{view}.png: {} bytes", png.len());
     }
     println!("site screenshots: {shots}");
     Ok(())
+}
+
+fn shots(name: &str) -> String {
+    format!("{}/../target/site-screenshots/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+pub async fn the_shop_site_shows_both_elements_from_another_origin(backend: Backend) -> anyhow::Result<()> {
+    let mut s = Server::start(backend, Options::default()).await?;
+    let (base, key, other_key) = (s.base.clone(), s.key.clone(), s.other_tenant_key());
+    let dir = shots(&format!("{backend:?}").to_lowercase());
+    drive(&base, "", &key, &other_key, &dir, Some(&mut s)).await
+}
+
+/// The same page against the function binaries in the shipped shape: the HTTP API's `api`
+/// function (the script, the user routes, CORS) and the WebSocket API's `ws-connections` (the
+/// element's `ws` attribute is the stack's feed URL, as `InboxFeedUrl` on AWS). The harness's
+/// gateways cannot be stopped, so the reconnect checks are the `tidings serve` tests'.
+pub async fn the_shop_site_through_the_function_binaries() -> anyhow::Result<()> {
+    let s = crate::lambda::Stack::start(crate::lambda::Options::default()).await?;
+    drive(&s.api, &s.ws, &s.key, &s.other_key, &shots("shipped"), None).await
 }

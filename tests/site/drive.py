@@ -1,11 +1,12 @@
 """Drives the example shop site (examples/site) with both Tidings elements in headless Chromium.
 
-usage: drive.py API TENANT_KEY OTHER_TENANT_KEY SHOP_URL OTHER_SHOP_URL SCREENSHOT_DIR
+usage: drive.py API TENANT_KEY OTHER_TENANT_KEY SHOP_URL OTHER_SHOP_URL SCREENSHOT_DIR [--no-stop]
 
 SHOP_URL is a page of an origin the tenant allows (PUT /v1/settings/allowed-origins), OTHER_SHOP_URL
 one it does not; both are `examples/site/server.py`, which mints alice's token with the tenant key.
-`tests/e2e/site_browser.rs` prepared the server: alice has six in-app messages; the workflows
-`order_updates` (in-app then email) and `security` (required) exist; the template `hello`.
+This prepares, through the API: users alice and bob, the template `hello`, the workflows
+`order_updates` (in-app then email) and `security` (required), six in-app messages for alice,
+and SHOP_URL's origin allowed.
 
 Checks, in order, each with a screenshot: the list renders and pages; a message sent through the
 API shows within 2 s with the count up; read and read-all bring the count down, and the count in
@@ -81,8 +82,9 @@ class Site:
             return json.loads(res.read() or b"null")
 
     def send(self, user="alice", n=None):
-        self.sent += 1
-        n = n or f"live-{self.sent}"
+        if n is None:
+            self.sent += 1
+            n = f"live-{self.sent}"
         self.call("POST", "/v1/notifications", {
             "idempotency_key": f"site-{n}", "recipients": {"user_ids": [user]}, "template_id": "hello",
             "params": {"n": n}, "category": "transactional", "channels": ["inapp"]})
@@ -125,6 +127,29 @@ class Site:
         print(f"screenshot {path}", flush=True)
 
 
+def prepare(s):
+    """What the shop's systems set up first, through the API with the tenant key."""
+    for user in ["alice", "bob"]:
+        s.call("PUT", f"/v1/users/{user}", {"email": f"{user}@example.com"})
+    content = {"inapp_title": "Your order", "inapp_body": "Message {{ n }}",
+               "email_subject": "Your order", "email_body": "Message {{ n }}"}
+    s.call("PUT", "/v1/templates/hello", {"default_locale": "en", "locales": {"en": content}})
+
+    def send(channel):
+        return {"type": "send", "channel": channel, "template_id": "hello"}
+
+    s.call("PUT", "/v1/workflows/order_updates",
+           {"name": "Order updates", "category": "transactional", "steps": [send("inapp"), send("email")]})
+    s.call("PUT", "/v1/workflows/security",
+           {"name": "Security alerts", "category": "transactional", "required": True, "steps": [send("email")]})
+    # Six messages, one after the other (the list's order is theirs).
+    for i in range(1, 7):
+        s.send(n=f"seed-{i}")
+        wait_for(f"seed-{i} in the inbox",
+                 lambda: len(s.call("GET", "/v1/users/alice/inbox")["items"]) == i, timeout=120, every=0.2)
+    s.call("PUT", "/v1/settings/allowed-origins", {"origins": [s.shop_origin()]})
+
+
 def list_renders_and_pages(s):
     s.open(f"{s.shop}/?user=alice&open&page_size=4")
     st = s.ready()
@@ -161,6 +186,32 @@ def live_arrival_within_2s(s):
         fail(f"the arrival is announced (aria-live): {st['announced']!r}")
     print(f"live message shown in {took * 1000:.0f} ms", flush=True)
     s.screenshot("inbox-live")
+
+
+def token_refreshed_before_expiry(s):
+    """`token-expiring` before `expires-at`, `refreshToken` called once, its token swapped in, and
+    the live feed on the new token."""
+    s.js("""const el = document.querySelector('tidings-inbox');
+        window.expiring = []; window.refreshes = 0;
+        el.addEventListener('token-expiring', (e) => window.expiring.push([Date.now(), e.detail.expires_at]));
+        el.refreshToken = () => { window.refreshes++; return fetch('/token?user=alice').then((r) => r.json()); };
+        window.oldToken = el.token; window.connectsBefore = el.connectAttempts;
+        window.expiresAt = Date.now() + 3000;
+        el.setAttribute('expires-at', new Date(window.expiresAt).toISOString());""")
+    time.sleep(1.1)  # a fresh token differs from the page's (its expiry is in seconds)
+    got = wait_for("the token to be swapped", lambda: (x := s.js(
+        """const el = document.querySelector('tidings-inbox');
+        return el.token !== window.oldToken && el.live && el.connectAttempts > window.connectsBefore &&
+          {expiring: window.expiring, refreshes: window.refreshes, expiresAt: window.expiresAt};""")) and x, timeout=10)
+    if len(got["expiring"]) != 1 or got["refreshes"] != 1:
+        fail(f"one token-expiring and one refresh: {got}")
+    fired_at = got["expiring"][0][0]
+    if not fired_at < got["expiresAt"]:
+        fail(f"token-expiring fired {fired_at - got['expiresAt']} ms after the expiry")
+    n = s.send()
+    wait_for("a message on the new token's feed", lambda: any(f"Message {n}" in i["text"] for i in s.state()["items"]),
+             timeout=10)
+    print(f"token refreshed {got['expiresAt'] - fired_at} ms before its expiry; the feed goes on", flush=True)
 
 
 def reads_follow_in_a_second_window(s):
@@ -282,8 +333,8 @@ def preference_stops_the_channel(s):
     nid = res["notification_id"]
 
     def emailed():
-        sends = json.loads(urllib.request.urlopen(s.api + "/dev/deliveries", timeout=10).read())
-        return any(x["notification_id"] == nid and x["channel"] == "email" for x in sends)
+        sent = s.call("GET", f"/v1/notifications/{nid}/deliveries")["items"]
+        return any(x["channel"] == "email" and x["status"] == "sent" for x in sent)
 
     wait_for("the workflow's email (its next step)", emailed, timeout=60, every=0.3)
     time.sleep(1.0)
@@ -462,6 +513,8 @@ def reconnects_back_off_and_rest_when_hidden(s):
 
 def main():
     api, key, other_key, shop, other_shop, shots = sys.argv[1:7]
+    # `--no-stop`: a stack the test cannot stop (the function binaries'): no reconnect checks.
+    stoppable = "--no-stop" not in sys.argv[7:]
     os.makedirs(shots, exist_ok=True)
     options = Options()
     for flag in ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
@@ -473,8 +526,10 @@ def main():
     driver.set_script_timeout(30)
     try:
         s = Site(driver, api.rstrip("/"), key, other_key, shop, other_shop, shots)
+        prepare(s)
         list_renders_and_pages(s)
         live_arrival_within_2s(s)
+        token_refreshed_before_expiry(s)
         first, second = reads_follow_in_a_second_window(s)
         archive_hides(s, first, second)
         keyboard_and_labels(s)
@@ -485,7 +540,8 @@ def main():
         preference_stops_the_channel(s)
         other_tokens_get_nothing(s)
         origin_not_allowed(s)
-        reconnects_back_off_and_rest_when_hidden(s)
+        if stoppable:
+            reconnects_back_off_and_rest_when_hidden(s)
         print(f"site OK; screenshots in {shots}", flush=True)
     finally:
         driver.quit()

@@ -93,6 +93,9 @@ button[disabled] { cursor: not-allowed; opacity: .55; }
       this._refreshTimer = setTimeout(() => this.tokenExpiring(), Math.max(0, left - lead));
     }
     async tokenExpiring() {
+      // Once per token: a new token that is refused too must not start a loop of refreshes.
+      if (this._askedFor === this.token) return;
+      this._askedFor = this.token;
       const expires_at = this.expiresAt();
       this.dispatchEvent(new CustomEvent("token-expiring", { bubbles: true, composed: true,
         detail: { expires_at: expires_at && new Date(expires_at).toISOString() } }));
@@ -174,7 +177,8 @@ li:not(.unread) .open strong { font-weight: 500; }
 
   /**
    * `<tidings-inbox api token locale>`: the bell, the unread count and the list.
-   * Attributes: `api` (the Tidings base URL), `token` (from POST /v1/users/{id}/inbox/token;
+   * Attributes: `api` (the Tidings base URL), `ws` (the live feed's URL when it is not
+   * `{api}/v1/ws`: on AWS the stack's `InboxFeedUrl`), `token` (from POST /v1/users/{id}/inbox/token;
    * setting it swaps the token), `expires-at` (optional), `locale` (`en`, `zh-CN`), `open`
    * (the panel shown), `inline` (the panel in the flow rather than a dropdown), `page-size`,
    * `reconnect-base-ms` (1000), `reconnect-max-ms` (30000).
@@ -182,7 +186,7 @@ li:not(.unread) .open strong { font-weight: 500; }
    * `tidings-message` {message}.
    */
   class TidingsInbox extends Base {
-    static get observedAttributes() { return ["token", "api", "locale", "open"]; }
+    static get observedAttributes() { return ["token", "api", "ws", "locale", "open", "expires-at"]; }
     constructor() {
       super();
       this.items = [];
@@ -243,6 +247,7 @@ li:not(.unread) .open strong { font-weight: 500; }
     attributeChangedCallback(name, old, value) {
       if (!this.isConnected || old === value) return;
       if (name === "open") return this.renderChrome();
+      if (name === "expires-at") return this.scheduleRefresh();
       if (name === "locale") return this.render();
       if (name === "token") {
         const [a, b] = [claims(old || ""), claims(value || "")];
@@ -251,7 +256,10 @@ li:not(.unread) .open strong { font-weight: 500; }
           // A refresh: the same inbox, a new socket with the new token.
           this.scheduleRefresh();
           this.closeSocket();
+          clearTimeout(this._timer);
+          this._timer = 0;
           this._failures = 0;
+          this.paused = false;
           this.openSocket();
           return;
         }
@@ -303,7 +311,8 @@ li:not(.unread) .open strong { font-weight: 500; }
       if (document.hidden && this.connectAttempts > 0) { this.paused = true; return; }
       if (this.expired()) { this.tokenExpiring(); return; }
       const newest = this.items.length ? this.items[0].message_id : "";
-      const url = this.api.replace(/^http/i, "ws") + "/v1/ws?token=" + encodeURIComponent(this.token) +
+      const feed = this.getAttribute("ws") || this.api.replace(/^http/i, "ws") + "/v1/ws";
+      const url = feed + (feed.includes("?") ? "&" : "?") + "token=" + encodeURIComponent(this.token) +
         (newest ? "&since=" + encodeURIComponent(newest) : "");
       let ws;
       this.connectAttempts++;
@@ -550,7 +559,7 @@ thead th { font-size: 12px; font-weight: 600; color: var(--tidings-muted, #6b728
    * Events: `preferences-saved` {preferences}, `token-expiring`, `tidings-error`.
    */
   class TidingsPreferences extends Base {
-    static get observedAttributes() { return ["token", "api", "locale"]; }
+    static get observedAttributes() { return ["token", "api", "locale", "expires-at"]; }
     constructor() {
       super();
       /** `loading` | `ready` | `error`. */
@@ -573,6 +582,7 @@ thead th { font-size: 12px; font-weight: 600; color: var(--tidings-muted, #6b728
     attributeChangedCallback(name, old, value) {
       if (!this.isConnected || old === value) return;
       if (name === "locale") this.render();
+      else if (name === "expires-at") this.scheduleRefresh();
       else this.load();
     }
     async load() {
