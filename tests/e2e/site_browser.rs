@@ -51,24 +51,31 @@ async fn drive(
     other_key: &str,
     shots: &str,
     mut server: Option<&mut Server>,
+    live_within_s: u64,
 ) -> anyhow::Result<()> {
     let (_allowed_shop, allowed) = shop(api, ws, key).await?;
     let (_other_shop, not_allowed) = shop(api, ws, key).await?;
     let mut cmd = Command::new(python());
-    cmd.arg(format!("{}/site/drive.py", env!("CARGO_MANIFEST_DIR")))
-        .args([api, key, other_key, &allowed, &not_allowed, shots]);
+    cmd.arg(format!("{}/site/drive.py", env!("CARGO_MANIFEST_DIR"))).args([
+        api,
+        key,
+        other_key,
+        &allowed,
+        &not_allowed,
+        shots,
+    ]);
     if server.is_none() {
         cmd.arg("--no-stop");
     }
-    let mut driver = cmd
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| {
-            anyhow::anyhow!("cannot run the browser driver ({e}); run `make test`, which installs chromium and selenium")
-        })?;
+    cmd.arg(format!("--live-within={live_within_s}"));
+    let mut driver =
+        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true).spawn().map_err(
+            |e| {
+                anyhow::anyhow!(
+                    "cannot run the browser driver ({e}); run `make test`, which installs chromium and selenium"
+                )
+            },
+        )?;
     let mut stdin = driver.stdin.take().context("no stdin")?;
     let mut lines = BufReader::new(driver.stdout.take().context("no stdout")?).lines();
     let mut said = Vec::new();
@@ -116,7 +123,7 @@ pub async fn the_shop_site_shows_both_elements_from_another_origin(backend: Back
     let mut s = Server::start(backend, Options::default()).await?;
     let (base, key, other_key) = (s.base.clone(), s.key.clone(), s.other_tenant_key());
     let dir = shots(&format!("{backend:?}").to_lowercase());
-    drive(&base, "", &key, &other_key, &dir, Some(&mut s)).await
+    drive(&base, "", &key, &other_key, &dir, Some(&mut s), 2).await
 }
 
 /// The same page against the function binaries in the shipped shape: the HTTP API's `api`
@@ -125,5 +132,8 @@ pub async fn the_shop_site_shows_both_elements_from_another_origin(backend: Back
 /// gateways cannot be stopped, so the reconnect checks are the `tidings serve` tests'.
 pub async fn the_shop_site_through_the_function_binaries() -> anyhow::Result<()> {
     let s = crate::lambda::Stack::start(crate::lambda::Options::default()).await?;
-    drive(&s.api, &s.ws, &s.key, &s.other_key, &shots("shipped"), None).await
+    // 2 s as on Lambda; arm64 binaries emulated by qemu here run several times slower (the
+    // harness's time scale, 1 for native binaries).
+    let within = 2 * crate::lambda::runtime::Binaries::from_env().time_scale();
+    drive(&s.api, &s.ws, &s.key, &s.other_key, &shots("shipped"), None, within).await
 }

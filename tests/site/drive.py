@@ -1,6 +1,6 @@
 """Drives the example shop site (examples/site) with both Tidings elements in headless Chromium.
 
-usage: drive.py API TENANT_KEY OTHER_TENANT_KEY SHOP_URL OTHER_SHOP_URL SCREENSHOT_DIR [--no-stop]
+usage: drive.py API TENANT_KEY OTHER_TENANT_KEY SHOP_URL OTHER_SHOP_URL SCREENSHOT_DIR [--no-stop] [--live-within=S]
 
 SHOP_URL is a page of an origin the tenant allows (PUT /v1/settings/allowed-origins), OTHER_SHOP_URL
 one it does not; both are `examples/site/server.py`, which mints alice's token with the tenant key.
@@ -168,7 +168,7 @@ def list_renders_and_pages(s):
     print("list OK", flush=True)
 
 
-def live_arrival_within_2s(s):
+def live_arrival_within(s, within):
     before = s.state()["unread"]
     started = time.time()
     n = s.send()
@@ -178,8 +178,8 @@ def live_arrival_within_2s(s):
 
     st = wait_for("the live message", shown, timeout=10, every=0.02)
     took = time.time() - started
-    if took > 2.0:
-        fail(f"the message took {took:.2f} s to show (at most 2 s)")
+    if took > within:
+        fail(f"the message took {took:.2f} s to show (at most {within} s)")
     if st["unread"] != before + 1 or f"Message {n}" not in st["items"][0]["text"] or not st["items"][0]["unread"]:
         fail(f"the new message on top, unread, the count up: {st}")
     if str(before + 1) not in st["announced"] and n not in st["announced"]:
@@ -515,6 +515,8 @@ def main():
     api, key, other_key, shop, other_shop, shots = sys.argv[1:7]
     # `--no-stop`: a stack the test cannot stop (the function binaries'): no reconnect checks.
     stoppable = "--no-stop" not in sys.argv[7:]
+    # `--live-within=S`: the arrival's bound, 2 s unless the functions run emulated (slower).
+    within = next((float(a.split("=", 1)[1]) for a in sys.argv[7:] if a.startswith("--live-within=")), 2.0)
     os.makedirs(shots, exist_ok=True)
     options = Options()
     for flag in ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
@@ -528,7 +530,7 @@ def main():
         s = Site(driver, api.rstrip("/"), key, other_key, shop, other_shop, shots)
         prepare(s)
         list_renders_and_pages(s)
-        live_arrival_within_2s(s)
+        live_arrival_within(s, within)
         token_refreshed_before_expiry(s)
         first, second = reads_follow_in_a_second_window(s)
         archive_hides(s, first, second)
