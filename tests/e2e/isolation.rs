@@ -63,6 +63,18 @@ pub async fn no_route_shows_or_changes_another_tenants_data(backend: Backend) ->
     // Tenant B: every /v1 route of the OpenAPI document, with A's ids.
     let (_, doc) = s.call("GET", "/openapi.json", None).await?;
     let b = s.other_tenant_key();
+    // User tokens (docs/site.md): B's token of a user of the same id, and A's user's own.
+    let token_of = |key: String| {
+        let s = &s;
+        async move {
+            let (st, v) = s.call_as(&key, "POST", "/v1/users/u1/inbox/token", None).await?;
+            assert_eq!(st, 200, "{v}");
+            anyhow::Ok(v["token"].as_str().unwrap_or_default().to_owned())
+        }
+    };
+    let b_user = token_of(b.clone()).await?;
+    let a_user = token_of(s.key.clone()).await?;
+    let mut user_routes = 0;
     let mut called = 0;
     let mut operator_routes = 0;
     for (path, ops) in doc["paths"].as_object().cloned().unwrap_or_default() {
@@ -97,7 +109,26 @@ pub async fn no_route_shows_or_changes_another_tenants_data(backend: Backend) ->
                 }
                 continue;
             }
+            if scheme.as_deref() == Some("user_token") {
+                // A user's own route: no API key opens it; B's user of the same id sees and
+                // changes only its own.
+                for key in [&s.key, &b, &s.ops_key] {
+                    let (st, v) = s.call_as(key, &method.to_uppercase(), &concrete, body.clone()).await?;
+                    assert_eq!(st, 401, "{method} {concrete} with an API key: {v}");
+                }
+                let (st, v) = s.call_as(&b_user, &method.to_uppercase(), &concrete, body).await?;
+                assert!(st < 500, "{method} {concrete} with another tenant's user token: {st} {v}");
+                assert!(!v.to_string().contains(MARK), "{method} {concrete} showed another tenant's data: {v}");
+                if path.contains("{message_id}") {
+                    assert_eq!(st, 404, "{method} {concrete}: A's message is not B's user's: {v}");
+                }
+                user_routes += 1;
+                continue;
+            }
             if scheme.as_deref() == Some("api_key") {
+                // A user token opens no API-key route, not even its own user's.
+                let (st, v) = s.call_as(&a_user, &method.to_uppercase(), &concrete, body.clone()).await?;
+                assert_eq!(st, 401, "{method} {concrete} with a user token: {v}");
                 // A tenant's route: an operator key is not a tenant's.
                 let (st, v) = s.call_as(&s.ops_key, &method.to_uppercase(), &concrete, body.clone()).await?;
                 assert_eq!(st, 403, "{method} {concrete} with an operator key: {v}");
@@ -113,6 +144,7 @@ pub async fn no_route_shows_or_changes_another_tenants_data(backend: Backend) ->
         }
     }
     assert!(called >= 30, "the sweep reached the routes ({called} calls)");
+    assert!(user_routes >= 6, "the sweep reached the user-token routes ({user_routes} calls)");
     assert!(operator_routes >= 2 * 8, "the sweep reached the operator routes ({operator_routes} calls)");
 
     // A's objects are as A left them.
