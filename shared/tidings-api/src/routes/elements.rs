@@ -109,6 +109,26 @@ mod tests {
         assert_eq!(h[header::CACHE_CONTROL], "public, max-age=3600, must-revalidate", "an old version is not pinned");
     }
 
+    /// `1234567` as `1,234,567`.
+    fn grouped(n: usize) -> String {
+        let digits = n.to_string();
+        let mut out = String::new();
+        for (i, c) in digits.chars().enumerate() {
+            if i > 0 && (digits.len() - i) % 3 == 0 {
+                out.push(',');
+            }
+            out.push(c);
+        }
+        out
+    }
+
+    #[test]
+    fn the_docs_give_the_scripts_size() {
+        let docs = include_str!("../../../../docs/site.md");
+        let size = format!("**{} bytes as written", grouped(SCRIPT.len()));
+        assert!(docs.contains(&size), "docs/site.md, \"The script\" should say {size}");
+    }
+
     #[test]
     fn the_script_stays_small() {
         // docs/site.md gives its size; a framework or a bundle would blow through this.
