@@ -416,7 +416,8 @@ def origin_not_allowed(s):
         fail(f"a request from {s.other_shop}: {status}, Access-Control-Allow-Origin {headers.get('Access-Control-Allow-Origin')}")
     # The live feed is a WebSocket, which browsers do not hold to CORS: say what it does.
     opened = s.driver.execute_async_script("""const [api, token, done] = arguments;
-        const ws = new WebSocket(api.replace(/^http/, 'ws') + '/v1/ws?token=' + encodeURIComponent(token));
+        const feed = document.querySelector('tidings-inbox').getAttribute('ws') || api.replace(/^http/, 'ws') + '/v1/ws';
+        const ws = new WebSocket(feed + '?token=' + encodeURIComponent(token));
         ws.onopen = () => { ws.close(); done('opened'); }; ws.onerror = () => done('refused');""", s.api, token)
     print(f"the live feed from an origin not allowed: {opened}", flush=True)
     s.screenshot("origin-not-allowed")
