@@ -163,6 +163,52 @@ pub async fn a_day_of_a_shop_through_the_function_binaries() -> anyhow::Result<(
     let e = next_event(&mut socket).await?;
     assert_eq!(e["message"]["message_id"], second, "replayed through $default: {e}");
 
+    // The shop's own site through the api function (docs/site.md): the user token reaches the
+    // user's inbox, an archive is pushed through the WebSocket API, CORS answers the tenant's
+    // origin only, and the token opens no API-key route.
+    ok(&s, "PUT", "/v1/settings/allowed-origins", Some(json!({"origins": ["https://shop.example"]}))).await?;
+    let mine = ok_as(&s, &token, "GET", "/v1/me/inbox", None).await?;
+    assert_eq!(mine["unread_count"], 1, "{mine}");
+    assert_eq!(mine["items"][0]["message_id"], second, "{mine}");
+    let archived =
+        ok_as(&s, &token, "POST", &format!("/v1/me/inbox/{}/archive", second.as_str().unwrap_or("")), None).await?;
+    assert_eq!(archived["unread_count"], 0, "{archived}");
+    let e = next_event(&mut socket).await?;
+    assert_eq!(e, json!({"type": "inbox.archived", "message_id": second, "unread_count": 0}), "pushed live");
+    let mine = ok_as(&s, &token, "GET", "/v1/me/inbox", None).await?;
+    assert!(mine["items"].as_array().is_some_and(|i| i.iter().all(|m| m["message_id"] != second)), "{mine}");
+    let prefs = ok_as(&s, &token, "PUT", "/v1/me/preferences", Some(json!({"channels": {"sms": false}}))).await?;
+    assert_eq!(
+        (&prefs["channels"]["sms"], &prefs["catalog"]["channels"][0]),
+        (&json!(false), &json!("email")),
+        "{prefs}"
+    );
+    ok(&s, "PUT", "/v1/users/u1/preferences", Some(json!({"channels": {"sms": true}}))).await?;
+    let (st, v) = s.call_as(&token, "GET", "/v1/users/u1/inbox", None).await?;
+    assert_eq!(st, 401, "a user token on an API-key route: {v}");
+    let (st, v) = s.call("GET", "/v1/me/inbox", None).await?;
+    assert_eq!(st, 401, "an API key on /v1/me: {v}");
+    let cors = |origin: &'static str| {
+        let (s, token) = (&s, &token);
+        async move {
+            let res =
+                s.http.get(format!("{}/v1/me/inbox", s.api)).bearer_auth(token).header("origin", origin).send().await?;
+            let allow = res.headers().get("access-control-allow-origin").map(|v| v.to_str().unwrap_or("").to_owned());
+            anyhow::Ok((res.status().as_u16(), allow))
+        }
+    };
+    assert_eq!(cors("https://shop.example").await?, (200, Some("https://shop.example".to_owned())));
+    assert_eq!(cors("https://evil.example").await?, (403, None));
+    let preflight = s
+        .http
+        .request(reqwest::Method::OPTIONS, format!("{}/v1/me/inbox/read-all", s.api))
+        .header("origin", "https://shop.example")
+        .header("access-control-request-method", "POST")
+        .send()
+        .await?;
+    assert_eq!(preflight.status().as_u16(), 204, "the preflight reaches the api function");
+    assert!(preflight.headers().get("access-control-allow-methods").is_some());
+
     // The push service reports the endpoint gone: the device is deleted (registering it again
     // makes it new).
     let event = json!({"EndpointArn": endpoint, "EventType": "DeliveryFailure", "FailureType": "EndpointDisabled",

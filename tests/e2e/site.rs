@@ -281,7 +281,10 @@ pub async fn my_preferences_show_the_workflows_and_lock_required_ones(backend: B
         assert_eq!(&mine[k], v, "{k}: the tenant route's shape");
     }
     assert_eq!(mine["catalog"]["channels"], json!(["email", "sms", "push", "inapp"]));
-    assert_eq!(mine["catalog"]["categories"], json!(["transactional", "marketing"]));
+    assert_eq!(
+        mine["catalog"]["categories"],
+        json!([{"category": "transactional", "required": true}, {"category": "marketing", "required": false}])
+    );
     assert_eq!(
         mine["catalog"]["workflows"],
         json!([
@@ -548,6 +551,10 @@ pub async fn the_hosted_preferences_page_renders_saves_and_refuses_forged_links(
     assert!(html.contains("News &lt;b&gt;&amp;&lt;/b&gt; &quot;tips&quot;"), "the tenant's words escaped: {html}");
     assert!(!html.contains("<b>&</b>"), "{html}");
     assert!(html.contains("name=\"category.marketing\" aria-label=\"marketing\" checked>"), "{html}");
+    assert!(
+        html.contains("name=\"category.transactional\" aria-label=\"transactional\" checked disabled>"),
+        "locked: {html}"
+    );
     assert!(html.contains("name=\"workflow.news.email\" aria-label=\"News &lt;b&gt;&amp;&lt;/b&gt; &quot;tips&quot; by email\" checked>"), "{html}");
     assert!(
         html.contains("name=\"workflow.otp.email\" aria-label=\"Codes by email\" checked disabled>"),
@@ -556,7 +563,7 @@ pub async fn the_hosted_preferences_page_renders_saves_and_refuses_forged_links(
     assert!(html.contains("<form method=post>"), "{html}");
 
     // Saving: a box not sent is off; the required workflow stays on whatever is posted.
-    let form = "save=1&category.transactional=on&channel.email=on&channel.sms=on&channel.push=on&channel.inapp=on\
+    let form = "save=1&channel.email=on&channel.sms=on&channel.push=on&channel.inapp=on\
                 &workflow.news.inapp=on&workflow.otp.email=on";
     let res = s
         .http
@@ -571,7 +578,7 @@ pub async fn the_hosted_preferences_page_renders_saves_and_refuses_forged_links(
     assert!(html.contains("name=\"category.marketing\" aria-label=\"marketing\">"), "now off: {html}");
     let (_, p) = s.call("GET", "/v1/users/dan/preferences", None).await?;
     assert_eq!(p["categories"]["marketing"], false, "{p}");
-    assert_eq!(p["categories"]["transactional"], true, "{p}");
+    assert!(p["categories"].get("transactional").is_none(), "a locked category is never written: {p}");
     assert_eq!(p["workflows"]["news"], json!({"email": false, "inapp": true}), "{p}");
     assert!(p["workflows"].get("otp").is_none(), "a required workflow is never written: {p}");
     // The marketing category off stops the next marketing email.
@@ -609,7 +616,7 @@ pub async fn the_hosted_preferences_page_renders_saves_and_refuses_forged_links(
             assert!(html.contains("This link is not valid"), "{html}");
         }
     }
-    let (_, p) = s.call("GET", "/v1/users/dan/preferences", None).await?;
-    assert_eq!(p["categories"]["transactional"], true, "a forged post changed nothing: {p}");
+    let (_, after) = s.call("GET", "/v1/users/dan/preferences", None).await?;
+    assert_eq!(after, p, "the refused posts changed nothing");
     Ok(())
 }

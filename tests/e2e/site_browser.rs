@@ -101,6 +101,7 @@ async fn drive(
         "inbox-archived",
         "inbox-zh-CN",
         "preferences",
+        "preferences-categories",
         "inbox-other-user",
         "origin-not-allowed",
     ];

@@ -373,6 +373,19 @@ def other_tokens_get_nothing(s):
     st = s.state()
     if st["items"] or st["unread"]:
         fail(f"alice's message {n} reached bob's element: {st}")
+    # The other tenant has no workflows: its user's preference centre shows the categories, the
+    # transactional one locked.
+    s.js("document.querySelector('tidings-preferences').token = arguments[0]", other)
+    root = wait_for("the other tenant's preferences", lambda: s.js(
+        "const p = document.querySelector('tidings-preferences'); return p.state === 'ready' && p.rows.some(r => r.kind === 'category')")
+        and s.prefs())
+    if root.find_elements(By.CSS_SELECTOR, '[role=switch][data-kind="workflow"]'):
+        fail("another tenant's preference centre shows this tenant's workflows")
+    locked = root.find_element(By.CSS_SELECTOR, '[role=switch][data-kind="category"][data-id="transactional"]')
+    free = root.find_element(By.CSS_SELECTOR, '[role=switch][data-kind="category"][data-id="marketing"]')
+    if locked.is_enabled() or not free.is_enabled():
+        fail("the transactional category locked, marketing free")
+    s.screenshot("preferences-categories")
     # A tenant key is not a user token.
     status = s.driver.execute_async_script("""const [api, key, done] = arguments;
         fetch(api + '/v1/me/inbox', {headers: {Authorization: 'Bearer ' + key}}).then(r => done(r.status), e => done(String(e)));""",

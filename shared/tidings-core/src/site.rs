@@ -132,11 +132,21 @@ pub struct WorkflowChoice {
     pub channels: Vec<Channel>,
 }
 
+/// A category as a preference centre shows it.
+#[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
+pub struct CategoryChoice {
+    /// `transactional` or `marketing`.
+    pub category: String,
+    /// Cannot be turned off (transactional: password resets, one-time codes; a user turns a
+    /// channel off instead): show it locked, on.
+    pub required: bool,
+}
+
 /// What the user may choose from: every channel, every category, the tenant's workflows.
 #[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct PreferenceCatalog {
     pub channels: Vec<Channel>,
-    pub categories: Vec<String>,
+    pub categories: Vec<CategoryChoice>,
     pub workflows: Vec<WorkflowChoice>,
 }
 
@@ -183,7 +193,10 @@ pub async fn catalog(deps: &Deps, t: &TenantId) -> CoreResult<PreferenceCatalog>
     }
     Ok(PreferenceCatalog {
         channels: Channel::ALL.to_vec(),
-        categories: preferences::CATEGORIES.iter().map(|c| (*c).to_owned()).collect(),
+        categories: preferences::CATEGORIES
+            .iter()
+            .map(|c| CategoryChoice { category: (*c).to_owned(), required: *c == "transactional" })
+            .collect(),
         workflows: choices,
     })
 }

@@ -605,7 +605,7 @@ thead th { font-size: 12px; font-weight: 600; color: var(--tidings-muted, #6b728
     }
     /** The answer of GET|PUT /v1/me/preferences (the preferences and their `catalog`) as rows:
      * every channel for all messages, then each workflow on its channels, or, with no workflows,
-     * each category (transactional ones cannot be turned off). */
+     * each category (`{category, required}`: required ones locked). */
     take(p) {
       this.prefs = p;
       const cat = p.catalog || {};
@@ -624,8 +624,9 @@ thead th { font-size: 12px; font-weight: 600; color: var(--tidings-muted, #6b728
         rows.push(row);
       }
       if (!wfs.length) {
-        for (const c of cat.categories || []) {
-          const required = c === "transactional";
+        for (const entry of cat.categories || []) {
+          const c = typeof entry === "string" ? entry : entry.category;
+          const required = typeof entry === "string" ? c === "transactional" : !!entry.required;
           rows.push({ kind: "category", id: c, name: this.t(c), required, channels: { "*": required || (p.categories || {})[c] !== false } });
         }
       }

@@ -35,7 +35,10 @@ impl DevControl for ManualDev {
 }
 
 async fn app() -> axum::Router {
-    let deps = crate::test_support::memory_deps();
+    let mut deps = crate::test_support::memory_deps();
+    // A signing key: the user-token routes' examples are sent with a user token.
+    let signer = tidings_core::signing::Signer::parse("k1:examples-signing-secret");
+    deps.config = Arc::new(tidings_core::deps::CoreConfig { signer, ..(*deps.config).clone() });
     tenants::register_key(&deps, &TenantId::parse("a").unwrap(), "key-a").await.unwrap();
     tenants::register(&deps, "key-op", KeySpec { role: Role::Operator, ..Default::default() }).await.unwrap();
     let provider = |c: Channel| {
@@ -95,6 +98,9 @@ async fn every_example_body_is_taken() {
         send(&app, "POST", "/v1/admin/keys", "key-op", &json!({"role": "tenant", "tenant": "b"})).await;
     assert_eq!(status, 201, "{created}");
     let key_id = created["key_id"].as_str().or_else(|| created["id"].as_str()).expect("the new key's id").to_owned();
+    let (status, token) = send(&app, "POST", "/v1/users/u1/inbox/token", "key-a", &Value::Null).await;
+    assert_eq!(status, 200, "{token}");
+    let user_token = token["token"].as_str().expect("a user token").to_owned();
 
     let mut sent = 0;
     let mut missing = Vec::new();
@@ -119,7 +125,14 @@ async fn every_example_body_is_taken() {
                 .replace("{id}", "no-such-finding");
             assert!(!uri.contains('{'), "no value for a parameter of {path}");
             let operator = op["security"].as_array().into_iter().flatten().any(|s| s.get("operator_key").is_some());
-            let key = if operator { "key-op" } else { "key-a" };
+            let user = op["security"].as_array().into_iter().flatten().any(|s| s.get("user_token").is_some());
+            let key = if operator {
+                "key-op"
+            } else if user {
+                user_token.as_str()
+            } else {
+                "key-a"
+            };
             let (status, body) = send(&app, &method.to_uppercase(), &uri, key, &example).await;
             if path == "/v1/ops/restock-notices/resend" {
                 // A batch waits for a manual resend only after a restock round's sends failed

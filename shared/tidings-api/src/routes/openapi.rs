@@ -405,6 +405,7 @@ pub fn request_examples() -> Vec<(&'static str, serde_json::Value)> {
             }),
         ),
         ("LinkHostsInput", json!({"hosts": ["shop.example.com", "*.cdn.shop.example.com"]})),
+        ("AllowedOriginsInput", json!({"origins": ["https://shop.example.com", "http://localhost:8080"]})),
         ("CreateKey", json!({"role": "tenant", "tenant": "acme", "name": "checkout service"})),
         ("RotateKey", json!({"grace_seconds": 3600})),
         ("Advance", json!({"seconds": 3600})),
@@ -501,6 +502,12 @@ fn constrain_bodies(schemas: &mut serde_json::Map<String, serde_json::Value>) {
         );
     }
     set(schemas, "LinkHostsInput", "hosts", json!({"items": {"type": "string", "pattern": LINK_HOST_PATTERN}}));
+    set(
+        schemas,
+        "AllowedOriginsInput",
+        "origins",
+        json!({"maxItems": tidings_core::site::MAX_ORIGINS, "items": {"type": "string", "pattern": ORIGIN_PATTERN}}),
+    );
     set(schemas, "EndpointInput", "events", json!({"items": {"type": "string", "enum": subscribable}}));
     // Repeats are one subscription (the server keeps each type once): no count to exceed.
     if let Some(events) = schemas
@@ -619,6 +626,10 @@ fn constrain_bodies(schemas: &mut serde_json::Map<String, serde_json::Value>) {
 /// or `*.shop.example`, any case, blanks around it trimmed; two labels at least, each 1 to 63
 /// letters, digits and inner hyphens, the name at most 253 characters; no punycode label (`xn--`)
 /// and a last label that is no number (URLs read those as IPv4 addresses).
+/// An origin of `PUT /v1/settings/allowed-origins` as `tidings_core::site::parse_origin` takes
+/// it: `http` or `https` (any case), host labels, an optional port, an optional trailing `/`.
+const ORIGIN_PATTERN: &str = "^[Hh][Tt][Tt][Pp][Ss]?://([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*(:[0-9]{1,5})?/?$";
+
 const LINK_HOST_PATTERN: &str = concat!(
     r"^[ \t\n\r]*(\*\.)?(?=[A-Za-z0-9.-]{1,253}[ \t\n\r]*$)",
     r"((?![xX][nN]--)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+",

@@ -168,7 +168,14 @@ async fn save_preferences_page(
     }
     let input = PreferencesInput {
         unsubscribe_all: Some(on("unsubscribe_all".into())),
-        categories: Some(catalog.categories.iter().map(|c| (c.clone(), on(format!("category.{c}")))).collect()),
+        categories: Some(
+            catalog
+                .categories
+                .iter()
+                .filter(|c| !c.required)
+                .map(|c| (c.category.clone(), on(format!("category.{}", c.category))))
+                .collect(),
+        ),
         channels: Some(
             catalog.channels.iter().map(|c| (c.as_str().to_owned(), on(format!("channel.{}", c.as_str())))).collect(),
         ),
@@ -177,6 +184,11 @@ async fn save_preferences_page(
     };
     match site::put_my_preferences(&s.deps, &t, &u, input).await {
         Ok(p) => page(StatusCode::OK, "Your message preferences", &form(&p, Some("Saved."))),
+        Err(tidings_core::CoreError::Invalid { field, detail }) => page(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Not saved",
+            &format!("<p>{}: {}. Open the link again.</p>", esc(&field), esc(&detail)),
+        ),
         Err(e) => unavailable(&e),
     }
 }
@@ -201,11 +213,13 @@ fn form(p: &MyPreferences, note: Option<&str>) -> String {
     out.push_str("<form method=post><input type=hidden name=save value=1>");
     out.push_str("<h2>Kinds of message</h2><table>");
     for c in &p.catalog.categories {
-        let on = prefs.categories.get(c).copied().unwrap_or(true);
+        let name = &c.category;
+        let on = c.required || prefs.categories.get(name).copied().unwrap_or(true);
+        let label = if c.required { format!("{name} (always sent; turn a channel off instead)") } else { name.clone() };
         out.push_str(&format!(
             "<tr><td><label>{} {}</label></td></tr>",
-            checkbox(&format!("category.{c}"), on, false, c),
-            esc(c)
+            checkbox(&format!("category.{name}"), on, c.required, name),
+            esc(&label)
         ));
     }
     out.push_str("</table><h2>Channels</h2><table>");

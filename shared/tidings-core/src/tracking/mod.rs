@@ -387,6 +387,16 @@ mod tests {
         assert!(task.headers.contains(&("List-Unsubscribe-Post".into(), "List-Unsubscribe=One-Click".into())));
         let tok = unsub.1.trim_start_matches("<http://127.0.0.1:8080/u/").trim_end_matches('>');
         assert_eq!(verify(&c, TokenKind::Unsubscribe, tok, 10).unwrap().u, "u1");
+        // The hosted preferences page, at the foot of both parts, signed for that page only.
+        let at = task.body.find("http://127.0.0.1:8080/p/").expect("the text part links the page");
+        let page = task.body[at..].trim_end();
+        assert!(task.body[..at].ends_with(&format!("{PREFERENCES_LINK_TEXT}: ")), "{}", task.body);
+        assert!(html.contains(&format!("<a href=\"{page}\">{PREFERENCES_LINK_TEXT}</a>")), "{html}");
+        let ptok = page.trim_start_matches("http://127.0.0.1:8080/p/");
+        let claims = verify(&c, TokenKind::Preferences, ptok, 10).unwrap();
+        assert_eq!((claims.t.as_str(), claims.u.as_str()), ("acme", "u1"));
+        assert!(verify(&c, TokenKind::Unsubscribe, ptok, 10).is_err(), "a page token unsubscribes no one");
+        assert!(verify(&c, TokenKind::Preferences, tok, 10).is_err(), "an unsubscribe token opens no page");
     }
 
     #[test]
@@ -418,6 +428,7 @@ mod tests {
         assert_eq!(task.body.matches("/t/c/").count(), 1, "{}", task.body);
         assert!(task.body.contains(" https://evil.example/x "), "{}", task.body);
         assert!(task.body.ends_with(" https://shop.example@evil.example/"), "{}", task.body);
+        assert!(!task.body.contains("/p/") && !html.contains("/p/"), "a transactional email has no preferences link");
     }
 
     fn email_task(body: &str, html: &str) -> ChannelTask {
