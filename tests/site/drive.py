@@ -30,6 +30,7 @@ from selenium import webdriver
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.keys import Keys
 
 
@@ -117,7 +118,13 @@ class Site:
         return self.driver.find_element(By.CSS_SELECTOR, "tidings-preferences").shadow_root
 
     def click_item(self, message_id, part=".open"):
-        self.inbox().find_element(By.CSS_SELECTOR, f'li[data-id="{message_id}"] {part}').click()
+        # A live event may redraw the list between the find and the click (late ones on AWS).
+        for _ in range(20):
+            try:
+                return self.inbox().find_element(By.CSS_SELECTOR, f'li[data-id="{message_id}"] {part}').click()
+            except StaleElementReferenceException:
+                time.sleep(0.1)
+        fail(f"the list kept being redrawn: cannot click {message_id} {part}")
 
     def screenshot(self, name):
         path = os.path.join(self.shots, f"{name}.png")
