@@ -207,6 +207,10 @@ pub async fn a_day_of_a_shop_through_the_function_binaries() -> anyhow::Result<(
         .send()
         .await?;
     assert_eq!(preflight.status().as_u16(), 204, "the preflight reaches the api function");
+    // The WebSocket API's $connect checks the page's origin against the tenant's list.
+    let feed = format!("{}?token={token}", s.ws);
+    assert!(crate::site::feed_from(&feed, Some("https://shop.example")).await?.is_ok(), "an allowed origin");
+    assert_eq!(crate::site::feed_from(&feed, Some("https://evil.example")).await?.err(), Some(403), "another origin");
     assert!(preflight.headers().get("access-control-allow-methods").is_some());
 
     // The push service reports the endpoint gone: the device is deleted (registering it again

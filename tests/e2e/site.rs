@@ -14,6 +14,21 @@ const WAIT: Duration = Duration::from_secs(90);
 
 type Socket = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
+/// Opens the live feed at `url` as a browser page of `origin` would (its `Origin` header): the
+/// socket, or the handshake's refusal status.
+pub async fn feed_from(url: &str, origin: Option<&str>) -> anyhow::Result<Result<Socket, u16>> {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let mut req = url.into_client_request()?;
+    if let Some(o) = origin {
+        req.headers_mut().insert("origin", o.parse()?);
+    }
+    match tokio_tungstenite::connect_async(req).await {
+        Ok((socket, _)) => Ok(Ok(socket)),
+        Err(tokio_tungstenite::tungstenite::Error::Http(res)) => Ok(Err(res.status().as_u16())),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// A user token of `user`, got with `key` (a tenant's API key).
 async fn user_token(s: &Server, key: &str, user: &str) -> anyhow::Result<String> {
     let (st, v) = s.call_as(key, "POST", &format!("/v1/users/{user}/inbox/token"), None).await?;
@@ -92,7 +107,8 @@ pub async fn a_user_token_reaches_its_users_inbox_and_the_changes_are_live(backe
     // Two tabs of the user on the live feed.
     let ws = |t: &str| format!("{}/v1/ws?token={t}", s.base.replace("http://", "ws://"));
     let (mut tab1, _) = tokio_tungstenite::connect_async(ws(&token)).await?;
-    let (mut tab2, _) = tokio_tungstenite::connect_async(ws(&token)).await?;
+    // A tenant without allowed origins: a page of any origin opens the feed (as before lists).
+    let mut tab2 = feed_from(&ws(&token), Some("https://anywhere.example")).await?.expect("no list: any origin");
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     // Read one.
@@ -462,6 +478,15 @@ pub async fn cors_answers_only_the_tenants_origins_on_the_user_routes(backend: B
     let res = s.http.get(url("/v1/me/inbox")).bearer_auth(&token).send().await?;
     assert_eq!(res.status().as_u16(), 200);
     assert!(!has_cors(&res));
+
+    // The live feed's handshake (a WebSocket: no CORS) checks the origin once the tenant has
+    // a list: its origins and non-browser clients get in, another origin's page is refused.
+    let ws = format!("{}/v1/ws?token={token}", s.base.replace("http://", "ws://"));
+    assert!(feed_from(&ws, Some("https://shop.example")).await?.is_ok(), "an allowed origin");
+    assert!(feed_from(&ws, None).await?.is_ok(), "no Origin: not a browser");
+    assert_eq!(feed_from(&ws, Some("https://evil.example")).await?.err(), Some(403), "another origin");
+    let globex_ws = format!("{}/v1/ws?token={globex_token}", s.base.replace("http://", "ws://"));
+    assert_eq!(feed_from(&globex_ws, Some("https://shop.example")).await?.err(), Some(403), "another tenant's origin");
 
     // Every other route: no CORS, even for an allowed origin; its OPTIONS stays 405.
     for path in ["/v1/users/alice/inbox", "/v1/settings/allowed-origins", "/openapi.json", "/healthz", "/u/x", "/p/x"] {

@@ -120,6 +120,17 @@ pub async fn allowed_origins(deps: &Deps, t: &TenantId) -> CoreResult<AllowedOri
     }
 }
 
+/// Whether the live feed's WebSocket handshake may go on from `origin` (a browser's `Origin`
+/// header) for tenant `t`. A WebSocket is not covered by CORS, so the handshake checks the
+/// origin itself, once the tenant has a list: a tenant without allowed origins keeps the feed
+/// open to any page holding a token (as before lists existed); with a list, a browser page of
+/// another origin is refused. No `Origin` (not a browser): admitted.
+pub async fn feed_origin_admitted(deps: &Deps, t: &TenantId, origin: Option<&str>) -> CoreResult<bool> {
+    let Some(origin) = origin else { return Ok(true) };
+    let list = allowed_origins(deps, t).await?;
+    Ok(list.origins.is_empty() || list.allows(origin))
+}
+
 /// A workflow as a preference centre shows it.
 #[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct WorkflowChoice {

@@ -22,6 +22,15 @@ pub async fn handle(deps: &Deps, live: &dyn LivePush, event: &ApiGatewayWebsocke
         Some("$connect") => {
             let token = event.query_string_parameters.first("token").unwrap_or_default();
             let Ok((tenant, user)) = live::verify_feed_token(deps, token) else { return 401 };
+            let origin = event.headers.get("origin").and_then(|v| v.to_str().ok());
+            match tidings_core::site::feed_origin_admitted(deps, &tenant, origin).await {
+                Ok(true) => {}
+                Ok(false) => return 403,
+                Err(e) => {
+                    warn!(error = %e, "could not read the allowed origins");
+                    return 500;
+                }
+            }
             match live::remember_connection(deps, &tenant, &user, connection_id).await {
                 Ok(()) => 200,
                 Err(e) => {

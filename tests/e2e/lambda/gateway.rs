@@ -181,10 +181,16 @@ async fn route_status(api: &WebSocketApi, event: Value) -> u16 {
 async fn connect(
     State(api): State<WebSocketApi>,
     Query(query): Query<BTreeMap<String, String>>,
+    headers: HeaderMap,
     upgrade: WebSocketUpgrade,
 ) -> Response {
     let connection = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(uuid::Uuid::new_v4().as_bytes());
-    let status = route_status(&api, ws_event(&api, "$connect", "CONNECT", &connection, Some(&query), None)).await;
+    let mut event = ws_event(&api, "$connect", "CONNECT", &connection, Some(&query), None);
+    // API Gateway gives `$connect` the handshake's headers; the browser's `Origin` among them.
+    if let Some(origin) = headers.get("origin").and_then(|v| v.to_str().ok()) {
+        event["headers"]["Origin"] = json!(origin);
+    }
+    let status = route_status(&api, event).await;
     if !(200..300).contains(&status) {
         return StatusCode::from_u16(status).unwrap_or(StatusCode::FORBIDDEN).into_response();
     }

@@ -114,11 +114,13 @@ enum ClientMessage {
 #[utoipa::path(get, path = "/v1/ws", tag = "inbox", params(ConnectParams),
     responses((status = 101, description = "Switching to the WebSocket protocol"),
         (status = 401, description = "Missing, invalid or expired token", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "`origin_not_allowed`: a browser page of an origin the tenant's allowed origins do not list (a tenant without a list: any)", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "The live feed is not served by this deployment", body = Problem, content_type = "application/problem+json"),
         (status = 426, description = "Not a WebSocket upgrade request", body = Problem, content_type = "application/problem+json")))]
 async fn connect(
     State(s): State<AppState>,
     QueryParams(p): QueryParams<ConnectParams>,
+    headers: axum::http::HeaderMap,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> ApiResult<Response> {
     let Some(hub) = s.live.clone() else {
@@ -127,6 +129,16 @@ async fn connect(
     let token = p.token.unwrap_or_default();
     let (tenant, user) = live::verify_feed_token(&s.deps, &token)
         .map_err(|e| Problem::new(StatusCode::UNAUTHORIZED, "invalid_token", e.to_string()))?;
+    let origin = headers.get(axum::http::header::ORIGIN).and_then(|v| v.to_str().ok());
+    if !tidings_core::site::feed_origin_admitted(&s.deps, &tenant, origin).await? {
+        return Err(Problem::new(
+            StatusCode::FORBIDDEN,
+            "origin_not_allowed",
+            "this page's origin is not among the shop's allowed origins (PUT /v1/settings/allowed-origins)",
+        )
+        .with_field("Origin")
+        .into());
+    }
     // A plain GET gets a problem document, not axum's text rejection.
     let ws = ws.map_err(|e| Problem::new(StatusCode::UPGRADE_REQUIRED, "websocket_required", e.body_text()))?;
     // On AWS the connection's own work (the replay after `since`) is `ws-connections`'.
