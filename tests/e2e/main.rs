@@ -36,6 +36,7 @@ mod server;
 mod settings_shipped;
 mod shipped;
 mod site;
+mod site_browser;
 mod sizes;
 mod sms_failover;
 mod sms_shipped;
@@ -100,6 +101,8 @@ on_both_backends!(live as live_tests:
 );
 
 on_both_backends!(console as console_tests: console_shows_the_system_and_redrives);
+
+on_both_backends!(site_browser as site_browser_tests: the_shop_site_shows_both_elements_from_another_origin);
 
 on_both_backends!(figures as figures_tests: a_backlog_shows_its_oldest_age_growing_then_falling_and_every_figure);
 
@@ -259,6 +262,13 @@ async fn a_day_of_a_shop_through_the_function_binaries() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn workflows_through_the_function_binaries() -> anyhow::Result<()> {
     shipped::workflows_through_the_function_binaries().await
+}
+
+/// The shop's own site (examples/site, both elements) in headless Chromium through the function
+/// binaries: the `api` function's script, user routes and CORS, the WebSocket API's live feed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_shop_site_through_the_function_binaries() -> anyhow::Result<()> {
+    site_browser::the_shop_site_through_the_function_binaries().await
 }
 
 /// Taking a needed statement out of a function's policy makes that function fail, so the day

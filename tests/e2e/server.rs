@@ -264,6 +264,15 @@ impl Server {
         self.spawn().await
     }
 
+    /// Stops the server (SIGKILL) and leaves it stopped: a client sees its connections refused.
+    pub async fn stop(&mut self) -> anyhow::Result<()> {
+        if let Some(mut child) = self.child.take() {
+            child.start_kill()?;
+            child.wait().await?;
+        }
+        Ok(())
+    }
+
     /// `kill -9`, then start again on the same data.
     pub async fn kill9_and_restart(&mut self) -> anyhow::Result<()> {
         if let Some(mut child) = self.child.take() {

@@ -12,6 +12,7 @@ mod callbacks;
 mod console;
 mod dev;
 mod devices;
+mod elements;
 #[cfg(test)]
 mod errors_tests;
 #[cfg(test)]
@@ -42,6 +43,7 @@ pub fn app(state: AppState) -> Router {
 pub fn app_with_limits(state: AppState, limits: std::sync::Arc<tidings_core::gates::api::ApiLimits>) -> Router {
     let mut router = Router::new()
         .merge(openapi::router())
+        .merge(elements::router())
         .merge(users::router())
         .merge(preferences::router())
         .merge(devices::router())
