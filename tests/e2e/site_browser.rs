@@ -133,11 +133,10 @@ pub async fn the_shop_site_shows_both_elements_from_another_origin(backend: Back
 /// gateways cannot be stopped, so the reconnect checks are the `tidings serve` tests'.
 pub async fn the_shop_site_through_the_function_binaries() -> anyhow::Result<()> {
     let s = crate::lambda::Stack::start(crate::lambda::Options::default()).await?;
-    // Not the 2 s of `tidings serve`: the message crosses the table's stream twice (the outbox,
-    // then the inbox write the feed follows), and template.yaml gives that stream's mapping a 1 s
-    // batching window, so 2 s + 2 × 1 s; times the harness's time scale (arm64 binaries emulated
-    // by qemu run several times slower; 1 for native ones). Measured natively on two loaded
-    // cores: 1.4 to 2.4 s (docs/site.md, "How the elements are tested").
-    let within = 4 * crate::lambda::runtime::Binaries::from_env().time_scale();
+    // The 2 s of `tidings serve`, though the message crosses the table's stream twice (the
+    // outbox, then the inbox write the feed follows): template.yaml gives that stream's mapping
+    // no batching window. Times the harness's time scale (arm64 binaries emulated by qemu run
+    // several times slower; 1 for native ones) (docs/site.md, "How the elements are tested").
+    let within = 2 * crate::lambda::runtime::Binaries::from_env().time_scale();
     drive(&s.api, &s.ws, &s.key, &s.other_key, &shots("shipped"), None, within).await
 }
