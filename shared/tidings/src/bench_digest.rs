@@ -100,7 +100,12 @@ impl Provider for DigestProvider {
         "bench-digest"
     }
     async fn send(&self, m: &OutboundMessage) -> Result<ProviderReceipt, ProviderError> {
-        self.bodies.lock().unwrap_or_else(|p| p.into_inner()).entry(m.user_id.clone()).or_default().push(m.body.clone());
+        self.bodies
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(m.user_id.clone())
+            .or_default()
+            .push(m.body.clone());
         self.sent.fetch_add(1, Ordering::Relaxed);
         Ok(ProviderReceipt { provider_message_id: m.idempotency_key.clone() })
     }
@@ -169,7 +174,8 @@ pub fn check_bodies(bodies: &HashMap<String, Vec<String>>, users: u64, per_user:
             problems.push(format!("{id}: digest `{body}`, expected count {per_user} and rounds 0..{per_user} once"));
         }
     }
-    let strangers = bodies.keys().filter(|k| k.strip_prefix('b').and_then(|n| n.parse::<u64>().ok()).is_none_or(|n| n >= users));
+    let strangers =
+        bodies.keys().filter(|k| k.strip_prefix('b').and_then(|n| n.parse::<u64>().ok()).is_none_or(|n| n >= users));
     problems.extend(strangers.map(|k| format!("{k}: not a bench user")));
     match problems.len() {
         0 => Ok(()),
@@ -197,6 +203,25 @@ pub struct Counts {
     pub sqs_receives: AtomicU64,
     pub sqs_deletes: AtomicU64,
     pub sqs_other: AtomicU64,
+    /// Transactions the store refused for a conflict (after the adapter's own retries), by
+    /// what they wrote ([`shape`]): where the triggers meet.
+    pub conflicts: Mutex<BTreeMap<String, u64>>,
+}
+
+/// What a transaction writes, by the kinds of its items' sort keys (`R` a run, `C` a progress
+/// counter, `HEAD` a digest's window, `M` and `E` its membership and event...).
+pub fn shape(writes: &[Write]) -> String {
+    let kinds: BTreeSet<&str> = writes
+        .iter()
+        .map(|w| {
+            let key = match w {
+                Write::Put { item, .. } => &item.key,
+                Write::Update { key, .. } | Write::Delete { key, .. } | Write::Check { key, .. } => key,
+            };
+            key.sk.split('#').next().unwrap_or_default()
+        })
+        .collect();
+    kinds.into_iter().collect::<Vec<_>>().join("+")
 }
 
 /// A copy of the counts at one moment.
@@ -357,7 +382,11 @@ impl Table for CountingTable {
     async fn transact(&self, writes: Vec<Write>) -> Result<(), StoreError> {
         let units: u64 = writes.iter().map(|w| 2 * write_units(sizes::write_size(w))).sum();
         let n = writes.len() as u64;
+        let what = shape(&writes);
         let out = self.inner.transact(writes).await;
+        if let Err(StoreError::Conflict) = &out {
+            *self.counts.conflicts.lock().unwrap_or_else(|p| p.into_inner()).entry(what).or_default() += 1;
+        }
         self.counts.transactions.fetch_add(1, Ordering::Relaxed);
         self.counts.transaction_items.fetch_add(n, Ordering::Relaxed);
         self.counts.write_units.fetch_add(units, Ordering::Relaxed);
@@ -430,6 +459,19 @@ impl Queues for CountingQueues {
         self.counts.sqs_other.fetch_add(1, Ordering::Relaxed);
         self.inner.send_to_dlq(queue, body).await
     }
+}
+
+/// The messages on each queue's dead-letter queue (none, when the engine kept up).
+async fn dead_letters(deps: &Deps, queues: &[String]) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for q in queues {
+        if let Ok(s) = deps.queues.stats(q).await
+            && s.dlq_depth > 0
+        {
+            out.insert(q.clone(), s.dlq_depth);
+        }
+    }
+    out
 }
 
 /// A counter's total over its label sets that match `labels`.
@@ -544,7 +586,9 @@ pub async fn digest(args: DigestArgs) -> anyhow::Result<()> {
         stop_rx,
         crate::runtime::Pools::configured(),
     );
-    let result = phases(&args, &deps, &t, &clock, &counts, &recorder, &provider, (users, per_user, triggers)).await;
+    let queues = &backend.queue_names;
+    let result =
+        phases(&args, &deps, &t, &clock, &counts, &recorder, &provider, queues, (users, per_user, triggers)).await;
     let _ = stop_tx.send(true);
     workers.shutdown().await;
     let report = result?;
@@ -563,13 +607,15 @@ async fn phases(
     counts: &Counts,
     recorder: &tidings_core::metrics::LocalRecorder,
     provider: &DigestProvider,
+    queues: &[String],
     (users, per_user, triggers): (u64, u64, u64),
 ) -> anyhow::Result<serde_json::Value> {
     let metrics = tidings_core::metrics::WORKFLOW_STEPS;
     let waits = tidings_core::metrics::WORKFLOW_WAITS;
     let ended = tidings_core::metrics::WORKFLOW_RUNS_ENDED;
     let entered = || {
-        counter(recorder, metrics, &[("type", "digest"), ("status", "merged")]) + counter(recorder, waits, &[("for", "digest")])
+        counter(recorder, metrics, &[("type", "digest"), ("status", "merged")])
+            + counter(recorder, waits, &[("for", "digest")])
     };
     let (entered0, ended0, sent0) = (entered(), counter(recorder, ended, &[]), provider.sent.load(Ordering::Relaxed));
     let notifications = plan(users, per_user, args.per_request);
@@ -605,7 +651,10 @@ async fn phases(
         if n >= triggers {
             break;
         }
-        anyhow::ensure!(Instant::now() < deadline, "only {n} of {triggers} triggers entered their digests in time");
+        if Instant::now() >= deadline {
+            let dead = dead_letters(deps, queues).await;
+            anyhow::bail!("only {n} of {triggers} triggers entered their digests in time; dead letters: {dead:?}");
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let enter_s = started.elapsed().as_secs_f64();
@@ -639,7 +688,10 @@ async fn phases(
         if sent >= users && done >= triggers {
             break;
         }
-        anyhow::ensure!(Instant::now() < deadline, "only {sent} of {users} digests sent and {done} runs ended in time");
+        if Instant::now() >= deadline {
+            let dead = dead_letters(deps, queues).await;
+            anyhow::bail!("only {sent} of {users} digests sent and {done} runs ended in time; dead letters: {dead:?}");
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let flush_s = flushing.elapsed().as_secs_f64();
@@ -654,6 +706,8 @@ async fn phases(
     check_bodies(&bodies, users, per_user).map_err(|e| anyhow::anyhow!("digests: {e}"))?;
     let tally = runs_of(deps, t, &ids).await?;
     check_runs(&tally, users, per_user).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let dead = dead_letters(deps, queues).await;
+    anyhow::ensure!(dead.is_empty(), "messages dead-lettered: {dead:?}");
     let (w, r, q) = all.dollars_per_million(triggers);
     eprintln!(
         "digest: {triggers} triggers into {users} users' digests at {rate:.0}/s, {sent} digests sent (each with its {per_user} \
@@ -684,6 +738,12 @@ async fn phases(
             "sqs_requests_per_million": PRICE_SQS_REQUESTS, "region": "us-east-1, on-demand"},
         "peak_rss_mib": crate::bench::peak_rss_mib().map(f64::round),
         "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        // DynamoDB's transaction conflicts the table adapter tried again, and those it gave up
+        // on (the message came again): where many triggers of one user meet.
+        "store_conflict_retries": counter(recorder, "tidings_store_conflict_retries_total", &[]),
+        "store_conflicts_given_up": counter(recorder, "tidings_store_conflicts_given_up_total", &[]),
+        "conflicted_transactions": counts.conflicts.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+        // Every request the AWS SDK made since the start (seeding and the checks included).
         "aws_requests": recorder.report().aws_requests,
     }))
 }
@@ -740,7 +800,9 @@ mod tests {
         repeated.insert(user_id(0), vec!["3|0,0,1,".into()]);
         let mut stranger = good(4);
         stranger.insert("someone".into(), vec!["3|0,1,2,".into()]);
-        for (what, bodies) in [("twice", twice), ("missing", missing), ("short", short), ("repeated", repeated), ("stranger", stranger)] {
+        for (what, bodies) in
+            [("twice", twice), ("missing", missing), ("short", short), ("repeated", repeated), ("stranger", stranger)]
+        {
             assert!(check_bodies(&bodies, 4, 3).is_err(), "{what} passed");
         }
     }
