@@ -84,3 +84,34 @@ pub async fn reserve_bench_on_aws_sells_exactly_the_stock_and_the_table_agrees()
     ensure!(rows == 1 + UNITS, "the ledger holds the warm-up and one row per accepted order: {rows}");
     Ok(())
 }
+
+/// `tidings bench digest --backend aws` at a tiny scale: 50 triggers into 5 users' digests on
+/// the emulators (DynamoDB Local behind its conflict layer, so the triggers of one user that
+/// meet at its window's head conflict as on DynamoDB). The bench's own checks pass (one digest
+/// per user with its 10 events, every run ended) and its report carries the cost per trigger.
+pub async fn digest_bench_on_aws_sends_one_digest_per_user_with_its_events() -> anyhow::Result<()> {
+    crate::server::emulator();
+    let run = format!("e2e{:08x}", rand::random::<u32>());
+    let data = tempfile::tempdir()?;
+    let out = tokio::process::Command::new(crate::server::binary()?)
+        .args(["bench", "digest", "--backend", "aws", "--bootstrap", "--users", "5", "--per-user", "10"])
+        .args(["--timeout-s", "300"])
+        .current_dir(data.path())
+        .env("TIDINGS_TABLE", format!("{run}-table"))
+        .env("TIDINGS_QUEUE_PREFIX", format!("{run}-"))
+        .env("TIDINGS_LOG", "warn")
+        .output()
+        .await
+        .context("running tidings bench digest")?;
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    ensure!(out.status.success(), "tidings bench digest --backend aws failed:\n{stdout}\n{stderr}");
+    let report: Value = serde_json::from_str(&stdout).with_context(|| format!("the report:\n{stdout}"))?;
+    ensure!(report["backend"] == "aws" && report["triggers"] == 50, "{report}");
+    ensure!(report["digests_sent"] == 5, "one digest per user: {report}");
+    ensure!(report["runs"]["digest digested 10 events"] == 5 && report["runs"]["digest merged"] == 45, "{report}");
+    ensure!(report["runs"]["status completed"] == 50, "every run ended: {report}");
+    ensure!(report["per_trigger"]["write_units"].as_f64().unwrap_or(0.0) >= 4.0, "{report}");
+    ensure!(report["aws_requests"]["DynamoDB.TransactWriteItems"].as_u64().unwrap_or(0) >= 50, "{report}");
+    ensure!(stderr.contains("checks pass"), "{stderr}");
+    Ok(())
+}

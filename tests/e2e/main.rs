@@ -328,6 +328,13 @@ async fn reserve_bench_on_aws_sells_exactly_the_stock_and_the_table_agrees() -> 
     bench::reserve_bench_on_aws_sells_exactly_the_stock_and_the_table_agrees().await
 }
 
+/// `bench digest --backend aws` at a tiny scale passes its own checks: one digest per user
+/// with its events, every run ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn digest_bench_on_aws_sends_one_digest_per_user_with_its_events() -> anyhow::Result<()> {
+    bench::digest_bench_on_aws_sends_one_digest_per_user_with_its_events().await
+}
+
 /// `--bootstrap` on AWS tells each table, queue, DLQ and sender, created then found (AWS only:
 /// the embedded backend's progress is tested in the `tidings` crate).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -165,7 +165,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 /// Writes the users and their tag memberships directly (with a push campaign, each user's
 /// device too), 100 writes or fewer per transaction.
-async fn seed_users(
+pub(crate) async fn seed_users(
     table: &dyn Table,
     t: &TenantId,
     n: u64,

@@ -34,6 +34,7 @@ pub const BENCH: &str = "\
 Examples:
   tidings bench campaign --recipients 100000
   tidings bench reserve --orders 20000 --units 10000 --concurrency 32
+  tidings bench digest --users 10000 --per-user 10
 
 The benches make their own stores and log warnings only unless TIDINGS_LOG is set.";
 
@@ -60,6 +61,17 @@ pub const BENCH_IMPORT: &str = "\
 Examples:
   tidings bench import --users 100000
   tidings bench import --users 10000 --data-dir /tmp/bench-import";
+
+pub const BENCH_DIGEST: &str = "\
+Examples:
+  # 100,000 triggers (100 notifications of 1,000 users) into 10,000 users' digests
+  tidings bench digest
+  # One notification per trigger
+  tidings bench digest --users 2000 --per-request 1
+  # On the emulators (a build with --features aws): tables and queues made first
+  tidings bench digest --backend aws --bootstrap --users 1000
+
+The JSON report is on stdout; the progress and the summary on stderr.";
 
 pub const IMPORT: &str = "\
 Examples:

@@ -13,6 +13,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod backend;
 mod bench;
+mod bench_digest;
 mod bench_http;
 mod bench_import;
 mod bench_peer;
@@ -150,6 +151,11 @@ enum BenchCommand {
     /// again: how long each takes, and that the second run writes nothing.
     #[command(after_help = examples::BENCH_IMPORT)]
     Import(bench_import::ImportArgs),
+    /// 100,000 triggers into 10,000 users' digests (a workflow `[digest, send email]`, manual
+    /// clock): triggers/s into the digests, the flush, exactly one digest per user with its
+    /// events, and the store and queue cost per trigger.
+    #[command(after_help = examples::BENCH_DIGEST)]
+    Digest(bench_digest::DigestArgs),
 }
 
 #[derive(Subcommand)]
@@ -251,6 +257,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Bench { command: BenchCommand::Campaign(args) } => bench::campaign(args).await,
         Command::Bench { command: BenchCommand::Reserve(args) } => bench_reserve::reserve(args).await,
         Command::Bench { command: BenchCommand::Import(args) } => bench_import::import(args).await,
+        Command::Bench { command: BenchCommand::Digest(args) } => bench_digest::digest(args).await,
         Command::Keys { command, backend } => keys::run(command, &backend).await,
         Command::Import { command, backend } => import::run(command, &backend).await,
         Command::Openapi => {

@@ -94,7 +94,7 @@ pub async fn start_page(
     page: u64,
     users: &[(String, Option<User>)],
 ) -> CoreResult<()> {
-    use futures::{StreamExt, TryStreamExt};
+    use futures::StreamExt;
     let Some(wf) = super::get_version(deps, t, &wref.workflow_id, wref.version).await? else {
         warn!(workflow_id = %wref.workflow_id, version = wref.version, "workflow version not found; runs not started");
         return Ok(());
@@ -107,8 +107,23 @@ pub async fn start_page(
             Box::pin(start(deps, t, n, (wf, nodes), page, user_id, user.clone()))
         })
         .collect();
-    futures::stream::iter(starts).buffer_unordered(START_CONCURRENCY).try_collect::<Vec<()>>().await?;
-    Ok(())
+    // Every run of the page is tried, whatever another's answer: the first failure (a
+    // transaction conflict past the store's retries, where a page's runs meet at its progress
+    // counters and a user's triggers at its digest's head) fails the page once they all have
+    // been, so that its message comes again for the runs that failed only (the others, made
+    // now, are no-ops then). Stopping at the first failure dropped the page's other runs each
+    // time, and a large page whose every delivery met a conflict went to the dead letters with
+    // most of its runs never started.
+    let results: Vec<CoreResult<()>> =
+        futures::stream::iter(starts).buffer_unordered(START_CONCURRENCY).collect().await;
+    let failed = results.iter().filter(|r| r.is_err()).count();
+    match results.into_iter().find_map(Result::err) {
+        Some(e) => {
+            warn!(notification_id = %n.notification_id, page, failed, of = users.len(), error = %e, "runs not started; the page comes again");
+            Err(e)
+        }
+        None => Ok(()),
+    }
 }
 
 /// Creates a user's run (once: a conditional put, counted in its page's `running`) and drives it.
