@@ -124,7 +124,15 @@ pub async fn the_shop_site_shows_both_elements_from_another_origin(backend: Back
     let mut s = Server::start(backend, Options::default()).await?;
     let (base, key, other_key) = (s.base.clone(), s.key.clone(), s.other_tenant_key());
     let dir = shots(&format!("{backend:?}").to_lowercase());
-    drive(&base, "", &key, &other_key, &dir, Some(&mut s), 2).await
+    // The 2 s on the embedded backend. On the AWS backend the time is the emulators' (moto, a
+    // Python server, and DynamoDB Local behind its conflict layer): 0.55 to 0.73 s alone, 2.65 s
+    // seen while the rest of `make test` loads them; the bound there is 8 s (docs/site.md, "How
+    // the elements are tested").
+    let within = match backend {
+        Backend::Embedded => 2,
+        Backend::Aws => 8,
+    };
+    drive(&base, "", &key, &other_key, &dir, Some(&mut s), within).await
 }
 
 /// The same page against the function binaries in the shipped shape: the HTTP API's `api`

@@ -163,8 +163,14 @@ fn count_runs(runs: &[Value], index: u64, status: &str) -> usize {
     runs.iter().filter(|r| !records(r, index, status).is_empty()).count()
 }
 
+/// The sends' texts, sorted, without the preferences link a marketing email ends with
+/// (docs/site.md).
 fn bodies(sends: &[Value]) -> Vec<String> {
-    let mut b: Vec<String> = sends.iter().map(|s| s["body"].as_str().unwrap_or_default().to_owned()).collect();
+    let text = |s: &Value| {
+        let body = s["body"].as_str().unwrap_or_default();
+        body.split("\n\n--\nChoose which messages you get: ").next().unwrap_or_default().to_owned()
+    };
+    let mut b: Vec<String> = sends.iter().map(text).collect();
     b.sort();
     b
 }
@@ -736,8 +742,13 @@ pub async fn a_fallback_waits_for_until_then_takes_the_next_channel(backend: Bac
         Ok(d.iter().any(|x| x["user_id"] == "opener" && x["status"] == "opened").then_some(()))
     })
     .await?;
+    // Opened within the wait: the run still waits, or a check of its wait (on the AWS backend
+    // a queue's delay, in real time) found the open and ended it: never a fallback.
     let opener_run = runs(&s, &id).await?.into_iter().find(|r| r["user_id"] == "opener").unwrap();
-    assert_eq!(opener_run["status"], "waiting", "opened within the wait: {opener_run}");
+    assert!(
+        opener_run["status"] == "waiting" || records(&opener_run, 0, "done").len() == 1,
+        "opened within the wait: {opener_run}"
+    );
     // The email's wait ends (the ignorer's SMS goes), then the SMS's own.
     s.advance_and_tick(21 * 60).await?;
     s.eventually(WAIT, "the ignorer's SMS", || async { Ok(sent(&s, "ignorer", "sms").await?.into_iter().next()) })
