@@ -35,9 +35,9 @@ pub async fn thirty_marketing_emails_at_five_a_second_are_all_sent(backend: Back
     opts.env.retain(|(k, _)| *k != "TIDINGS_PROVIDER_TIMEOUT_MS");
     // 1.5 s as the issue measured it. On the emulators the fake provider's call is itself a write
     // to DynamoDB Local (its record of the send), which a loaded test run can hold past 1.5 s: a
-    // real provider timeout, not time at the gate. 3 s there still fails without the fix (30
+    // real provider timeout, not time at the gate. 5 s there still fails without the fix (30
     // sends at 5/s wait up to 6 s at the gate).
-    let timeout = if backend == Backend::Aws { "3000" } else { "1500" };
+    let timeout = if backend == Backend::Aws { "5000" } else { "1500" };
     opts.env.push(("TIDINGS_PROVIDER_TIMEOUT_MS", timeout.into()));
     opts.env.push(("TIDINGS_PROVIDER_RATES", "email:5".into()));
     let s = Server::start(backend, opts).await?;
