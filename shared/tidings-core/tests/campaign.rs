@@ -901,3 +901,70 @@ async fn a_request_running_past_its_deadline_is_cut_off_and_retried_creating_not
     assert_eq!(v.status, NotificationStatus::Completed, "{v:?}");
     assert_eq!(v.counts.sent, USERS as u64, "counted once each: {v:?}");
 }
+
+/// A store whose first update that records a notification's last page fails, as a task cut off
+/// there (a crash, an invocation's deadline) would leave it.
+struct LastPageFailsOnce {
+    inner: Arc<dyn ports::Table>,
+    failed: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait]
+impl ports::Table for LastPageFailsOnce {
+    async fn get(&self, key: &ports::Key) -> Result<Option<ports::Item>, StoreError> {
+        self.inner.get(key).await
+    }
+    async fn put(&self, item: ports::Item, cond: ports::Cond) -> Result<(), StoreError> {
+        self.inner.put(item, cond).await
+    }
+    async fn update(
+        &self,
+        key: &ports::Key,
+        updates: Vec<ports::Update>,
+        cond: ports::Cond,
+    ) -> Result<ports::Item, StoreError> {
+        let last_page = updates.iter().any(|u| matches!(u, ports::Update::Set(name, _) if name == "last_page"));
+        if last_page && !self.failed.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return Err(StoreError::Unavailable("cut off".into()));
+        }
+        self.inner.update(key, updates, cond).await
+    }
+    async fn delete(&self, key: &ports::Key, cond: ports::Cond) -> Result<(), StoreError> {
+        self.inner.delete(key, cond).await
+    }
+    async fn transact(&self, writes: Vec<ports::Write>) -> Result<(), StoreError> {
+        self.inner.transact(writes).await
+    }
+    async fn query(&self, pk: &str, sk_prefix: &str, opts: ports::QueryOpts) -> Result<ports::Page, StoreError> {
+        self.inner.query(pk, sk_prefix, opts).await
+    }
+    async fn query_range(
+        &self,
+        pk: &str,
+        from: &str,
+        to: &str,
+        opts: ports::QueryOpts,
+    ) -> Result<ports::Page, StoreError> {
+        self.inner.query_range(pk, from, to, opts).await
+    }
+}
+
+/// A request task cut off after its page's work, before its last page is recorded, completes
+/// the notification when it comes again. Recording it after marking the page done, the retry
+/// found the page done and returned: the notification stayed `processing` for ever (seen on the
+/// AWS backend, a task cut off at its invocation's deadline).
+#[tokio::test]
+async fn a_task_cut_off_before_its_last_page_is_recorded_completes_on_its_retry() {
+    let mut w = world(1000);
+    let table = Arc::new(LastPageFailsOnce { inner: w.deps.table.clone(), failed: false.into() });
+    w.deps.table = table.clone();
+    users_with_tag(&w, 3, "vip").await;
+    template(&w).await;
+    let id = api::accept(&w.deps, &w.t, campaign("cut-off", "vip")).await.unwrap().notification_id;
+    let first = tidings_core::notify::requests::orchestrate(&w.deps, &w.t, &id).await;
+    assert!(first.is_err() && table.failed.load(std::sync::atomic::Ordering::SeqCst), "cut off: {first:?}");
+    tidings_core::notify::requests::orchestrate(&w.deps, &w.t, &id).await.unwrap();
+    drain(&w).await;
+    let v = view(&w, &id).await;
+    assert_eq!((v.status, v.counts.sent), (NotificationStatus::Completed, 3), "{v:?}");
+}

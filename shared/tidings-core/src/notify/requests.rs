@@ -66,10 +66,14 @@ pub async fn orchestrate_task(deps: &Deps, t: &TenantId, task: &RequestMessage) 
         campaign::queue_page(deps, t, &n, task.page + 1, cursor.clone()).await?;
     }
     orchestrate_page(deps, t, &n, task.page, &users).await?;
-    campaign::finish_page(deps, t, &n.notification_id, task.page, users.len()).await?;
+    // The last page is recorded before the page is marked done: a task cut off between the two
+    // (a crash, an invocation's deadline) finds its page not done when it comes again, and does
+    // both. The other way round, the retry found the page done and returned, and a notification
+    // whose last page was never recorded stayed `processing` for ever.
     if next.is_none() {
         campaign::set_last_page(deps, t, &n.notification_id, task.page).await?;
     }
+    campaign::finish_page(deps, t, &n.notification_id, task.page, users.len()).await?;
     Ok(())
 }
 

@@ -110,8 +110,10 @@ pub async fn fire(
         planned.push((user_id, user));
     }
     requests::orchestrate_page(deps, t, &n, page, &planned).await?;
-    campaign::finish_page(deps, t, notification_id, page, planned.len()).await?;
     // Every group knows the last page; completion waits for all of them (see `get_notification`).
+    // Recorded before the group's page is marked done, as `requests::orchestrate_task` does: a
+    // timer cut off between the two does both when it comes again.
     campaign::set_last_page(deps, t, notification_id, u64::from(groups.saturating_sub(1))).await?;
+    campaign::finish_page(deps, t, notification_id, page, planned.len()).await?;
     Ok(())
 }
