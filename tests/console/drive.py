@@ -176,8 +176,15 @@ def workflow_runs_shown(c):
         {"type": "delay", "for": "1h"},
         {"type": "send", "channel": "email", "template_id": "wf_note", "if": {"step": 1, "is": "not_opened"}}]},
         as_tenant=True)
-    # wf-b passes the throttle once here; the next send finds it full.
-    c.call("POST", "/v1/notifications", {"recipients": {"user_ids": ["wf-b"]}, "workflow_id": "nudge"}, as_tenant=True)
+    # wf-b passes the throttle once here; the next send finds it full. The next is sent once
+    # this run is past the throttle: the two runs would otherwise race for it on the lanes.
+    first = c.call("POST", "/v1/notifications", {"recipients": {"user_ids": ["wf-b"]}, "workflow_id": "nudge"},
+                   as_tenant=True)["notification_id"]
+
+    def past_the_throttle():
+        items = c.call("GET", f"/v1/notifications/{first}/runs", as_tenant=True).get("items", [])
+        return any(r.get("user_id") == "wf-b" and r.get("status") in ("waiting", "completed") for r in items)
+    wait_for("wf-b's first run past the throttle", past_the_throttle)
     nid = c.call("POST", "/v1/notifications", {"recipients": {"user_ids": ["wf-a", "wf-b"]}, "workflow_id": "nudge"},
                  as_tenant=True)["notification_id"]
     link = f"#notifications button[data-notification='{nid}']"
