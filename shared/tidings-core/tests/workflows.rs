@@ -75,10 +75,12 @@ impl Table for Latent {
 }
 
 /// The store answering a transaction conflict (as DynamoDB does when other transactions hold
-/// an item, and the adapter's retries ran out) to the creation of `user`'s run, `times` times.
+/// an item, and the adapter's retries ran out) to the creation of `user`'s run (`create`) or to
+/// the write of its progress after a drive (not `create`), `times` times.
 struct Conflicts {
     inner: Arc<dyn Table>,
     user: String,
+    create: bool,
     times: Mutex<u32>,
 }
 
@@ -97,10 +99,13 @@ impl Table for Conflicts {
         self.inner.delete(key, cond).await
     }
     async fn transact(&self, writes: Vec<Write>) -> Result<(), StoreError> {
-        let creates_it = writes.iter().any(
-            |w| matches!(w, Write::Put { item, cond: Cond::NotExists } if item.key.sk == format!("R#{}", self.user)),
-        );
-        if creates_it {
+        let hit = writes.iter().any(|w| match w {
+            Write::Put { item, cond } => {
+                item.key.sk == format!("R#{}", self.user) && matches!(cond, Cond::NotExists) == self.create
+            }
+            _ => false,
+        });
+        if hit {
             let mut left = self.times.lock().unwrap();
             if *left > 0 {
                 *left -= 1;
@@ -123,11 +128,16 @@ struct Shop {
 
 async fn shop_at(start: &str, push: Arc<dyn Provider>) -> Shop {
     let email = Arc::new(Recorder::default());
+    shop_with(start, push, email.clone(), email).await
+}
+
+/// A shop whose email goes to `email_to` (`email` records what reaches it, when that is it).
+async fn shop_with(start: &str, push: Arc<dyn Provider>, email_to: Arc<dyn Provider>, email: Arc<Recorder>) -> Shop {
     let sms = Arc::new(Recorder::default());
     let w = TestWorld::builder()
         .start_at(start)
         .all_queues(5)
-        .email(email.clone())
+        .email(email_to)
         .sms(sms.clone())
         .push(push.clone())
         .build();
@@ -700,7 +710,7 @@ async fn a_conflict_on_one_run_fails_its_page_once_and_every_other_run_of_the_pa
     workflow(&s, "comments", json!({"steps": serde_json::from_str::<Value>(DIGEST).unwrap()})).await;
     let users: Vec<&str> = ids.iter().map(String::as_str).collect();
     let id = trigger(&s, "comments", &users, json!({"post_id": "p", "author": "a"})).await;
-    let conflicts = Conflicts { inner: Arc::new(s.w.store.clone()), user: "u000".into(), times: Mutex::new(1) };
+    let conflicts = Conflicts { inner: Arc::new(s.w.store.clone()), user: "u000".into(), create: true, times: Mutex::new(1) };
     let deps = Deps::new(
         Arc::new(conflicts),
         Arc::new(s.w.store.clone()),
@@ -724,4 +734,36 @@ async fn a_conflict_on_one_run_fails_its_page_once_and_every_other_run_of_the_pa
     assert_eq!(bodies(&s.email).len(), 200, "one digest each");
     let n = api::get_notification(&s.w.deps, &s.t, &id).await.unwrap().unwrap();
     assert_eq!(n.status, NotificationStatus::Completed, "every run ended: {:?}", n.runs_open);
+}
+
+#[tokio::test]
+async fn a_one_channel_send_that_failed_before_its_step_was_driven_again_is_the_deliverys_failure() {
+    // Seen on DynamoDB under load: the request task planned the run's one email, was cut off
+    // before it wrote the run, and its retry came after the email had failed at the provider;
+    // the step then read the failure as its own and ended the run `failed`, where a drive that
+    // had not been cut off ends it `completed` (a one-channel send is not waited for).
+    let refuses = Arc::new(Refuses::default());
+    let s = shop_with("2026-12-01T10:00:00Z", Arc::new(Recorder::default()), refuses.clone(), Arc::default()).await;
+    user(&s, "u1", false, None).await;
+    workflow(&s, "one", json!({"steps": [{"type": "send", "channel": "email", "template_id": "note"}]})).await;
+    let id = trigger(&s, "one", &["u1"], json!({"post_id": "p"})).await;
+    let cut = Conflicts { inner: Arc::new(s.w.store.clone()), user: "u1".into(), create: false, times: Mutex::new(1) };
+    let deps = Deps::new(
+        Arc::new(cut),
+        Arc::new(s.w.store.clone()),
+        s.w.deps.clock.clone(),
+        s.w.deps.providers.clone(),
+        (*s.w.deps.config).clone(),
+    );
+    assert!(requests::orchestrate(&deps, &s.t, &id).await.is_err(), "the run's write fails, so the page comes again");
+    let feed = s.w.feed("test");
+    while tidings_embedded::test_world::pass(&s.w.deps, &feed, |q| q.starts_with("email")).await > 0 {}
+    assert_eq!(*refuses.calls.lock().unwrap(), 1, "the email was tried, and failed for good");
+    settle(&s).await;
+    let run = &runs(&s, &id).await[0];
+    assert_eq!(run.status, RunStatus::Completed, "{:?}", statuses(run));
+    assert!(!statuses(run).contains(&"0:failed".to_owned()), "{:?}", statuses(run));
+    assert_eq!(*refuses.calls.lock().unwrap(), 1, "sent once");
+    let n = api::get_notification(&s.w.deps, &s.t, &id).await.unwrap().unwrap();
+    assert_eq!(n.status, NotificationStatus::Failed, "the failure is the delivery's, in the notification's status");
 }

@@ -337,8 +337,9 @@ pub enum StepSend {
     Sent,
     /// Not sent: the reason (`no_address`, `channel_off`, `workflow_off`, …).
     Suppressed(String),
-    /// Cannot be sent (a render error), or failed for good.
-    Failed(String),
+    /// Cannot be sent (a render error), or failed for good: the error, and whether it failed at
+    /// the provider (after a send was tried, so an earlier drive of the step queued it).
+    Failed(String, bool),
     /// Held back until then (quiet hours, `local_time`).
     Deferred(chrono::DateTime<chrono::Utc>),
 }
@@ -405,7 +406,7 @@ pub(crate) async fn plan_step_send(
             StepSend::Sent
         }
         DeliveryStatus::Suppressed => StepSend::Suppressed(d.reason.unwrap_or_default()),
-        DeliveryStatus::Failed | DeliveryStatus::Dead => StepSend::Failed(d.last_error.unwrap_or_default()),
+        DeliveryStatus::Failed | DeliveryStatus::Dead => StepSend::Failed(d.last_error.unwrap_or_default(), d.attempts > 0),
     })
 }
 

@@ -447,7 +447,14 @@ async fn send(ctx: &Ctx<'_>, run: &mut Run, i: usize, from: usize) -> CoreResult
             StepSend::Suppressed(reason) => {
                 record(ctx, run, i, "suppressed", Some(channel), Some(reason));
             }
-            StepSend::Failed(error) => {
+            // A one-channel send is not waited for: one that failed at the provider was queued
+            // by an earlier drive of this step, cut off before it went on; its failure is the
+            // delivery's, as it would have been had that drive gone on.
+            StepSend::Failed(_, true) if !fallback => {
+                record(ctx, run, i, "queued", Some(channel), None);
+                return Ok(Next::Go(node.next));
+            }
+            StepSend::Failed(error, _) => {
                 record(ctx, run, i, "failed", Some(channel), Some(error));
                 if !fallback {
                     run.failed = true;
