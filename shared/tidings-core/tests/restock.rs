@@ -162,12 +162,14 @@ async fn sku(w: &World, id: &str, on_hand: i64) {
 }
 
 async fn restock_by(w: &World, id: &str, delta: i64, key: &str) {
-    let req = AdjustmentRequest { delta, source: "purchase_order".into(), idempotency_key: key.into() };
+    let req =
+        AdjustmentRequest { delta, source: "purchase_order".into(), idempotency_key: key.into(), reference: None };
     inventory::adjust(&w.deps, &w.t, id, &req).await.unwrap();
 }
 
 async fn subscribe(w: &World, user_id: &str, sku_id: &str) -> (String, bool) {
-    let req = SubscriptionRequest { user_id: user_id.into(), sku_id: sku_id.into(), spu_id: None };
+    let req =
+        SubscriptionRequest { user_id: user_id.into(), sku_id: sku_id.into(), spu_id: None, notify_incoming: false };
     let (sub, created) = restock::subscribe(&w.deps, &w.t, &req).await.unwrap();
     (sub.subscription_id, created)
 }
@@ -337,7 +339,12 @@ async fn review_unique_constraint_on_sku_and_user_and_state_machine() {
         let deps = w.deps.clone();
         let t = w.t.clone();
         tasks.push(tokio::spawn(async move {
-            let req = SubscriptionRequest { user_id: "u1".into(), sku_id: "A".into(), spu_id: Some("P1".into()) };
+            let req = SubscriptionRequest {
+                user_id: "u1".into(),
+                sku_id: "A".into(),
+                spu_id: Some("P1".into()),
+                notify_incoming: false,
+            };
             restock::subscribe(&deps, &t, &req).await.unwrap().0.subscription_id
         }));
     }

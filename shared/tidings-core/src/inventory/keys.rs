@@ -12,6 +12,7 @@
 //! | a cell's latest finding (what a run decides by) | `T#t#INVFINDING` | `{sku}#{shard}` (`-` unsharded) |
 //! | adjustment idempotency record | `T#t#IDEM#adjustment#{key}` | `IDEM` ([`crate::keys::idempotency`]) |
 //! | tenants that hold inventory | `INV#TENANTS` | `{tenant}` |
+//! | stock on its way ([`super::incoming`]) | `T#t#INCOMING#{sku}` | `{ref}` |
 //!
 //! Shards live in partitions of their own (`...#S{i}`), not as sort keys under the SKU's
 //! partition: DynamoDB's per-partition write limit (about 1,000 writes/s) is what sharding
@@ -63,6 +64,14 @@ pub const FINDINGS_PK: &str = "INV#FINDINGS";
 pub fn finding_cell(t: &TenantId, sku: &str, shard: Option<u32>) -> Key {
     let shard = shard.map_or_else(|| "-".to_owned(), |s| s.to_string());
     Key::new(format!("T#{t}#INVFINDING"), format!("{sku}#{shard}"))
+}
+
+pub fn incoming_pk(t: &TenantId, sku: &str) -> String {
+    format!("T#{t}#INCOMING#{sku}")
+}
+
+pub fn incoming(t: &TenantId, sku: &str, reference: &str) -> Key {
+    Key::new(incoming_pk(t, sku), reference)
 }
 
 pub fn tenant_entry(t: &TenantId) -> Key {

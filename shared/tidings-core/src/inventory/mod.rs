@@ -70,6 +70,7 @@
 
 pub mod compare;
 pub mod findings;
+pub mod incoming;
 pub mod keys;
 pub mod model;
 pub mod orders;
@@ -79,6 +80,7 @@ pub mod stock;
 pub use compare::Discrepancy;
 pub use findings::REVIEW_QUEUE;
 pub use findings::{Finding, FindingPage, FindingSettlement, FindingStatus, SettleRequest, SettlementKind};
+pub use incoming::{Incoming, IncomingRequest, IncomingStatus};
 pub use model::{
     AdjustmentRequest, AdjustmentSource, Allocation, Counters, HoldTimes, LedgerEntry, LedgerKind, Order, OrderItem,
     OrderLine, OrderLineView, OrderRequest, OrderStatus, OrderView, ShardDelta, StockView, WarmUpRequest,

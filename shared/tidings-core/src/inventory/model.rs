@@ -103,6 +103,9 @@ pub struct StockView {
     pub shards: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub category: Option<String>,
+    /// Stock on its way, the soonest first (docs/inventory.md, "Incoming stock").
+    #[serde(default)]
+    pub incoming: Vec<super::incoming::Incoming>,
 }
 
 impl StockView {
@@ -319,6 +322,10 @@ pub struct AdjustmentRequest {
     /// Required, here or as the `Idempotency-Key` header.
     #[serde(default)]
     pub idempotency_key: String,
+    /// With `source: purchase_order`: the incoming shipment this is the arrival of, which it
+    /// closes (`POST /v1/inventory/{sku_id}/incoming`).
+    #[serde(default, rename = "ref", skip_serializing_if = "Option::is_none")]
+    pub reference: Option<String>,
 }
 
 /// One line of `POST /v1/orders`.
