@@ -276,7 +276,7 @@ pub async fn a_day_of_a_shop_through_the_function_binaries() -> anyhow::Result<(
     .await?;
     let arrival = json!({"delta": 5, "source": "purchase_order", "ref": "po-soon", "idempotency_key": "soon-1"});
     let stock = ok(&s, "POST", "/v1/inventory/sku-soon/adjustments", Some(arrival)).await?;
-    anyhow::ensure!(stock["incoming"] == json!([]) && stock["available"] == 5, "the arrival closes it: {stock}");
+    anyhow::ensure!(stock.get("incoming").is_none() && stock["available"] == 5, "the arrival closes it: {stock}");
 
     // The scheduled jobs, as EventBridge fires them.
     for job in ["restock-scan", "reconcile", "tick"] {

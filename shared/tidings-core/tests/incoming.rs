@@ -191,3 +191,26 @@ async fn every_subscriber_who_asked_is_told_a_page_at_a_time() {
         assert!(emails_to(&s, &format!("u{i:03}")).is_empty());
     }
 }
+
+#[tokio::test]
+async fn a_task_lost_after_the_shipments_write_is_told_by_its_durable_timer() {
+    let s = shop().await;
+    subscriber(&s, "asks", "A", true).await;
+    expect(&s, "A", &shipment("po-7", 40, "2026-12-20T09:00:00Z")).await.unwrap();
+    // The process dies before the task at once is handled: its message is gone.
+    let got =
+        s.w.deps
+            .queues
+            .receive("timers", 10, std::time::Duration::from_secs(30), std::time::Duration::ZERO)
+            .await
+            .unwrap();
+    assert_eq!(got.len(), 1, "the task at once");
+    s.w.deps.queues.delete("timers", &got[0].receipt).await.unwrap();
+    settle(&s).await;
+    assert!(emails_to(&s, "asks").is_empty());
+    // The timer written with the shipment fires minutes later.
+    for _ in 0..5 {
+        pass(&s, 60).await;
+    }
+    assert_eq!(emails_to(&s, "asks"), vec!["A is on its way to us, expected on 2026-12-20.".to_owned()]);
+}

@@ -385,7 +385,8 @@ pub fn request_examples() -> Vec<(&'static str, serde_json::Value)> {
             "OrderRequest",
             json!({"order_id": "order-123", "user_id": "u1", "items": [{"sku_id": "sku-1001", "qty": 2}], "hold_seconds": 900}),
         ),
-        ("SubscriptionRequest", json!({"user_id": "u1", "sku_id": "sku-1001"})),
+        ("IncomingRequest", json!({"ref": "po-7782", "qty": 40, "expected_at": "2026-12-20T09:00:00Z"})),
+        ("SubscriptionRequest", json!({"user_id": "u1", "sku_id": "sku-1001", "notify_incoming": true})),
         (
             "StockEvent",
             json!({"event": "stock.in", "skuId": "sku-1001", "qty": 50, "source": "purchase_order", "eventId": "evt-20261205-0001"}),

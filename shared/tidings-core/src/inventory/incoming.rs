@@ -8,65 +8,20 @@
 //! Subscribers who asked to hear the date (`notify_incoming`) are told, once per shipment and
 //! date ([`crate::restock::incoming`]).
 
-use serde::{Deserialize, Serialize};
-
 use super::keys;
-use super::stock::{MAX_UNITS, now_text};
+use super::model::MAX_UNITS;
+pub use super::model::{Incoming, IncomingRequest, IncomingStatus};
 use crate::deps::Deps;
 use crate::error::{CoreError, CoreResult};
 use crate::ids::{TenantId, check_id};
 use crate::ports::{Cond, Item, QueryOpts, StoreError, Update, Write, attrs_of};
+use crate::timers::task::{self as timer, TimerTask};
+use tracing::warn;
 
 /// How far ahead a shipment may be expected.
 const MAX_AHEAD_DAYS: i64 = 5 * 366;
 /// The most shipments on their way a SKU's view lists (the soonest first).
 pub const MAX_LISTED: usize = 100;
-
-/// A shipment's state: on its way, or arrived (closed by its purchase order's adjustment).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum IncomingStatus {
-    Expected,
-    Received,
-}
-
-/// The body of `POST /v1/inventory/{sku_id}/incoming`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct IncomingRequest {
-    /// Where the units will arrive (`default` when the shop has no locations).
-    #[serde(default = "default_location")]
-    pub location_id: String,
-    pub qty: i64,
-    /// When they are expected (RFC 3339).
-    pub expected_at: String,
-    /// The shop's reference of the shipment (its purchase order): the arrival's adjustment names it.
-    #[serde(rename = "ref")]
-    pub reference: String,
-}
-
-fn default_location() -> String {
-    "default".to_owned()
-}
-
-/// Stock on its way, as stored and shown.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct Incoming {
-    #[serde(rename = "ref")]
-    pub reference: String,
-    pub sku_id: String,
-    pub location_id: String,
-    pub qty: i64,
-    pub expected_at: String,
-    pub status: IncomingStatus,
-    pub created_at: String,
-    pub updated_at: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub received_at: Option<String>,
-    /// The units the arrival's adjustment added.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub received_qty: Option<i64>,
-}
 
 /// What [`expect`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,9 +35,8 @@ pub enum Recorded {
 }
 
 /// Records stock on its way (or updates its date or quantity while it is), and has the SKU's
-/// subscribers who asked told of the date: scheduled on every answer but a shipment already
-/// told, so a retry after a crash between the record and the schedule tells them (each is told
-/// once per shipment and date whatever runs twice).
+/// subscribers who asked told of the date: a durable timer written with the shipment (so no
+/// crash loses the telling) and a task at once; a user hears a date once whatever runs twice.
 pub async fn expect(
     deps: &Deps,
     t: &TenantId,
@@ -106,7 +60,7 @@ pub async fn expect(
         return Err(CoreError::NotFound { what: "sku" });
     }
     let key = keys::incoming(t, sku_id, &req.reference);
-    let now = now_text(deps);
+    let now = deps.clock.now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     let (incoming, recorded) = match deps.table.get(&key).await? {
         None => {
             let incoming = Incoming {
@@ -121,7 +75,9 @@ pub async fn expect(
                 received_at: None,
                 received_qty: None,
             };
-            match deps.table.put(Item::new(key.clone(), attrs_of(&incoming)?), Cond::NotExists).await {
+            let put = Write::Put { item: Item::new(key.clone(), attrs_of(&incoming)?), cond: Cond::NotExists };
+            let told = durable_tell(deps, t, &incoming).await?;
+            match deps.table.transact(vec![put, told]).await {
                 Ok(()) => (incoming, Recorded::Created),
                 // Recorded meanwhile by the same request's twin: answer as a retry would.
                 Err(StoreError::ConditionFailed { .. }) => return Err(StoreError::Conflict.into()),
@@ -152,20 +108,27 @@ pub async fn expect(
                     Cond::eq("status", "EXPECTED"),
                     Cond::eq("updated_at", incoming.updated_at.as_str()),
                 ]);
-                match deps.table.update(&key, updates, cond).await {
-                    Ok(_) => {}
-                    Err(StoreError::ConditionFailed { .. }) => return Err(StoreError::Conflict.into()),
-                    Err(e) => return Err(e.into()),
-                }
                 incoming.location_id.clone_from(&req.location_id);
                 incoming.qty = req.qty;
                 incoming.expected_at = expected_at;
                 incoming.updated_at = now;
+                let told = durable_tell(deps, t, &incoming).await?;
+                match deps.table.transact(vec![Write::Update { key: key.clone(), updates, cond }, told]).await {
+                    Ok(()) => {}
+                    Err(StoreError::ConditionFailed { .. }) => return Err(StoreError::Conflict.into()),
+                    Err(e) => return Err(e.into()),
+                }
                 (incoming, Recorded::Updated)
             }
         }
     };
-    crate::restock::incoming::schedule(deps, t, &incoming).await?;
+    // At once as well, unless the shipment was told already (a retry); a queue that does not
+    // take it leaves the telling to the durable timer, minutes later.
+    if recorded != Recorded::Unchanged
+        && let Err(e) = timer::schedule(deps, deps.clock.now(), tell_task(t, &incoming)).await
+    {
+        warn!(sku_id, reference = %incoming.reference, error = %e, "the date is told by its durable timer");
+    }
     Ok((incoming, recorded))
 }
 
@@ -213,4 +176,21 @@ pub(crate) async fn arrival_refused(deps: &Deps, t: &TenantId, sku_id: &str, ref
             format!("the shipment {reference} has arrived already (each arrival closes its shipment once)"),
         ),
     })
+}
+
+/// The task that tells the SKU's subscribers who asked of `incoming`'s date.
+fn tell_task(t: &TenantId, incoming: &Incoming) -> TimerTask {
+    TimerTask::RestockIncoming {
+        tenant: t.clone(),
+        sku_id: incoming.sku_id.clone(),
+        reference: incoming.reference.clone(),
+        expected_at: incoming.expected_at.clone(),
+        cursor: None,
+    }
+}
+
+/// The durable timer of [`tell_task`], written with the shipment (it fires a few minutes on: a
+/// crash before the task's message, or a queue that refused it, still tells everyone).
+async fn durable_tell(deps: &Deps, t: &TenantId, incoming: &Incoming) -> CoreResult<Write> {
+    timer::durable_timer(deps, deps.clock.now(), &tell_task(t, incoming)).await
 }

@@ -80,10 +80,10 @@ pub mod stock;
 pub use compare::Discrepancy;
 pub use findings::REVIEW_QUEUE;
 pub use findings::{Finding, FindingPage, FindingSettlement, FindingStatus, SettleRequest, SettlementKind};
-pub use incoming::{Incoming, IncomingRequest, IncomingStatus};
 pub use model::{
-    AdjustmentRequest, AdjustmentSource, Allocation, Counters, HoldTimes, LedgerEntry, LedgerKind, Order, OrderItem,
-    OrderLine, OrderLineView, OrderRequest, OrderStatus, OrderView, ShardDelta, StockView, WarmUpRequest,
+    AdjustmentRequest, AdjustmentSource, Allocation, Counters, HoldTimes, Incoming, IncomingRequest, IncomingStatus,
+    LedgerEntry, LedgerKind, Order, OrderItem, OrderLine, OrderLineView, OrderRequest, OrderStatus, OrderView,
+    ShardDelta, StockView, WarmUpRequest,
 };
 pub use orders::{MAX_ORDER_SKUS, MAX_QTY, PlacedOrder, Settlement, cancel, expire_order, get_order, pay, place_order};
 pub use reconcile::{ReconcileReport, reconcile};

@@ -103,9 +103,10 @@ pub struct StockView {
     pub shards: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub category: Option<String>,
-    /// Stock on its way, the soonest first (docs/inventory.md, "Incoming stock").
-    #[serde(default)]
-    pub incoming: Vec<super::incoming::Incoming>,
+    /// Stock on its way, the soonest first (docs/inventory.md, "Incoming stock"); absent when
+    /// nothing is.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub incoming: Vec<Incoming>,
 }
 
 impl StockView {
@@ -394,5 +395,54 @@ impl HoldTimes {
     }
 }
 
+/// The largest stock figure accepted (on hand, an adjustment's delta, a shipment).
+pub const MAX_UNITS: i64 = 1_000_000_000_000;
+
 /// The longest hold an order may ask for (7 days).
 pub const MAX_HOLD_SECONDS: i64 = 7 * 24 * 3600;
+
+/// A shipment's state: on its way, or arrived (closed by its purchase order's adjustment).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum IncomingStatus {
+    Expected,
+    Received,
+}
+
+/// The body of `POST /v1/inventory/{sku_id}/incoming`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct IncomingRequest {
+    /// Where the units will arrive (`default` when the shop has no locations).
+    #[serde(default = "default_location")]
+    pub location_id: String,
+    pub qty: i64,
+    /// When they are expected (RFC 3339).
+    pub expected_at: String,
+    /// The shop's reference of the shipment (its purchase order): the arrival's adjustment names it.
+    #[serde(rename = "ref")]
+    pub reference: String,
+}
+
+fn default_location() -> String {
+    "default".to_owned()
+}
+
+/// Stock on its way, as stored and shown.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Incoming {
+    #[serde(rename = "ref")]
+    pub reference: String,
+    pub sku_id: String,
+    pub location_id: String,
+    pub qty: i64,
+    pub expected_at: String,
+    pub status: IncomingStatus,
+    pub created_at: String,
+    pub updated_at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub received_at: Option<String>,
+    /// The units the arrival's adjustment added.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub received_qty: Option<i64>,
+}

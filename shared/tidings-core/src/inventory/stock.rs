@@ -19,8 +19,7 @@ use crate::ports::{Cond, Item, Key, QueryOpts, StoreError, Update, Write, attrs_
 /// The most shards a hot SKU may have (each sharded SKU in an order costs `shards + 2` writes
 /// of DynamoDB's 100 per transaction when its hold is released).
 pub const MAX_SHARDS: u32 = 16;
-/// The largest stock figure accepted (on hand, or an adjustment's delta).
-pub const MAX_UNITS: i64 = 1_000_000_000_000;
+pub use super::model::MAX_UNITS;
 /// How often a change is re-planned after a condition on a stale observation failed.
 pub(crate) const MAX_ATTEMPTS: usize = 16;
 /// How long one call keeps re-planning. Each write already retries DynamoDB's transaction

@@ -10,7 +10,6 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use super::keys;
-use super::merge::put_builtin;
 use super::model::{Subscription, SubscriptionStatus, WaitingEntry};
 use crate::deps::Deps;
 use crate::error::CoreResult;
@@ -26,18 +25,6 @@ use crate::timers::task::{self as timer, TimerTask};
 pub const INCOMING_TEMPLATE: &str = "restock_incoming";
 /// Subscribers read per task.
 const PAGE: usize = 100;
-
-/// Has the SKU's subscribers who asked told of `incoming`'s date (a timer task, now).
-pub(crate) async fn schedule(deps: &Deps, t: &TenantId, incoming: &Incoming) -> CoreResult<()> {
-    let task = TimerTask::RestockIncoming {
-        tenant: t.clone(),
-        sku_id: incoming.sku_id.clone(),
-        reference: incoming.reference.clone(),
-        expected_at: incoming.expected_at.clone(),
-        cursor: None,
-    };
-    timer::schedule(deps, deps.clock.now(), task).await
-}
 
 /// One page of a SKU's WAITING subscribers told of shipment `reference`'s date `expected_at`,
 /// then the next page's task. A shipment arrived, or whose date moved since (its own task tells
@@ -138,5 +125,5 @@ async fn ensure_template(deps: &Deps, t: &TenantId) -> CoreResult<()> {
         inapp_title: Some("补货在途".into()),
         inapp_body: Some("{{ sku_id }} 预计 {{ expected_date }} 到货".into()),
     };
-    put_builtin(deps, t, INCOMING_TEMPLATE, en, zh).await
+    crate::templates::put_builtin(deps, t, INCOMING_TEMPLATE, en, zh).await
 }

@@ -16,7 +16,6 @@
 //! once instead of retrying on its own first, so these delays are the only retries and run from
 //! the failure itself.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -34,7 +33,7 @@ use crate::notify::api;
 use crate::notify::model::DeliveryStatus;
 use crate::notify::model::NotificationRequest;
 use crate::ports::{Channel, Cond, Item, QueryOpts, StoreError, Update, Write, attrs_of};
-use crate::templates::{LocaleContent, Template};
+use crate::templates::LocaleContent;
 use crate::timers::task::{self as timer, TimerTask};
 use crate::workflows::digest;
 
@@ -150,29 +149,7 @@ async fn ensure_template(deps: &Deps, t: &TenantId) -> CoreResult<()> {
         inapp_title: Some("到货通知".into()),
         inapp_body: Some("您关注的商品已到货：{{ sku_list }}".into()),
     };
-    put_builtin(deps, t, RESTOCK_TEMPLATE, en, zh).await
-}
-
-/// Writes a built-in template (English and Simplified Chinese) for the tenant, never over theirs.
-pub(crate) async fn put_builtin(
-    deps: &Deps,
-    t: &TenantId,
-    template_id: &str,
-    en: LocaleContent,
-    zh: LocaleContent,
-) -> CoreResult<()> {
-    let template = Template {
-        template_id: template_id.into(),
-        default_locale: "en".into(),
-        locales: BTreeMap::from([("en".to_owned(), en), ("zh-CN".to_owned(), zh)]),
-        updated_at: now_text(deps),
-    };
-    template.validate()?;
-    let key = crate::keys::template(t, template_id);
-    match deps.table.put(Item::new(key, attrs_of(&template)?), Cond::NotExists).await {
-        Ok(()) | Err(StoreError::ConditionFailed { .. }) => Ok(()),
-        Err(e) => Err(e.into()),
-    }
+    crate::templates::put_builtin(deps, t, RESTOCK_TEMPLATE, en, zh).await
 }
 
 /// A deterministic idempotency key (hashed: ids may be long).

@@ -910,6 +910,28 @@ fn entry_write(t: &TenantId, template: &Template) -> CoreResult<crate::ports::Wr
     })
 }
 
+/// Writes a built-in template (English and Simplified Chinese) for the tenant, never over theirs.
+pub(crate) async fn put_builtin(
+    deps: &Deps,
+    t: &TenantId,
+    template_id: &str,
+    en: LocaleContent,
+    zh: LocaleContent,
+) -> CoreResult<()> {
+    let template = Template {
+        template_id: template_id.into(),
+        default_locale: "en".into(),
+        locales: BTreeMap::from([("en".to_owned(), en), ("zh-CN".to_owned(), zh)]),
+        updated_at: deps.clock.now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+    };
+    template.validate()?;
+    let key = crate::keys::template(t, template_id);
+    match deps.table.put(Item::new(key, attrs_of(&template)?), Cond::NotExists).await {
+        Ok(()) | Err(crate::ports::StoreError::ConditionFailed { .. }) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
 pub async fn put_template(deps: &Deps, t: &TenantId, template_id: &str, input: TemplateInput) -> CoreResult<Template> {
     check_id("template_id", template_id)?;
     let now = deps.clock.now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
