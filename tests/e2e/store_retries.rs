@@ -1,5 +1,5 @@
 //! The DynamoDB adapter's transactions sent again by the SDK after an answer that was lost
-//! (docs/delivery.md, "Retries, leases and duplicates"): on DynamoDB Local, through the conflict
+//! (docs/delivery.md, "Send: the rule of once"): on DynamoDB Local, through the conflict
 //! layer, with a client whose first answer to a TransactWriteItems is replaced by a 500 after
 //! DynamoDB applied it. The SDK sends it again with the same `ClientRequestToken` (it fills one
 //! in on every TransactWriteItems call the adapter makes, before its retry loop), so DynamoDB
