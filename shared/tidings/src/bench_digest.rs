@@ -730,7 +730,12 @@ async fn phases(
         }
         if Instant::now() >= deadline {
             let dead = dead_letters(deps, queues).await;
-            anyhow::bail!("only {n} of {triggers} triggers entered their digests in time; dead letters: {dead:?}");
+            // The metric counts every tenant's runs: this run's are named.
+            let own = runs_of(watch, t, &ids).await.unwrap_or_default();
+            anyhow::bail!(
+                "not every one of the {triggers} triggers entered its digest in time ({n} counted, this run's \
+                 runs: {own:?}); dead letters: {dead:?}"
+            );
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -773,7 +778,11 @@ async fn phases(
         }
         if Instant::now() >= deadline {
             let dead = dead_letters(deps, queues).await;
-            anyhow::bail!("only {sent} of {users} digests sent and {done} runs ended in time; dead letters: {dead:?}");
+            let own = runs_of(watch, t, &ids).await.unwrap_or_default();
+            anyhow::bail!(
+                "only {sent} of {users} digests sent and not every run ended in time ({done} run ends counted, \
+                 this run's runs: {own:?}); dead letters: {dead:?}"
+            );
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

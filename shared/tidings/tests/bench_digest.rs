@@ -72,7 +72,7 @@ fn a_run_on_a_store_an_earlier_run_left_unfinished_still_sends_one_digest_per_us
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && stderr.contains("entered their digests in time"), "{stderr}");
+    assert!(!out.status.success() && stderr.contains("entered its digest in time"), "{stderr}");
     let (report, stderr) = bench(&["--users", "5", "--per-user", "10", "--data-dir", data]);
     checks_pass(&report, &stderr, 10);
     assert!(report["leftover_at_start"].as_object().is_some_and(|m| !m.is_empty()), "{report}");
