@@ -40,6 +40,7 @@ mod site_browser;
 mod sizes;
 mod sms_failover;
 mod sms_shipped;
+mod store_retries;
 mod webhooks;
 mod workflows;
 
@@ -334,6 +335,13 @@ async fn reserve_bench_on_aws_sells_exactly_the_stock_and_the_table_agrees() -> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn digest_bench_on_aws_sends_one_digest_per_user_with_its_events() -> anyhow::Result<()> {
     bench::digest_bench_on_aws_sends_one_digest_per_user_with_its_events().await
+}
+
+/// A DynamoDB transaction whose answer was lost after it committed, sent again by the SDK, is
+/// applied once and answered as committed (the SDK's `ClientRequestToken`, one for all the attempts of a call; AWS only).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_whose_answer_was_lost_is_applied_once_when_the_sdk_sends_it_again() -> anyhow::Result<()> {
+    store_retries::a_transaction_whose_answer_was_lost_is_applied_once_when_the_sdk_sends_it_again().await
 }
 
 /// `--bootstrap` on AWS tells each table, queue, DLQ and sender, created then found (AWS only:

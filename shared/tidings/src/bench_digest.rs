@@ -87,11 +87,31 @@ fn user_id(i: u64) -> String {
 /// The digest email's text: `count|r,r,r,` (the rounds of its events, oldest first).
 const BODY: &str = "{{ count }}|{% for e in events %}{{ e.round }},{% endfor %}";
 
-/// The fake email provider: every body each user was sent.
-#[derive(Default)]
+/// The fake email provider: every body each user of this run's tenant was sent.
+///
+/// The workers and the tick serve the whole table and its queues, not one tenant: on the AWS
+/// backend's table, which outlives a run (`TIDINGS_TABLE`), what an earlier run left (a run
+/// stopped before its windows closed: their timers, its messages still queued) is done by this
+/// one, and its digests go to users with the same ids (`b00000000`...) in that run's tenant.
+/// Those are not this run's digests: they are counted apart (`other_tenants_sends`), never as a
+/// second digest of a user of this run.
 struct DigestProvider {
+    tenant: String,
     bodies: Mutex<HashMap<String, Vec<String>>>,
     sent: AtomicU64,
+    /// Sends for another tenant's users.
+    others: AtomicU64,
+}
+
+impl DigestProvider {
+    fn new(t: &TenantId) -> Self {
+        Self {
+            tenant: t.as_str().to_owned(),
+            bodies: Mutex::default(),
+            sent: AtomicU64::new(0),
+            others: AtomicU64::new(0),
+        }
+    }
 }
 
 #[async_trait]
@@ -100,13 +120,17 @@ impl Provider for DigestProvider {
         "bench-digest"
     }
     async fn send(&self, m: &OutboundMessage) -> Result<ProviderReceipt, ProviderError> {
-        self.bodies
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(m.user_id.clone())
-            .or_default()
-            .push(m.body.clone());
-        self.sent.fetch_add(1, Ordering::Relaxed);
+        if m.tenant != self.tenant {
+            self.others.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.bodies
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .entry(m.user_id.clone())
+                .or_default()
+                .push(m.body.clone());
+            self.sent.fetch_add(1, Ordering::Relaxed);
+        }
         Ok(ProviderReceipt { provider_message_id: m.idempotency_key.clone() })
     }
 }
@@ -474,6 +498,28 @@ async fn dead_letters(deps: &Deps, queues: &[String]) -> BTreeMap<String, u64> {
     out
 }
 
+/// What the store and queues hold before the run starts (none on a fresh table): messages on
+/// each queue (visible, in flight or delayed) and open timer buckets (`timers::tick` fires
+/// every one, whoever's).
+async fn leftover(deps: &Deps, queues: &[String]) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for q in queues {
+        if let Ok(s) = deps.queues.stats(q).await {
+            let n = s.visible + s.in_flight + s.delayed;
+            if n > 0 {
+                out.insert(format!("queue {q}"), n);
+            }
+        }
+    }
+    let open = QueryOpts { limit: 1000, cursor: None, descending: false };
+    if let Ok(page) = deps.table.query(tidings_core::timers::OPEN_BUCKETS_PK, "", open).await
+        && !page.items.is_empty()
+    {
+        out.insert("open timer buckets".into(), page.items.len() as u64);
+    }
+    out
+}
+
 /// A counter's total over its label sets that match `labels`.
 fn counter(recorder: &tidings_core::metrics::LocalRecorder, name: &str, labels: &[(&str, &str)]) -> u64 {
     recorder
@@ -514,6 +560,20 @@ async fn runs_of(deps: &Deps, t: &TenantId, ids: &[String]) -> anyhow::Result<BT
     Ok(tally)
 }
 
+/// Whether every one of the `triggers` runs is past its start: in its digest (a leader waiting
+/// at its window) or ended (`merged`).
+fn all_in_digests(tally: &BTreeMap<String, u64>, triggers: u64) -> bool {
+    let all: u64 = tally.iter().filter(|(k, _)| k.starts_with("status ")).map(|(_, v)| v).sum();
+    all == triggers && tally.get(&format!("status {}", RunStatus::Running.as_str())).copied().unwrap_or(0) == 0
+}
+
+/// Whether every one of the `triggers` runs ended.
+fn all_ended(tally: &BTreeMap<String, u64>, triggers: u64) -> bool {
+    let status = |s: RunStatus| tally.get(&format!("status {}", s.as_str())).copied().unwrap_or(0);
+    let all: u64 = tally.iter().filter(|(k, _)| k.starts_with("status ")).map(|(_, v)| v).sum();
+    all == triggers && status(RunStatus::Running) == 0 && status(RunStatus::Waiting) == 0
+}
+
 /// The runs must be: all completed, one digest of `per_user` events per user, the rest merged.
 pub fn check_runs(tally: &BTreeMap<String, u64>, users: u64, per_user: u64) -> Result<(), String> {
     let triggers = users * per_user;
@@ -551,16 +611,23 @@ pub async fn digest(args: DigestArgs) -> anyhow::Result<()> {
     let table: Arc<dyn Table> = Arc::new(CountingTable { inner: backend.deps.table.clone(), counts: counts.clone() });
     let queues: Arc<dyn Queues> =
         Arc::new(CountingQueues { inner: backend.deps.queues.clone(), counts: counts.clone() });
-    let provider = Arc::new(DigestProvider::default());
+    // A tenant of its own each run: the AWS backend's table outlives it.
+    let run_id = format!("{:x}", chrono::Utc::now().timestamp_micros());
+    let t = TenantId::parse(&format!("digest-{run_id}"))?;
+    let provider = Arc::new(DigestProvider::new(&t));
     let p: Arc<dyn Provider> = provider.clone();
     let config = backend.deps.config.clone();
     let store = if args.backend == BackendKind::Aws { GateStore::Shared(table.clone()) } else { GateStore::Local };
     let providers = gates::wrap(&Providers { email: p.clone(), sms: p.clone(), push: p }, None, &config.gates, store);
     let deps = Deps::new(table.clone(), queues, clock.clone(), providers, config);
     let recorder = tidings_core::metrics::install();
-    // A tenant of its own each run: the AWS backend's table outlives it.
-    let run_id = format!("{:x}", chrono::Utc::now().timestamp_micros());
-    let t = TenantId::parse(&format!("digest-{run_id}"))?;
+    let leftover = leftover(&deps, &backend.queue_names).await;
+    if !leftover.is_empty() {
+        eprintln!(
+            "digest: the store and queues hold an earlier run's work ({leftover:?}): this run does it too; its sends \
+             are counted apart (other_tenants_sends) and its runs' ends in runs_ended_counted"
+        );
+    }
 
     let progress = Progress::bar("seeding", users, "users");
     crate::bench::seed_users(deps.table.as_ref(), &t, users, crate::bench::BenchChannel::Email, &progress).await?;
@@ -587,11 +654,16 @@ pub async fn digest(args: DigestArgs) -> anyhow::Result<()> {
         crate::runtime::Pools::configured(),
     );
     let queues = &backend.queue_names;
+    // This run's runs are read while it goes on (`phases`) through the store itself, not the
+    // counted one: the bench's own looks are no part of what a trigger costs.
+    let watch = Deps { table: backend.deps.table.clone(), ..deps.clone() };
     let result =
-        phases(&args, &deps, &t, &clock, &counts, &recorder, &provider, queues, (users, per_user, triggers)).await;
+        phases(&args, (&deps, &watch), &t, &clock, &counts, &recorder, &provider, queues, (users, per_user, triggers))
+            .await;
     let _ = stop_tx.send(true);
     workers.shutdown().await;
-    let report = result?;
+    let mut report = result?;
+    report["leftover_at_start"] = json!(leftover);
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(())
 }
@@ -601,7 +673,7 @@ pub async fn digest(args: DigestArgs) -> anyhow::Result<()> {
 #[allow(clippy::too_many_arguments)]
 async fn phases(
     args: &DigestArgs,
-    deps: &Deps,
+    (deps, watch): (&Deps, &Deps),
     t: &TenantId,
     clock: &ManualClock,
     counts: &Counts,
@@ -645,15 +717,25 @@ async fn phases(
     let ids = accepted.into_iter().collect::<anyhow::Result<Vec<String>>>()?;
     let accepted_s = started.elapsed().as_secs_f64();
     let deadline = Instant::now() + Duration::from_secs(args.timeout_s);
+    let mut last_look: Option<Instant> = None;
     loop {
         let n = entered() - entered0;
         accepting.set(n, format!("{:.0}/s", n as f64 / started.elapsed().as_secs_f64().max(0.001)));
-        if n >= triggers {
-            break;
+        // The metrics count every tenant's runs: this run's are read before its windows close.
+        if n >= triggers && last_look.is_none_or(|at| at.elapsed() >= Duration::from_secs(2)) {
+            last_look = Some(Instant::now());
+            if all_in_digests(&runs_of(watch, t, &ids).await?, triggers) {
+                break;
+            }
         }
         if Instant::now() >= deadline {
             let dead = dead_letters(deps, queues).await;
-            anyhow::bail!("only {n} of {triggers} triggers entered their digests in time; dead letters: {dead:?}");
+            // The metric counts every tenant's runs: this run's are named.
+            let own = runs_of(watch, t, &ids).await.unwrap_or_default();
+            anyhow::bail!(
+                "not every one of the {triggers} triggers entered its digest in time ({n} counted, this run's \
+                 runs: {own:?}); dead letters: {dead:?}"
+            );
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -675,6 +757,7 @@ async fn phases(
     let flush = Progress::bar("digests", users, "sent").every(Duration::from_secs(5));
     let deadline = Instant::now() + Duration::from_secs(args.timeout_s);
     let mut last_tick: Option<Instant> = None;
+    let mut last_look: Option<Instant> = None;
     loop {
         if last_tick.is_none_or(|at| at.elapsed() >= Duration::from_secs(1)) {
             last_tick = Some(Instant::now());
@@ -683,14 +766,23 @@ async fn phases(
             }
         }
         let sent = provider.sent.load(Ordering::Relaxed) - sent0;
+        // The metric counts every tenant's runs (an earlier run's left in the table end here
+        // too): it only says when to look; this run's runs are read to know they all ended.
         let done = counter(recorder, ended, &[]) - ended0;
         flush.set(sent, format!("{done} of {triggers} runs ended"));
-        if sent >= users && done >= triggers {
-            break;
+        if sent >= users && done >= triggers && last_look.is_none_or(|at| at.elapsed() >= Duration::from_secs(2)) {
+            last_look = Some(Instant::now());
+            if all_ended(&runs_of(watch, t, &ids).await?, triggers) {
+                break;
+            }
         }
         if Instant::now() >= deadline {
             let dead = dead_letters(deps, queues).await;
-            anyhow::bail!("only {sent} of {users} digests sent and {done} runs ended in time; dead letters: {dead:?}");
+            let own = runs_of(watch, t, &ids).await.unwrap_or_default();
+            anyhow::bail!(
+                "only {sent} of {users} digests sent and not every run ended in time ({done} run ends counted, \
+                 this run's runs: {own:?}); dead letters: {dead:?}"
+            );
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -701,6 +793,8 @@ async fn phases(
     // A moment for anything late (a second digest would show here).
     tokio::time::sleep(Duration::from_secs(2)).await;
 
+    let runs_ended_counted = counter(recorder, ended, &[]) - ended0;
+    let other_tenants_sends = provider.others.load(Ordering::Relaxed);
     let bodies = provider.bodies.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let sent = bodies.values().map(Vec::len).sum::<usize>();
     // Every check, each failure kept: the report is printed with them (its figures and the
@@ -745,6 +839,10 @@ async fn phases(
         "flush_s": (flush_s * 100.0).round() / 100.0,
         "digests_sent": sent,
         "runs": tally,
+        // Every tenant's (see `DigestProvider`): above `triggers` and 0 only when the table
+        // held an earlier run's unfinished work (`leftover_at_start`).
+        "runs_ended_counted": runs_ended_counted,
+        "other_tenants_sends": other_tenants_sends,
         "per_trigger": all.per(triggers),
         "per_trigger_entering": entered_tally.per(triggers),
         "per_digest_flush": flush_tally.per(users),

@@ -51,3 +51,31 @@ fn the_digest_bench_sends_one_digest_per_user_with_its_events_and_ends_every_run
     let (report, stderr) = bench(&["--users", "5", "--per-user", "10", "--per-request", "1", "--concurrency", "8"]);
     checks_pass(&report, &stderr, 50);
 }
+
+/// A run on a store that an earlier run left unfinished (stopped before its windows closed:
+/// its request messages still queued, its windows' timers open) does that run's work too, since
+/// the workers and the tick serve every tenant; the earlier run's digests go to users with the
+/// same ids in its own tenant. They are not this run's: its check still finds one digest per
+/// user (they are counted apart, `other_tenants_sends`), and it waits for its own runs, not for
+/// a count of every tenant's. Before, they were counted as second digests of this run's users
+/// and their runs' ends ended this run's phases early (a user's last trigger then opened a
+/// second window): the "7 users sent their digest twice" of docs/performance.md, "Digests".
+#[test]
+fn a_run_on_a_store_an_earlier_run_left_unfinished_still_sends_one_digest_per_user() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_str().unwrap();
+    // Stopped at once: its 500 triggers accepted, not yet in their digests.
+    let out = Command::new(env!("CARGO_BIN_EXE_tidings"))
+        .args(["bench", "digest", "--users", "50", "--per-user", "10", "--timeout-s", "0", "--data-dir", data])
+        .env("TIDINGS_LOG", "warn")
+        .env_remove("TIDINGS_BACKEND")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("entered its digest in time"), "{stderr}");
+    let (report, stderr) = bench(&["--users", "5", "--per-user", "10", "--data-dir", data]);
+    checks_pass(&report, &stderr, 10);
+    assert!(report["leftover_at_start"].as_object().is_some_and(|m| !m.is_empty()), "{report}");
+    assert!(report["other_tenants_sends"].as_u64().unwrap() > 0, "the earlier run's digests went out: {report}");
+    assert!(report["runs_ended_counted"].as_u64().unwrap() > 50, "{report}");
+}

@@ -528,7 +528,7 @@ async fn call_provider(
     crate::crash::point("worker.before_provider");
     // Push goes to every device of the user (`devices::send_to_devices`).
     // The gates bound their own waits (`TIDINGS_GATE_MAX_WAIT_MS`); the rest is the provider's.
-    let gate_limit = deps.config.gates.max_wait + GATE_SLACK;
+    let gate_limit = gate_limit(&deps.config, task.category);
     let result = crate::gates::within(
         deps.config.provider_timeout,
         gate_limit,
@@ -547,6 +547,19 @@ async fn call_provider(
 /// Beyond the gates' own limit, how long a send may still be at a gate (a shared bucket's
 /// store slow to answer) before it is given up there, unsent.
 const GATE_SLACK: Duration = Duration::from_secs(5);
+
+/// How long a claimed send may be at its gates: their own limit (`max_wait` + [`GATE_SLACK`]),
+/// but never so long that the gates and the provider timeout together outlast the claim's
+/// lease (1 s kept for the claim's own reads). A transactional delivery whose lease ran out may
+/// be claimed by a second worker (its message seen again), which would call the provider while
+/// this one still does: a duplicate without any crash. A lease at its floor (the provider
+/// timeout + 1 s) leaves no time at the gates: a send that has to wait there is handed back
+/// unsent.
+fn gate_limit(config: &crate::config::CoreConfig, category: Category) -> Duration {
+    let lease = if category == Category::Transactional { config.delivery_lease } else { config.marketing_lease };
+    let within_lease = lease.saturating_sub(config.provider_timeout + Duration::from_secs(1));
+    (config.gates.max_wait + GATE_SLACK).min(within_lease)
+}
 
 /// What a provider call that timed out settles as. A transactional send is tried again (a
 /// duplicate is the documented trade-off, never a loss); a marketing send is closed as `failed`
@@ -799,4 +812,34 @@ async fn move_delivery(
         updates,
     };
     Ok(progress::transition(deps, tr).await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::{GATE_SLACK, gate_limit};
+    use crate::config::CoreConfig;
+    use crate::notify::model::Category;
+
+    /// A claimed send (its gates, then the provider within its timeout) ends before its claim's
+    /// lease runs out, whatever the lease (down to its floor, the provider timeout + 1 s), so
+    /// no second worker can claim it while the first is still sending. With the gates' own
+    /// limit alone, a lease at its floor ran out 7 s before a send waiting at a gate ended.
+    #[test]
+    fn a_claimed_send_ends_within_its_lease() {
+        let mut c = CoreConfig::default();
+        for lease_s in [11u64, 12, 15, 18, 60] {
+            c.delivery_lease = Duration::from_secs(lease_s);
+            let longest = gate_limit(&c, Category::Transactional) + c.provider_timeout;
+            assert!(
+                longest + Duration::from_secs(1) <= c.delivery_lease,
+                "lease {lease_s} s: a send lasts {longest:?}"
+            );
+        }
+        // A lease long enough leaves the gates their own limit.
+        c.delivery_lease = Duration::from_secs(60);
+        assert_eq!(gate_limit(&c, Category::Transactional), c.gates.max_wait + GATE_SLACK);
+        assert_eq!(gate_limit(&c, Category::Marketing), c.gates.max_wait + GATE_SLACK);
+    }
 }
