@@ -281,3 +281,36 @@ impl ClockMs for World {
         self.clock.now().timestamp_millis()
     }
 }
+
+/// Without `sku_id`, the SKUs that have had subscribers, a page at a time; bad paging input is
+/// refused naming its field.
+#[tokio::test]
+async fn the_list_pages_the_skus_that_have_had_subscribers() {
+    let w = world();
+    setup(&w, &["u1"], "A").await;
+    let req = WarmUpRequest { on_hand: 0, shards: None, category: None };
+    for sku in ["B", "C"] {
+        inventory::warm_up(&w.deps, &w.t, sku, &req).await.unwrap();
+    }
+    subscribe(&w, "u1", "A").await;
+    subscribe(&w, "u1", "C").await;
+    let first = analytics::analytics(&w.deps, &w.t, None, None, 1, None).await.unwrap();
+    let skus: Vec<&str> = first.items.iter().map(|i| i.sku_id.as_str()).collect();
+    assert_eq!(skus, vec!["A"]);
+    let second = analytics::analytics(&w.deps, &w.t, None, None, 1, first.next_cursor).await.unwrap();
+    let skus: Vec<&str> = second.items.iter().map(|i| i.sku_id.as_str()).collect();
+    assert_eq!(skus, vec!["C"], "B never had a subscriber");
+    assert_eq!(second.items[0].waiting, 1);
+    // The last page: no cursor, or (where the store cannot tell) one to an empty page.
+    if let Some(cursor) = second.next_cursor {
+        let third = analytics::analytics(&w.deps, &w.t, None, None, 1, Some(cursor)).await.unwrap();
+        assert!(third.items.is_empty() && third.next_cursor.is_none(), "{third:?}");
+    }
+    for (limit, cursor, field) in [(0, None, "limit"), (101, None, "limit"), (10, Some("not-hex".to_owned()), "cursor")]
+    {
+        let e = analytics::analytics(&w.deps, &w.t, None, None, limit, cursor).await.unwrap_err();
+        assert!(matches!(&e, tidings_core::CoreError::Invalid { field: f, .. } if f == field), "{e:?}");
+    }
+    let e = analytics::analytics(&w.deps, &w.t, Some("a#b"), None, 20, None).await.unwrap_err();
+    assert!(matches!(&e, tidings_core::CoreError::Invalid { field, .. } if field == "sku_id"), "{e:?}");
+}

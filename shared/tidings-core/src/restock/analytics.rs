@@ -253,13 +253,13 @@ pub async fn analytics(
     let from = from_ms
         .and_then(chrono::DateTime::<chrono::Utc>::from_timestamp_millis)
         .map(|d| d.to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
+    if !(1..=MAX_SKUS_PER_PAGE).contains(&limit) {
+        return Err(CoreError::invalid("limit", format!("must be 1 to {MAX_SKUS_PER_PAGE}")));
+    }
     if let Some(sku) = sku_id {
         check_id("sku_id", sku)?;
         let one = sku_earnings(deps, t, sku, from_ms).await?;
         return Ok(EarningsPage { from, items: vec![one], next_cursor: None });
-    }
-    if !(1..=MAX_SKUS_PER_PAGE).contains(&limit) {
-        return Err(CoreError::invalid("limit", format!("must be 1 to {MAX_SKUS_PER_PAGE}")));
     }
     let page = deps
         .table
