@@ -437,5 +437,7 @@ pub async fn analytics_count_orders_within_seven_days_of_the_notice(backend: Bac
         )
         .await?;
     assert_eq!((st, v["field"].as_str()), (422, Some("items[0].unit_price")), "{v}");
+    let undocumented = s.undocumented();
+    assert!(undocumented.is_empty(), "answers the OpenAPI document does not list: {undocumented:?}");
     Ok(())
 }
