@@ -243,7 +243,7 @@ async fn the_median_is_the_middle_of_an_odd_count_and_the_mean_of_the_two_middle
 }
 
 /// The WAITING count is kept in the transactions that move subscriptions: a repeat adds
-/// nothing, a cancel and an expiry take one off, a notice takes the rest.
+/// nothing, a cancel, an expiry and an erasure take one off, a notice takes the rest.
 #[tokio::test]
 async fn the_waiting_count_follows_every_way_in_and_out_of_waiting() {
     let w = world();
@@ -265,10 +265,13 @@ async fn the_waiting_count_follows_every_way_in_and_out_of_waiting() {
     restock::scan(&w.deps).await.unwrap();
     assert_eq!(restock::subscriptions::get(&w.deps, &w.t, &first).await.unwrap().unwrap().status.as_str(), "EXPIRED");
     assert_eq!(figures(&w, &w.t, "A", None).await.waiting, 2);
+    // An erased user's WAITING subscription is gone, and out of the count.
+    tidings_core::people::erasure::erase(&w.deps, &w.t, "u4").await.unwrap();
+    assert_eq!(figures(&w, &w.t, "A", None).await.waiting, 1);
     restock_by(&w, "A", 5, "po-1").await;
     pump(&w).await;
     let f = figures(&w, &w.t, "A", None).await;
-    assert_eq!((f.waiting, f.notified), (0, 2), "{f:?}");
+    assert_eq!((f.waiting, f.notified), (0, 1), "{f:?}");
 }
 
 trait ClockMs {
