@@ -80,12 +80,14 @@ async fn setup(w: &World, users_: &[&str], sku: &str) {
 }
 
 async fn subscribe(w: &World, user_id: &str, sku_id: &str) -> String {
-    let req = SubscriptionRequest { user_id: user_id.into(), sku_id: sku_id.into(), spu_id: None };
+    let req =
+        SubscriptionRequest { user_id: user_id.into(), sku_id: sku_id.into(), spu_id: None, notify_incoming: false };
     restock::subscribe(&w.deps, &w.t, &req).await.unwrap().0.subscription_id
 }
 
 async fn restock_by(w: &World, sku: &str, delta: i64, key: &str) {
-    let req = AdjustmentRequest { delta, source: "purchase_order".into(), idempotency_key: key.into() };
+    let req =
+        AdjustmentRequest { delta, source: "purchase_order".into(), idempotency_key: key.into(), reference: None };
     inventory::adjust(&w.deps, &w.t, sku, &req).await.unwrap();
 }
 
