@@ -9,8 +9,9 @@ slowed provider, so the bar is seen below 100% and then higher), each STATUS=ID 
 shown in its outcome's colour (amber, red, and the campaign green), the charts of sends, queue
 depths and ages, the dead letters with their reasons and a redrive by click after the
 confirmation dialog (dismissed first: nothing moves), a user's inbox, deliveries and
-preferences, a SKU's stock and ledger, and the restock notices needing attention with a resend
-by click. Saves a screenshot of each view in SCREENSHOT_DIR. Exits non-zero with a message on
+preferences, a SKU's stock and ledger, the restock notices needing attention with a resend
+by click, and what restock alerts earned (an order paid here after bob's alert, in the table and
+the chart). Saves a screenshot of each view in SCREENSHOT_DIR. Exits non-zero with a message on
 the first thing that is not as expected; prints `resent BATCH` and `campaign ID` for the test.
 """
 
@@ -284,6 +285,23 @@ def restock_resent(c):
     print(f"resent {batch}")
 
 
+def restock_earnings(c):
+    """What alerts earn: bob, notified about A, buys one at 19.99; the table and the chart show it."""
+    c.call("POST", "/v1/orders", {"order_id": "console-o1", "user_id": "bob",
+                                  "items": [{"sku_id": "A", "qty": 1, "unit_price": "19.99"}]}, as_tenant=True)
+    c.call("POST", "/v1/orders/console-o1/pay", as_tenant=True)
+    c.view("restock")
+    row = wait_for("A's order in the earnings table", lambda: next(
+        (r["cells"] for r in c.rows("earnings") if r["data"].get("sku") == "A" and r["cells"][4] == "1"), None))
+    if row[2] != "1" or row[6] != "19.99":
+        raise SystemExit(f"console check failed: A's earnings read {row}")
+    bars = c.js("return [...document.querySelectorAll('#chart-earn rect[data-sku=\"A\"]')].map(r => r.dataset.stage + '=' + r.dataset.value)")
+    if bars != ["notified=1", "clicked=0", "ordered=1"]:
+        raise SystemExit(f"console check failed: A's bars are {bars}")
+    c.screenshot("restock-earnings")
+    print(f"earnings of A: {row}")
+
+
 def main():
     base, key, tenant_key, dead_queue, segment, shots = sys.argv[1:7]
     # The notifications that ended each way: `status=id` pairs.
@@ -301,6 +319,7 @@ def main():
         user_views(c)
         stock_views(c)
         restock_resent(c)
+        restock_earnings(c)
         print(f"campaign {campaign}")
         print(f"console OK; screenshots in {shots}")
     finally:

@@ -159,7 +159,7 @@ on_both_backends!(crash as crash_tests:
     workflow_steps_cut_off_at_each_point_send_one_digest,
 );
 
-on_both_backends!(restock as restock_tests: event_and_scan_race_send_one_merged_message, bad_input_retries_manual_and_resend, retries_come_1_5_and_30_minutes_after_each_failure);
+on_both_backends!(restock as restock_tests: event_and_scan_race_send_one_merged_message, bad_input_retries_manual_and_resend, retries_come_1_5_and_30_minutes_after_each_failure, analytics_count_orders_within_seven_days_of_the_notice);
 
 on_both_backends!(gates as gates_tests:
     thirty_marketing_emails_at_five_a_second_are_all_sent,

@@ -280,3 +280,164 @@ pub async fn retries_come_1_5_and_30_minutes_after_each_failure(backend: Backend
     assert_eq!(v["items"].as_array().map(Vec::len), Some(0), "{v}");
     Ok(())
 }
+
+/// The analytics of one SKU.
+async fn earnings(s: &Server, sku: &str) -> anyhow::Result<Value> {
+    let (st, v) = s.call("GET", &format!("/v1/restock/analytics?sku_id={sku}"), None).await?;
+    assert_eq!(st, 200, "{v}");
+    Ok(v["items"][0].clone())
+}
+
+async fn buy(s: &Server, order: &str, user: &str, sku: &str, qty: i64, price: Option<&str>) -> anyhow::Result<()> {
+    let mut line = json!({"sku_id": sku, "qty": qty});
+    if let Some(p) = price {
+        line["unit_price"] = json!(p);
+    }
+    let (st, v) =
+        s.call("POST", "/v1/orders", Some(json!({"order_id": order, "user_id": user, "items": [line]}))).await?;
+    assert_eq!(st, 201, "{v}");
+    let (st, v) = s.call("POST", &format!("/v1/orders/{order}/pay"), None).await?;
+    assert_eq!(st, 200, "{v}");
+    Ok(())
+}
+
+/// Issue 35, what alerts earn: an order placed before the notice does not count (even paid
+/// after it), one placed after a click does, a repeated pay counts once, revenue is exact (3 ×
+/// 19.99), the median minutes for an odd and an even count, an order more than 7 days after the
+/// notice does not count, and another tenant sees none of it. On the manual clock, so the
+/// minutes are exact.
+pub async fn analytics_count_orders_within_seven_days_of_the_notice(backend: Backend) -> anyhow::Result<()> {
+    let mut o = Options { manual_clock: true, ..Options::default() };
+    o.env.push(("TIDINGS_RESTOCK_MERGE_WINDOW_MS", "1000".into()));
+    o.env.push(("TIDINGS_RESTOCK_BATCH_PAUSE_MS", "0".into()));
+    o.env.push(("TIDINGS_SIGNING_KEYS", "k1:e2e-signing-secret".into()));
+    let s = Server::start(backend, o).await?;
+    let users = ["u1", "u2", "u3", "u4", "u5", "u6"];
+    setup(&s, &users, &[]).await?;
+    let (st, v) = s.call("PUT", "/v1/inventory/A", Some(json!({"on_hand": 5}))).await?;
+    assert_eq!(st, 201, "{v}");
+    let (st, v) = s.call("PUT", "/v1/settings/link-hosts", Some(json!({"hosts": ["shop.example"]}))).await?;
+    assert_eq!(st, 200, "{v}");
+    let template = json!({"default_locale": "en", "locales": {"en": {"email_subject": "Back: {{ sku_list }}",
+        "email_body": "Back in stock: https://shop.example/p/{{ sku_list }}"}}});
+    let (st, v) = s.call("PUT", "/v1/templates/restock", Some(template)).await?;
+    assert_eq!(st, 200, "{v}");
+    // u4 takes the 5 units before anyone is notified (the order is placed now, paid later).
+    let (st, v) = s
+        .call(
+            "POST",
+            "/v1/orders",
+            Some(json!({"order_id": "early", "user_id": "u4",
+            "items": [{"sku_id": "A", "qty": 5, "unit_price": "100"}]})),
+        )
+        .await?;
+    assert_eq!(st, 201, "{v}");
+    for u in users {
+        subscribe(&s, u, "A").await?;
+    }
+    let f = earnings(&s, "A").await?;
+    assert_eq!((f["waiting"].as_i64(), f["notified"].as_i64()), (Some(6), Some(0)), "{f}");
+    advance(&s, 60).await?;
+    stock_in(&s, "A", 50).await?;
+    s.eventually(WAIT, "six notices", || async {
+        let f = earnings(&s, "A").await?;
+        Ok((f["notified"] == 6).then_some(()))
+    })
+    .await?;
+    let (st, v) = s.call("POST", "/v1/orders/early/pay", None).await?;
+    assert_eq!(st, 200, "{v}");
+    // The messages go out; u1 clicks the link in theirs (twice: one click).
+    advance(&s, 2).await?;
+    let mail = s.eventually(WAIT, "u1's message", || async { Ok(emails(&s, "u1").await?.into_iter().next()) }).await?;
+    let body = mail["body"].as_str().unwrap_or_default().to_owned();
+    let token: String = body
+        .split("/t/c/")
+        .nth(1)
+        .unwrap_or_default()
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || "-_.".contains(*c))
+        .collect();
+    assert!(!token.is_empty(), "a tracked link: {body}");
+    let no_redirect = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build()?;
+    for _ in 0..2 {
+        let res = no_redirect.get(format!("{}/t/c/{token}", s.base)).send().await?;
+        assert_eq!(res.status().as_u16(), 302);
+    }
+    s.eventually(WAIT, "u1's click", || async {
+        let f = earnings(&s, "A").await?;
+        Ok((f["clicked"] == 1).then_some(()))
+    })
+    .await?;
+    // Orders 10, 20 and 30 minutes after the notice; u1 pays twice.
+    advance(&s, 598).await?;
+    buy(&s, "o1", "u1", "A", 3, Some("19.99")).await?;
+    let (st, v) = s.call("POST", "/v1/orders/o1/pay", None).await?;
+    assert_eq!((st, v["code"].as_str()), (409, Some("invalid_state")), "{v}");
+    advance(&s, 600).await?;
+    buy(&s, "o2", "u2", "A", 1, Some("0.01")).await?;
+    advance(&s, 600).await?;
+    buy(&s, "o3", "u3", "A", 1, None).await?;
+    let f = earnings(&s, "A").await?;
+    assert_eq!(
+        (
+            f["waiting"].as_i64(),
+            f["notified"].as_i64(),
+            f["clicked"].as_i64(),
+            f["ordered"].as_i64(),
+            f["units"].as_i64()
+        ),
+        (Some(0), Some(6), Some(1), Some(3), Some(5)),
+        "the early order is not counted: {f}"
+    );
+    assert_eq!((f["revenue"].as_str(), f["median_minutes_to_order"].as_f64()), (Some("59.98"), Some(20.0)), "{f}");
+    // A fourth, 45 minutes after: the median of 10, 20, 30, 45 is 25.
+    advance(&s, 900).await?;
+    buy(&s, "o5", "u5", "A", 1, Some("0.02")).await?;
+    let f = earnings(&s, "A").await?;
+    assert_eq!(
+        (f["ordered"].as_i64(), f["median_minutes_to_order"].as_f64(), f["revenue"].as_str()),
+        (Some(4), Some(25.0), Some("60.00")),
+        "{f}"
+    );
+    // More than 7 days after the notice: not counted.
+    advance(&s, 7 * 24 * 3600 + 60 - 2700).await?;
+    buy(&s, "late", "u6", "A", 1, Some("1")).await?;
+    let f = earnings(&s, "A").await?;
+    assert_eq!((f["ordered"].as_i64(), f["revenue"].as_str()), (Some(4), Some("60.00")), "{f}");
+
+    // The list pages the SKUs; another tenant sees none of this.
+    let (st, v) = s.call("GET", "/v1/restock/analytics", None).await?;
+    assert_eq!((st, v["items"].as_array().map(Vec::len)), (200, Some(1)), "{v}");
+    assert_eq!(v["items"][0], f);
+    let other = s.other_tenant_key();
+    let (st, v) = s.call_as(&other, "GET", "/v1/restock/analytics", None).await?;
+    assert_eq!((st, v["items"].as_array().map(Vec::len)), (200, Some(0)), "{v}");
+    let (st, v) = s.call_as(&other, "GET", "/v1/restock/analytics?sku_id=A", None).await?;
+    let theirs = &v["items"][0];
+    assert_eq!(
+        (
+            st,
+            theirs["waiting"].as_i64(),
+            theirs["notified"].as_i64(),
+            theirs["ordered"].as_i64(),
+            theirs["revenue"].as_str()
+        ),
+        (200, Some(0), Some(0), Some(0), Some("0.00")),
+        "{v}"
+    );
+    // Bad input: problems naming the field.
+    let (st, v) = s.call("GET", "/v1/restock/analytics?since=yesterday", None).await?;
+    assert_eq!((st, v["field"].as_str()), (422, Some("since")), "{v}");
+    let (st, v) = s
+        .call(
+            "POST",
+            "/v1/orders",
+            Some(json!({"order_id": "bad", "user_id": "u1",
+            "items": [{"sku_id": "A", "qty": 1, "unit_price": "19.999999"}]})),
+        )
+        .await?;
+    assert_eq!((st, v["field"].as_str()), (422, Some("items[0].unit_price")), "{v}");
+    let undocumented = s.undocumented();
+    assert!(undocumented.is_empty(), "answers the OpenAPI document does not list: {undocumented:?}");
+    Ok(())
+}

@@ -18,6 +18,7 @@ pub mod lists;
 pub mod log_lines;
 pub mod messages;
 pub mod metrics;
+pub mod money;
 pub mod notify;
 pub mod ops;
 pub mod outcome;

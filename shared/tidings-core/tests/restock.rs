@@ -685,7 +685,7 @@ async fn three_units_for_a_hundred_waiters_go_in_waves() {
     let order = OrderRequest {
         order_id: "o1".into(),
         user_id: "u000".into(),
-        items: vec![OrderLine { sku_id: "A".into(), qty: 1 }],
+        items: vec![OrderLine { sku_id: "A".into(), qty: 1, unit_price: None }],
         hold_seconds: None,
         category: None,
     };

@@ -180,7 +180,7 @@ async fn reserve_once(args: &ReserveArgs, peers: &[PeerFigure]) -> anyhow::Resul
                 let req = OrderRequest {
                     order_id: format!("{prefix}{i}"),
                     user_id: format!("u{i}"),
-                    items: vec![OrderLine { sku_id: sku.clone(), qty: 1 }],
+                    items: vec![OrderLine { sku_id: sku.clone(), qty: 1, unit_price: None }],
                     hold_seconds: None,
                     category: None,
                 };

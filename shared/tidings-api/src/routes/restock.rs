@@ -8,6 +8,7 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde::Serialize;
 use tidings_core::CoreError;
+use tidings_core::restock::analytics::{EarningsPage, MAX_SKUS_PER_PAGE};
 use tidings_core::restock::{
     self, NoticePage, ResendReport, StockEvent, StockEventAccepted, Subscription, SubscriptionRequest,
     SubscriptionStatus,
@@ -18,7 +19,7 @@ use crate::problem::{ApiResult, Problem};
 use crate::state::AppState;
 
 #[derive(utoipa::OpenApi)]
-#[openapi(paths(subscribe, cancel, list_for_user, stock_event, list_notices, resend))]
+#[openapi(paths(subscribe, cancel, list_for_user, stock_event, list_notices, resend, analytics))]
 pub(super) struct Api;
 
 pub fn router() -> Router<AppState> {
@@ -29,6 +30,7 @@ pub fn router() -> Router<AppState> {
         .route("/v1/stock-events", post(stock_event))
         .route("/v1/ops/restock-notices", get(list_notices))
         .route("/v1/ops/restock-notices/resend", post(resend))
+        .route("/v1/restock/analytics", get(analytics))
 }
 
 /// A subscription as the API shows it: the stored record without the fields only storage
@@ -168,4 +170,34 @@ async fn resend(
     Body(req): Body<ResendRequest>,
 ) -> ApiResult<Json<ResendReport>> {
     Ok(Json(restock::resend(&s.deps, &t, &req.batch_no).await?))
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+struct AnalyticsQuery {
+    /// One SKU (its row even when nothing happened to it); absent: every SKU that has had
+    /// subscribers, a page at a time.
+    sku_id: Option<String>,
+    /// RFC 3339: figures from the start of this time's UTC day (the counts are kept per day).
+    since: Option<String>,
+    /// SKUs per page, 1 to 100 (default 20).
+    #[param(minimum = 1, maximum = 100)]
+    limit: Option<usize>,
+    /// The `next_cursor` of the previous page.
+    cursor: Option<String>,
+}
+
+/// What back-in-stock alerts earn per SKU (docs/restock.md, "What alerts earn").
+#[utoipa::path(get, path = "/v1/restock/analytics", tag = "restock", security(("api_key" = [])), params(AnalyticsQuery),
+    responses((status = 200, description = "Per SKU: waiting, notified, clicked, ordered within 7 days of the notice, revenue, median minutes to order", body = EarningsPage),
+        (status = 422, description = "A bad `sku_id`, `since`, `limit` or `cursor`", body = Problem, content_type = "application/problem+json")))]
+async fn analytics(
+    State(s): State<AppState>,
+    Tenant(t): Tenant,
+    QueryParams(q): QueryParams<AnalyticsQuery>,
+) -> ApiResult<Json<EarningsPage>> {
+    let limit = q.limit.unwrap_or(20.min(MAX_SKUS_PER_PAGE));
+    let page =
+        restock::analytics::analytics(&s.deps, &t, q.sku_id.as_deref(), q.since.as_deref(), limit, q.cursor).await?;
+    Ok(Json(page))
 }

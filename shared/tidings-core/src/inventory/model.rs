@@ -230,6 +230,10 @@ pub struct Allocation {
 pub struct OrderItem {
     pub sku_id: String,
     pub qty: i64,
+    /// The price of one unit, an exact decimal ("19.99"): what back-in-stock alerts earned is
+    /// summed from it (docs/restock.md, "What alerts earn").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unit_price: Option<String>,
     /// The cells the units are held in (one entry, shard 0, when unsharded).
     #[serde(default)]
     pub allocations: Vec<Allocation>,
@@ -264,6 +268,8 @@ pub struct Order {
 pub struct OrderLineView {
     pub sku_id: String,
     pub qty: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unit_price: Option<String>,
 }
 
 /// What `GET /v1/orders/{order_id}` answers.
@@ -290,7 +296,11 @@ impl From<&Order> for OrderView {
             order_id: o.order_id.clone(),
             user_id: o.user_id.clone(),
             status: o.status,
-            items: o.items.iter().map(|i| OrderLineView { sku_id: i.sku_id.clone(), qty: i.qty }).collect(),
+            items: o
+                .items
+                .iter()
+                .map(|i| OrderLineView { sku_id: i.sku_id.clone(), qty: i.qty, unit_price: i.unit_price.clone() })
+                .collect(),
             hold_seconds: o.hold_seconds,
             created_at: o.created_at.clone(),
             expires_at: o.expires_at.clone(),
@@ -335,6 +345,10 @@ pub struct AdjustmentRequest {
 pub struct OrderLine {
     pub sku_id: String,
     pub qty: i64,
+    /// The price of one unit as a decimal string, at most 9 digits before the point and 4
+    /// after it ("19.99"); optional. Summed exactly into what alerts earned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unit_price: Option<String>,
 }
 
 /// The body of `POST /v1/orders`.

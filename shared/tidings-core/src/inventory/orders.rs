@@ -59,6 +59,9 @@ fn validate(req: &OrderRequest) -> CoreResult<()> {
         if !(1..=MAX_QTY).contains(&line.qty) {
             return Err(CoreError::invalid(format!("items[{i}].qty"), format!("must be 1 to {MAX_QTY}")));
         }
+        if let Some(p) = &line.unit_price {
+            crate::money::Amount::parse(&format!("items[{i}].unit_price"), p)?;
+        }
         if !seen.insert(line.sku_id.as_str()) {
             return Err(CoreError::invalid(format!("items[{i}].sku_id"), "each SKU may appear once"));
         }
@@ -206,6 +209,7 @@ pub async fn place_order(deps: &Deps, t: &TenantId, req: &OrderRequest) -> CoreR
                 .map(|(l, p)| OrderItem {
                     sku_id: l.sku_id.clone(),
                     qty: l.qty,
+                    unit_price: l.unit_price.clone(),
                     allocations: p.iter().map(|(&shard, &qty)| Allocation { shard, qty }).collect(),
                 })
                 .collect(),
@@ -312,12 +316,34 @@ fn invalid_state(order: &Order) -> CoreError {
 }
 
 /// Pays a PENDING order whose hold has not expired: reserved → sold, one transaction.
+/// A paid order is then attributed to the back-in-stock alerts before it (off the reservation
+/// path; a repeated pay of a PAID order attributes it again, which counts once).
 pub async fn pay(deps: &Deps, t: &TenantId, order_id: &str) -> CoreResult<OrderView> {
     match settle(deps, t, order_id, Transition::Pay).await? {
-        Settlement::Settled(o) => Ok(OrderView::from(&o)),
+        Settlement::Settled(o) => {
+            attribute(deps, t, &o).await;
+            Ok(OrderView::from(&o))
+        }
+        Settlement::NotPending(o) if o.status == OrderStatus::Paid => {
+            attribute(deps, t, &o).await;
+            Err(invalid_state(&o))
+        }
         Settlement::Already(o) | Settlement::NotPending(o) => Err(invalid_state(&o)),
         Settlement::NotDue { .. } => Err(StoreError::Invalid("pay cannot be not due".into()).into()),
     }
+}
+
+/// The paid order's attribution to the alerts about its SKUs (docs/restock.md, "What alerts
+/// earn").
+async fn attribute(deps: &Deps, t: &TenantId, o: &Order) {
+    use crate::restock::analytics::{PaidLine, PaidOrder, on_paid_logged};
+    let lines = o
+        .items
+        .iter()
+        .map(|i| PaidLine { sku_id: &i.sku_id, qty: i.qty, unit_price: i.unit_price.as_deref() })
+        .collect();
+    let paid = PaidOrder { order_id: &o.order_id, user_id: &o.user_id, created_at: &o.created_at, lines };
+    on_paid_logged(deps, t, &paid).await;
 }
 
 /// Cancels a PENDING order and releases its hold (reserved → available); a cancelled order

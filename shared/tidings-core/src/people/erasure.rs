@@ -178,13 +178,23 @@ pub async fn erase(deps: &Deps, t: &TenantId, user_id: &str) -> CoreResult<()> {
         }
         for sub in &page.items {
             let id = &sub.subscription_id;
-            deps.table
-                .transact(vec![
-                    Write::Delete { key: restock::keys::subscription(t, id), cond: Cond::Always },
-                    Write::Delete { key: restock::keys::user_subscription(t, user_id, &sub.sort), cond: Cond::Always },
-                    Write::Delete { key: restock::keys::waiting_entry(t, &sub.sku_id, &sub.sort), cond: Cond::Always },
-                ])
-                .await?;
+            // A WAITING one leaves its SKU's WAITING count in the same transaction, on the
+            // condition that it is still WAITING (else it was counted out already: read again).
+            let waiting = sub.status == restock::SubscriptionStatus::Waiting;
+            let cond = if waiting { Cond::eq("status", sub.status.as_str()) } else { Cond::Always };
+            let mut writes = vec![
+                Write::Delete { key: restock::keys::subscription(t, id), cond },
+                Write::Delete { key: restock::keys::user_subscription(t, user_id, &sub.sort), cond: Cond::Always },
+                Write::Delete { key: restock::keys::waiting_entry(t, &sub.sku_id, &sub.sort), cond: Cond::Always },
+            ];
+            if waiting {
+                writes.push(restock::analytics::waiting_write(t, &sub.sku_id, user_id, -1));
+            }
+            match deps.table.transact(writes).await {
+                Ok(()) => {}
+                Err(StoreError::ConditionFailed { .. } | StoreError::Conflict) => continue,
+                Err(e) => return Err(e.into()),
+            }
             let lock = restock::keys::waiting_lock(t, &sub.sku_id, user_id);
             match deps.table.delete(&lock, Cond::eq("subscription_id", id.clone())).await {
                 Ok(()) | Err(StoreError::ConditionFailed { .. }) => {}

@@ -14,9 +14,15 @@
 //! | a user's merge window: the workflow engine's digest (`crate::workflows::digest`) | `T#t#DG#~restock#{user}#0#{hash}` | `HEAD`, `E#{window}#{ms}#{batch_no}` |
 //! | merged message (one per window) | `T#t#RMSG#{window_id}` | `MSG` |
 //! | before the merge was a digest: a user's open window, one SKU in it | `T#t#RWIN#{user}`, `T#t#RMSG#{window_id}` | `OPEN`, `E#{batch_no}` |
+//! | what alerts earn: WAITING count of a SKU, in shards by user | `T#t#RSTAT#{sku}` | `W#{shard}` |
+//! | what alerts earn: notices and clicks of a SKU on a UTC day | `T#t#RSTAT#{sku}` | `D#{yyyy-mm-dd}` |
+//! | an order attributed to an alert about the SKU | `T#t#RATTR#{sku}` | `{order_created_ms:015}#{order_id}` |
+//! | a click on an alert counted for a SKU (once per message, user, SKU) | `T#t#RCLICK#{notification_id}` | `{sku}#{user hash}` |
 //!
 //! The notice log's key is `(batch_no, user)`, and `batch_no` names the SKU: one notice per
 //! `(sku, user, batch_no)` (docs/restock.md, "Rounds").
+
+use sha2::{Digest, Sha256};
 
 use crate::ids::TenantId;
 use crate::ports::Key;
@@ -100,4 +106,49 @@ pub fn message_pk(t: &TenantId, window_id: &str) -> String {
 
 pub fn message(t: &TenantId, window_id: &str) -> Key {
     Key::new(message_pk(t, window_id), MESSAGE_SK)
+}
+
+/// Shards of a SKU's WAITING counter: a subscription's shard comes from its user, so its +1 and
+/// its -1 land on the same item, and concurrent subscribers of one SKU rarely share one.
+pub const WAITING_SHARDS: u64 = 8;
+pub const WAITING_SHARD_PREFIX: &str = "W#";
+pub const DAY_PREFIX: &str = "D#";
+
+pub fn stats_pk(t: &TenantId, sku: &str) -> String {
+    format!("T#{t}#RSTAT#{sku}")
+}
+
+pub fn waiting_shard(t: &TenantId, sku: &str, user: &str) -> Key {
+    let h = Sha256::digest(user.as_bytes());
+    let n = u64::from_be_bytes([h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]]) % WAITING_SHARDS;
+    Key::new(stats_pk(t, sku), format!("{WAITING_SHARD_PREFIX}{n}"))
+}
+
+/// The day bucket of `ms` (UTC).
+pub fn day_bucket(t: &TenantId, sku: &str, ms: i64) -> Key {
+    Key::new(stats_pk(t, sku), day_sk(ms))
+}
+
+pub fn day_sk(ms: i64) -> String {
+    let day = chrono::DateTime::<chrono::Utc>::from_timestamp_millis(ms).unwrap_or_default();
+    format!("{DAY_PREFIX}{}", day.format("%Y-%m-%d"))
+}
+
+pub fn attribution_pk(t: &TenantId, sku: &str) -> String {
+    format!("T#{t}#RATTR#{sku}")
+}
+
+pub fn attribution_sort(order_created_ms: i64) -> String {
+    format!("{:015}", order_created_ms.max(0))
+}
+
+pub fn attribution(t: &TenantId, sku: &str, order_created_ms: i64, order_id: &str) -> Key {
+    Key::new(attribution_pk(t, sku), format!("{}#{order_id}", attribution_sort(order_created_ms)))
+}
+
+/// The user's id is hashed: the marker only has to be unique, and erasing a user then has
+/// nothing of theirs to find here.
+pub fn click_marker(t: &TenantId, notification_id: &str, sku: &str, user: &str) -> Key {
+    let h = Sha256::digest(user.as_bytes());
+    Key::new(format!("T#{t}#RCLICK#{notification_id}"), format!("{sku}#{}", hex::encode(&h[..16])))
 }

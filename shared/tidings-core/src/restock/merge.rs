@@ -37,8 +37,7 @@ use crate::templates::LocaleContent;
 use crate::timers::task::{self as timer, TimerTask};
 use crate::workflows::digest;
 
-/// The built-in template's id; a tenant may replace it with `PUT /v1/templates/restock`.
-pub const RESTOCK_TEMPLATE: &str = "restock";
+pub use super::model::RESTOCK_TEMPLATE;
 
 fn later(deps: &Deps, by: Duration) -> chrono::DateTime<chrono::Utc> {
     deps.clock.now() + chrono::Duration::from_std(by).unwrap_or(chrono::Duration::minutes(1))

@@ -7,6 +7,7 @@
 //!   [`rounds::on_stock_changes`], or an upstream `stock.in` applied as an adjustment); the
 //!   scheduled [`rounds::scan`] queues the current round of every SKU with stock and waiters.
 //!   `batch_no` = f(sku, round). Waves of `k × available`, oldest first, in batches.
+//! - [`analytics`]: what alerts earn per SKU (waiting, notified, clicked, ordered, revenue).
 //! - [`merge`]: one message per user per window listing every SKU, retries 1/5/30 min, MANUAL,
 //!   resend.
 //!
@@ -16,6 +17,7 @@
 //! [`rounds::StockEventStep`]; timers `restock.wave`, `restock.flush`,
 //! `restock.check`; the `restock-scan` schedule → [`rounds::scan`].
 
+pub mod analytics;
 pub mod incoming;
 pub mod keys;
 pub mod merge;

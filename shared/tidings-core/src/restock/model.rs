@@ -246,6 +246,9 @@ pub struct RoundJob {
     pub wave: Option<u32>,
 }
 
+/// The built-in template's id; a tenant may replace it with `PUT /v1/templates/restock`.
+pub const RESTOCK_TEMPLATE: &str = "restock";
+
 pub const ROUND_EVENT: &str = "restock.round";
 pub const STOCK_IN_EVENT: &str = "stock.in";
 

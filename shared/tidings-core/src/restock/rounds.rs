@@ -407,6 +407,8 @@ async fn claim(
             &at,
             Some(&batch),
         ));
+        // The notice counted for the SKU's day (docs/restock.md, "What alerts earn").
+        writes.push(super::analytics::day_write(t, sku, deps.clock.now_ms(), "notified"));
         // The window's head (put only when absent, or checked to still name it) and this SKU's
         // event in it; the message of a window this notice opens.
         if window.opens {

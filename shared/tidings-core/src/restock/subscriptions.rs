@@ -77,6 +77,8 @@ pub async fn subscribe(deps: &Deps, t: &TenantId, req: &SubscriptionRequest) -> 
                 item: Item::new(keys::waiting_entry(t, &req.sku_id, &sort), attrs_of(&entry)?),
                 cond: Cond::NotExists,
             },
+            // The SKU's WAITING count (docs/restock.md, "What alerts earn"), in this transaction.
+            super::analytics::waiting_write(t, &req.sku_id, &req.user_id, 1),
         ];
         match deps.table.transact(writes).await {
             Ok(()) => {
@@ -105,7 +107,7 @@ pub async fn get(deps: &Deps, t: &TenantId, id: &str) -> CoreResult<Option<Subsc
 }
 
 /// The writes that move a WAITING subscription to `to`, conditioned on it being WAITING (writes
-/// 0 to 2 fail otherwise).
+/// 0 to 2 fail otherwise); the last one takes it off the SKU's WAITING count.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn leave_waiting_writes(
     t: &TenantId,
@@ -128,6 +130,7 @@ pub(crate) fn leave_waiting_writes(
         Write::Update { key: keys::user_subscription(t, user_id, sort), updates, cond: waiting },
         Write::Delete { key: keys::waiting_lock(t, sku_id, user_id), cond: Cond::eq("subscription_id", sub_id) },
         Write::Delete { key: keys::waiting_entry(t, sku_id, sort), cond: Cond::Always },
+        super::analytics::waiting_write(t, sku_id, user_id, -1),
     ]
 }
 

@@ -252,6 +252,11 @@ pub async fn apply(deps: &Deps, claims: &Claims, at_ms: i64) -> CoreResult<()> {
         TokenKind::Unsubscribe | TokenKind::Preferences => return Ok(()),
     };
     let t = &claims.t;
+    if to == DeliveryStatus::Clicked {
+        // A click on a back-in-stock message counts for its SKUs (docs/restock.md, "What
+        // alerts earn"); once per message, user and SKU, whatever the delivery's status.
+        crate::restock::analytics::on_click(deps, t, &claims.n, &claims.u, at_ms).await?;
+    }
     let key = keys::delivery_at(t, &claims.n, &claims.u, claims.c, claims.s);
     let rank = |s: DeliveryStatus| match s {
         DeliveryStatus::Sent | DeliveryStatus::Delivered => Some(0),
