@@ -5,8 +5,8 @@ use axum::http::StatusCode;
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use tidings_core::inventory::{
-    self, AdjustmentRequest, Finding, FindingPage, FindingStatus, LedgerPage, OrderRequest, OrderView, ReconcileReport,
-    SettleRequest, StockView, WarmUpRequest,
+    self, AdjustmentBody, Finding, FindingPage, FindingStatus, LedgerPage, Location, LocationList, LocationRequest,
+    LocationStockRequest, OrderBody, OrderView, ReconcileReport, SettleRequest, StockView, WarmUpRequest,
 };
 
 use crate::extract::{Body, IdempotencyKey, Operator, PageParams, PathParams, QueryParams, Tenant};
@@ -15,6 +15,9 @@ use crate::state::AppState;
 
 #[derive(utoipa::OpenApi)]
 #[openapi(paths(
+    put_location,
+    list_locations,
+    put_location_stock,
     warm_up,
     show_stock,
     adjust,
@@ -31,7 +34,10 @@ pub(super) struct Api;
 
 pub fn router() -> Router<AppState> {
     Router::new()
+        .route("/v1/locations", get(list_locations))
+        .route("/v1/locations/{location_id}", put(put_location))
         .route("/v1/inventory/{sku_id}", put(warm_up).get(show_stock))
+        .route("/v1/inventory/{sku_id}/locations/{location_id}", put(put_location_stock))
         .route("/v1/inventory/{sku_id}/adjustments", post(adjust))
         .route("/v1/inventory/{sku_id}/ledger", get(ledger))
         .route("/v1/orders", post(place_order))
@@ -41,6 +47,49 @@ pub fn router() -> Router<AppState> {
         .route("/v1/ops/reconcile", post(reconcile))
         .route("/v1/ops/inventory-findings", get(list_findings))
         .route("/v1/ops/inventory-findings/{id}/settle", post(settle_finding))
+}
+
+/// Creates (201) or replaces (200) a location: the markets it serves and its priority (lower is
+/// held from first). A shop that never defines `default` has it, serving every market, first.
+#[utoipa::path(put, path = "/v1/locations/{location_id}", tag = "inventory", security(("api_key" = [])),
+    params(("location_id" = String, Path, description = "The location id")), request_body = LocationRequest,
+    responses((status = 201, description = "New location", body = Location), (status = 200, description = "The location, replaced", body = Location),
+        (status = 422, description = "A bad `name`, `markets[i]` or `priority`, or too many locations", body = Problem, content_type = "application/problem+json")))]
+async fn put_location(
+    State(s): State<AppState>,
+    Tenant(t): Tenant,
+    PathParams(location_id): PathParams<String>,
+    Body(req): Body<LocationRequest>,
+) -> ApiResult<(StatusCode, Json<Location>)> {
+    let (location, created) = inventory::locations::put(&s.deps, &t, &location_id, &req).await?;
+    Ok((if created { StatusCode::CREATED } else { StatusCode::OK }, Json(location)))
+}
+
+/// The shop's locations, `default` first, then by priority.
+#[utoipa::path(get, path = "/v1/locations", tag = "inventory", security(("api_key" = [])),
+    responses((status = 200, description = "Every location", body = LocationList)))]
+async fn list_locations(State(s): State<AppState>, Tenant(t): Tenant) -> ApiResult<Json<LocationList>> {
+    Ok(Json(LocationList { items: inventory::locations::all(&s.deps, &t).await? }))
+}
+
+/// A SKU's stock at a location: 201 when the location's cell is new (with `on_hand`, of which
+/// `safety_stock` is kept back); 200 when it exists: its stock unchanged (adjustments move it),
+/// its safety stock set when given.
+#[utoipa::path(put, path = "/v1/inventory/{sku_id}/locations/{location_id}", tag = "inventory", security(("api_key" = [])),
+    params(("sku_id" = String, Path, description = "The SKU id"), ("location_id" = String, Path, description = "The location id")),
+    request_body = LocationStockRequest,
+    responses((status = 201, description = "New stock at the location", body = StockView), (status = 200, description = "The stock (safety stock set when given)", body = StockView),
+        (status = 404, description = "No such location", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`insufficient_stock`: fewer units available than the safety stock keeps back", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "A bad `on_hand` or `safety_stock`", body = Problem, content_type = "application/problem+json")))]
+async fn put_location_stock(
+    State(s): State<AppState>,
+    Tenant(t): Tenant,
+    PathParams((sku_id, location_id)): PathParams<(String, String)>,
+    Body(req): Body<LocationStockRequest>,
+) -> ApiResult<(StatusCode, Json<StockView>)> {
+    let (view, created) = inventory::put_location_stock(&s.deps, &t, &sku_id, &location_id, &req).await?;
+    Ok((if created { StatusCode::CREATED } else { StatusCode::OK }, Json(view)))
 }
 
 /// 201 when the SKU is new; 200 with the stock unchanged when it exists.
@@ -71,7 +120,7 @@ async fn show_stock(
 #[utoipa::path(post, path = "/v1/inventory/{sku_id}/adjustments", tag = "inventory", security(("api_key" = [])),
     params(("sku_id" = String, Path, description = "The SKU id"),
         ("Idempotency-Key" = Option<String>, Header, description = "The body's `idempotency_key` as a header (either, or both the same; 422 when they differ)")),
-    request_body = AdjustmentRequest,
+    request_body = AdjustmentBody,
     responses((status = 200, description = "The stock after the adjustment", body = StockView), (status = 404, description = "No such SKU", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`insufficient_stock`, or the idempotency key was used with another body", body = Problem, content_type = "application/problem+json")))]
 async fn adjust(
@@ -79,11 +128,12 @@ async fn adjust(
     Tenant(t): Tenant,
     PathParams(sku_id): PathParams<String>,
     header: IdempotencyKey,
-    Body(mut req): Body<AdjustmentRequest>,
+    Body(body): Body<AdjustmentBody>,
 ) -> ApiResult<Json<StockView>> {
+    let (mut req, location) = body.into_parts();
     let body = Some(std::mem::take(&mut req.idempotency_key)).filter(|k| !k.is_empty());
     req.idempotency_key = header.merge(body)?.unwrap_or_default();
-    Ok(Json(inventory::adjust(&s.deps, &t, &sku_id, &req).await?))
+    Ok(Json(inventory::adjust_at(&s.deps, &t, &sku_id, location.as_deref(), &req).await?))
 }
 
 #[utoipa::path(get, path = "/v1/inventory/{sku_id}/ledger", tag = "inventory", security(("api_key" = [])),
@@ -103,17 +153,19 @@ async fn ledger(
 
 /// 201 PENDING with `expires_at`; 200 when the same order was placed before.
 #[utoipa::path(post, path = "/v1/orders", tag = "inventory", security(("api_key" = [])),
-    request_body = OrderRequest,
+    request_body = OrderBody,
     responses((status = 201, description = "PENDING, stock held until `expires_at`", body = OrderView),
         (status = 200, description = "The same order placed before", body = OrderView),
         (status = 404, description = "An unknown SKU", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`insufficient_stock` naming the SKU (nothing held), or the order id was used with another body", body = Problem, content_type = "application/problem+json")))]
+        (status = 409, description = "`insufficient_stock` naming the SKU (nothing held), or the order id was used with another body", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Bad input naming the field; `items` when the order cannot be one transaction (too many SKUs, shards or locations)", body = Problem, content_type = "application/problem+json")))]
 async fn place_order(
     State(s): State<AppState>,
     Tenant(t): Tenant,
-    Body(req): Body<OrderRequest>,
+    Body(body): Body<OrderBody>,
 ) -> ApiResult<(StatusCode, Json<OrderView>)> {
-    let placed = inventory::place_order(&s.deps, &t, &req).await?;
+    let (req, market) = body.into_parts();
+    let placed = inventory::place_order_in(&s.deps, &t, &req, market.as_deref()).await?;
     Ok((if placed.created { StatusCode::CREATED } else { StatusCode::OK }, Json(placed.order)))
 }
 

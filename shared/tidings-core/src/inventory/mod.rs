@@ -71,6 +71,7 @@
 pub mod compare;
 pub mod findings;
 pub mod keys;
+pub mod locations;
 pub mod model;
 pub mod orders;
 pub mod reconcile;
@@ -79,10 +80,16 @@ pub mod stock;
 pub use compare::Discrepancy;
 pub use findings::REVIEW_QUEUE;
 pub use findings::{Finding, FindingPage, FindingSettlement, FindingStatus, SettleRequest, SettlementKind};
+pub use locations::{Location, LocationList, LocationRequest};
 pub use model::{
-    AdjustmentRequest, AdjustmentSource, Allocation, Counters, HoldTimes, LedgerEntry, LedgerKind, Order, OrderItem,
-    OrderLine, OrderLineView, OrderRequest, OrderStatus, OrderView, ShardDelta, StockView, WarmUpRequest,
+    AdjustmentBody, AdjustmentRequest, AdjustmentSource, Allocation, CellId, Counters, DEFAULT_LOCATION, HoldTimes,
+    LedgerEntry, LedgerKind, LocationAllocationView, LocationStockRequest, LocationStockView, Order, OrderBody,
+    OrderItem, OrderLine, OrderLineView, OrderRequest, OrderStatus, OrderView, ShardDelta, StockView, WarmUpRequest,
 };
-pub use orders::{MAX_ORDER_SKUS, MAX_QTY, PlacedOrder, Settlement, cancel, expire_order, get_order, pay, place_order};
+pub use orders::{
+    MAX_ORDER_SKUS, MAX_QTY, PlacedOrder, Settlement, cancel, expire_order, get_order, pay, place_order, place_order_in,
+};
 pub use reconcile::{ReconcileReport, reconcile};
-pub use stock::{LedgerPage, MAX_SHARDS, adjust, all_ledger_entries, get_stock, ledger, warm_up};
+pub use stock::{
+    LedgerPage, MAX_SHARDS, adjust, adjust_at, all_ledger_entries, get_stock, ledger, put_location_stock, warm_up,
+};
