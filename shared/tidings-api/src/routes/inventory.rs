@@ -348,6 +348,76 @@ mod tests {
         assert_eq!(body["discrepancies"], json!([]));
     }
 
+    /// Locations, stock per location, adjustments at one, and orders for a market, as the
+    /// contract says (API.md, "Locations, incoming stock, backorders, and what alerts earn").
+    #[tokio::test]
+    async fn locations_and_markets_answer_as_the_contract_says() {
+        let app = app().await;
+        let east = r#"{"name": "East", "markets": ["US", "CA"], "priority": 1}"#;
+        let (status, body) = call(&app, "key-a", Method::PUT, "/v1/locations/east", Some(east)).await;
+        assert_eq!((status, &body["markets"]), (201, &json!(["US", "CA"])), "{body}");
+        let (status, _) = call(&app, "key-a", Method::PUT, "/v1/locations/east", Some(east)).await;
+        assert_eq!(status, 200, "replaced");
+        let west = r#"{"name": "West", "markets": ["US"], "priority": 2}"#;
+        call(&app, "key-a", Method::PUT, "/v1/locations/west", Some(west)).await;
+        for (body, field) in [
+            (r#"{"name": "X", "markets": ["usa"], "priority": 1}"#, "markets[0]"),
+            (r#"{"name": "", "markets": [], "priority": 1}"#, "name"),
+            (r#"{"name": "X", "markets": [], "priority": 99999999}"#, "priority"),
+        ] {
+            let (status, v) = call(&app, "key-a", Method::PUT, "/v1/locations/bad", Some(body)).await;
+            assert_eq!((status, v["field"].as_str()), (422, Some(field)), "{body}: {v}");
+        }
+        let (status, list) = call(&app, "key-a", Method::GET, "/v1/locations", None).await;
+        assert_eq!(status, 200);
+        let ids: Vec<&str> =
+            list["items"].as_array().unwrap().iter().filter_map(|l| l["location_id"].as_str()).collect();
+        assert_eq!(ids, ["default", "east", "west"]);
+        let (_, other) = call(&app, "key-b", Method::GET, "/v1/locations", None).await;
+        assert_eq!(other["items"].as_array().map(Vec::len), Some(1), "another tenant's: only its default");
+
+        let stock = r#"{"on_hand": 5, "safety_stock": 1}"#;
+        let (status, body) = call(&app, "key-a", Method::PUT, "/v1/inventory/1001/locations/east", Some(stock)).await;
+        assert_eq!(status, 201, "{body}");
+        assert_eq!((&body["available"], &body["safety_stock"]), (&json!(4), &json!(1)), "{body}");
+        let (status, body) = call(&app, "key-b", Method::PUT, "/v1/inventory/1001/locations/east", Some(stock)).await;
+        assert_eq!((status, body["field"].as_str()), (404, Some("location_id")), "another tenant's location");
+        let adj = r#"{"delta": 3, "source": "purchase_order", "idempotency_key": "k1", "location_id": "west"}"#;
+        let (status, body) = call(&app, "key-a", Method::POST, "/v1/inventory/1001/adjustments", Some(adj)).await;
+        assert_eq!((status, body["field"].as_str()), (404, Some("location_id")), "west holds no cell yet: {body}");
+        let (status, _) =
+            call(&app, "key-a", Method::PUT, "/v1/inventory/1001/locations/west", Some(r#"{"on_hand": 0}"#)).await;
+        assert_eq!(status, 201);
+        let (status, body) = call(&app, "key-a", Method::POST, "/v1/inventory/1001/adjustments", Some(adj)).await;
+        assert_eq!(status, 200, "{body}");
+        let locations: Vec<(String, i64)> = body["locations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| (l["location_id"].as_str().unwrap().to_owned(), l["available"].as_i64().unwrap()))
+            .collect();
+        assert_eq!(locations, [("default".into(), 0), ("east".into(), 4), ("west".into(), 3)]);
+
+        let order = r#"{"order_id": "o1", "user_id": "u1", "items": [{"sku_id": "1001", "qty": 6}], "market": "US"}"#;
+        let (status, body) = call(&app, "key-a", Method::POST, "/v1/orders", Some(order)).await;
+        assert_eq!(status, 201, "{body}");
+        assert_eq!(
+            body["items"][0]["allocations"],
+            json!([{"location_id": "east", "qty": 4}, {"location_id": "west", "qty": 2}]),
+            "{body}"
+        );
+        let (_, shown) = call(&app, "key-a", Method::GET, "/v1/orders/o1", None).await;
+        assert_eq!((&shown["market"], &shown["items"]), (&json!("US"), &body["items"]));
+        let order = r#"{"order_id": "o2", "user_id": "u1", "items": [{"sku_id": "1001", "qty": 2}], "market": "CA"}"#;
+        let (status, body) = call(&app, "key-a", Method::POST, "/v1/orders", Some(order)).await;
+        assert_eq!((status, &body["code"]), (409, &json!("insufficient_stock")), "CA is served by east only: {body}");
+        let order = r#"{"order_id": "o3", "user_id": "u1", "items": [{"sku_id": "1001", "qty": 1}], "market": "u"}"#;
+        let (status, body) = call(&app, "key-a", Method::POST, "/v1/orders", Some(order)).await;
+        assert_eq!((status, body["field"].as_str()), (422, Some("market")), "{body}");
+        let (status, body) = call(&app, "key-a", Method::POST, "/v1/ops/reconcile", Some("")).await;
+        assert_eq!((status, &body["discrepancies"]), (200, &json!([])), "{body}");
+    }
+
     /// A finding is one record however often a run sees it; only an operator lists or settles it,
     /// with a reason, once; a corrective entry moves the ledger alone, and the next run finds
     /// nothing.

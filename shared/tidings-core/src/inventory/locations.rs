@@ -57,7 +57,7 @@ impl Location {
             location_id: DEFAULT_LOCATION.to_owned(),
             name: "Default".to_owned(),
             markets: Vec::new(),
-            priority: i64::MIN,
+            priority: 0,
             implicit: true,
             created_at: String::new(),
             updated_at: String::new(),
@@ -143,7 +143,7 @@ pub async fn all(deps: &Deps, t: &TenantId) -> CoreResult<Vec<Location>> {
 pub(crate) fn serving(all: &[Location], market: Option<&str>) -> Vec<String> {
     let mut out: Vec<&Location> = all.iter().filter(|l| l.serves(market)).collect();
     if market.is_some() {
-        out.sort_by(|a, b| (a.priority, &a.location_id).cmp(&(b.priority, &b.location_id)));
+        out.sort_by(|a, b| (!a.implicit, a.priority, &a.location_id).cmp(&(!b.implicit, b.priority, &b.location_id)));
     }
     out.into_iter().map(|l| l.location_id.clone()).collect()
 }

@@ -527,8 +527,8 @@ pub struct OrderRequest {
     pub category: Option<String>,
 }
 
-/// The body of `POST /v1/inventory/{sku_id}/adjustments` as the API takes it: an
-/// [`AdjustmentRequest`] and the location it applies to.
+/// The body of `POST /v1/inventory/{sku_id}/adjustments`.
+// As the API takes it: an `AdjustmentRequest` and the location it applies to.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(as = AdjustmentRequest)]
@@ -551,7 +551,8 @@ impl AdjustmentBody {
     }
 }
 
-/// The body of `POST /v1/orders` as the API takes it: an [`OrderRequest`] and its market.
+/// The body of `POST /v1/orders`.
+// As the API takes it: an `OrderRequest` and its market.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(as = OrderRequest)]
