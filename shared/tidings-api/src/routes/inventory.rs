@@ -348,8 +348,8 @@ mod tests {
         assert_eq!(body["discrepancies"], json!([]));
     }
 
-    /// Locations, stock per location, adjustments at one, and orders for a market, as the
-    /// contract says (API.md, "Locations, incoming stock, backorders, and what alerts earn").
+    /// Locations, stock per location, adjustments at one, and orders for a market, as
+    /// docs/inventory.md says ("Locations and markets").
     #[tokio::test]
     async fn locations_and_markets_answer_as_the_contract_says() {
         let app = app().await;

@@ -313,14 +313,15 @@ impl<'a> StockChange<'a> {
                 }
             }
         }
-        // What the stock item gets besides its counters: the round, and (when the SKU has other
-        // locations) the layout the "was 0" decision saw, so a cell added since fails it.
+        // What the stock item gets besides its counters: the round, and the layout (the set of
+        // locations) the "was 0" decision saw, so a location's cell added since fails it.
         let mut header = self.header.clone();
         let mut header_conds = self.header_conds.clone();
         if restock {
             header.push(Update::add("restock_round", 1));
-            if !self.record.locations.is_empty() || self.created.is_some() {
-                header_conds.push(number_is("layout", self.record.layout.unwrap_or(0)));
+            let layout = number_is("layout", self.record.layout.unwrap_or(0));
+            if !header_conds.contains(&layout) {
+                header_conds.push(layout);
             }
         }
         let mut writes = Vec::with_capacity(cells.len() + 3);
@@ -746,6 +747,41 @@ mod tests {
         let mut late = Attempts::within(std::time::Duration::ZERO);
         assert!(late.another());
         assert!(!late.another());
+    }
+
+    /// A "was 0" decision holds only for the set of locations it saw: the stock item's write
+    /// carries the layout as a condition, which a location's cell added since makes false (it
+    /// would otherwise open a second round for the same 0 → more).
+    #[test]
+    fn a_restock_decision_is_conditioned_on_the_locations_it_saw() {
+        let t = TenantId::parse("t").unwrap();
+        let record = SkuRecord {
+            sku_id: "s".into(),
+            shards: 0,
+            category: None,
+            restock_round: 0,
+            locations: Vec::new(),
+            layout: None,
+            created_at: String::new(),
+            available: Some(0),
+            reserved: Some(1),
+            sold: Some(0),
+            safety: None,
+            version: Some(1),
+        };
+        let observed = [cell(0, 0)];
+        let mut change = StockChange::new(&t, &record, LedgerKind::Release, "order:o".into(), "now".into());
+        change.observed = Some(&observed);
+        change.deltas = BTreeMap::from([(CellId::default_shard(0), Counters::release(1))]);
+        let writes = change.writes().unwrap();
+        let Some(Write::Update { key, updates, cond }) = writes.first() else { panic!("{writes:?}") };
+        assert_eq!(key, &keys::stock(&t, "s"));
+        assert!(updates.contains(&Update::add("restock_round", 1)), "{updates:?}");
+        let mut item = attrs_of(&record).unwrap();
+        assert!(cond.holds(Some(&item)), "as observed: {cond:?}");
+        item.insert("layout".into(), serde_json::json!(1));
+        item.insert("locations".into(), serde_json::json!(["east"]));
+        assert!(!cond.holds(Some(&item)), "a location added since: {cond:?}");
     }
 
     #[test]
