@@ -7,7 +7,6 @@ use serde::{Deserialize, Serialize};
 
 use super::keys;
 use super::model::{DEFAULT_LOCATION, is_default_location};
-use super::stock::now_text;
 use crate::deps::Deps;
 use crate::error::{CoreError, CoreResult};
 use crate::ids::{TenantId, check_id};
@@ -20,6 +19,8 @@ pub const MAX_LOCATIONS: usize = 50;
 pub const MAX_MARKETS: usize = 250;
 /// Priorities are `-PRIORITY_RANGE..=PRIORITY_RANGE`; lower is held from first.
 pub const PRIORITY_RANGE: i64 = 1_000_000;
+/// How often a replacement is tried again after another changed the location meanwhile.
+const PUT_ATTEMPTS: usize = 16;
 /// The longest location name.
 pub const MAX_NAME: usize = 200;
 
@@ -161,8 +162,8 @@ pub async fn put(deps: &Deps, t: &TenantId, location_id: &str, req: &LocationReq
     check_id("location_id", location_id)?;
     validate(req)?;
     let key = keys::location(t, location_id);
-    let at = now_text(deps);
-    for _ in 0..super::stock::MAX_ATTEMPTS {
+    let at = deps.clock.now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    for _ in 0..PUT_ATTEMPTS {
         let existing: Option<Location> = match deps.table.get(&key).await? {
             Some(item) => Some(item.parse()?),
             None => None,
