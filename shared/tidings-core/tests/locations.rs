@@ -517,3 +517,36 @@ async fn locations_are_validated_listed_and_a_tenants_own() {
     assert_eq!(code_of(&e), "idempotency_conflict");
     assert_consistent(&w, &["s"]).await;
 }
+
+/// An order's SKUs may gain locations after it was placed, until deciding "was 0" for its release
+/// no longer fits one transaction: the hold is released all the same (never stuck), without
+/// moving the restock round (the scheduled restock scan serves the waiters).
+#[tokio::test]
+async fn a_hold_is_released_even_when_its_skus_gained_locations_past_one_transaction() {
+    let w = world();
+    for sku in ["p", "q"] {
+        let warm = inventory::WarmUpRequest { on_hand: 16, shards: Some(16), category: None };
+        inventory::warm_up(&w.deps, &w.t, sku, &warm).await.unwrap();
+    }
+    for i in 0..30 {
+        let l = format!("l{i}");
+        location(&w, &l, &["US"], i).await;
+        stock_at(&w, "p", &l, 1, None).await;
+        stock_at(&w, "q", &l, 1, None).await;
+    }
+    // Every unit of both: 2 + 2 × (46 + 2) = 98 writes to release.
+    place(&w, "all", &[("p", 46), ("q", 46)], None).await.unwrap();
+    for i in 30..36 {
+        let l = format!("l{i}");
+        location(&w, &l, &["US"], i).await;
+        stock_at(&w, "p", &l, 0, None).await;
+        stock_at(&w, "q", &l, 0, None).await;
+    }
+    // Now 2 + 2 × (52 + 2) = 110 writes to decide "was 0": more than one transaction.
+    inventory::cancel(&w.deps, &w.t, "all").await.unwrap();
+    for sku in ["p", "q"] {
+        let s = inventory::get_stock(&w.deps, &w.t, sku).await.unwrap().unwrap();
+        assert_eq!((s.available, s.reserved, s.restock_round), (46, 0, 0), "{s:?}");
+    }
+    assert_consistent(&w, &["p", "q"]).await;
+}

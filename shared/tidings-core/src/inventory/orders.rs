@@ -496,7 +496,8 @@ async fn settle(deps: &Deps, t: &TenantId, order_id: &str, transition: Transitio
         updates.push(Update::set("status", status.as_str()));
         let mut conds = vec![Cond::eq("status", OrderStatus::Pending.as_str())];
         conds.extend(time_cond);
-        let mut writes = vec![Write::Update { key: key.clone(), updates, cond: Cond::And(conds) }];
+        let order_write = Write::Update { key: key.clone(), updates, cond: Cond::And(conds) };
+        let mut lines = Vec::with_capacity(order.items.len());
         for item in &order.items {
             // A release decides "was 0" over every cell of the SKU, so it reads the SKU as it is
             // now (its locations too); a sale reads it once.
@@ -510,20 +511,41 @@ async fn settle(deps: &Deps, t: &TenantId, order_id: &str, transition: Transitio
                 })?;
                 records.insert(item.sku_id.clone(), record);
             }
-            let Some(record) = records.get(&item.sku_id) else {
-                return Err(StoreError::Corrupt(format!("order {order_id} holds unknown sku {}", item.sku_id)).into());
-            };
-            let mut change = StockChange::new(t, record, kind, format!("order:{order_id}"), at.clone());
-            change.observed = fresh.as_ref().map(|s| s.cells.as_slice());
-            change.reason = reason.clone();
-            change.deltas = item
-                .allocations
-                .iter()
-                .map(|a| {
-                    (a.cell(), if kind == LedgerKind::Sell { Counters::sell(a.qty) } else { Counters::release(a.qty) })
-                })
-                .collect();
-            writes.extend(change.writes()?);
+            lines.push((item, fresh));
+        }
+        // The changes' writes; `rounds: false` leaves the restock round alone (see below).
+        let line_writes = |rounds: bool| -> CoreResult<Vec<Write>> {
+            let mut writes = vec![order_write.clone()];
+            for (item, fresh) in &lines {
+                let Some(record) = records.get(&item.sku_id) else {
+                    return Err(
+                        StoreError::Corrupt(format!("order {order_id} holds unknown sku {}", item.sku_id)).into()
+                    );
+                };
+                let mut change = StockChange::new(t, record, kind, format!("order:{order_id}"), at.clone());
+                change.observed = fresh.as_ref().map(|s| s.cells.as_slice());
+                change.rounds = rounds;
+                change.reason = reason.clone();
+                change.deltas = item
+                    .allocations
+                    .iter()
+                    .map(|a| {
+                        let d = if kind == LedgerKind::Sell { Counters::sell(a.qty) } else { Counters::release(a.qty) };
+                        (a.cell(), d)
+                    })
+                    .collect();
+                writes.extend(change.writes()?);
+            }
+            Ok(writes)
+        };
+        let mut writes = line_writes(true)?;
+        if writes.len() > MAX_TRANSACTION_WRITES {
+            // The order's SKUs gained locations since it was placed, and deciding "was 0" for
+            // them all no longer fits one transaction: the hold is released all the same (it
+            // must never be stuck), without moving the restock round; the scheduled restock
+            // scan serves the SKUs' waiters (docs/inventory.md, "Locations and markets").
+            warn!(tenant = %t, order_id, "release too large to decide restock rounds; released without them");
+            writes = line_writes(false)?;
         }
         // The `order.expired` webhook event, in the expiry's own transaction (an order at the
         // transaction's limit has no room left for it: it is then not told).

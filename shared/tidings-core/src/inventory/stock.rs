@@ -207,6 +207,9 @@ pub(crate) struct StockChange<'a> {
     /// More updates and conditions of the SKU's stock item (a location added to its layout).
     pub header: Vec<Update>,
     pub header_conds: Vec<Cond>,
+    /// Whether growing stock decides the restock round (true but for a release too large for
+    /// one transaction otherwise, see `orders::settle`).
+    pub rounds: bool,
 }
 
 impl<'a> StockChange<'a> {
@@ -227,6 +230,7 @@ impl<'a> StockChange<'a> {
             cell_conds: Vec::new(),
             header: Vec::new(),
             header_conds: Vec::new(),
+            rounds: true,
         }
     }
 
@@ -296,7 +300,7 @@ impl<'a> StockChange<'a> {
             cells.entry(id.clone()).or_default().1.push(cond.clone());
         }
         let mut restock = false;
-        if self.total().available > 0 {
+        if self.rounds && self.total().available > 0 {
             let observed =
                 self.observed.ok_or_else(|| StoreError::Invalid("stock grows without an observation".into()))?;
             let was_empty = observed.iter().all(|c| c.counters.available <= 0);
