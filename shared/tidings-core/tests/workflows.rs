@@ -134,8 +134,13 @@ async fn shop_at(start: &str, push: Arc<dyn Provider>) -> Shop {
 /// A shop whose email goes to `email_to` (`email` records what reaches it, when that is it).
 async fn shop_with(start: &str, push: Arc<dyn Provider>, email_to: Arc<dyn Provider>, email: Arc<Recorder>) -> Shop {
     let sms = Arc::new(Recorder::default());
-    let w =
-        TestWorld::builder().start_at(start).all_queues(5).email(email_to).sms(sms.clone()).push(push.clone()).build();
+    let w = TestWorld::builder()
+        .start_at(start)
+        .all_queues(5)
+        .email(email_to)
+        .sms(sms.clone())
+        .push(push.clone())
+        .build();
     let t = TenantId::parse("shop").unwrap();
     let tpl = json!({"default_locale": "en", "locales": {"en": {
         "email_subject": "{{ count }} new", "email_body": "{{ count }} comments{% for e in events %} [{{ e.author }}]{% endfor %} on {{ post_id }}",
@@ -705,8 +710,7 @@ async fn a_conflict_on_one_run_fails_its_page_once_and_every_other_run_of_the_pa
     workflow(&s, "comments", json!({"steps": serde_json::from_str::<Value>(DIGEST).unwrap()})).await;
     let users: Vec<&str> = ids.iter().map(String::as_str).collect();
     let id = trigger(&s, "comments", &users, json!({"post_id": "p", "author": "a"})).await;
-    let conflicts =
-        Conflicts { inner: Arc::new(s.w.store.clone()), user: "u000".into(), create: true, times: Mutex::new(1) };
+    let conflicts = Conflicts { inner: Arc::new(s.w.store.clone()), user: "u000".into(), create: true, times: Mutex::new(1) };
     let deps = Deps::new(
         Arc::new(conflicts),
         Arc::new(s.w.store.clone()),
