@@ -20,26 +20,20 @@ import sys
 import time
 import urllib.request
 
-from selenium import webdriver
-from selenium.webdriver.chrome.options import Options
-from selenium.webdriver.chrome.service import Service
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import chromium  # noqa: E402  (tests/chromium.py)
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
 
 
+def fail(what):
+    raise SystemExit(f"console check failed: {what}")
+
+
 def wait_for(what, check, timeout=60.0):
-    deadline = time.time() + timeout
-    last = None
-    while time.time() < deadline:
-        try:
-            value = check()
-            if value:
-                return value
-        except Exception as e:  # the page may be mid-refresh
-            last = e
-        time.sleep(0.2)
-    raise SystemExit(f"console check failed: {what} (last error: {last})")
+    return chromium.wait_for(what, check, timeout, 0.2, fail)
 
 
 class Console:
@@ -295,13 +289,7 @@ def main():
     # The notifications that ended each way: `status=id` pairs.
     outcomes = [tuple(a.split("=", 1)) for a in sys.argv[7:]]
     os.makedirs(shots, exist_ok=True)
-    options = Options()
-    for flag in ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--window-size=1400,1000"]:
-        options.add_argument(flag)
-    options.binary_location = "/usr/bin/chromium"
-    driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+    driver = chromium.start(1400, 1000)
     try:
         c = Console(driver, base, key, tenant_key, shots)
         keys_from_the_link(c)

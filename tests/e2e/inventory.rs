@@ -297,3 +297,64 @@ pub async fn a_finding_is_queued_once_and_settled_by_an_operator(backend: Backen
     assert_eq!(settled["items"].as_array().map(Vec::len), Some(2), "{settled}");
     Ok(())
 }
+
+/// Incoming stock through the API (docs/inventory.md, "Incoming stock"): a shipment recorded
+/// (201, then 200 for the same again) is shown on its SKU; the subscriber who asked hears its
+/// date once, the one who did not never; its purchase order's arrival closes it with the stock
+/// in, a second arrival of it is 409 and moves nothing, and the arrival opens the back-in-stock
+/// round; another tenant sees none of it.
+pub async fn incoming_stock_is_shown_told_once_and_closed_by_its_arrival(backend: Backend) -> anyhow::Result<()> {
+    let mut opts = Options { manual_clock: true, ..Options::default() };
+    opts.env.push(("TIDINGS_RESTOCK_MERGE_WINDOW_MS", "1000".into()));
+    opts.env.push(("TIDINGS_RESTOCK_BATCH_PAUSE_MS", "0".into()));
+    let s = Server::start(backend, opts).await?;
+    s.call("PUT", "/v1/inventory/kettle", Some(json!({"on_hand": 0}))).await?;
+    for (user, asks) in [("asks", true), ("quiet", false)] {
+        s.call("PUT", &format!("/v1/users/{user}"), Some(json!({"email": format!("{user}@example.com")}))).await?;
+        let body = json!({"user_id": user, "sku_id": "kettle", "notify_incoming": asks});
+        let (st, v) = s.call("POST", "/v1/stock-subscriptions", Some(body)).await?;
+        assert_eq!(st, 201, "{v}");
+    }
+    let shipment = json!({"ref": "po-7", "qty": 40, "expected_at": "2026-12-20T09:00:00Z"});
+    let (st, v) = s.call("POST", "/v1/inventory/kettle/incoming", Some(shipment.clone())).await?;
+    assert_eq!((st, v["status"].as_str()), (201, Some("EXPECTED")), "{v}");
+    let (st, _) = s.call("POST", "/v1/inventory/kettle/incoming", Some(shipment)).await?;
+    assert_eq!(st, 200);
+    let (st, v) = s
+        .call("POST", "/v1/inventory/kettle/incoming", Some(json!({"ref": "po-8", "qty": 1, "expected_at": "soon"})))
+        .await?;
+    assert_eq!((st, v["field"].as_str()), (422, Some("expected_at")), "{v}");
+    let v = stock(&s, "kettle").await?;
+    assert_eq!(v["incoming"][0]["ref"], "po-7", "{v}");
+    assert_eq!(v["incoming"][0]["expected_at"], "2026-12-20T09:00:00.000Z", "{v}");
+    let mail = s
+        .eventually(Duration::from_secs(60), "the date told to who asked", || async {
+            let (_, v) = s.call("GET", "/dev/deliveries?user_id=asks&channel=email", None).await?;
+            Ok(v.as_array().and_then(|a| a.first().cloned()))
+        })
+        .await?;
+    assert!(mail["body"].as_str().unwrap_or_default().contains("expected on 2026-12-20"), "{mail}");
+    let (st, _) = s.call_as(&s.other_tenant_key(), "GET", "/v1/inventory/kettle", None).await?;
+    assert_eq!(st, 404, "another tenant sees nothing");
+
+    let arrival = json!({"delta": 40, "source": "purchase_order", "ref": "po-7", "idempotency_key": "in-1"});
+    let (st, v) = s.call("POST", "/v1/inventory/kettle/adjustments", Some(arrival)).await?;
+    assert_eq!((st, v["available"].as_i64()), (200, Some(40)), "{v}");
+    assert_eq!(v["incoming"], json!([]), "{v}");
+    let again = json!({"delta": 5, "source": "purchase_order", "ref": "po-7", "idempotency_key": "in-2"});
+    let (st, v) = s.call("POST", "/v1/inventory/kettle/adjustments", Some(again)).await?;
+    assert_eq!((st, v["code"].as_str()), (409, Some("incoming_received")), "{v}");
+    assert_eq!(stock(&s, "kettle").await?["available"], 40);
+    // Back in stock: both waiters hear it; who did not ask heard nothing else.
+    let quiet = s
+        .eventually(Duration::from_secs(60), "the back-in-stock message", || async {
+            s.call("POST", "/dev/clock/advance", Some(json!({"seconds": 2}))).await?;
+            let (_, v) = s.call("GET", "/dev/deliveries?user_id=quiet&channel=email", None).await?;
+            Ok(v.as_array().filter(|a| !a.is_empty()).cloned())
+        })
+        .await?;
+    assert_eq!(quiet.len(), 1, "{quiet:?}");
+    assert!(quiet[0]["body"].as_str().unwrap_or_default().contains("back in stock"), "{quiet:?}");
+    assert!(s.undocumented().is_empty(), "{:?}", s.undocumented());
+    Ok(())
+}

@@ -172,6 +172,7 @@ on_both_backends!(inventory as inventory_tests:
     short_multi_sku_order_holds_nothing,
     an_expired_hold_is_released_and_its_waiters_are_alerted,
     a_finding_is_queued_once_and_settled_by_an_operator,
+    incoming_stock_is_shown_told_once_and_closed_by_its_arrival,
 );
 
 on_both_backends!(locations as locations_tests:

@@ -260,6 +260,23 @@ pub async fn a_day_of_a_shop_through_the_function_binaries() -> anyhow::Result<(
     )
     .await?;
     ok(&s, "GET", "/v1/inventory/sku-day/ledger", None).await?;
+    // Stock on its way: the subscriber who asked hears the date (a task on the timers queue);
+    // the purchase order's arrival closes the shipment.
+    ok(&s, "PUT", "/v1/inventory/sku-soon", Some(json!({"on_hand": 0}))).await?;
+    let asks = json!({"user_id": "u1", "sku_id": "sku-soon", "notify_incoming": true});
+    ok(&s, "POST", "/v1/stock-subscriptions", Some(asks)).await?;
+    let shipment = json!({"ref": "po-soon", "qty": 5, "expected_at": "2027-01-04T09:00:00Z"});
+    ok(&s, "POST", "/v1/inventory/sku-soon/incoming", Some(shipment)).await?;
+    s.eventually(WAIT, "the expected date told", || async {
+        Ok(s.sends()
+            .iter()
+            .any(|m| m.to == "u1@example.com" && m.body.contains("expected on 2027-01-04"))
+            .then_some(()))
+    })
+    .await?;
+    let arrival = json!({"delta": 5, "source": "purchase_order", "ref": "po-soon", "idempotency_key": "soon-1"});
+    let stock = ok(&s, "POST", "/v1/inventory/sku-soon/adjustments", Some(arrival)).await?;
+    anyhow::ensure!(stock["incoming"] == json!([]) && stock["available"] == 5, "the arrival closes it: {stock}");
 
     // The scheduled jobs, as EventBridge fires them.
     for job in ["restock-scan", "reconcile", "tick"] {

@@ -26,9 +26,9 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from selenium import webdriver
-from selenium.webdriver.chrome.options import Options
-from selenium.webdriver.chrome.service import Service
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import chromium  # noqa: E402  (tests/chromium.py)
 from selenium.webdriver.common.by import By
 from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.keys import Keys
@@ -39,17 +39,7 @@ def fail(what):
 
 
 def wait_for(what, check, timeout=30.0, every=0.05):
-    deadline = time.time() + timeout
-    last = None
-    while time.time() < deadline:
-        try:
-            value = check()
-            if value:
-                return value
-        except Exception as e:  # the page may be mid-load
-            last = e
-        time.sleep(every)
-    fail(f"{what} (last error: {last})")
+    return chromium.wait_for(what, check, timeout, every, fail)
 
 
 STATE = """
@@ -541,14 +531,7 @@ def main():
     # `--live-within=S`: the arrival's bound, 2 s unless the functions run emulated (slower).
     within = next((float(a.split("=", 1)[1]) for a in sys.argv[7:] if a.startswith("--live-within=")), 2.0)
     os.makedirs(shots, exist_ok=True)
-    options = Options()
-    for flag in ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--window-size=900,760"]:
-        options.add_argument(flag)
-    options.binary_location = "/usr/bin/chromium"
-    driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
-    driver.set_script_timeout(30)
+    driver = chromium.start(900, 760)
     try:
         s = Site(driver, api.rstrip("/"), key, other_key, shop, other_shop, shots)
         prepare(s)

@@ -13,60 +13,32 @@ use async_trait::async_trait;
 use tidings_core::TenantId;
 use tidings_core::gates::api::{ApiLimits, ApiRates, Caller, RouteClass};
 use tidings_core::gates::{GateStore, RateGate, SharedGate};
-use tidings_core::ports::{Cond, Item, Key, Page, QueryOpts, StoreError, Table, Update, Write};
+use tidings_core::ports::StoreError;
 use tidings_embedded::EmbeddedStore;
+use tidings_embedded::test_world::{Around, Call, Wrapped};
 
 /// The embedded table, counting the requests made of it.
 struct Counting {
-    inner: EmbeddedStore,
     requests: AtomicUsize,
     /// Every request fails as an unreachable store would.
     down: AtomicBool,
 }
 
 impl Counting {
-    fn new() -> Arc<Self> {
-        Arc::new(Counting {
-            inner: EmbeddedStore::in_memory().unwrap(),
-            requests: AtomicUsize::new(0),
-            down: AtomicBool::new(false),
-        })
+    fn new() -> Arc<Wrapped<Self>> {
+        let store = Arc::new(EmbeddedStore::in_memory().unwrap());
+        Arc::new(Wrapped::new(store, Counting { requests: AtomicUsize::new(0), down: AtomicBool::new(false) }))
     }
+}
 
-    fn count(&self) -> Result<(), StoreError> {
+#[async_trait]
+impl Around for Counting {
+    async fn before(&self, _: Call<'_>) -> Result<(), StoreError> {
         self.requests.fetch_add(1, Ordering::SeqCst);
         if self.down.load(Ordering::SeqCst) {
             return Err(StoreError::Unavailable("down".into()));
         }
         Ok(())
-    }
-}
-
-#[async_trait]
-impl Table for Counting {
-    async fn get(&self, key: &Key) -> Result<Option<Item>, StoreError> {
-        self.count()?;
-        self.inner.get(key).await
-    }
-    async fn put(&self, item: Item, cond: Cond) -> Result<(), StoreError> {
-        self.count()?;
-        self.inner.put(item, cond).await
-    }
-    async fn update(&self, key: &Key, updates: Vec<Update>, cond: Cond) -> Result<Item, StoreError> {
-        self.count()?;
-        self.inner.update(key, updates, cond).await
-    }
-    async fn delete(&self, key: &Key, cond: Cond) -> Result<(), StoreError> {
-        self.count()?;
-        self.inner.delete(key, cond).await
-    }
-    async fn transact(&self, writes: Vec<Write>) -> Result<(), StoreError> {
-        self.count()?;
-        self.inner.transact(writes).await
-    }
-    async fn query(&self, pk: &str, sk_prefix: &str, opts: QueryOpts) -> Result<Page, StoreError> {
-        self.count()?;
-        self.inner.query(pk, sk_prefix, opts).await
     }
 }
 
@@ -106,7 +78,7 @@ async fn two_instances_share_a_tenants_bucket_at_under_one_request_each() {
     // In the last second, the rate.
     let last = passed_at.iter().filter(|t| **t >= 2000).count();
     assert!((15..=21).contains(&last), "{last} passed in the last second");
-    let store_requests = table.requests.load(Ordering::SeqCst);
+    let store_requests = table.around.requests.load(Ordering::SeqCst);
     assert!(
         store_requests <= passed_at.len(),
         "{store_requests} store requests for {} admitted and {} refused",
@@ -127,7 +99,7 @@ async fn an_uncontended_lease_is_one_request() {
         assert_eq!(adm.refused, None, "request {i}");
     }
     // Leases of 10 (a quarter of the burst of 40): 4 leases; the first also reads the item.
-    let n = table.requests.load(Ordering::SeqCst);
+    let n = table.around.requests.load(Ordering::SeqCst);
     assert!(n <= 5, "{n} store requests for 40 admitted");
 }
 
@@ -145,7 +117,7 @@ async fn concurrent_requests_on_one_instance_share_one_lease() {
     for a in futures::future::join_all(all).await {
         assert_eq!(a.unwrap().refused, None);
     }
-    let n = table.requests.load(Ordering::SeqCst);
+    let n = table.around.requests.load(Ordering::SeqCst);
     assert!(n <= 2, "{n} store requests: a read and one write");
 }
 
@@ -167,7 +139,7 @@ async fn recipients_on_a_shared_bucket_are_all_or_none_across_instances() {
     assert_eq!(refused, std::time::Duration::from_millis(100), "10 more at 100 a second");
     assert_eq!(take(&b, 20).await, None, "the refused take took nothing");
     assert!(take(&a, 1).await.is_some(), "the bucket is empty on both");
-    let before = table.requests.load(Ordering::SeqCst);
+    let before = table.around.requests.load(Ordering::SeqCst);
     // A bucket of 20 at 10 a second: 20 orders at once on one instance, not 10.
     let mut passed = 0;
     for _ in 0..25 {
@@ -182,7 +154,7 @@ async fn recipients_on_a_shared_bucket_are_all_or_none_across_instances() {
 #[tokio::test]
 async fn an_unreachable_bucket_admits_api_requests() {
     let table = Counting::new();
-    table.down.store(true, Ordering::SeqCst);
+    table.around.down.store(true, Ordering::SeqCst);
     let limits = ApiLimits::new(ApiRates::parse("send:1").unwrap(), GateStore::Shared(table.clone()));
     let acme = TenantId::parse("acme").unwrap();
     for _ in 0..3 {

@@ -22,11 +22,9 @@ use tidings_core::lanes::{Lane, Urgency};
 use tidings_core::messages::{Rejected, settle};
 use tidings_core::notify::model::Priority;
 use tidings_core::outcome::Outcome;
-use tidings_core::ports::{
-    Channel, Cond, Item, Key, Page, QueryOpts, Received, StoreError, Table, Update, Write, attrs_of,
-};
+use tidings_core::ports::{Channel, Cond, Item, Key, Received, StoreError, Table, attrs_of};
 use tidings_core::router::{route, route_batch};
-use tidings_embedded::test_world::TestWorld;
+use tidings_embedded::test_world::{Around, Call, TestWorld, Wrapped};
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
@@ -35,7 +33,6 @@ const LANE: Lane = Lane::Requests(Priority::Normal);
 /// The store, with reads of chosen notifications that never answer (a handler stuck there until
 /// its process ends) and failures on demand.
 struct Stalls {
-    inner: Arc<dyn Table>,
     /// Notification ids whose reads never answer.
     stalled: Mutex<HashSet<String>>,
     /// One permit per read that stalled.
@@ -49,15 +46,17 @@ struct Stalls {
 }
 
 impl Stalls {
-    fn over(inner: Arc<dyn Table>) -> Arc<Self> {
-        Arc::new(Self {
+    fn over(inner: Arc<dyn Table>) -> Arc<Wrapped<Self>> {
+        Arc::new(Wrapped::new(
             inner,
-            stalled: Mutex::default(),
-            reached: Semaphore::new(0),
-            handled: AtomicUsize::new(0),
-            tenant_down: AtomicBool::new(false),
-            markers_down: AtomicBool::new(false),
-        })
+            Self {
+                stalled: Mutex::default(),
+                reached: Semaphore::new(0),
+                handled: AtomicUsize::new(0),
+                tenant_down: AtomicBool::new(false),
+                markers_down: AtomicBool::new(false),
+            },
+        ))
     }
 
     fn stall(&self, notification: &str) {
@@ -97,37 +96,26 @@ impl Stalls {
 }
 
 #[async_trait]
-impl Table for Stalls {
-    async fn get(&self, key: &Key) -> Result<Option<Item>, StoreError> {
-        self.tenant_read(key).await?;
-        self.inner.get(key).await
-    }
-    async fn put(&self, item: Item, cond: Cond) -> Result<(), StoreError> {
-        self.marker_write(&item.key)?;
-        self.inner.put(item, cond).await
-    }
-    async fn update(&self, key: &Key, updates: Vec<Update>, cond: Cond) -> Result<Item, StoreError> {
-        self.marker_write(key)?;
-        self.inner.update(key, updates, cond).await
-    }
-    async fn delete(&self, key: &Key, cond: Cond) -> Result<(), StoreError> {
-        self.marker_write(key)?;
-        self.inner.delete(key, cond).await
-    }
-    async fn transact(&self, writes: Vec<Write>) -> Result<(), StoreError> {
-        self.inner.transact(writes).await
-    }
-    async fn query(&self, pk: &str, sk_prefix: &str, opts: QueryOpts) -> Result<Page, StoreError> {
-        self.inner.query(pk, sk_prefix, opts).await
-    }
-    async fn query_range(&self, pk: &str, from: &str, to: &str, opts: QueryOpts) -> Result<Page, StoreError> {
-        self.inner.query_range(pk, from, to, opts).await
+impl Around for Stalls {
+    async fn before(&self, call: Call<'_>) -> Result<(), StoreError> {
+        match call {
+            Call::Get(key) => self.tenant_read(key).await,
+            Call::GetMany(keys) => {
+                for key in keys {
+                    self.tenant_read(key).await?;
+                }
+                Ok(())
+            }
+            Call::Put(item, _) => self.marker_write(&item.key),
+            Call::Update(key) | Call::Delete(key) => self.marker_write(key),
+            Call::Transact(_) | Call::Query(_) => Ok(()),
+        }
     }
 }
 
 struct Fixture {
     world: TestWorld,
-    table: Arc<Stalls>,
+    table: Arc<Wrapped<Stalls>>,
 }
 
 fn fixture() -> Fixture {
@@ -166,7 +154,7 @@ async fn stuck(fx: &Fixture, process: &Deps, messages: &[Received]) -> Vec<JoinH
     for m in messages {
         let (deps, m) = (process.clone(), m.clone());
         handles.push(tokio::spawn(async move { route(&deps, LANE, &m).await }));
-        fx.table.reached.acquire().await.unwrap().forget();
+        fx.table.around.reached.acquire().await.unwrap().forget();
     }
     handles
 }
@@ -185,7 +173,7 @@ async fn ends(handles: Vec<JoinHandle<Outcome>>) {
 #[tokio::test]
 async fn a_message_that_ends_the_process_at_a_redelivery_is_set_aside_at_the_next_receive() {
     let fx = fixture();
-    fx.table.stall("n-1");
+    fx.table.around.stall("n-1");
     let first = stuck(&fx, &fx.process(), &[request("m-1", "n-1", 1)]).await;
     assert_eq!(fx.marker("m-1").await, None, "a first receipt writes nothing");
     ends(first).await;
@@ -196,13 +184,13 @@ async fn a_message_that_ends_the_process_at_a_redelivery_is_set_aside_at_the_nex
     ends(second).await;
 
     // Answered now: handled again, it would return, not end the process.
-    fx.table.unstall("n-1");
-    let handled = fx.table.handled();
+    fx.table.around.unstall("n-1");
+    let handled = fx.table.around.handled();
     let third = request("m-1", "n-1", 3);
     let outcome = route(&fx.process(), LANE, &third).await;
     let Outcome::Reject(reason) = &outcome else { panic!("set aside, got {outcome:?}") };
     assert!(reason.starts_with("set aside: the process ended while handling this message at receive 2"), "{reason}");
-    assert_eq!(fx.table.handled(), handled, "not handled again");
+    assert_eq!(fx.table.around.handled(), handled, "not handled again");
 
     let deps = &fx.world.deps;
     assert!(settle(deps.queues.as_ref(), LANE.name(), &third, &outcome, deps.clock.now(), false).await.unwrap());
@@ -222,14 +210,14 @@ async fn a_higher_threshold_counts_the_ends_before_setting_a_message_aside() {
         let config = tidings_core::CoreConfig { set_aside_after_crashes: 2, ..(*deps.config).clone() };
         Deps { config: Arc::new(config), ..deps }
     };
-    fx.table.stall("n-1");
+    fx.table.around.stall("n-1");
     ends(stuck(&fx, &process(), &[request("m-1", "n-1", 1)]).await).await;
     ends(stuck(&fx, &process(), &[request("m-1", "n-1", 2)]).await).await;
     // Receive 3: one end counted, handled again (it ends the process once more).
     ends(stuck(&fx, &process(), &[request("m-1", "n-1", 3)]).await).await;
     let marker = fx.marker("m-1").await.expect("marked");
     assert_eq!((marker.receive, marker.crashes), (3, 1));
-    fx.table.unstall("n-1");
+    fx.table.around.unstall("n-1");
     let outcome = route(&process(), LANE, &request("m-1", "n-1", 4)).await;
     assert!(matches!(&outcome, Outcome::Reject(r) if r.contains("at receive 3")), "{outcome:?}");
 }
@@ -240,10 +228,10 @@ async fn a_higher_threshold_counts_the_ends_before_setting_a_message_aside() {
 async fn a_redelivered_message_whose_handler_returned_is_not_set_aside() {
     let fx = fixture();
     let process = fx.process();
-    fx.table.tenant_down.store(true, Ordering::SeqCst);
+    fx.table.around.tenant_down.store(true, Ordering::SeqCst);
     assert!(matches!(route(&process, LANE, &request("m-1", "n-1", 2)).await, Outcome::Retry(_)));
     assert_eq!(fx.marker("m-1").await, None, "unmarked after a retry");
-    fx.table.tenant_down.store(false, Ordering::SeqCst);
+    fx.table.around.tenant_down.store(false, Ordering::SeqCst);
     assert_eq!(route(&fx.process(), LANE, &request("m-1", "n-1", 3)).await, Outcome::Done);
     assert_eq!(fx.marker("m-1").await, None, "unmarked after a success");
     assert_eq!(route(&fx.process(), LANE, &request("m-1", "n-1", 4)).await, Outcome::Done);
@@ -254,8 +242,8 @@ async fn a_redelivered_message_whose_handler_returned_is_not_set_aside() {
 #[tokio::test]
 async fn a_message_that_ended_the_process_beside_another_is_tried_alone_first() {
     let fx = fixture();
-    fx.table.stall("n-1");
-    fx.table.stall("n-2");
+    fx.table.around.stall("n-1");
+    fx.table.around.stall("n-2");
     ends(stuck(&fx, &fx.process(), &[request("m-1", "n-1", 2), request("m-2", "n-2", 2)]).await).await;
     assert_eq!(fx.marker("m-2").await.unwrap().beside, 1);
 
@@ -264,8 +252,8 @@ async fn a_message_that_ended_the_process_beside_another_is_tried_alone_first() 
     assert_eq!((marker.receive, marker.beside, marker.alone), (3, 0, true));
     ends(alone).await;
 
-    fx.table.unstall("n-2");
-    fx.table.unstall("n-1");
+    fx.table.around.unstall("n-2");
+    fx.table.around.unstall("n-1");
     assert_eq!(route(&fx.process(), LANE, &request("m-2", "n-2", 3)).await, Outcome::Done);
     match route(&fx.process(), LANE, &request("m-1", "n-1", 4)).await {
         Outcome::Reject(reason) => {
@@ -281,8 +269,8 @@ async fn a_message_that_ended_the_process_beside_another_is_tried_alone_first() 
 #[tokio::test]
 async fn a_message_that_begins_beside_a_lone_attempt_is_counted_in_its_marker() {
     let fx = fixture();
-    fx.table.stall("n-1");
-    fx.table.stall("n-2");
+    fx.table.around.stall("n-1");
+    fx.table.around.stall("n-2");
     let process = fx.process();
     let mut handles = stuck(&fx, &process, &[request("m-1", "n-1", 2)]).await;
     assert_eq!(fx.marker("m-1").await.unwrap().beside, 0);
@@ -290,7 +278,7 @@ async fn a_message_that_begins_beside_a_lone_attempt_is_counted_in_its_marker() 
     assert_eq!(fx.marker("m-1").await.unwrap().beside, 1);
     ends(handles).await;
 
-    fx.table.unstall("n-1");
+    fx.table.around.unstall("n-1");
     assert_eq!(
         route(&fx.process(), LANE, &request("m-1", "n-1", 3)).await,
         Outcome::Done,
@@ -306,22 +294,22 @@ async fn an_attempt_alone_waits_for_the_messages_in_flight() {
     let earlier = Marker { receive: 2, beside: 1, alone: false, crashes: 0, ttl: 0 };
     let key = keys::attempt(LANE.name(), "m-1");
     fx.world.deps.table.put(Item::new(key, attrs_of(&earlier).unwrap()), Cond::Always).await.unwrap();
-    fx.table.stall("n-2");
+    fx.table.around.stall("n-2");
     let process = fx.process();
     let other = stuck(&fx, &process, &[request("m-2", "n-2", 1)]).await;
-    let handled = fx.table.handled();
+    let handled = fx.table.around.handled();
 
     let deps = process.clone();
     let alone = tokio::spawn(async move { route(&deps, LANE, &request("m-1", "n-1", 3)).await });
     for _ in 0..100 {
         tokio::task::yield_now().await;
     }
-    assert_eq!(fx.table.handled(), handled, "not started beside a message in flight");
+    assert_eq!(fx.table.around.handled(), handled, "not started beside a message in flight");
     assert_eq!(fx.marker("m-1").await, Some(earlier));
 
     ends(other).await;
     assert_eq!(alone.await.unwrap(), Outcome::Done);
-    assert_eq!(fx.table.handled(), handled + 1);
+    assert_eq!(fx.table.around.handled(), handled + 1);
 }
 
 /// The guard never holds a message back: a marker that cannot be written, and the message is
@@ -329,9 +317,9 @@ async fn an_attempt_alone_waits_for_the_messages_in_flight() {
 #[tokio::test]
 async fn a_message_whose_marker_cannot_be_written_is_handled() {
     let fx = fixture();
-    fx.table.markers_down.store(true, Ordering::SeqCst);
+    fx.table.around.markers_down.store(true, Ordering::SeqCst);
     assert_eq!(route(&fx.process(), LANE, &request("m-1", "n-1", 2)).await, Outcome::Done);
-    assert_eq!(fx.table.handled(), 1);
+    assert_eq!(fx.table.around.handled(), 1);
 }
 
 /// A channel lane's batch: only the message whose marker says it ended the process is set
@@ -373,12 +361,12 @@ async fn a_channel_batch_sets_aside_only_the_message_that_ended_the_process() {
 #[tokio::test(start_paused = true)]
 async fn a_redelivered_message_cut_off_at_its_deadline_is_not_set_aside() {
     let fx = fixture();
-    fx.table.stall("n-1");
+    fx.table.around.stall("n-1");
     let deadline = std::time::Instant::now();
     let outcomes = route_batch(&fx.process(), LANE, &[request("m-1", "n-1", 2)], Some(deadline)).await;
     assert_eq!(outcomes, vec![Outcome::Retry(Duration::ZERO)]);
     assert_eq!(fx.marker("m-1").await, None);
-    fx.table.unstall("n-1");
+    fx.table.around.unstall("n-1");
     assert_eq!(route(&fx.process(), LANE, &request("m-1", "n-1", 3)).await, Outcome::Done);
 }
 
@@ -391,8 +379,8 @@ async fn an_attempt_alone_that_ran_beside_others_is_not_conclusive() {
     let earlier = Marker { receive: 2, beside: 1, alone: false, crashes: 0, ttl: 0 };
     let key = keys::attempt(LANE.name(), "m-1");
     fx.world.deps.table.put(Item::new(key, attrs_of(&earlier).unwrap()), Cond::Always).await.unwrap();
-    fx.table.stall("n-1");
-    fx.table.stall("n-2");
+    fx.table.around.stall("n-1");
+    fx.table.around.stall("n-2");
     let process = fx.process();
     let mut handles = stuck(&fx, &process, &[request("m-2", "n-2", 1)]).await;
     let deps = process.clone();
@@ -400,11 +388,11 @@ async fn an_attempt_alone_that_ran_beside_others_is_not_conclusive() {
     handles.push(tokio::spawn(async move {
         route_batch(&deps, LANE, &[request("m-1", "n-1", 3)], Some(deadline)).await.remove(0)
     }));
-    fx.table.reached.acquire().await.unwrap().forget();
+    fx.table.around.reached.acquire().await.unwrap().forget();
     ends(handles).await;
     let marker = fx.marker("m-1").await.unwrap();
     assert_eq!((marker.receive, marker.beside, marker.alone), (3, 1, false));
 
-    fx.table.unstall("n-1");
+    fx.table.around.unstall("n-1");
     assert_eq!(route(&fx.process(), LANE, &request("m-1", "n-1", 4)).await, Outcome::Done, "tried alone again");
 }

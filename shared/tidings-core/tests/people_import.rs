@@ -10,15 +10,14 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use async_trait::async_trait;
 use tidings_core::people::import::{ImportedUser, import_batch};
 use tidings_core::people::users::{self, BatchUser, UserInput, put_user, put_users, segment_page};
-use tidings_core::ports::{Cond, Item, Key, Page, Platform, QueryOpts, StoreError, Table, Update, Write};
+use tidings_core::ports::{Platform, StoreError};
 use tidings_core::{Deps, TenantId, notify::model::Category, people::preferences};
-use tidings_embedded::test_world::TestWorld;
+use tidings_embedded::test_world::{Around, Call, TestWorld, Wrapped};
 
 /// The embedded table, which on its first batch transaction lets a `PUT` of `user` (to the tag
 /// `moved`) go first, as a concurrent request would; and which counts transactions and checks
 /// each against DynamoDB's limits.
 struct RacingTable {
-    inner: Arc<dyn Table>,
     deps: std::sync::OnceLock<Deps>,
     user: String,
     raced: AtomicBool,
@@ -26,24 +25,10 @@ struct RacingTable {
 }
 
 #[async_trait]
-impl Table for RacingTable {
-    async fn get(&self, key: &Key) -> Result<Option<Item>, StoreError> {
-        self.inner.get(key).await
-    }
-    async fn get_many(&self, keys: &[Key]) -> Result<Vec<Option<Item>>, StoreError> {
-        self.inner.get_many(keys).await
-    }
-    async fn put(&self, item: Item, cond: Cond) -> Result<(), StoreError> {
-        self.inner.put(item, cond).await
-    }
-    async fn update(&self, key: &Key, updates: Vec<Update>, cond: Cond) -> Result<Item, StoreError> {
-        self.inner.update(key, updates, cond).await
-    }
-    async fn delete(&self, key: &Key, cond: Cond) -> Result<(), StoreError> {
-        self.inner.delete(key, cond).await
-    }
-    async fn transact(&self, writes: Vec<Write>) -> Result<(), StoreError> {
-        tidings_core::sizes::check_transaction(&writes)?;
+impl Around for RacingTable {
+    async fn before(&self, call: Call<'_>) -> Result<(), StoreError> {
+        let Call::Transact(writes) = call else { return Ok(()) };
+        tidings_core::sizes::check_transaction(writes)?;
         self.transactions.fetch_add(1, Ordering::SeqCst);
         if writes.len() > 3 && !self.raced.swap(true, Ordering::SeqCst) {
             let deps = self.deps.get().unwrap().clone();
@@ -52,25 +37,22 @@ impl Table for RacingTable {
                 UserInput { email: Some("put@example.com".into()), tags: vec!["moved".into()], ..UserInput::default() };
             Box::pin(put_user(&deps, &t, &self.user, input)).await.unwrap();
         }
-        self.inner.transact(writes).await
-    }
-    async fn query(&self, pk: &str, sk_prefix: &str, opts: QueryOpts) -> Result<Page, StoreError> {
-        self.inner.query(pk, sk_prefix, opts).await
+        Ok(())
     }
 }
 
-fn racing(user: &str) -> (Deps, Arc<RacingTable>) {
+fn racing(user: &str) -> (Deps, Arc<Wrapped<RacingTable>>) {
     let world = TestWorld::builder().system_clock().build();
-    let table = Arc::new(RacingTable {
-        inner: world.deps.table.clone(),
+    let racing = RacingTable {
         deps: std::sync::OnceLock::new(),
         user: user.to_owned(),
         raced: AtomicBool::new(false),
         transactions: AtomicUsize::new(0),
-    });
+    };
+    let table = Arc::new(Wrapped::new(world.deps.table.clone(), racing));
     let mut deps = world.deps.clone();
     deps.table = table.clone();
-    let _ = table.deps.set(deps.clone());
+    let _ = table.around.deps.set(deps.clone());
     (deps, table)
 }
 
@@ -101,7 +83,7 @@ async fn a_batch_meeting_a_concurrent_put_keeps_memberships_with_the_user() {
     let (deps, table) = racing("u0003");
     let t = TenantId::parse("shop").unwrap();
     let outcome = put_users(&deps, &t, batch(300, &["news", "vip"])).await.unwrap();
-    assert!(table.raced.load(Ordering::SeqCst), "the concurrent PUT ran inside the batch");
+    assert!(table.around.raced.load(Ordering::SeqCst), "the concurrent PUT ran inside the batch");
     assert_eq!((outcome.upserted, outcome.unchanged, outcome.errors.len()), (300, 0, 0));
     // The batch's write of u0003 came after the PUT: the user and its memberships are the batch's.
     let u = users::get_user(&deps, &t, "u0003").await.unwrap().unwrap();
@@ -113,12 +95,12 @@ async fn a_batch_meeting_a_concurrent_put_keeps_memberships_with_the_user() {
     assert_eq!(members(&deps, &t, "news").await.len(), 300);
     assert_eq!(members(&deps, &t, "vip").await.len(), 300);
     // Four writes a user, at most 100 a transaction: at least 12 of them, each within the limits.
-    assert!(table.transactions.load(Ordering::SeqCst) >= 12);
+    assert!(table.around.transactions.load(Ordering::SeqCst) >= 12);
     // Again: nothing is written.
-    let before = table.transactions.load(Ordering::SeqCst);
+    let before = table.around.transactions.load(Ordering::SeqCst);
     let again = put_users(&deps, &t, batch(300, &["news", "vip"])).await.unwrap();
     assert_eq!((again.upserted, again.unchanged), (300, 300));
-    assert_eq!(table.transactions.load(Ordering::SeqCst), before, "a repeat costs reads only");
+    assert_eq!(table.around.transactions.load(Ordering::SeqCst), before, "a repeat costs reads only");
 }
 
 /// A user with 50 tags (52 writes) and one moving from 50 tags to 50 others (102 writes: more

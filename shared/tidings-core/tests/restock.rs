@@ -13,10 +13,10 @@ use chrono::{DateTime, Utc};
 use tidings_core::inventory::{self, AdjustmentRequest, OrderLine, OrderRequest, WarmUpRequest};
 use tidings_core::messages::{self, ALL_QUEUES};
 use tidings_core::people::users::{self, UserInput};
-use tidings_core::ports::{ChangeFeed, ManualClock, OutboundMessage, Provider, ProviderError, ProviderReceipt, Table};
+use tidings_core::ports::{ChangeFeed, ManualClock, OutboundMessage, Provider, ProviderError, ProviderReceipt};
 use tidings_core::restock::{self, NoticeStatus, RestockConfig, StockEvent, SubscriptionRequest, SubscriptionStatus};
 use tidings_core::{CoreConfig, Deps, TenantId};
-use tidings_embedded::test_world::TestWorld;
+use tidings_embedded::test_world::{Around, Call, TestWorld, Wrapped};
 use tidings_embedded::{EmbeddedChangeFeed, EmbeddedStore};
 
 /// What the fake email provider does.
@@ -162,12 +162,14 @@ async fn sku(w: &World, id: &str, on_hand: i64) {
 }
 
 async fn restock_by(w: &World, id: &str, delta: i64, key: &str) {
-    let req = AdjustmentRequest { delta, source: "purchase_order".into(), idempotency_key: key.into() };
+    let req =
+        AdjustmentRequest { delta, source: "purchase_order".into(), idempotency_key: key.into(), reference: None };
     inventory::adjust(&w.deps, &w.t, id, &req).await.unwrap();
 }
 
 async fn subscribe(w: &World, user_id: &str, sku_id: &str) -> (String, bool) {
-    let req = SubscriptionRequest { user_id: user_id.into(), sku_id: sku_id.into(), spu_id: None };
+    let req =
+        SubscriptionRequest { user_id: user_id.into(), sku_id: sku_id.into(), spu_id: None, notify_incoming: false };
     let (sub, created) = restock::subscribe(&w.deps, &w.t, &req).await.unwrap();
     (sub.subscription_id, created)
 }
@@ -337,7 +339,12 @@ async fn review_unique_constraint_on_sku_and_user_and_state_machine() {
         let deps = w.deps.clone();
         let t = w.t.clone();
         tasks.push(tokio::spawn(async move {
-            let req = SubscriptionRequest { user_id: "u1".into(), sku_id: "A".into(), spu_id: Some("P1".into()) };
+            let req = SubscriptionRequest {
+                user_id: "u1".into(),
+                sku_id: "A".into(),
+                spu_id: Some("P1".into()),
+                notify_incoming: false,
+            };
             restock::subscribe(&deps, &t, &req).await.unwrap().0.subscription_id
         }));
     }
@@ -722,59 +729,22 @@ async fn cancelled_and_notified_get_nothing_next_round() {
     assert_eq!((emails_to(&w, "u1").len(), emails_to(&w, "u2").len(), emails_to(&w, "u3").len()), (1, 2, 0));
 }
 
-/// A table that fails every write after a number of transactions: a process dying mid-round.
+/// A table whose transactions fail after a number of them: a process dying mid-round.
 struct Dying {
-    inner: EmbeddedStore,
     left: Mutex<i64>,
 }
 
 #[async_trait]
-impl Table for Dying {
-    async fn get(
-        &self,
-        key: &tidings_core::ports::Key,
-    ) -> Result<Option<tidings_core::ports::Item>, tidings_core::ports::StoreError> {
-        self.inner.get(key).await
-    }
-    async fn put(
-        &self,
-        item: tidings_core::ports::Item,
-        cond: tidings_core::ports::Cond,
-    ) -> Result<(), tidings_core::ports::StoreError> {
-        self.inner.put(item, cond).await
-    }
-    async fn update(
-        &self,
-        key: &tidings_core::ports::Key,
-        updates: Vec<tidings_core::ports::Update>,
-        cond: tidings_core::ports::Cond,
-    ) -> Result<tidings_core::ports::Item, tidings_core::ports::StoreError> {
-        self.inner.update(key, updates, cond).await
-    }
-    async fn delete(
-        &self,
-        key: &tidings_core::ports::Key,
-        cond: tidings_core::ports::Cond,
-    ) -> Result<(), tidings_core::ports::StoreError> {
-        Table::delete(&self.inner, key, cond).await
-    }
-    async fn transact(&self, writes: Vec<tidings_core::ports::Write>) -> Result<(), tidings_core::ports::StoreError> {
-        {
+impl Around for Dying {
+    async fn before(&self, call: Call<'_>) -> Result<(), tidings_core::ports::StoreError> {
+        if let Call::Transact(_) = call {
             let mut left = self.left.lock().unwrap();
             *left -= 1;
             if *left < 0 {
                 return Err(tidings_core::ports::StoreError::Unavailable("process killed".into()));
             }
         }
-        self.inner.transact(writes).await
-    }
-    async fn query(
-        &self,
-        pk: &str,
-        sk_prefix: &str,
-        opts: tidings_core::ports::QueryOpts,
-    ) -> Result<tidings_core::ports::Page, tidings_core::ports::StoreError> {
-        self.inner.query(pk, sk_prefix, opts).await
+        Ok(())
     }
 }
 
@@ -790,7 +760,10 @@ async fn crash_mid_round_then_everyone_notified_once() {
     }
     restock_by(&w, "A", 100, "po").await;
     let store_deps = w.deps.clone();
-    let dying = Deps { table: Arc::new(Dying { inner: w.store.clone(), left: Mutex::new(30) }), ..store_deps.clone() };
+    let dying = Deps {
+        table: Arc::new(Wrapped::new(Arc::new(w.store.clone()), Dying { left: Mutex::new(30) })),
+        ..store_deps.clone()
+    };
     assert!(restock::run_round(&dying, &w.t, "A", 1, None).await.is_err(), "dies mid-round");
     // Restart: the stream and the scan bring the round back.
     settle(&w).await;

@@ -18,14 +18,14 @@ use tidings_core::people::devices::{self, DeviceInput};
 use tidings_core::people::preferences::{self, PreferencesInput};
 use tidings_core::people::users::{self, UserInput};
 use tidings_core::ports::{
-    Channel, Cond, Item, Key, OutboundMessage, Page, PermanentCode, Platform, Provider, ProviderError, ProviderReceipt,
-    QueryOpts, StoreError, Table, Update, Write,
+    Channel, Cond, OutboundMessage, PermanentCode, Platform, Provider, ProviderError, ProviderReceipt, StoreError,
+    Write,
 };
 use tidings_core::webhooks::{self, EndpointInput, EventType};
 use tidings_core::workflows::run::{self, RunStatus, RunView, Wake};
 use tidings_core::workflows::{self, WorkflowInput};
 use tidings_core::{Deps, TenantId, inbox, templates, timers};
-use tidings_embedded::test_world::{Recorder, TestWorld, drain};
+use tidings_embedded::test_world::{Around, Call, Recorder, TestWorld, Wrapped, drain};
 
 /// A provider that fails every send for good (a push token gone).
 #[derive(Default)]
@@ -46,31 +46,14 @@ impl Provider for Refuses {
 
 /// The store with a read latency on digest heads (as a remote table has one): every trigger
 /// reads "no window open" before any of them writes, so they all race to open it.
-struct Latent(Arc<dyn Table>);
+struct Latent;
 
 #[async_trait]
-impl Table for Latent {
-    async fn get(&self, key: &Key) -> Result<Option<Item>, StoreError> {
-        let got = self.0.get(key).await;
-        if key.sk == "HEAD" {
+impl Around for Latent {
+    async fn after(&self, call: Call<'_>) {
+        if matches!(call, Call::Get(key) if key.sk == "HEAD") {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
-        got
-    }
-    async fn put(&self, item: Item, cond: Cond) -> Result<(), StoreError> {
-        self.0.put(item, cond).await
-    }
-    async fn update(&self, key: &Key, updates: Vec<Update>, cond: Cond) -> Result<Item, StoreError> {
-        self.0.update(key, updates, cond).await
-    }
-    async fn delete(&self, key: &Key, cond: Cond) -> Result<(), StoreError> {
-        self.0.delete(key, cond).await
-    }
-    async fn transact(&self, writes: Vec<Write>) -> Result<(), StoreError> {
-        self.0.transact(writes).await
-    }
-    async fn query(&self, pk: &str, sk_prefix: &str, opts: QueryOpts) -> Result<Page, StoreError> {
-        self.0.query(pk, sk_prefix, opts).await
     }
 }
 
@@ -78,44 +61,27 @@ impl Table for Latent {
 /// an item, and the adapter's retries ran out) to the creation of `user`'s run (`create`) or to
 /// the write of its progress after a drive (not `create`), `times` times.
 struct Conflicts {
-    inner: Arc<dyn Table>,
     user: String,
     create: bool,
     times: Mutex<u32>,
 }
 
 #[async_trait]
-impl Table for Conflicts {
-    async fn get(&self, key: &Key) -> Result<Option<Item>, StoreError> {
-        self.inner.get(key).await
-    }
-    async fn put(&self, item: Item, cond: Cond) -> Result<(), StoreError> {
-        self.inner.put(item, cond).await
-    }
-    async fn update(&self, key: &Key, updates: Vec<Update>, cond: Cond) -> Result<Item, StoreError> {
-        self.inner.update(key, updates, cond).await
-    }
-    async fn delete(&self, key: &Key, cond: Cond) -> Result<(), StoreError> {
-        self.inner.delete(key, cond).await
-    }
-    async fn transact(&self, writes: Vec<Write>) -> Result<(), StoreError> {
+impl Around for Conflicts {
+    async fn before(&self, call: Call<'_>) -> Result<(), StoreError> {
+        let Call::Transact(writes) = call else { return Ok(()) };
         let hit = writes.iter().any(|w| match w {
             Write::Put { item, cond } => {
                 item.key.sk == format!("R#{}", self.user) && matches!(cond, Cond::NotExists) == self.create
             }
             _ => false,
         });
-        if hit {
-            let mut left = self.times.lock().unwrap();
-            if *left > 0 {
-                *left -= 1;
-                return Err(StoreError::Conflict);
-            }
+        let mut left = self.times.lock().unwrap();
+        if hit && *left > 0 {
+            *left -= 1;
+            return Err(StoreError::Conflict);
         }
-        self.inner.transact(writes).await
-    }
-    async fn query(&self, pk: &str, sk_prefix: &str, opts: QueryOpts) -> Result<Page, StoreError> {
-        self.inner.query(pk, sk_prefix, opts).await
+        Ok(())
     }
 }
 
@@ -134,13 +100,8 @@ async fn shop_at(start: &str, push: Arc<dyn Provider>) -> Shop {
 /// A shop whose email goes to `email_to` (`email` records what reaches it, when that is it).
 async fn shop_with(start: &str, push: Arc<dyn Provider>, email_to: Arc<dyn Provider>, email: Arc<Recorder>) -> Shop {
     let sms = Arc::new(Recorder::default());
-    let w = TestWorld::builder()
-        .start_at(start)
-        .all_queues(5)
-        .email(email_to)
-        .sms(sms.clone())
-        .push(push.clone())
-        .build();
+    let w =
+        TestWorld::builder().start_at(start).all_queues(5).email(email_to).sms(sms.clone()).push(push.clone()).build();
     let t = TenantId::parse("shop").unwrap();
     let tpl = json!({"default_locale": "en", "locales": {"en": {
         "email_subject": "{{ count }} new", "email_body": "{{ count }} comments{% for e in events %} [{{ e.author }}]{% endfor %} on {{ post_id }}",
@@ -229,7 +190,7 @@ async fn many_triggers_at_one_instant_on_two_instances_make_one_digest_and_keys_
     // caches, the same store, reads that take a while), all at once.
     let instance = || {
         Deps::new(
-            Arc::new(Latent(Arc::new(s.w.store.clone()))),
+            Arc::new(Wrapped::new(Arc::new(s.w.store.clone()), Latent)),
             Arc::new(s.w.store.clone()),
             s.w.deps.clock.clone(),
             s.w.deps.providers.clone(),
@@ -710,7 +671,10 @@ async fn a_conflict_on_one_run_fails_its_page_once_and_every_other_run_of_the_pa
     workflow(&s, "comments", json!({"steps": serde_json::from_str::<Value>(DIGEST).unwrap()})).await;
     let users: Vec<&str> = ids.iter().map(String::as_str).collect();
     let id = trigger(&s, "comments", &users, json!({"post_id": "p", "author": "a"})).await;
-    let conflicts = Conflicts { inner: Arc::new(s.w.store.clone()), user: "u000".into(), create: true, times: Mutex::new(1) };
+    let conflicts = Wrapped::new(
+        Arc::new(s.w.store.clone()),
+        Conflicts { user: "u000".into(), create: true, times: Mutex::new(1) },
+    );
     let deps = Deps::new(
         Arc::new(conflicts),
         Arc::new(s.w.store.clone()),
@@ -747,7 +711,8 @@ async fn a_one_channel_send_that_failed_before_its_step_was_driven_again_is_the_
     user(&s, "u1", false, None).await;
     workflow(&s, "one", json!({"steps": [{"type": "send", "channel": "email", "template_id": "note"}]})).await;
     let id = trigger(&s, "one", &["u1"], json!({"post_id": "p"})).await;
-    let cut = Conflicts { inner: Arc::new(s.w.store.clone()), user: "u1".into(), create: false, times: Mutex::new(1) };
+    let cut =
+        Wrapped::new(Arc::new(s.w.store.clone()), Conflicts { user: "u1".into(), create: false, times: Mutex::new(1) });
     let deps = Deps::new(
         Arc::new(cut),
         Arc::new(s.w.store.clone()),

@@ -21,7 +21,10 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use tidings_core::dev::NullProvider;
 use tidings_core::messages::ALL_QUEUES;
-use tidings_core::ports::{Clock, ManualClock, OutboundMessage, Provider, ProviderError, ProviderReceipt, SystemClock};
+use tidings_core::ports::{
+    Clock, Cond, Item, Key, ManualClock, OutboundMessage, Page, Provider, ProviderError, ProviderReceipt, QueryOpts,
+    StoreError, SystemClock, Update, Write,
+};
 use tidings_core::{CoreConfig, Deps, Providers};
 
 use crate::{EmbeddedChangeFeed, EmbeddedStore, QueueConfig};
@@ -244,5 +247,105 @@ impl Provider for Recorder {
         let mut sent = self.sent.lock().unwrap_or_else(|p| p.into_inner());
         sent.push(message.clone());
         Ok(ProviderReceipt { provider_message_id: format!("pm-{}", sent.len()) })
+    }
+}
+
+/// One call of the [`Table`](tidings_core::ports::Table) a [`Wrapped`] table passes on, as an
+/// [`Around`] sees it.
+#[derive(Clone, Copy, Debug)]
+pub enum Call<'a> {
+    Get(&'a Key),
+    GetMany(&'a [Key]),
+    Put(&'a Item, &'a Cond),
+    Update(&'a Key),
+    Delete(&'a Key),
+    Transact(&'a [Write]),
+    Query(&'a str),
+}
+
+impl Call<'_> {
+    /// Whether it writes.
+    pub fn writes(&self) -> bool {
+        matches!(self, Call::Put(..) | Call::Update(_) | Call::Delete(_) | Call::Transact(_))
+    }
+}
+
+/// What a test double does around the calls of the table it wraps: fail one (`before` answers
+/// an error, and the call never reaches the table), race it, count it, delay it. Both default to
+/// doing nothing, so a double names only what it changes.
+#[async_trait]
+pub trait Around: Send + Sync {
+    /// Before the call reaches the table; an error is the call's answer.
+    async fn before(&self, _call: Call<'_>) -> Result<(), StoreError> {
+        Ok(())
+    }
+    /// After the table answered (whatever it answered).
+    async fn after(&self, _call: Call<'_>) {}
+}
+
+/// A table that passes every call on to `inner`, with `around` before and after each: the one
+/// delegating table the tests' doubles share.
+pub struct Wrapped<A> {
+    pub inner: Arc<dyn tidings_core::ports::Table>,
+    pub around: A,
+}
+
+impl<A: Around> Wrapped<A> {
+    pub fn new(inner: Arc<dyn tidings_core::ports::Table>, around: A) -> Self {
+        Self { inner, around }
+    }
+}
+
+#[async_trait]
+impl<A: Around + 'static> tidings_core::ports::Table for Wrapped<A> {
+    async fn get(&self, key: &Key) -> Result<Option<Item>, StoreError> {
+        self.around.before(Call::Get(key)).await?;
+        let got = self.inner.get(key).await;
+        self.around.after(Call::Get(key)).await;
+        got
+    }
+    async fn get_many(&self, keys: &[Key]) -> Result<Vec<Option<Item>>, StoreError> {
+        self.around.before(Call::GetMany(keys)).await?;
+        let got = self.inner.get_many(keys).await;
+        self.around.after(Call::GetMany(keys)).await;
+        got
+    }
+    async fn put(&self, item: Item, cond: Cond) -> Result<(), StoreError> {
+        self.around.before(Call::Put(&item, &cond)).await?;
+        let (copy, copy_cond) = (item.clone(), cond.clone());
+        let done = self.inner.put(item, cond).await;
+        self.around.after(Call::Put(&copy, &copy_cond)).await;
+        done
+    }
+    async fn update(&self, key: &Key, updates: Vec<Update>, cond: Cond) -> Result<Item, StoreError> {
+        self.around.before(Call::Update(key)).await?;
+        let done = self.inner.update(key, updates, cond).await;
+        self.around.after(Call::Update(key)).await;
+        done
+    }
+    async fn delete(&self, key: &Key, cond: Cond) -> Result<(), StoreError> {
+        self.around.before(Call::Delete(key)).await?;
+        let done = self.inner.delete(key, cond).await;
+        self.around.after(Call::Delete(key)).await;
+        done
+    }
+    async fn transact(&self, writes: Vec<Write>) -> Result<(), StoreError> {
+        self.around.before(Call::Transact(&writes)).await?;
+        let copy = writes.clone();
+        let done = self.inner.transact(writes).await;
+        self.around.after(Call::Transact(&copy)).await;
+        done
+    }
+    async fn query(&self, pk: &str, sk_prefix: &str, opts: QueryOpts) -> Result<Page, StoreError> {
+        self.around.before(Call::Query(pk)).await?;
+        let got = self.inner.query(pk, sk_prefix, opts).await;
+        self.around.after(Call::Query(pk)).await;
+        got
+    }
+    async fn query_range(&self, pk: &str, from: &str, to: &str, opts: QueryOpts) -> Result<Page, StoreError> {
+        self.around.before(Call::Query(pk)).await?;
+        let got = self.inner.query_range(pk, from, to, opts).await;
+        self.around.after(Call::Query(pk)).await;
+        got
     }
 }

@@ -5,8 +5,9 @@ use axum::http::StatusCode;
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use tidings_core::inventory::{
-    self, AdjustmentBody, Finding, FindingPage, FindingStatus, LedgerPage, Location, LocationList, LocationRequest,
-    LocationStockRequest, OrderBody, OrderView, ReconcileReport, SettleRequest, StockView, WarmUpRequest,
+    self, AdjustmentBody, Finding, FindingPage, FindingStatus, Incoming, IncomingRequest, LedgerPage, Location,
+    LocationList, LocationRequest, LocationStockRequest, OrderBody, OrderView, ReconcileReport, SettleRequest,
+    StockView, WarmUpRequest,
 };
 
 use crate::extract::{Body, IdempotencyKey, Operator, PageParams, PathParams, QueryParams, Tenant};
@@ -21,6 +22,7 @@ use crate::state::AppState;
     warm_up,
     show_stock,
     adjust,
+    expect_incoming,
     ledger,
     place_order,
     show_order,
@@ -39,6 +41,7 @@ pub fn router() -> Router<AppState> {
         .route("/v1/inventory/{sku_id}", put(warm_up).get(show_stock))
         .route("/v1/inventory/{sku_id}/locations/{location_id}", put(put_location_stock))
         .route("/v1/inventory/{sku_id}/adjustments", post(adjust))
+        .route("/v1/inventory/{sku_id}/incoming", post(expect_incoming))
         .route("/v1/inventory/{sku_id}/ledger", get(ledger))
         .route("/v1/orders", post(place_order))
         .route("/v1/orders/{order_id}", get(show_order))
@@ -134,6 +137,25 @@ async fn adjust(
     let body = Some(std::mem::take(&mut req.idempotency_key)).filter(|k| !k.is_empty());
     req.idempotency_key = header.merge(body)?.unwrap_or_default();
     Ok(Json(inventory::adjust_at(&s.deps, &t, &sku_id, location.as_deref(), &req).await?))
+}
+
+/// Stock on its way: 201 for a new shipment (its `ref`), 200 for the same one again (unchanged,
+/// or its date or quantity updated while it is on its way). Subscribers who asked hear the date.
+#[utoipa::path(post, path = "/v1/inventory/{sku_id}/incoming", tag = "inventory", security(("api_key" = [])),
+    params(("sku_id" = String, Path, description = "The SKU id")), request_body = IncomingRequest,
+    responses((status = 201, description = "A new shipment on its way", body = Incoming),
+        (status = 200, description = "The same shipment: unchanged, or its date or quantity updated", body = Incoming),
+        (status = 404, description = "No such SKU", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`incoming_received`: that shipment has arrived already", body = Problem, content_type = "application/problem+json")))]
+async fn expect_incoming(
+    State(s): State<AppState>,
+    Tenant(t): Tenant,
+    PathParams(sku_id): PathParams<String>,
+    Body(req): Body<IncomingRequest>,
+) -> ApiResult<(StatusCode, Json<Incoming>)> {
+    let (incoming, recorded) = inventory::incoming::expect(&s.deps, &t, &sku_id, &req).await?;
+    let status = if recorded == inventory::incoming::Recorded::Created { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(incoming)))
 }
 
 #[utoipa::path(get, path = "/v1/inventory/{sku_id}/ledger", tag = "inventory", security(("api_key" = [])),

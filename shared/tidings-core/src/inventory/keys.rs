@@ -14,6 +14,7 @@
 //! | a cell's latest finding (what a run decides by) | `T#t#INVFINDING` | `{sku}#{shard}` (`-` unsharded; `{sku}#L#{location}#-` at a location) |
 //! | adjustment idempotency record | `T#t#IDEM#adjustment#{key}` | `IDEM` ([`crate::keys::idempotency`]) |
 //! | tenants that hold inventory | `INV#TENANTS` | `{tenant}` |
+//! | stock on its way ([`super::incoming`]) | `T#t#INCOMING#{sku}` | `{ref}` |
 //!
 //! Shards live in partitions of their own (`...#S{i}`), not as sort keys under the SKU's
 //! partition: DynamoDB's per-partition write limit (about 1,000 writes/s) is what sharding
@@ -81,6 +82,14 @@ pub fn finding_cell(t: &TenantId, sku: &str, location: Option<&str>, shard: Opti
         Some(l) => Key::new(format!("T#{t}#INVFINDING"), format!("{sku}#L#{l}#{shard}")),
         None => Key::new(format!("T#{t}#INVFINDING"), format!("{sku}#{shard}")),
     }
+}
+
+pub fn incoming_pk(t: &TenantId, sku: &str) -> String {
+    format!("T#{t}#INCOMING#{sku}")
+}
+
+pub fn incoming(t: &TenantId, sku: &str, reference: &str) -> Key {
+    Key::new(incoming_pk(t, sku), reference)
 }
 
 pub fn tenant_entry(t: &TenantId) -> Key {

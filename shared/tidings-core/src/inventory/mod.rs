@@ -89,6 +89,7 @@
 
 pub mod compare;
 pub mod findings;
+pub mod incoming;
 pub mod keys;
 pub mod locations;
 pub mod model;
@@ -99,6 +100,7 @@ pub mod stock;
 pub use compare::Discrepancy;
 pub use findings::REVIEW_QUEUE;
 pub use findings::{Finding, FindingPage, FindingSettlement, FindingStatus, SettleRequest, SettlementKind};
+pub use incoming::{Incoming, IncomingRequest, IncomingStatus};
 pub use locations::{Location, LocationList, LocationRequest};
 pub use model::{
     AdjustmentBody, AdjustmentRequest, AdjustmentSource, Allocation, CellId, Counters, DEFAULT_LOCATION, HoldTimes,

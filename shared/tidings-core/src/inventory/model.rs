@@ -206,6 +206,9 @@ pub struct StockView {
     /// Each location's counters, `default` first (absent for a SKU held at `default` only).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub locations: Vec<LocationStockView>,
+    /// Stock on its way, the soonest first (docs/inventory.md, "Incoming stock").
+    #[serde(default)]
+    pub incoming: Vec<super::incoming::Incoming>,
 }
 
 impl StockView {
@@ -503,6 +506,10 @@ pub struct AdjustmentRequest {
     /// Required, here or as the `Idempotency-Key` header.
     #[serde(default)]
     pub idempotency_key: String,
+    /// With `source: purchase_order`: the incoming shipment this is the arrival of, which it
+    /// closes (`POST /v1/inventory/{sku_id}/incoming`).
+    #[serde(default, rename = "ref", skip_serializing_if = "Option::is_none")]
+    pub reference: Option<String>,
 }
 
 /// One line of `POST /v1/orders`.
@@ -538,6 +545,10 @@ pub struct AdjustmentBody {
     /// Required, here or as the `Idempotency-Key` header.
     #[serde(default)]
     pub idempotency_key: String,
+    /// With `source: purchase_order`: the incoming shipment this is the arrival of, which it
+    /// closes (`POST /v1/inventory/{sku_id}/incoming`).
+    #[serde(default, rename = "ref", skip_serializing_if = "Option::is_none")]
+    pub reference: Option<String>,
     /// The location whose stock moves (absent: `default`); it must hold a cell of the SKU
     /// (`PUT /v1/inventory/{sku_id}/locations/{location_id}`).
     #[serde(default)]
@@ -546,7 +557,12 @@ pub struct AdjustmentBody {
 
 impl AdjustmentBody {
     pub fn into_parts(self) -> (AdjustmentRequest, Option<String>) {
-        let req = AdjustmentRequest { delta: self.delta, source: self.source, idempotency_key: self.idempotency_key };
+        let req = AdjustmentRequest {
+            delta: self.delta,
+            source: self.source,
+            idempotency_key: self.idempotency_key,
+            reference: self.reference,
+        };
         (req, self.location_id)
     }
 }

@@ -113,6 +113,7 @@ impl Sku {
             category: self.record.category.clone(),
             safety_stock: total.safety,
             locations,
+            incoming: Vec::new(),
         }
     }
 }
@@ -478,7 +479,10 @@ pub async fn warm_up(deps: &Deps, t: &TenantId, sku_id: &str, req: &WarmUpReques
 /// The current stock of a SKU (summed over its shards).
 pub async fn get_stock(deps: &Deps, t: &TenantId, sku_id: &str) -> CoreResult<Option<StockView>> {
     check_id("sku_id", sku_id)?;
-    Ok(read_sku(deps, t, sku_id).await?.map(|s| s.view()))
+    let Some(sku) = read_sku(deps, t, sku_id).await? else { return Ok(None) };
+    let mut view = sku.view();
+    view.incoming = super::incoming::on_the_way(deps, t, sku_id).await?;
+    Ok(Some(view))
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -490,6 +494,9 @@ struct AdjustmentRecord {
 
 fn adjustment_hash(sku_id: &str, location: &str, req: &AdjustmentRequest) -> String {
     let mut canonical = format!("{sku_id}\n{}\n{}\n{}", req.delta, req.source, req.idempotency_key);
+    if let Some(reference) = &req.reference {
+        canonical.push_str(&format!("\nref\n{reference}"));
+    }
     if !is_default_location(location) {
         canonical.push_str(&format!("\n@{location}"));
     }
@@ -519,6 +526,21 @@ pub async fn adjust_at(
     if req.delta == 0 || req.delta.abs() > MAX_UNITS {
         return Err(CoreError::invalid("delta", format!("must be non-zero and at most {MAX_UNITS} either way")));
     }
+    // An arrival closes its shipment in the same transaction (written second: a failed
+    // condition there names it).
+    let arrival = match &req.reference {
+        Some(reference) => {
+            check_id("ref", reference)?;
+            if source != AdjustmentSource::PurchaseOrder || req.delta < 0 {
+                return Err(CoreError::invalid(
+                    "ref",
+                    "names a shipment: only a purchase_order's arrival (a positive delta) has one",
+                ));
+            }
+            Some(reference.as_str())
+        }
+        None => None,
+    };
     let hash = adjustment_hash(sku_id, location, req);
     let idem_key = crate::keys::idempotency(t, "adjustment", &req.idempotency_key);
     let mut attempts = Attempts::new();
@@ -551,11 +573,18 @@ pub async fn adjust_at(
         let record = AdjustmentRecord { body_hash: hash.clone(), sku_id: sku_id.to_owned(), created_at: at };
         let mut writes =
             vec![Write::Put { item: Item::new(idem_key.clone(), attrs_of(&record)?), cond: Cond::NotExists }];
+        if let Some(reference) = arrival {
+            writes.push(super::incoming::arrival_write(t, sku_id, reference, req.delta, &record.created_at));
+        }
         writes.extend(change.writes()?);
         match deps.table.transact(writes).await {
             Ok(()) => return get_stock(deps, t, sku_id).await?.ok_or(CoreError::NotFound { what: "sku" }),
             Err(StoreError::ConditionFailed { index: 0 }) => {
                 return replayed_adjustment(deps, t, sku_id, &idem_key, &hash).await;
+            }
+            Err(StoreError::ConditionFailed { index: 1 }) if arrival.is_some() => {
+                let reference = arrival.unwrap_or_default();
+                return Err(super::incoming::arrival_refused(deps, t, sku_id, reference).await?);
             }
             // The stock moved since it was read: read again and re-plan.
             Err(StoreError::ConditionFailed { .. } | StoreError::Conflict) => continue,

@@ -406,7 +406,9 @@ pub(crate) async fn plan_step_send(
             StepSend::Sent
         }
         DeliveryStatus::Suppressed => StepSend::Suppressed(d.reason.unwrap_or_default()),
-        DeliveryStatus::Failed | DeliveryStatus::Dead => StepSend::Failed(d.last_error.unwrap_or_default(), d.attempts > 0),
+        DeliveryStatus::Failed | DeliveryStatus::Dead => {
+            StepSend::Failed(d.last_error.unwrap_or_default(), d.attempts > 0)
+        }
     })
 }
 

@@ -150,13 +150,25 @@ async fn ensure_template(deps: &Deps, t: &TenantId) -> CoreResult<()> {
         inapp_title: Some("到货通知".into()),
         inapp_body: Some("您关注的商品已到货：{{ sku_list }}".into()),
     };
+    put_builtin(deps, t, RESTOCK_TEMPLATE, en, zh).await
+}
+
+/// Writes a built-in template (English and Simplified Chinese) for the tenant, never over theirs.
+pub(crate) async fn put_builtin(
+    deps: &Deps,
+    t: &TenantId,
+    template_id: &str,
+    en: LocaleContent,
+    zh: LocaleContent,
+) -> CoreResult<()> {
     let template = Template {
-        template_id: RESTOCK_TEMPLATE.into(),
+        template_id: template_id.into(),
         default_locale: "en".into(),
         locales: BTreeMap::from([("en".to_owned(), en), ("zh-CN".to_owned(), zh)]),
         updated_at: now_text(deps),
     };
     template.validate()?;
+    let key = crate::keys::template(t, template_id);
     match deps.table.put(Item::new(key, attrs_of(&template)?), Cond::NotExists).await {
         Ok(()) | Err(StoreError::ConditionFailed { .. }) => Ok(()),
         Err(e) => Err(e.into()),

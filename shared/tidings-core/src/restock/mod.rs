@@ -10,10 +10,13 @@
 //! - [`merge`]: one message per user per window listing every SKU, retries 1/5/30 min, MANUAL,
 //!   resend.
 //!
+//! - [`incoming`]: subscribers who asked are told when stock is on its way, and its date.
+//!
 //! Entry points for the runtime: the `stock-events` queue →
 //! [`rounds::StockEventStep`]; timers `restock.wave`, `restock.flush`,
 //! `restock.check`; the `restock-scan` schedule → [`rounds::scan`].
 
+pub mod incoming;
 pub mod keys;
 pub mod merge;
 pub mod model;

@@ -48,6 +48,9 @@ pub struct Subscription {
     pub batch_no: Option<String>,
     /// Sort key of the user's copy and of the WAITING index entry.
     pub sort: String,
+    /// Told the expected date of stock on its way (docs/inventory.md, "Incoming stock").
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub notify_incoming: bool,
 }
 
 /// The body of `POST /v1/stock-subscriptions`.
@@ -58,6 +61,9 @@ pub struct SubscriptionRequest {
     pub sku_id: String,
     #[serde(default)]
     pub spu_id: Option<String>,
+    /// Also tell the user when stock is on its way, and the date it is expected.
+    #[serde(default)]
+    pub notify_incoming: bool,
 }
 
 /// An entry of a SKU's WAITING index.
@@ -66,6 +72,8 @@ pub(crate) struct WaitingEntry {
     pub subscription_id: String,
     pub user_id: String,
     pub created_ms: i64,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub notify_incoming: bool,
 }
 
 /// A restock round of one SKU: its waves and how many were notified.

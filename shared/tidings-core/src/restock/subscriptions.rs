@@ -56,8 +56,14 @@ pub async fn subscribe(deps: &Deps, t: &TenantId, req: &SubscriptionRequest) -> 
             notified_at: None,
             batch_no: None,
             sort: sort.clone(),
+            notify_incoming: req.notify_incoming,
         };
-        let entry = WaitingEntry { subscription_id: id.clone(), user_id: req.user_id.clone(), created_ms };
+        let entry = WaitingEntry {
+            subscription_id: id.clone(),
+            user_id: req.user_id.clone(),
+            created_ms,
+            notify_incoming: req.notify_incoming,
+        };
         let mut lock_attrs = serde_json::Map::new();
         lock_attrs.insert("subscription_id".into(), json!(id));
         let writes = vec![
@@ -73,11 +79,16 @@ pub async fn subscribe(deps: &Deps, t: &TenantId, req: &SubscriptionRequest) -> 
             },
         ];
         match deps.table.transact(writes).await {
-            Ok(()) => return Ok((sub, true)),
+            Ok(()) => {
+                super::incoming::tell_subscriber(deps, t, &sub).await?;
+                return Ok((sub, true));
+            }
             Err(StoreError::ConditionFailed { index: 0 }) => {
                 let Some(existing) = deps.table.get(&lock).await? else { continue };
                 let Some(existing_id) = existing.str("subscription_id") else { continue };
                 if let Some(sub) = get(deps, t, existing_id).await? {
+                    // A retry after a crash past the subscription's write tells it now.
+                    super::incoming::tell_subscriber(deps, t, &sub).await?;
                     return Ok((sub, false));
                 }
             }

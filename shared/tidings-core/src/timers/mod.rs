@@ -194,6 +194,9 @@ async fn run(deps: &Deps, task: &TimerTask) -> CoreResult<()> {
         TimerTask::WorkflowCancel { tenant, notification_id, cursor } => {
             crate::workflows::run::cancel_page(deps, tenant, notification_id, cursor.clone()).await
         }
+        TimerTask::RestockIncoming { tenant, sku_id, reference, expected_at, cursor } => {
+            crate::restock::incoming::tell_page(deps, tenant, sku_id, reference, expected_at, cursor.clone()).await
+        }
         TimerTask::Tracked { claims, at_ms } => crate::tracking::apply(deps, claims, *at_ms).await,
     }
 }

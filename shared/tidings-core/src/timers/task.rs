@@ -71,6 +71,17 @@ pub enum TimerTask {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         cursor: Option<String>,
     },
+    /// Tell a page of a SKU's subscribers who asked that a shipment is on its way, expected
+    /// then (`crate::restock::incoming`), then the next page's task.
+    #[serde(rename = "restock.incoming")]
+    RestockIncoming {
+        tenant: TenantId,
+        sku_id: String,
+        reference: String,
+        expected_at: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cursor: Option<String>,
+    },
     /// An open or a click, queued by the tracking routes before they answer (in Lambda an
     /// environment is frozen once it has answered, so nothing may be left to do after it).
     #[serde(rename = "tracking.event")]

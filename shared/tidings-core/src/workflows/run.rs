@@ -240,7 +240,7 @@ async fn drive(ctx: &Ctx<'_>, mut run: Run, wake: Wake) -> CoreResult<()> {
         }
         return save(ctx, run, seq, Next::End(RunStatus::Cancelled)).await;
     }
-    let mut at = run.at.map(|a| a as usize);
+    let at = run.at.map(|a| a as usize);
     // What it waits for, resolved (or not) by this wake.
     if run.status == RunStatus::Waiting {
         let Some(node_at) = at else { return Ok(()) };
@@ -252,22 +252,21 @@ async fn drive(ctx: &Ctx<'_>, mut run: Run, wake: Wake) -> CoreResult<()> {
         if !woken_here {
             return Ok(());
         }
-        match (wait, &wake) {
+        // What the wait resolved to; a wait that holds returns here. Resolved, the run's time
+        // counts from now (`Run::since_ms`: a later delay or digest window starts here).
+        let next = match (wait, &wake) {
             (Some(Wait::Delay { due_ms }), _) => {
                 if due_ms > now_ms + 1_000 {
                     return Ok(());
                 }
                 record(ctx, &mut run, node_at, "done", None, None);
-                run.since_ms = Some(now_ms);
-                at = ctx.nodes.get(node_at).and_then(|n| n.next);
+                Next::Go(ctx.nodes.get(node_at).and_then(|n| n.next))
             }
             (Some(Wait::Deferred { due_ms, channel_index }), _) => {
                 if due_ms > now_ms + 1_000 {
                     return Ok(());
                 }
-                run.since_ms = Some(now_ms);
-                let next = send(ctx, &mut run, node_at, channel_index as usize).await?;
-                return continue_from(ctx, run, seq, next).await;
+                send(ctx, &mut run, node_at, channel_index as usize).await?
             }
             (Some(Wait::Digest { pk, window, .. }), Wake::Digest { window: woke, .. }) if *woke == window => {
                 let max = match ctx.nodes.get(node_at).map(|n| &n.step) {
@@ -280,21 +279,13 @@ async fn drive(ctx: &Ctx<'_>, mut run: Run, wake: Wake) -> CoreResult<()> {
                     map.insert("count".into(), json!(count));
                 }
                 record(ctx, &mut run, node_at, "digested", None, Some(format!("{count} events")));
-                run.since_ms = Some(now_ms);
-                at = ctx.nodes.get(node_at).and_then(|n| n.next);
+                Next::Go(ctx.nodes.get(node_at).and_then(|n| n.next))
             }
             (Some(Wait::Digest { .. }), _) => return Ok(()),
             (Some(Wait::Send { channel_index, deadline_ms, checks }), Wake::Resume { check, .. }) => {
                 match judge_send(ctx, &mut run, node_at, channel_index as usize, deadline_ms).await? {
-                    Judged::Done(next) => {
-                        run.since_ms = Some(now_ms);
-                        return continue_from(ctx, run, seq, next).await;
-                    }
-                    Judged::NextChannel => {
-                        run.since_ms = Some(now_ms);
-                        let next = send(ctx, &mut run, node_at, channel_index as usize + 1).await?;
-                        return continue_from(ctx, run, seq, next).await;
-                    }
+                    Judged::Done(next) => next,
+                    Judged::NextChannel => send(ctx, &mut run, node_at, channel_index as usize + 1).await?,
                     Judged::Pending => {
                         // Still on its way: a scheduled check sets the next one.
                         if *check {
@@ -308,9 +299,11 @@ async fn drive(ctx: &Ctx<'_>, mut run: Run, wake: Wake) -> CoreResult<()> {
                 }
             }
             (Some(Wait::Send { .. }), _) | (None, _) => return Ok(()),
-        }
+        };
+        run.since_ms = Some(now_ms);
         run.status = RunStatus::Running;
         run.wait = None;
+        return continue_from(ctx, run, seq, next).await;
     }
     continue_from(ctx, run, seq, Next::Go(at)).await
 }
@@ -736,11 +729,29 @@ pub async fn cancel_page(deps: &Deps, t: &TenantId, notification_id: &str, curso
     let pk = keys::notification_pk(t, notification_id);
     let page =
         deps.table.query(&pk, keys::RUN_PREFIX, QueryOpts { limit: CANCEL_PAGE, cursor, descending: false }).await?;
+    let Some(n) = crate::notify::api::load(deps, t, notification_id).await? else { return Ok(()) };
+    // The notification and its workflow's versions are read once for the page; a cancelled run
+    // needs no user (it sends nothing), and the run read by the query is driven as it is (its
+    // `seq` condition stops it if a step wrote it meanwhile).
+    let mut versions: Vec<(Workflow, Vec<Node>)> = Vec::new();
     for item in &page.items {
         let run: Run = item.parse()?;
-        if !run.status.ended() {
-            wake(deps, t, notification_id, &run.user_id, Wake::Start).await?;
+        if run.status.ended() {
+            continue;
         }
+        let at =
+            match versions.iter().position(|(wf, _)| wf.workflow_id == run.workflow_id && wf.version == run.version) {
+                Some(at) => at,
+                None => {
+                    let Some(wf) = super::get_version(deps, t, &run.workflow_id, run.version).await? else { continue };
+                    let nodes = definition::layout(&wf.steps);
+                    versions.push((wf, nodes));
+                    versions.len() - 1
+                }
+            };
+        let (wf, nodes) = &versions[at];
+        let ctx = Ctx { deps, t, n: &n, wf, nodes, user: None };
+        drive(&ctx, run, Wake::Start).await?;
     }
     if let Some(cursor) = page.next_cursor {
         let next = TimerTask::WorkflowCancel {
