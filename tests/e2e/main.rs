@@ -23,6 +23,7 @@ mod lambda;
 mod lanes;
 mod limits;
 mod live;
+mod locations;
 mod notify;
 mod platform;
 mod progress;
@@ -173,6 +174,13 @@ on_both_backends!(inventory as inventory_tests:
     an_expired_hold_is_released_and_its_waiters_are_alerted,
     a_finding_is_queued_once_and_settled_by_an_operator,
     incoming_stock_is_shown_told_once_and_closed_by_its_arrival,
+);
+
+on_both_backends!(locations as locations_tests:
+    concurrent_orders_over_three_locations_never_oversell_a_location,
+    a_split_order_is_held_whole_or_not_at_all_and_settles_its_cells,
+    reconciliation_finds_a_discrepancy_at_one_location_only,
+    an_order_too_large_for_one_transaction_is_422_naming_items,
 );
 
 on_both_backends!(safety as safety_tests:

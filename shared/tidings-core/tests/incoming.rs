@@ -214,3 +214,33 @@ async fn a_task_lost_after_the_shipments_write_is_told_by_its_durable_timer() {
     }
     assert_eq!(emails_to(&s, "asks"), vec!["A is on its way to us, expected on 2026-12-20.".to_owned()]);
 }
+
+#[tokio::test]
+async fn a_shipment_goes_to_a_location_and_arrives_there() {
+    let s = shop().await;
+    let (d, t) = (&s.w.deps, &s.t);
+    let east = inventory::LocationRequest { name: "East".into(), markets: vec!["US".into()], priority: 1 };
+    inventory::locations::put(d, t, "east", &east).await.unwrap();
+    let cell = inventory::LocationStockRequest { on_hand: 0, safety_stock: None };
+    inventory::stock::put_location_stock(d, t, "A", "east", &cell).await.unwrap();
+    let to = |loc: &str| {
+        serde_json::from_value::<IncomingRequest>(
+            json!({"ref": "po-e", "qty": 8, "expected_at": "2026-12-20T09:00:00Z", "location_id": loc}),
+        )
+        .unwrap()
+    };
+    match expect(&s, "A", &to("west")).await {
+        Err(CoreError::NotFoundAt { field, .. }) => assert_eq!(field, "location_id"),
+        other => panic!("{other:?}"),
+    }
+    expect(&s, "A", &to("east")).await.unwrap();
+    // Its arrival recorded at another location is refused, and moves nothing.
+    match inventory::stock::adjust_at(d, t, "A", None, &arrival(8, "in-1", Some("po-e"))).await {
+        Err(CoreError::Invalid { field, .. }) => assert_eq!(field, "location_id"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(inventory::get_stock(d, t, "A").await.unwrap().unwrap().available, 0);
+    let view = inventory::stock::adjust_at(d, t, "A", Some("east"), &arrival(8, "in-2", Some("po-e"))).await.unwrap();
+    assert_eq!(view.available, 8);
+    assert!(view.incoming.is_empty());
+}

@@ -5,8 +5,9 @@ use axum::http::StatusCode;
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use tidings_core::inventory::{
-    self, AdjustmentRequest, Finding, FindingPage, FindingStatus, Incoming, IncomingRequest, LedgerPage, OrderRequest,
-    OrderView, ReconcileReport, SettleRequest, StockView, WarmUpRequest,
+    self, AdjustmentBody, Finding, FindingPage, FindingStatus, Incoming, IncomingRequest, LedgerPage, Location,
+    LocationList, LocationRequest, LocationStockRequest, OrderBody, OrderView, ReconcileReport, SettleRequest,
+    StockView, WarmUpRequest,
 };
 
 use crate::extract::{Body, IdempotencyKey, Operator, PageParams, PathParams, QueryParams, Tenant};
@@ -15,6 +16,9 @@ use crate::state::AppState;
 
 #[derive(utoipa::OpenApi)]
 #[openapi(paths(
+    put_location,
+    list_locations,
+    put_location_stock,
     warm_up,
     show_stock,
     adjust,
@@ -32,7 +36,10 @@ pub(super) struct Api;
 
 pub fn router() -> Router<AppState> {
     Router::new()
+        .route("/v1/locations", get(list_locations))
+        .route("/v1/locations/{location_id}", put(put_location))
         .route("/v1/inventory/{sku_id}", put(warm_up).get(show_stock))
+        .route("/v1/inventory/{sku_id}/locations/{location_id}", put(put_location_stock))
         .route("/v1/inventory/{sku_id}/adjustments", post(adjust))
         .route("/v1/inventory/{sku_id}/incoming", post(expect_incoming))
         .route("/v1/inventory/{sku_id}/ledger", get(ledger))
@@ -43,6 +50,49 @@ pub fn router() -> Router<AppState> {
         .route("/v1/ops/reconcile", post(reconcile))
         .route("/v1/ops/inventory-findings", get(list_findings))
         .route("/v1/ops/inventory-findings/{id}/settle", post(settle_finding))
+}
+
+/// Creates (201) or replaces (200) a location: the markets it serves and its priority (lower is
+/// held from first). A shop that never defines `default` has it, serving every market, first.
+#[utoipa::path(put, path = "/v1/locations/{location_id}", tag = "inventory", security(("api_key" = [])),
+    params(("location_id" = String, Path, description = "The location id")), request_body = LocationRequest,
+    responses((status = 201, description = "New location", body = Location), (status = 200, description = "The location, replaced", body = Location),
+        (status = 422, description = "A bad `name`, `markets[i]` or `priority`, or too many locations", body = Problem, content_type = "application/problem+json")))]
+async fn put_location(
+    State(s): State<AppState>,
+    Tenant(t): Tenant,
+    PathParams(location_id): PathParams<String>,
+    Body(req): Body<LocationRequest>,
+) -> ApiResult<(StatusCode, Json<Location>)> {
+    let (location, created) = inventory::locations::put(&s.deps, &t, &location_id, &req).await?;
+    Ok((if created { StatusCode::CREATED } else { StatusCode::OK }, Json(location)))
+}
+
+/// The shop's locations, `default` first, then by priority.
+#[utoipa::path(get, path = "/v1/locations", tag = "inventory", security(("api_key" = [])),
+    responses((status = 200, description = "Every location", body = LocationList)))]
+async fn list_locations(State(s): State<AppState>, Tenant(t): Tenant) -> ApiResult<Json<LocationList>> {
+    Ok(Json(LocationList { items: inventory::locations::all(&s.deps, &t).await? }))
+}
+
+/// A SKU's stock at a location: 201 when the location's cell is new (with `on_hand`, of which
+/// `safety_stock` is kept back); 200 when it exists: its stock unchanged (adjustments move it),
+/// its safety stock set when given.
+#[utoipa::path(put, path = "/v1/inventory/{sku_id}/locations/{location_id}", tag = "inventory", security(("api_key" = [])),
+    params(("sku_id" = String, Path, description = "The SKU id"), ("location_id" = String, Path, description = "The location id")),
+    request_body = LocationStockRequest,
+    responses((status = 201, description = "New stock at the location", body = StockView), (status = 200, description = "The stock (safety stock set when given)", body = StockView),
+        (status = 404, description = "No such location", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`insufficient_stock`: fewer units available than the safety stock keeps back", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "A bad `on_hand` or `safety_stock`", body = Problem, content_type = "application/problem+json")))]
+async fn put_location_stock(
+    State(s): State<AppState>,
+    Tenant(t): Tenant,
+    PathParams((sku_id, location_id)): PathParams<(String, String)>,
+    Body(req): Body<LocationStockRequest>,
+) -> ApiResult<(StatusCode, Json<StockView>)> {
+    let (view, created) = inventory::put_location_stock(&s.deps, &t, &sku_id, &location_id, &req).await?;
+    Ok((if created { StatusCode::CREATED } else { StatusCode::OK }, Json(view)))
 }
 
 /// 201 when the SKU is new; 200 with the stock unchanged when it exists.
@@ -73,7 +123,7 @@ async fn show_stock(
 #[utoipa::path(post, path = "/v1/inventory/{sku_id}/adjustments", tag = "inventory", security(("api_key" = [])),
     params(("sku_id" = String, Path, description = "The SKU id"),
         ("Idempotency-Key" = Option<String>, Header, description = "The body's `idempotency_key` as a header (either, or both the same; 422 when they differ)")),
-    request_body = AdjustmentRequest,
+    request_body = AdjustmentBody,
     responses((status = 200, description = "The stock after the adjustment", body = StockView), (status = 404, description = "No such SKU", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`insufficient_stock`, or the idempotency key was used with another body", body = Problem, content_type = "application/problem+json")))]
 async fn adjust(
@@ -81,11 +131,12 @@ async fn adjust(
     Tenant(t): Tenant,
     PathParams(sku_id): PathParams<String>,
     header: IdempotencyKey,
-    Body(mut req): Body<AdjustmentRequest>,
+    Body(body): Body<AdjustmentBody>,
 ) -> ApiResult<Json<StockView>> {
+    let (mut req, location) = body.into_parts();
     let body = Some(std::mem::take(&mut req.idempotency_key)).filter(|k| !k.is_empty());
     req.idempotency_key = header.merge(body)?.unwrap_or_default();
-    Ok(Json(inventory::adjust(&s.deps, &t, &sku_id, &req).await?))
+    Ok(Json(inventory::adjust_at(&s.deps, &t, &sku_id, location.as_deref(), &req).await?))
 }
 
 /// Stock on its way: 201 for a new shipment (its `ref`), 200 for the same one again (unchanged,
@@ -124,17 +175,19 @@ async fn ledger(
 
 /// 201 PENDING with `expires_at`; 200 when the same order was placed before.
 #[utoipa::path(post, path = "/v1/orders", tag = "inventory", security(("api_key" = [])),
-    request_body = OrderRequest,
+    request_body = OrderBody,
     responses((status = 201, description = "PENDING, stock held until `expires_at`", body = OrderView),
         (status = 200, description = "The same order placed before", body = OrderView),
         (status = 404, description = "An unknown SKU", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`insufficient_stock` naming the SKU (nothing held), or the order id was used with another body", body = Problem, content_type = "application/problem+json")))]
+        (status = 409, description = "`insufficient_stock` naming the SKU (nothing held), or the order id was used with another body", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Bad input naming the field; `items` when the order cannot be one transaction (too many SKUs, shards or locations)", body = Problem, content_type = "application/problem+json")))]
 async fn place_order(
     State(s): State<AppState>,
     Tenant(t): Tenant,
-    Body(req): Body<OrderRequest>,
+    Body(body): Body<OrderBody>,
 ) -> ApiResult<(StatusCode, Json<OrderView>)> {
-    let placed = inventory::place_order(&s.deps, &t, &req).await?;
+    let (req, market) = body.into_parts();
+    let placed = inventory::place_order_in(&s.deps, &t, &req, market.as_deref()).await?;
     Ok((if placed.created { StatusCode::CREATED } else { StatusCode::OK }, Json(placed.order)))
 }
 
@@ -315,6 +368,76 @@ mod tests {
         assert_eq!(status, 200);
         assert_eq!(body["checked"], 2);
         assert_eq!(body["discrepancies"], json!([]));
+    }
+
+    /// Locations, stock per location, adjustments at one, and orders for a market, as
+    /// docs/inventory.md says ("Locations and markets").
+    #[tokio::test]
+    async fn locations_and_markets_answer_as_the_contract_says() {
+        let app = app().await;
+        let east = r#"{"name": "East", "markets": ["US", "CA"], "priority": 1}"#;
+        let (status, body) = call(&app, "key-a", Method::PUT, "/v1/locations/east", Some(east)).await;
+        assert_eq!((status, &body["markets"]), (201, &json!(["US", "CA"])), "{body}");
+        let (status, _) = call(&app, "key-a", Method::PUT, "/v1/locations/east", Some(east)).await;
+        assert_eq!(status, 200, "replaced");
+        let west = r#"{"name": "West", "markets": ["US"], "priority": 2}"#;
+        call(&app, "key-a", Method::PUT, "/v1/locations/west", Some(west)).await;
+        for (body, field) in [
+            (r#"{"name": "X", "markets": ["usa"], "priority": 1}"#, "markets[0]"),
+            (r#"{"name": "", "markets": [], "priority": 1}"#, "name"),
+            (r#"{"name": "X", "markets": [], "priority": 99999999}"#, "priority"),
+        ] {
+            let (status, v) = call(&app, "key-a", Method::PUT, "/v1/locations/bad", Some(body)).await;
+            assert_eq!((status, v["field"].as_str()), (422, Some(field)), "{body}: {v}");
+        }
+        let (status, list) = call(&app, "key-a", Method::GET, "/v1/locations", None).await;
+        assert_eq!(status, 200);
+        let ids: Vec<&str> =
+            list["items"].as_array().unwrap().iter().filter_map(|l| l["location_id"].as_str()).collect();
+        assert_eq!(ids, ["default", "east", "west"]);
+        let (_, other) = call(&app, "key-b", Method::GET, "/v1/locations", None).await;
+        assert_eq!(other["items"].as_array().map(Vec::len), Some(1), "another tenant's: only its default");
+
+        let stock = r#"{"on_hand": 5, "safety_stock": 1}"#;
+        let (status, body) = call(&app, "key-a", Method::PUT, "/v1/inventory/1001/locations/east", Some(stock)).await;
+        assert_eq!(status, 201, "{body}");
+        assert_eq!((&body["available"], &body["safety_stock"]), (&json!(4), &json!(1)), "{body}");
+        let (status, body) = call(&app, "key-b", Method::PUT, "/v1/inventory/1001/locations/east", Some(stock)).await;
+        assert_eq!((status, body["field"].as_str()), (404, Some("location_id")), "another tenant's location");
+        let adj = r#"{"delta": 3, "source": "purchase_order", "idempotency_key": "k1", "location_id": "west"}"#;
+        let (status, body) = call(&app, "key-a", Method::POST, "/v1/inventory/1001/adjustments", Some(adj)).await;
+        assert_eq!((status, body["field"].as_str()), (404, Some("location_id")), "west holds no cell yet: {body}");
+        let (status, _) =
+            call(&app, "key-a", Method::PUT, "/v1/inventory/1001/locations/west", Some(r#"{"on_hand": 0}"#)).await;
+        assert_eq!(status, 201);
+        let (status, body) = call(&app, "key-a", Method::POST, "/v1/inventory/1001/adjustments", Some(adj)).await;
+        assert_eq!(status, 200, "{body}");
+        let locations: Vec<(String, i64)> = body["locations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| (l["location_id"].as_str().unwrap().to_owned(), l["available"].as_i64().unwrap()))
+            .collect();
+        assert_eq!(locations, [("default".into(), 0), ("east".into(), 4), ("west".into(), 3)]);
+
+        let order = r#"{"order_id": "o1", "user_id": "u1", "items": [{"sku_id": "1001", "qty": 6}], "market": "US"}"#;
+        let (status, body) = call(&app, "key-a", Method::POST, "/v1/orders", Some(order)).await;
+        assert_eq!(status, 201, "{body}");
+        assert_eq!(
+            body["items"][0]["allocations"],
+            json!([{"location_id": "east", "qty": 4}, {"location_id": "west", "qty": 2}]),
+            "{body}"
+        );
+        let (_, shown) = call(&app, "key-a", Method::GET, "/v1/orders/o1", None).await;
+        assert_eq!((&shown["market"], &shown["items"]), (&json!("US"), &body["items"]));
+        let order = r#"{"order_id": "o2", "user_id": "u1", "items": [{"sku_id": "1001", "qty": 2}], "market": "CA"}"#;
+        let (status, body) = call(&app, "key-a", Method::POST, "/v1/orders", Some(order)).await;
+        assert_eq!((status, &body["code"]), (409, &json!("insufficient_stock")), "CA is served by east only: {body}");
+        let order = r#"{"order_id": "o3", "user_id": "u1", "items": [{"sku_id": "1001", "qty": 1}], "market": "u"}"#;
+        let (status, body) = call(&app, "key-a", Method::POST, "/v1/orders", Some(order)).await;
+        assert_eq!((status, body["field"].as_str()), (422, Some("market")), "{body}");
+        let (status, body) = call(&app, "key-a", Method::POST, "/v1/ops/reconcile", Some("")).await;
+        assert_eq!((status, &body["discrepancies"]), (200, &json!([])), "{body}");
     }
 
     /// A finding is one record however often a run sees it; only an operator lists or settles it,

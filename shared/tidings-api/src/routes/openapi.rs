@@ -460,6 +460,27 @@ fn constrain_bodies(schemas: &mut serde_json::Map<String, serde_json::Value>) {
         json!({"enum": ["purchase_order", "return", "transfer", "manual", "damage"]}),
     );
     set(schemas, "OrderRequest", "items", json!({"minItems": 1}));
+    // `inventory::locations`: markets ISO 3166-1 alpha-2 upper case, priorities bounded; stock
+    // per location as a warm-up's.
+    let market = json!({"type": "string", "pattern": "^[A-Z]{2}$"});
+    set(schemas, "OrderRequest", "market", json!({"pattern": "^[A-Z]{2}$"}));
+    set(
+        schemas,
+        "LocationRequest",
+        "markets",
+        json!({"items": market, "uniqueItems": true, "maxItems": tidings_core::inventory::locations::MAX_MARKETS}),
+    );
+    set(
+        schemas,
+        "LocationRequest",
+        "name",
+        json!({"minLength": 1, "maxLength": tidings_core::inventory::locations::MAX_NAME}),
+    );
+    let range = tidings_core::inventory::locations::PRIORITY_RANGE;
+    set(schemas, "LocationRequest", "priority", json!({"minimum": -range, "maximum": range}));
+    set(schemas, "LocationStockRequest", "on_hand", json!({"minimum": 0, "maximum": MAX_UNITS}));
+    set(schemas, "LocationStockRequest", "safety_stock", json!({"minimum": 0, "maximum": MAX_UNITS}));
+    set(schemas, "AdjustmentRequest", "location_id", id_schema());
     set(schemas, "OrderLine", "qty", json!({"minimum": 1, "maximum": MAX_QTY}));
     set(schemas, "StockEvent", "event", json!({"enum": ["stock.in"]}));
     set(schemas, "StockEvent", "qty", json!({"minimum": 1}));

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
-use super::model::Counters;
+use super::model::{CellId, Counters};
 use super::stock::{Cell, all_ledger_entries, read_cells, read_record};
 use crate::deps::Deps;
 use crate::error::CoreResult;
@@ -19,6 +19,9 @@ const SETTLE_ATTEMPTS: usize = 5;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Discrepancy {
     pub sku_id: String,
+    /// The location that differs, when it is not `default` (each location is checked on its own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub location: Option<String>,
     /// The shard that differs, for a sharded SKU (its shards may differ even when the SKU's
     /// totals agree, which a totals-only check would miss).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -40,10 +43,10 @@ pub(crate) type Observed = (Discrepancy, Option<i64>);
 /// while it was read. A moment counts as quiet when every cell's `version` (bumped by every
 /// change, in the ledger entry's transaction) is the same before and after the ledger is read.
 pub(crate) async fn reconcile_sku(deps: &Deps, t: &TenantId, sku_id: &str) -> CoreResult<Option<Vec<Observed>>> {
-    let Some(record) = read_record(deps, t, sku_id).await? else { return Ok(Some(Vec::new())) };
     for _ in 0..SETTLE_ATTEMPTS {
+        let Some(record) = read_record(deps, t, sku_id).await? else { return Ok(Some(Vec::new())) };
         let before = read_cells(deps, t, &record).await?;
-        let mut expected: BTreeMap<u32, Counters> = BTreeMap::new();
+        let mut expected: BTreeMap<CellId, Counters> = BTreeMap::new();
         for entry in all_ledger_entries(deps, t, sku_id).await? {
             for (cell, delta) in entry.cell_deltas() {
                 let sum = expected.entry(cell).or_default();
@@ -51,7 +54,9 @@ pub(crate) async fn reconcile_sku(deps: &Deps, t: &TenantId, sku_id: &str) -> Co
             }
         }
         let after = read_cells(deps, t, &record).await?;
-        if !same_versions(&before, &after) {
+        // A location added meanwhile has entries its cell list lacks: read again.
+        let layout_now = read_record(deps, t, sku_id).await?.map(|r| r.layout);
+        if !same_versions(&before, &after) || layout_now != Some(record.layout) {
             continue;
         }
         return Ok(Some(compare(sku_id, record.is_sharded(), &expected, &after)));
@@ -66,14 +71,16 @@ fn same_versions(a: &[Cell], b: &[Cell]) -> bool {
 
 /// The cells whose ledger sums differ from their counters (entries for a cell the SKU does
 /// not have count as a difference too, unless they sum to nothing).
-fn compare(sku_id: &str, sharded: bool, expected: &BTreeMap<u32, Counters>, cells: &[Cell]) -> Vec<Observed> {
+fn compare(sku_id: &str, sharded: bool, expected: &BTreeMap<CellId, Counters>, cells: &[Cell]) -> Vec<Observed> {
     let mut out = Vec::new();
+    let location = |c: &CellId| (!c.is_default()).then(|| c.location.clone());
     for c in cells {
-        let want = expected.get(&c.index).copied().unwrap_or_default();
+        let want = expected.get(&c.id).copied().unwrap_or_default();
         if want != c.counters {
             let d = Discrepancy {
                 sku_id: sku_id.to_owned(),
-                shard: sharded.then_some(c.index),
+                location: location(&c.id),
+                shard: (sharded && c.id.is_default()).then_some(c.id.shard),
                 expected: want,
                 actual: c.counters,
                 finding_id: None,
@@ -81,11 +88,12 @@ fn compare(sku_id: &str, sharded: bool, expected: &BTreeMap<u32, Counters>, cell
             out.push((d, Some(c.version)));
         }
     }
-    for (&index, &want) in expected {
-        if !cells.iter().any(|c| c.index == index) && want != Counters::default() {
+    for (index, &want) in expected {
+        if !cells.iter().any(|c| &c.id == index) && want != Counters::default() {
             let d = Discrepancy {
                 sku_id: sku_id.to_owned(),
-                shard: Some(index),
+                location: location(index),
+                shard: Some(index.shard),
                 expected: want,
                 actual: Counters::default(),
                 finding_id: None,

@@ -40,7 +40,7 @@ use tracing::warn;
 
 use super::compare::{Discrepancy, reconcile_sku};
 use super::keys;
-use super::model::{Counters, LedgerEntry, LedgerKind, ShardDelta};
+use super::model::{CellId, Counters, DEFAULT_LOCATION, LedgerEntry, LedgerKind, ShardDelta};
 use super::stock::{now_text, read_record};
 use crate::deps::Deps;
 use crate::error::{CoreError, CoreResult};
@@ -120,6 +120,9 @@ pub struct Finding {
     #[schema(value_type = String, example = "acme")]
     pub tenant: TenantId,
     pub sku_id: String,
+    /// The location that differs, when it is not `default`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub location: Option<String>,
     /// The shard that differs, for a sharded SKU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shard: Option<u32>,
@@ -191,15 +194,22 @@ pub(crate) struct Noted {
 }
 
 fn difference(d: &Discrepancy) -> Counters {
-    Counters::new(
-        d.actual.available.saturating_sub(d.expected.available),
-        d.actual.reserved.saturating_sub(d.expected.reserved),
-        d.actual.sold.saturating_sub(d.expected.sold),
-    )
+    Counters {
+        safety: d.actual.safety.saturating_sub(d.expected.safety),
+        ..Counters::new(
+            d.actual.available.saturating_sub(d.expected.available),
+            d.actual.reserved.saturating_sub(d.expected.reserved),
+            d.actual.sold.saturating_sub(d.expected.sold),
+        )
+    }
 }
 
 fn counters_value(c: Counters) -> Value {
-    serde_json::json!({"available": c.available, "reserved": c.reserved, "sold": c.sold})
+    let mut v = serde_json::json!({"available": c.available, "reserved": c.reserved, "sold": c.sold});
+    if c.safety != 0 {
+        v["safety"] = c.safety.into();
+    }
+    v
 }
 
 fn record_key(status: FindingStatus, id: &str) -> Key {
@@ -211,7 +221,7 @@ fn record_key(status: FindingStatus, id: &str) -> Key {
 /// one alone, or opens a new one (and queues it for review).
 pub(crate) async fn note(deps: &Deps, t: &TenantId, d: &Discrepancy, version: Option<i64>) -> CoreResult<Noted> {
     let diff = difference(d);
-    let pointer_key = keys::finding_cell(t, &d.sku_id, d.shard);
+    let pointer_key = keys::finding_cell(t, &d.sku_id, d.location.as_deref(), d.shard);
     let now = now_text(deps);
     for _ in 0..NOTE_ATTEMPTS {
         let pointer: Option<CellPointer> = match deps.table.get(&pointer_key).await? {
@@ -258,6 +268,7 @@ pub(crate) async fn note(deps: &Deps, t: &TenantId, d: &Discrepancy, version: Op
             id: new_id(),
             tenant: t.clone(),
             sku_id: d.sku_id.clone(),
+            location: d.location.clone(),
             shard: d.shard,
             expected: d.expected,
             actual: d.actual,
@@ -381,7 +392,7 @@ pub async fn settle(deps: &Deps, id: &str, req: &SettleRequest, by: &str) -> Cor
             cond: Cond::NotExists,
         });
         writes.push(Write::Update {
-            key: keys::finding_cell(&finding.tenant, &finding.sku_id, finding.shard),
+            key: keys::finding_cell(&finding.tenant, &finding.sku_id, finding.location.as_deref(), finding.shard),
             updates: pointer_updates,
             cond: Cond::eq("finding_id", id.to_owned()),
         });
@@ -424,7 +435,7 @@ async fn correction(
     let t = &f.tenant;
     let Some(record) = read_record(deps, t, &f.sku_id).await? else { return Err(CoreError::NotFound { what: "sku" }) };
     let Some(found) = reconcile_sku(deps, t, &f.sku_id).await? else { return Ok(None) };
-    let now = found.iter().find(|(d, _)| d.shard == f.shard);
+    let now = found.iter().find(|(d, _)| d.shard == f.shard && d.location == f.location);
     let current = now.map(|(d, _)| difference(d)).unwrap_or_default();
     if current != f.difference {
         return Err(CoreError::conflict(
@@ -438,11 +449,15 @@ async fn correction(
         ));
     }
     let version = now.and_then(|(_, v)| *v);
-    let cell = version.map(|_| super::stock::cell_key(t, &record, f.shard.unwrap_or(0)));
+    let id = CellId {
+        location: f.location.clone().unwrap_or_else(|| DEFAULT_LOCATION.to_owned()),
+        shard: f.shard.unwrap_or(0),
+    };
+    let cell = version.map(|_| super::stock::cell_key(t, &record, &id));
     let d = f.difference;
     let shards = match f.shard {
-        Some(shard) if record.is_sharded() || shard > 0 => {
-            vec![ShardDelta { shard, available: d.available, reserved: d.reserved, sold: d.sold }]
+        Some(shard) if record.is_sharded() || shard > 0 || f.location.is_some() => {
+            vec![ShardDelta::of(&CellId { shard, ..id.clone() }, d)]
         }
         _ => Vec::new(),
     };
@@ -452,6 +467,8 @@ async fn correction(
         delta_available: d.available,
         delta_reserved: d.reserved,
         delta_sold: d.sold,
+        delta_safety: d.safety,
+        location: f.location.clone(),
         kind: LedgerKind::Correction,
         reference: format!("finding:{}", f.id),
         source: None,

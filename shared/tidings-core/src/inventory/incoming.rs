@@ -59,6 +59,9 @@ pub async fn expect(
     if deps.table.get(&keys::stock(t, sku_id)).await?.is_none() {
         return Err(CoreError::NotFound { what: "sku" });
     }
+    if !super::locations::exists(deps, t, &req.location_id).await? {
+        return Err(CoreError::NotFoundAt { field: "location_id".into(), what: "location" });
+    }
     let key = keys::incoming(t, sku_id, &req.reference);
     let now = deps.clock.now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     let (incoming, recorded) = match deps.table.get(&key).await? {
@@ -150,9 +153,9 @@ pub async fn on_the_way(deps: &Deps, t: &TenantId, sku_id: &str) -> CoreResult<V
     Ok(out)
 }
 
-/// The write that closes shipment `reference` with an arrival of `qty` units, for the
-/// adjustment's transaction (conditioned on the shipment still being on its way).
-pub(crate) fn arrival_write(t: &TenantId, sku_id: &str, reference: &str, qty: i64, at: &str) -> Write {
+/// The write that closes shipment `reference` with an arrival of `qty` units at `location`, for
+/// the adjustment's transaction (conditioned on the shipment still being on its way, to there).
+pub(crate) fn arrival_write(t: &TenantId, sku_id: &str, reference: &str, location: &str, qty: i64, at: &str) -> Write {
     Write::Update {
         key: keys::incoming(t, sku_id, reference),
         updates: vec![
@@ -161,16 +164,29 @@ pub(crate) fn arrival_write(t: &TenantId, sku_id: &str, reference: &str, qty: i6
             Update::set("received_qty", qty),
             Update::set("updated_at", at),
         ],
-        cond: Cond::eq("status", "EXPECTED"),
+        cond: Cond::And(vec![Cond::eq("status", "EXPECTED"), Cond::eq("location_id", location)]),
     }
 }
 
-/// Why an arrival's condition failed: no such shipment, or it arrived already.
-pub(crate) async fn arrival_refused(deps: &Deps, t: &TenantId, sku_id: &str, reference: &str) -> CoreResult<CoreError> {
-    Ok(match deps.table.get(&keys::incoming(t, sku_id, reference)).await? {
+/// Why an arrival's condition failed: no such shipment, one on its way to another location, or
+/// one that arrived already.
+pub(crate) async fn arrival_refused(
+    deps: &Deps,
+    t: &TenantId,
+    sku_id: &str,
+    reference: &str,
+    location: &str,
+) -> CoreResult<CoreError> {
+    let found = deps.table.get(&keys::incoming(t, sku_id, reference)).await?;
+    let shipment = found.map(|item| item.parse::<Incoming>()).transpose()?;
+    Ok(match shipment {
         None => {
             CoreError::invalid("ref", format!("no incoming stock of sku {sku_id} has ref {reference}: record it first"))
         }
+        Some(s) if s.status == IncomingStatus::Expected && s.location_id != location => CoreError::invalid(
+            "location_id",
+            format!("the shipment {reference} is on its way to {}: record its arrival there", s.location_id),
+        ),
         Some(_) => CoreError::conflict(
             "incoming_received",
             format!("the shipment {reference} has arrived already (each arrival closes its shipment once)"),

@@ -5,11 +5,13 @@
 //! |---|---|---|
 //! | SKU stock (header; the counters too when unsharded) | `T#t#SKU#{sku}` | `STOCK` |
 //! | stock shard `i` of a sharded SKU | `T#t#SKU#{sku}#S{i}` | `CELL` |
+//! | a SKU's cell at a location other than `default` | `T#t#SKU#{sku}#L#{location}` | `CELL` |
+//! | location | `T#t#LOCATIONS` | `{location}` |
 //! | ledger entry | `T#t#LEDGER#{sku}` | `E#{entry_id}` (UUID v7: oldest first) |
 //! | SKU catalogue (what reconciliation walks) | `T#t#SKUS` | `{sku}` |
 //! | order | `T#t#ORDER#{order_id}` | `ORDER` |
 //! | reconciliation finding (every tenant's: operators list them) | `INV#FINDINGS` | `OPEN#{id}` or `SETTLED#{id}` |
-//! | a cell's latest finding (what a run decides by) | `T#t#INVFINDING` | `{sku}#{shard}` (`-` unsharded) |
+//! | a cell's latest finding (what a run decides by) | `T#t#INVFINDING` | `{sku}#{shard}` (`-` unsharded; `{sku}#L#{location}#-` at a location) |
 //! | adjustment idempotency record | `T#t#IDEM#adjustment#{key}` | `IDEM` ([`crate::keys::idempotency`]) |
 //! | tenants that hold inventory | `INV#TENANTS` | `{tenant}` |
 //! | stock on its way ([`super::incoming`]) | `T#t#INCOMING#{sku}` | `{ref}` |
@@ -38,6 +40,19 @@ pub fn shard(t: &TenantId, sku: &str, index: u32) -> Key {
     Key::new(format!("T#{t}#SKU#{sku}#S{index}"), CELL_SK)
 }
 
+/// A SKU's cell at a location other than `default` (whose cells are [`stock`] and [`shard`]).
+pub fn location_cell(t: &TenantId, sku: &str, location: &str) -> Key {
+    Key::new(format!("T#{t}#SKU#{sku}#L#{location}"), CELL_SK)
+}
+
+pub fn locations_pk(t: &TenantId) -> String {
+    format!("T#{t}#LOCATIONS")
+}
+
+pub fn location(t: &TenantId, location: &str) -> Key {
+    Key::new(locations_pk(t), location)
+}
+
 pub fn ledger_pk(t: &TenantId, sku: &str) -> String {
     format!("T#{t}#LEDGER#{sku}")
 }
@@ -61,9 +76,12 @@ pub fn order(t: &TenantId, order_id: &str) -> Key {
 /// The partition of every reconciliation finding ([`super::findings`]).
 pub const FINDINGS_PK: &str = "INV#FINDINGS";
 
-pub fn finding_cell(t: &TenantId, sku: &str, shard: Option<u32>) -> Key {
+pub fn finding_cell(t: &TenantId, sku: &str, location: Option<&str>, shard: Option<u32>) -> Key {
     let shard = shard.map_or_else(|| "-".to_owned(), |s| s.to_string());
-    Key::new(format!("T#{t}#INVFINDING"), format!("{sku}#{shard}"))
+    match location {
+        Some(l) => Key::new(format!("T#{t}#INVFINDING"), format!("{sku}#L#{l}#{shard}")),
+        None => Key::new(format!("T#{t}#INVFINDING"), format!("{sku}#{shard}")),
+    }
 }
 
 pub fn incoming_pk(t: &TenantId, sku: &str) -> String {

@@ -2,9 +2,10 @@
 //!
 //! # The model
 //!
-//! Each SKU has three counters, `available`, `reserved` (held by PENDING orders) and `sold`,
-//! and a ledger. There is one store only (no cache in front of the database to drift from it:
-//! a counter and its record cannot part), and every change is **one transaction** that
+//! Each SKU has three counters, `available`, `reserved` (held by PENDING orders) and `sold`
+//! (and `safety` per location, see "Locations and markets" below), and a ledger. There is one
+//! store only (no cache in front of the database to drift from it: a counter and its record
+//! cannot part), and every change is **one transaction** that
 //!
 //! - moves the counters by increments (`ADD`), never by writing a computed value (which would
 //!   overwrite other changes), each decrement guarded by a condition `counter >= amount`
@@ -19,6 +20,24 @@
 //!   round (unsharded SKUs also show `available` going from 0 to more in the same record).
 //!   "Was 0" is not guessed: it is a condition of the transaction (every cell still at 0), and
 //!   so is "was not 0" (one cell still above 0); a stale guess fails and is re-planned.
+//!
+//! # Locations and markets
+//!
+//! A counter cell is a (location, shard) ([`model::CellId`]). The `default` location's cells are
+//! the items above (the stock item, or its shards), so a shop without locations, and all data
+//! from before them, is the `default` location's; any other location's cell of a SKU is an item
+//! of its own (`T#t#SKU#{sku}#L#{location}` / `CELL`, unsharded: only `default` shards), listed
+//! on the stock item with a `layout` number bumped when one is added ([`locations`] holds the
+//! locations themselves: markets and priority). Every rule above holds per cell, so per
+//! location: the reservation's condition, releases by increment, the ledger entry (its split
+//! names each location), expiry, pay and cancel moving exactly the cells an [`Allocation`]
+//! names, reconciliation per cell. Safety stock is a `safety` counter of the location's cell,
+//! outside `available`, so no reservation reaches it. An order for a market holds each line at
+//! the locations serving it in priority order, split when one is short, in one transaction
+//! ([`orders::place_order_in`]); "was 0" for the restock round is over every cell of every
+//! location and conditioned on the `layout` it saw. An order whose release could need more than
+//! a transaction's 100 writes (per line: every cell of its SKU, the stock item, the ledger entry)
+//! is refused, 422 naming `items` (docs/inventory.md, "Locations and markets").
 //!
 //! Holds expire through [`crate::timers`] (not DynamoDB TTL, which can be days late): the order
 //! transaction also writes a durable timer for `expires_at`, and a hold of 15 minutes or less
@@ -72,6 +91,7 @@ pub mod compare;
 pub mod findings;
 pub mod incoming;
 pub mod keys;
+pub mod locations;
 pub mod model;
 pub mod orders;
 pub mod reconcile;
@@ -80,11 +100,17 @@ pub mod stock;
 pub use compare::Discrepancy;
 pub use findings::REVIEW_QUEUE;
 pub use findings::{Finding, FindingPage, FindingSettlement, FindingStatus, SettleRequest, SettlementKind};
+pub use locations::{Location, LocationList, LocationRequest};
 pub use model::{
-    AdjustmentRequest, AdjustmentSource, Allocation, Counters, HoldTimes, Incoming, IncomingRequest, IncomingStatus,
-    LedgerEntry, LedgerKind, Order, OrderItem, OrderLine, OrderLineView, OrderRequest, OrderStatus, OrderView,
+    AdjustmentBody, AdjustmentRequest, AdjustmentSource, Allocation, CellId, Counters, DEFAULT_LOCATION, HoldTimes,
+    Incoming, IncomingRequest, IncomingStatus, LedgerEntry, LedgerKind, LocationAllocationView, LocationStockRequest,
+    LocationStockView, Order, OrderBody, OrderItem, OrderLine, OrderLineView, OrderRequest, OrderStatus, OrderView,
     ShardDelta, StockView, WarmUpRequest,
 };
-pub use orders::{MAX_ORDER_SKUS, MAX_QTY, PlacedOrder, Settlement, cancel, expire_order, get_order, pay, place_order};
+pub use orders::{
+    MAX_ORDER_SKUS, MAX_QTY, PlacedOrder, Settlement, cancel, expire_order, get_order, pay, place_order, place_order_in,
+};
 pub use reconcile::{ReconcileReport, reconcile};
-pub use stock::{LedgerPage, MAX_SHARDS, adjust, all_ledger_entries, get_stock, ledger, warm_up};
+pub use stock::{
+    LedgerPage, MAX_SHARDS, adjust, adjust_at, all_ledger_entries, get_stock, ledger, put_location_stock, warm_up,
+};

@@ -7,18 +7,58 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::CoreError;
 
-/// The three counters of a SKU (or of one of its shards). `available` can be sold now,
-/// `reserved` is held by PENDING orders, `sold` was paid for.
+/// The counters of a SKU (or of one of its cells: a shard, a location). `available` can be sold
+/// now, `reserved` is held by PENDING orders, `sold` was paid for, `safety` is a location's safety
+/// stock: on hand, never sold (docs/inventory.md, "Locations and markets"; absent when 0).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Counters {
     pub available: i64,
     pub reserved: i64,
     pub sold: i64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub safety: i64,
+}
+
+pub(crate) fn is_zero(n: &i64) -> bool {
+    *n == 0
+}
+
+/// The location every shop has: its cells are the SKU's stock item and shards.
+pub const DEFAULT_LOCATION: &str = "default";
+
+pub(crate) fn default_location() -> String {
+    DEFAULT_LOCATION.to_owned()
+}
+
+pub(crate) fn is_default_location(l: &str) -> bool {
+    l == DEFAULT_LOCATION
+}
+
+/// One counter cell of a SKU: a shard of a location (shard 0 when the location is unsharded;
+/// only `default` may be sharded).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct CellId {
+    pub location: String,
+    pub shard: u32,
+}
+
+impl CellId {
+    pub fn default_shard(shard: u32) -> Self {
+        Self { location: default_location(), shard }
+    }
+
+    pub fn at(location: &str) -> Self {
+        Self { location: location.to_owned(), shard: 0 }
+    }
+
+    pub fn is_default(&self) -> bool {
+        is_default_location(&self.location)
+    }
 }
 
 impl Counters {
     pub const fn new(available: i64, reserved: i64, sold: i64) -> Self {
-        Self { available, reserved, sold }
+        Self { available, reserved, sold, safety: 0 }
     }
 
     pub fn plus(self, other: Counters) -> Counters {
@@ -26,7 +66,13 @@ impl Counters {
             available: self.available.saturating_add(other.available),
             reserved: self.reserved.saturating_add(other.reserved),
             sold: self.sold.saturating_add(other.sold),
+            safety: self.safety.saturating_add(other.safety),
         }
+    }
+
+    /// Units on hand: available, held and safety stock (sold units have left).
+    pub fn on_hand(self) -> i64 {
+        self.available.saturating_add(self.reserved).saturating_add(self.safety)
     }
 
     /// A reservation of `qty`: available → reserved.
@@ -58,6 +104,13 @@ pub(crate) struct SkuRecord {
     /// Incremented in the same transaction whenever the SKU's available goes from 0 to more.
     #[serde(default)]
     pub restock_round: i64,
+    /// The locations other than `default` that hold a cell of this SKU, in the order added.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub locations: Vec<String>,
+    /// Bumped whenever a location's cell is added (a "was 0" decision is conditioned on it, so a
+    /// cell added since the observation fails it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layout: Option<i64>,
     pub created_at: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub available: Option<i64>,
@@ -65,6 +118,9 @@ pub(crate) struct SkuRecord {
     pub reserved: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sold: Option<i64>,
+    /// The default location's safety stock (unsharded SKUs only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub safety: Option<i64>,
     /// Bumped by every change of the counters (reconciliation uses it to see a quiet moment).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<i64>,
@@ -75,10 +131,36 @@ impl SkuRecord {
         self.shards >= 2
     }
 
-    /// How many counter cells the SKU has (1 when unsharded).
+    /// How many counter cells the `default` location has (1 when unsharded).
     pub fn cell_count(&self) -> u32 {
         if self.is_sharded() { self.shards } else { 1 }
     }
+
+    /// Every counter cell of the SKU: the default location's, then one per other location.
+    pub fn cell_ids(&self) -> Vec<CellId> {
+        let mut out: Vec<CellId> = (0..self.cell_count()).map(CellId::default_shard).collect();
+        out.extend(self.locations.iter().map(|l| CellId::at(l)));
+        out
+    }
+
+    /// Whether the SKU has a cell at `location`.
+    pub fn has_location(&self, location: &str) -> bool {
+        is_default_location(location) || self.locations.iter().any(|l| l == location)
+    }
+}
+
+/// A location's cell of a SKU (any location but `default`, whose cells are the stock item and
+/// its shards): `T#t#SKU#{sku}#L#{location}` / `CELL`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct LocationCellRecord {
+    pub sku_id: String,
+    pub location: String,
+    pub available: i64,
+    pub reserved: i64,
+    pub sold: i64,
+    #[serde(default)]
+    pub safety: i64,
+    pub version: i64,
 }
 
 /// One shard of a sharded SKU.
@@ -92,7 +174,22 @@ pub(crate) struct ShardRecord {
     pub version: i64,
 }
 
-/// What `GET /v1/inventory/{sku_id}` answers.
+/// One location's counters of a SKU, as `GET /v1/inventory/{sku_id}` lists them.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct LocationStockView {
+    pub location_id: String,
+    /// Sellable now (safety stock is not in it).
+    pub available: i64,
+    pub reserved: i64,
+    pub sold: i64,
+    /// Units kept back, never sold.
+    pub safety_stock: i64,
+    /// available + reserved + safety_stock.
+    pub on_hand: i64,
+}
+
+/// What `GET /v1/inventory/{sku_id}` answers: the sums over the SKU's locations, and (when it
+/// has locations besides `default`) each location's counters.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct StockView {
     pub sku_id: String,
@@ -103,6 +200,12 @@ pub struct StockView {
     pub shards: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub category: Option<String>,
+    /// The safety stock summed over the locations (absent when 0).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub safety_stock: i64,
+    /// Each location's counters, `default` first (absent for a SKU held at `default` only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub locations: Vec<LocationStockView>,
     /// Stock on its way, the soonest first (docs/inventory.md, "Incoming stock"); absent when
     /// nothing is.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -111,7 +214,7 @@ pub struct StockView {
 
 impl StockView {
     pub fn counters(&self) -> Counters {
-        Counters::new(self.available, self.reserved, self.sold)
+        Counters { safety: self.safety_stock, ..Counters::new(self.available, self.reserved, self.sold) }
     }
 }
 
@@ -127,6 +230,8 @@ pub enum LedgerKind {
     /// Written alone (no counter moves) when an operator settles a reconciliation finding with
     /// a corrective entry: it makes the ledger agree with the counters.
     Correction,
+    /// A location's safety stock set: units moved between `available` and `safety`.
+    SafetyStock,
 }
 
 /// Where an adjustment's stock came from or went to.
@@ -153,13 +258,39 @@ impl AdjustmentSource {
     }
 }
 
-/// The part of a ledger entry that touched one shard.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+/// The part of a ledger entry that touched one cell (a shard, or a location's cell).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ShardDelta {
+    /// The location (absent: `default`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub location: Option<String>,
     pub shard: u32,
     pub available: i64,
     pub reserved: i64,
     pub sold: i64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub safety: i64,
+}
+
+impl ShardDelta {
+    pub fn of(cell: &CellId, d: Counters) -> Self {
+        ShardDelta {
+            location: (!cell.is_default()).then(|| cell.location.clone()),
+            shard: cell.shard,
+            available: d.available,
+            reserved: d.reserved,
+            sold: d.sold,
+            safety: d.safety,
+        }
+    }
+
+    pub fn cell(&self) -> CellId {
+        CellId { location: self.location.clone().unwrap_or_else(default_location), shard: self.shard }
+    }
+
+    pub fn delta(&self) -> Counters {
+        Counters { safety: self.safety, ..Counters::new(self.available, self.reserved, self.sold) }
+    }
 }
 
 /// One line of the stock ledger (docs/inventory.md, "The ledger"): written in the same transaction
@@ -171,6 +302,13 @@ pub struct LedgerEntry {
     pub delta_available: i64,
     pub delta_reserved: i64,
     pub delta_sold: i64,
+    /// Units moved into (or out of) safety stock (absent when 0).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub delta_safety: i64,
+    /// The location the change touched, when it touched one location other than `default`
+    /// (a change over several locations names each in `shards`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub location: Option<String>,
     pub kind: LedgerKind,
     #[serde(rename = "ref")]
     pub reference: String,
@@ -179,7 +317,7 @@ pub struct LedgerEntry {
     /// For releases: `cancel` or `expiry`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
-    /// Per-shard split, for sharded SKUs only.
+    /// Per-cell split, for sharded SKUs and for changes at a location other than `default`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub shards: Vec<ShardDelta>,
     pub at: String,
@@ -187,15 +325,19 @@ pub struct LedgerEntry {
 
 impl LedgerEntry {
     pub fn delta(&self) -> Counters {
-        Counters::new(self.delta_available, self.delta_reserved, self.delta_sold)
+        Counters {
+            safety: self.delta_safety,
+            ..Counters::new(self.delta_available, self.delta_reserved, self.delta_sold)
+        }
     }
 
-    /// The entry's deltas per counter cell (cell 0 for an unsharded SKU).
-    pub fn cell_deltas(&self) -> Vec<(u32, Counters)> {
+    /// The entry's deltas per counter cell (the default location's cell 0 for an unsharded SKU).
+    pub fn cell_deltas(&self) -> Vec<(CellId, Counters)> {
         if self.shards.is_empty() {
-            return vec![(0, self.delta())];
+            let cell = self.location.as_deref().map_or_else(|| CellId::default_shard(0), CellId::at);
+            return vec![(cell, self.delta())];
         }
-        self.shards.iter().map(|s| (s.shard, Counters::new(s.available, s.reserved, s.sold))).collect()
+        self.shards.iter().map(|s| (s.cell(), s.delta())).collect()
     }
 }
 
@@ -219,10 +361,23 @@ impl OrderStatus {
 }
 
 /// Units of one order line held in one counter cell.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Allocation {
+    /// The location (orders stored before locations existed read as `default`).
+    #[serde(default = "default_location", skip_serializing_if = "is_default_str")]
+    pub location: String,
     pub shard: u32,
     pub qty: i64,
+}
+
+fn is_default_str(l: &str) -> bool {
+    is_default_location(l)
+}
+
+impl Allocation {
+    pub fn cell(&self) -> CellId {
+        CellId { location: self.location.clone(), shard: self.shard }
+    }
 }
 
 /// One line of an order, with where its hold sits.
@@ -248,6 +403,9 @@ pub struct Order {
     pub items: Vec<OrderItem>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub category: Option<String>,
+    /// The market the order was held for (absent: any location).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub market: Option<String>,
     pub hold_seconds: i64,
     pub created_at: String,
     pub expires_at: String,
@@ -263,6 +421,13 @@ pub struct Order {
     pub cancel_reason: Option<String>,
 }
 
+/// Units of an order line held at one location.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct LocationAllocationView {
+    pub location_id: String,
+    pub qty: i64,
+}
+
 /// One line of an order as the API shows it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct OrderLineView {
@@ -270,6 +435,22 @@ pub struct OrderLineView {
     pub qty: i64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unit_price: Option<String>,
+    /// Where the line's units are held (or were sold from), per location.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allocations: Vec<LocationAllocationView>,
+}
+
+impl From<&OrderItem> for OrderLineView {
+    fn from(i: &OrderItem) -> Self {
+        let mut allocations: Vec<LocationAllocationView> = Vec::new();
+        for a in &i.allocations {
+            match allocations.iter_mut().find(|v| v.location_id == a.location) {
+                Some(v) => v.qty += a.qty,
+                None => allocations.push(LocationAllocationView { location_id: a.location.clone(), qty: a.qty }),
+            }
+        }
+        OrderLineView { sku_id: i.sku_id.clone(), qty: i.qty, unit_price: i.unit_price.clone(), allocations }
+    }
 }
 
 /// What `GET /v1/orders/{order_id}` answers.
@@ -279,6 +460,8 @@ pub struct OrderView {
     pub user_id: String,
     pub status: OrderStatus,
     pub items: Vec<OrderLineView>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub market: Option<String>,
     pub hold_seconds: i64,
     pub created_at: String,
     pub expires_at: String,
@@ -296,11 +479,8 @@ impl From<&Order> for OrderView {
             order_id: o.order_id.clone(),
             user_id: o.user_id.clone(),
             status: o.status,
-            items: o
-                .items
-                .iter()
-                .map(|i| OrderLineView { sku_id: i.sku_id.clone(), qty: i.qty, unit_price: i.unit_price.clone() })
-                .collect(),
+            items: o.items.iter().map(OrderLineView::from).collect(),
+            market: o.market.clone(),
             hold_seconds: o.hold_seconds,
             created_at: o.created_at.clone(),
             expires_at: o.expires_at.clone(),
@@ -363,6 +543,84 @@ pub struct OrderRequest {
     /// Overrides the SKUs' categories for the hold time.
     #[serde(default)]
     pub category: Option<String>,
+}
+
+/// The body of `POST /v1/inventory/{sku_id}/adjustments`.
+// As the API takes it: an `AdjustmentRequest` and the location it applies to.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = AdjustmentRequest)]
+pub struct AdjustmentBody {
+    pub delta: i64,
+    pub source: String,
+    /// Required, here or as the `Idempotency-Key` header.
+    #[serde(default)]
+    pub idempotency_key: String,
+    /// With `source: purchase_order`: the incoming shipment this is the arrival of, which it
+    /// closes (`POST /v1/inventory/{sku_id}/incoming`).
+    #[serde(default, rename = "ref", skip_serializing_if = "Option::is_none")]
+    pub reference: Option<String>,
+    /// The location whose stock moves (absent: `default`); it must hold a cell of the SKU
+    /// (`PUT /v1/inventory/{sku_id}/locations/{location_id}`).
+    #[serde(default)]
+    pub location_id: Option<String>,
+}
+
+impl AdjustmentBody {
+    pub fn into_parts(self) -> (AdjustmentRequest, Option<String>) {
+        let req = AdjustmentRequest {
+            delta: self.delta,
+            source: self.source,
+            idempotency_key: self.idempotency_key,
+            reference: self.reference,
+        };
+        (req, self.location_id)
+    }
+}
+
+/// The body of `POST /v1/orders`.
+// As the API takes it: an `OrderRequest` and its market.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = OrderRequest)]
+pub struct OrderBody {
+    pub order_id: String,
+    pub user_id: String,
+    pub items: Vec<OrderLine>,
+    #[serde(default)]
+    pub hold_seconds: Option<i64>,
+    /// Overrides the SKUs' categories for the hold time.
+    #[serde(default)]
+    pub category: Option<String>,
+    /// The market (ISO 3166-1 alpha-2, e.g. `US`): each line is held at the locations serving
+    /// it, in their priority order (absent: any location, `default` first).
+    #[serde(default)]
+    pub market: Option<String>,
+}
+
+impl OrderBody {
+    pub fn into_parts(self) -> (OrderRequest, Option<String>) {
+        let req = OrderRequest {
+            order_id: self.order_id,
+            user_id: self.user_id,
+            items: self.items,
+            hold_seconds: self.hold_seconds,
+            category: self.category,
+        };
+        (req, self.market)
+    }
+}
+
+/// The body of `PUT /v1/inventory/{sku_id}/locations/{location_id}`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LocationStockRequest {
+    /// Units on hand at the location when its cell is created (available + safety stock); a
+    /// cell that exists keeps its stock (adjustments move it).
+    pub on_hand: i64,
+    /// Units kept back at the location, never sold: moved out of (or back into) `available`.
+    #[serde(default)]
+    pub safety_stock: Option<i64>,
 }
 
 /// How long an unpaid order holds its stock, per category: promotion items 15 minutes, ordinary
@@ -436,10 +694,6 @@ pub struct IncomingRequest {
     /// The shop's reference of the shipment (its purchase order): the arrival's adjustment names it.
     #[serde(rename = "ref")]
     pub reference: String,
-}
-
-fn default_location() -> String {
-    "default".to_owned()
 }
 
 /// Stock on its way, as stored and shown.

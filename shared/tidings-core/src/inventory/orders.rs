@@ -14,11 +14,12 @@ use sha2::{Digest, Sha256};
 use tracing::warn;
 
 use super::keys;
+use super::locations;
 use super::model::{
-    Allocation, Counters, LedgerKind, MAX_HOLD_SECONDS, Order, OrderItem, OrderRequest, OrderStatus, OrderView,
-    SkuRecord,
+    Allocation, CellId, Counters, LedgerKind, MAX_HOLD_SECONDS, Order, OrderItem, OrderRequest, OrderStatus, OrderView,
+    SkuRecord, is_default_location,
 };
-use super::stock::{Attempts, StockChange, insufficient, now_text, read_cells, read_record, take_from};
+use super::stock::{Attempts, Cell, StockChange, insufficient, now_text, read_cells, read_record, read_sku, take_from};
 use crate::deps::Deps;
 use crate::error::{CoreError, CoreResult};
 use crate::ids::{TenantId, check_id};
@@ -77,8 +78,11 @@ fn validate(req: &OrderRequest) -> CoreResult<()> {
     Ok(())
 }
 
-fn request_hash(req: &OrderRequest) -> CoreResult<String> {
-    let canonical = serde_json::to_vec(req).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+fn request_hash(req: &OrderRequest, market: Option<&str>) -> CoreResult<String> {
+    let mut canonical = serde_json::to_vec(req).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    if let Some(m) = market {
+        canonical.extend_from_slice(format!("\nmarket={m}").as_bytes());
+    }
     Ok(hex::encode(Sha256::digest(&canonical)))
 }
 
@@ -147,29 +151,87 @@ async fn replay_or(
     }
 }
 
-/// Where a line's units are held: the one cell of an unsharded SKU, a random shard of a sharded
-/// one (spreading the writes of a hot SKU); re-planned from a read when that shard was short.
-fn first_plan(record: &SkuRecord, qty: i64) -> BTreeMap<u32, i64> {
-    if !record.is_sharded() {
-        return BTreeMap::from([(0, qty)]);
-    }
-    BTreeMap::from([(rand::rng().random_range(0..record.shards), qty)])
+/// The locations a line of this SKU may be held at, in the order it is held from them: those
+/// serving the order's market (all without one) where the SKU has a cell.
+fn places<'a>(record: &SkuRecord, serving: &'a [String]) -> Vec<&'a str> {
+    serving.iter().map(String::as_str).filter(|l| record.has_location(l)).collect()
 }
 
-/// Re-plans a line after its reservation failed: a shard holding all of it (at random), else a
-/// split over the fullest shards, else the SKU is short.
-async fn replan(deps: &Deps, t: &TenantId, record: &SkuRecord, qty: i64) -> CoreResult<BTreeMap<u32, i64>> {
+/// Where a line's units are held, before any read: all at the first location serving the
+/// market (the one cell of an unsharded SKU, a random shard of a sharded `default`, spreading the
+/// writes of a hot SKU); re-planned from a read when that cell was short. `None`: no location
+/// serving the market holds the SKU.
+fn first_plan(record: &SkuRecord, serving: &[String], qty: i64) -> Option<BTreeMap<CellId, i64>> {
+    let first = *places(record, serving).first()?;
+    if is_default_location(first) && record.is_sharded() {
+        return Some(BTreeMap::from([(CellId::default_shard(rand::rng().random_range(0..record.shards)), qty)]));
+    }
+    Some(BTreeMap::from([(CellId::at(first), qty)]))
+}
+
+fn short(record: &SkuRecord, market: Option<&str>, available: i64, qty: i64) -> CoreError {
+    match market {
+        None => insufficient(&record.sku_id, available, qty),
+        Some(m) => CoreError::conflict(
+            "insufficient_stock",
+            format!(
+                "insufficient stock for sku {} in market {m}: {available} available, {qty} requested",
+                record.sku_id
+            ),
+        ),
+    }
+}
+
+/// Re-plans a line after its reservation failed (or before any, when its first location is not
+/// known to hold it): the locations serving the market in priority order, each giving what it
+/// has until the line is whole (a split); within a sharded `default`, a shard holding all of
+/// its part (at random), else the fullest shards. Short when the locations together are.
+async fn replan(
+    deps: &Deps,
+    t: &TenantId,
+    record: &SkuRecord,
+    serving: &[String],
+    market: Option<&str>,
+    qty: i64,
+) -> CoreResult<BTreeMap<CellId, i64>> {
     let cells = read_cells(deps, t, record).await?;
-    let total: i64 = cells.iter().map(|c| c.counters.available).sum();
+    plan_over(record, &cells, serving, market, qty)
+}
+
+fn plan_over(
+    record: &SkuRecord,
+    cells: &[Cell],
+    serving: &[String],
+    market: Option<&str>,
+    qty: i64,
+) -> CoreResult<BTreeMap<CellId, i64>> {
+    let order = places(record, serving);
+    let total: i64 =
+        cells.iter().filter(|c| order.contains(&c.id.location.as_str())).map(|c| c.counters.available).sum();
     if total < qty {
-        return Err(insufficient(&record.sku_id, total, qty));
+        return Err(short(record, market, total, qty));
     }
-    let whole: Vec<u32> = cells.iter().filter(|c| c.counters.available >= qty).map(|c| c.index).collect();
-    if !whole.is_empty() {
-        let pick = whole[rand::rng().random_range(0..whole.len())];
-        return Ok(BTreeMap::from([(pick, qty)]));
+    let mut left = qty;
+    let mut plan = BTreeMap::new();
+    for l in order {
+        if left == 0 {
+            break;
+        }
+        let here: Vec<&Cell> = cells.iter().filter(|c| c.id.location == l).collect();
+        let avail: i64 = here.iter().map(|c| c.counters.available).sum();
+        let take = left.min(avail);
+        if take <= 0 {
+            continue;
+        }
+        let whole: Vec<&CellId> = here.iter().filter(|c| c.counters.available >= take).map(|c| &c.id).collect();
+        if whole.is_empty() {
+            plan.extend(take_from(here.iter().copied(), take).ok_or_else(|| short(record, market, total, qty))?);
+        } else {
+            plan.insert(whole[rand::rng().random_range(0..whole.len())].clone(), take);
+        }
+        left -= take;
     }
-    take_from(&cells, qty).ok_or_else(|| insufficient(&record.sku_id, total, qty))
+    Ok(plan)
 }
 
 /// Places an order: one transaction puts the order (if absent), reserves every line with a
@@ -178,8 +240,24 @@ async fn replan(deps: &Deps, t: &TenantId, record: &SkuRecord, qty: i64) -> Core
 /// and the durable expiry timer. Short on any SKU: 409 `insufficient_stock` naming it, and nothing
 /// is held. The same order again: the order as it is, nothing held twice.
 pub async fn place_order(deps: &Deps, t: &TenantId, req: &OrderRequest) -> CoreResult<PlacedOrder> {
+    place_order_in(deps, t, req, None).await
+}
+
+/// [`place_order`] for a market (docs/inventory.md, "Locations and markets"): each line is held
+/// at the locations serving `market` (any location when `None`: `default` first, then by
+/// priority), in their priority order, split across them when one has too few; still one
+/// transaction, all or nothing.
+pub async fn place_order_in(
+    deps: &Deps,
+    t: &TenantId,
+    req: &OrderRequest,
+    market: Option<&str>,
+) -> CoreResult<PlacedOrder> {
     validate(req)?;
-    let hash = request_hash(req)?;
+    if let Some(m) = market {
+        locations::check_market("market", m)?;
+    }
+    let hash = request_hash(req, market)?;
     // The order is not read first: its put is conditioned on its absence, and a repeat fails
     // there (index 0) and is answered from the order as stored. What refuses an order before
     // the transaction (an SKU deleted since, too many writes, short stock) looks for the order
@@ -191,8 +269,19 @@ pub async fn place_order(deps: &Deps, t: &TenantId, req: &OrderRequest) -> CoreR
     let hold = hold_for(deps, req, &records);
     let now = deps.clock.now();
     let expires = now + chrono::Duration::from_std(hold).unwrap_or(chrono::Duration::MAX);
-    let mut plans: Vec<BTreeMap<u32, i64>> =
-        records.iter().zip(&req.items).map(|(r, l)| first_plan(r, l.qty)).collect();
+    let any_locations = records.iter().any(|r| !r.locations.is_empty());
+    let serving = if any_locations || market.is_some() {
+        locations::serving(&locations::all(deps, t).await?, market)
+    } else {
+        vec![super::model::DEFAULT_LOCATION.to_owned()]
+    };
+    let mut plans: Vec<BTreeMap<CellId, i64>> = Vec::with_capacity(records.len());
+    for (r, l) in records.iter().zip(&req.items) {
+        match first_plan(r, &serving, l.qty) {
+            Some(plan) => plans.push(plan),
+            None => return replay_or(deps, t, req, &hash, short(r, market, 0, l.qty)).await,
+        }
+    }
     let task = TimerTask::OrderExpire { tenant: t.clone(), order_id: req.order_id.clone() };
     let timer = timer::durable_timer(deps, expires, &task).await?;
     let mut attempts = Attempts::new();
@@ -210,10 +299,14 @@ pub async fn place_order(deps: &Deps, t: &TenantId, req: &OrderRequest) -> CoreR
                     sku_id: l.sku_id.clone(),
                     qty: l.qty,
                     unit_price: l.unit_price.clone(),
-                    allocations: p.iter().map(|(&shard, &qty)| Allocation { shard, qty }).collect(),
+                    allocations: p
+                        .iter()
+                        .map(|(c, &qty)| Allocation { location: c.location.clone(), shard: c.shard, qty })
+                        .collect(),
                 })
                 .collect(),
             category: req.category.clone(),
+            market: market.map(str::to_owned),
             hold_seconds: i64::try_from(hold.as_secs()).unwrap_or(MAX_HOLD_SECONDS),
             created_at: at.clone(),
             expires_at: expires.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
@@ -230,17 +323,9 @@ pub async fn place_order(deps: &Deps, t: &TenantId, req: &OrderRequest) -> CoreR
         }];
         let mut owner: Vec<Option<usize>> = vec![None];
         for (i, (record, plan)) in records.iter().zip(&plans).enumerate() {
-            let change = StockChange {
-                tenant: t,
-                record,
-                observed: None,
-                deltas: plan.iter().map(|(&cell, &qty)| (cell, Counters::reserve(qty))).collect(),
-                kind: LedgerKind::Reserve,
-                reference: format!("order:{}", req.order_id),
-                source: None,
-                reason: None,
-                at: at.clone(),
-            };
+            let mut change =
+                StockChange::new(t, record, LedgerKind::Reserve, format!("order:{}", req.order_id), at.clone());
+            change.deltas = plan.iter().map(|(cell, &qty)| (cell.clone(), Counters::reserve(qty))).collect();
             let w = change.writes()?;
             owner.extend(std::iter::repeat_n(Some(i), w.len()));
             writes.extend(w);
@@ -268,7 +353,7 @@ pub async fn place_order(deps: &Deps, t: &TenantId, req: &OrderRequest) -> CoreR
                 let Some(Some(i)) = owner.get(index).copied() else {
                     return Err(StoreError::ConditionFailed { index }.into());
                 };
-                plans[i] = match replan(deps, t, &records[i], req.items[i].qty).await {
+                plans[i] = match replan(deps, t, &records[i], &serving, market, req.items[i].qty).await {
                     Ok(plan) => plan,
                     Err(e) => return replay_or(deps, t, req, &hash, e).await,
                 };
@@ -374,6 +459,7 @@ fn missing_order(order_id: &str) -> Order {
         status: OrderStatus::Cancelled,
         items: Vec::new(),
         category: None,
+        market: None,
         hold_seconds: 0,
         created_at: String::new(),
         expires_at: String::new(),
@@ -436,37 +522,56 @@ async fn settle(deps: &Deps, t: &TenantId, order_id: &str, transition: Transitio
         updates.push(Update::set("status", status.as_str()));
         let mut conds = vec![Cond::eq("status", OrderStatus::Pending.as_str())];
         conds.extend(time_cond);
-        let mut writes = vec![Write::Update { key: key.clone(), updates, cond: Cond::And(conds) }];
+        let order_write = Write::Update { key: key.clone(), updates, cond: Cond::And(conds) };
+        let mut lines = Vec::with_capacity(order.items.len());
         for item in &order.items {
+            // A release decides "was 0" over every cell of the SKU, so it reads the SKU as it is
+            // now (its locations too); a sale reads it once.
+            let fresh = if kind == LedgerKind::Release { read_sku(deps, t, &item.sku_id).await? } else { None };
+            if let Some(sku) = &fresh {
+                records.insert(item.sku_id.clone(), sku.record.clone());
+            }
             if !records.contains_key(&item.sku_id) {
                 let record = read_record(deps, t, &item.sku_id).await?.ok_or_else(|| {
                     StoreError::Corrupt(format!("order {order_id} holds unknown sku {}", item.sku_id))
                 })?;
                 records.insert(item.sku_id.clone(), record);
             }
-            let Some(record) = records.get(&item.sku_id) else { continue };
-            let observed = if kind == LedgerKind::Release { Some(read_cells(deps, t, record).await?) } else { None };
-            let change = StockChange {
-                tenant: t,
-                record,
-                observed: observed.as_deref(),
-                deltas: item
+            lines.push((item, fresh));
+        }
+        // The changes' writes; `rounds: false` leaves the restock round alone (see below).
+        let line_writes = |rounds: bool| -> CoreResult<Vec<Write>> {
+            let mut writes = vec![order_write.clone()];
+            for (item, fresh) in &lines {
+                let Some(record) = records.get(&item.sku_id) else {
+                    return Err(
+                        StoreError::Corrupt(format!("order {order_id} holds unknown sku {}", item.sku_id)).into()
+                    );
+                };
+                let mut change = StockChange::new(t, record, kind, format!("order:{order_id}"), at.clone());
+                change.observed = fresh.as_ref().map(|s| s.cells.as_slice());
+                change.rounds = rounds;
+                change.reason = reason.clone();
+                change.deltas = item
                     .allocations
                     .iter()
                     .map(|a| {
-                        (
-                            a.shard,
-                            if kind == LedgerKind::Sell { Counters::sell(a.qty) } else { Counters::release(a.qty) },
-                        )
+                        let d = if kind == LedgerKind::Sell { Counters::sell(a.qty) } else { Counters::release(a.qty) };
+                        (a.cell(), d)
                     })
-                    .collect(),
-                kind,
-                reference: format!("order:{order_id}"),
-                source: None,
-                reason: reason.clone(),
-                at: at.clone(),
-            };
-            writes.extend(change.writes()?);
+                    .collect();
+                writes.extend(change.writes()?);
+            }
+            Ok(writes)
+        };
+        let mut writes = line_writes(true)?;
+        if writes.len() > MAX_TRANSACTION_WRITES {
+            // The order's SKUs gained locations since it was placed, and deciding "was 0" for
+            // them all no longer fits one transaction: the hold is released all the same (it
+            // must never be stuck), without moving the restock round; the scheduled restock
+            // scan serves the SKUs' waiters (docs/inventory.md, "Locations and markets").
+            warn!(tenant = %t, order_id, "release too large to decide restock rounds; released without them");
+            writes = line_writes(false)?;
         }
         // The `order.expired` webhook event, in the expiry's own transaction (an order at the
         // transaction's limit has no room left for it: it is then not told).

@@ -8,8 +8,9 @@ use sha2::{Digest, Sha256};
 
 use super::keys;
 use super::model::{
-    AdjustmentRequest, AdjustmentSource, Counters, LedgerEntry, LedgerKind, ShardDelta, ShardRecord, SkuRecord,
-    StockView, WarmUpRequest,
+    AdjustmentRequest, AdjustmentSource, CellId, Counters, LedgerEntry, LedgerKind, LocationCellRecord,
+    LocationStockRequest, LocationStockView, ShardDelta, ShardRecord, SkuRecord, StockView, WarmUpRequest,
+    is_default_location,
 };
 use crate::deps::Deps;
 use crate::error::{CoreError, CoreResult};
@@ -56,10 +57,11 @@ pub(crate) fn now_text(deps: &Deps) -> String {
     deps.clock.now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
-/// One counter cell of a SKU: the stock item itself when unsharded, else one shard item.
+/// One counter cell of a SKU: the stock item itself when unsharded, else one shard item; or a
+/// location's cell.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Cell {
-    pub index: u32,
+    pub id: CellId,
     pub key: Key,
     pub counters: Counters,
     pub version: i64,
@@ -77,8 +79,29 @@ impl Sku {
         self.cells.iter().fold(Counters::default(), |acc, c| acc.plus(c.counters))
     }
 
+    /// The counters of one location's cells.
+    pub fn at(&self, location: &str) -> Counters {
+        self.cells.iter().filter(|c| c.id.location == location).fold(Counters::default(), |acc, c| acc.plus(c.counters))
+    }
+
     pub fn view(&self) -> StockView {
         let total = self.total();
+        let mut locations = Vec::new();
+        if !self.record.locations.is_empty() {
+            let names =
+                std::iter::once(super::model::DEFAULT_LOCATION).chain(self.record.locations.iter().map(String::as_str));
+            for l in names {
+                let c = self.at(l);
+                locations.push(LocationStockView {
+                    location_id: l.to_owned(),
+                    available: c.available,
+                    reserved: c.reserved,
+                    sold: c.sold,
+                    safety_stock: c.safety,
+                    on_hand: c.on_hand(),
+                });
+            }
+        }
         StockView {
             sku_id: self.record.sku_id.clone(),
             available: total.available,
@@ -87,14 +110,27 @@ impl Sku {
             restock_round: self.record.restock_round,
             shards: self.record.cell_count(),
             category: self.record.category.clone(),
+            safety_stock: total.safety,
+            locations,
             incoming: Vec::new(),
         }
     }
 }
 
-/// The key of cell `index` of a SKU.
-pub(crate) fn cell_key(t: &TenantId, record: &SkuRecord, index: u32) -> Key {
-    if record.is_sharded() { keys::shard(t, &record.sku_id, index) } else { keys::stock(t, &record.sku_id) }
+/// The key of a cell of a SKU.
+pub(crate) fn cell_key(t: &TenantId, record: &SkuRecord, cell: &CellId) -> Key {
+    if !cell.is_default() {
+        keys::location_cell(t, &record.sku_id, &cell.location)
+    } else if record.is_sharded() {
+        keys::shard(t, &record.sku_id, cell.shard)
+    } else {
+        keys::stock(t, &record.sku_id)
+    }
+}
+
+/// A condition that a number attribute equals `n`, where a missing attribute counts as 0.
+pub(crate) fn number_is(name: &str, n: i64) -> Cond {
+    if n == 0 { Cond::Or(vec![Cond::AttrNotExists(name.into()), Cond::eq(name, 0)]) } else { Cond::eq(name, n) }
 }
 
 pub(crate) async fn read_record(deps: &Deps, t: &TenantId, sku_id: &str) -> CoreResult<Option<SkuRecord>> {
@@ -111,26 +147,38 @@ pub(crate) async fn read_sku(deps: &Deps, t: &TenantId, sku_id: &str) -> CoreRes
     Ok(Some(Sku { record, cells }))
 }
 
+/// Reads every cell of the SKU as `record` knows them (the default location's, then each other
+/// location's).
 pub(crate) async fn read_cells(deps: &Deps, t: &TenantId, record: &SkuRecord) -> CoreResult<Vec<Cell>> {
-    if !record.is_sharded() {
-        let key = keys::stock(t, &record.sku_id);
-        // Read again: the caller's record may be older than this moment.
-        let Some(item) = deps.table.get(&key).await? else { return Err(CoreError::NotFound { what: "sku" }) };
-        let r: SkuRecord = item.parse()?;
-        let counters = Counters::new(r.available.unwrap_or(0), r.reserved.unwrap_or(0), r.sold.unwrap_or(0));
-        return Ok(vec![Cell { index: 0, key, counters, version: r.version.unwrap_or(0) }]);
-    }
-    let reads = (0..record.shards).map(|i| {
-        let key = keys::shard(t, &record.sku_id, i);
-        async move { (i, key.clone(), deps.table.get(&key).await) }
+    let ids = record.cell_ids();
+    let reads = ids.into_iter().map(|id| {
+        let key = cell_key(t, record, &id);
+        async move {
+            let got = deps.table.get(&key).await;
+            (id, key, got)
+        }
     });
-    let mut cells = Vec::with_capacity(record.shards as usize);
-    for (index, key, got) in futures::future::join_all(reads).await {
+    let mut cells = Vec::new();
+    for (id, key, got) in futures::future::join_all(reads).await {
         let Some(item) = got? else {
-            return Err(StoreError::Corrupt(format!("{}/{}: shard missing", key.pk, key.sk)).into());
+            if id.is_default() && !record.is_sharded() {
+                return Err(CoreError::NotFound { what: "sku" });
+            }
+            return Err(StoreError::Corrupt(format!("{}/{}: cell missing", key.pk, key.sk)).into());
         };
-        let s: ShardRecord = item.parse()?;
-        cells.push(Cell { index, key, counters: Counters::new(s.available, s.reserved, s.sold), version: s.version });
+        let (counters, version) = if !id.is_default() {
+            let c: LocationCellRecord = item.parse()?;
+            (Counters { safety: c.safety, ..Counters::new(c.available, c.reserved, c.sold) }, c.version)
+        } else if record.is_sharded() {
+            let s: ShardRecord = item.parse()?;
+            (Counters::new(s.available, s.reserved, s.sold), s.version)
+        } else {
+            // Read again: the caller's record may be older than this moment.
+            let r: SkuRecord = item.parse()?;
+            let c = Counters::new(r.available.unwrap_or(0), r.reserved.unwrap_or(0), r.sold.unwrap_or(0));
+            (Counters { safety: r.safety.unwrap_or(0), ..c }, r.version.unwrap_or(0))
+        };
+        cells.push(Cell { id, key, counters, version });
     }
     Ok(cells)
 }
@@ -146,40 +194,74 @@ pub(crate) struct StockChange<'a> {
     pub record: &'a SkuRecord,
     /// The cells as last read, needed when available grows (to know whether it was 0).
     pub observed: Option<&'a [Cell]>,
-    pub deltas: BTreeMap<u32, Counters>,
+    pub deltas: BTreeMap<CellId, Counters>,
     pub kind: LedgerKind,
     pub reference: String,
     pub source: Option<AdjustmentSource>,
     pub reason: Option<String>,
     pub at: String,
+    /// A location's cell this change creates: put whole, its delta as its first counters.
+    pub created: Option<CellId>,
+    /// More conditions on cells (a safety stock change is conditioned on the safety it saw).
+    pub cell_conds: Vec<(CellId, Cond)>,
+    /// More updates and conditions of the SKU's stock item (a location added to its layout).
+    pub header: Vec<Update>,
+    pub header_conds: Vec<Cond>,
+    /// Whether growing stock decides the restock round (true but for a release too large for
+    /// one transaction otherwise, see `orders::settle`).
+    pub rounds: bool,
 }
 
-impl StockChange<'_> {
+impl<'a> StockChange<'a> {
+    /// A change with no observation, no deltas yet, nothing created and nothing more on the
+    /// stock item.
+    pub fn new(tenant: &'a TenantId, record: &'a SkuRecord, kind: LedgerKind, reference: String, at: String) -> Self {
+        StockChange {
+            tenant,
+            record,
+            observed: None,
+            deltas: BTreeMap::new(),
+            kind,
+            reference,
+            source: None,
+            reason: None,
+            at,
+            created: None,
+            cell_conds: Vec::new(),
+            header: Vec::new(),
+            header_conds: Vec::new(),
+            rounds: true,
+        }
+    }
+
     pub fn total(&self) -> Counters {
         self.deltas.values().fold(Counters::default(), |acc, d| acc.plus(*d))
     }
 
-    /// The most writes a release of this SKU can take (see [`MAX_SHARDS`]).
+    /// The most writes a release of this SKU can take: a condition on each of its cells (all
+    /// locations' shards, to know its available was 0), the stock item and the ledger entry
+    /// (see [`MAX_SHARDS`] and docs/inventory.md, "Locations and markets").
     pub fn release_budget(record: &SkuRecord) -> usize {
-        if record.is_sharded() { record.shards as usize + 2 } else { 2 }
+        if record.is_sharded() || !record.locations.is_empty() { record.cell_ids().len() + 2 } else { 2 }
     }
 
     pub fn ledger_entry(&self) -> LedgerEntry {
         let total = self.total();
-        let shards = if self.record.is_sharded() {
-            self.deltas
-                .iter()
-                .map(|(&shard, d)| ShardDelta { shard, available: d.available, reserved: d.reserved, sold: d.sold })
-                .collect()
-        } else {
-            Vec::new()
-        };
+        let one_plain_cell = self.deltas.len() == 1
+            && self.deltas.keys().all(|c| c.shard == 0 && (!c.is_default() || !self.record.is_sharded()));
+        let shards =
+            if one_plain_cell { Vec::new() } else { self.deltas.iter().map(|(c, d)| ShardDelta::of(c, *d)).collect() };
+        let mut places = self.deltas.keys().map(|c| c.location.as_str());
+        let first = places.next();
+        let location = first.filter(|l| !is_default_location(l) && places.all(|p| p == *l)).map(str::to_owned);
         LedgerEntry {
             entry_id: new_id(),
             sku_id: self.record.sku_id.clone(),
             delta_available: total.available,
             delta_reserved: total.reserved,
             delta_sold: total.sold,
+            delta_safety: total.safety,
+            location,
             kind: self.kind,
             reference: self.reference.clone(),
             source: self.source,
@@ -194,11 +276,16 @@ impl StockChange<'_> {
     /// available when the transaction commits, "was not 0" only if the chosen cell still has
     /// some. A stale observation fails the transaction, and the caller reads and tries again.
     pub fn writes(&self) -> CoreResult<Vec<Write>> {
-        let mut cells: BTreeMap<u32, (Vec<Update>, Vec<Cond>)> = BTreeMap::new();
-        for (&index, d) in &self.deltas {
-            let (updates, conds) = cells.entry(index).or_default();
+        let mut cells: BTreeMap<CellId, (Vec<Update>, Vec<Cond>)> = BTreeMap::new();
+        for (id, d) in &self.deltas {
+            if self.created.as_ref() == Some(id) {
+                continue;
+            }
+            let (updates, conds) = cells.entry(id.clone()).or_default();
             conds.push(Cond::Exists);
-            for (name, delta) in [("available", d.available), ("reserved", d.reserved), ("sold", d.sold)] {
+            for (name, delta) in
+                [("available", d.available), ("reserved", d.reserved), ("sold", d.sold), ("safety", d.safety)]
+            {
                 if delta != 0 {
                     updates.push(Update::add(name, delta));
                 }
@@ -209,30 +296,47 @@ impl StockChange<'_> {
             updates.push(Update::add("version", 1));
             updates.push(Update::set("updated_at", self.at.clone()));
         }
+        for (id, cond) in &self.cell_conds {
+            cells.entry(id.clone()).or_default().1.push(cond.clone());
+        }
         let mut restock = false;
-        if self.total().available > 0 {
+        if self.rounds && self.total().available > 0 {
             let observed =
                 self.observed.ok_or_else(|| StoreError::Invalid("stock grows without an observation".into()))?;
             let was_empty = observed.iter().all(|c| c.counters.available <= 0);
             if was_empty {
                 restock = true;
                 for c in observed {
-                    cells.entry(c.index).or_default().1.push(Cond::eq("available", 0));
+                    cells.entry(c.id.clone()).or_default().1.push(Cond::eq("available", 0));
                 }
             } else {
-                let touched = observed.iter().find(|c| c.counters.available > 0 && self.deltas.contains_key(&c.index));
+                let touched = observed.iter().find(|c| c.counters.available > 0 && self.deltas.contains_key(&c.id));
                 let witness = touched.or_else(|| observed.iter().find(|c| c.counters.available > 0));
                 if let Some(c) = witness {
-                    cells.entry(c.index).or_default().1.push(Cond::ge("available", 1));
+                    cells.entry(c.id.clone()).or_default().1.push(Cond::ge("available", 1));
                 }
             }
         }
-        let mut writes = Vec::with_capacity(cells.len() + 2);
+        // What the stock item gets besides its counters: the round, and the layout (the set of
+        // locations) the "was 0" decision saw, so a location's cell added since fails it.
+        let mut header = self.header.clone();
+        let mut header_conds = self.header_conds.clone();
+        if restock {
+            header.push(Update::add("restock_round", 1));
+            let layout = number_is("layout", self.record.layout.unwrap_or(0));
+            if !header_conds.contains(&layout) {
+                header_conds.push(layout);
+            }
+        }
+        let mut writes = Vec::with_capacity(cells.len() + 3);
         let stock_key = keys::stock(self.tenant, &self.record.sku_id);
-        for (index, (mut updates, conds)) in cells {
-            let key = cell_key(self.tenant, self.record, index);
-            if restock && key == stock_key {
-                updates.push(Update::add("restock_round", 1));
+        let mut header_written = false;
+        for (id, (mut updates, mut conds)) in cells {
+            let key = cell_key(self.tenant, self.record, &id);
+            if key == stock_key {
+                updates.append(&mut header);
+                conds.append(&mut header_conds);
+                header_written = true;
             }
             let cond = Cond::And(conds);
             writes.push(if updates.is_empty() {
@@ -241,11 +345,25 @@ impl StockChange<'_> {
                 Write::Update { key, updates, cond }
             });
         }
-        if restock && self.record.is_sharded() {
-            writes.push(Write::Update {
-                key: stock_key,
-                updates: vec![Update::add("restock_round", 1), Update::set("updated_at", self.at.clone())],
-                cond: Cond::Exists,
+        if !header_written && (!header.is_empty() || !header_conds.is_empty()) {
+            header.push(Update::set("updated_at", self.at.clone()));
+            header_conds.insert(0, Cond::Exists);
+            writes.push(Write::Update { key: stock_key, updates: header, cond: Cond::And(header_conds) });
+        }
+        if let Some(id) = &self.created {
+            let d = self.deltas.get(id).copied().unwrap_or_default();
+            let cell = LocationCellRecord {
+                sku_id: self.record.sku_id.clone(),
+                location: id.location.clone(),
+                available: d.available,
+                reserved: d.reserved,
+                sold: d.sold,
+                safety: d.safety,
+                version: 1,
+            };
+            writes.push(Write::Put {
+                item: Item::new(cell_key(self.tenant, self.record, id), attrs_of(&cell)?),
+                cond: Cond::NotExists,
             });
         }
         let entry = self.ledger_entry();
@@ -266,8 +384,8 @@ pub(crate) fn spread(units: i64, n: u32) -> BTreeMap<u32, i64> {
 }
 
 /// Takes `units` from the cells with the most available first; `None` when they hold too few.
-pub(crate) fn take_from(cells: &[Cell], units: i64) -> Option<BTreeMap<u32, i64>> {
-    let mut by_most: Vec<&Cell> = cells.iter().filter(|c| c.counters.available > 0).collect();
+pub(crate) fn take_from<'c>(cells: impl IntoIterator<Item = &'c Cell>, units: i64) -> Option<BTreeMap<CellId, i64>> {
+    let mut by_most: Vec<&Cell> = cells.into_iter().filter(|c| c.counters.available > 0).collect();
     by_most.sort_by_key(|c| std::cmp::Reverse(c.counters.available));
     let mut left = units;
     let mut out = BTreeMap::new();
@@ -276,7 +394,7 @@ pub(crate) fn take_from(cells: &[Cell], units: i64) -> Option<BTreeMap<u32, i64>
             break;
         }
         let take = left.min(c.counters.available);
-        out.insert(c.index, take);
+        out.insert(c.id.clone(), take);
         left -= take;
     }
     (left == 0).then_some(out)
@@ -310,10 +428,13 @@ pub async fn warm_up(deps: &Deps, t: &TenantId, sku_id: &str, req: &WarmUpReques
         shards: if sharded { shards } else { 0 },
         category: req.category.clone(),
         restock_round: 0,
+        locations: Vec::new(),
+        layout: None,
         created_at: at.clone(),
         available: (!sharded).then_some(req.on_hand),
         reserved: (!sharded).then_some(0),
         sold: (!sharded).then_some(0),
+        safety: None,
         version: (!sharded).then_some(1),
     };
     let mut writes =
@@ -329,17 +450,8 @@ pub async fn warm_up(deps: &Deps, t: &TenantId, sku_id: &str, req: &WarmUpReques
             });
         }
     }
-    let change = StockChange {
-        tenant: t,
-        record: &record,
-        observed: None,
-        deltas: split.iter().map(|(&i, &u)| (i, Counters::new(u, 0, 0))).collect(),
-        kind: LedgerKind::WarmUp,
-        reference: format!("warm_up:{sku_id}"),
-        source: None,
-        reason: None,
-        at: at.clone(),
-    };
+    let mut change = StockChange::new(t, &record, LedgerKind::WarmUp, format!("warm_up:{sku_id}"), at.clone());
+    change.deltas = split.iter().map(|(&i, &u)| (CellId::default_shard(i), Counters::new(u, 0, 0))).collect();
     let entry = change.ledger_entry();
     writes.push(Write::Put {
         item: Item::new(keys::ledger_entry(t, sku_id, &entry.entry_id), attrs_of(&entry)?),
@@ -379,10 +491,13 @@ struct AdjustmentRecord {
     created_at: String,
 }
 
-fn adjustment_hash(sku_id: &str, req: &AdjustmentRequest) -> String {
+fn adjustment_hash(sku_id: &str, location: &str, req: &AdjustmentRequest) -> String {
     let mut canonical = format!("{sku_id}\n{}\n{}\n{}", req.delta, req.source, req.idempotency_key);
     if let Some(reference) = &req.reference {
         canonical.push_str(&format!("\nref\n{reference}"));
+    }
+    if !is_default_location(location) {
+        canonical.push_str(&format!("\n@{location}"));
     }
     hex::encode(Sha256::digest(canonical.as_bytes()))
 }
@@ -391,7 +506,20 @@ fn adjustment_hash(sku_id: &str, req: &AdjustmentRequest) -> String {
 /// idempotency key: the idempotency record is a write of the same transaction. Available never
 /// goes below 0: a decrease larger than what is available is refused (409 `insufficient_stock`).
 pub async fn adjust(deps: &Deps, t: &TenantId, sku_id: &str, req: &AdjustmentRequest) -> CoreResult<StockView> {
+    adjust_at(deps, t, sku_id, None, req).await
+}
+
+/// [`adjust`] at one location (`None`: `default`), which must hold a cell of the SKU.
+pub async fn adjust_at(
+    deps: &Deps,
+    t: &TenantId,
+    sku_id: &str,
+    location: Option<&str>,
+    req: &AdjustmentRequest,
+) -> CoreResult<StockView> {
     check_id("sku_id", sku_id)?;
+    let location = location.unwrap_or(super::model::DEFAULT_LOCATION);
+    check_id("location_id", location)?;
     check_id("idempotency_key", &req.idempotency_key)?;
     let source = AdjustmentSource::parse(&req.source)?;
     if req.delta == 0 || req.delta.abs() > MAX_UNITS {
@@ -412,35 +540,40 @@ pub async fn adjust(deps: &Deps, t: &TenantId, sku_id: &str, req: &AdjustmentReq
         }
         None => None,
     };
-    let hash = adjustment_hash(sku_id, req);
+    let hash = adjustment_hash(sku_id, location, req);
     let idem_key = crate::keys::idempotency(t, "adjustment", &req.idempotency_key);
     let mut attempts = Attempts::new();
     while attempts.another() {
         let Some(sku) = read_sku(deps, t, sku_id).await? else { return Err(CoreError::NotFound { what: "sku" }) };
-        let units: BTreeMap<u32, i64> = if req.delta > 0 {
-            spread(req.delta, sku.record.cell_count())
+        if !sku.record.has_location(location) {
+            return Err(CoreError::NotFoundAt { field: "location_id".into(), what: "stock at this location" });
+        }
+        let units: BTreeMap<CellId, i64> = if req.delta > 0 {
+            if is_default_location(location) {
+                spread(req.delta, sku.record.cell_count())
+                    .into_iter()
+                    .map(|(i, u)| (CellId::default_shard(i), u))
+                    .collect()
+            } else {
+                BTreeMap::from([(CellId::at(location), req.delta)])
+            }
         } else {
-            take_from(&sku.cells, -req.delta)
+            let here = sku.cells.iter().filter(|c| c.id.location == location);
+            take_from(here, -req.delta)
                 .map(|m| m.into_iter().map(|(i, u)| (i, -u)).collect())
-                .ok_or_else(|| insufficient(sku_id, sku.total().available, -req.delta))?
+                .ok_or_else(|| insufficient(sku_id, sku.at(location).available, -req.delta))?
         };
         let at = now_text(deps);
-        let change = StockChange {
-            tenant: t,
-            record: &sku.record,
-            observed: Some(&sku.cells),
-            deltas: units.into_iter().map(|(i, u)| (i, Counters::new(u, 0, 0))).collect(),
-            kind: LedgerKind::Adjustment,
-            reference: format!("{}:{}", req.source, req.idempotency_key),
-            source: Some(source),
-            reason: None,
-            at: at.clone(),
-        };
+        let reference = format!("{}:{}", req.source, req.idempotency_key);
+        let mut change = StockChange::new(t, &sku.record, LedgerKind::Adjustment, reference, at.clone());
+        change.observed = Some(&sku.cells);
+        change.deltas = units.into_iter().map(|(i, u)| (i, Counters::new(u, 0, 0))).collect();
+        change.source = Some(source);
         let record = AdjustmentRecord { body_hash: hash.clone(), sku_id: sku_id.to_owned(), created_at: at };
         let mut writes =
             vec![Write::Put { item: Item::new(idem_key.clone(), attrs_of(&record)?), cond: Cond::NotExists }];
         if let Some(reference) = arrival {
-            writes.push(super::incoming::arrival_write(t, sku_id, reference, req.delta, &record.created_at));
+            writes.push(super::incoming::arrival_write(t, sku_id, reference, location, req.delta, &record.created_at));
         }
         writes.extend(change.writes()?);
         match deps.table.transact(writes).await {
@@ -450,7 +583,7 @@ pub async fn adjust(deps: &Deps, t: &TenantId, sku_id: &str, req: &AdjustmentReq
             }
             Err(StoreError::ConditionFailed { index: 1 }) if arrival.is_some() => {
                 let reference = arrival.unwrap_or_default();
-                return Err(super::incoming::arrival_refused(deps, t, sku_id, reference).await?);
+                return Err(super::incoming::arrival_refused(deps, t, sku_id, reference, location).await?);
             }
             // The stock moved since it was read: read again and re-plan.
             Err(StoreError::ConditionFailed { .. } | StoreError::Conflict) => continue,
@@ -476,6 +609,101 @@ async fn replayed_adjustment(
         ));
     }
     get_stock(deps, t, sku_id).await?.ok_or(CoreError::NotFound { what: "sku" })
+}
+
+/// `PUT /v1/inventory/{sku_id}/locations/{location_id}`: the SKU's stock at a location.
+///
+/// A location without a cell of the SKU gets one with `on_hand` (of which `safety_stock` is kept
+/// back), in one transaction with its `warm_up` ledger entry and the SKU's layout (201, `true`);
+/// the SKU itself is warmed up first when it is new (with `on_hand` at `default`, else 0). A cell
+/// that exists keeps its stock (adjustments move it, so none is lost: 200, `false`), and a given
+/// `safety_stock` is set: the difference moves between `available` and `safety` (409
+/// `insufficient_stock` when fewer units are available than it keeps back).
+pub async fn put_location_stock(
+    deps: &Deps,
+    t: &TenantId,
+    sku_id: &str,
+    location: &str,
+    req: &LocationStockRequest,
+) -> CoreResult<(StockView, bool)> {
+    check_id("sku_id", sku_id)?;
+    check_id("location_id", location)?;
+    if !(0..=MAX_UNITS).contains(&req.on_hand) {
+        return Err(CoreError::invalid("on_hand", format!("must be 0 to {MAX_UNITS}")));
+    }
+    if let Some(s) = req.safety_stock
+        && !(0..=MAX_UNITS).contains(&s)
+    {
+        return Err(CoreError::invalid("safety_stock", format!("must be 0 to {MAX_UNITS}")));
+    }
+    if req.safety_stock.is_some_and(|s| s > req.on_hand) {
+        return Err(CoreError::invalid("safety_stock", "must be at most on_hand"));
+    }
+    if !super::locations::exists(deps, t, location).await? {
+        return Err(CoreError::NotFoundAt { field: "location_id".into(), what: "location" });
+    }
+    let default = is_default_location(location);
+    let mut created = false;
+    let mut attempts = Attempts::new();
+    while attempts.another() {
+        let Some(sku) = read_sku(deps, t, sku_id).await? else {
+            let on_hand = if default { req.on_hand } else { 0 };
+            let warm = WarmUpRequest { on_hand, shards: None, category: None };
+            let (_, new) = warm_up(deps, t, sku_id, &warm).await?;
+            created |= new && default;
+            continue;
+        };
+        let at = now_text(deps);
+        let cell = CellId::at(location);
+        if sku.record.has_location(location) {
+            let Some(target) = req.safety_stock else { return Ok((sku.view(), created)) };
+            if default && sku.record.is_sharded() {
+                return Err(CoreError::invalid(
+                    "safety_stock",
+                    "a sharded SKU keeps no safety stock at default (set it at another location)",
+                ));
+            }
+            let now = sku.at(location);
+            let d = target - now.safety;
+            if d == 0 {
+                return Ok((sku.view(), created));
+            }
+            if d > now.available {
+                return Err(insufficient(sku_id, now.available, d));
+            }
+            let reference = format!("safety_stock:{location}");
+            let mut change = StockChange::new(t, &sku.record, LedgerKind::SafetyStock, reference, at);
+            change.observed = Some(&sku.cells);
+            change.deltas = BTreeMap::from([(cell.clone(), Counters { safety: d, ..Counters::new(-d, 0, 0) })]);
+            change.cell_conds = vec![(cell, number_is("safety", now.safety))];
+            match deps.table.transact(change.writes()?).await {
+                Ok(()) => {}
+                Err(StoreError::ConditionFailed { .. } | StoreError::Conflict) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        } else {
+            let safety = req.safety_stock.unwrap_or(0);
+            let mut locations = sku.record.locations.clone();
+            locations.push(location.to_owned());
+            let layout = sku.record.layout.unwrap_or(0);
+            let reference = format!("warm_up:{sku_id}@{location}");
+            let mut change = StockChange::new(t, &sku.record, LedgerKind::WarmUp, reference, at);
+            change.observed = Some(&sku.cells);
+            change.deltas =
+                BTreeMap::from([(cell.clone(), Counters { safety, ..Counters::new(req.on_hand - safety, 0, 0) })]);
+            change.created = Some(cell);
+            change.header = vec![Update::set("locations", serde_json::json!(locations)), Update::add("layout", 1)];
+            change.header_conds = vec![number_is("layout", layout)];
+            match deps.table.transact(change.writes()?).await {
+                Ok(()) => created = true,
+                Err(StoreError::ConditionFailed { .. } | StoreError::Conflict) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let view = get_stock(deps, t, sku_id).await?.ok_or(CoreError::NotFound { what: "sku" })?;
+        return Ok((view, created));
+    }
+    Err(StoreError::Conflict.into())
 }
 
 pub(crate) fn insufficient(sku_id: &str, available: i64, requested: i64) -> CoreError {
@@ -535,7 +763,12 @@ mod tests {
     use super::*;
 
     fn cell(index: u32, available: i64) -> Cell {
-        Cell { index, key: Key::new("p", index.to_string()), counters: Counters::new(available, 0, 0), version: 0 }
+        Cell {
+            id: CellId::default_shard(index),
+            key: Key::new("p", index.to_string()),
+            counters: Counters::new(available, 0, 0),
+            version: 0,
+        }
     }
 
     #[test]
@@ -546,6 +779,41 @@ mod tests {
         let mut late = Attempts::within(std::time::Duration::ZERO);
         assert!(late.another());
         assert!(!late.another());
+    }
+
+    /// A "was 0" decision holds only for the set of locations it saw: the stock item's write
+    /// carries the layout as a condition, which a location's cell added since makes false (it
+    /// would otherwise open a second round for the same 0 → more).
+    #[test]
+    fn a_restock_decision_is_conditioned_on_the_locations_it_saw() {
+        let t = TenantId::parse("t").unwrap();
+        let record = SkuRecord {
+            sku_id: "s".into(),
+            shards: 0,
+            category: None,
+            restock_round: 0,
+            locations: Vec::new(),
+            layout: None,
+            created_at: String::new(),
+            available: Some(0),
+            reserved: Some(1),
+            sold: Some(0),
+            safety: None,
+            version: Some(1),
+        };
+        let observed = [cell(0, 0)];
+        let mut change = StockChange::new(&t, &record, LedgerKind::Release, "order:o".into(), "now".into());
+        change.observed = Some(&observed);
+        change.deltas = BTreeMap::from([(CellId::default_shard(0), Counters::release(1))]);
+        let writes = change.writes().unwrap();
+        let Some(Write::Update { key, updates, cond }) = writes.first() else { panic!("{writes:?}") };
+        assert_eq!(key, &keys::stock(&t, "s"));
+        assert!(updates.contains(&Update::add("restock_round", 1)), "{updates:?}");
+        let mut item = attrs_of(&record).unwrap();
+        assert!(cond.holds(Some(&item)), "as observed: {cond:?}");
+        item.insert("layout".into(), serde_json::json!(1));
+        item.insert("locations".into(), serde_json::json!(["east"]));
+        assert!(!cond.holds(Some(&item)), "a location added since: {cond:?}");
     }
 
     #[test]
@@ -559,8 +827,9 @@ mod tests {
     #[test]
     fn takes_from_the_fullest_cells() {
         let cells = [cell(0, 1), cell(1, 5), cell(2, 0)];
-        assert_eq!(take_from(&cells, 6), Some(BTreeMap::from([(1, 5), (0, 1)])));
-        assert_eq!(take_from(&cells, 3), Some(BTreeMap::from([(1, 3)])));
+        let c = CellId::default_shard;
+        assert_eq!(take_from(&cells, 6), Some(BTreeMap::from([(c(1), 5), (c(0), 1)])));
+        assert_eq!(take_from(&cells, 3), Some(BTreeMap::from([(c(1), 3)])));
         assert_eq!(take_from(&cells, 7), None);
     }
 }
