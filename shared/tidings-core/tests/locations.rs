@@ -64,7 +64,7 @@ fn order(id: &str, lines: &[(&str, i64)], hold_seconds: Option<i64>) -> OrderReq
     OrderRequest {
         order_id: id.to_owned(),
         user_id: format!("user-{id}"),
-        items: lines.iter().map(|(s, q)| OrderLine { sku_id: (*s).to_owned(), qty: *q }).collect(),
+        items: lines.iter().map(|(s, q)| OrderLine { sku_id: (*s).to_owned(), qty: *q, unit_price: None }).collect(),
         hold_seconds,
         category: None,
     }
