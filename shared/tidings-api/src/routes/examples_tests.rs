@@ -122,6 +122,7 @@ async fn every_example_body_is_taken() {
                 .replace("{sku_id}", "sku-1001")
                 .replace("{channel}", "email")
                 .replace("{key_id}", &key_id)
+                .replace("{location_id}", "default")
                 .replace("{id}", "no-such-finding");
             assert!(!uri.contains('{'), "no value for a parameter of {path}");
             let operator = op["security"].as_array().into_iter().flatten().any(|s| s.get("operator_key").is_some());

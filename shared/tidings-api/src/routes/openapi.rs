@@ -385,6 +385,8 @@ pub fn request_examples() -> Vec<(&'static str, serde_json::Value)> {
             "OrderRequest",
             json!({"order_id": "order-123", "user_id": "u1", "items": [{"sku_id": "sku-1001", "qty": 2}], "hold_seconds": 900}),
         ),
+        ("LocationRequest", json!({"name": "Main warehouse", "markets": ["US", "CA"], "priority": 1})),
+        ("LocationStockRequest", json!({"on_hand": 40, "safety_stock": 2})),
         ("IncomingRequest", json!({"ref": "po-7782", "qty": 40, "expected_at": "2026-12-20T09:00:00Z"})),
         ("SubscriptionRequest", json!({"user_id": "u1", "sku_id": "sku-1001", "notify_incoming": true})),
         (
