@@ -43,7 +43,7 @@ pub async fn cors(State(state): State<AppState>, req: Request, next: Next) -> Re
     }
     let origin = origin_of(req.headers());
     if req.method() == Method::OPTIONS {
-        return preflight(origin.as_deref());
+        return preflight(req.uri().path(), origin.as_deref());
     }
     let Some(origin) = origin else { return vary(next.run(req).await) };
     // The tenant of a token whose signature holds, even expired: its page may read the 401 that
@@ -73,6 +73,16 @@ pub async fn cors(State(state): State<AppState>, req: Request, next: Next) -> Re
     res
 }
 
+/// The methods a user-token route takes (its `Allow`): the preferences are read and written, the
+/// inbox read, and its other routes posted to.
+fn allow_of(path: &str) -> &'static str {
+    match path.trim_end_matches('/') {
+        "/v1/me/preferences" => "GET, PUT, OPTIONS",
+        "/v1/me/inbox" => "GET, OPTIONS",
+        _ => "POST, OPTIONS",
+    }
+}
+
 /// `Vary: Origin`: a cache must not give one origin's answer to another.
 fn vary(mut res: Response) -> Response {
     res.headers_mut().append(header::VARY, HeaderValue::from_static("Origin"));
@@ -82,10 +92,10 @@ fn vary(mut res: Response) -> Response {
 /// The answer to an `OPTIONS` on a user-token route: 204, and for a well-formed `Origin` the
 /// CORS answer of the methods and headers the routes take (the request itself is checked
 /// against the tenant's list).
-fn preflight(origin: Option<&str>) -> Response {
+fn preflight(path: &str, origin: Option<&str>) -> Response {
     let mut res = StatusCode::NO_CONTENT.into_response();
     let h = res.headers_mut();
-    h.insert(header::ALLOW, HeaderValue::from_static("GET, PUT, POST, OPTIONS"));
+    h.insert(header::ALLOW, HeaderValue::from_static(allow_of(path)));
     h.insert(
         header::VARY,
         HeaderValue::from_static("Origin, Access-Control-Request-Method, Access-Control-Request-Headers"),

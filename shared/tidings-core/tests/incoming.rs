@@ -244,3 +244,19 @@ async fn a_shipment_goes_to_a_location_and_arrives_there() {
     assert_eq!(view.available, 8);
     assert!(view.incoming.is_empty());
 }
+
+#[tokio::test]
+async fn a_tenants_template_that_cannot_be_filled_does_not_refuse_the_subscription() {
+    // Seen by schemathesis: the tenant's own `restock_incoming` asks for a param the date's
+    // message does not give; subscribing must still work, and the telling of the others too.
+    let s = shop().await;
+    let tpl = json!({"default_locale": "en", "locales": {"en": {"email_subject": "x", "email_body": "order {{ order_id }}"}}});
+    tidings_core::templates::put_template(&s.w.deps, &s.t, "restock_incoming", serde_json::from_value(tpl).unwrap())
+        .await
+        .unwrap();
+    expect(&s, "A", &shipment("po-7", 40, "2026-12-20T09:00:00Z")).await.unwrap();
+    subscriber(&s, "asks", "A", true).await;
+    restock::incoming::tell_page(&s.w.deps, &s.t, "A", "po-7", "2026-12-20T09:00:00.000Z", None).await.unwrap();
+    settle(&s).await;
+    assert!(emails_to(&s, "asks").is_empty());
+}

@@ -83,8 +83,17 @@ fn id_schema() -> serde_json::Value {
 }
 
 /// Path parameters checked as ids, by name.
-const ID_PATH_PARAMS: [&str; 8] =
-    ["user_id", "template_id", "workflow_id", "sku_id", "order_id", "subscription_id", "id", "message_id"];
+const ID_PATH_PARAMS: [&str; 9] = [
+    "user_id",
+    "template_id",
+    "workflow_id",
+    "sku_id",
+    "order_id",
+    "subscription_id",
+    "id",
+    "message_id",
+    "location_id",
+];
 
 /// Body properties checked as ids: `(schema, property)`; a property of type array has id items.
 const ID_PROPERTIES: [(&str, &str); 15] = [
@@ -263,7 +272,8 @@ fn constrain(v: &mut serde_json::Value) {
                         ("query", "limit") => {
                             json!({"type": "integer", "minimum": 1, "maximum": 500, "default": 50})
                         }
-                        ("query", "template_id") => id_schema(),
+                        ("query", "template_id" | "sku_id") => id_schema(),
+                        ("query", "since") => json!({"type": "string", "format": "date-time"}),
                         // `admin::tenant_param`: a tenant id.
                         ("query", "tenant") if path == "/v1/admin/keys" => id_schema(),
                         // `dev::channel_of`: the channels with a fake provider.
@@ -483,6 +493,11 @@ fn constrain_bodies(schemas: &mut serde_json::Map<String, serde_json::Value>) {
     set(schemas, "LocationStockRequest", "on_hand", json!({"minimum": 0, "maximum": MAX_UNITS}));
     set(schemas, "LocationStockRequest", "safety_stock", json!({"minimum": 0, "maximum": MAX_UNITS}));
     set(schemas, "AdjustmentRequest", "location_id", id_schema());
+    set(schemas, "AdjustmentRequest", "ref", id_schema());
+    set(schemas, "IncomingRequest", "qty", json!({"minimum": 1, "maximum": MAX_UNITS}));
+    set(schemas, "IncomingRequest", "ref", id_schema());
+    set(schemas, "IncomingRequest", "location_id", id_schema());
+    set(schemas, "IncomingRequest", "expected_at", json!({"format": "date-time"}));
     set(schemas, "OrderLine", "qty", json!({"minimum": 1, "maximum": MAX_QTY}));
     set(schemas, "StockEvent", "event", json!({"enum": ["stock.in"]}));
     set(schemas, "StockEvent", "qty", json!({"minimum": 1}));
@@ -652,7 +667,7 @@ fn constrain_bodies(schemas: &mut serde_json::Map<String, serde_json::Value>) {
 /// and a last label that is no number (URLs read those as IPv4 addresses).
 /// An origin of `PUT /v1/settings/allowed-origins` as `tidings_core::site::parse_origin` takes
 /// it: `http` or `https` (any case), host labels, an optional port, an optional trailing `/`.
-const ORIGIN_PATTERN: &str = "^[Hh][Tt][Tt][Pp][Ss]?://([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*(:[0-9]{1,5})?/?$";
+const ORIGIN_PATTERN: &str = "^[Hh][Tt][Tt][Pp][Ss]?://([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*(:0*(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3}))?/?$";
 
 const LINK_HOST_PATTERN: &str = concat!(
     r"^[ \t\n\r]*(\*\.)?(?=[A-Za-z0-9.-]{1,253}[ \t\n\r]*$)",

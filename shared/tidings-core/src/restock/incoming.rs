@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 use super::keys;
 use super::model::{Subscription, SubscriptionStatus, WaitingEntry};
 use crate::deps::Deps;
-use crate::error::CoreResult;
+use crate::error::{CoreError, CoreResult};
 use crate::ids::TenantId;
 use crate::inventory::incoming::{self as shipments, Incoming, IncomingStatus};
 use crate::notify::api;
@@ -20,6 +20,7 @@ use crate::notify::model::NotificationRequest;
 use crate::ports::QueryOpts;
 use crate::templates::LocaleContent;
 use crate::timers::task::{self as timer, TimerTask};
+use tracing::warn;
 
 /// The built-in template's id; a tenant may replace it with `PUT /v1/templates/restock_incoming`.
 pub const INCOMING_TEMPLATE: &str = "restock_incoming";
@@ -96,8 +97,21 @@ async fn tell(deps: &Deps, t: &TenantId, incoming: &Incoming, user: &str) -> Cor
         "priority": "normal",
     });
     let request: NotificationRequest = serde_json::from_value(request)?;
-    api::accept(deps, t, request).await?;
-    Ok(())
+    match api::accept(deps, t, request).await {
+        Ok(_) => Ok(()),
+        // A message that can never be accepted (the tenant's own `restock_incoming` asks for
+        // params this one does not give, the user is gone): told to the logs, the others told.
+        Err(
+            e @ (CoreError::Invalid { .. }
+            | CoreError::MissingParam { .. }
+            | CoreError::NotFound { .. }
+            | CoreError::NotFoundAt { .. }),
+        ) => {
+            warn!(tenant = %t, sku_id = %incoming.sku_id, user, error = %e, "the expected date cannot be told to this user");
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// The built-in `restock_incoming` template, written for the tenant once (never over theirs).
