@@ -269,6 +269,10 @@ fn constrain(v: &mut serde_json::Value) {
                         ("path", "token") if path.starts_with("/v1/devices/") => {
                             json!({"type": "string", "minLength": 1, "maxLength": 4096, "pattern": "^[^\\s\\x00-\\x1f\\x7f-\\x9f]+$"})
                         }
+                        // `tidings_core::restock::analytics`: a page of SKUs, each a figure set.
+                        ("query", "limit") if path == "/v1/restock/analytics" => {
+                            json!({"type": "integer", "minimum": 1, "maximum": 100, "default": 20})
+                        }
                         ("query", "limit") => {
                             json!({"type": "integer", "minimum": 1, "maximum": 500, "default": 50})
                         }
