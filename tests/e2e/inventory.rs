@@ -185,7 +185,7 @@ pub async fn an_expired_hold_is_released_and_its_waiters_are_alerted(backend: Ba
     assert_eq!((v["available"].as_i64(), v["reserved"].as_i64()), (Some(1), Some(0)), "{v}");
     // The SKU went from 0 to 1: a restock round opens and the waiter hears of it.
     let mail = s
-        .eventually(Duration::from_secs(60), "the waiter's back-in-stock message", || async {
+        .eventually(Duration::from_secs(180), "the waiter's back-in-stock message", || async {
             s.call("POST", "/dev/clock/advance", Some(json!({"seconds": 2}))).await?;
             let (_, v) = s.call("GET", "/dev/deliveries?user_id=waiter&channel=email", None).await?;
             Ok(v.as_array().and_then(|a| a.first().cloned()))
@@ -347,7 +347,7 @@ pub async fn incoming_stock_is_shown_told_once_and_closed_by_its_arrival(backend
     assert_eq!(stock(&s, "kettle").await?["available"], 40);
     // Back in stock: both waiters hear it; who did not ask heard nothing else.
     let quiet = s
-        .eventually(Duration::from_secs(60), "the back-in-stock message", || async {
+        .eventually(Duration::from_secs(180), "the back-in-stock message", || async {
             s.call("POST", "/dev/clock/advance", Some(json!({"seconds": 2}))).await?;
             let (_, v) = s.call("GET", "/dev/deliveries?user_id=quiet&channel=email", None).await?;
             Ok(v.as_array().filter(|a| !a.is_empty()).cloned())
