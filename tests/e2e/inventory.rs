@@ -18,22 +18,7 @@ use crate::server::{Backend, Options, Server};
 async fn rush(s: &Server, sku: &str, buyers: usize) -> anyhow::Result<(usize, usize)> {
     let calls = (0..buyers).map(|i| {
         let body = json!({"order_id": format!("{sku}-o{i}"), "user_id": format!("b{i}"), "items": [{"sku_id": sku, "qty": 1}]});
-        async move {
-            for _ in 0..10 {
-                let (st, headers, v) = match s.call_with_headers("POST", "/v1/orders", body.clone()).await {
-                    Ok(answer) => answer,
-                    Err(e) if e.downcast_ref::<reqwest::Error>().is_some_and(reqwest::Error::is_timeout) => continue,
-                    Err(e) => return Err(e),
-                };
-                if st == 409 && v["code"] == "write_conflict" {
-                    let secs = headers.get("retry-after").and_then(|h| h.to_str().ok()).and_then(|h| h.parse().ok());
-                    tokio::time::sleep(Duration::from_secs(secs.unwrap_or(1))).await;
-                    continue;
-                }
-                return Ok((st, v));
-            }
-            anyhow::bail!("order {i} met write conflicts or timeouts ten times")
-        }
+        s.place_order(body)
     });
     let (mut accepted, mut refused) = (0, 0);
     for result in join_all(calls).await {

@@ -2,7 +2,6 @@
 //! and markets"; docs/inventory.md, "Locations and markets").
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use futures::future::join_all;
 use serde_json::{Value, json};
@@ -13,25 +12,6 @@ async fn put_ok(s: &Server, path: &str, body: Value) -> anyhow::Result<Value> {
     let (st, v) = s.call("PUT", path, Some(body)).await?;
     anyhow::ensure!(st == 200 || st == 201, "PUT {path}: {st} {v}");
     Ok(v)
-}
-
-/// One order, sent again after `Retry-After` when the server answered 409 `write_conflict` or
-/// the call timed out (the order id makes a repeat safe).
-async fn order(s: &Server, body: Value) -> anyhow::Result<(u16, Value)> {
-    for _ in 0..10 {
-        let (st, headers, v) = match s.call_with_headers("POST", "/v1/orders", body.clone()).await {
-            Ok(answer) => answer,
-            Err(e) if e.downcast_ref::<reqwest::Error>().is_some_and(reqwest::Error::is_timeout) => continue,
-            Err(e) => return Err(e),
-        };
-        if st == 409 && v["code"] == "write_conflict" {
-            let secs = headers.get("retry-after").and_then(|h| h.to_str().ok()).and_then(|h| h.parse().ok());
-            tokio::time::sleep(Duration::from_secs(secs.unwrap_or(1))).await;
-            continue;
-        }
-        return Ok((st, v));
-    }
-    anyhow::bail!("order {} met write conflicts or timeouts ten times", body["order_id"])
 }
 
 /// A SKU's counters per location: location → (available, reserved, sold, safety_stock).
@@ -97,7 +77,9 @@ async fn ledger_per_location(s: &Server, sku: &str) -> anyhow::Result<BTreeMap<S
 /// out beside the other tests.
 pub async fn concurrent_orders_over_three_locations_never_oversell_a_location(backend: Backend) -> anyhow::Result<()> {
     let s = Server::start(backend, Options::default()).await?;
-    let (buyers, scale) = if backend == Backend::Aws { (200, 1) } else { (1000, 4) };
+    // On the emulators every conflicting transaction is a round trip to a loaded DynamoDB Local:
+    // 60 buyers for 53 units there (72 asked), 1,000 for 212 on the embedded store.
+    let (buyers, scale) = if backend == Backend::Aws { (60, 1) } else { (1000, 4) };
     put_ok(&s, "/v1/locations/default", json!({"name": "Unused", "markets": [], "priority": 100})).await?;
     put_ok(&s, "/v1/locations/east", json!({"name": "East", "markets": ["US"], "priority": 1})).await?;
     put_ok(&s, "/v1/locations/west", json!({"name": "West", "markets": ["US", "CA"], "priority": 2})).await?;
@@ -114,7 +96,7 @@ pub async fn concurrent_orders_over_three_locations_never_oversell_a_location(ba
         let body = json!({"order_id": format!("o{i}"), "user_id": format!("b{i}"), "market": market,
             "items": [{"sku_id": "hot", "qty": qty}]});
         let server = &s;
-        async move { order(server, body).await.map(|answer| (market, qty, answer)) }
+        async move { server.place_order(body).await.map(|answer| (market, qty, answer)) }
     });
     let (mut units, mut refused) = (0, 0);
     for result in join_all(calls).await {
@@ -160,25 +142,25 @@ pub async fn a_split_order_is_held_whole_or_not_at_all_and_settles_its_cells(bac
     put_ok(&s, "/v1/inventory/s/locations/a", json!({"on_hand": 3})).await?;
     put_ok(&s, "/v1/inventory/s/locations/b", json!({"on_hand": 6, "safety_stock": 1})).await?;
 
-    let (st, v) =
-        order(&s, json!({"order_id": "split", "user_id": "u", "market": "US", "items": [{"sku_id": "s", "qty": 5}]}))
-            .await?;
+    let (st, v) = s
+        .place_order(json!({"order_id": "split", "user_id": "u", "market": "US", "items": [{"sku_id": "s", "qty": 5}]}))
+        .await?;
     assert_eq!(st, 201, "{v}");
     assert_eq!(v["items"][0]["allocations"], json!([{"location_id": "a", "qty": 3}, {"location_id": "b", "qty": 2}]));
     let after_split = per_location(&s, "s").await?;
     assert_eq!((after_split["a"], after_split["b"]), ((0, 3, 0, 0), (3, 2, 0, 1)));
-    let (st, v) =
-        order(&s, json!({"order_id": "short", "user_id": "u", "market": "US", "items": [{"sku_id": "s", "qty": 4}]}))
-            .await?;
+    let (st, v) = s
+        .place_order(json!({"order_id": "short", "user_id": "u", "market": "US", "items": [{"sku_id": "s", "qty": 4}]}))
+        .await?;
     assert_eq!((st, &v["code"]), (409, &json!("insufficient_stock")), "{v}");
     assert!(v["detail"].as_str().unwrap_or_default().contains("sku s"), "{v}");
     assert_eq!(per_location(&s, "s").await?, after_split, "nothing held anywhere");
     let (st, _) = s.call("GET", "/v1/orders/short", None).await?;
     assert_eq!(st, 404);
 
-    let (st, v) =
-        order(&s, json!({"order_id": "x", "user_id": "u", "market": "US", "items": [{"sku_id": "s", "qty": 3}]}))
-            .await?;
+    let (st, v) = s
+        .place_order(json!({"order_id": "x", "user_id": "u", "market": "US", "items": [{"sku_id": "s", "qty": 3}]}))
+        .await?;
     assert_eq!(st, 201, "{v}");
     let (st, _) = s.call("POST", "/v1/orders/split/pay", None).await?;
     assert_eq!(st, 200);
@@ -228,9 +210,10 @@ pub async fn an_order_too_large_for_one_transaction_is_422_naming_items(backend:
         }
     }
     let items = json!([{"sku_id": "p", "qty": 1}, {"sku_id": "q", "qty": 1}, {"sku_id": "r", "qty": 1}]);
-    let (st, v) = order(&s, json!({"order_id": "big", "user_id": "u", "items": items})).await?;
+    let (st, v) = s.place_order(json!({"order_id": "big", "user_id": "u", "items": items})).await?;
     assert_eq!((st, v["field"].as_str()), (422, Some("items")), "{v}");
-    let (st, v) = order(&s, json!({"order_id": "ok", "user_id": "u", "items": [{"sku_id": "p", "qty": 31}]})).await?;
+    let (st, v) =
+        s.place_order(json!({"order_id": "ok", "user_id": "u", "items": [{"sku_id": "p", "qty": 31}]})).await?;
     assert_eq!(st, 201, "a line over every cell of a SKU fits: {v}");
     let (st, v) = s.call("POST", "/v1/orders/ok/cancel", None).await?;
     assert_eq!(st, 200, "{v}");

@@ -163,7 +163,7 @@ on_both_backends!(crash as crash_tests:
 on_both_backends!(restock as restock_tests: event_and_scan_race_send_one_merged_message, bad_input_retries_manual_and_resend, retries_come_1_5_and_30_minutes_after_each_failure, analytics_count_orders_within_seven_days_of_the_notice);
 
 on_both_backends!(gates as gates_tests:
-    thirty_marketing_emails_at_five_a_second_are_all_sent,
+    marketing_emails_at_five_a_second_are_all_sent,
     a_429_with_retry_after_holds_the_provider_for_its_tenant,
 );
 

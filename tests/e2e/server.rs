@@ -332,6 +332,29 @@ impl Server {
         Ok((status, headers, res.json().await.unwrap_or(Value::Null)))
     }
 
+    /// `POST /v1/orders`, sent again when the server answered 409 `write_conflict` or the call
+    /// timed out (the order id makes a repeat safe): after `Retry-After` plus up to a second
+    /// spread by the order id, so that a crowd of buyers who conflicted together does not come
+    /// back together. Up to 20 tries.
+    pub async fn place_order(&self, body: Value) -> anyhow::Result<(u16, Value)> {
+        let spread = body["order_id"].as_str().unwrap_or_default().bytes().fold(0u64, |h, b| h * 31 + u64::from(b));
+        for attempt in 0..20u64 {
+            let (st, headers, v) = match self.call_with_headers("POST", "/v1/orders", body.clone()).await {
+                Ok(answer) => answer,
+                Err(e) if e.downcast_ref::<reqwest::Error>().is_some_and(reqwest::Error::is_timeout) => continue,
+                Err(e) => return Err(e),
+            };
+            if st == 409 && v["code"] == "write_conflict" {
+                let secs = headers.get("retry-after").and_then(|h| h.to_str().ok()).and_then(|h| h.parse().ok());
+                let jitter = Duration::from_millis(spread.wrapping_add(attempt * 7919) % 1000);
+                tokio::time::sleep(Duration::from_secs(secs.unwrap_or(1)) + jitter).await;
+                continue;
+            }
+            return Ok((st, v));
+        }
+        anyhow::bail!("order {} met write conflicts or timeouts twenty times", body["order_id"])
+    }
+
     pub async fn raw(
         &self,
         method: &str,
@@ -379,7 +402,6 @@ impl Server {
             .collect())
     }
 
-    /// Every accepted send of the fake providers.
     /// Moves the manual clock (`--manual-clock`) and runs the tick: the timer buckets due by then
     /// fire.
     pub async fn advance_and_tick(&self, seconds: i64) -> anyhow::Result<()> {
@@ -390,6 +412,7 @@ impl Server {
         Ok(())
     }
 
+    /// Every accepted send of the fake providers.
     pub async fn sends_all(&self) -> anyhow::Result<Vec<Value>> {
         let (_, v) = self.call("GET", "/dev/deliveries", None).await?;
         Ok(v.as_array().cloned().unwrap_or_default())

@@ -64,6 +64,10 @@ struct State {
     /// Markers written with nobody beside whose handling is running: the next handling to begin
     /// counts itself in them before it runs.
     lone: Vec<(u64, Key)>,
+    /// (queue, message id) of every message this process is handling: a receive of one of them
+    /// is its own message shown again while it still runs (its visibility ran out), not a
+    /// sign that the process ended.
+    running: std::collections::HashSet<(String, String)>,
 }
 
 /// How a handling holds the gate (kept for its drop, which opens it).
@@ -141,6 +145,44 @@ impl Attempts {
         };
         if late > 0 {
             widen(table, key, i64::try_from(late).unwrap_or(i64::MAX)).await;
+        }
+    }
+}
+
+/// Messages [`Attempts::running`] counted as handled by this process, until dropped.
+#[derive(Debug)]
+pub struct Running<'a> {
+    attempts: &'a Attempts,
+    ids: Vec<(String, String)>,
+}
+
+impl Attempts {
+    /// Counts the messages of `ids` (of `queue`) as handled by this process until the returned
+    /// guard is dropped; says for each whether it was already (another receive of it runs here:
+    /// not counted again, nor given back by this guard).
+    pub fn running<'a>(&'a self, queue: &str, ids: &[&str]) -> (Running<'a>, Vec<bool>) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut held = Vec::with_capacity(ids.len());
+        let already = ids
+            .iter()
+            .map(|id| {
+                let key = (queue.to_owned(), (*id).to_owned());
+                let fresh = state.running.insert(key.clone());
+                if fresh {
+                    held.push(key);
+                }
+                !fresh
+            })
+            .collect();
+        (Running { attempts: self, ids: held }, already)
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        let mut state = self.attempts.state.lock().unwrap_or_else(|p| p.into_inner());
+        for id in &self.ids {
+            state.running.remove(id);
         }
     }
 }

@@ -85,8 +85,38 @@ fn one_of(outcomes: Vec<Outcome>) -> Outcome {
 /// the outcome (a cut-off included: only the end of the process leaves a marker); a marker
 /// left by an earlier receive sets the message aside when that attempt had nothing beside it,
 /// and else gets it one more attempt alone. A marker that cannot be written costs nothing but
-/// the guard: the message is handled as if first received.
+/// the guard: the message is handled as if first received. A message received again while an
+/// earlier receive of it still runs in this process (its visibility ran out under a slow store)
+/// is not handled beside it, nor its marker judged: it comes back after [`RUNNING_AGAIN_AFTER`].
 async fn guarded(deps: &Deps, lane: Lane, messages: &[Received], deadline: Option<std::time::Instant>) -> Vec<Outcome> {
+    let ids: Vec<&str> = messages.iter().map(|m| m.message_id.as_str()).collect();
+    let (_running, already) = deps.attempts.running(lane.name(), &ids);
+    if already.contains(&true) {
+        // Shown again while an earlier receive still runs here (its visibility ran out): that
+        // receive's marker is no sign of an end of the process. Back once it has had its time.
+        let (again, rest): (Vec<_>, Vec<_>) = (0..messages.len()).partition(|&i| already[i]);
+        for &i in &again {
+            tracing::warn!(queue = lane.name(), message_id = %messages[i].message_id,
+                "received again while its earlier receive still runs here; retried later");
+        }
+        let batch: Vec<Received> = rest.iter().map(|&i| messages[i].clone()).collect();
+        let done = if batch.is_empty() { Vec::new() } else { under_markers(deps, lane, &batch, deadline).await };
+        let mut outcomes = vec![Outcome::Retry(RUNNING_AGAIN_AFTER); messages.len()];
+        for (i, outcome) in rest.into_iter().zip(done) {
+            outcomes[i] = outcome;
+        }
+        return outcomes;
+    }
+    under_markers(deps, lane, messages, deadline).await
+}
+
+/// [`guarded`]'s markers, for messages no other receive of which runs in this process.
+async fn under_markers(
+    deps: &Deps,
+    lane: Lane,
+    messages: &[Received],
+    deadline: Option<std::time::Instant>,
+) -> Vec<Outcome> {
     let table = deps.table.as_ref();
     if messages.iter().all(|m| m.receive_count < 2) {
         let _entry = deps.attempts.enter(table, messages.len()).await;
@@ -156,6 +186,10 @@ async fn guarded(deps: &Deps, lane: Lane, messages: &[Received], deadline: Optio
     }
     outcomes.into_iter().map(|o| o.unwrap_or(Outcome::Retry(Duration::ZERO))).collect()
 }
+
+/// How long a message received again while its earlier receive still runs in this process is
+/// kept out of sight: longer than that receive can still run past its deadline.
+pub const RUNNING_AGAIN_AFTER: Duration = Duration::from_secs(5);
 
 /// What the marker of a redelivered message decided.
 enum Verdict {

@@ -396,3 +396,27 @@ async fn an_attempt_alone_that_ran_beside_others_is_not_conclusive() {
     fx.table.around.unstall("n-1");
     assert_eq!(route(&fx.process(), LANE, &request("m-1", "n-1", 4)).await, Outcome::Done, "tried alone again");
 }
+
+/// Its visibility ran out while a receive of it still runs (stuck at a slow store), and the same
+/// process receives it again, twice: neither later receive reads the running one's marker as an
+/// end of the process; each comes back later, and once the first receive has returned the
+/// message is handled, never set aside.
+#[tokio::test]
+async fn a_message_shown_again_while_it_still_runs_here_is_not_set_aside() {
+    let fx = fixture();
+    fx.table.around.stall("n-1");
+    let process = fx.process();
+    let running = stuck(&fx, &process, &[request("m-1", "n-1", 2)]).await;
+    for receive in [3, 4] {
+        let outcome = route(&process, LANE, &request("m-1", "n-1", receive)).await;
+        assert_eq!(outcome, Outcome::Retry(tidings_core::router::RUNNING_AGAIN_AFTER), "receive {receive}");
+        assert_eq!(fx.marker("m-1").await.map(|m| m.receive), Some(2), "the running receive's marker stays");
+    }
+    fx.table.around.unstall("n-1");
+    ends(running).await;
+    // What the test's abort left is the marker of a receive that ended with its process: the
+    // next receive in a new process is judged by it, as before. In the same process (its
+    // receive returned instead), the message is handled.
+    fx.world.deps.table.delete(&keys::attempt(LANE.name(), "m-1"), Cond::Always).await.unwrap();
+    assert_eq!(route(&process, LANE, &request("m-1", "n-1", 5)).await, Outcome::Done);
+}
