@@ -181,6 +181,7 @@ on_both_backends!(locations as locations_tests:
     a_split_order_is_held_whole_or_not_at_all_and_settles_its_cells,
     reconciliation_finds_a_discrepancy_at_one_location_only,
     an_order_too_large_for_one_transaction_is_422_naming_items,
+    stock_where_a_market_is_not_served_alerts_nobody_in_it,
 );
 
 on_both_backends!(safety as safety_tests:

@@ -48,7 +48,8 @@ async fn pass(s: &Shop, secs: i64) {
 async fn subscriber(s: &Shop, user: &str, sku: &str, notify_incoming: bool) -> String {
     let input = UserInput { email: Some(format!("{user}@example.com")), ..UserInput::default() };
     users::put_user(&s.w.deps, &s.t, user, input).await.unwrap();
-    let req = SubscriptionRequest { user_id: user.into(), sku_id: sku.into(), spu_id: None, notify_incoming };
+    let req =
+        SubscriptionRequest { user_id: user.into(), sku_id: sku.into(), spu_id: None, notify_incoming, market: None };
     restock::subscribe(&s.w.deps, &s.t, &req).await.unwrap().0.subscription_id
 }
 
@@ -144,14 +145,18 @@ async fn subscribers_who_asked_hear_the_date_once_per_shipment_and_date() {
     settle(&s).await;
     // Recorded again (a client's retry), and the page's task run twice: still once.
     expect(&s, "A", &shipment("po-7", 40, "2026-12-20T09:00:00Z")).await.unwrap();
-    restock::incoming::tell_page(&s.w.deps, &s.t, "A", "po-7", "2026-12-20T09:00:00.000Z", None).await.unwrap();
+    restock::incoming::tell_page(&s.w.deps, &s.t, "A", "po-7", "2026-12-20T09:00:00.000Z", Default::default())
+        .await
+        .unwrap();
     settle(&s).await;
     assert_eq!(emails_to(&s, "asks"), vec!["A is on its way to us, expected on 2026-12-20.".to_owned()]);
     assert!(emails_to(&s, "quiet").is_empty(), "did not ask");
     assert!(emails_to(&s, "other-sku").is_empty(), "another SKU");
     // The date moves: told again, of the new date; the task of the old date tells nobody now.
     expect(&s, "A", &shipment("po-7", 40, "2026-12-23T09:00:00Z")).await.unwrap();
-    restock::incoming::tell_page(&s.w.deps, &s.t, "A", "po-7", "2026-12-20T09:00:00.000Z", None).await.unwrap();
+    restock::incoming::tell_page(&s.w.deps, &s.t, "A", "po-7", "2026-12-20T09:00:00.000Z", Default::default())
+        .await
+        .unwrap();
     settle(&s).await;
     assert_eq!(emails_to(&s, "asks").len(), 2);
     assert!(emails_to(&s, "asks")[1].contains("2026-12-23"));
@@ -256,7 +261,9 @@ async fn a_tenants_template_that_cannot_be_filled_does_not_refuse_the_subscripti
         .unwrap();
     expect(&s, "A", &shipment("po-7", 40, "2026-12-20T09:00:00Z")).await.unwrap();
     subscriber(&s, "asks", "A", true).await;
-    restock::incoming::tell_page(&s.w.deps, &s.t, "A", "po-7", "2026-12-20T09:00:00.000Z", None).await.unwrap();
+    restock::incoming::tell_page(&s.w.deps, &s.t, "A", "po-7", "2026-12-20T09:00:00.000Z", Default::default())
+        .await
+        .unwrap();
     settle(&s).await;
     assert!(emails_to(&s, "asks").is_empty());
 }

@@ -404,7 +404,8 @@ async fn safety_stock_is_never_sold() {
 }
 
 /// A SKU's restock round opens when its total available goes from 0 to more, whichever location
-/// the stock arrives at (the back-in-stock trigger), and not when one location of several does.
+/// the stock arrives at (the back-in-stock trigger), and when a market that location serves had
+/// none (docs/restock.md, "Markets"); not when the stock arrives where its market still had some.
 #[tokio::test]
 async fn stock_arriving_at_any_location_when_all_were_at_zero_opens_a_round() {
     let w = world();
@@ -421,18 +422,20 @@ async fn stock_arriving_at_any_location_when_all_were_at_zero_opens_a_round() {
     inventory::adjust_at(&w.deps, &w.t, "s", Some("b"), &adjustment(3, "k1")).await.unwrap();
     assert_eq!(round(&w).await, 1, "0 -> 3 at b");
     inventory::adjust_at(&w.deps, &w.t, "s", Some("a"), &adjustment(2, "k2")).await.unwrap();
-    assert_eq!(round(&w).await, 1, "a 0 -> 2 while b had 3 is no restock");
+    assert_eq!(round(&w).await, 2, "a 0 -> 2 while b had 3: the US had none");
+    inventory::adjust_at(&w.deps, &w.t, "s", Some("b"), &adjustment(1, "k3")).await.unwrap();
+    assert_eq!(round(&w).await, 2, "b 3 -> 4: CA had some, no restock");
     place(&w, "o1", &[("s", 2)], Some("US")).await.unwrap();
-    place(&w, "o2", &[("s", 3)], Some("CA")).await.unwrap();
+    place(&w, "o2", &[("s", 4)], Some("CA")).await.unwrap();
     inventory::cancel(&w.deps, &w.t, "o1").await.unwrap();
-    assert_eq!(round(&w).await, 2, "a release at a when all were 0");
+    assert_eq!(round(&w).await, 3, "a release at a when all were 0");
     place(&w, "o3", &[("s", 2)], Some("US")).await.unwrap();
     // A new location's stock when all are at 0 opens a round; one kept back as safety stock
     // does not, until it is freed.
     stock_at(&w, "s", "c", 4, Some(4)).await;
-    assert_eq!(round(&w).await, 2);
-    stock_at(&w, "s", "c", 4, Some(1)).await;
     assert_eq!(round(&w).await, 3);
+    stock_at(&w, "s", "c", 4, Some(1)).await;
+    assert_eq!(round(&w).await, 4);
     assert_consistent(&w, &["s"]).await;
 }
 

@@ -80,8 +80,13 @@ async fn setup(w: &World, users_: &[&str], sku: &str) {
 }
 
 async fn subscribe(w: &World, user_id: &str, sku_id: &str) -> String {
-    let req =
-        SubscriptionRequest { user_id: user_id.into(), sku_id: sku_id.into(), spu_id: None, notify_incoming: false };
+    let req = SubscriptionRequest {
+        user_id: user_id.into(),
+        sku_id: sku_id.into(),
+        spu_id: None,
+        notify_incoming: false,
+        market: None,
+    };
     restock::subscribe(&w.deps, &w.t, &req).await.unwrap().0.subscription_id
 }
 

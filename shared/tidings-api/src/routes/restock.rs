@@ -50,6 +50,10 @@ pub struct StockSubscription {
     /// The batch that notified it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub batch_no: Option<String>,
+    /// The market whose stock alerts it (docs/restock.md, "Markets").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^[A-Z]{2}$", example = "US")]
+    pub market: Option<String>,
 }
 
 impl From<Subscription> for StockSubscription {
@@ -64,6 +68,7 @@ impl From<Subscription> for StockSubscription {
             updated_at: s.updated_at,
             notified_at: s.notified_at,
             batch_no: s.batch_no,
+            market: s.market,
         }
     }
 }

@@ -201,6 +201,7 @@ fn tell_task(t: &TenantId, incoming: &Incoming) -> TimerTask {
         sku_id: incoming.sku_id.clone(),
         reference: incoming.reference.clone(),
         expected_at: incoming.expected_at.clone(),
+        market: None,
         cursor: None,
     }
 }

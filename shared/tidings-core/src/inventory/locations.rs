@@ -149,6 +149,19 @@ pub(crate) fn serving(all: &[Location], market: Option<&str>) -> Vec<String> {
     out.into_iter().map(|l| l.location_id.clone()).collect()
 }
 
+/// For each market a location in `touched` serves (the implicit `default`: every market some
+/// location names), the locations serving it: a change that adds stock there opens a restock
+/// round when one of these groups had none available (docs/restock.md, "Markets").
+pub(crate) fn market_groups(all: &[Location], touched: &[&str]) -> Vec<Vec<String>> {
+    let named: std::collections::BTreeSet<&str> =
+        all.iter().flat_map(|l| l.markets.iter().map(String::as_str)).collect();
+    let mut markets = std::collections::BTreeSet::new();
+    for l in all.iter().filter(|l| touched.contains(&l.location_id.as_str())) {
+        markets.extend(named.iter().copied().filter(|m| l.serves(Some(m))));
+    }
+    markets.into_iter().map(|m| serving(all, Some(m))).collect()
+}
+
 /// Whether `location` exists for the tenant (`default` always does).
 pub async fn exists(deps: &Deps, t: &TenantId, location: &str) -> CoreResult<bool> {
     if is_default_location(location) {

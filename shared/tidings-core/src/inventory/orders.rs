@@ -539,6 +539,12 @@ async fn settle(deps: &Deps, t: &TenantId, order_id: &str, transition: Transitio
             }
             lines.push((item, fresh));
         }
+        // The markets a release gives units back to (docs/restock.md, "Markets").
+        let all_locations = if kind == LedgerKind::Release && records.values().any(|r| !r.locations.is_empty()) {
+            super::locations::all(deps, t).await?
+        } else {
+            Vec::new()
+        };
         // The changes' writes; `rounds: false` leaves the restock round alone (see below).
         let line_writes = |rounds: bool| -> CoreResult<Vec<Write>> {
             let mut writes = vec![order_write.clone()];
@@ -551,6 +557,10 @@ async fn settle(deps: &Deps, t: &TenantId, order_id: &str, transition: Transitio
                 let mut change = StockChange::new(t, record, kind, format!("order:{order_id}"), at.clone());
                 change.observed = fresh.as_ref().map(|s| s.cells.as_slice());
                 change.rounds = rounds;
+                if !all_locations.is_empty() && !record.locations.is_empty() {
+                    let touched: Vec<&str> = item.allocations.iter().map(|a| a.location.as_str()).collect();
+                    change.markets = super::locations::market_groups(&all_locations, &touched);
+                }
                 change.reason = reason.clone();
                 change.deltas = item
                     .allocations

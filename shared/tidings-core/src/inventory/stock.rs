@@ -210,6 +210,10 @@ pub(crate) struct StockChange<'a> {
     /// Whether growing stock decides the restock round (true but for a release too large for
     /// one transaction otherwise, see `orders::settle`).
     pub rounds: bool,
+    /// For each market a location this change adds to serves, the locations serving it
+    /// (`locations::market_groups`): a market that had none available opens a round too, though
+    /// the SKU had some elsewhere (docs/restock.md, "Markets").
+    pub markets: Vec<Vec<String>>,
 }
 
 impl<'a> StockChange<'a> {
@@ -231,6 +235,7 @@ impl<'a> StockChange<'a> {
             header: Vec::new(),
             header_conds: Vec::new(),
             rounds: true,
+            markets: Vec::new(),
         }
     }
 
@@ -314,6 +319,20 @@ impl<'a> StockChange<'a> {
                 let witness = touched.or_else(|| observed.iter().find(|c| c.counters.available > 0));
                 if let Some(c) = witness {
                     cells.entry(c.id.clone()).or_default().1.push(Cond::ge("available", 1));
+                }
+                // A market this change adds to that had none available: a round opens for its
+                // subscribers; made true by the same kind of conditions, per market.
+                for group in &self.markets {
+                    let in_group: Vec<&Cell> = observed.iter().filter(|c| group.contains(&c.id.location)).collect();
+                    // No cell yet (a location's first stock): the market had none either.
+                    if in_group.iter().all(|c| c.counters.available <= 0) {
+                        restock = true;
+                        for c in in_group {
+                            cells.entry(c.id.clone()).or_default().1.push(Cond::eq("available", 0));
+                        }
+                    } else if let Some(c) = in_group.iter().find(|c| c.counters.available > 0) {
+                        cells.entry(c.id.clone()).or_default().1.push(Cond::ge("available", 1));
+                    }
                 }
             }
         }
@@ -567,6 +586,9 @@ pub async fn adjust_at(
         let reference = format!("{}:{}", req.source, req.idempotency_key);
         let mut change = StockChange::new(t, &sku.record, LedgerKind::Adjustment, reference, at.clone());
         change.observed = Some(&sku.cells);
+        if req.delta > 0 && !sku.record.locations.is_empty() {
+            change.markets = super::locations::market_groups(&super::locations::all(deps, t).await?, &[location]);
+        }
         change.deltas = units.into_iter().map(|(i, u)| (i, Counters::new(u, 0, 0))).collect();
         change.source = Some(source);
         let record = AdjustmentRecord { body_hash: hash.clone(), sku_id: sku_id.to_owned(), created_at: at };
@@ -674,6 +696,10 @@ pub async fn put_location_stock(
             let reference = format!("safety_stock:{location}");
             let mut change = StockChange::new(t, &sku.record, LedgerKind::SafetyStock, reference, at);
             change.observed = Some(&sku.cells);
+            if d < 0 && !default {
+                // Units freed from safety stock reach the markets the location serves.
+                change.markets = super::locations::market_groups(&super::locations::all(deps, t).await?, &[location]);
+            }
             change.deltas = BTreeMap::from([(cell.clone(), Counters { safety: d, ..Counters::new(-d, 0, 0) })]);
             change.cell_conds = vec![(cell, number_is("safety", now.safety))];
             match deps.table.transact(change.writes()?).await {
@@ -689,6 +715,9 @@ pub async fn put_location_stock(
             let reference = format!("warm_up:{sku_id}@{location}");
             let mut change = StockChange::new(t, &sku.record, LedgerKind::WarmUp, reference, at);
             change.observed = Some(&sku.cells);
+            if req.on_hand > safety && !default {
+                change.markets = super::locations::market_groups(&super::locations::all(deps, t).await?, &[location]);
+            }
             change.deltas =
                 BTreeMap::from([(cell.clone(), Counters { safety, ..Counters::new(req.on_hand - safety, 0, 0) })]);
             change.created = Some(cell);

@@ -185,7 +185,10 @@ pub async fn erase(deps: &Deps, t: &TenantId, user_id: &str) -> CoreResult<()> {
             let mut writes = vec![
                 Write::Delete { key: restock::keys::subscription(t, id), cond },
                 Write::Delete { key: restock::keys::user_subscription(t, user_id, &sub.sort), cond: Cond::Always },
-                Write::Delete { key: restock::keys::waiting_entry(t, &sub.sku_id, &sub.sort), cond: Cond::Always },
+                Write::Delete {
+                    key: restock::keys::waiting_entry(t, &sub.sku_id, sub.market.as_deref(), &sub.sort),
+                    cond: Cond::Always,
+                },
             ];
             if waiting {
                 writes.push(restock::analytics::waiting_write(t, &sub.sku_id, user_id, -1));

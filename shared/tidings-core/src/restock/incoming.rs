@@ -27,16 +27,25 @@ pub const INCOMING_TEMPLATE: &str = "restock_incoming";
 /// Subscribers read per task.
 const PAGE: usize = 100;
 
+/// Where a [`tell_page`] task is in the SKU's WAITING indexes.
+#[derive(Clone, Debug, Default)]
+pub struct Page {
+    /// The index: a market's, or (`None`) that of no market.
+    pub market: Option<String>,
+    pub cursor: Option<String>,
+}
+
 /// One page of a SKU's WAITING subscribers told of shipment `reference`'s date `expected_at`,
-/// then the next page's task. A shipment arrived, or whose date moved since (its own task tells
-/// the new one), tells nobody more.
+/// then the next page's task; index by index (no market first, then each market's; a market the
+/// shipment's location does not serve is skipped: docs/restock.md, "Markets"). A shipment
+/// arrived, or whose date moved since (its own task tells the new one), tells nobody more.
 pub async fn tell_page(
     deps: &Deps,
     t: &TenantId,
     sku_id: &str,
     reference: &str,
     expected_at: &str,
-    cursor: Option<String>,
+    page: Page,
 ) -> CoreResult<()> {
     let Some(item) = deps.table.get(&crate::inventory::keys::incoming(t, sku_id, reference)).await? else {
         return Ok(());
@@ -45,25 +54,39 @@ pub async fn tell_page(
     if incoming.status != IncomingStatus::Expected || incoming.expected_at != expected_at {
         return Ok(());
     }
-    let page = deps
-        .table
-        .query(&keys::waiting_pk(t, sku_id), "", QueryOpts { limit: PAGE, cursor, descending: false })
-        .await?;
-    for item in &page.items {
-        let entry: WaitingEntry = item.parse()?;
-        if entry.notify_incoming {
-            tell(deps, t, &incoming, &entry.user_id).await?;
+    let next = |market: Option<String>, cursor: Option<String>| TimerTask::RestockIncoming {
+        tenant: t.clone(),
+        sku_id: sku_id.to_owned(),
+        reference: reference.to_owned(),
+        expected_at: expected_at.to_owned(),
+        market,
+        cursor,
+    };
+    let served = match page.market.as_deref() {
+        None => true,
+        Some(m) => {
+            let locations = crate::inventory::locations::all(deps, t).await?;
+            locations.iter().any(|l| l.location_id == incoming.location_id && l.serves(Some(m)))
+        }
+    };
+    if served {
+        let pk = keys::waiting_pk(t, sku_id, page.market.as_deref());
+        let found =
+            deps.table.query(&pk, "", QueryOpts { limit: PAGE, cursor: page.cursor, descending: false }).await?;
+        for item in &found.items {
+            let entry: WaitingEntry = item.parse()?;
+            if entry.notify_incoming {
+                tell(deps, t, &incoming, &entry.user_id).await?;
+            }
+        }
+        if let Some(cursor) = found.next_cursor {
+            return timer::schedule(deps, deps.clock.now(), next(page.market, Some(cursor))).await;
         }
     }
-    if let Some(cursor) = page.next_cursor {
-        let next = TimerTask::RestockIncoming {
-            tenant: t.clone(),
-            sku_id: sku_id.to_owned(),
-            reference: reference.to_owned(),
-            expected_at: expected_at.to_owned(),
-            cursor: Some(cursor),
-        };
-        timer::schedule(deps, deps.clock.now(), next).await?;
+    let buckets = super::subscriptions::waiting_buckets(deps, t, sku_id).await?;
+    let after = buckets.iter().position(|b| *b == page.market).and_then(|i| buckets.get(i + 1));
+    if let Some(market) = after {
+        timer::schedule(deps, deps.clock.now(), next(market.clone(), None)).await?;
     }
     Ok(())
 }
@@ -73,7 +96,18 @@ pub(crate) async fn tell_subscriber(deps: &Deps, t: &TenantId, sub: &Subscriptio
     if !sub.notify_incoming || sub.status != SubscriptionStatus::Waiting {
         return Ok(());
     }
-    if let Some(soonest) = shipments::on_the_way(deps, t, &sub.sku_id).await?.first() {
+    let on_the_way = shipments::on_the_way(deps, t, &sub.sku_id).await?;
+    let locations = match sub.market {
+        Some(_) => crate::inventory::locations::all(deps, t).await?,
+        None => Vec::new(),
+    };
+    // The soonest shipment to a location that serves the subscriber's market (any, for none).
+    let serves = |i: &&Incoming| {
+        sub.market
+            .as_deref()
+            .is_none_or(|m| locations.iter().any(|l| l.location_id == i.location_id && l.serves(Some(m))))
+    };
+    if let Some(soonest) = on_the_way.iter().find(serves) {
         tell(deps, t, soonest, &sub.user_id).await?;
     }
     Ok(())

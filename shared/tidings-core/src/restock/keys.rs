@@ -47,12 +47,27 @@ pub fn waiting_lock(t: &TenantId, sku: &str, user: &str) -> Key {
     Key::new(format!("T#{t}#RLOCK#{sku}#{user}"), "WAITING")
 }
 
-pub fn waiting_pk(t: &TenantId, sku: &str) -> String {
-    format!("T#{t}#RWAIT#{sku}")
+/// The WAITING index of a SKU's subscriptions for `market` (`None`: those that named none),
+/// oldest first (docs/restock.md, "Markets"). A SKU id never holds `#`, so the two never meet.
+pub fn waiting_pk(t: &TenantId, sku: &str, market: Option<&str>) -> String {
+    match market {
+        None => format!("T#{t}#RWAIT#{sku}"),
+        Some(m) => format!("T#{t}#RWAIT#{sku}#M#{m}"),
+    }
 }
 
-pub fn waiting_entry(t: &TenantId, sku: &str, sort: &str) -> Key {
-    Key::new(waiting_pk(t, sku), sort)
+pub fn waiting_entry(t: &TenantId, sku: &str, market: Option<&str>, sort: &str) -> Key {
+    Key::new(waiting_pk(t, sku, market), sort)
+}
+
+/// The markets a SKU's subscriptions ever named, one item each (written once, never removed):
+/// the WAITING indexes a round walks besides the one of no market.
+pub fn waiting_markets_pk(t: &TenantId, sku: &str) -> String {
+    format!("T#{t}#RMKTS#{sku}")
+}
+
+pub fn waiting_market(t: &TenantId, sku: &str, market: &str) -> Key {
+    Key::new(waiting_markets_pk(t, sku), market)
 }
 
 pub fn watched_pk(t: &TenantId) -> String {

@@ -51,6 +51,11 @@ pub struct Subscription {
     /// Told the expected date of stock on its way (docs/inventory.md, "Incoming stock").
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub notify_incoming: bool,
+    /// The market the user buys in: only stock at locations serving it alerts them
+    /// (docs/restock.md, "Markets").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^[A-Z]{2}$", example = "US")]
+    pub market: Option<String>,
 }
 
 /// The body of `POST /v1/stock-subscriptions`.
@@ -64,6 +69,12 @@ pub struct SubscriptionRequest {
     /// Also tell the user when stock is on its way, and the date it is expected.
     #[serde(default)]
     pub notify_incoming: bool,
+    /// The market the user buys in (ISO 3166-1 alpha-2, upper case): stock arriving at a location
+    /// that does not serve it alerts nobody in it, and the waves count only the units it can buy.
+    /// Absent: every location's stock counts.
+    #[serde(default)]
+    #[schema(pattern = "^[A-Z]{2}$", example = "US")]
+    pub market: Option<String>,
 }
 
 /// An entry of a SKU's WAITING index.
@@ -74,6 +85,8 @@ pub(crate) struct WaitingEntry {
     pub created_ms: i64,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub notify_incoming: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub market: Option<String>,
 }
 
 /// A restock round of one SKU: its waves and how many were notified.

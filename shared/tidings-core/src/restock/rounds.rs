@@ -22,7 +22,7 @@ use super::model::{
     Notice, NoticeStatus, ROUND_EVENT, RestockRound, RoundJob, STOCK_IN_EVENT, StockEvent, StockLaneMessage,
     SubscriptionStatus, WaitingEntry,
 };
-use super::subscriptions::{expire_old, leave_waiting_writes, now_text};
+use super::subscriptions::{expire_old, leave_waiting_writes, now_text, waiting_buckets};
 use crate::deps::Deps;
 use crate::error::{CoreError, CoreResult};
 use crate::ids::{TenantId, check_id};
@@ -189,7 +189,9 @@ pub async fn run_round(deps: &Deps, t: &TenantId, sku: &str, round: i64, wave: O
         (Some(r), Some(_)) => r.wave + 1,
         // A wave with quota left (stalled, or running elsewhere): join it; claims are exclusive
         // and the quota is a condition, so joining never sends more.
-        (Some(r), None) if r.notified < r.target => return continue_wave(deps, t, sku, round, r.wave).await,
+        (Some(r), None) if quota_left(deps, t, sku, round, r).await? => {
+            return continue_wave(deps, t, sku, round, r.wave).await;
+        }
         (Some(r), None) if now_ms < r.next_wave_ms => return Ok(report(&batch, r.wave, "not_due")),
         (Some(r), None) => r.wave + 1,
     };
@@ -234,53 +236,203 @@ async fn start_wave(
 }
 
 async fn has_waiters(deps: &Deps, t: &TenantId, sku: &str) -> CoreResult<bool> {
-    let page = deps
-        .table
-        .query(&keys::waiting_pk(t, sku), "", QueryOpts { limit: 1, cursor: None, descending: false })
-        .await?;
-    Ok(!page.items.is_empty())
+    for market in waiting_buckets(deps, t, sku).await? {
+        let pk = keys::waiting_pk(t, sku, market.as_deref());
+        let page = deps.table.query(&pk, "", QueryOpts { limit: 1, cursor: None, descending: false }).await?;
+        if !page.items.is_empty() {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
-/// Claims WAITING subscribers, oldest first, batch by batch, until the wave's quota is used,
-/// nobody waits, or the SKU sells out. Memory holds one page.
+/// The counters of one WAITING index in a round's item: those of no market (`wave`, `target`,
+/// `notified`, as before markets), or a market's (`wave_US`, `target_US`, `notified_US`), whose
+/// target is set when a wave first meets the market (docs/restock.md, "Markets").
+struct Bucket<'a> {
+    market: Option<&'a str>,
+}
+
+impl Bucket<'_> {
+    fn name(&self, base: &str) -> String {
+        match self.market {
+            None => base.to_owned(),
+            Some(m) => format!("{base}_{m}"),
+        }
+    }
+
+    fn of(&self, item: &Item, base: &str) -> i64 {
+        item.attrs.get(&self.name(base)).and_then(serde_json::Value::as_i64).unwrap_or(0)
+    }
+
+    /// The units of `stock` this index's subscribers can buy: every location's for no market, else
+    /// those of the locations serving the market.
+    fn available(&self, stock: &StockView, locations: &[inventory::locations::Location]) -> i64 {
+        let Some(m) = self.market else { return stock.available };
+        let serves = |id: &str| locations.iter().any(|l| l.location_id == id && l.serves(Some(m)));
+        if stock.locations.is_empty() {
+            return if serves(inventory::model::DEFAULT_LOCATION) { stock.available } else { 0 };
+        }
+        stock.locations.iter().filter(|l| serves(&l.location_id)).map(|l| l.available).sum()
+    }
+}
+
+/// Whether the round's current wave still has quota in any of its indexes.
+async fn quota_left(deps: &Deps, t: &TenantId, sku: &str, round: i64, r: &RestockRound) -> CoreResult<bool> {
+    if r.notified < r.target {
+        return Ok(true);
+    }
+    let Some(item) = deps.table.get(&keys::round(t, sku, round)).await? else { return Ok(false) };
+    for market in waiting_buckets(deps, t, sku).await?.iter().flatten() {
+        let b = Bucket { market: Some(market) };
+        if b.of(&item, "wave") == i64::from(r.wave) && b.of(&item, "notified") < b.of(&item, "target") {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// A market's target for `wave`, set once when the wave first meets it: what it had notified
+/// plus the quota of the units it can buy. `None`: the wave moved on meanwhile.
+async fn market_target(
+    deps: &Deps,
+    t: &TenantId,
+    sku: &str,
+    round: i64,
+    wave: u32,
+    b: &Bucket<'_>,
+    available: i64,
+) -> CoreResult<Option<(i64, i64)>> {
+    let key = keys::round(t, sku, round);
+    for _ in 0..5 {
+        let Some(item) = deps.table.get(&key).await? else { return Ok(None) };
+        if item.attrs.get("wave").and_then(serde_json::Value::as_i64) != Some(i64::from(wave)) {
+            return Ok(None);
+        }
+        if b.of(&item, "wave") == i64::from(wave) {
+            return Ok(Some((b.of(&item, "target"), b.of(&item, "notified"))));
+        }
+        let notified = b.of(&item, "notified");
+        let target = notified.saturating_add(wave_quota(deps, available));
+        let updates = vec![
+            Update::set(&b.name("wave"), i64::from(wave)),
+            Update::set(&b.name("target"), target),
+            Update::SetIfAbsent(b.name("notified"), json!(0)),
+        ];
+        let cond = Cond::And(vec![
+            Cond::eq("wave", i64::from(wave)),
+            Cond::Or(vec![
+                Cond::AttrNotExists(b.name("wave")),
+                Cond::Cmp(b.name("wave"), crate::ports::CmpOp::Lt, json!(wave)),
+            ]),
+        ]);
+        match deps.table.update(&key, updates, cond).await {
+            Ok(_) => {
+                info!(tenant = %t, sku, round, wave, market = b.market, target, available, "restock wave met a market");
+                return Ok(Some((target, notified)));
+            }
+            Err(StoreError::ConditionFailed { .. }) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(StoreError::Conflict.into())
+}
+
+/// Claims WAITING subscribers, oldest first, batch by batch, in each of the SKU's WAITING
+/// indexes (no market first, then each market's), until the index's quota is used, nobody waits
+/// in it, or the units its subscribers can buy sell out. Memory holds one page.
 async fn continue_wave(deps: &Deps, t: &TenantId, sku: &str, round: i64, wave: u32) -> CoreResult<WaveReport> {
     let batch = batch_no(sku, round);
+    let mut out = report(&batch, wave, "no_waiters");
+    let locations = inventory::locations::all(deps, t).await?;
+    let (mut quota, mut sold_out) = (false, false);
+    for market in waiting_buckets(deps, t, sku).await? {
+        let b = Bucket { market: market.as_deref() };
+        match walk(deps, t, sku, round, wave, &b, &locations, &mut out).await? {
+            Walked::Quota => quota = true,
+            Walked::SoldOut => sold_out = true,
+            Walked::NoWaiters => {}
+            Walked::Stopped(why) => {
+                out.stopped = why.into();
+                return Ok(out);
+            }
+        }
+    }
+    if quota {
+        out.stopped = "quota".into();
+        schedule_next_wave(deps, t, sku, round, wave).await?;
+    } else if sold_out {
+        out.stopped = "sold_out".into();
+    }
+    Ok(out)
+}
+
+/// How the walk of one WAITING index ended.
+enum Walked {
+    /// Its quota is used: more may wait, for the next wave.
+    Quota,
+    SoldOut,
+    NoWaiters,
+    /// The whole wave stops: `superseded`, `not_due`.
+    Stopped(&'static str),
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn walk(
+    deps: &Deps,
+    t: &TenantId,
+    sku: &str,
+    round: i64,
+    wave: u32,
+    b: &Bucket<'_>,
+    locations: &[inventory::locations::Location],
+    out: &mut WaveReport,
+) -> CoreResult<Walked> {
     let cfg = &deps.config.restock;
-    let mut out = report(&batch, wave, "quota");
     let mut cursor: Option<String> = None;
     loop {
-        let Some(r) = read_round(deps, t, sku, round).await? else { return Ok(out) };
+        let Some(r) = read_round(deps, t, sku, round).await? else { return Ok(Walked::NoWaiters) };
         if r.wave != wave {
-            out.stopped = "not_due".into();
-            return Ok(out);
+            return Ok(Walked::Stopped("not_due"));
         }
-        let left = r.target - r.notified;
+        if b.market.is_none() && r.target - r.notified <= 0 {
+            return Ok(Walked::Quota);
+        }
+        // Stock again before every batch: a sold-out SKU (or market) stops the walk, the rest
+        // stay WAITING.
+        let available = match inventory::get_stock(deps, t, sku).await? {
+            Some(s) if s.restock_round != round => return Ok(Walked::Stopped("superseded")),
+            Some(s) => b.available(&s, locations),
+            None => 0,
+        };
+        if available <= 0 {
+            return Ok(Walked::SoldOut);
+        }
+        let (target, notified) = match b.market {
+            None => (r.target, r.notified),
+            Some(_) => match market_target(deps, t, sku, round, wave, b, available).await? {
+                Some(counts) => counts,
+                None => return Ok(Walked::Stopped("not_due")),
+            },
+        };
+        let left = target - notified;
         if left <= 0 {
-            break;
-        }
-        // Stock again before every batch: a sold-out SKU stops the wave, the rest stay WAITING.
-        let stock = inventory::get_stock(deps, t, sku).await?;
-        match stock {
-            Some(s) if s.restock_round != round => {
-                out.stopped = "superseded".into();
-                return Ok(out);
-            }
-            Some(s) if s.available > 0 => {}
-            _ => {
-                out.stopped = "sold_out".into();
-                return Ok(out);
-            }
+            return Ok(Walked::Quota);
         }
         let limit = usize::try_from(left).unwrap_or(usize::MAX).min(cfg.batch_size);
         let page = deps
             .table
-            .query(&keys::waiting_pk(t, sku), "", QueryOpts { limit, cursor: cursor.clone(), descending: false })
+            .query(
+                &keys::waiting_pk(t, sku, b.market),
+                "",
+                QueryOpts { limit, cursor: cursor.clone(), descending: false },
+            )
             .await?;
         let mut claimed_here = 0u64;
         let mut quota_reached = false;
         for item in &page.items {
             let entry: WaitingEntry = item.parse()?;
-            match claim(deps, t, sku, round, wave, &item.key.sk, &entry).await? {
+            match claim(deps, t, sku, round, wave, b, target, &item.key.sk, &entry).await? {
                 Claim::Claimed => claimed_here += 1,
                 Claim::Already | Claim::NotWaiting => {}
                 Claim::QuotaReached => {
@@ -294,12 +446,11 @@ async fn continue_wave(deps: &Deps, t: &TenantId, sku: &str, round: i64, wave: u
             out.batches += 1;
         }
         if quota_reached {
-            break;
+            return Ok(Walked::Quota);
         }
         cursor = page.next_cursor;
         if cursor.is_none() {
-            out.stopped = "no_waiters".into();
-            return Ok(out);
+            return Ok(Walked::NoWaiters);
         }
         // A pause between batches: the channels are not flooded by one SKU (docs/restock.md,
         // "Waves").
@@ -307,8 +458,6 @@ async fn continue_wave(deps: &Deps, t: &TenantId, sku: &str, round: i64, wave: u
             tokio::time::sleep(cfg.batch_pause).await;
         }
     }
-    schedule_next_wave(deps, t, sku, round, wave).await?;
-    Ok(out)
 }
 
 /// After a wave used its quota: the next wave after the interval, scheduled once.
@@ -338,12 +487,15 @@ async fn schedule_next_wave(deps: &Deps, t: &TenantId, sku: &str, round: i64, wa
 }
 
 /// One notice, as one transaction (see the module doc).
+#[allow(clippy::too_many_arguments)]
 async fn claim(
     deps: &Deps,
     t: &TenantId,
     sku: &str,
     round: i64,
     wave: u32,
+    b: &Bucket<'_>,
+    target: i64,
     sort: &str,
     entry: &WaitingEntry,
 ) -> CoreResult<Claim> {
@@ -383,18 +535,20 @@ async fn claim(
             created_at: at.clone(),
             updated_at: at.clone(),
         };
-        // The quota is a condition of the claim: `notified < target` of this wave.
-        let target = read_round(deps, t, sku, round).await?.map_or(0, |r| r.target);
+        // The quota is a condition of the claim: `notified < target` of this wave, in the
+        // subscriber's index (a market's, or that of no market).
+        let mut quota = vec![Cond::eq("wave", i64::from(wave))];
+        if b.market.is_some() {
+            quota.push(Cond::eq(&b.name("wave"), i64::from(wave)));
+        }
+        quota.push(Cond::eq(&b.name("target"), target));
+        quota.push(Cond::lt(&b.name("notified"), target));
         let mut writes = vec![
             Write::Put { item: Item::new(notice_key.clone(), attrs_of(&notice)?), cond: Cond::NotExists },
             Write::Update {
                 key: keys::round(t, sku, round),
-                updates: vec![Update::add("notified", 1)],
-                cond: Cond::And(vec![
-                    Cond::eq("wave", i64::from(wave)),
-                    Cond::eq("target", target),
-                    Cond::lt("notified", target),
-                ]),
+                updates: vec![Update::add(&b.name("notified"), 1)],
+                cond: Cond::And(quota),
             },
         ];
         writes.extend(leave_waiting_writes(
@@ -402,6 +556,7 @@ async fn claim(
             &entry.subscription_id,
             &entry.user_id,
             sku,
+            b.market,
             sort,
             SubscriptionStatus::Notified,
             &at,

@@ -35,8 +35,15 @@ pub async fn subscribe(deps: &Deps, t: &TenantId, req: &SubscriptionRequest) -> 
     if let Some(spu) = &req.spu_id {
         check_id("spu_id", spu)?;
     }
+    let market = req.market.as_deref();
+    if let Some(m) = market {
+        crate::inventory::locations::check_market("market", m)?;
+    }
     mark_once(deps, keys::tenant_entry(t), "tenant", t.as_str()).await?;
     mark_once(deps, keys::watched_sku(t, &req.sku_id), "sku_id", &req.sku_id).await?;
+    if let Some(m) = market {
+        mark_once(deps, keys::waiting_market(t, &req.sku_id, m), "market", m).await?;
+    }
     let lock = keys::waiting_lock(t, &req.sku_id, &req.user_id);
     for _ in 0..ATTEMPTS {
         let now = deps.clock.now();
@@ -57,12 +64,14 @@ pub async fn subscribe(deps: &Deps, t: &TenantId, req: &SubscriptionRequest) -> 
             batch_no: None,
             sort: sort.clone(),
             notify_incoming: req.notify_incoming,
+            market: req.market.clone(),
         };
         let entry = WaitingEntry {
             subscription_id: id.clone(),
             user_id: req.user_id.clone(),
             created_ms,
             notify_incoming: req.notify_incoming,
+            market: req.market.clone(),
         };
         let mut lock_attrs = serde_json::Map::new();
         lock_attrs.insert("subscription_id".into(), json!(id));
@@ -74,7 +83,7 @@ pub async fn subscribe(deps: &Deps, t: &TenantId, req: &SubscriptionRequest) -> 
                 cond: Cond::NotExists,
             },
             Write::Put {
-                item: Item::new(keys::waiting_entry(t, &req.sku_id, &sort), attrs_of(&entry)?),
+                item: Item::new(keys::waiting_entry(t, &req.sku_id, market, &sort), attrs_of(&entry)?),
                 cond: Cond::NotExists,
             },
             // The SKU's WAITING count (docs/restock.md, "What alerts earn"), in this transaction.
@@ -114,6 +123,7 @@ pub(crate) fn leave_waiting_writes(
     sub_id: &str,
     user_id: &str,
     sku_id: &str,
+    market: Option<&str>,
     sort: &str,
     to: SubscriptionStatus,
     at: &str,
@@ -129,7 +139,7 @@ pub(crate) fn leave_waiting_writes(
         Write::Update { key: keys::subscription(t, sub_id), updates: updates.clone(), cond: waiting.clone() },
         Write::Update { key: keys::user_subscription(t, user_id, sort), updates, cond: waiting },
         Write::Delete { key: keys::waiting_lock(t, sku_id, user_id), cond: Cond::eq("subscription_id", sub_id) },
-        Write::Delete { key: keys::waiting_entry(t, sku_id, sort), cond: Cond::Always },
+        Write::Delete { key: keys::waiting_entry(t, sku_id, market, sort), cond: Cond::Always },
         super::analytics::waiting_write(t, sku_id, user_id, -1),
     ]
 }
@@ -150,6 +160,7 @@ pub async fn cancel(deps: &Deps, t: &TenantId, id: &str) -> CoreResult<Subscript
                 id,
                 &sub.user_id,
                 &sub.sku_id,
+                sub.market.as_deref(),
                 &sub.sort,
                 SubscriptionStatus::Cancelled,
                 &at,
@@ -197,14 +208,46 @@ pub async fn list_for_user(
     Ok(SubscriptionPage { items, next_cursor: page.next_cursor })
 }
 
-/// Expires the SKU's WAITING subscriptions created before `cutoff_ms` (the index is oldest
-/// first, so it stops at the first younger one). Returns how many expired.
+/// The SKU's WAITING indexes: the one of no market first, then each market a subscription ever
+/// named (docs/restock.md, "Markets").
+pub(crate) async fn waiting_buckets(deps: &Deps, t: &TenantId, sku_id: &str) -> CoreResult<Vec<Option<String>>> {
+    let mut buckets = vec![None];
+    let mut cursor = None;
+    loop {
+        let page = deps
+            .table
+            .query(&keys::waiting_markets_pk(t, sku_id), "", QueryOpts { limit: 100, cursor, descending: false })
+            .await?;
+        buckets.extend(page.items.iter().map(|i| Some(i.key.sk.clone())));
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => return Ok(buckets),
+        }
+    }
+}
+
+/// Expires the SKU's WAITING subscriptions created before `cutoff_ms`, in each of its indexes
+/// (oldest first, so each walk stops at the first younger one). Returns how many expired.
 pub(crate) async fn expire_old(deps: &Deps, t: &TenantId, sku_id: &str, cutoff_ms: i64) -> CoreResult<u64> {
+    let mut expired = 0;
+    for market in waiting_buckets(deps, t, sku_id).await? {
+        expired += expire_old_in(deps, t, sku_id, market.as_deref(), cutoff_ms).await?;
+    }
+    Ok(expired)
+}
+
+async fn expire_old_in(
+    deps: &Deps,
+    t: &TenantId,
+    sku_id: &str,
+    market: Option<&str>,
+    cutoff_ms: i64,
+) -> CoreResult<u64> {
     let mut expired = 0;
     loop {
         let page = deps
             .table
-            .query(&keys::waiting_pk(t, sku_id), "", QueryOpts { limit: 100, cursor: None, descending: false })
+            .query(&keys::waiting_pk(t, sku_id, market), "", QueryOpts { limit: 100, cursor: None, descending: false })
             .await?;
         let mut any = false;
         for item in &page.items {
@@ -219,6 +262,7 @@ pub(crate) async fn expire_old(deps: &Deps, t: &TenantId, sku_id: &str, cutoff_m
                 &entry.subscription_id,
                 &entry.user_id,
                 sku_id,
+                market,
                 &item.key.sk,
                 SubscriptionStatus::Expired,
                 &at,

@@ -194,8 +194,9 @@ async fn run(deps: &Deps, task: &TimerTask) -> CoreResult<()> {
         TimerTask::WorkflowCancel { tenant, notification_id, cursor } => {
             crate::workflows::run::cancel_page(deps, tenant, notification_id, cursor.clone()).await
         }
-        TimerTask::RestockIncoming { tenant, sku_id, reference, expected_at, cursor } => {
-            crate::restock::incoming::tell_page(deps, tenant, sku_id, reference, expected_at, cursor.clone()).await
+        TimerTask::RestockIncoming { tenant, sku_id, reference, expected_at, market, cursor } => {
+            let page = crate::restock::incoming::Page { market: market.clone(), cursor: cursor.clone() };
+            crate::restock::incoming::tell_page(deps, tenant, sku_id, reference, expected_at, page).await
         }
         TimerTask::Tracked { claims, at_ms } => crate::tracking::apply(deps, claims, *at_ms).await,
     }

@@ -79,6 +79,9 @@ pub enum TimerTask {
         sku_id: String,
         reference: String,
         expected_at: String,
+        /// The WAITING index being told: a market's, or (absent) that of no market.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        market: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         cursor: Option<String>,
     },
