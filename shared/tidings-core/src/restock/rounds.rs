@@ -175,7 +175,7 @@ async fn read_round(deps: &Deps, t: &TenantId, sku: &str, round: i64) -> CoreRes
 /// continue one that stalled, or start the next if its time has come (stream, event, scan).
 pub async fn run_round(deps: &Deps, t: &TenantId, sku: &str, round: i64, wave: Option<u32>) -> CoreResult<WaveReport> {
     let batch = batch_no(sku, round);
-    let Some(stock) = inventory::get_stock(deps, t, sku).await? else { return Ok(report(&batch, 0, "no_sku")) };
+    let Some(stock) = inventory::stock_counters(deps, t, sku).await? else { return Ok(report(&batch, 0, "no_sku")) };
     if stock.restock_round != round {
         // A newer round took over (its batch_no notifies whoever is still WAITING).
         return Ok(report(&batch, 0, "superseded"));
@@ -400,7 +400,7 @@ async fn walk(
         }
         // Stock again before every batch: a sold-out SKU (or market) stops the walk, the rest
         // stay WAITING.
-        let available = match inventory::get_stock(deps, t, sku).await? {
+        let available = match inventory::stock_counters(deps, t, sku).await? {
             Some(s) if s.restock_round != round => return Ok(Walked::Stopped("superseded")),
             Some(s) => b.available(&s, locations),
             None => 0,
@@ -641,7 +641,7 @@ pub async fn scan(deps: &Deps) -> CoreResult<ScanReport> {
                     if !has_waiters(deps, &t, sku).await? {
                         continue;
                     }
-                    let Some(stock) = inventory::get_stock(deps, &t, sku).await? else { continue };
+                    let Some(stock) = inventory::stock_counters(deps, &t, sku).await? else { continue };
                     if stock.available <= 0 {
                         continue;
                     }
