@@ -80,7 +80,7 @@ pub async fn expect(
             };
             let put = Write::Put { item: Item::new(key.clone(), attrs_of(&incoming)?), cond: Cond::NotExists };
             let told = durable_tell(deps, t, &incoming).await?;
-            match deps.table.transact(vec![put, told]).await {
+            match deps.table.transact(vec![put, open_copy(t, &incoming)?, told]).await {
                 Ok(()) => (incoming, Recorded::Created),
                 // Recorded meanwhile by the same request's twin: answer as a retry would.
                 Err(StoreError::ConditionFailed { .. }) => return Err(StoreError::Conflict.into()),
@@ -116,7 +116,8 @@ pub async fn expect(
                 incoming.expected_at = expected_at;
                 incoming.updated_at = now;
                 let told = durable_tell(deps, t, &incoming).await?;
-                match deps.table.transact(vec![Write::Update { key: key.clone(), updates, cond }, told]).await {
+                let writes = vec![Write::Update { key: key.clone(), updates, cond }, open_copy(t, &incoming)?, told];
+                match deps.table.transact(writes).await {
                     Ok(()) => {}
                     Err(StoreError::ConditionFailed { .. }) => return Err(StoreError::Conflict.into()),
                     Err(e) => return Err(e.into()),
@@ -139,7 +140,7 @@ pub async fn expect(
 pub async fn on_the_way(deps: &Deps, t: &TenantId, sku_id: &str) -> CoreResult<Vec<Incoming>> {
     let page = deps
         .table
-        .query(&keys::incoming_pk(t, sku_id), "", QueryOpts { limit: 1000, cursor: None, descending: false })
+        .query(&keys::incoming_open_pk(t, sku_id), "", QueryOpts { limit: 1000, cursor: None, descending: false })
         .await?;
     let mut out = Vec::new();
     for item in &page.items {
@@ -153,19 +154,36 @@ pub async fn on_the_way(deps: &Deps, t: &TenantId, sku_id: &str) -> CoreResult<V
     Ok(out)
 }
 
-/// The write that closes shipment `reference` with an arrival of `qty` units at `location`, for
-/// the adjustment's transaction (conditioned on the shipment still being on its way, to there).
-pub(crate) fn arrival_write(t: &TenantId, sku_id: &str, reference: &str, location: &str, qty: i64, at: &str) -> Write {
-    Write::Update {
-        key: keys::incoming(t, sku_id, reference),
-        updates: vec![
-            Update::set("status", "RECEIVED"),
-            Update::set("received_at", at),
-            Update::set("received_qty", qty),
-            Update::set("updated_at", at),
-        ],
-        cond: Cond::And(vec![Cond::eq("status", "EXPECTED"), Cond::eq("location_id", location)]),
-    }
+/// The copy of a shipment on its way ([`keys::incoming_open`]), written with it.
+fn open_copy(t: &TenantId, incoming: &Incoming) -> CoreResult<Write> {
+    let key = keys::incoming_open(t, &incoming.sku_id, &incoming.reference);
+    Ok(Write::Put { item: Item::new(key, attrs_of(incoming)?), cond: Cond::Always })
+}
+
+/// The writes that close shipment `reference` with an arrival of `qty` units at `location`, for
+/// the adjustment's transaction: the shipment (conditioned on it still being on its way, to
+/// there: the first write) and its copy among those on their way, removed.
+pub(crate) fn arrival_writes(
+    t: &TenantId,
+    sku_id: &str,
+    reference: &str,
+    location: &str,
+    qty: i64,
+    at: &str,
+) -> [Write; 2] {
+    [
+        Write::Update {
+            key: keys::incoming(t, sku_id, reference),
+            updates: vec![
+                Update::set("status", "RECEIVED"),
+                Update::set("received_at", at),
+                Update::set("received_qty", qty),
+                Update::set("updated_at", at),
+            ],
+            cond: Cond::And(vec![Cond::eq("status", "EXPECTED"), Cond::eq("location_id", location)]),
+        },
+        Write::Delete { key: keys::incoming_open(t, sku_id, reference), cond: Cond::Always },
+    ]
 }
 
 /// Why an arrival's condition failed: no such shipment, one on its way to another location, or

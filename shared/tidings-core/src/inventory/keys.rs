@@ -92,6 +92,16 @@ pub fn incoming(t: &TenantId, sku: &str, reference: &str) -> Key {
     Key::new(incoming_pk(t, sku), reference)
 }
 
+/// A copy of each shipment still on its way, removed by its arrival: what a SKU's view reads, so
+/// that the shipments received over the years are never read again.
+pub fn incoming_open_pk(t: &TenantId, sku: &str) -> String {
+    format!("T#{t}#INCOMING_OPEN#{sku}")
+}
+
+pub fn incoming_open(t: &TenantId, sku: &str, reference: &str) -> Key {
+    Key::new(incoming_open_pk(t, sku), reference)
+}
+
 pub fn tenant_entry(t: &TenantId) -> Key {
     Key::new(TENANTS_PK, t.as_str())
 }

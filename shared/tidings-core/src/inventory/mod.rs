@@ -112,5 +112,6 @@ pub use orders::{
 };
 pub use reconcile::{ReconcileReport, reconcile};
 pub use stock::{
-    LedgerPage, MAX_SHARDS, adjust, adjust_at, all_ledger_entries, get_stock, ledger, put_location_stock, stock_counters, warm_up,
+    LedgerPage, MAX_SHARDS, adjust, adjust_at, all_ledger_entries, get_stock, ledger, put_location_stock,
+    stock_counters, warm_up,
 };

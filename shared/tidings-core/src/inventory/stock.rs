@@ -600,7 +600,14 @@ pub async fn adjust_at(
         let mut writes =
             vec![Write::Put { item: Item::new(idem_key.clone(), attrs_of(&record)?), cond: Cond::NotExists }];
         if let Some(reference) = arrival {
-            writes.push(super::incoming::arrival_write(t, sku_id, reference, location, req.delta, &record.created_at));
+            writes.extend(super::incoming::arrival_writes(
+                t,
+                sku_id,
+                reference,
+                location,
+                req.delta,
+                &record.created_at,
+            ));
         }
         writes.extend(change.writes()?);
         match deps.table.transact(writes).await {
