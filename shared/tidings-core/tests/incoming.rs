@@ -48,8 +48,7 @@ async fn pass(s: &Shop, secs: i64) {
 async fn subscriber(s: &Shop, user: &str, sku: &str, notify_incoming: bool) -> String {
     let input = UserInput { email: Some(format!("{user}@example.com")), ..UserInput::default() };
     users::put_user(&s.w.deps, &s.t, user, input).await.unwrap();
-    let req =
-        SubscriptionRequest { user_id: user.into(), sku_id: sku.into(), spu_id: None, notify_incoming, market: None };
+    let req = SubscriptionRequest { notify_incoming, ..SubscriptionRequest::new(user, sku) };
     restock::subscribe(&s.w.deps, &s.t, &req).await.unwrap().0.subscription_id
 }
 

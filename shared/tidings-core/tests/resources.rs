@@ -240,13 +240,7 @@ async fn full_user(w: &World) -> String {
     preferences::put(&w.deps, &w.a, "u1", prefs).await.unwrap();
     let device = DeviceInput { user_id: "u1".into(), platform: Platform::Ios, token: "tok-1".into() };
     devices::register(&w.deps, &w.a, device).await.unwrap();
-    let sub = SubscriptionRequest {
-        user_id: "u1".into(),
-        sku_id: "sku-1".into(),
-        spu_id: None,
-        notify_incoming: false,
-        market: None,
-    };
+    let sub = SubscriptionRequest::new("u1", "sku-1");
     subscriptions::subscribe(&w.deps, &w.a, &sub).await.unwrap();
     let n = api::accept(&w.deps, &w.a, send(&["u1"], "transactional", &["email", "inapp"])).await.unwrap();
     drain(&w.deps, &w.feed, Handling::One).await;

@@ -168,14 +168,7 @@ async fn restock_by(w: &World, id: &str, delta: i64, key: &str) {
 }
 
 async fn subscribe(w: &World, user_id: &str, sku_id: &str) -> (String, bool) {
-    let req = SubscriptionRequest {
-        user_id: user_id.into(),
-        sku_id: sku_id.into(),
-        spu_id: None,
-        notify_incoming: false,
-        market: None,
-    };
-    let (sub, created) = restock::subscribe(&w.deps, &w.t, &req).await.unwrap();
+    let (sub, created) = restock::subscribe(&w.deps, &w.t, &SubscriptionRequest::new(user_id, sku_id)).await.unwrap();
     (sub.subscription_id, created)
 }
 
@@ -344,13 +337,7 @@ async fn review_unique_constraint_on_sku_and_user_and_state_machine() {
         let deps = w.deps.clone();
         let t = w.t.clone();
         tasks.push(tokio::spawn(async move {
-            let req = SubscriptionRequest {
-                user_id: "u1".into(),
-                sku_id: "A".into(),
-                spu_id: Some("P1".into()),
-                notify_incoming: false,
-                market: None,
-            };
+            let req = SubscriptionRequest { spu_id: Some("P1".into()), ..SubscriptionRequest::new("u1", "A") };
             restock::subscribe(&deps, &t, &req).await.unwrap().0.subscription_id
         }));
     }

@@ -10,9 +10,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use tidings_core::inventory::{self, AdjustmentRequest, OrderLine, OrderRequest, WarmUpRequest};
-use tidings_core::messages::{self, ALL_QUEUES};
 use tidings_core::people::users::{self, UserInput};
-use tidings_core::ports::{ChangeFeed, Channel, ManualClock};
+use tidings_core::ports::{Channel, ManualClock};
 use tidings_core::restock::analytics::{self, SkuEarnings};
 use tidings_core::restock::{self, RestockConfig, SubscriptionRequest};
 use tidings_core::tracking::{self, Claims, TokenKind};
@@ -41,27 +40,7 @@ fn world() -> World {
 
 /// Feeds the change stream to the relay and runs every queue until nothing is left to do now.
 async fn pump(w: &World) {
-    for _ in 0..200 {
-        let mut did = 0;
-        let records = w.feed.next_batch(1000).await.unwrap();
-        if !records.is_empty() {
-            did += records.len();
-            tidings_core::notify::relay::handle_changes(&w.deps, &records).await.unwrap();
-            w.feed.commit(&records).await.unwrap();
-        }
-        for q in ALL_QUEUES.iter().filter(|q| messages::is_consumed(q)) {
-            let got = w.deps.queues.receive(q, 10, Duration::from_secs(30), Duration::ZERO).await.unwrap();
-            for m in &got {
-                did += 1;
-                let outcome = messages::dispatch(&w.deps, q, m).await;
-                messages::settle(w.deps.queues.as_ref(), q, m, &outcome, w.deps.clock.now(), true).await.unwrap();
-            }
-        }
-        if did == 0 {
-            return;
-        }
-    }
-    panic!("the system did not settle");
+    tidings_embedded::test_world::drain(&w.deps, &w.feed).await;
 }
 
 async fn advance(w: &World, secs: i64) {
@@ -80,14 +59,7 @@ async fn setup(w: &World, users_: &[&str], sku: &str) {
 }
 
 async fn subscribe(w: &World, user_id: &str, sku_id: &str) -> String {
-    let req = SubscriptionRequest {
-        user_id: user_id.into(),
-        sku_id: sku_id.into(),
-        spu_id: None,
-        notify_incoming: false,
-        market: None,
-    };
-    restock::subscribe(&w.deps, &w.t, &req).await.unwrap().0.subscription_id
+    restock::subscribe(&w.deps, &w.t, &SubscriptionRequest::new(user_id, sku_id)).await.unwrap().0.subscription_id
 }
 
 async fn restock_by(w: &World, sku: &str, delta: i64, key: &str) {

@@ -34,13 +34,7 @@ async fn shop() -> Shop {
 }
 
 async fn subscribe(s: &Shop, user: &str, market: Option<&str>) -> Result<String, CoreError> {
-    let req = SubscriptionRequest {
-        user_id: user.into(),
-        sku_id: "hot".into(),
-        spu_id: None,
-        notify_incoming: false,
-        market: market.map(str::to_owned),
-    };
+    let req = SubscriptionRequest { market: market.map(str::to_owned), ..SubscriptionRequest::new(user, "hot") };
     restock::subscribe(&s.deps, &s.t, &req).await.map(|(sub, _)| sub.subscription_id)
 }
 

@@ -77,6 +77,19 @@ pub struct SubscriptionRequest {
     pub market: Option<String>,
 }
 
+impl SubscriptionRequest {
+    /// `user_id` waiting for `sku_id`, in any market, not told of stock on its way.
+    pub fn new(user_id: impl Into<String>, sku_id: impl Into<String>) -> Self {
+        SubscriptionRequest {
+            user_id: user_id.into(),
+            sku_id: sku_id.into(),
+            spu_id: None,
+            notify_incoming: false,
+            market: None,
+        }
+    }
+}
+
 /// An entry of a SKU's WAITING index.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub(crate) struct WaitingEntry {

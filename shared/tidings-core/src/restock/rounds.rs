@@ -246,6 +246,16 @@ async fn has_waiters(deps: &Deps, t: &TenantId, sku: &str) -> CoreResult<bool> {
     Ok(false)
 }
 
+/// The wave of a round being sent: whose, of which SKU, which round and wave.
+#[derive(Clone, Copy)]
+struct WaveAt<'a> {
+    deps: &'a Deps,
+    t: &'a TenantId,
+    sku: &'a str,
+    round: i64,
+    wave: u32,
+}
+
 /// The counters of one WAITING index in a round's item: those of no market (`wave`, `target`,
 /// `notified`, as before markets), or a market's (`wave_US`, `target_US`, `notified_US`), whose
 /// target is set when a wave first meets the market (docs/restock.md, "Markets").
@@ -294,15 +304,8 @@ async fn quota_left(deps: &Deps, t: &TenantId, sku: &str, round: i64, r: &Restoc
 
 /// A market's target for `wave`, set once when the wave first meets it: what it had notified
 /// plus the quota of the units it can buy. `None`: the wave moved on meanwhile.
-async fn market_target(
-    deps: &Deps,
-    t: &TenantId,
-    sku: &str,
-    round: i64,
-    wave: u32,
-    b: &Bucket<'_>,
-    available: i64,
-) -> CoreResult<Option<(i64, i64)>> {
+async fn market_target(at: &WaveAt<'_>, b: &Bucket<'_>, available: i64) -> CoreResult<Option<(i64, i64)>> {
+    let WaveAt { deps, t, sku, round, wave } = *at;
     let key = keys::round(t, sku, round);
     for _ in 0..5 {
         let Some(item) = deps.table.get(&key).await? else { return Ok(None) };
@@ -346,9 +349,10 @@ async fn continue_wave(deps: &Deps, t: &TenantId, sku: &str, round: i64, wave: u
     let mut out = report(&batch, wave, "no_waiters");
     let locations = inventory::locations::all(deps, t).await?;
     let (mut quota, mut sold_out) = (false, false);
+    let at = WaveAt { deps, t, sku, round, wave };
     for market in waiting_buckets(deps, t, sku).await? {
         let b = Bucket { market: market.as_deref() };
-        match walk(deps, t, sku, round, wave, &b, &locations, &mut out).await? {
+        match walk(&at, &b, &locations, &mut out).await? {
             Walked::Quota => quota = true,
             Walked::SoldOut => sold_out = true,
             Walked::NoWaiters => {}
@@ -377,17 +381,13 @@ enum Walked {
     Stopped(&'static str),
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn walk(
-    deps: &Deps,
-    t: &TenantId,
-    sku: &str,
-    round: i64,
-    wave: u32,
+    at: &WaveAt<'_>,
     b: &Bucket<'_>,
     locations: &[inventory::locations::Location],
     out: &mut WaveReport,
 ) -> CoreResult<Walked> {
+    let WaveAt { deps, t, sku, round, wave } = *at;
     let cfg = &deps.config.restock;
     let mut cursor: Option<String> = None;
     loop {
@@ -410,7 +410,7 @@ async fn walk(
         }
         let (target, notified) = match b.market {
             None => (r.target, r.notified),
-            Some(_) => match market_target(deps, t, sku, round, wave, b, available).await? {
+            Some(_) => match market_target(at, b, available).await? {
                 Some(counts) => counts,
                 None => return Ok(Walked::Stopped("not_due")),
             },
@@ -432,7 +432,7 @@ async fn walk(
         let mut quota_reached = false;
         for item in &page.items {
             let entry: WaitingEntry = item.parse()?;
-            match claim(deps, t, sku, round, wave, b, target, &item.key.sk, &entry).await? {
+            match claim(at, b, target, &item.key.sk, &entry).await? {
                 Claim::Claimed => claimed_here += 1,
                 Claim::Already | Claim::NotWaiting => {}
                 Claim::QuotaReached => {
@@ -487,18 +487,8 @@ async fn schedule_next_wave(deps: &Deps, t: &TenantId, sku: &str, round: i64, wa
 }
 
 /// One notice, as one transaction (see the module doc).
-#[allow(clippy::too_many_arguments)]
-async fn claim(
-    deps: &Deps,
-    t: &TenantId,
-    sku: &str,
-    round: i64,
-    wave: u32,
-    b: &Bucket<'_>,
-    target: i64,
-    sort: &str,
-    entry: &WaitingEntry,
-) -> CoreResult<Claim> {
+async fn claim(at: &WaveAt<'_>, b: &Bucket<'_>, target: i64, sort: &str, entry: &WaitingEntry) -> CoreResult<Claim> {
+    let WaveAt { deps, t, sku, round, wave } = *at;
     let batch = batch_no(sku, round);
     let notice_key = keys::notice(t, &batch, &entry.user_id);
     if deps.table.get(&notice_key).await?.is_some() {
