@@ -83,7 +83,7 @@ pub async fn tell_page(
             return timer::schedule(deps, deps.clock.now(), next(page.market, Some(cursor))).await;
         }
     }
-    let buckets = super::subscriptions::waiting_buckets(deps, t, sku_id).await?;
+    let buckets = super::waiting::waiting_buckets(deps, t, sku_id).await?;
     let after = buckets.iter().position(|b| *b == page.market).and_then(|i| buckets.get(i + 1));
     if let Some(market) = after {
         timer::schedule(deps, deps.clock.now(), next(market.clone(), None)).await?;

@@ -7,6 +7,8 @@
 //!   [`rounds::on_stock_changes`], or an upstream `stock.in` applied as an adjustment); the
 //!   scheduled [`rounds::scan`] queues the current round of every SKU with stock and waiters.
 //!   `batch_no` = f(sku, round). Waves of `k × available`, oldest first, in batches.
+//! - [`waiting`]: a SKU's WAITING indexes, one of no market and one per market named; a round's
+//!   waves count, per index, the units its subscribers can buy.
 //! - [`analytics`]: what alerts earn per SKU (waiting, notified, clicked, ordered, revenue).
 //! - [`merge`]: one message per user per window listing every SKU, retries 1/5/30 min, MANUAL,
 //!   resend.
@@ -24,6 +26,7 @@ pub mod merge;
 pub mod model;
 pub mod rounds;
 pub mod subscriptions;
+pub mod waiting;
 
 pub use merge::{NoticePage, RESTOCK_TEMPLATE, ResendReport, get_notice, list_notices, resend};
 pub use model::{

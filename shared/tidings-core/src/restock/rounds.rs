@@ -22,7 +22,8 @@ use super::model::{
     Notice, NoticeStatus, ROUND_EVENT, RestockRound, RoundJob, STOCK_IN_EVENT, StockEvent, StockLaneMessage,
     SubscriptionStatus, WaitingEntry,
 };
-use super::subscriptions::{expire_old, leave_waiting_writes, now_text, waiting_buckets};
+use super::subscriptions::{expire_old, leave_waiting_writes, now_text};
+use super::waiting::waiting_buckets;
 use crate::deps::Deps;
 use crate::error::{CoreError, CoreResult};
 use crate::ids::{TenantId, check_id};

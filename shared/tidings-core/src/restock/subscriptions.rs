@@ -8,6 +8,7 @@ use serde_json::{Value, json};
 
 use super::keys;
 use super::model::{Subscription, SubscriptionRequest, SubscriptionStatus, WaitingEntry};
+use super::waiting::waiting_buckets;
 use crate::deps::Deps;
 use crate::error::{CoreError, CoreResult};
 use crate::ids::{TenantId, check_id, new_id};
@@ -206,24 +207,6 @@ pub async fn list_for_user(
         .map_err(CoreError::of_page_query)?;
     let items = page.items.iter().map(Item::parse).collect::<Result<Vec<Subscription>, _>>()?;
     Ok(SubscriptionPage { items, next_cursor: page.next_cursor })
-}
-
-/// The SKU's WAITING indexes: the one of no market first, then each market a subscription ever
-/// named (docs/restock.md, "Markets").
-pub(crate) async fn waiting_buckets(deps: &Deps, t: &TenantId, sku_id: &str) -> CoreResult<Vec<Option<String>>> {
-    let mut buckets = vec![None];
-    let mut cursor = None;
-    loop {
-        let page = deps
-            .table
-            .query(&keys::waiting_markets_pk(t, sku_id), "", QueryOpts { limit: 100, cursor, descending: false })
-            .await?;
-        buckets.extend(page.items.iter().map(|i| Some(i.key.sk.clone())));
-        match page.next_cursor {
-            Some(c) => cursor = Some(c),
-            None => return Ok(buckets),
-        }
-    }
 }
 
 /// Expires the SKU's WAITING subscriptions created before `cutoff_ms`, in each of its indexes
