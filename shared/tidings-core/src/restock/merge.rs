@@ -48,15 +48,29 @@ pub(crate) fn window_close(deps: &Deps) -> chrono::DateTime<chrono::Utc> {
     later(deps, deps.config.restock.merge_window)
 }
 
-/// The flush of a window, scheduled before the window is written, so a crash cannot leave a
-/// window that never closes (a timer for a window that was never written finds nothing to do).
-pub(crate) async fn schedule_flush(
+/// The flush of a window: a durable timer written in the transaction that writes the window (so
+/// no crash can leave a window that never closes), and [`schedule_flush`] once it has committed
+/// (so the flush, on time, always finds the window it closes: one sent before the window was
+/// written could run first on a slow store, find nothing, and leave the window open).
+pub(crate) async fn durable_flush(
     deps: &Deps,
     t: &TenantId,
     window_id: &str,
     closes: chrono::DateTime<chrono::Utc>,
-) -> CoreResult<()> {
-    timer::schedule(deps, closes, TimerTask::RestockFlush { tenant: t.clone(), window_id: window_id.to_owned() }).await
+) -> CoreResult<Write> {
+    timer::durable_timer(deps, closes, &flush_task(t, window_id)).await
+}
+
+/// The flush of a window that has been written, on time. A queue that does not take it leaves
+/// the flush to the durable timer ([`durable_flush`]), minutes later.
+pub(crate) async fn schedule_flush(deps: &Deps, t: &TenantId, window_id: &str, closes: chrono::DateTime<chrono::Utc>) {
+    if let Err(e) = timer::schedule(deps, closes, flush_task(t, window_id)).await {
+        tracing::warn!(tenant = %t, window_id, error = %e, "the window is flushed by its durable timer");
+    }
+}
+
+fn flush_task(t: &TenantId, window_id: &str) -> TimerTask {
+    TimerTask::RestockFlush { tenant: t.clone(), window_id: window_id.to_owned() }
 }
 
 /// The message of a window the notice opens, put in the notice's transaction.

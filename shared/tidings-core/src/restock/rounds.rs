@@ -509,9 +509,6 @@ async fn claim(at: &WaveAt<'_>, b: &Bucket<'_>, target: i64, sort: &str, entry: 
         let closes = merge::window_close(deps);
         let window =
             digest::entry(deps, &pk, &batch, &params, deps.clock.now_ms(), closes.timestamp_millis(), false).await?;
-        if window.opens {
-            merge::schedule_flush(deps, t, &window.window, closes).await?;
-        }
         let at = now_text(deps);
         let notice = Notice {
             batch_no: batch.clone(),
@@ -559,6 +556,7 @@ async fn claim(at: &WaveAt<'_>, b: &Bucket<'_>, target: i64, sort: &str, entry: 
         // event in it; the message of a window this notice opens.
         if window.opens {
             writes.push(merge::message_write(deps, t, &entry.user_id, &window.window, closes)?);
+            writes.push(merge::durable_flush(deps, t, &window.window, closes).await?);
         }
         writes.extend(window.writes);
         // Its entry in the index of its status (`merge::list_notices`).
@@ -576,8 +574,14 @@ async fn claim(at: &WaveAt<'_>, b: &Bucket<'_>, target: i64, sort: &str, entry: 
             data,
         );
         writes.extend(crate::webhooks::event_writes(deps, t, vec![event]).await?);
+        let opens = window.opens.then(|| window.window.clone());
         match deps.table.transact(writes).await {
-            Ok(()) => return Ok(Claim::Claimed),
+            Ok(()) => {
+                if let Some(window) = opens {
+                    merge::schedule_flush(deps, t, &window, closes).await;
+                }
+                return Ok(Claim::Claimed);
+            }
             Err(StoreError::ConditionFailed { index: 0 }) => return Ok(Claim::Already),
             Err(StoreError::ConditionFailed { index: 1 }) => {
                 // The quota, or the wave moved on (or its target changed): stop this run.
