@@ -87,6 +87,7 @@
 //! - Expiry runs from [`crate::timers::TimerStep`] on queue
 //!   [`crate::timers::TIMERS_QUEUE`], fed by [`crate::timers::tick`] every minute.
 
+pub mod backorders;
 pub mod compare;
 pub mod findings;
 pub mod incoming;
@@ -97,6 +98,7 @@ pub mod orders;
 pub mod reconcile;
 pub mod stock;
 
+pub use backorders::{fill, put_policy};
 pub use compare::Discrepancy;
 pub use findings::REVIEW_QUEUE;
 pub use findings::{Finding, FindingPage, FindingSettlement, FindingStatus, SettleRequest, SettlementKind};
@@ -105,7 +107,7 @@ pub use model::{
     AdjustmentBody, AdjustmentRequest, AdjustmentSource, Allocation, CellId, Counters, DEFAULT_LOCATION, HoldTimes,
     Incoming, IncomingRequest, IncomingStatus, LedgerEntry, LedgerKind, LocationAllocationView, LocationStockRequest,
     LocationStockView, Order, OrderBody, OrderItem, OrderLine, OrderLineView, OrderRequest, OrderStatus, OrderView,
-    ShardDelta, StockView, WarmUpRequest,
+    Preorder, ShardDelta, StockPolicy, StockView, WarmUpRequest,
 };
 pub use orders::{
     MAX_ORDER_SKUS, MAX_QTY, PlacedOrder, Settlement, cancel, expire_order, get_order, pay, place_order, place_order_in,
