@@ -39,6 +39,14 @@
 //! a transaction's 100 writes (per line: every cell of its SKU, the stock item, the ledger entry)
 //! is refused, 422 naming `items` (docs/inventory.md, "Locations and markets").
 //!
+//! # Backorders and pre-orders
+//!
+//! A per-SKU policy lets an order past the stock wait (BACKORDERED, or PREORDERED in a window)
+//! for units promised under a limit checked at commit; stock that grows while units are promised
+//! is set aside for them (`allotted`) before `available`, so only units beyond them can open a
+//! restock round, and [`backorders::fill`] moves them into the waiting orders, oldest first, one
+//! order per transaction ([`backorders`]; docs/inventory.md, "Backorders and pre-orders").
+//!
 //! Holds expire through [`crate::timers`] (not DynamoDB TTL, which can be days late): the order
 //! transaction also writes a durable timer for `expires_at`, and a hold of 15 minutes or less
 //! also gets a delayed message on the timers queue so it expires on time. Hold times come from
