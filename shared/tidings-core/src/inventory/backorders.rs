@@ -53,7 +53,7 @@ pub(crate) fn policy_of(r: &SkuRecord) -> Option<StockPolicy> {
         _ => None,
     };
     (r.backorder_limit.is_some() || preorder.is_some())
-        .then(|| StockPolicy { backorder_limit: r.backorder_limit, preorder })
+        .then_some(StockPolicy { backorder_limit: r.backorder_limit, preorder })
 }
 
 /// What an order past the stock may take now: the limit of promised units, and whether they are
