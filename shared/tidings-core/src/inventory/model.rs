@@ -250,9 +250,9 @@ pub struct StockView {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub incoming: Vec<Incoming>,
     /// Units promised to backordered and pre-ordered orders, not yet in them (docs/inventory.md,
-    /// "Backorders and pre-orders").
-    #[serde(default)]
-    pub backordered: i64,
+    /// "Backorders and pre-orders"); shown when the SKU has a policy or promised units.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backordered: Option<i64>,
     /// Of those, units that have arrived and are being moved into their orders (absent when 0).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub allotted: i64,
@@ -266,7 +266,7 @@ impl StockView {
         Counters {
             safety: self.safety_stock,
             allotted: self.allotted,
-            backordered: self.backordered,
+            backordered: self.backordered.unwrap_or(0),
             ..Counters::new(self.available, self.reserved, self.sold)
         }
     }

@@ -103,6 +103,7 @@ impl Sku {
                 });
             }
         }
+        let policy = super::backorders::policy_of(&self.record);
         StockView {
             sku_id: self.record.sku_id.clone(),
             available: total.available,
@@ -114,9 +115,9 @@ impl Sku {
             safety_stock: total.safety,
             locations,
             incoming: Vec::new(),
-            backordered: total.backordered,
+            backordered: (policy.is_some() || total.backordered != 0).then_some(total.backordered),
             allotted: total.allotted,
-            policy: super::backorders::policy_of(&self.record),
+            policy,
         }
     }
 }
