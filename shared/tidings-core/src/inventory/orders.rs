@@ -19,7 +19,7 @@ use super::model::{
     Allocation, CellId, Counters, LedgerKind, MAX_HOLD_SECONDS, Order, OrderItem, OrderRequest, OrderStatus, OrderView,
     SkuRecord, is_default_location,
 };
-use super::stock::{Attempts, Cell, StockChange, insufficient, now_text, read_record, read_sku, take_from};
+use super::stock::{Attempts, Cell, StockChange, insufficient, now_text, read_cells, read_record, read_sku, take_from};
 use crate::deps::Deps;
 use crate::error::{CoreError, CoreResult};
 use crate::ids::{TenantId, check_id};
@@ -229,11 +229,15 @@ async fn plan_line(
     market: Option<&str>,
     qty: i64,
 ) -> CoreResult<(BTreeMap<CellId, i64>, Waits)> {
-    let Some(sku) = read_sku(deps, t, &record.sku_id).await? else { return Err(CoreError::NotFound { what: "sku" }) };
-    *record = sku.record.clone();
-    match plan_over(record, &sku.cells, serving, market, qty) {
+    let cells = read_cells(deps, t, record).await?;
+    match plan_over(record, &cells, serving, market, qty) {
         Ok(plan) => Ok((plan, Waits::default())),
         Err(refusal) => {
+            // Short: the policy and the promised units, as they are now.
+            let Some(sku) = read_sku(deps, t, &record.sku_id).await? else {
+                return Err(CoreError::NotFound { what: "sku" });
+            };
+            *record = sku.record.clone();
             let Some((limit, preorder)) = super::backorders::limit_now(record, deps.clock.now()) else {
                 return Err(refusal);
             };

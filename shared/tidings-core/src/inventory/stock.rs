@@ -193,13 +193,13 @@ pub(crate) async fn read_cells(deps: &Deps, t: &TenantId, record: &SkuRecord) ->
         };
         cells.push(Cell { id, key, counters, version });
     }
-    // A sharded SKU's promised units live on its stock item: they count on cell 0.
+    // A sharded SKU's promised units live on its stock item (as `record` has it): they count
+    // on cell 0.
     if record.is_sharded()
         && let Some(first) = cells.first_mut()
     {
-        let now = read_record(deps, t, &record.sku_id).await?.ok_or(CoreError::NotFound { what: "sku" })?;
-        first.counters.backordered = now.backordered.unwrap_or(0);
-        first.counters.unfilled = now.unfilled.unwrap_or(0);
+        first.counters.backordered = record.backordered.unwrap_or(0);
+        first.counters.unfilled = record.unfilled.unwrap_or(0);
     }
     Ok(cells)
 }
