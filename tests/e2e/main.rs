@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod alarms;
+mod backorders;
 mod bench;
 mod campaign;
 mod cancel;
@@ -175,6 +176,8 @@ on_both_backends!(inventory as inventory_tests:
     a_finding_is_queued_once_and_settled_by_an_operator,
     incoming_stock_is_shown_told_once_and_closed_by_its_arrival,
 );
+
+on_both_backends!(backorders as backorders_tests: a_backorder_is_filled_before_the_alert_goes_out_for_the_same_units);
 
 on_both_backends!(locations as locations_tests:
     concurrent_orders_over_three_locations_never_oversell_a_location,

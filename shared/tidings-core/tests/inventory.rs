@@ -658,7 +658,7 @@ async fn pay_cancel_and_expiry_race_and_exactly_one_wins() {
                     assert_eq!(expired, reason.as_deref() == Some("expiry"));
                     assert!(cancelled.is_ok(), "cancel of a cancelled order answers it");
                 }
-                OrderStatus::Pending => panic!("{id} still pending"),
+                other => panic!("{id} still {other:?}"),
             }
             if phase == "after" {
                 assert!(!paid, "a hold past expires_at cannot be paid");

@@ -7,7 +7,7 @@ use axum::{Json, Router};
 use tidings_core::inventory::{
     self, AdjustmentBody, Finding, FindingPage, FindingStatus, Incoming, IncomingRequest, LedgerPage, Location,
     LocationList, LocationRequest, LocationStockRequest, OrderBody, OrderView, ReconcileReport, SettleRequest,
-    StockView, WarmUpRequest,
+    StockPolicy, StockView, WarmUpRequest,
 };
 
 use crate::extract::{Body, IdempotencyKey, Operator, PageParams, PathParams, QueryParams, Tenant};
@@ -21,6 +21,7 @@ use crate::state::AppState;
     put_location_stock,
     warm_up,
     show_stock,
+    put_policy,
     adjust,
     expect_incoming,
     ledger,
@@ -40,6 +41,7 @@ pub fn router() -> Router<AppState> {
         .route("/v1/locations/{location_id}", put(put_location))
         .route("/v1/inventory/{sku_id}", put(warm_up).get(show_stock))
         .route("/v1/inventory/{sku_id}/locations/{location_id}", put(put_location_stock))
+        .route("/v1/inventory/{sku_id}/policy", put(put_policy))
         .route("/v1/inventory/{sku_id}/adjustments", post(adjust))
         .route("/v1/inventory/{sku_id}/incoming", post(expect_incoming))
         .route("/v1/inventory/{sku_id}/ledger", get(ledger))
@@ -118,6 +120,23 @@ async fn show_stock(
     PathParams(sku_id): PathParams<String>,
 ) -> ApiResult<Json<StockView>> {
     inventory::get_stock(&s.deps, &t, &sku_id).await?.map(Json).ok_or_else(|| Problem::not_found("sku").into())
+}
+
+/// The SKU's backorder and pre-order policy, set whole (an absent field clears it): orders past
+/// the stock, up to the limit, are BACKORDERED (PREORDERED while the window is open) and are
+/// filled oldest first as stock arrives, before any back-in-stock alert for those units.
+#[utoipa::path(put, path = "/v1/inventory/{sku_id}/policy", tag = "inventory", security(("api_key" = [])),
+    params(("sku_id" = String, Path, description = "The SKU id")), request_body = StockPolicy,
+    responses((status = 200, description = "The stock, with its policy", body = StockView),
+        (status = 404, description = "No such SKU", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "A bad `backorder_limit`, `preorder.limit` or `preorder.until` (a future RFC 3339 time)", body = Problem, content_type = "application/problem+json")))]
+async fn put_policy(
+    State(s): State<AppState>,
+    Tenant(t): Tenant,
+    PathParams(sku_id): PathParams<String>,
+    Body(req): Body<StockPolicy>,
+) -> ApiResult<Json<StockView>> {
+    Ok(Json(inventory::put_policy(&s.deps, &t, &sku_id, &req).await?))
 }
 
 #[utoipa::path(post, path = "/v1/inventory/{sku_id}/adjustments", tag = "inventory", security(("api_key" = [])),

@@ -401,6 +401,7 @@ pub fn request_examples() -> Vec<(&'static str, serde_json::Value)> {
         ),
         ("LocationRequest", json!({"name": "Main warehouse", "markets": ["US", "CA"], "priority": 1})),
         ("LocationStockRequest", json!({"on_hand": 40, "safety_stock": 2})),
+        ("StockPolicy", json!({"backorder_limit": 50, "preorder": {"until": "2030-03-01T00:00:00Z", "limit": 200}})),
         ("IncomingRequest", json!({"ref": "po-7782", "qty": 40, "expected_at": "2026-12-20T09:00:00Z"})),
         ("SubscriptionRequest", json!({"user_id": "u1", "sku_id": "sku-1001", "notify_incoming": true})),
         (
@@ -495,6 +496,9 @@ fn constrain_bodies(schemas: &mut serde_json::Map<String, serde_json::Value>) {
     let range = tidings_core::inventory::locations::PRIORITY_RANGE;
     set(schemas, "LocationRequest", "priority", json!({"minimum": -range, "maximum": range}));
     set(schemas, "LocationStockRequest", "on_hand", json!({"minimum": 0, "maximum": MAX_UNITS}));
+    set(schemas, "StockPolicy", "backorder_limit", json!({"minimum": 0, "maximum": MAX_UNITS}));
+    set(schemas, "Preorder", "limit", json!({"minimum": 0, "maximum": MAX_UNITS}));
+    set(schemas, "Preorder", "until", json!({"format": "date-time"}));
     set(schemas, "LocationStockRequest", "safety_stock", json!({"minimum": 0, "maximum": MAX_UNITS}));
     set(schemas, "AdjustmentRequest", "location_id", id_schema());
     set(schemas, "AdjustmentRequest", "ref", id_schema());

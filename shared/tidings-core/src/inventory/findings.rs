@@ -196,6 +196,9 @@ pub(crate) struct Noted {
 fn difference(d: &Discrepancy) -> Counters {
     Counters {
         safety: d.actual.safety.saturating_sub(d.expected.safety),
+        allotted: d.actual.allotted.saturating_sub(d.expected.allotted),
+        backordered: d.actual.backordered.saturating_sub(d.expected.backordered),
+        unfilled: d.actual.unfilled.saturating_sub(d.expected.unfilled),
         ..Counters::new(
             d.actual.available.saturating_sub(d.expected.available),
             d.actual.reserved.saturating_sub(d.expected.reserved),
@@ -206,8 +209,12 @@ fn difference(d: &Discrepancy) -> Counters {
 
 fn counters_value(c: Counters) -> Value {
     let mut v = serde_json::json!({"available": c.available, "reserved": c.reserved, "sold": c.sold});
-    if c.safety != 0 {
-        v["safety"] = c.safety.into();
+    for (name, n) in
+        [("safety", c.safety), ("allotted", c.allotted), ("backordered", c.backordered), ("unfilled", c.unfilled)]
+    {
+        if n != 0 {
+            v[name] = n.into();
+        }
     }
     v
 }
@@ -468,6 +475,9 @@ async fn correction(
         delta_reserved: d.reserved,
         delta_sold: d.sold,
         delta_safety: d.safety,
+        delta_allotted: d.allotted,
+        delta_backordered: d.backordered,
+        delta_unfilled: d.unfilled,
         location: f.location.clone(),
         kind: LedgerKind::Correction,
         reference: format!("finding:{}", f.id),

@@ -15,6 +15,7 @@
 //! | adjustment idempotency record | `T#t#IDEM#adjustment#{key}` | `IDEM` ([`crate::keys::idempotency`]) |
 //! | tenants that hold inventory | `INV#TENANTS` | `{tenant}` |
 //! | stock on its way ([`super::incoming`]) | `T#t#INCOMING#{sku}` | `{ref}` |
+//! | an order waiting for a SKU ([`super::backorders`]) | `T#t#BACKORDERS#{sku}` | `{created_at}#{order_id}` (oldest first) |
 //!
 //! Shards live in partitions of their own (`...#S{i}`), not as sort keys under the SKU's
 //! partition: DynamoDB's per-partition write limit (about 1,000 writes/s) is what sharding
@@ -100,6 +101,14 @@ pub fn incoming_open_pk(t: &TenantId, sku: &str) -> String {
 
 pub fn incoming_open(t: &TenantId, sku: &str, reference: &str) -> Key {
     Key::new(incoming_open_pk(t, sku), reference)
+}
+
+pub fn backorders_pk(t: &TenantId, sku: &str) -> String {
+    format!("T#{t}#BACKORDERS#{sku}")
+}
+
+pub fn backorder(t: &TenantId, sku: &str, created_at: &str, order_id: &str) -> Key {
+    Key::new(backorders_pk(t, sku), format!("{created_at}#{order_id}"))
 }
 
 pub fn tenant_entry(t: &TenantId) -> Key {

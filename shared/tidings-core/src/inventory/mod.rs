@@ -39,6 +39,14 @@
 //! a transaction's 100 writes (per line: every cell of its SKU, the stock item, the ledger entry)
 //! is refused, 422 naming `items` (docs/inventory.md, "Locations and markets").
 //!
+//! # Backorders and pre-orders
+//!
+//! A per-SKU policy lets an order past the stock wait (BACKORDERED, or PREORDERED in a window)
+//! for units promised under a limit checked at commit; stock that grows while units are promised
+//! is set aside for them (`allotted`) before `available`, so only units beyond them can open a
+//! restock round, and [`backorders::fill`] moves them into the waiting orders, oldest first, one
+//! order per transaction ([`backorders`]; docs/inventory.md, "Backorders and pre-orders").
+//!
 //! Holds expire through [`crate::timers`] (not DynamoDB TTL, which can be days late): the order
 //! transaction also writes a durable timer for `expires_at`, and a hold of 15 minutes or less
 //! also gets a delayed message on the timers queue so it expires on time. Hold times come from
@@ -87,6 +95,7 @@
 //! - Expiry runs from [`crate::timers::TimerStep`] on queue
 //!   [`crate::timers::TIMERS_QUEUE`], fed by [`crate::timers::tick`] every minute.
 
+pub mod backorders;
 pub mod compare;
 pub mod findings;
 pub mod incoming;
@@ -94,9 +103,11 @@ pub mod keys;
 pub mod locations;
 pub mod model;
 pub mod orders;
+pub mod promises;
 pub mod reconcile;
 pub mod stock;
 
+pub use backorders::{fill, put_policy};
 pub use compare::Discrepancy;
 pub use findings::REVIEW_QUEUE;
 pub use findings::{Finding, FindingPage, FindingSettlement, FindingStatus, SettleRequest, SettlementKind};
@@ -105,7 +116,7 @@ pub use model::{
     AdjustmentBody, AdjustmentRequest, AdjustmentSource, Allocation, CellId, Counters, DEFAULT_LOCATION, HoldTimes,
     Incoming, IncomingRequest, IncomingStatus, LedgerEntry, LedgerKind, LocationAllocationView, LocationStockRequest,
     LocationStockView, Order, OrderBody, OrderItem, OrderLine, OrderLineView, OrderRequest, OrderStatus, OrderView,
-    ShardDelta, StockView, WarmUpRequest,
+    Preorder, ShardDelta, StockPolicy, StockView, WarmUpRequest,
 };
 pub use orders::{
     MAX_ORDER_SKUS, MAX_QTY, PlacedOrder, Settlement, cancel, expire_order, get_order, pay, place_order, place_order_in,

@@ -17,6 +17,17 @@ pub struct Counters {
     pub sold: i64,
     #[serde(default, skip_serializing_if = "is_zero")]
     pub safety: i64,
+    /// Units on hand set aside for backordered and pre-ordered orders, not yet moved into them
+    /// (docs/inventory.md, "Backorders and pre-orders"; absent when 0).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub allotted: i64,
+    /// The SKU's units promised to backordered and pre-ordered orders and not yet in them (kept
+    /// on the SKU's stock item; a cell other than the `default` location's first has none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub backordered: i64,
+    /// Of `backordered`, the units no arrival has set aside yet (`backordered - allotted`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unfilled: i64,
 }
 
 pub(crate) fn is_zero(n: &i64) -> bool {
@@ -58,7 +69,7 @@ impl CellId {
 
 impl Counters {
     pub const fn new(available: i64, reserved: i64, sold: i64) -> Self {
-        Self { available, reserved, sold, safety: 0 }
+        Self { available, reserved, sold, safety: 0, allotted: 0, backordered: 0, unfilled: 0 }
     }
 
     pub fn plus(self, other: Counters) -> Counters {
@@ -67,12 +78,16 @@ impl Counters {
             reserved: self.reserved.saturating_add(other.reserved),
             sold: self.sold.saturating_add(other.sold),
             safety: self.safety.saturating_add(other.safety),
+            allotted: self.allotted.saturating_add(other.allotted),
+            backordered: self.backordered.saturating_add(other.backordered),
+            unfilled: self.unfilled.saturating_add(other.unfilled),
         }
     }
 
-    /// Units on hand: available, held and safety stock (sold units have left).
+    /// Units on hand: available, held, set aside for backorders and safety stock (sold units
+    /// have left).
     pub fn on_hand(self) -> i64 {
-        self.available.saturating_add(self.reserved).saturating_add(self.safety)
+        self.available.saturating_add(self.reserved).saturating_add(self.safety).saturating_add(self.allotted)
     }
 
     /// A reservation of `qty`: available → reserved.
@@ -124,6 +139,23 @@ pub(crate) struct SkuRecord {
     /// Bumped by every change of the counters (reconciliation uses it to see a quiet moment).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<i64>,
+    /// The default location's units set aside for backorders (unsharded SKUs only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allotted: Option<i64>,
+    /// Units promised to backordered and pre-ordered orders and not yet in them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backordered: Option<i64>,
+    /// Of `backordered`, the units no arrival has set aside yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unfilled: Option<i64>,
+    /// The policy (docs/inventory.md, "Backorders and pre-orders"): how many units may be
+    /// backordered, and a pre-order window with its own limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backorder_limit: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preorder_until: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preorder_limit: Option<i64>,
 }
 
 impl SkuRecord {
@@ -160,6 +192,8 @@ pub(crate) struct LocationCellRecord {
     pub sold: i64,
     #[serde(default)]
     pub safety: i64,
+    #[serde(default)]
+    pub allotted: i64,
     pub version: i64,
 }
 
@@ -171,6 +205,8 @@ pub(crate) struct ShardRecord {
     pub available: i64,
     pub reserved: i64,
     pub sold: i64,
+    #[serde(default)]
+    pub allotted: i64,
     pub version: i64,
 }
 
@@ -184,7 +220,10 @@ pub struct LocationStockView {
     pub sold: i64,
     /// Units kept back, never sold.
     pub safety_stock: i64,
-    /// available + reserved + safety_stock.
+    /// Units arrived here and set aside for backordered orders, not yet in them (absent when 0).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub allotted: i64,
+    /// available + reserved + safety_stock + allotted.
     pub on_hand: i64,
 }
 
@@ -210,12 +249,50 @@ pub struct StockView {
     /// nothing is.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub incoming: Vec<Incoming>,
+    /// Units promised to backordered and pre-ordered orders, not yet in them (docs/inventory.md,
+    /// "Backorders and pre-orders"); shown when the SKU has a policy or promised units.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backordered: Option<i64>,
+    /// Of those, units that have arrived and are being moved into their orders (absent when 0).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub allotted: i64,
+    /// The backorder and pre-order policy (absent: none, orders past the stock are refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<StockPolicy>,
 }
 
 impl StockView {
     pub fn counters(&self) -> Counters {
-        Counters { safety: self.safety_stock, ..Counters::new(self.available, self.reserved, self.sold) }
+        Counters {
+            safety: self.safety_stock,
+            allotted: self.allotted,
+            backordered: self.backordered.unwrap_or(0),
+            ..Counters::new(self.available, self.reserved, self.sold)
+        }
     }
+}
+
+/// A SKU's backorder and pre-order policy: the body of `PUT /v1/inventory/{sku_id}/policy`, and
+/// what `GET /v1/inventory/{sku_id}` shows.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StockPolicy {
+    /// How many units may be backordered at once (absent or 0: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backorder_limit: Option<i64>,
+    /// A pre-order window: until `until`, orders past the stock are PREORDERED, up to `limit`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preorder: Option<Preorder>,
+}
+
+/// A pre-order window.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Preorder {
+    /// The end of the window (RFC 3339, in the future when set).
+    pub until: String,
+    /// How many units may be pre-ordered at once.
+    pub limit: i64,
 }
 
 /// What made a ledger entry.
@@ -232,6 +309,9 @@ pub enum LedgerKind {
     Correction,
     /// A location's safety stock set: units moved between `available` and `safety`.
     SafetyStock,
+    /// Units set aside for backorders moved into a waiting order (docs/inventory.md,
+    /// "Backorders and pre-orders").
+    Fill,
 }
 
 /// Where an adjustment's stock came from or went to.
@@ -270,6 +350,8 @@ pub struct ShardDelta {
     pub sold: i64,
     #[serde(default, skip_serializing_if = "is_zero")]
     pub safety: i64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub allotted: i64,
 }
 
 impl ShardDelta {
@@ -281,6 +363,7 @@ impl ShardDelta {
             reserved: d.reserved,
             sold: d.sold,
             safety: d.safety,
+            allotted: d.allotted,
         }
     }
 
@@ -289,7 +372,11 @@ impl ShardDelta {
     }
 
     pub fn delta(&self) -> Counters {
-        Counters { safety: self.safety, ..Counters::new(self.available, self.reserved, self.sold) }
+        Counters {
+            safety: self.safety,
+            allotted: self.allotted,
+            ..Counters::new(self.available, self.reserved, self.sold)
+        }
     }
 }
 
@@ -305,6 +392,15 @@ pub struct LedgerEntry {
     /// Units moved into (or out of) safety stock (absent when 0).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub delta_safety: i64,
+    /// Units set aside for backorders (absent when 0; per cell in `shards` when split).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub delta_allotted: i64,
+    /// The SKU's units promised to backordered orders (absent when 0).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub delta_backordered: i64,
+    /// Of those, the units not yet set aside (absent when 0).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub delta_unfilled: i64,
     /// The location the change touched, when it touched one location other than `default`
     /// (a change over several locations names each in `shards`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -327,27 +423,42 @@ impl LedgerEntry {
     pub fn delta(&self) -> Counters {
         Counters {
             safety: self.delta_safety,
+            allotted: self.delta_allotted,
+            backordered: self.delta_backordered,
+            unfilled: self.delta_unfilled,
             ..Counters::new(self.delta_available, self.delta_reserved, self.delta_sold)
         }
     }
 
     /// The entry's deltas per counter cell (the default location's cell 0 for an unsharded SKU).
+    /// The SKU's `backordered` and `unfilled` count on the default location's cell 0 (the stock
+    /// item holds them).
     pub fn cell_deltas(&self) -> Vec<(CellId, Counters)> {
-        if self.shards.is_empty() {
+        let mut out: Vec<(CellId, Counters)> = if self.shards.is_empty() {
             let cell = self.location.as_deref().map_or_else(|| CellId::default_shard(0), CellId::at);
-            return vec![(cell, self.delta())];
+            vec![(cell, Counters { backordered: 0, unfilled: 0, ..self.delta() })]
+        } else {
+            self.shards.iter().map(|s| (s.cell(), s.delta())).collect()
+        };
+        if self.delta_backordered != 0 || self.delta_unfilled != 0 {
+            let promised =
+                Counters { backordered: self.delta_backordered, unfilled: self.delta_unfilled, ..Counters::default() };
+            out.push((CellId::default_shard(0), promised));
         }
-        self.shards.iter().map(|s| (s.cell(), s.delta())).collect()
+        out
     }
 }
 
-/// An order's state: PENDING holds stock, PAID sold it, CANCELLED released it.
+/// An order's state: PENDING holds stock, PAID sold it, CANCELLED released it; BACKORDERED and
+/// PREORDERED wait for units past the stock (docs/inventory.md, "Backorders and pre-orders").
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum OrderStatus {
     Pending,
     Paid,
     Cancelled,
+    Backordered,
+    Preordered,
 }
 
 impl OrderStatus {
@@ -356,7 +467,14 @@ impl OrderStatus {
             OrderStatus::Pending => "PENDING",
             OrderStatus::Paid => "PAID",
             OrderStatus::Cancelled => "CANCELLED",
+            OrderStatus::Backordered => "BACKORDERED",
+            OrderStatus::Preordered => "PREORDERED",
         }
+    }
+
+    /// Whether the order waits for units to arrive.
+    pub fn is_waiting(self) -> bool {
+        matches!(self, OrderStatus::Backordered | OrderStatus::Preordered)
     }
 }
 
@@ -392,6 +510,9 @@ pub struct OrderItem {
     /// The cells the units are held in (one entry, shard 0, when unsharded).
     #[serde(default)]
     pub allocations: Vec<Allocation>,
+    /// Units of the line still waiting to arrive (backordered or pre-ordered; absent when 0).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub backordered: i64,
 }
 
 /// The stored order.
@@ -419,6 +540,10 @@ pub struct Order {
     /// `cancel` or `expiry`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cancel_reason: Option<String>,
+    /// The units of all lines still waiting to arrive (each fill lowers it: a fill or cancel
+    /// is conditioned on the value it saw).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub waiting: i64,
 }
 
 /// Units of an order line held at one location.
@@ -438,6 +563,9 @@ pub struct OrderLineView {
     /// Where the line's units are held (or were sold from), per location.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allocations: Vec<LocationAllocationView>,
+    /// Units still waiting to arrive (backordered or pre-ordered; absent when 0).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub backordered: i64,
 }
 
 impl From<&OrderItem> for OrderLineView {
@@ -449,7 +577,13 @@ impl From<&OrderItem> for OrderLineView {
                 None => allocations.push(LocationAllocationView { location_id: a.location.clone(), qty: a.qty }),
             }
         }
-        OrderLineView { sku_id: i.sku_id.clone(), qty: i.qty, unit_price: i.unit_price.clone(), allocations }
+        OrderLineView {
+            sku_id: i.sku_id.clone(),
+            qty: i.qty,
+            unit_price: i.unit_price.clone(),
+            allocations,
+            backordered: i.backordered,
+        }
     }
 }
 

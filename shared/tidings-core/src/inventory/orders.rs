@@ -182,22 +182,6 @@ fn short(record: &SkuRecord, market: Option<&str>, available: i64, qty: i64) -> 
     }
 }
 
-/// Re-plans a line after its reservation failed (or before any, when its first location is not
-/// known to hold it): the locations serving the market in priority order, each giving what it
-/// has until the line is whole (a split); within a sharded `default`, a shard holding all of
-/// its part (at random), else the fullest shards. Short when the locations together are.
-async fn replan(
-    deps: &Deps,
-    t: &TenantId,
-    record: &SkuRecord,
-    serving: &[String],
-    market: Option<&str>,
-    qty: i64,
-) -> CoreResult<BTreeMap<CellId, i64>> {
-    let cells = read_cells(deps, t, record).await?;
-    plan_over(record, &cells, serving, market, qty)
-}
-
 fn plan_over(
     record: &SkuRecord,
     cells: &[Cell],
@@ -234,6 +218,56 @@ fn plan_over(
     Ok(plan)
 }
 
+/// A line's plan from a fresh read: the units held where they are (`plan_over`), and when the
+/// locations together are short, the SKU's policy allows and there is room under its limit, the
+/// units there are held and the rest promised (`Waits`). Refused otherwise.
+async fn plan_line(
+    deps: &Deps,
+    t: &TenantId,
+    record: &mut SkuRecord,
+    serving: &[String],
+    market: Option<&str>,
+    qty: i64,
+) -> CoreResult<(BTreeMap<CellId, i64>, Waits)> {
+    let cells = read_cells(deps, t, record).await?;
+    match plan_over(record, &cells, serving, market, qty) {
+        Ok(plan) => Ok((plan, Waits::default())),
+        Err(refusal) => {
+            // Short: the policy and the promised units, as they are now.
+            let Some(sku) = read_sku(deps, t, &record.sku_id).await? else {
+                return Err(CoreError::NotFound { what: "sku" });
+            };
+            *record = sku.record.clone();
+            let Some((limit, preorder)) = super::promises::limit_now(record, deps.clock.now()) else {
+                return Err(refusal);
+            };
+            let order = places(record, serving);
+            let here: i64 = sku
+                .cells
+                .iter()
+                .filter(|c| order.contains(&c.id.location.as_str()))
+                .map(|c| c.counters.available.max(0))
+                .sum();
+            let units = qty - here;
+            let promised = sku.total().backordered;
+            if units > limit - promised {
+                return Err(refusal);
+            }
+            let plan = if here > 0 { plan_over(record, &sku.cells, serving, market, here)? } else { BTreeMap::new() };
+            Ok((plan, Waits { units, preorder, limit }))
+        }
+    }
+}
+
+/// The units of a line promised past the stock (0: none), whether pre-ordered, and the limit
+/// they were promised under.
+#[derive(Clone, Copy, Debug, Default)]
+struct Waits {
+    units: i64,
+    preorder: bool,
+    limit: i64,
+}
+
 /// Places an order: one transaction puts the order (if absent), reserves every line with a
 /// condition `available >= qty` on each counter it touches (never read-then-write:
 /// docs/inventory.md, "Never oversell"), writes one ledger entry per SKU in the same transaction
@@ -262,7 +296,7 @@ pub async fn place_order_in(
     // there (index 0) and is answered from the order as stored. What refuses an order before
     // the transaction (an SKU deleted since, too many writes, short stock) looks for the order
     // first, so a repeat is answered as it was the first time.
-    let records = match sku_records(deps, t, req).await {
+    let mut records = match sku_records(deps, t, req).await {
         Ok(records) => records,
         Err(e) => return replay_or(deps, t, req, &hash, e).await,
     };
@@ -276,10 +310,17 @@ pub async fn place_order_in(
         vec![super::model::DEFAULT_LOCATION.to_owned()]
     };
     let mut plans: Vec<BTreeMap<CellId, i64>> = Vec::with_capacity(records.len());
-    for (r, l) in records.iter().zip(&req.items) {
-        match first_plan(r, &serving, l.qty) {
+    let mut waits: Vec<Waits> = vec![Waits::default(); records.len()];
+    for (i, l) in req.items.iter().enumerate() {
+        match first_plan(&records[i], &serving, l.qty) {
             Some(plan) => plans.push(plan),
-            None => return replay_or(deps, t, req, &hash, short(r, market, 0, l.qty)).await,
+            None => match plan_line(deps, t, &mut records[i], &serving, market, l.qty).await {
+                Ok((plan, w)) => {
+                    plans.push(plan);
+                    waits[i] = w;
+                }
+                Err(e) => return replay_or(deps, t, req, &hash, e).await,
+            },
         }
     }
     let task = TimerTask::OrderExpire { tenant: t.clone(), order_id: req.order_id.clone() };
@@ -287,15 +328,24 @@ pub async fn place_order_in(
     let mut attempts = Attempts::new();
     while attempts.another() {
         let at = now_text(deps);
+        let waiting: i64 = waits.iter().map(|w| w.units).sum();
+        let status = if waiting == 0 {
+            OrderStatus::Pending
+        } else if waits.iter().any(|w| w.units > 0 && w.preorder) {
+            OrderStatus::Preordered
+        } else {
+            OrderStatus::Backordered
+        };
         let order = Order {
             order_id: req.order_id.clone(),
             user_id: req.user_id.clone(),
-            status: OrderStatus::Pending,
+            status,
             items: req
                 .items
                 .iter()
                 .zip(&plans)
-                .map(|(l, p)| OrderItem {
+                .zip(&waits)
+                .map(|((l, p), w)| OrderItem {
                     sku_id: l.sku_id.clone(),
                     qty: l.qty,
                     unit_price: l.unit_price.clone(),
@@ -303,6 +353,7 @@ pub async fn place_order_in(
                         .iter()
                         .map(|(c, &qty)| Allocation { location: c.location.clone(), shard: c.shard, qty })
                         .collect(),
+                    backordered: w.units,
                 })
                 .collect(),
             category: req.category.clone(),
@@ -316,6 +367,7 @@ pub async fn place_order_in(
             paid_at: None,
             cancelled_at: None,
             cancel_reason: None,
+            waiting,
         };
         let mut writes = vec![Write::Put {
             item: Item::new(keys::order(t, &req.order_id), attrs_of(&order)?),
@@ -326,15 +378,34 @@ pub async fn place_order_in(
             let mut change =
                 StockChange::new(t, record, LedgerKind::Reserve, format!("order:{}", req.order_id), at.clone());
             change.deltas = plan.iter().map(|(cell, &qty)| (cell.clone(), Counters::reserve(qty))).collect();
-            let w = change.writes()?;
+            let wait = waits[i];
+            if wait.units > 0 {
+                // The units past the stock, promised under the limit (checked at commit).
+                change.backordered = wait.units;
+                change.unfilled = wait.units;
+                change.header_conds.push(super::promises::within_limit(wait.limit, wait.units));
+            }
+            let mut w = change.writes()?;
+            if wait.units > 0 {
+                w.push(super::promises::waiting_put(t, &record.sku_id, &order)?);
+            }
             owner.extend(std::iter::repeat_n(Some(i), w.len()));
             writes.extend(w);
         }
         writes.push(timer.clone());
+        if writes.len() > MAX_TRANSACTION_WRITES {
+            let refusal = CoreError::invalid(
+                "items",
+                format!("too many SKUs waiting for stock for one transaction: at most {MAX_TRANSACTION_WRITES} writes"),
+            );
+            return replay_or(deps, t, req, &hash, refusal).await;
+        }
         match deps.table.transact(writes).await {
             Ok(()) => {
                 crate::crash::point("inventory.after_commit");
-                if deps.config.detached_expiry_messages {
+                if waiting > 0 {
+                    // A waiting order does not expire (its timer finds it not PENDING).
+                } else if deps.config.detached_expiry_messages {
                     // The order is durable and answered now: its answer does not wait for a
                     // second write (the message's), which on the embedded store is a second
                     // group commit and sync.
@@ -353,10 +424,13 @@ pub async fn place_order_in(
                 let Some(Some(i)) = owner.get(index).copied() else {
                     return Err(StoreError::ConditionFailed { index }.into());
                 };
-                plans[i] = match replan(deps, t, &records[i], &serving, market, req.items[i].qty).await {
-                    Ok(plan) => plan,
+                match plan_line(deps, t, &mut records[i], &serving, market, req.items[i].qty).await {
+                    Ok((plan, w)) => {
+                        plans[i] = plan;
+                        waits[i] = w;
+                    }
                     Err(e) => return replay_or(deps, t, req, &hash, e).await,
-                };
+                }
             }
             Err(StoreError::Conflict) => continue,
             Err(e) => return Err(e.into()),
@@ -367,7 +441,7 @@ pub async fn place_order_in(
 
 /// A short hold also gets a delayed message on the timers queue, so it expires on time; the
 /// durable timer written with the order is the backstop if this send fails (logged only).
-async fn send_expiry_message(deps: &Deps, expires: chrono::DateTime<chrono::Utc>, task: &TimerTask) {
+pub(crate) async fn send_expiry_message(deps: &Deps, expires: chrono::DateTime<chrono::Utc>, task: &TimerTask) {
     if !timer::fits_queue_delay(deps, expires) {
         return;
     }
@@ -469,6 +543,7 @@ fn missing_order(order_id: &str) -> Order {
         paid_at: None,
         cancelled_at: None,
         cancel_reason: None,
+        waiting: 0,
     }
 }
 
@@ -483,12 +558,18 @@ async fn settle(deps: &Deps, t: &TenantId, order_id: &str, transition: Transitio
             return Err(CoreError::NotFound { what: "order" });
         };
         let now_ms = deps.clock.now_ms();
+        // A waiting order (backordered, pre-ordered) may be paid (once) or cancelled (unpaid);
+        // it does not expire.
+        let waiting = order.status.is_waiting();
         match (transition, order.status) {
             (_, OrderStatus::Pending) => {}
+            (Transition::Pay | Transition::Cancel, s) if s.is_waiting() && order.paid_at.is_none() => {}
             (Transition::Cancel, OrderStatus::Cancelled) => return Ok(Settlement::Already(order)),
             _ => return Ok(Settlement::NotPending(order)),
         }
+        let before = order.status;
         let time_cond = match transition {
+            _ if waiting => None,
             Transition::Pay if now_ms >= order.expires_ms => {
                 return Err(CoreError::conflict(
                     "hold_expired",
@@ -519,9 +600,15 @@ async fn settle(deps: &Deps, t: &TenantId, order_id: &str, transition: Transitio
                 (OrderStatus::Cancelled, LedgerKind::Release, Some(reason.to_owned()))
             }
         };
+        // A waiting order paid stays waiting (its units sold as they arrive).
+        let status = if waiting && transition == Transition::Pay { before } else { status };
         updates.push(Update::set("status", status.as_str()));
-        let mut conds = vec![Cond::eq("status", OrderStatus::Pending.as_str())];
+        let mut conds = vec![Cond::eq("status", before.as_str())];
         conds.extend(time_cond);
+        if waiting {
+            conds.push(Cond::AttrNotExists("paid_at".into()));
+            conds.push(super::stock::number_is("waiting", order.waiting));
+        }
         let order_write = Write::Update { key: key.clone(), updates, cond: Cond::And(conds) };
         let mut lines = Vec::with_capacity(order.items.len());
         for item in &order.items {
@@ -546,7 +633,9 @@ async fn settle(deps: &Deps, t: &TenantId, order_id: &str, transition: Transitio
             Vec::new()
         };
         // The changes' writes; `rounds: false` leaves the restock round alone (see below).
-        let line_writes = |rounds: bool| -> CoreResult<Vec<Write>> {
+        let mut set_aside: Vec<String> = Vec::new();
+        let mut line_writes = |rounds: bool| -> CoreResult<Vec<Write>> {
+            set_aside.clear();
             let mut writes = vec![order_write.clone()];
             for (item, fresh) in &lines {
                 let Some(record) = records.get(&item.sku_id) else {
@@ -569,7 +658,44 @@ async fn settle(deps: &Deps, t: &TenantId, order_id: &str, transition: Transitio
                         let d = if kind == LedgerKind::Sell { Counters::sell(a.qty) } else { Counters::release(a.qty) };
                         (a.cell(), d)
                     })
-                    .collect();
+                    .fold(BTreeMap::new(), |mut m: BTreeMap<CellId, Counters>, (c, d)| {
+                        let e = m.entry(c).or_default();
+                        *e = e.plus(d);
+                        m
+                    });
+                if let Some(sku) = fresh {
+                    let promised = sku.total();
+                    let mut unfilled = promised.unfilled;
+                    if item.backordered > 0 {
+                        // The order's promise ends: its units not yet set aside leave
+                        // `unfilled`; any set aside for it return to `available`.
+                        let n = item.backordered;
+                        let still = n.min(unfilled);
+                        change.backordered = -n;
+                        change.unfilled = -still;
+                        unfilled -= still;
+                        let mut surplus = n - still;
+                        let mut by_most: Vec<&Cell> = sku.cells.iter().filter(|c| c.counters.allotted > 0).collect();
+                        by_most.sort_by_key(|c| std::cmp::Reverse(c.counters.allotted));
+                        for c in by_most {
+                            let u = surplus.min(c.counters.allotted);
+                            if u == 0 {
+                                break;
+                            }
+                            let e = change.deltas.entry(c.id.clone()).or_default();
+                            *e = e.plus(Counters { allotted: -u, ..Counters::new(u, 0, 0) });
+                            surplus -= u;
+                        }
+                        writes.push(Write::Delete {
+                            key: super::promises::waiting_key(t, &item.sku_id, &order),
+                            cond: Cond::Always,
+                        });
+                    }
+                    // Released units go to the SKU's other backorders first.
+                    if change.allot(unfilled) > 0 {
+                        set_aside.push(item.sku_id.clone());
+                    }
+                }
                 writes.extend(change.writes()?);
             }
             Ok(writes)
@@ -582,6 +708,12 @@ async fn settle(deps: &Deps, t: &TenantId, order_id: &str, transition: Transitio
             // scan serves the SKUs' waiters (docs/inventory.md, "Locations and markets").
             warn!(tenant = %t, order_id, "release too large to decide restock rounds; released without them");
             writes = line_writes(false)?;
+        }
+        let set_aside = set_aside;
+        for sku_id in &set_aside {
+            if writes.len() < MAX_TRANSACTION_WRITES {
+                writes.push(super::promises::fill_timer(deps, t, sku_id).await?);
+            }
         }
         // The `order.expired` webhook event, in the expiry's own transaction (an order at the
         // transaction's limit has no room left for it: it is then not told).
@@ -601,6 +733,9 @@ async fn settle(deps: &Deps, t: &TenantId, order_id: &str, transition: Transitio
             Ok(()) => {
                 order.status = status;
                 order.updated_at = at;
+                for sku_id in &set_aside {
+                    super::promises::fill_soon(deps, t, sku_id).await;
+                }
                 return Ok(Settlement::Settled(order));
             }
             // The order or a counter moved since it was read: read again and decide again.

@@ -98,10 +98,12 @@ impl Sku {
                     reserved: c.reserved,
                     sold: c.sold,
                     safety_stock: c.safety,
+                    allotted: c.allotted,
                     on_hand: c.on_hand(),
                 });
             }
         }
+        let policy = super::promises::policy_of(&self.record);
         StockView {
             sku_id: self.record.sku_id.clone(),
             available: total.available,
@@ -113,6 +115,9 @@ impl Sku {
             safety_stock: total.safety,
             locations,
             incoming: Vec::new(),
+            backordered: (policy.is_some() || total.backordered != 0).then_some(total.backordered),
+            allotted: total.allotted,
+            policy,
         }
     }
 }
@@ -168,17 +173,33 @@ pub(crate) async fn read_cells(deps: &Deps, t: &TenantId, record: &SkuRecord) ->
         };
         let (counters, version) = if !id.is_default() {
             let c: LocationCellRecord = item.parse()?;
-            (Counters { safety: c.safety, ..Counters::new(c.available, c.reserved, c.sold) }, c.version)
+            let counters = Counters::new(c.available, c.reserved, c.sold);
+            (Counters { safety: c.safety, allotted: c.allotted, ..counters }, c.version)
         } else if record.is_sharded() {
             let s: ShardRecord = item.parse()?;
-            (Counters::new(s.available, s.reserved, s.sold), s.version)
+            (Counters { allotted: s.allotted, ..Counters::new(s.available, s.reserved, s.sold) }, s.version)
         } else {
             // Read again: the caller's record may be older than this moment.
             let r: SkuRecord = item.parse()?;
             let c = Counters::new(r.available.unwrap_or(0), r.reserved.unwrap_or(0), r.sold.unwrap_or(0));
-            (Counters { safety: r.safety.unwrap_or(0), ..c }, r.version.unwrap_or(0))
+            let c = Counters {
+                safety: r.safety.unwrap_or(0),
+                allotted: r.allotted.unwrap_or(0),
+                backordered: r.backordered.unwrap_or(0),
+                unfilled: r.unfilled.unwrap_or(0),
+                ..c
+            };
+            (c, r.version.unwrap_or(0))
         };
         cells.push(Cell { id, key, counters, version });
+    }
+    // A sharded SKU's promised units live on its stock item (as `record` has it): they count
+    // on cell 0.
+    if record.is_sharded()
+        && let Some(first) = cells.first_mut()
+    {
+        first.counters.backordered = record.backordered.unwrap_or(0);
+        first.counters.unfilled = record.unfilled.unwrap_or(0);
     }
     Ok(cells)
 }
@@ -214,6 +235,10 @@ pub(crate) struct StockChange<'a> {
     /// (`locations::market_groups`): a market that had none available opens a round too, though
     /// the SKU had some elsewhere (docs/restock.md, "Markets").
     pub markets: Vec<Vec<String>>,
+    /// The change of the SKU's promised units (`backordered`) and of those not yet set aside
+    /// (`unfilled`), both on the stock item (docs/inventory.md, "Backorders and pre-orders").
+    pub backordered: i64,
+    pub unfilled: i64,
 }
 
 impl<'a> StockChange<'a> {
@@ -236,7 +261,29 @@ impl<'a> StockChange<'a> {
             header_conds: Vec::new(),
             rounds: true,
             markets: Vec::new(),
+            backordered: 0,
+            unfilled: 0,
         }
+    }
+
+    /// Sets aside up to `want` of the units this change adds to `available` for the SKU's
+    /// backorders: they go to `allotted` instead (in the same cells), and `unfilled` goes down
+    /// by as many (conditioned at commit: never more than are promised). Returns how many.
+    pub fn allot(&mut self, want: i64) -> i64 {
+        let mut left = want.max(0);
+        let mut taken = 0;
+        for d in self.deltas.values_mut() {
+            if left == 0 {
+                break;
+            }
+            let n = left.min(d.available.max(0));
+            d.available -= n;
+            d.allotted += n;
+            left -= n;
+            taken += n;
+        }
+        self.unfilled -= taken;
+        taken
     }
 
     pub fn total(&self) -> Counters {
@@ -266,6 +313,9 @@ impl<'a> StockChange<'a> {
             delta_reserved: total.reserved,
             delta_sold: total.sold,
             delta_safety: total.safety,
+            delta_allotted: total.allotted,
+            delta_backordered: self.backordered,
+            delta_unfilled: self.unfilled,
             location,
             kind: self.kind,
             reference: self.reference.clone(),
@@ -288,9 +338,13 @@ impl<'a> StockChange<'a> {
             }
             let (updates, conds) = cells.entry(id.clone()).or_default();
             conds.push(Cond::Exists);
-            for (name, delta) in
-                [("available", d.available), ("reserved", d.reserved), ("sold", d.sold), ("safety", d.safety)]
-            {
+            for (name, delta) in [
+                ("available", d.available),
+                ("reserved", d.reserved),
+                ("sold", d.sold),
+                ("safety", d.safety),
+                ("allotted", d.allotted),
+            ] {
                 if delta != 0 {
                     updates.push(Update::add(name, delta));
                 }
@@ -340,6 +394,19 @@ impl<'a> StockChange<'a> {
         // locations) the "was 0" decision saw, so a location's cell added since fails it.
         let mut header = self.header.clone();
         let mut header_conds = self.header_conds.clone();
+        for (name, delta) in [("backordered", self.backordered), ("unfilled", self.unfilled)] {
+            if delta != 0 {
+                header.push(Update::add(name, delta));
+            }
+            if delta < 0 {
+                header_conds.push(Cond::ge(name, -delta));
+            }
+        }
+        let stock_is_cell = !self.record.is_sharded() && self.deltas.contains_key(&CellId::default_shard(0));
+        if (self.backordered != 0 || self.unfilled != 0) && !self.record.is_sharded() && !stock_is_cell {
+            // The stock item is the default cell: its version marks the change for reconciliation.
+            header.push(Update::add("version", 1));
+        }
         if restock {
             header.push(Update::add("restock_round", 1));
             let layout = number_is("layout", self.record.layout.unwrap_or(0));
@@ -378,6 +445,7 @@ impl<'a> StockChange<'a> {
                 reserved: d.reserved,
                 sold: d.sold,
                 safety: d.safety,
+                allotted: d.allotted,
                 version: 1,
             };
             writes.push(Write::Put {
@@ -455,6 +523,12 @@ pub async fn warm_up(deps: &Deps, t: &TenantId, sku_id: &str, req: &WarmUpReques
         sold: (!sharded).then_some(0),
         safety: None,
         version: (!sharded).then_some(1),
+        allotted: None,
+        backordered: None,
+        unfilled: None,
+        backorder_limit: None,
+        preorder_until: None,
+        preorder_limit: None,
     };
     let mut writes =
         vec![Write::Put { item: Item::new(keys::stock(t, sku_id), attrs_of(&record)?), cond: Cond::NotExists }];
@@ -462,7 +536,15 @@ pub async fn warm_up(deps: &Deps, t: &TenantId, sku_id: &str, req: &WarmUpReques
     if sharded {
         for shard in 0..shards {
             let available = split.get(&shard).copied().unwrap_or(0);
-            let s = ShardRecord { sku_id: sku_id.to_owned(), shard, available, reserved: 0, sold: 0, version: 1 };
+            let s = ShardRecord {
+                sku_id: sku_id.to_owned(),
+                shard,
+                available,
+                reserved: 0,
+                sold: 0,
+                allotted: 0,
+                version: 1,
+            };
             writes.push(Write::Put {
                 item: Item::new(keys::shard(t, sku_id, shard), attrs_of(&s)?),
                 cond: Cond::NotExists,
@@ -596,6 +678,9 @@ pub async fn adjust_at(
         }
         change.deltas = units.into_iter().map(|(i, u)| (i, Counters::new(u, 0, 0))).collect();
         change.source = Some(source);
+        // Units promised to backorders and not yet set aside take the arrival first: only the
+        // units beyond them reach `available` (docs/inventory.md, "Backorders and pre-orders").
+        let allotted = change.allot(sku.total().unfilled);
         let record = AdjustmentRecord { body_hash: hash.clone(), sku_id: sku_id.to_owned(), created_at: at };
         let mut writes =
             vec![Write::Put { item: Item::new(idem_key.clone(), attrs_of(&record)?), cond: Cond::NotExists }];
@@ -610,8 +695,16 @@ pub async fn adjust_at(
             ));
         }
         writes.extend(change.writes()?);
+        if allotted > 0 {
+            writes.push(super::promises::fill_timer(deps, t, sku_id).await?);
+        }
         match deps.table.transact(writes).await {
-            Ok(()) => return get_stock(deps, t, sku_id).await?.ok_or(CoreError::NotFound { what: "sku" }),
+            Ok(()) => {
+                if allotted > 0 {
+                    super::promises::fill_soon(deps, t, sku_id).await;
+                }
+                return get_stock(deps, t, sku_id).await?.ok_or(CoreError::NotFound { what: "sku" });
+            }
             Err(StoreError::ConditionFailed { index: 0 }) => {
                 return replayed_adjustment(deps, t, sku_id, &idem_key, &hash).await;
             }
@@ -841,6 +934,12 @@ mod tests {
             sold: Some(0),
             safety: None,
             version: Some(1),
+            allotted: None,
+            backordered: None,
+            unfilled: None,
+            backorder_limit: None,
+            preorder_until: None,
+            preorder_limit: None,
         };
         let observed = [cell(0, 0)];
         let mut change = StockChange::new(&t, &record, LedgerKind::Release, "order:o".into(), "now".into());

@@ -170,6 +170,7 @@ async fn run(deps: &Deps, task: &TimerTask) -> CoreResult<()> {
                 Settlement::Already(_) | Settlement::NotPending(_) => Ok(()),
             }
         }
+        TimerTask::BackorderFill { tenant, sku_id } => inventory::fill(deps, tenant, sku_id).await.map(|_| ()),
         TimerTask::RestockWave { tenant, sku_id, round, wave } => {
             crate::restock::run_round(deps, tenant, sku_id, *round, Some(*wave)).await.map(|_| ())
         }

@@ -85,6 +85,10 @@ pub enum TimerTask {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         cursor: Option<String>,
     },
+    /// Move a SKU's units set aside for backorders into its waiting orders, oldest first
+    /// (`crate::inventory::backorders::fill`).
+    #[serde(rename = "inventory.fill")]
+    BackorderFill { tenant: TenantId, sku_id: String },
     /// An open or a click, queued by the tracking routes before they answer (in Lambda an
     /// environment is frozen once it has answered, so nothing may be left to do after it).
     #[serde(rename = "tracking.event")]
