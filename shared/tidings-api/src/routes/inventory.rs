@@ -134,8 +134,13 @@ async fn put_policy(
     State(s): State<AppState>,
     Tenant(t): Tenant,
     PathParams(sku_id): PathParams<String>,
-    Body(req): Body<StockPolicy>,
+    Body(body): Body<serde_json::Map<String, serde_json::Value>>,
 ) -> ApiResult<Json<StockView>> {
+    // Read as an object first: every field of a policy is optional, and serde would take a JSON
+    // array (`[null, null]`) for one, clearing the policy.
+    let body =
+        serde_json::to_vec(&body).map_err(|e| Problem::new(StatusCode::BAD_REQUEST, "bad_body", e.to_string()))?;
+    let req: StockPolicy = crate::extract::parse_json(&body)?;
     Ok(Json(inventory::put_policy(&s.deps, &t, &sku_id, &req).await?))
 }
 
@@ -350,6 +355,24 @@ mod tests {
         );
         let (status, _) = call(&app, "key-b", Method::GET, "/v1/inventory/1001", None).await;
         assert_eq!(status, 404, "another tenant's SKU");
+    }
+
+    /// A policy is an object: an array (which serde would read as one, every field absent) is
+    /// 400 and clears nothing; a bad field is named.
+    #[tokio::test]
+    async fn a_policy_body_must_be_an_object() {
+        let app = app().await;
+        call(&app, "key-a", Method::PUT, "/v1/inventory/p", Some(r#"{"on_hand": 1}"#)).await;
+        let (status, body) =
+            call(&app, "key-a", Method::PUT, "/v1/inventory/p/policy", Some(r#"{"backorder_limit": 4}"#)).await;
+        assert_eq!((status, &body["policy"]["backorder_limit"]), (200, &json!(4)), "{body}");
+        let (status, body) = call(&app, "key-a", Method::PUT, "/v1/inventory/p/policy", Some("[null, null]")).await;
+        assert_eq!(status, 400, "{body}");
+        let (status, body) =
+            call(&app, "key-a", Method::PUT, "/v1/inventory/p/policy", Some(r#"{"backorder_limit": "x"}"#)).await;
+        assert_eq!((status, body["field"].as_str()), (400, Some("backorder_limit")), "{body}");
+        let (_, body) = call(&app, "key-a", Method::GET, "/v1/inventory/p", None).await;
+        assert_eq!(body["policy"]["backorder_limit"], 4, "still set: {body}");
     }
 
     #[tokio::test]
