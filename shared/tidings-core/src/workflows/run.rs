@@ -447,6 +447,15 @@ async fn send(ctx: &Ctx<'_>, run: &mut Run, i: usize, from: usize) -> CoreResult
                 record(ctx, run, i, "queued", Some(channel), None);
                 return Ok(Next::Go(node.next));
             }
+            // The same with channels left: judged as that drive would have (`fell_back`).
+            StepSend::Failed(_, true) => {
+                record(ctx, run, i, "queued", Some(channel), None);
+                match judge_send(ctx, run, i, k, None).await? {
+                    Judged::Done(next) => return Ok(next),
+                    Judged::NextChannel => continue,
+                    Judged::Pending => return wait_for_send(ctx, run, i, k, wait.as_deref(), now_ms).await,
+                }
+            }
             StepSend::Failed(error, _) => {
                 record(ctx, run, i, "failed", Some(channel), Some(error));
                 if !fallback {
