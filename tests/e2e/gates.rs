@@ -69,11 +69,25 @@ pub async fn marketing_emails_at_five_a_second_are_all_sent(backend: Backend) ->
     users.sort_unstable();
     users.dedup();
     assert_eq!((sends.len(), users.len()), (members, members), "each member once");
-    // The gate still holds: never more than 5 in any second (the provider's clock, the record's).
+    // The gate still holds (the provider's clock, the record's). A bucket of 5/s holds one send
+    // and refills 4 a second (docs/gates.md): at most 1 + 4·W sends in any W seconds, 5 in any
+    // second. On the embedded backend the provider is called the instant the gate admits. On
+    // the emulators the gate's admission is a DynamoDB write, and the call follows its answer,
+    // which a loaded run delays unevenly: there the provider's clock may be up to half a second
+    // off the gate's, and a window of W seconds holds at most 1 + 4·(W + 0.5) sends.
     let mut times: Vec<i64> = sends.iter().map(|m| at(m, "at").timestamp_millis()).collect();
     times.sort_unstable();
-    let most = times.iter().enumerate().map(|(i, t)| times[i..].iter().take_while(|u| **u < t + 1000).count()).max();
-    assert!(most.unwrap_or(0) <= 5, "at most 5 a second: {times:?}");
+    let skew_ms = if backend == Backend::Aws { 500 } else { 0 };
+    for window_ms in [1000, 3000] {
+        let most = times
+            .iter()
+            .enumerate()
+            .map(|(i, t)| times[i..].iter().take_while(|u| **u < t + window_ms).count())
+            .max()
+            .unwrap_or(0);
+        let bound = 1 + (4 * (window_ms + skew_ms) / 1000) as usize;
+        assert!(most <= bound, "at most {bound} in {window_ms} ms, {most} were: {times:?}");
+    }
 
     // The metrics' first read: the sends of the last 10 s, and the store's waits.
     let (st, m) = s.ops("GET", "/v1/ops/metrics", None).await?;

@@ -226,8 +226,9 @@ impl Provider for DevProvider {
                 },
             });
         }
-        let receipt = self.inner.send(message).await?;
+        // The provider's clock: when the call reached it (its answer may come much later).
         let now = self.clock.now();
+        let receipt = self.inner.send(message).await?;
         let record = RecordedSend {
             channel: self.channel,
             tenant: message.tenant.clone(),

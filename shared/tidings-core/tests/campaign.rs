@@ -13,6 +13,7 @@ use chrono::{DateTime, Utc};
 use serde_json::json;
 use tidings_core::gates::{self, BreakerConfig, BreakerState, GateConfig, GateStore, RateGate};
 use tidings_core::messages::{ALL_QUEUES, dispatch, settle};
+use tidings_core::outcome::Outcome;
 use tidings_core::notify::api::{self, NotificationView};
 use tidings_core::notify::model::{DeliveryStatus, NotificationRequest, NotificationStatus};
 use tidings_core::notify::relay;
@@ -236,6 +237,131 @@ async fn cancel_stops_the_rest_and_counts_say_so() {
     assert_eq!(v.counts.suppressed, 100, "{v:?}");
     assert_eq!(v.counts.queued, 0);
     assert_eq!(v.expanded, 100, "the other pages were never expanded");
+}
+
+/// Queues whose channel lanes refuse every message: a page run stopped after writing its
+/// deliveries and before queueing their tasks (as a crash or an invocation's deadline there).
+struct LanesDown(Arc<dyn ports::Queues>);
+
+#[async_trait]
+impl ports::Queues for LanesDown {
+    async fn send_batch(&self, queue: &str, messages: Vec<OutMessage>) -> Result<(), ports::QueueError> {
+        if queue.starts_with("email") {
+            return Err(ports::QueueError::Unavailable("the email lane is down".into()));
+        }
+        self.0.send_batch(queue, messages).await
+    }
+    async fn receive(
+        &self,
+        queue: &str,
+        max: usize,
+        visibility: Duration,
+        wait: Duration,
+    ) -> Result<Vec<ports::Received>, ports::QueueError> {
+        self.0.receive(queue, max, visibility, wait).await
+    }
+    async fn change_visibility(&self, queue: &str, receipt: &str, v: Duration) -> Result<(), ports::QueueError> {
+        self.0.change_visibility(queue, receipt, v).await
+    }
+    async fn delete(&self, queue: &str, receipt: &str) -> Result<(), ports::QueueError> {
+        self.0.delete(queue, receipt).await
+    }
+    async fn stats(&self, queue: &str) -> Result<ports::QueueStats, ports::QueueError> {
+        self.0.stats(queue).await
+    }
+    async fn redrive(&self, queue: &str) -> Result<u64, ports::QueueError> {
+        self.0.redrive(queue).await
+    }
+    async fn peek_dlq(&self, queue: &str, max: usize) -> Result<Vec<ports::Received>, ports::QueueError> {
+        self.0.peek_dlq(queue, max).await
+    }
+    async fn send_to_dlq(&self, queue: &str, body: String) -> Result<(), ports::QueueError> {
+        self.0.send_to_dlq(queue, body).await
+    }
+}
+
+/// A page run stopped after writing its deliveries and before queueing their tasks, then the
+/// cancel: the page's task, when it comes again, finds the notification cancelled and closes
+/// those deliveries (`suppressed`, `cancelled`), counters and all. Before, it returned at once
+/// and they stayed `pending` for ever (the AWS e2e cancel test's failure under load).
+#[tokio::test]
+async fn a_cancelled_pages_deliveries_that_were_never_queued_end() {
+    let w = world(100);
+    users_with_tag(&w, 250, "vip").await;
+    template(&w).await;
+    let accepted = api::accept(&w.deps, &w.t, campaign("sale-cut", "vip")).await.unwrap();
+    loop {
+        let records = w.feed.next_batch(1000).await.unwrap();
+        if records.is_empty() {
+            break;
+        }
+        relay::handle_changes(&w.deps, &records).await.unwrap();
+        w.feed.commit(&records).await.unwrap();
+    }
+    let got = w.deps.queues.receive("requests-low", 1, Duration::from_secs(60), Duration::ZERO).await.unwrap();
+    let cut = Deps { queues: Arc::new(LanesDown(w.deps.queues.clone())), ..w.deps.clone() };
+    let outcome = dispatch(&cut, "requests-low", &got[0]).await;
+    assert!(matches!(outcome, Outcome::Retry(_)), "{outcome:?}");
+    // Back at once, as a run cut off at its deadline is (`router::cut_off_at`).
+    let cut_off = Outcome::Retry(Duration::ZERO);
+    settle(w.deps.queues.as_ref(), "requests-low", &got[0], &cut_off, w.deps.clock.now(), true).await.unwrap();
+    let v = view(&w, &accepted.notification_id).await;
+    assert_eq!(v.counts.queued, 100, "the page's deliveries are written, their tasks not queued: {v:?}");
+    api::cancel(&w.deps, &w.t, &accepted.notification_id).await.unwrap();
+    drain(&w).await;
+    assert_eq!(w.email.total(), 0, "nothing sent after the cancel");
+    let v = view(&w, &accepted.notification_id).await;
+    assert_eq!(v.status, NotificationStatus::Cancelled);
+    assert_eq!((v.counts.queued, v.counts.suppressed), (0, 100), "{v:?}");
+    let deliveries = api::list_deliveries(&w.deps, &w.t, &accepted.notification_id, 1000, None).await.unwrap().unwrap();
+    assert_eq!(deliveries.items.len(), 100);
+    for d in &deliveries.items {
+        assert_eq!((d.status, d.reason.as_deref()), (DeliveryStatus::Suppressed, Some("cancelled")), "{d:?}");
+    }
+}
+
+/// A cancelled campaign's claim left by a worker that stopped between its claim and its record
+/// (lease run out) ends `failed` (`outcome_unknown`) when its task comes back: neither sent
+/// again nor left `sending` for ever. Before, the task was dropped and the claim stayed open.
+#[tokio::test]
+async fn a_cancelled_campaigns_stale_claim_ends() {
+    let w = world(100);
+    users_with_tag(&w, 3, "vip").await;
+    template(&w).await;
+    let accepted = api::accept(&w.deps, &w.t, campaign("sale-claim", "vip")).await.unwrap();
+    let id = accepted.notification_id.clone();
+    loop {
+        let records = w.feed.next_batch(1000).await.unwrap();
+        if records.is_empty() {
+            break;
+        }
+        relay::handle_changes(&w.deps, &records).await.unwrap();
+        w.feed.commit(&records).await.unwrap();
+    }
+    let got = w.deps.queues.receive("requests-low", 1, Duration::from_secs(60), Duration::ZERO).await.unwrap();
+    let outcome = dispatch(&w.deps, "requests-low", &got[0]).await;
+    settle(w.deps.queues.as_ref(), "requests-low", &got[0], &outcome, w.deps.clock.now(), true).await.unwrap();
+    // u00001's worker claimed it and stopped: `sending`, its lease run out.
+    let key = tidings_core::keys::delivery(&w.t, &id, "u00001", Channel::Email);
+    let expired = w.deps.clock.now_ms() - 1;
+    let claim = vec![ports::Update::set("status", "sending"), ports::Update::set("lease_until_ms", expired)];
+    w.deps.table.update(&key, claim, ports::Cond::eq("status", "pending")).await.unwrap();
+    api::cancel(&w.deps, &w.t, &id).await.unwrap();
+    drain(&w).await;
+    assert_eq!(w.email.total(), 0, "nothing sent after the cancel");
+    let deliveries = api::list_deliveries(&w.deps, &w.t, &id, 1000, None).await.unwrap().unwrap();
+    let ends: Vec<(&str, DeliveryStatus, Option<&str>)> =
+        deliveries.items.iter().map(|d| (d.user_id.as_str(), d.status, d.reason.as_deref())).collect();
+    assert_eq!(
+        ends,
+        [
+            ("u00000", DeliveryStatus::Suppressed, Some("cancelled")),
+            ("u00001", DeliveryStatus::Failed, Some("outcome_unknown")),
+            ("u00002", DeliveryStatus::Suppressed, Some("cancelled")),
+        ]
+    );
+    let v = view(&w, &id).await;
+    assert_eq!((v.counts.queued, v.counts.failed, v.counts.suppressed), (0, 1, 2), "{v:?}");
 }
 
 #[tokio::test]

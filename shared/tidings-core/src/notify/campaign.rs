@@ -80,6 +80,15 @@ pub async fn page_done(deps: &Deps, t: &TenantId, notification_id: &str, page: u
     Ok(deps.table.get(&done_key(t, notification_id, page)).await?.is_some())
 }
 
+/// How many deliveries of a page its counters hold as queued (`pending` or `sending`), over
+/// its shards: one query of at most a few items.
+pub async fn page_queued(deps: &Deps, t: &TenantId, notification_id: &str, page: u64) -> CoreResult<i64> {
+    let pk = keys::notification_pk(t, notification_id);
+    let prefix = format!("{}{page:08}#", keys::COUNTER_PREFIX);
+    let got = deps.table.query(&pk, &prefix, QueryOpts { limit: 100, cursor: None, descending: false }).await?;
+    Ok(got.items.iter().filter_map(|i| i.i64(progress::bucket(DeliveryStatus::Pending))).sum())
+}
+
 /// Marks a page finished, with how many recipients it expanded (once).
 pub async fn finish_page(
     deps: &Deps,

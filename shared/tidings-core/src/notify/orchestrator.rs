@@ -264,22 +264,11 @@ pub async fn resume_deferred(
 ) -> CoreResult<()> {
     let Some(n) = load(deps, t, notification_id).await? else { return Ok(()) };
     if n.status == NotificationStatus::Cancelled {
-        let r = deps
-            .table
-            .update(
-                &keys::delivery(t, notification_id, user_id, channel),
-                vec![
-                    Update::set("status", "suppressed"),
-                    Update::set("reason", "cancelled"),
-                    Update::Remove("deferred_until".into()),
-                ],
-                Cond::eq("status", "pending"),
-            )
-            .await;
-        return match r {
-            Ok(_) | Err(StoreError::ConditionFailed { .. }) => Ok(()),
-            Err(e) => Err(e.into()),
-        };
+        let key = keys::delivery(t, notification_id, user_id, channel);
+        let Some(item) = deps.table.get(&key).await? else { return Ok(()) };
+        let page = item.i64(progress::PAGE_ATTR).unwrap_or(0).max(0) as u64;
+        progress::transition(deps, cancelled_transition(deps, t, &n, user_id, page, &key)).await?;
+        return Ok(());
     }
     let (template, hosts) = content_sources(deps, t, &n, channel).await?;
     let user = users::get_user(deps, t, user_id).await?;
@@ -303,6 +292,72 @@ pub async fn resume_deferred(
         queue_one(deps, t, &queue, &task).await?;
     }
     Ok(())
+}
+
+/// A cancelled notification's `pending` delivery (deferred or never queued) closed
+/// `suppressed` (`cancelled`), with its counters.
+fn cancelled_transition<'a>(
+    deps: &Deps,
+    t: &'a TenantId,
+    n: &'a Notification,
+    user_id: &'a str,
+    page: u64,
+    key: &'a Key,
+) -> progress::Transition<'a> {
+    let now = deps.clock.now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    progress::Transition {
+        t,
+        notification_id: &n.notification_id,
+        user_id,
+        page,
+        key,
+        from: DeliveryStatus::Pending,
+        to: DeliveryStatus::Suppressed,
+        also: None,
+        updates: vec![
+            Update::set("reason", "cancelled"),
+            Update::Remove("deferred_until".into()),
+            Update::set("updated_at", now),
+        ],
+    }
+}
+
+/// Closes a cancelled notification's deliveries of `page` for `user_ids` still `pending` (never
+/// queued, or deferred) as `suppressed` (`cancelled`), with their counters. How many it closed.
+pub(crate) async fn close_pending(
+    deps: &Deps,
+    t: &TenantId,
+    n: &Notification,
+    page: u64,
+    user_ids: &[&str],
+) -> CoreResult<usize> {
+    let channels = n.request.channels.as_deref().unwrap_or(&Channel::ALL[..]);
+    let mut closed = 0;
+    // 25 users of up to 4 channels: one read of at most 100 items.
+    for chunk in user_ids.chunks(25) {
+        let wanted: Vec<(&str, Key)> = chunk
+            .iter()
+            .flat_map(|u| channels.iter().map(move |&c| (*u, keys::delivery(t, &n.notification_id, u, c))))
+            .collect();
+        let keys: Vec<Key> = wanted.iter().map(|(_, k)| k.clone()).collect();
+        let items = deps.table.get_many(&keys).await?;
+        let open: Vec<(&str, &Key)> = wanted
+            .iter()
+            .zip(&items)
+            .filter(|(_, item)| {
+                item.as_ref().is_some_and(|i| {
+                    i.i64(progress::PAGE_ATTR).unwrap_or(0) == page as i64
+                        && i.parse::<Delivery>().is_ok_and(|d| d.status == DeliveryStatus::Pending)
+                })
+            })
+            .map(|((u, k), _)| (*u, k))
+            .collect();
+        for part in open.chunks(30) {
+            let trs = part.iter().map(|(u, k)| cancelled_transition(deps, t, n, u, page, k)).collect();
+            closed += progress::transition_many(deps, trs, Vec::new()).await?.into_iter().filter(|&c| c).count();
+        }
+    }
+    Ok(closed)
 }
 
 /// What one delivery's content is rendered from: the notification's template, and for an email

@@ -6,8 +6,8 @@
 use tracing::{instrument, warn};
 
 use super::api::load;
-use super::campaign;
-use super::model::{Notification, NotificationStatus, RequestMessage};
+use super::model::{DeliveryStatus, Notification, NotificationStatus, RequestMessage};
+use super::{batch, campaign, send_batch};
 use super::orchestrator::{self, start_processing};
 use crate::deps::Deps;
 use crate::error::CoreResult;
@@ -44,22 +44,18 @@ pub async fn orchestrate_task(deps: &Deps, t: &TenantId, task: &RequestMessage) 
         return Ok(());
     };
     // A scheduled notification is started by its timer (`schedule::fire`), never early.
-    if matches!(n.status, NotificationStatus::Cancelled | NotificationStatus::Scheduled) {
+    if n.status == NotificationStatus::Scheduled {
         return Ok(());
     }
     // Accepted before page markers existed: done once orchestrated.
     if (!n.counted && n.orchestrated) || campaign::page_done(deps, t, &n.notification_id, task.page).await? {
         return Ok(());
     }
+    if n.status == NotificationStatus::Cancelled {
+        return close_cancelled_page(deps, t, &n, task).await;
+    }
     start_processing(deps, t, &n).await?;
-    let (users, next) = match n.segment() {
-        Some(tag) => {
-            let (users, next) =
-                users::segment_page(deps, t, tag, deps.config.campaign_page_size, task.cursor.clone()).await?;
-            (users.into_iter().map(|u| (u.user_id.clone(), Some(u))).collect::<Vec<_>>(), next)
-        }
-        None => (users::get_users(deps, t, n.request.user_ids()).await?, None),
-    };
+    let (users, next) = page_users(deps, t, &n, task).await?;
     // The next page before this one's work, so pages overlap; its item is the outbox entry
     // that queues it, put once whatever happens to this task.
     if let Some(cursor) = &next {
@@ -74,6 +70,52 @@ pub async fn orchestrate_task(deps: &Deps, t: &TenantId, task: &RequestMessage) 
         campaign::set_last_page(deps, t, &n.notification_id, task.page).await?;
     }
     campaign::finish_page(deps, t, &n.notification_id, task.page, users.len()).await?;
+    Ok(())
+}
+
+/// The users of a request task's page, and the cursor of the next page (a campaign's).
+async fn page_users(
+    deps: &Deps,
+    t: &TenantId,
+    n: &Notification,
+    task: &RequestMessage,
+) -> CoreResult<(Vec<(String, Option<User>)>, Option<String>)> {
+    Ok(match n.segment() {
+        Some(tag) => {
+            let (users, next) =
+                users::segment_page(deps, t, tag, deps.config.campaign_page_size, task.cursor.clone()).await?;
+            (users.into_iter().map(|u| (u.user_id.clone(), Some(u))).collect(), next)
+        }
+        None => (users::get_users(deps, t, n.request.user_ids()).await?, None),
+    })
+}
+
+/// A page task of a cancelled template send whose page is not done: an earlier run of it may
+/// have been stopped (a crash, an invocation's deadline) after writing its deliveries and
+/// before queueing their tasks, and no worker would ever see them. Its deliveries still
+/// `pending` and its send batches still open are closed `suppressed` (`cancelled`), with their
+/// counters, so a cancelled notification's every delivery ends (docs/delivery.md, "Cancel").
+/// A page that counted nothing queued (never started, the common case) costs one query. A
+/// workflow's runs are ended by the cancel's own sweep.
+async fn close_cancelled_page(deps: &Deps, t: &TenantId, n: &Notification, task: &RequestMessage) -> CoreResult<()> {
+    if n.workflow.is_some() || campaign::page_queued(deps, t, &n.notification_id, task.page).await? == 0 {
+        return Ok(());
+    }
+    let (users, _) = page_users(deps, t, n, task).await?;
+    let ids: Vec<&str> = users.iter().map(|(id, _)| id.as_str()).collect();
+    let mut closed = orchestrator::close_pending(deps, t, n, task.page, &ids).await?;
+    let made = batch::page_batches(deps.table.as_ref(), t, &n.notification_id, task.page).await?;
+    for (key, b) in &made.batches {
+        if matches!(b.status, batch::BatchStatus::Pending | batch::BatchStatus::Dead) {
+            let close = send_batch::Close { to: DeliveryStatus::Suppressed, reason: "cancelled", last_error: None };
+            if send_batch::close_open(deps, t, key, b, close).await? {
+                closed += b.entries.iter().filter(|e| e.is_open()).count();
+            }
+        }
+    }
+    if closed > 0 {
+        warn!(closed, "closed a cancelled page's deliveries that were never queued");
+    }
     Ok(())
 }
 

@@ -321,14 +321,14 @@ async fn record(
 }
 
 /// How a batch's open entries are closed without a send.
-struct Close {
-    to: DeliveryStatus,
-    reason: &'static str,
-    last_error: Option<&'static str>,
+pub(super) struct Close {
+    pub to: DeliveryStatus,
+    pub reason: &'static str,
+    pub last_error: Option<&'static str>,
 }
 
 /// Closes the open entries of `batch` (as read) without a send, with their counters.
-async fn close_open(deps: &Deps, t: &TenantId, key: &Key, batch: &SendBatch, close: Close) -> CoreResult<bool> {
+pub(super) async fn close_open(deps: &Deps, t: &TenantId, key: &Key, batch: &SendBatch, close: Close) -> CoreResult<bool> {
     let entries: Vec<BatchEntry> = batch
         .entries
         .iter()

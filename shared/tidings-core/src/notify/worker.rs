@@ -116,8 +116,7 @@ async fn deliver(deps: &Deps, t: &TenantId, task: &ChannelTask, receive_count: u
     let key = task.delivery_key();
     let now_ms = deps.clock.now_ms();
     if let Some(reason) = stopped(deps, t, task).await? {
-        close_stopped(deps, t, task, &key, reason, now_ms).await?;
-        return Ok(Outcome::Done);
+        return close_stopped(deps, t, task, &key, reason, now_ms).await;
     }
     let claimed = match claim_one(deps, t, task, receive_count, key, now_ms).await? {
         Ok(claimed) => [claimed],
@@ -165,8 +164,13 @@ async fn stopped(deps: &Deps, t: &TenantId, task: &ChannelTask) -> CoreResult<Op
     })
 }
 
-/// Closes the delivery of a stopped task as `suppressed` when it is not being sent: `pending`,
-/// `dead`, or (for an erased user) a claim whose lease ran out (a worker stopped mid-send).
+/// Closes the delivery of a stopped task without a send: `pending` or `dead`, as `suppressed`
+/// (`reason`). A claim (`sending`) whose lease still runs is its worker's: the task comes back
+/// once the lease has run out. A claim whose lease ran out belonged to a worker that stopped
+/// between its claim and its record (a crash, a cut-off at an invocation's deadline), so
+/// nothing else would ever end it: an erased user's is closed `suppressed`; a cancelled
+/// notification's, whose worker may have passed the cancel fence and called the provider before
+/// the cancel, `failed` (`outcome_unknown`), never sent again.
 async fn close_stopped(
     deps: &Deps,
     t: &TenantId,
@@ -174,16 +178,37 @@ async fn close_stopped(
     key: &Key,
     reason: &str,
     now_ms: i64,
-) -> CoreResult<()> {
-    let Some(item) = deps.table.get(key).await? else { return Ok(()) };
+) -> CoreResult<Outcome> {
+    let Some(item) = deps.table.get(key).await? else { return Ok(Outcome::Done) };
     let d: Delivery = item.parse()?;
-    let stale = d.status == DeliveryStatus::Sending && d.lease_until_ms.is_some_and(|l| l < now_ms);
-    if matches!(d.status, DeliveryStatus::Pending | DeliveryStatus::Dead) || (stale && reason != "cancelled") {
-        let updates = vec![Update::set("reason", reason), Update::set("updated_at", now_str(deps))];
-        let page = Some(page_of(&item).unwrap_or(0));
-        move_delivery(deps, t, task, key, page, d.status, DeliveryStatus::Suppressed, updates).await?;
-    }
-    Ok(())
+    let page = Some(page_of(&item).unwrap_or(0));
+    let (to, updates) = match d.status {
+        DeliveryStatus::Pending | DeliveryStatus::Dead => {
+            (DeliveryStatus::Suppressed, vec![Update::set("reason", reason), Update::set("updated_at", now_str(deps))])
+        }
+        DeliveryStatus::Sending => {
+            // Claims made before marketing claims had a lease count as expired.
+            let lease_until = d.lease_until_ms.unwrap_or(now_ms);
+            if lease_until > now_ms {
+                let wait_ms = (lease_until - now_ms).max(0) as u64;
+                return Ok(Outcome::Retry(Duration::from_millis(wait_ms + 500)));
+            }
+            if reason == "cancelled" {
+                let why = "the worker stopped after claiming, before the cancel; not sent again";
+                (DeliveryStatus::Failed, outcome_unknown(deps, why))
+            } else {
+                let updates = vec![
+                    Update::set("reason", reason),
+                    Update::set("updated_at", now_str(deps)),
+                    Update::Remove("lease_until_ms".into()),
+                ];
+                (DeliveryStatus::Suppressed, updates)
+            }
+        }
+        _ => return Ok(Outcome::Done),
+    };
+    move_delivery(deps, t, task, key, page, d.status, to, updates).await?;
+    Ok(Outcome::Done)
 }
 
 /// The tasks of a batch that can be claimed together: marketing, of a notification not
