@@ -45,6 +45,29 @@ pub fn emulator() -> String {
     std::env::var("AWS_ENDPOINT_URL").unwrap_or_default()
 }
 
+/// Deletes a finished test's table and its queues and DLQs (the queues named with `prefix`)
+/// from the emulators. Left behind, a whole run's thousands of queues and hundred tables made
+/// every later test several times slower on moto and DynamoDB Local (a cancel test took 118 s
+/// beside 2,500 stale queues, 39 s without them). Best effort, on a thread of its own: a test's
+/// end (a `Drop`) cannot await.
+pub fn remove_from_emulators(table: String, prefix: String) {
+    let cleaning = std::thread::spawn(move || {
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else { return };
+        rt.block_on(async move {
+            let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest()).load().await;
+            let dynamo = aws_sdk_dynamodb::Client::new(&sdk);
+            let _ = dynamo.delete_table().table_name(&table).send().await;
+            let sqs = aws_sdk_sqs::Client::new(&sdk);
+            if let Ok(out) = sqs.list_queues().queue_name_prefix(&prefix).max_results(100).send().await {
+                for url in out.queue_urls.unwrap_or_default() {
+                    let _ = sqs.delete_queue().queue_url(url).send().await;
+                }
+            }
+        });
+    });
+    let _ = cleaning.join();
+}
+
 pub struct Server {
     pub base: String,
     /// Tenant acme's key.
@@ -96,6 +119,14 @@ impl Default for Options {
             ],
             manual_clock: false,
             dev: true,
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if self.backend == Backend::Aws {
+            self.clean_up_emulators();
         }
     }
 }
@@ -262,6 +293,17 @@ impl Server {
             }
         }
         self.spawn().await
+    }
+
+    /// The emulators' resources of this run go away once the test is over
+    /// ([`remove_from_emulators`]).
+    fn clean_up_emulators(&mut self) {
+        let var = |name: &str| self.env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
+        let (Some(table), Some(prefix)) = (var("TIDINGS_TABLE"), var("TIDINGS_QUEUE_PREFIX")) else { return };
+        if let Some(mut child) = self.child.take() {
+            let _ = child.start_kill();
+        }
+        remove_from_emulators(table, prefix);
     }
 
     /// Stops the server (SIGKILL) and leaves it stopped: a client sees its connections refused.

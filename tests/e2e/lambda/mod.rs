@@ -723,5 +723,9 @@ impl Drop for Stack {
         for f in self.functions.values() {
             f.stop();
         }
+        // The template names the queues `{stack}-…` and the table `{stack}-table`.
+        if let Some(stack) = self.table.strip_suffix("table") {
+            crate::server::remove_from_emulators(self.table.clone(), stack.to_owned());
+        }
     }
 }
