@@ -68,6 +68,10 @@ struct State {
     /// is its own message shown again while it still runs (its visibility ran out), not a
     /// sign that the process ended.
     running: std::collections::HashSet<(String, String)>,
+    /// (queue, message id) → the receipt of the latest receive of a message that came while an
+    /// earlier receive of it still ran here: the only receipt the queue still honours, which
+    /// the earlier receive's settling takes ([`Attempts::newest_receipt`]).
+    newer: std::collections::HashMap<(String, String), String>,
 }
 
 /// How a handling holds the gate (kept for its drop, which opens it).
@@ -157,26 +161,43 @@ pub struct Running<'a> {
 }
 
 impl Attempts {
-    /// Counts the messages of `ids` (of `queue`) as handled by this process until the returned
-    /// guard is dropped; says for each whether it was already (another receive of it runs here:
-    /// not counted again, nor given back by this guard).
-    pub fn running<'a>(&'a self, queue: &str, ids: &[&str]) -> (Running<'a>, Vec<bool>) {
+    /// Counts the messages of `messages` (of `queue`; id and receipt) as handled by this process
+    /// until the returned guard is dropped; says for each whether it was already (another
+    /// receive of it runs here: not counted again, nor given back by this guard, and its receipt
+    /// kept for the earlier receive's settling: [`Attempts::newest_receipt`]).
+    pub fn running<'a>(&'a self, queue: &str, messages: &[(&str, &str)]) -> (Running<'a>, Vec<bool>) {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let mut held = Vec::with_capacity(ids.len());
-        let already = ids
-            .iter()
-            .map(|id| {
-                let key = (queue.to_owned(), (*id).to_owned());
-                let fresh = state.running.insert(key.clone());
-                if fresh {
-                    held.push(key);
+        let mut held = Vec::with_capacity(messages.len());
+        let mut already = Vec::with_capacity(messages.len());
+        for (id, receipt) in messages {
+            let key = (queue.to_owned(), (*id).to_owned());
+            let fresh = state.running.insert(key.clone());
+            if fresh {
+                held.push(key);
+            } else {
+                if state.newer.len() >= MAX_NEWER {
+                    // Receipts nobody took (a caller that settles with its own): forgotten.
+                    state.newer.clear();
                 }
-                !fresh
-            })
-            .collect();
+                state.newer.insert(key, (*receipt).to_owned());
+            }
+            already.push(!fresh);
+        }
         (Running { attempts: self, ids: held }, already)
     }
+
+    /// The receipt of a later receive of `message_id` that came while this process still ran an
+    /// earlier one ([`Attempts::running`]), once: what settling the earlier one must use (a
+    /// queue deletes a message only by its latest receipt; by an older one it stays, and comes
+    /// back to be handled again).
+    pub fn newest_receipt(&self, queue: &str, message_id: &str) -> Option<String> {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.newer.remove(&(queue.to_owned(), message_id.to_owned()))
+    }
 }
+
+/// The most newer receipts kept at once.
+const MAX_NEWER: usize = 10_000;
 
 impl Drop for Running<'_> {
     fn drop(&mut self) {

@@ -89,7 +89,7 @@ fn one_of(outcomes: Vec<Outcome>) -> Outcome {
 /// earlier receive of it still runs in this process (its visibility ran out under a slow store)
 /// is not handled beside it, nor its marker judged: it comes back after [`RUNNING_AGAIN_AFTER`].
 async fn guarded(deps: &Deps, lane: Lane, messages: &[Received], deadline: Option<std::time::Instant>) -> Vec<Outcome> {
-    let ids: Vec<&str> = messages.iter().map(|m| m.message_id.as_str()).collect();
+    let ids: Vec<(&str, &str)> = messages.iter().map(|m| (m.message_id.as_str(), m.receipt.as_str())).collect();
     let (_running, already) = deps.attempts.running(lane.name(), &ids);
     if already.contains(&true) {
         // Shown again while an earlier receive still runs here (its visibility ran out): that

@@ -399,8 +399,8 @@ async fn an_attempt_alone_that_ran_beside_others_is_not_conclusive() {
 
 /// Its visibility ran out while a receive of it still runs (stuck at a slow store), and the same
 /// process receives it again, twice: neither later receive reads the running one's marker as an
-/// end of the process; each comes back later, and once the first receive has returned the
-/// message is handled, never set aside.
+/// end of the process; each comes back later, the first receive is settled by the latest
+/// receipt, and once the first receive has returned the message is handled, never set aside.
 #[tokio::test]
 async fn a_message_shown_again_while_it_still_runs_here_is_not_set_aside() {
     let fx = fixture();
@@ -412,6 +412,10 @@ async fn a_message_shown_again_while_it_still_runs_here_is_not_set_aside() {
         assert_eq!(outcome, Outcome::Retry(tidings_core::router::RUNNING_AGAIN_AFTER), "receive {receive}");
         assert_eq!(fx.marker("m-1").await.map(|m| m.receive), Some(2), "the running receive's marker stays");
     }
+    // The running receive is settled by the latest receipt (the only one a queue honours; by
+    // its own the message would stay and be handled again), once.
+    assert_eq!(process.attempts.newest_receipt(LANE.name(), "m-1").as_deref(), Some("r-m-1-4"));
+    assert_eq!(process.attempts.newest_receipt(LANE.name(), "m-1"), None);
     fx.table.around.unstall("n-1");
     ends(running).await;
     // What the test's abort left is the marker of a receive that ended with its process: the

@@ -230,11 +230,13 @@ async fn queue_loop(deps: Deps, queue: String, arn: String, stop: watch::Receive
             roles::acting_as(function, tidings_lambda::handle_sqs_event_until(&deps, &queue, event, Some(deadline)))
                 .await;
         busy.decrement(1.0);
-        // What Lambda's event source mapping does: delete what did not fail.
+        // What Lambda's event source mapping does: delete what did not fail. A message shown
+        // again while this receive still ran is deleted by the latest receipt, the only one
+        // the queue still honours (by the older one it would stay and come back).
         let done: Vec<String> = received
             .iter()
             .filter(|r| !response.batch_item_failures.iter().any(|f| f.item_identifier == r.message_id))
-            .map(|r| r.receipt.clone())
+            .map(|r| deps.attempts.newest_receipt(&queue, &r.message_id).unwrap_or_else(|| r.receipt.clone()))
             .collect();
         if let Err(e) = roles::acting_as(roles::EVENT_SOURCE, deps.queues.delete_batch(&queue, &done)).await {
             warn!(error = %e, queue, "delete failed; the messages will come again");
