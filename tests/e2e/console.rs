@@ -30,6 +30,8 @@ pub async fn console_shows_the_system_and_redrives(backend: Backend) -> anyhow::
     opts.env.push(("TIDINGS_RESTOCK_RETRY_DELAYS_MS", "500,500,500".into()));
     // One worker per low queue: with the provider slowed, the campaign drains over seconds.
     opts.env.push(("TIDINGS_WORKERS_LOW", "1".into()));
+    // The watched campaign ends `completed`: none of its sends may time out on a loaded run.
+    opts.patient_provider(backend);
     let s = Server::start(backend, opts).await?;
     s.call("PUT", "/v1/users/alice", Some(json!({"email": "alice@example.com"}))).await?;
     let (st, v) = s

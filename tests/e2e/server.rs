@@ -123,6 +123,20 @@ impl Default for Options {
     }
 }
 
+impl Options {
+    /// On the emulators a provider call is a call to moto and a write to DynamoDB Local (the
+    /// dev provider's record), which a loaded run has held past the default 5 s: there the
+    /// provider gets 20 s, and the messages a visibility of 30 s to hold such a call. A test that
+    /// expects every send to go uses it.
+    pub fn patient_provider(&mut self, backend: Backend) {
+        if backend == Backend::Aws {
+            self.env.retain(|(k, _)| !matches!(*k, "TIDINGS_PROVIDER_TIMEOUT_MS" | "TIDINGS_VISIBILITY_S"));
+            self.env.push(("TIDINGS_PROVIDER_TIMEOUT_MS", "20000".into()));
+            self.env.push(("TIDINGS_VISIBILITY_S", "30".into()));
+        }
+    }
+}
+
 impl Drop for Server {
     fn drop(&mut self) {
         if self.backend == Backend::Aws {
