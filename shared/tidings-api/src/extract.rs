@@ -192,6 +192,16 @@ where
             )
             .into());
         }
+        // Every body is one JSON object. serde would read a JSON array as a struct, field by
+        // field in order (`[null, null]`: every field absent, a policy cleared).
+        if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+            return Err(Problem::new(
+                StatusCode::BAD_REQUEST,
+                "malformed_json",
+                "the body must be one JSON object (`{ ... }`), not an array or a bare value",
+            )
+            .into());
+        }
         parse_json(&bytes).map(Body)
     }
 }

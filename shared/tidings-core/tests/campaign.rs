@@ -24,7 +24,7 @@ use tidings_core::ports::{
 };
 use tidings_core::{CoreConfig, Deps, Providers, TenantId, templates};
 use tidings_embedded::EmbeddedStore;
-use tidings_embedded::test_world::TestWorld;
+use tidings_embedded::test_world::{HookedSends, SendHook, TestWorld};
 
 /// A provider that counts what it accepted, per user, and can be told to fail.
 #[derive(Default)]
@@ -128,6 +128,20 @@ async fn drain(w: &World) {
     tidings_embedded::test_world::drain(&w.deps, &w.feed).await;
 }
 
+/// Relays every change (the users and their list entries come before the notification's own
+/// record), then receives the campaign's first page task.
+async fn relay_to_the_first_page(w: &World) -> Vec<ports::Received> {
+    loop {
+        let records = w.feed.next_batch(1000).await.unwrap();
+        if records.is_empty() {
+            break;
+        }
+        relay::handle_changes(&w.deps, &records).await.unwrap();
+        w.feed.commit(&records).await.unwrap();
+    }
+    w.deps.queues.receive("requests-low", 1, Duration::from_secs(60), Duration::ZERO).await.unwrap()
+}
+
 async fn view(w: &World, id: &str) -> NotificationView {
     api::get_notification(&w.deps, &w.t, id).await.unwrap().unwrap()
 }
@@ -210,15 +224,7 @@ async fn cancel_stops_the_rest_and_counts_say_so() {
     let accepted = api::accept(&w.deps, &w.t, campaign("sale-3", "vip")).await.unwrap();
     // Expand the first page only, then cancel. Every change is relayed first (the users and
     // their list entries come before the notification's own record).
-    loop {
-        let records = w.feed.next_batch(1000).await.unwrap();
-        if records.is_empty() {
-            break;
-        }
-        relay::handle_changes(&w.deps, &records).await.unwrap();
-        w.feed.commit(&records).await.unwrap();
-    }
-    let got = w.deps.queues.receive("requests-low", 1, Duration::from_secs(60), Duration::ZERO).await.unwrap();
+    let got = relay_to_the_first_page(&w).await;
     let outcome = dispatch(&w.deps, "requests-low", &got[0]).await;
     settle(w.deps.queues.as_ref(), "requests-low", &got[0], &outcome, w.deps.clock.now(), true).await.unwrap();
     let v = view(&w, &accepted.notification_id).await;
@@ -239,47 +245,6 @@ async fn cancel_stops_the_rest_and_counts_say_so() {
     assert_eq!(v.expanded, 100, "the other pages were never expanded");
 }
 
-/// Queues whose channel lanes refuse every message: a page run stopped after writing its
-/// deliveries and before queueing their tasks (as a crash or an invocation's deadline there).
-struct LanesDown(Arc<dyn ports::Queues>);
-
-#[async_trait]
-impl ports::Queues for LanesDown {
-    async fn send_batch(&self, queue: &str, messages: Vec<OutMessage>) -> Result<(), ports::QueueError> {
-        if queue.starts_with("email") {
-            return Err(ports::QueueError::Unavailable("the email lane is down".into()));
-        }
-        self.0.send_batch(queue, messages).await
-    }
-    async fn receive(
-        &self,
-        queue: &str,
-        max: usize,
-        visibility: Duration,
-        wait: Duration,
-    ) -> Result<Vec<ports::Received>, ports::QueueError> {
-        self.0.receive(queue, max, visibility, wait).await
-    }
-    async fn change_visibility(&self, queue: &str, receipt: &str, v: Duration) -> Result<(), ports::QueueError> {
-        self.0.change_visibility(queue, receipt, v).await
-    }
-    async fn delete(&self, queue: &str, receipt: &str) -> Result<(), ports::QueueError> {
-        self.0.delete(queue, receipt).await
-    }
-    async fn stats(&self, queue: &str) -> Result<ports::QueueStats, ports::QueueError> {
-        self.0.stats(queue).await
-    }
-    async fn redrive(&self, queue: &str) -> Result<u64, ports::QueueError> {
-        self.0.redrive(queue).await
-    }
-    async fn peek_dlq(&self, queue: &str, max: usize) -> Result<Vec<ports::Received>, ports::QueueError> {
-        self.0.peek_dlq(queue, max).await
-    }
-    async fn send_to_dlq(&self, queue: &str, body: String) -> Result<(), ports::QueueError> {
-        self.0.send_to_dlq(queue, body).await
-    }
-}
-
 /// A page run stopped after writing its deliveries and before queueing their tasks, then the
 /// cancel: the page's task, when it comes again, finds the notification cancelled and closes
 /// those deliveries (`suppressed`, `cancelled`), counters and all. Before, it returned at once
@@ -290,16 +255,16 @@ async fn a_cancelled_pages_deliveries_that_were_never_queued_end() {
     users_with_tag(&w, 250, "vip").await;
     template(&w).await;
     let accepted = api::accept(&w.deps, &w.t, campaign("sale-cut", "vip")).await.unwrap();
-    loop {
-        let records = w.feed.next_batch(1000).await.unwrap();
-        if records.is_empty() {
-            break;
-        }
-        relay::handle_changes(&w.deps, &records).await.unwrap();
-        w.feed.commit(&records).await.unwrap();
-    }
-    let got = w.deps.queues.receive("requests-low", 1, Duration::from_secs(60), Duration::ZERO).await.unwrap();
-    let cut = Deps { queues: Arc::new(LanesDown(w.deps.queues.clone())), ..w.deps.clone() };
+    let got = relay_to_the_first_page(&w).await;
+    // The email lane refuses every task: the run stops after writing the page's deliveries and
+    // before queueing their tasks (as a crash or an invocation's deadline there).
+    let lane_down: SendHook = Arc::new(|queue| {
+        let down = queue.starts_with("email");
+        Box::pin(async move {
+            if down { Err(ports::QueueError::Unavailable("the email lane is down".into())) } else { Ok(()) }
+        })
+    });
+    let cut = Deps { queues: HookedSends::new(w.deps.queues.clone(), lane_down), ..w.deps.clone() };
     let outcome = dispatch(&cut, "requests-low", &got[0]).await;
     assert!(matches!(outcome, Outcome::Retry(_)), "{outcome:?}");
     // Back at once, as a run cut off at its deadline is (`router::cut_off_at`).
@@ -330,15 +295,7 @@ async fn a_cancelled_campaigns_stale_claim_ends() {
     template(&w).await;
     let accepted = api::accept(&w.deps, &w.t, campaign("sale-claim", "vip")).await.unwrap();
     let id = accepted.notification_id.clone();
-    loop {
-        let records = w.feed.next_batch(1000).await.unwrap();
-        if records.is_empty() {
-            break;
-        }
-        relay::handle_changes(&w.deps, &records).await.unwrap();
-        w.feed.commit(&records).await.unwrap();
-    }
-    let got = w.deps.queues.receive("requests-low", 1, Duration::from_secs(60), Duration::ZERO).await.unwrap();
+    let got = relay_to_the_first_page(&w).await;
     let outcome = dispatch(&w.deps, "requests-low", &got[0]).await;
     settle(w.deps.queues.as_ref(), "requests-low", &got[0], &outcome, w.deps.clock.now(), true).await.unwrap();
     // u00001's worker claimed it and stopped: `sending`, its lease run out.

@@ -66,6 +66,7 @@ fn arrival(delta: i64, key: &str, reference: Option<&str>) -> AdjustmentRequest 
         source: "purchase_order".into(),
         idempotency_key: key.into(),
         reference: reference.map(str::to_owned),
+        location_id: None,
     }
 }
 
@@ -244,12 +245,12 @@ async fn a_shipment_goes_to_a_location_and_arrives_there() {
     }
     expect(&s, "A", &to("east")).await.unwrap();
     // Its arrival recorded at another location is refused, and moves nothing.
-    match inventory::stock::adjust_at(d, t, "A", None, &arrival(8, "in-1", Some("po-e"))).await {
+    match inventory::adjust(d, t, "A", &arrival(8, "in-1", Some("po-e"))).await {
         Err(CoreError::Invalid { field, .. }) => assert_eq!(field, "location_id"),
         other => panic!("{other:?}"),
     }
     assert_eq!(inventory::get_stock(d, t, "A").await.unwrap().unwrap().available, 0);
-    let view = inventory::stock::adjust_at(d, t, "A", Some("east"), &arrival(8, "in-2", Some("po-e"))).await.unwrap();
+    let view = inventory::adjust(d, t, "A", &AdjustmentRequest { location_id: Some("east".into()), ..arrival(8, "in-2", Some("po-e")) }).await.unwrap();
     assert_eq!(view.available, 8);
     assert!(view.incoming.is_empty());
 }

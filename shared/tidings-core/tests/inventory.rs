@@ -19,7 +19,7 @@ use tidings_core::tasks::handle;
 use tidings_core::timers::{self, TIMERS_QUEUE, TimerMessage, TimerStep, TimerTask};
 use tidings_core::{CoreConfig, CoreError, Deps, TenantId};
 use tidings_embedded::EmbeddedStore;
-use tidings_embedded::test_world::{TestWorld, TestWorldBuilder};
+use tidings_embedded::test_world::{HookedSends, SendHook, TestWorld, TestWorldBuilder};
 
 struct World {
     deps: Deps,
@@ -73,11 +73,12 @@ fn order(id: &str, lines: &[(&str, i64)], hold_seconds: Option<i64>) -> OrderReq
         items: lines.iter().map(|(s, q)| OrderLine { sku_id: (*s).to_owned(), qty: *q, unit_price: None }).collect(),
         hold_seconds,
         category: None,
+        market: None,
     }
 }
 
 fn adjustment(delta: i64, source: &str, key: &str) -> AdjustmentRequest {
-    AdjustmentRequest { delta, source: source.to_owned(), idempotency_key: key.to_owned(), reference: None }
+    AdjustmentRequest { delta, source: source.to_owned(), idempotency_key: key.to_owned(), reference: None, location_id: None }
 }
 
 async fn stock(w: &World, sku: &str) -> inventory::StockView {
@@ -1145,68 +1146,22 @@ async fn a_thousand_buyers_for_two_hundred_units() {
     assert_consistent(&w, &["one", "eight"]).await;
 }
 
-/// Queues whose sends to the timers queue wait until `open` is notified: the order's expiry
-/// message is held back.
-struct HeldTimers {
-    inner: Arc<dyn Queues>,
-    open: Arc<tokio::sync::Semaphore>,
-}
-
-#[async_trait::async_trait]
-impl Queues for HeldTimers {
-    async fn send_batch(
-        &self,
-        queue: &str,
-        messages: Vec<tidings_core::ports::OutMessage>,
-    ) -> Result<(), tidings_core::ports::QueueError> {
-        if queue == TIMERS_QUEUE {
-            let _ = self.open.acquire().await;
-        }
-        self.inner.send_batch(queue, messages).await
-    }
-    async fn receive(
-        &self,
-        queue: &str,
-        max: usize,
-        visibility: Duration,
-        wait: Duration,
-    ) -> Result<Vec<tidings_core::ports::Received>, tidings_core::ports::QueueError> {
-        self.inner.receive(queue, max, visibility, wait).await
-    }
-    async fn change_visibility(
-        &self,
-        queue: &str,
-        receipt: &str,
-        visibility: Duration,
-    ) -> Result<(), tidings_core::ports::QueueError> {
-        self.inner.change_visibility(queue, receipt, visibility).await
-    }
-    async fn delete(&self, queue: &str, receipt: &str) -> Result<(), tidings_core::ports::QueueError> {
-        self.inner.delete(queue, receipt).await
-    }
-    async fn stats(&self, queue: &str) -> Result<tidings_core::ports::QueueStats, tidings_core::ports::QueueError> {
-        self.inner.stats(queue).await
-    }
-    async fn redrive(&self, queue: &str) -> Result<u64, tidings_core::ports::QueueError> {
-        self.inner.redrive(queue).await
-    }
-    async fn peek_dlq(
-        &self,
-        queue: &str,
-        max: usize,
-    ) -> Result<Vec<tidings_core::ports::Received>, tidings_core::ports::QueueError> {
-        self.inner.peek_dlq(queue, max).await
-    }
-    async fn send_to_dlq(&self, queue: &str, body: String) -> Result<(), tidings_core::ports::QueueError> {
-        self.inner.send_to_dlq(queue, body).await
-    }
-}
-
 /// A world whose expiry messages wait for the returned semaphore to get a permit.
 fn held_world(detached: bool) -> (World, Arc<tokio::sync::Semaphore>) {
     let w = world_with(CoreConfig { detached_expiry_messages: detached, ..CoreConfig::default() });
     let open = Arc::new(tokio::sync::Semaphore::new(0));
-    let queues: Arc<dyn Queues> = Arc::new(HeldTimers { inner: w.deps.queues.clone(), open: open.clone() });
+    let held = open.clone();
+    // Sends to the timers queue wait for a permit: the order's expiry message is held back.
+    let hook: SendHook = Arc::new(move |queue| {
+        let held = (queue == TIMERS_QUEUE).then(|| held.clone());
+        Box::pin(async move {
+            if let Some(held) = held {
+                let _ = held.acquire().await;
+            }
+            Ok(())
+        })
+    });
+    let queues: Arc<dyn Queues> = HookedSends::new(w.deps.queues.clone(), hook);
     (World { deps: Deps { queues, ..w.deps }, ..w }, open)
 }
 

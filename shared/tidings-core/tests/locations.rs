@@ -67,15 +67,20 @@ fn order(id: &str, lines: &[(&str, i64)], hold_seconds: Option<i64>) -> OrderReq
         items: lines.iter().map(|(s, q)| OrderLine { sku_id: (*s).to_owned(), qty: *q, unit_price: None }).collect(),
         hold_seconds,
         category: None,
+        market: None,
     }
 }
 
+fn in_market(req: OrderRequest, market: Option<&str>) -> OrderRequest {
+    OrderRequest { market: market.map(str::to_owned), ..req }
+}
+
 async fn place(w: &World, id: &str, lines: &[(&str, i64)], market: Option<&str>) -> Result<(), CoreError> {
-    inventory::place_order_in(&w.deps, &w.t, &order(id, lines, None), market).await.map(|_| ())
+    inventory::place_order(&w.deps, &w.t, &in_market(order(id, lines, None), market)).await.map(|_| ())
 }
 
 fn adjustment(delta: i64, key: &str) -> AdjustmentRequest {
-    AdjustmentRequest { delta, source: "purchase_order".into(), idempotency_key: key.to_owned(), reference: None }
+    AdjustmentRequest { delta, source: "purchase_order".into(), idempotency_key: key.to_owned(), reference: None, location_id: None }
 }
 
 /// A SKU's counters per location, as `GET /v1/inventory/{sku}` lists them.
@@ -170,9 +175,9 @@ async fn a_thousand_orders_over_three_locations_and_two_markets_never_oversell_a
         let (deps, t) = (w.deps.clone(), w.t.clone());
         let market = if i % 2 == 0 { "US" } else { "CA" };
         let qty = if i % 5 == 0 { 2 } else { 1 };
-        let req = order(&format!("o{i}"), &[("hot", qty)], None);
+        let req = in_market(order(&format!("o{i}"), &[("hot", qty)], None), Some(market));
         tasks.push(tokio::spawn(async move {
-            (market, qty, inventory::place_order_in(&deps, &t, &req, Some(market)).await)
+            (market, qty, inventory::place_order(&deps, &t, &req).await)
         }));
     }
     let (mut accepted, mut refused, mut units) = (Vec::new(), 0, 0);
@@ -254,9 +259,9 @@ async fn an_order_split_across_two_locations_is_held_whole_or_not_at_all() {
     assert_eq!(code_of(&place(&w, "mx", &[("s", 1)], Some("MX")).await.unwrap_err()), "insufficient_stock");
     assert_eq!(code_of(&place(&w, "bad", &[("s", 1)], Some("us")).await.unwrap_err()), "invalid:market");
     // The same order id with another market is another order.
-    let again = inventory::place_order_in(&w.deps, &w.t, &order("split", &[("s", 6)], None), Some("US")).await;
+    let again = inventory::place_order(&w.deps, &w.t, &in_market(order("split", &[("s", 6)], None), Some("US"))).await;
     assert!(!again.unwrap().created);
-    let other = inventory::place_order_in(&w.deps, &w.t, &order("split", &[("s", 6)], None), Some("CA")).await;
+    let other = inventory::place_order(&w.deps, &w.t, &in_market(order("split", &[("s", 6)], None), Some("CA"))).await;
     assert_eq!(code_of(&other.unwrap_err()), "idempotency_conflict");
     assert_consistent(&w, &["s", "t"]).await;
 }
@@ -274,7 +279,7 @@ async fn pay_cancel_and_expiry_of_a_split_order_touch_exactly_its_cells() {
 
     place(&w, "p", &[("s", 6)], Some("US")).await.unwrap(); // a 4, b 2
     place(&w, "x", &[("s", 4)], Some("US")).await.unwrap(); // b 2, c 2
-    inventory::place_order_in(&w.deps, &w.t, &order("e", &[("s", 3)], Some(60)), Some("US")).await.unwrap(); // c 3
+    inventory::place_order(&w.deps, &w.t, &in_market(order("e", &[("s", 3)], Some(60)), Some("US"))).await.unwrap(); // c 3
     assert_eq!(held_at(&w, "p").await, [("a".to_owned(), 4), ("b".to_owned(), 2)]);
     assert_eq!(held_at(&w, "x").await, [("b".to_owned(), 2), ("c".to_owned(), 2)]);
     assert_eq!(held_at(&w, "e").await, [("c".to_owned(), 3)]);
@@ -380,7 +385,7 @@ async fn safety_stock_is_never_sold() {
     assert_eq!(at(&w, "s").await["a"], c(6, 0, 0, 4));
     assert_eq!(code_of(&place(&w, "big", &[("s", 7)], Some("US")).await.unwrap_err()), "insufficient_stock");
     place(&w, "o", &[("s", 6)], Some("US")).await.unwrap();
-    let e = inventory::adjust_at(&w.deps, &w.t, "s", Some("a"), &adjustment(-1, "d1")).await.unwrap_err();
+    let e = inventory::adjust(&w.deps, &w.t, "s", &AdjustmentRequest { location_id: Some("a".into()), ..adjustment(-1, "d1") }).await.unwrap_err();
     assert_eq!(code_of(&e), "insufficient_stock");
     // Raising the safety stock takes available units only.
     let raise = LocationStockRequest { on_hand: 10, safety_stock: Some(5) };
@@ -422,11 +427,11 @@ async fn stock_arriving_at_any_location_when_all_were_at_zero_opens_a_round() {
         async move { inventory::get_stock(&d, &t, "s").await.unwrap().unwrap().restock_round }
     };
     assert_eq!(round(&w).await, 0);
-    inventory::adjust_at(&w.deps, &w.t, "s", Some("b"), &adjustment(3, "k1")).await.unwrap();
+    inventory::adjust(&w.deps, &w.t, "s", &AdjustmentRequest { location_id: Some("b".into()), ..adjustment(3, "k1") }).await.unwrap();
     assert_eq!(round(&w).await, 1, "0 -> 3 at b");
-    inventory::adjust_at(&w.deps, &w.t, "s", Some("a"), &adjustment(2, "k2")).await.unwrap();
+    inventory::adjust(&w.deps, &w.t, "s", &AdjustmentRequest { location_id: Some("a".into()), ..adjustment(2, "k2") }).await.unwrap();
     assert_eq!(round(&w).await, 2, "a 0 -> 2 while b had 3: the US had none");
-    inventory::adjust_at(&w.deps, &w.t, "s", Some("b"), &adjustment(1, "k3")).await.unwrap();
+    inventory::adjust(&w.deps, &w.t, "s", &AdjustmentRequest { location_id: Some("b".into()), ..adjustment(1, "k3") }).await.unwrap();
     assert_eq!(round(&w).await, 2, "b 3 -> 4: CA had some, no restock");
     place(&w, "o1", &[("s", 2)], Some("US")).await.unwrap();
     place(&w, "o2", &[("s", 4)], Some("CA")).await.unwrap();
@@ -513,11 +518,11 @@ async fn locations_are_validated_listed_and_a_tenants_own() {
     stock_at(&w, "s", "z", 3, None).await;
     assert!(inventory::get_stock(&w.deps, &other, "s").await.unwrap().is_none());
     // An adjustment at a location holding no cell of the SKU: 404 naming location_id.
-    let e = inventory::adjust_at(&w.deps, &w.t, "s", Some("y"), &adjustment(1, "k")).await.unwrap_err();
+    let e = inventory::adjust(&w.deps, &w.t, "s", &AdjustmentRequest { location_id: Some("y".into()), ..adjustment(1, "k") }).await.unwrap_err();
     assert_eq!(code_of(&e), "not_found:location_id");
     // Adjustments at a location apply once per key, and the key is the location's.
-    inventory::adjust_at(&w.deps, &w.t, "s", Some("z"), &adjustment(2, "k")).await.unwrap();
-    inventory::adjust_at(&w.deps, &w.t, "s", Some("z"), &adjustment(2, "k")).await.unwrap();
+    inventory::adjust(&w.deps, &w.t, "s", &AdjustmentRequest { location_id: Some("z".into()), ..adjustment(2, "k") }).await.unwrap();
+    inventory::adjust(&w.deps, &w.t, "s", &AdjustmentRequest { location_id: Some("z".into()), ..adjustment(2, "k") }).await.unwrap();
     assert_eq!(at(&w, "s").await["z"], c(5, 0, 0, 0));
     let e = inventory::adjust(&w.deps, &w.t, "s", &adjustment(2, "k")).await.unwrap_err();
     assert_eq!(code_of(&e), "idempotency_conflict");

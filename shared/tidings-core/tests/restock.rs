@@ -142,7 +142,7 @@ async fn sku(w: &World, id: &str, on_hand: i64) {
 
 async fn restock_by(w: &World, id: &str, delta: i64, key: &str) {
     let req =
-        AdjustmentRequest { delta, source: "purchase_order".into(), idempotency_key: key.into(), reference: None };
+        AdjustmentRequest { delta, source: "purchase_order".into(), idempotency_key: key.into(), reference: None, location_id: None };
     inventory::adjust(&w.deps, &w.t, id, &req).await.unwrap();
 }
 
@@ -660,6 +660,7 @@ async fn three_units_for_a_hundred_waiters_go_in_waves() {
         items: vec![OrderLine { sku_id: "A".into(), qty: 1, unit_price: None }],
         hold_seconds: None,
         category: None,
+        market: None,
     };
     inventory::place_order(&w.deps, &w.t, &order).await.unwrap();
     inventory::pay(&w.deps, &w.t, "o1").await.unwrap();

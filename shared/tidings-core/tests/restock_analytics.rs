@@ -64,7 +64,7 @@ async fn subscribe(w: &World, user_id: &str, sku_id: &str) -> String {
 
 async fn restock_by(w: &World, sku: &str, delta: i64, key: &str) {
     let req =
-        AdjustmentRequest { delta, source: "purchase_order".into(), idempotency_key: key.into(), reference: None };
+        AdjustmentRequest { delta, source: "purchase_order".into(), idempotency_key: key.into(), reference: None, location_id: None };
     inventory::adjust(&w.deps, &w.t, sku, &req).await.unwrap();
 }
 
@@ -75,6 +75,7 @@ async fn place(w: &World, order_id: &str, user: &str, sku: &str, qty: i64, price
         items: vec![OrderLine { sku_id: sku.into(), qty, unit_price: price.map(Into::into) }],
         hold_seconds: None,
         category: None,
+        market: None,
     };
     inventory::place_order(&w.deps, &w.t, &req).await.unwrap();
 }

@@ -22,8 +22,8 @@ use chrono::{DateTime, Utc};
 use tidings_core::dev::NullProvider;
 use tidings_core::messages::ALL_QUEUES;
 use tidings_core::ports::{
-    Clock, Cond, Item, Key, ManualClock, OutboundMessage, Page, Provider, ProviderError, ProviderReceipt, QueryOpts,
-    StoreError, SystemClock, Update, Write,
+    Clock, Cond, Item, Key, ManualClock, OutMessage, OutboundMessage, Page, Provider, ProviderError, ProviderReceipt,
+    QueryOpts, QueueError, QueueStats, Queues, Received, StoreError, SystemClock, Update, Write,
 };
 use tidings_core::{CoreConfig, Deps, Providers};
 
@@ -347,5 +347,67 @@ impl<A: Around + 'static> tidings_core::ports::Table for Wrapped<A> {
         let got = self.inner.query_range(pk, from, to, opts).await;
         self.around.after(Call::Query(pk)).await;
         got
+    }
+}
+
+/// What [`HookedSends`] asks before each send: `Ok` lets it through (after any wait the hook
+/// makes), an error refuses it.
+pub type SendHook = Arc<
+    dyn Fn(&str) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), QueueError>> + Send>> + Send + Sync,
+>;
+
+/// Queues whose sends pass a hook first, which may hold a queue's sends or refuse them (a lane
+/// that is down, a timer held back); everything else is the inner queues'.
+pub struct HookedSends {
+    inner: Arc<dyn Queues>,
+    hook: SendHook,
+}
+
+impl HookedSends {
+    pub fn new(inner: Arc<dyn Queues>, hook: SendHook) -> Arc<Self> {
+        Arc::new(Self { inner, hook })
+    }
+}
+
+#[async_trait]
+impl Queues for HookedSends {
+    async fn send_batch(&self, queue: &str, messages: Vec<OutMessage>) -> Result<(), QueueError> {
+        (self.hook)(queue).await?;
+        self.inner.send_batch(queue, messages).await
+    }
+    async fn receive(
+        &self,
+        queue: &str,
+        max: usize,
+        visibility: std::time::Duration,
+        wait: std::time::Duration,
+    ) -> Result<Vec<Received>, QueueError> {
+        self.inner.receive(queue, max, visibility, wait).await
+    }
+    async fn change_visibility(
+        &self,
+        queue: &str,
+        receipt: &str,
+        visibility: std::time::Duration,
+    ) -> Result<(), QueueError> {
+        self.inner.change_visibility(queue, receipt, visibility).await
+    }
+    async fn delete(&self, queue: &str, receipt: &str) -> Result<(), QueueError> {
+        self.inner.delete(queue, receipt).await
+    }
+    async fn delete_batch(&self, queue: &str, receipts: &[String]) -> Result<(), QueueError> {
+        self.inner.delete_batch(queue, receipts).await
+    }
+    async fn stats(&self, queue: &str) -> Result<QueueStats, QueueError> {
+        self.inner.stats(queue).await
+    }
+    async fn redrive(&self, queue: &str) -> Result<u64, QueueError> {
+        self.inner.redrive(queue).await
+    }
+    async fn peek_dlq(&self, queue: &str, max: usize) -> Result<Vec<Received>, QueueError> {
+        self.inner.peek_dlq(queue, max).await
+    }
+    async fn send_to_dlq(&self, queue: &str, body: String) -> Result<(), QueueError> {
+        self.inner.send_to_dlq(queue, body).await
     }
 }

@@ -183,6 +183,7 @@ async fn reserve_once(args: &ReserveArgs, peers: &[PeerFigure]) -> anyhow::Resul
                     items: vec![OrderLine { sku_id: sku.clone(), qty: 1, unit_price: None }],
                     hold_seconds: None,
                     category: None,
+                    market: None,
                 };
                 let at = Instant::now();
                 let (ok, retried) = place(&deps, &t, &req).await?;

@@ -5,8 +5,8 @@ use axum::http::StatusCode;
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use tidings_core::inventory::{
-    self, AdjustmentBody, Finding, FindingPage, FindingStatus, Incoming, IncomingRequest, LedgerPage, Location,
-    LocationList, LocationRequest, LocationStockRequest, OrderBody, OrderView, ReconcileReport, SettleRequest,
+    self, AdjustmentRequest, Finding, FindingPage, FindingStatus, Incoming, IncomingRequest, LedgerPage, Location,
+    LocationList, LocationRequest, LocationStockRequest, OrderRequest, OrderView, ReconcileReport, SettleRequest,
     StockPolicy, StockView, WarmUpRequest,
 };
 
@@ -134,20 +134,15 @@ async fn put_policy(
     State(s): State<AppState>,
     Tenant(t): Tenant,
     PathParams(sku_id): PathParams<String>,
-    Body(body): Body<serde_json::Map<String, serde_json::Value>>,
+    Body(req): Body<StockPolicy>,
 ) -> ApiResult<Json<StockView>> {
-    // Read as an object first: every field of a policy is optional, and serde would take a JSON
-    // array (`[null, null]`) for one, clearing the policy.
-    let body =
-        serde_json::to_vec(&body).map_err(|e| Problem::new(StatusCode::BAD_REQUEST, "bad_body", e.to_string()))?;
-    let req: StockPolicy = crate::extract::parse_json(&body)?;
     Ok(Json(inventory::put_policy(&s.deps, &t, &sku_id, &req).await?))
 }
 
 #[utoipa::path(post, path = "/v1/inventory/{sku_id}/adjustments", tag = "inventory", security(("api_key" = [])),
     params(("sku_id" = String, Path, description = "The SKU id"),
         ("Idempotency-Key" = Option<String>, Header, description = "The body's `idempotency_key` as a header (either, or both the same; 422 when they differ)")),
-    request_body = AdjustmentBody,
+    request_body = AdjustmentRequest,
     responses((status = 200, description = "The stock after the adjustment", body = StockView), (status = 404, description = "No such SKU", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`insufficient_stock`, or the idempotency key was used with another body", body = Problem, content_type = "application/problem+json")))]
 async fn adjust(
@@ -155,12 +150,11 @@ async fn adjust(
     Tenant(t): Tenant,
     PathParams(sku_id): PathParams<String>,
     header: IdempotencyKey,
-    Body(body): Body<AdjustmentBody>,
+    Body(mut req): Body<AdjustmentRequest>,
 ) -> ApiResult<Json<StockView>> {
-    let (mut req, location) = body.into_parts();
     let body = Some(std::mem::take(&mut req.idempotency_key)).filter(|k| !k.is_empty());
     req.idempotency_key = header.merge(body)?.unwrap_or_default();
-    Ok(Json(inventory::adjust_at(&s.deps, &t, &sku_id, location.as_deref(), &req).await?))
+    Ok(Json(inventory::adjust(&s.deps, &t, &sku_id, &req).await?))
 }
 
 /// Stock on its way: 201 for a new shipment (its `ref`), 200 for the same one again (unchanged,
@@ -199,7 +193,7 @@ async fn ledger(
 
 /// 201 PENDING with `expires_at`; 200 when the same order was placed before.
 #[utoipa::path(post, path = "/v1/orders", tag = "inventory", security(("api_key" = [])),
-    request_body = OrderBody,
+    request_body = OrderRequest,
     responses((status = 201, description = "PENDING, stock held until `expires_at`", body = OrderView),
         (status = 200, description = "The same order placed before", body = OrderView),
         (status = 404, description = "An unknown SKU", body = Problem, content_type = "application/problem+json"),
@@ -208,10 +202,9 @@ async fn ledger(
 async fn place_order(
     State(s): State<AppState>,
     Tenant(t): Tenant,
-    Body(body): Body<OrderBody>,
+    Body(req): Body<OrderRequest>,
 ) -> ApiResult<(StatusCode, Json<OrderView>)> {
-    let (req, market) = body.into_parts();
-    let placed = inventory::place_order_in(&s.deps, &t, &req, market.as_deref()).await?;
+    let placed = inventory::place_order(&s.deps, &t, &req).await?;
     Ok((if placed.created { StatusCode::CREATED } else { StatusCode::OK }, Json(placed.order)))
 }
 

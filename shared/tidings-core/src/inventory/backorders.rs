@@ -1,7 +1,7 @@
 //! Backorders and pre-orders (docs/inventory.md, "Backorders and pre-orders").
 //!
 //! A SKU's policy (`backorder_limit`, a pre-order window with its `limit`) lives on its stock
-//! item. Only an order the stock cannot fill reads it ([`super::orders::place_order_in`]): the
+//! item. Only an order the stock cannot fill reads it ([`super::orders::place_order`]): the
 //! units that exist are held as usual and the shortfall is promised, counted on the stock item as
 //! `backordered` (and `unfilled`, the promised units nothing has set aside yet) under the
 //! condition `backordered <= limit - n` checked at commit, so concurrent orders never promise

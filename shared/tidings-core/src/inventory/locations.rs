@@ -162,6 +162,31 @@ pub(crate) fn market_groups(all: &[Location], touched: &[&str]) -> Vec<Vec<Strin
     markets.into_iter().map(|m| serving(all, Some(m))).collect()
 }
 
+/// The market groups of a change that adds stock at one location ([`market_groups`]), read at
+/// most once however often the change is tried again (a conflict retries its transaction, not
+/// the tenant's locations).
+pub(crate) struct MarketsOf<'a> {
+    deps: &'a Deps,
+    t: &'a TenantId,
+    location: &'a str,
+    read: Option<Vec<Vec<String>>>,
+}
+
+impl<'a> MarketsOf<'a> {
+    pub(crate) fn new(deps: &'a Deps, t: &'a TenantId, location: &'a str) -> Self {
+        Self { deps, t, location, read: None }
+    }
+
+    pub(crate) async fn get(&mut self) -> CoreResult<Vec<Vec<String>>> {
+        if let Some(groups) = &self.read {
+            return Ok(groups.clone());
+        }
+        let groups = market_groups(&all(self.deps, self.t).await?, &[self.location]);
+        self.read = Some(groups.clone());
+        Ok(groups)
+    }
+}
+
 /// Whether `location` exists for the tenant (`default` always does).
 pub async fn exists(deps: &Deps, t: &TenantId, location: &str) -> CoreResult<bool> {
     if is_default_location(location) {

@@ -34,7 +34,7 @@
 //! names, reconciliation per cell. Safety stock is a `safety` counter of the location's cell,
 //! outside `available`, so no reservation reaches it. An order for a market holds each line at
 //! the locations serving it in priority order, split when one is short, in one transaction
-//! ([`orders::place_order_in`]); "was 0" for the restock round is over every cell of every
+//! ([`orders::place_order`]); "was 0" for the restock round is over every cell of every
 //! location and conditioned on the `layout` it saw. An order whose release could need more than
 //! a transaction's 100 writes (per line: every cell of its SKU, the stock item, the ledger entry)
 //! is refused, 422 naming `items` (docs/inventory.md, "Locations and markets").
@@ -113,16 +113,16 @@ pub use findings::REVIEW_QUEUE;
 pub use findings::{Finding, FindingPage, FindingSettlement, FindingStatus, SettleRequest, SettlementKind};
 pub use locations::{Location, LocationList, LocationRequest};
 pub use model::{
-    AdjustmentBody, AdjustmentRequest, AdjustmentSource, Allocation, CellId, Counters, DEFAULT_LOCATION, HoldTimes,
+    AdjustmentRequest, AdjustmentSource, Allocation, CellId, Counters, DEFAULT_LOCATION, HoldTimes,
     Incoming, IncomingRequest, IncomingStatus, LedgerEntry, LedgerKind, LocationAllocationView, LocationStockRequest,
-    LocationStockView, Order, OrderBody, OrderItem, OrderLine, OrderLineView, OrderRequest, OrderStatus, OrderView,
+    LocationStockView, Order, OrderItem, OrderLine, OrderLineView, OrderRequest, OrderStatus, OrderView,
     Preorder, ShardDelta, StockPolicy, StockView, WarmUpRequest,
 };
 pub use orders::{
-    MAX_ORDER_SKUS, MAX_QTY, PlacedOrder, Settlement, cancel, expire_order, get_order, pay, place_order, place_order_in,
+    MAX_ORDER_SKUS, MAX_QTY, PlacedOrder, Settlement, cancel, expire_order, get_order, pay, place_order,
 };
 pub use reconcile::{ReconcileReport, reconcile};
 pub use stock::{
-    LedgerPage, MAX_SHARDS, adjust, adjust_at, all_ledger_entries, get_stock, ledger, put_location_stock,
+    LedgerPage, MAX_SHARDS, adjust, all_ledger_entries, get_stock, ledger, put_location_stock,
     stock_counters, warm_up,
 };

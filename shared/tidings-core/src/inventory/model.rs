@@ -159,6 +159,32 @@ pub(crate) struct SkuRecord {
 }
 
 impl SkuRecord {
+    /// A new SKU's stock item: `shards` shard items (0 or 1: unsharded, the counters here, with
+    /// `on_hand` available), nothing else set yet.
+    pub fn new(sku_id: &str, shards: u32, category: Option<String>, on_hand: i64, created_at: String) -> Self {
+        let sharded = shards >= 2;
+        Self {
+            sku_id: sku_id.to_owned(),
+            shards: if sharded { shards } else { 0 },
+            category,
+            restock_round: 0,
+            locations: Vec::new(),
+            layout: None,
+            created_at,
+            available: (!sharded).then_some(on_hand),
+            reserved: (!sharded).then_some(0),
+            sold: (!sharded).then_some(0),
+            safety: None,
+            version: (!sharded).then_some(1),
+            allotted: None,
+            backordered: None,
+            unfilled: None,
+            backorder_limit: None,
+            preorder_until: None,
+            preorder_limit: None,
+        }
+    }
+
     pub fn is_sharded(&self) -> bool {
         self.shards >= 2
     }
@@ -651,6 +677,10 @@ pub struct AdjustmentRequest {
     /// closes (`POST /v1/inventory/{sku_id}/incoming`).
     #[serde(default, rename = "ref", skip_serializing_if = "Option::is_none")]
     pub reference: Option<String>,
+    /// The location whose stock moves (absent: `default`); it must hold a cell of the SKU
+    /// (`PUT /v1/inventory/{sku_id}/locations/{location_id}`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub location_id: Option<String>,
 }
 
 /// One line of `POST /v1/orders`.
@@ -677,72 +707,10 @@ pub struct OrderRequest {
     /// Overrides the SKUs' categories for the hold time.
     #[serde(default)]
     pub category: Option<String>,
-}
-
-/// The body of `POST /v1/inventory/{sku_id}/adjustments`.
-// As the API takes it: an `AdjustmentRequest` and the location it applies to.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-#[schema(as = AdjustmentRequest)]
-pub struct AdjustmentBody {
-    pub delta: i64,
-    pub source: String,
-    /// Required, here or as the `Idempotency-Key` header.
-    #[serde(default)]
-    pub idempotency_key: String,
-    /// With `source: purchase_order`: the incoming shipment this is the arrival of, which it
-    /// closes (`POST /v1/inventory/{sku_id}/incoming`).
-    #[serde(default, rename = "ref", skip_serializing_if = "Option::is_none")]
-    pub reference: Option<String>,
-    /// The location whose stock moves (absent: `default`); it must hold a cell of the SKU
-    /// (`PUT /v1/inventory/{sku_id}/locations/{location_id}`).
-    #[serde(default)]
-    pub location_id: Option<String>,
-}
-
-impl AdjustmentBody {
-    pub fn into_parts(self) -> (AdjustmentRequest, Option<String>) {
-        let req = AdjustmentRequest {
-            delta: self.delta,
-            source: self.source,
-            idempotency_key: self.idempotency_key,
-            reference: self.reference,
-        };
-        (req, self.location_id)
-    }
-}
-
-/// The body of `POST /v1/orders`.
-// As the API takes it: an `OrderRequest` and its market.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-#[schema(as = OrderRequest)]
-pub struct OrderBody {
-    pub order_id: String,
-    pub user_id: String,
-    pub items: Vec<OrderLine>,
-    #[serde(default)]
-    pub hold_seconds: Option<i64>,
-    /// Overrides the SKUs' categories for the hold time.
-    #[serde(default)]
-    pub category: Option<String>,
     /// The market (ISO 3166-1 alpha-2, e.g. `US`): each line is held at the locations serving
     /// it, in their priority order (absent: any location, `default` first).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub market: Option<String>,
-}
-
-impl OrderBody {
-    pub fn into_parts(self) -> (OrderRequest, Option<String>) {
-        let req = OrderRequest {
-            order_id: self.order_id,
-            user_id: self.user_id,
-            items: self.items,
-            hold_seconds: self.hold_seconds,
-            category: self.category,
-        };
-        (req, self.market)
-    }
 }
 
 /// The body of `PUT /v1/inventory/{sku_id}/locations/{location_id}`.

@@ -78,8 +78,11 @@ fn validate(req: &OrderRequest) -> CoreResult<()> {
     Ok(())
 }
 
+/// The order's body, hashed as it was before `market` was one of its fields (an order placed
+/// then and again now is the same order).
 fn request_hash(req: &OrderRequest, market: Option<&str>) -> CoreResult<String> {
-    let mut canonical = serde_json::to_vec(req).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    let without = OrderRequest { market: None, ..req.clone() };
+    let mut canonical = serde_json::to_vec(&without).map_err(|e| StoreError::Corrupt(e.to_string()))?;
     if let Some(m) = market {
         canonical.extend_from_slice(format!("\nmarket={m}").as_bytes());
     }
@@ -273,20 +276,13 @@ struct Waits {
 /// docs/inventory.md, "Never oversell"), writes one ledger entry per SKU in the same transaction
 /// and the durable expiry timer. Short on any SKU: 409 `insufficient_stock` naming it, and nothing
 /// is held. The same order again: the order as it is, nothing held twice.
+///
+/// With a `market` (docs/inventory.md, "Locations and markets"), each line is held at the
+/// locations serving it (any location when `None`: `default` first, then by priority), in
+/// their priority order, split across them when one has too few; still one transaction, all or
+/// nothing.
 pub async fn place_order(deps: &Deps, t: &TenantId, req: &OrderRequest) -> CoreResult<PlacedOrder> {
-    place_order_in(deps, t, req, None).await
-}
-
-/// [`place_order`] for a market (docs/inventory.md, "Locations and markets"): each line is held
-/// at the locations serving `market` (any location when `None`: `default` first, then by
-/// priority), in their priority order, split across them when one has too few; still one
-/// transaction, all or nothing.
-pub async fn place_order_in(
-    deps: &Deps,
-    t: &TenantId,
-    req: &OrderRequest,
-    market: Option<&str>,
-) -> CoreResult<PlacedOrder> {
+    let market = req.market.as_deref();
     validate(req)?;
     if let Some(m) = market {
         locations::check_market("market", m)?;

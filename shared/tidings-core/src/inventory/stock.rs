@@ -510,26 +510,7 @@ pub async fn warm_up(deps: &Deps, t: &TenantId, sku_id: &str, req: &WarmUpReques
     check_category(req.category.as_deref())?;
     let at = now_text(deps);
     let sharded = shards >= 2;
-    let record = SkuRecord {
-        sku_id: sku_id.to_owned(),
-        shards: if sharded { shards } else { 0 },
-        category: req.category.clone(),
-        restock_round: 0,
-        locations: Vec::new(),
-        layout: None,
-        created_at: at.clone(),
-        available: (!sharded).then_some(req.on_hand),
-        reserved: (!sharded).then_some(0),
-        sold: (!sharded).then_some(0),
-        safety: None,
-        version: (!sharded).then_some(1),
-        allotted: None,
-        backordered: None,
-        unfilled: None,
-        backorder_limit: None,
-        preorder_until: None,
-        preorder_limit: None,
-    };
+    let record = SkuRecord::new(sku_id, shards, req.category.clone(), req.on_hand, at.clone());
     let mut writes =
         vec![Write::Put { item: Item::new(keys::stock(t, sku_id), attrs_of(&record)?), cond: Cond::NotExists }];
     let split = spread(req.on_hand, record.cell_count());
@@ -611,20 +592,10 @@ fn adjustment_hash(sku_id: &str, location: &str, req: &AdjustmentRequest) -> Str
 /// An adjustment (purchase order, return, transfer, manual, damage), applied once per
 /// idempotency key: the idempotency record is a write of the same transaction. Available never
 /// goes below 0: a decrease larger than what is available is refused (409 `insufficient_stock`).
+/// At the request's `location_id` (absent: `default`), which must hold a cell of the SKU.
 pub async fn adjust(deps: &Deps, t: &TenantId, sku_id: &str, req: &AdjustmentRequest) -> CoreResult<StockView> {
-    adjust_at(deps, t, sku_id, None, req).await
-}
-
-/// [`adjust`] at one location (`None`: `default`), which must hold a cell of the SKU.
-pub async fn adjust_at(
-    deps: &Deps,
-    t: &TenantId,
-    sku_id: &str,
-    location: Option<&str>,
-    req: &AdjustmentRequest,
-) -> CoreResult<StockView> {
     check_id("sku_id", sku_id)?;
-    let location = location.unwrap_or(super::model::DEFAULT_LOCATION);
+    let location = req.location_id.as_deref().unwrap_or(super::model::DEFAULT_LOCATION);
     check_id("location_id", location)?;
     check_id("idempotency_key", &req.idempotency_key)?;
     let source = AdjustmentSource::parse(&req.source)?;
@@ -648,6 +619,7 @@ pub async fn adjust_at(
     };
     let hash = adjustment_hash(sku_id, location, req);
     let idem_key = crate::keys::idempotency(t, "adjustment", &req.idempotency_key);
+    let mut markets = super::locations::MarketsOf::new(deps, t, location);
     let mut attempts = Attempts::new();
     while attempts.another() {
         let Some(sku) = read_sku(deps, t, sku_id).await? else { return Err(CoreError::NotFound { what: "sku" }) };
@@ -674,7 +646,7 @@ pub async fn adjust_at(
         let mut change = StockChange::new(t, &sku.record, LedgerKind::Adjustment, reference, at.clone());
         change.observed = Some(&sku.cells);
         if req.delta > 0 && !sku.record.locations.is_empty() {
-            change.markets = super::locations::market_groups(&super::locations::all(deps, t).await?, &[location]);
+            change.markets = markets.get().await?;
         }
         change.deltas = units.into_iter().map(|(i, u)| (i, Counters::new(u, 0, 0))).collect();
         change.source = Some(source);
@@ -771,6 +743,7 @@ pub async fn put_location_stock(
     }
     let default = is_default_location(location);
     let mut created = false;
+    let mut markets = super::locations::MarketsOf::new(deps, t, location);
     let mut attempts = Attempts::new();
     while attempts.another() {
         let Some(sku) = read_sku(deps, t, sku_id).await? else {
@@ -803,7 +776,7 @@ pub async fn put_location_stock(
             change.observed = Some(&sku.cells);
             if d < 0 && !default {
                 // Units freed from safety stock reach the markets the location serves.
-                change.markets = super::locations::market_groups(&super::locations::all(deps, t).await?, &[location]);
+                change.markets = markets.get().await?;
             }
             change.deltas = BTreeMap::from([(cell.clone(), Counters { safety: d, ..Counters::new(-d, 0, 0) })]);
             change.cell_conds = vec![(cell, number_is("safety", now.safety))];
@@ -821,7 +794,7 @@ pub async fn put_location_stock(
             let mut change = StockChange::new(t, &sku.record, LedgerKind::WarmUp, reference, at);
             change.observed = Some(&sku.cells);
             if req.on_hand > safety && !default {
-                change.markets = super::locations::market_groups(&super::locations::all(deps, t).await?, &[location]);
+                change.markets = markets.get().await?;
             }
             change.deltas =
                 BTreeMap::from([(cell.clone(), Counters { safety, ..Counters::new(req.on_hand - safety, 0, 0) })]);
@@ -921,26 +894,7 @@ mod tests {
     #[test]
     fn a_restock_decision_is_conditioned_on_the_locations_it_saw() {
         let t = TenantId::parse("t").unwrap();
-        let record = SkuRecord {
-            sku_id: "s".into(),
-            shards: 0,
-            category: None,
-            restock_round: 0,
-            locations: Vec::new(),
-            layout: None,
-            created_at: String::new(),
-            available: Some(0),
-            reserved: Some(1),
-            sold: Some(0),
-            safety: None,
-            version: Some(1),
-            allotted: None,
-            backordered: None,
-            unfilled: None,
-            backorder_limit: None,
-            preorder_until: None,
-            preorder_limit: None,
-        };
+        let record = SkuRecord { reserved: Some(1), ..SkuRecord::new("s", 0, None, 0, String::new()) };
         let observed = [cell(0, 0)];
         let mut change = StockChange::new(&t, &record, LedgerKind::Release, "order:o".into(), "now".into());
         change.observed = Some(&observed);
