@@ -13,10 +13,10 @@ use chrono::{DateTime, Utc};
 use serde_json::json;
 use tidings_core::gates::{self, BreakerConfig, BreakerState, GateConfig, GateStore, RateGate};
 use tidings_core::messages::{ALL_QUEUES, dispatch, settle};
-use tidings_core::outcome::Outcome;
 use tidings_core::notify::api::{self, NotificationView};
 use tidings_core::notify::model::{DeliveryStatus, NotificationRequest, NotificationStatus};
 use tidings_core::notify::relay;
+use tidings_core::outcome::Outcome;
 use tidings_core::people::users::{self, UserInput};
 use tidings_core::ports::{self, StoreError};
 use tidings_core::ports::{

@@ -250,7 +250,14 @@ async fn a_shipment_goes_to_a_location_and_arrives_there() {
         other => panic!("{other:?}"),
     }
     assert_eq!(inventory::get_stock(d, t, "A").await.unwrap().unwrap().available, 0);
-    let view = inventory::adjust(d, t, "A", &AdjustmentRequest { location_id: Some("east".into()), ..arrival(8, "in-2", Some("po-e")) }).await.unwrap();
+    let view = inventory::adjust(
+        d,
+        t,
+        "A",
+        &AdjustmentRequest { location_id: Some("east".into()), ..arrival(8, "in-2", Some("po-e")) },
+    )
+    .await
+    .unwrap();
     assert_eq!(view.available, 8);
     assert!(view.incoming.is_empty());
 }

@@ -80,7 +80,13 @@ async fn place(w: &World, id: &str, lines: &[(&str, i64)], market: Option<&str>)
 }
 
 fn adjustment(delta: i64, key: &str) -> AdjustmentRequest {
-    AdjustmentRequest { delta, source: "purchase_order".into(), idempotency_key: key.to_owned(), reference: None, location_id: None }
+    AdjustmentRequest {
+        delta,
+        source: "purchase_order".into(),
+        idempotency_key: key.to_owned(),
+        reference: None,
+        location_id: None,
+    }
 }
 
 /// A SKU's counters per location, as `GET /v1/inventory/{sku}` lists them.
@@ -176,9 +182,7 @@ async fn a_thousand_orders_over_three_locations_and_two_markets_never_oversell_a
         let market = if i % 2 == 0 { "US" } else { "CA" };
         let qty = if i % 5 == 0 { 2 } else { 1 };
         let req = in_market(order(&format!("o{i}"), &[("hot", qty)], None), Some(market));
-        tasks.push(tokio::spawn(async move {
-            (market, qty, inventory::place_order(&deps, &t, &req).await)
-        }));
+        tasks.push(tokio::spawn(async move { (market, qty, inventory::place_order(&deps, &t, &req).await) }));
     }
     let (mut accepted, mut refused, mut units) = (Vec::new(), 0, 0);
     for task in tasks {
@@ -385,7 +389,14 @@ async fn safety_stock_is_never_sold() {
     assert_eq!(at(&w, "s").await["a"], c(6, 0, 0, 4));
     assert_eq!(code_of(&place(&w, "big", &[("s", 7)], Some("US")).await.unwrap_err()), "insufficient_stock");
     place(&w, "o", &[("s", 6)], Some("US")).await.unwrap();
-    let e = inventory::adjust(&w.deps, &w.t, "s", &AdjustmentRequest { location_id: Some("a".into()), ..adjustment(-1, "d1") }).await.unwrap_err();
+    let e = inventory::adjust(
+        &w.deps,
+        &w.t,
+        "s",
+        &AdjustmentRequest { location_id: Some("a".into()), ..adjustment(-1, "d1") },
+    )
+    .await
+    .unwrap_err();
     assert_eq!(code_of(&e), "insufficient_stock");
     // Raising the safety stock takes available units only.
     let raise = LocationStockRequest { on_hand: 10, safety_stock: Some(5) };
@@ -427,11 +438,17 @@ async fn stock_arriving_at_any_location_when_all_were_at_zero_opens_a_round() {
         async move { inventory::get_stock(&d, &t, "s").await.unwrap().unwrap().restock_round }
     };
     assert_eq!(round(&w).await, 0);
-    inventory::adjust(&w.deps, &w.t, "s", &AdjustmentRequest { location_id: Some("b".into()), ..adjustment(3, "k1") }).await.unwrap();
+    inventory::adjust(&w.deps, &w.t, "s", &AdjustmentRequest { location_id: Some("b".into()), ..adjustment(3, "k1") })
+        .await
+        .unwrap();
     assert_eq!(round(&w).await, 1, "0 -> 3 at b");
-    inventory::adjust(&w.deps, &w.t, "s", &AdjustmentRequest { location_id: Some("a".into()), ..adjustment(2, "k2") }).await.unwrap();
+    inventory::adjust(&w.deps, &w.t, "s", &AdjustmentRequest { location_id: Some("a".into()), ..adjustment(2, "k2") })
+        .await
+        .unwrap();
     assert_eq!(round(&w).await, 2, "a 0 -> 2 while b had 3: the US had none");
-    inventory::adjust(&w.deps, &w.t, "s", &AdjustmentRequest { location_id: Some("b".into()), ..adjustment(1, "k3") }).await.unwrap();
+    inventory::adjust(&w.deps, &w.t, "s", &AdjustmentRequest { location_id: Some("b".into()), ..adjustment(1, "k3") })
+        .await
+        .unwrap();
     assert_eq!(round(&w).await, 2, "b 3 -> 4: CA had some, no restock");
     place(&w, "o1", &[("s", 2)], Some("US")).await.unwrap();
     place(&w, "o2", &[("s", 4)], Some("CA")).await.unwrap();
@@ -518,11 +535,22 @@ async fn locations_are_validated_listed_and_a_tenants_own() {
     stock_at(&w, "s", "z", 3, None).await;
     assert!(inventory::get_stock(&w.deps, &other, "s").await.unwrap().is_none());
     // An adjustment at a location holding no cell of the SKU: 404 naming location_id.
-    let e = inventory::adjust(&w.deps, &w.t, "s", &AdjustmentRequest { location_id: Some("y".into()), ..adjustment(1, "k") }).await.unwrap_err();
+    let e = inventory::adjust(
+        &w.deps,
+        &w.t,
+        "s",
+        &AdjustmentRequest { location_id: Some("y".into()), ..adjustment(1, "k") },
+    )
+    .await
+    .unwrap_err();
     assert_eq!(code_of(&e), "not_found:location_id");
     // Adjustments at a location apply once per key, and the key is the location's.
-    inventory::adjust(&w.deps, &w.t, "s", &AdjustmentRequest { location_id: Some("z".into()), ..adjustment(2, "k") }).await.unwrap();
-    inventory::adjust(&w.deps, &w.t, "s", &AdjustmentRequest { location_id: Some("z".into()), ..adjustment(2, "k") }).await.unwrap();
+    inventory::adjust(&w.deps, &w.t, "s", &AdjustmentRequest { location_id: Some("z".into()), ..adjustment(2, "k") })
+        .await
+        .unwrap();
+    inventory::adjust(&w.deps, &w.t, "s", &AdjustmentRequest { location_id: Some("z".into()), ..adjustment(2, "k") })
+        .await
+        .unwrap();
     assert_eq!(at(&w, "s").await["z"], c(5, 0, 0, 0));
     let e = inventory::adjust(&w.deps, &w.t, "s", &adjustment(2, "k")).await.unwrap_err();
     assert_eq!(code_of(&e), "idempotency_conflict");

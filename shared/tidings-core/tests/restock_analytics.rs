@@ -63,8 +63,13 @@ async fn subscribe(w: &World, user_id: &str, sku_id: &str) -> String {
 }
 
 async fn restock_by(w: &World, sku: &str, delta: i64, key: &str) {
-    let req =
-        AdjustmentRequest { delta, source: "purchase_order".into(), idempotency_key: key.into(), reference: None, location_id: None };
+    let req = AdjustmentRequest {
+        delta,
+        source: "purchase_order".into(),
+        idempotency_key: key.into(),
+        reference: None,
+        location_id: None,
+    };
     inventory::adjust(&w.deps, &w.t, sku, &req).await.unwrap();
 }
 

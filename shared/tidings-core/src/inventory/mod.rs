@@ -113,16 +113,13 @@ pub use findings::REVIEW_QUEUE;
 pub use findings::{Finding, FindingPage, FindingSettlement, FindingStatus, SettleRequest, SettlementKind};
 pub use locations::{Location, LocationList, LocationRequest};
 pub use model::{
-    AdjustmentRequest, AdjustmentSource, Allocation, CellId, Counters, DEFAULT_LOCATION, HoldTimes,
-    Incoming, IncomingRequest, IncomingStatus, LedgerEntry, LedgerKind, LocationAllocationView, LocationStockRequest,
-    LocationStockView, Order, OrderItem, OrderLine, OrderLineView, OrderRequest, OrderStatus, OrderView,
-    Preorder, ShardDelta, StockPolicy, StockView, WarmUpRequest,
+    AdjustmentRequest, AdjustmentSource, Allocation, CellId, Counters, DEFAULT_LOCATION, HoldTimes, Incoming,
+    IncomingRequest, IncomingStatus, LedgerEntry, LedgerKind, LocationAllocationView, LocationStockRequest,
+    LocationStockView, Order, OrderItem, OrderLine, OrderLineView, OrderRequest, OrderStatus, OrderView, Preorder,
+    ShardDelta, StockPolicy, StockView, WarmUpRequest,
 };
-pub use orders::{
-    MAX_ORDER_SKUS, MAX_QTY, PlacedOrder, Settlement, cancel, expire_order, get_order, pay, place_order,
-};
+pub use orders::{MAX_ORDER_SKUS, MAX_QTY, PlacedOrder, Settlement, cancel, expire_order, get_order, pay, place_order};
 pub use reconcile::{ReconcileReport, reconcile};
 pub use stock::{
-    LedgerPage, MAX_SHARDS, adjust, all_ledger_entries, get_stock, ledger, put_location_stock,
-    stock_counters, warm_up,
+    LedgerPage, MAX_SHARDS, adjust, all_ledger_entries, get_stock, ledger, put_location_stock, stock_counters, warm_up,
 };

@@ -7,8 +7,8 @@ use tracing::{instrument, warn};
 
 use super::api::load;
 use super::model::{DeliveryStatus, Notification, NotificationStatus, RequestMessage};
-use super::{batch, campaign, send_batch};
 use super::orchestrator::{self, start_processing};
+use super::{batch, campaign, send_batch};
 use crate::deps::Deps;
 use crate::error::CoreResult;
 use crate::ids::TenantId;

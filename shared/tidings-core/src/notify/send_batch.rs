@@ -328,7 +328,13 @@ pub(super) struct Close {
 }
 
 /// Closes the open entries of `batch` (as read) without a send, with their counters.
-pub(super) async fn close_open(deps: &Deps, t: &TenantId, key: &Key, batch: &SendBatch, close: Close) -> CoreResult<bool> {
+pub(super) async fn close_open(
+    deps: &Deps,
+    t: &TenantId,
+    key: &Key,
+    batch: &SendBatch,
+    close: Close,
+) -> CoreResult<bool> {
     let entries: Vec<BatchEntry> = batch
         .entries
         .iter()
