@@ -312,8 +312,10 @@ impl Server {
     /// The emulators' resources of this run go away once the test is over
     /// ([`remove_from_emulators`]).
     fn clean_up_emulators(&mut self) {
-        let var = |name: &str| self.env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
-        let (Some(table), Some(prefix)) = (var("TIDINGS_TABLE"), var("TIDINGS_QUEUE_PREFIX")) else { return };
+        let (Some((_, table)), Some((_, prefix))) = (self.env_of("TIDINGS_TABLE"), self.env_of("TIDINGS_QUEUE_PREFIX"))
+        else {
+            return;
+        };
         if let Some(mut child) = self.child.take() {
             let _ = child.start_kill();
         }

@@ -79,11 +79,11 @@ fn validate(req: &OrderRequest) -> CoreResult<()> {
 }
 
 /// The order's body, hashed as it was before `market` was one of its fields (an order placed
-/// then and again now is the same order).
-fn request_hash(req: &OrderRequest, market: Option<&str>) -> CoreResult<String> {
+/// then and again now is the same order): the body without it, then the market.
+fn request_hash(req: &OrderRequest) -> CoreResult<String> {
     let without = OrderRequest { market: None, ..req.clone() };
     let mut canonical = serde_json::to_vec(&without).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-    if let Some(m) = market {
+    if let Some(m) = &req.market {
         canonical.extend_from_slice(format!("\nmarket={m}").as_bytes());
     }
     Ok(hex::encode(Sha256::digest(&canonical)))
@@ -287,7 +287,7 @@ pub async fn place_order(deps: &Deps, t: &TenantId, req: &OrderRequest) -> CoreR
     if let Some(m) = market {
         locations::check_market("market", m)?;
     }
-    let hash = request_hash(req, market)?;
+    let hash = request_hash(req)?;
     // The order is not read first: its put is conditioned on its absence, and a repeat fails
     // there (index 0) and is answered from the order as stored. What refuses an order before
     // the transaction (an SKU deleted since, too many writes, short stock) looks for the order

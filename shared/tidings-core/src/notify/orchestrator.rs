@@ -266,7 +266,7 @@ pub async fn resume_deferred(
     if n.status == NotificationStatus::Cancelled {
         let key = keys::delivery(t, notification_id, user_id, channel);
         let Some(item) = deps.table.get(&key).await? else { return Ok(()) };
-        let page = item.i64(progress::PAGE_ATTR).unwrap_or(0).max(0) as u64;
+        let page = progress::page_of(&item);
         progress::transition(deps, cancelled_transition(deps, t, &n, user_id, page, &key)).await?;
         return Ok(());
     }
@@ -346,7 +346,7 @@ pub(crate) async fn close_pending(
             .zip(&items)
             .filter(|(_, item)| {
                 item.as_ref().is_some_and(|i| {
-                    i.i64(progress::PAGE_ATTR).unwrap_or(0) == page as i64
+                    progress::page_of(i) == page
                         && i.parse::<Delivery>().is_ok_and(|d| d.status == DeliveryStatus::Pending)
                 })
             })
@@ -714,9 +714,7 @@ fn start_of(item: Option<&Item>) -> CoreResult<Start> {
     let Some(item) = item else { return Ok(Start::New) };
     let d: Delivery = item.parse()?;
     Ok(match d.status {
-        DeliveryStatus::Pending if d.deferred_until.is_some() => {
-            Start::Resume(item.i64(progress::PAGE_ATTR).unwrap_or(0).max(0) as u64)
-        }
+        DeliveryStatus::Pending if d.deferred_until.is_some() => Start::Resume(progress::page_of(item)),
         DeliveryStatus::Pending => Start::Requeue,
         _ => Start::Planned,
     })

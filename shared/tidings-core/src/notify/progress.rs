@@ -26,6 +26,11 @@ pub const COUNTER_SHARDS: u32 = 4;
 /// `user_ids` notification).
 pub const PAGE_ATTR: &str = "page";
 
+/// The expansion page a delivery was created by (0 for one without: a `user_ids` notification's).
+pub fn page_of(item: &crate::ports::Item) -> u64 {
+    item.i64(PAGE_ATTR).unwrap_or(0).max(0) as u64
+}
+
 /// What a delivery status counts as.
 pub fn bucket(status: DeliveryStatus) -> &'static str {
     match status {

@@ -181,17 +181,14 @@ async fn close_stopped(
 ) -> CoreResult<Outcome> {
     let Some(item) = deps.table.get(key).await? else { return Ok(Outcome::Done) };
     let d: Delivery = item.parse()?;
-    let page = Some(page_of(&item).unwrap_or(0));
+    let page = Some(progress::page_of(&item));
     let (to, updates) = match d.status {
         DeliveryStatus::Pending | DeliveryStatus::Dead => {
             (DeliveryStatus::Suppressed, vec![Update::set("reason", reason), Update::set("updated_at", now_str(deps))])
         }
         DeliveryStatus::Sending => {
-            // Claims made before marketing claims had a lease count as expired.
-            let lease_until = d.lease_until_ms.unwrap_or(now_ms);
-            if lease_until > now_ms {
-                let wait_ms = (lease_until - now_ms).max(0) as u64;
-                return Ok(Outcome::Retry(Duration::from_millis(wait_ms + 500)));
+            if let Some(left) = lease_left(&d, now_ms) {
+                return Ok(Outcome::Retry(left + LEASE_SLACK));
             }
             if reason == "cancelled" {
                 let why = "the worker stopped after claiming, before the cancel; not sent again";
@@ -258,7 +255,7 @@ async fn select_batch<'a>(deps: &Deps, tasks: &'a [Task<ChannelTask>]) -> CoreRe
             continue;
         }
         let receive_count = tasks.get(index).map_or(1, |m| m.receive_count);
-        let page = page_of(&item).unwrap_or(0);
+        let page = progress::page_of(&item);
         selected.push(Claimed { index, t, task, receive_count, key, page, attempts: d.attempts.saturating_add(1) });
     }
     Ok(selected)
@@ -345,7 +342,7 @@ async fn claim_one<'a>(
         }
         Err(e) => return Err(e.into()),
     };
-    let page = page_of(&item).unwrap_or(0);
+    let page = progress::page_of(&item);
     let d: Delivery = item.parse()?;
     Ok(Ok(Claimed { index: 0, t, task, receive_count, key, page, attempts: d.attempts }))
 }
@@ -401,6 +398,16 @@ fn outcome_unknown(deps: &Deps, why: &str) -> Vec<Update> {
     ]
 }
 
+/// How long the claim of a `sending` delivery still runs; `None` once its lease has run out.
+/// Claims made before marketing claims had a lease count as run out.
+fn lease_left(d: &Delivery, now_ms: i64) -> Option<Duration> {
+    let until = d.lease_until_ms.unwrap_or(now_ms);
+    (until > now_ms).then(|| Duration::from_millis((until - now_ms) as u64))
+}
+
+/// How long after a claim's lease a task waiting for it comes back.
+const LEASE_SLACK: Duration = Duration::from_millis(500);
+
 /// The claim failed: someone sent it already, it is final, or a lease is running. A marketing
 /// claim whose lease ran out belonged to a worker that stopped between its claim and its record
 /// (a crash, or a record that failed): it is closed as `failed` (`outcome_unknown`), not sent.
@@ -419,11 +426,11 @@ async fn already_claimed(
     if d.status != DeliveryStatus::Sending {
         return Ok(Outcome::Done);
     }
-    // Claims made before marketing claims had a lease count as expired.
-    let lease_until = d.lease_until_ms.unwrap_or(now_ms);
-    if lease_until > now_ms || d.category == Category::Transactional {
-        let wait_ms = lease_until.saturating_sub(now_ms).max(0) as u64;
-        return Ok(Outcome::Retry(Duration::from_millis(wait_ms + 500)));
+    if let Some(left) = lease_left(&d, now_ms) {
+        return Ok(Outcome::Retry(left + LEASE_SLACK));
+    }
+    if d.category == Category::Transactional {
+        return Ok(Outcome::Retry(LEASE_SLACK));
     }
     warn!(
         to = %mask_address(&task.to),
@@ -431,7 +438,7 @@ async fn already_claimed(
     );
     let updates =
         outcome_unknown(deps, "the worker stopped after claiming; not sent again (marketing is at most once)");
-    let page = page_of(&item).unwrap_or(0);
+    let page = progress::page_of(&item);
     move_delivery(deps, t, task, key, Some(page), DeliveryStatus::Sending, DeliveryStatus::Failed, updates).await?;
     Ok(Outcome::Done)
 }
@@ -803,11 +810,6 @@ fn receipt_user(w: &Write) -> Option<String> {
     }
 }
 
-/// The expansion page a delivery was created by (its progress counters).
-fn page_of(item: &crate::ports::Item) -> Option<u64> {
-    item.i64(progress::PAGE_ATTR).map(|p| p.max(0) as u64)
-}
-
 /// A status change with the notification's progress counters (see [`progress::transition`]);
 /// `false` when the delivery was no longer in `from`. `page` unknown: read from the delivery.
 #[allow(clippy::too_many_arguments)]
@@ -823,7 +825,7 @@ async fn move_delivery(
 ) -> CoreResult<bool> {
     let page = match page {
         Some(p) => p,
-        None => deps.table.get(key).await?.as_ref().and_then(page_of).unwrap_or(0),
+        None => deps.table.get(key).await?.as_ref().map_or(0, progress::page_of),
     };
     let tr = progress::Transition {
         t,

@@ -25,7 +25,7 @@ use crate::error::{CoreError, CoreResult};
 use crate::ids::TenantId;
 use crate::keys;
 use crate::notify::model::{Category, ChannelTask, Delivery, DeliveryStatus};
-use crate::notify::progress::{self, PAGE_ATTR, Transition};
+use crate::notify::progress::{self, Transition};
 use crate::people::preferences;
 use crate::ports::{Cond, Item, Update, attrs_of};
 pub use crate::signing::TokenError;
@@ -284,7 +284,7 @@ pub async fn apply(deps: &Deps, claims: &Claims, at_ms: i64) -> CoreResult<()> {
                 t,
                 notification_id: &claims.n,
                 user_id: &claims.u,
-                page: item.i64(PAGE_ATTR).unwrap_or(0).max(0) as u64,
+                page: progress::page_of(&item),
                 key: &key,
                 from: d.status,
                 to,

@@ -37,7 +37,7 @@ use crate::error::CoreResult;
 use crate::ids::TenantId;
 use crate::keys;
 use crate::notify::model::{Delivery, DeliveryStatus};
-use crate::notify::progress::{self, PAGE_ATTR, Transition};
+use crate::notify::progress::{self, Transition};
 use crate::people::suppression::{self, SuppressionReason};
 use crate::ports::{Channel, Cond, Item, Update, attrs_of};
 
@@ -417,7 +417,7 @@ pub async fn apply_ses_event(deps: &Deps, provider: &str, event: &Value) -> Core
                     t: &t,
                     notification_id: &r.notification_id,
                     user_id: &r.user_id,
-                    page: item.i64(PAGE_ATTR).unwrap_or(0).max(0) as u64,
+                    page: progress::page_of(&item),
                     key: &key,
                     from: d.status,
                     to,
