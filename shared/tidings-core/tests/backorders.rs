@@ -61,13 +61,7 @@ async fn place(s: &Shop, id: &str, qty: i64) -> Result<OrderStatus, CoreError> {
 
 /// Units arrive; the fill their adjustment queued runs (the timers queue, at once).
 async fn arrive(s: &Shop, delta: i64, key: &str) -> StockView {
-    let req = AdjustmentRequest {
-        delta,
-        source: "purchase_order".into(),
-        idempotency_key: key.into(),
-        reference: None,
-        location_id: None,
-    };
+    let req = AdjustmentRequest::new(delta, "purchase_order", key);
     inventory::adjust(&s.w.deps, &s.t, "A", &req).await.unwrap();
     settle(s).await;
     stock(s).await

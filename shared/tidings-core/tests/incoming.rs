@@ -62,11 +62,8 @@ async fn expect(s: &Shop, sku: &str, req: &IncomingRequest) -> Result<Recorded, 
 
 fn arrival(delta: i64, key: &str, reference: Option<&str>) -> AdjustmentRequest {
     AdjustmentRequest {
-        delta,
-        source: "purchase_order".into(),
-        idempotency_key: key.into(),
         reference: reference.map(str::to_owned),
-        location_id: None,
+        ..AdjustmentRequest::new(delta, "purchase_order", key)
     }
 }
 

@@ -78,13 +78,7 @@ fn order(id: &str, lines: &[(&str, i64)], hold_seconds: Option<i64>) -> OrderReq
 }
 
 fn adjustment(delta: i64, source: &str, key: &str) -> AdjustmentRequest {
-    AdjustmentRequest {
-        delta,
-        source: source.to_owned(),
-        idempotency_key: key.to_owned(),
-        reference: None,
-        location_id: None,
-    }
+    AdjustmentRequest::new(delta, source, key)
 }
 
 async fn stock(w: &World, sku: &str) -> inventory::StockView {

@@ -80,13 +80,7 @@ async fn place(w: &World, id: &str, lines: &[(&str, i64)], market: Option<&str>)
 }
 
 fn adjustment(delta: i64, key: &str) -> AdjustmentRequest {
-    AdjustmentRequest {
-        delta,
-        source: "purchase_order".into(),
-        idempotency_key: key.to_owned(),
-        reference: None,
-        location_id: None,
-    }
+    AdjustmentRequest::new(delta, "purchase_order", key)
 }
 
 /// A SKU's counters per location, as `GET /v1/inventory/{sku}` lists them.

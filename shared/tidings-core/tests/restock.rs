@@ -141,13 +141,7 @@ async fn sku(w: &World, id: &str, on_hand: i64) {
 }
 
 async fn restock_by(w: &World, id: &str, delta: i64, key: &str) {
-    let req = AdjustmentRequest {
-        delta,
-        source: "purchase_order".into(),
-        idempotency_key: key.into(),
-        reference: None,
-        location_id: None,
-    };
+    let req = AdjustmentRequest::new(delta, "purchase_order", key);
     inventory::adjust(&w.deps, &w.t, id, &req).await.unwrap();
 }
 

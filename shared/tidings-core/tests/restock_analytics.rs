@@ -63,13 +63,7 @@ async fn subscribe(w: &World, user_id: &str, sku_id: &str) -> String {
 }
 
 async fn restock_by(w: &World, sku: &str, delta: i64, key: &str) {
-    let req = AdjustmentRequest {
-        delta,
-        source: "purchase_order".into(),
-        idempotency_key: key.into(),
-        reference: None,
-        location_id: None,
-    };
+    let req = AdjustmentRequest::new(delta, "purchase_order", key);
     inventory::adjust(&w.deps, &w.t, sku, &req).await.unwrap();
 }
 

@@ -40,13 +40,8 @@ async fn subscribe(s: &Shop, user: &str, market: Option<&str>) -> Result<String,
 
 /// `qty` units arrive at `location`; the SKU's round after it.
 async fn arrive(s: &Shop, location: &str, qty: i64, key: &str) -> i64 {
-    let req = AdjustmentRequest {
-        delta: qty,
-        source: "purchase_order".into(),
-        idempotency_key: key.into(),
-        reference: None,
-        location_id: Some(location.into()),
-    };
+    let req =
+        AdjustmentRequest { location_id: Some(location.into()), ..AdjustmentRequest::new(qty, "purchase_order", key) };
     inventory::adjust(&s.deps, &s.t, "hot", &req).await.unwrap().restock_round
 }
 

@@ -683,6 +683,19 @@ pub struct AdjustmentRequest {
     pub location_id: Option<String>,
 }
 
+impl AdjustmentRequest {
+    /// An adjustment of `delta` units at `default`, from `source`, applied once per `idempotency_key`.
+    pub fn new(delta: i64, source: &str, idempotency_key: &str) -> Self {
+        Self {
+            delta,
+            source: source.to_owned(),
+            idempotency_key: idempotency_key.to_owned(),
+            reference: None,
+            location_id: None,
+        }
+    }
+}
+
 /// One line of `POST /v1/orders`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]

@@ -100,13 +100,7 @@ pub async fn apply_stock_event(deps: &Deps, t: &TenantId, ev: &StockEvent) -> Co
     check_id("eventId", id)?;
     let basis = format!("{t}\nid\n{id}");
     let key = format!("stock-in-{}", &hex::encode(Sha256::digest(basis.as_bytes()))[..40]);
-    let req = AdjustmentRequest {
-        delta: ev.qty,
-        source: ev.source.clone(),
-        idempotency_key: key.clone(),
-        reference: None,
-        location_id: None,
-    };
+    let req = AdjustmentRequest::new(ev.qty, &ev.source, &key);
     let view = inventory::adjust(deps, t, &ev.sku_id, &req).await?;
     Ok(StockEventAccepted {
         sku_id: view.sku_id,
