@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 use crate::server::{Backend, Options, Server};
 
 // Generous: the AWS backend shares one emulator with the other tests; a pass returns at once.
-const WAIT: Duration = Duration::from_secs(90);
+const WAIT: Duration = Duration::from_secs(180);
 
 async fn setup(s: &Server) -> anyhow::Result<()> {
     for (id, body) in [

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use crate::server::{Backend, Options, Server};
 
 // Generous: the AWS backend shares its emulators with other tests; a pass returns at once.
-const WAIT: Duration = Duration::from_secs(90);
+const WAIT: Duration = Duration::from_secs(180);
 
 /// What a notification's status is once nothing more of it will happen.
 const ENDED: [&str; 3] = ["completed", "completed_with_failures", "failed"];

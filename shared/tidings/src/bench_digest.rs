@@ -511,6 +511,12 @@ async fn leftover(deps: &Deps, queues: &[String]) -> BTreeMap<String, u64> {
             }
         }
     }
+    // Accepted and not yet relayed (a run stopped before its relay ran): the outbox, not a queue.
+    if let Ok(n) = tidings_core::notify::sweep::still_accepted(deps, 60).await
+        && n > 0
+    {
+        out.insert("notifications not yet relayed".into(), n);
+    }
     let open = QueryOpts { limit: 1000, cursor: None, descending: false };
     if let Ok(page) = deps.table.query(tidings_core::timers::OPEN_BUCKETS_PK, "", open).await
         && !page.items.is_empty()

@@ -69,6 +69,37 @@ async fn sweep_partition(deps: &Deps, pk: String) -> CoreResult<(u64, u64)> {
     }
 }
 
+/// How many notifications accepted in the last `minutes` minutes (of the clock) are still
+/// `accepted`: in the outbox, not yet relayed to their queue (a process stopped before its relay
+/// ran leaves them so). For a report on what an earlier run left; the sweep re-drives them.
+pub async fn still_accepted(deps: &Deps, minutes: i64) -> CoreResult<u64> {
+    let now = deps.clock.now_ms().div_euclid(MINUTE_MS) * MINUTE_MS;
+    let mut accepted = 0;
+    for minute in (0..minutes.max(1)).map(|i| now - i * MINUTE_MS) {
+        for shard in 0..WATCH_SHARDS {
+            let pk = watch_pk(minute, shard);
+            let mut cursor = None;
+            loop {
+                let page = deps.table.query(&pk, "", QueryOpts { limit: 100, cursor, descending: false }).await?;
+                for entry in &page.items {
+                    let key = Key::new(entry.key.sk.clone(), NOTIFICATION_SK);
+                    if let Some(item) = deps.table.get(&key).await?
+                        && item.parse::<super::model::Notification>()?.status
+                            == super::model::NotificationStatus::Accepted
+                    {
+                        accepted += 1;
+                    }
+                }
+                cursor = page.next_cursor;
+                if cursor.is_none() {
+                    break;
+                }
+            }
+        }
+    }
+    Ok(accepted)
+}
+
 /// Re-drives the notifications still `accepted` of every minute that is now old enough and not
 /// swept yet (at most [`MINUTES_PER_SWEEP`]). Run on the tick's schedule.
 pub async fn sweep(deps: &Deps) -> CoreResult<SweepReport> {
