@@ -22,6 +22,7 @@ use tidings_core::gates::{self, GateStore};
 use tidings_core::keys;
 use tidings_core::lanes::{Lane, Urgency};
 use tidings_core::notify::api;
+use tidings_core::notify::model::NotificationStatus;
 use tidings_core::people::devices::{self, Device};
 use tidings_core::people::users::User;
 use tidings_core::ports::{
@@ -428,8 +429,24 @@ async fn campaign_once(
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // The provider counts a send as it is made, and its delivery is recorded `sent` right after:
+    // the campaign's own view is read once those records are in (ten seconds at most), so its
+    // counts are the whole campaign's, not a moment inside its last batch.
+    let all_sent = provider.delivered.load(Ordering::Relaxed) >= n;
     let view = match &watched {
-        Some(id) => api::get_notification(&deps, &t, id).await?,
+        Some(id) => {
+            let settle_by = Instant::now() + Duration::from_secs(10);
+            loop {
+                let view = api::get_notification(&deps, &t, id).await?;
+                let ended = view
+                    .as_ref()
+                    .is_none_or(|v| !matches!(v.status, NotificationStatus::Accepted | NotificationStatus::Processing));
+                if ended || !all_sent || Instant::now() >= settle_by {
+                    break view;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
         None => None,
     };
     let _ = stop_tx.send(true);
