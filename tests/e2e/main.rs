@@ -7,6 +7,7 @@
 mod alarms;
 mod backorders;
 mod bench;
+mod bootstraps;
 mod campaign;
 mod cancel;
 mod console;
@@ -262,6 +263,13 @@ on_both_backends!(contention as contention_tests:
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_page_of_large_emails_through_the_function_binaries() -> anyhow::Result<()> {
     sizes::a_page_of_large_emails_through_the_function_binaries().await
+}
+
+/// Every bootstrap `sam build` makes is built for size, unwinds on a panic and links one crypto
+/// library.
+#[test]
+fn the_bootstraps_are_built_for_size_and_unwind() -> anyhow::Result<()> {
+    bootstraps::the_bootstraps_are_built_for_size_and_unwind()
 }
 
 /// A day of a shop through the binaries `sam build` makes, each under a Lambda Runtime API with

@@ -354,7 +354,7 @@ pub async fn scheduled_send_fires_at_send_at_and_cancel_stops_it(backend: Backen
 pub(crate) async fn push_options(backend: Backend) -> anyhow::Result<Options> {
     let mut opts = Options::default();
     if backend == Backend::Aws {
-        let config = aws_config::defaults(aws_config::BehaviorVersion::latest()).load().await;
+        let config = tidings_aws::sdk_defaults().load().await;
         let sns = aws_sdk_sns::Client::new(&config);
         for (platform, var) in [("APNS", "TIDINGS_SNS_APNS_ARN"), ("GCM", "TIDINGS_SNS_FCM_ARN")] {
             let app = sns

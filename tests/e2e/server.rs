@@ -54,7 +54,7 @@ pub fn remove_from_emulators(table: String, prefix: String) {
     let cleaning = std::thread::spawn(move || {
         let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else { return };
         rt.block_on(async move {
-            let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest()).load().await;
+            let sdk = tidings_aws::sdk_defaults().load().await;
             let dynamo = aws_sdk_dynamodb::Client::new(&sdk);
             let _ = dynamo.delete_table().table_name(&table).send().await;
             let sqs = aws_sdk_sqs::Client::new(&sdk);

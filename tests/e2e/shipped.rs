@@ -399,7 +399,7 @@ fn trail(run: &Value) -> Vec<String> {
 /// Disables the push endpoint of a device token, as the push service does with a token that is
 /// no longer valid (a send to it then fails with `EndpointDisabled`).
 async fn disable_endpoint(s: &Stack, token: &str) -> anyhow::Result<()> {
-    let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest()).region("us-east-1").load().await;
+    let sdk = tidings_aws::sdk_defaults().region("us-east-1").load().await;
     let sns = aws_sdk_sns::Client::new(&sdk);
     let apps = sns.list_platform_applications().send().await?;
     for app in apps.platform_applications() {

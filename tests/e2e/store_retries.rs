@@ -71,7 +71,7 @@ async fn make_table(client: &aws_sdk_dynamodb::Client, name: &str) -> anyhow::Re
 /// end, a delivery's record) would come back `ConditionFailed` although it had committed.
 pub async fn a_transaction_whose_answer_was_lost_is_applied_once_when_the_sdk_sends_it_again() -> anyhow::Result<()> {
     crate::server::emulator();
-    let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let sdk = tidings_aws::load_sdk_config().await;
     let plain = aws_sdk_dynamodb::Client::new(&sdk);
     let name = format!("e2e{:08x}-retries", rand::random::<u32>());
     make_table(&plain, &name).await?;

@@ -121,7 +121,7 @@ impl crate::AwsBackend {
         start: &str,
         end: &str,
     ) -> Result<Vec<ChangeRecord>, StoreError> {
-        records_between(&self.streams, stream_arn, shard, start, end).await
+        records_between(&self.streams_client(), stream_arn, shard, start, end).await
     }
 }
 

@@ -30,7 +30,6 @@ pub struct AwsPorts {
     pub backend: AwsBackend,
     pub table: Arc<dyn Table>,
     pub queues: Arc<dyn Queues>,
-    pub feed: Arc<dyn ChangeFeed>,
     pub email: Arc<dyn Provider>,
     /// The primary SMS provider (`TIDINGS_SMS_PRIMARY`).
     pub sms: Arc<dyn Provider>,
@@ -143,7 +142,7 @@ async fn signer_from_ssm(settings: &Settings) -> Result<tidings_core::signing::S
     if settings.get("TIDINGS_SIGNING_KEYS").is_some() {
         return Ok(Default::default());
     }
-    let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let sdk = crate::load_sdk_config().await;
     let conf = aws_sdk_ssm::config::Builder::from(&sdk).interceptor(crate::requests::RequestCounter).build();
     let out = aws_sdk_ssm::Client::from_conf(conf)
         .get_parameter()
@@ -197,7 +196,6 @@ impl AwsPorts {
         Ok(Self {
             table: Arc::new(backend.table()),
             queues: Arc::new(backend.queues()),
-            feed: Arc::new(backend.change_feed()),
             ws_endpoint: settings.get("TIDINGS_WS_ENDPOINT").map(str::to_owned),
             email: Arc::new(backend.email()),
             sms: backend.sms_provider(backend.config().sms_primary),
@@ -234,7 +232,7 @@ impl AwsPorts {
     pub async fn live_push(&self) -> Arc<dyn LivePush> {
         match &self.ws_endpoint {
             Some(endpoint) => {
-                let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+                let sdk = crate::load_sdk_config().await;
                 let conf = aws_sdk_apigatewaymanagement::config::Builder::from(&sdk)
                     .endpoint_url(management_endpoint(endpoint))
                     .interceptor(crate::requests::RequestCounter)
@@ -244,6 +242,12 @@ impl AwsPorts {
             }
             None => Arc::new(NoLive),
         }
+    }
+
+    /// A reader of the table's stream, for the local runtime (on Lambda the event source mapping
+    /// reads it, and no function links the streams client).
+    pub fn change_feed(&self) -> Arc<dyn ChangeFeed> {
+        Arc::new(self.backend.change_feed())
     }
 
     /// The deployment's queue prefix (logical name = physical name without it).

@@ -237,7 +237,7 @@ impl Backend {
         let providers = gates::wrap(&providers, secondary, &config.gates, GateStore::Shared(table.clone()));
         Ok(Self {
             deps: Deps::new(table, b.queues.clone(), clock, providers, config),
-            feed: b.feed.clone(),
+            feed: b.change_feed(),
             dev,
             queue_names: all_queues(),
             queue_arn_prefix: b.queue_arn_prefix.clone(),

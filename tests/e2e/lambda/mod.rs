@@ -171,7 +171,7 @@ impl Stack {
     pub async fn start(opts: Options) -> anyhow::Result<Self> {
         let moto = required("AWS_ENDPOINT_URL")?;
         let (dynamodb, streams_url) = dynamodb_urls()?;
-        let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest()).region(REGION).load().await;
+        let sdk = tidings_aws::sdk_defaults().region(REGION).load().await;
         let sqs = aws_sdk_sqs::Client::new(&sdk);
         let sns = aws_sdk_sns::Client::new(&sdk);
         let ssm = aws_sdk_ssm::Client::new(&sdk);
@@ -589,7 +589,7 @@ impl Stack {
     /// hand beside the functions (no policy applies to it).
     pub async fn table(&self) -> anyhow::Result<tidings_aws::DynamoTable> {
         let (url, _) = dynamodb_urls()?;
-        let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest()).endpoint_url(url).load().await;
+        let sdk = tidings_aws::sdk_defaults().endpoint_url(url).load().await;
         let config = tidings_aws::AwsConfig { table: self.table.clone(), ..Default::default() };
         Ok(tidings_aws::AwsBackend::from_sdk_config(&sdk, config).table())
     }

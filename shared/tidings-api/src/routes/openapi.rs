@@ -745,18 +745,54 @@ async fn docs_page(uri: axum::http::Uri) -> axum::response::Response {
     Html(DOCS_PAGE).into_response()
 }
 
-/// Swagger UI's own files (its script and style), from the crate.
-async fn docs_file(axum::extract::Path(file): axum::extract::Path<String>) -> axum::response::Response {
+/// Swagger UI's own files (its script and style), gzipped in the binary (`docs-ui/README.md`):
+/// answered as they are to a client that takes gzip, inflated for one that does not.
+async fn docs_file(
+    axum::extract::Path(file): axum::extract::Path<String>,
+    headers: axum::http::HeaderMap,
+) -> axum::response::Response {
     use axum::http::{StatusCode, header};
     use axum::response::IntoResponse;
-    let config = std::sync::Arc::new(utoipa_swagger_ui::Config::from("/openapi.json"));
-    match utoipa_swagger_ui::serve(&file, config) {
-        Ok(Some(f)) => ([(header::CONTENT_TYPE, f.content_type)], f.bytes.into_owned()).into_response(),
-        Ok(None) => Problem::new(StatusCode::NOT_FOUND, "no_route", "no such file of the docs page").into_response(),
+    let (gzipped, content_type): (&'static [u8], &str) = match file.as_str() {
+        "swagger-ui-bundle.js" => {
+            (include_bytes!("../../docs-ui/swagger-ui-bundle.js.gz"), "text/javascript; charset=utf-8")
+        }
+        "swagger-ui.css" => (include_bytes!("../../docs-ui/swagger-ui.css.gz"), "text/css; charset=utf-8"),
+        _ => return Problem::new(StatusCode::NOT_FOUND, "no_route", "no such file of the docs page").into_response(),
+    };
+    let common = [
+        (header::CONTENT_TYPE, content_type),
+        (header::VARY, "accept-encoding"),
+        (header::CACHE_CONTROL, "public, max-age=86400"),
+    ];
+    if takes_gzip(&headers) {
+        return (common, [(header::CONTENT_ENCODING, "gzip")], gzipped).into_response();
+    }
+    let mut plain = Vec::with_capacity(gzipped.len() * 4);
+    match std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(gzipped), &mut plain) {
+        Ok(_) => (common, plain).into_response(),
         Err(_) => {
             Problem::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "the docs page is unavailable").into_response()
         }
     }
+}
+
+/// Whether `Accept-Encoding` takes gzip (RFC 9110 §12.5.3): no header takes any coding; a
+/// `gzip`, `x-gzip` or `*` entry takes it unless its weight is 0.
+fn takes_gzip(headers: &axum::http::HeaderMap) -> bool {
+    let mut values = headers.get_all(axum::http::header::ACCEPT_ENCODING).iter().peekable();
+    if values.peek().is_none() {
+        return true;
+    }
+    values.filter_map(|v| v.to_str().ok()).flat_map(|v| v.split(',')).any(|entry| {
+        let mut parts = entry.split(';');
+        let coding = parts.next().unwrap_or("").trim();
+        let weight_zero = parts.any(|p| {
+            let p = p.trim();
+            p.strip_prefix("q=").or_else(|| p.strip_prefix("Q=")).is_some_and(|q| q.trim().parse::<f32>() == Ok(0.0))
+        });
+        ["gzip", "x-gzip", "*"].iter().any(|c| coding.eq_ignore_ascii_case(c)) && !weight_zero
+    })
 }
 
 /// What every operation shares, added once here rather than repeated on each handler: the
@@ -958,16 +994,59 @@ mod tests {
         // Relative to `/docs`: `/openapi.json` and `/docs/swagger-ui-bundle.js`.
         assert!(page.contains(r#"url: "openapi.json""#), "{page}");
         assert!(!page.contains("https://"), "nothing from another host: {page}");
-        for (file, kind) in [("/docs/swagger-ui-bundle.js", "javascript"), ("/docs/swagger-ui.css", "css")] {
+        for (file, kind, marker) in [
+            ("/docs/swagger-ui-bundle.js", "javascript", "SwaggerUIBundle"),
+            ("/docs/swagger-ui.css", "css", ".swagger-ui"),
+        ] {
             assert!(page.contains(&file[1..]), "{file} in {page}");
-            let res = app.clone().oneshot(get(file)).await.unwrap();
+            // A browser takes gzip: the file as it is kept.
+            let req = axum::http::Request::get(file).header("accept-encoding", "gzip, deflate, br").body(Body::empty());
+            let res = app.clone().oneshot(req.unwrap()).await.unwrap();
             assert_eq!(res.status(), 200, "{file}");
             assert!(res.headers()["content-type"].to_str().unwrap().contains(kind), "{file}");
+            assert_eq!(res.headers()["content-encoding"], "gzip", "{file}");
+            assert_eq!(res.headers()["vary"], "accept-encoding", "{file}");
+            let zipped = res.into_body().collect().await.unwrap().to_bytes();
+            let mut inflated = String::new();
+            std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&zipped[..]), &mut inflated).unwrap();
+            assert!(inflated.contains(marker), "{file}");
+            // A client that refuses gzip (or names only identity) gets it inflated.
+            for accept in [Some("identity"), Some("gzip;q=0, identity"), Some("br")] {
+                let mut req = axum::http::Request::get(file);
+                if let Some(a) = accept {
+                    req = req.header("accept-encoding", a);
+                }
+                let res = app.clone().oneshot(req.body(Body::empty()).unwrap()).await.unwrap();
+                assert_eq!(res.status(), 200, "{file} {accept:?}");
+                assert!(res.headers().get("content-encoding").is_none(), "{file} {accept:?}");
+                let body = res.into_body().collect().await.unwrap().to_bytes();
+                assert_eq!(body, inflated.as_bytes(), "{file} {accept:?}");
+            }
         }
         let res = app.clone().oneshot(get("/openapi.json")).await.unwrap();
         assert_eq!(res.status(), 200);
         let res = app.clone().oneshot(get("/docs/no-such-file.js")).await.unwrap();
         assert_eq!(res.status(), 404);
+    }
+
+    #[test]
+    fn gzip_is_taken_unless_refused() {
+        let with = |values: &[&str]| {
+            let mut h = axum::http::HeaderMap::new();
+            for v in values {
+                h.append("accept-encoding", v.parse().unwrap());
+            }
+            super::takes_gzip(&h)
+        };
+        assert!(with(&[]), "no header: any coding");
+        assert!(with(&["gzip"]));
+        assert!(with(&["br, GZIP;q=0.5"]));
+        assert!(with(&["*"]));
+        assert!(with(&["identity", "x-gzip"]));
+        assert!(!with(&["identity"]));
+        assert!(!with(&["gzip;q=0"]));
+        assert!(!with(&["gzip; q=0.0, br"]));
+        assert!(!with(&["gzipped"]));
     }
 
     /// What the document lets a client send, the server takes: any hex cursor (a position, not

@@ -1,0 +1,87 @@
+//! What `sam build` leaves for each function of `template.yaml`: a bootstrap built for size
+//! (`functions/.cargo/config.toml`: `opt-level = "s"`, fat LTO, one codegen unit; cargo-lambda
+//! strips it), linking one crypto library, and unwinding on a panic, so that a panic in the
+//! template engine fails that one render and not the worker every tenant shares
+//! (`templates::run`; the workspace's profile names `panic = "unwind"` because cargo-lambda
+//! would otherwise build with `panic = "abort"`). docs/deploy.md, "The functions' size".
+
+use std::path::PathBuf;
+
+use crate::lambda::template;
+
+/// Each function's ceiling: what the size-built bootstrap measured (2026-12-06) and about 10%.
+/// A build that lost the size profile is half again as large (`api` 39 MB, the rest 17-26 MB
+/// before it).
+const CEILING_MB: [(&str, f64); 8] = [
+    ("ApiFunction", 21.0),
+    ("OrchestratorFunction", 19.0),
+    ("ChannelWorkerFunction", 19.0),
+    ("TickFunction", 19.0),
+    ("RestockScanFunction", 19.0),
+    ("OutboxRelayFunction", 13.5),
+    ("WsConnectionsFunction", 11.5),
+    ("ReconcileFunction", 11.0),
+];
+
+/// The size of each named section of a little-endian ELF64 file (arm64 and x86_64 alike).
+fn section_sizes(elf: &[u8]) -> anyhow::Result<Vec<(String, u64)>> {
+    let u16_at = |at: usize| -> anyhow::Result<u64> {
+        let b = elf.get(at..at + 2).ok_or_else(|| anyhow::anyhow!("ELF cut short at {at}"))?;
+        Ok(u64::from(u16::from_le_bytes([b[0], b[1]])))
+    };
+    let u32_at = |at: usize| -> anyhow::Result<u64> {
+        let b = elf.get(at..at + 4).ok_or_else(|| anyhow::anyhow!("ELF cut short at {at}"))?;
+        Ok(u64::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]])))
+    };
+    let u64_at = |at: usize| -> anyhow::Result<u64> {
+        let b = elf.get(at..at + 8).ok_or_else(|| anyhow::anyhow!("ELF cut short at {at}"))?;
+        Ok(u64::from_le_bytes(b.try_into()?))
+    };
+    anyhow::ensure!(elf.starts_with(b"\x7fELF\x02\x01"), "not a little-endian ELF64 file");
+    let (shoff, shentsize, shnum, shstrndx) =
+        (u64_at(0x28)? as usize, u16_at(0x3a)? as usize, u16_at(0x3c)? as usize, u16_at(0x3e)? as usize);
+    let header = |i: usize| shoff + i * shentsize;
+    let names = u64_at(header(shstrndx) + 0x18)? as usize;
+    let mut out = Vec::with_capacity(shnum);
+    for i in 0..shnum {
+        let name_at = names + u32_at(header(i))? as usize;
+        let name = elf.get(name_at..).unwrap_or_default();
+        let name = String::from_utf8_lossy(&name[..name.iter().position(|b| *b == 0).unwrap_or(0)]).into_owned();
+        out.push((name, u64_at(header(i) + 0x20)?));
+    }
+    Ok(out)
+}
+
+pub fn the_bootstraps_are_built_for_size_and_unwind() -> anyhow::Result<()> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let decoded = template::decode()?;
+    let resources = decoded["Resources"].as_object().ok_or_else(|| anyhow::anyhow!("template without Resources"))?;
+    let functions: Vec<&String> =
+        resources.iter().filter(|(_, r)| r["Type"] == "AWS::Serverless::Function").map(|(id, _)| id).collect();
+    assert_eq!(functions.len(), CEILING_MB.len(), "a ceiling for each function of the template: {functions:?}");
+    let mut report = Vec::new();
+    for id in functions {
+        let path = root.join(".aws-sam/build").join(id).join("bootstrap");
+        let elf =
+            std::fs::read(&path).map_err(|e| anyhow::anyhow!("{}: {e}: run `sam build` first", path.display()))?;
+        let sections = section_sizes(&elf)?;
+        let size = |name: &str| sections.iter().find(|(n, _)| n == name).map(|(_, s)| *s);
+        let mb = elf.len() as f64 / 1e6;
+        let ceiling = CEILING_MB.iter().find(|(f, _)| f == id).map(|(_, c)| *c);
+        let ceiling = ceiling.ok_or_else(|| anyhow::anyhow!("no ceiling for {id}"))?;
+        assert!(
+            mb <= ceiling,
+            "{id}: {mb:.1} MB, over its {ceiling} MB: was it built with functions/.cargo/config.toml?"
+        );
+        assert!(size(".symtab").is_none(), "{id}: not stripped");
+        // Unwinding leaves the landing pads' table; `panic = "abort"` leaves a few KB of it.
+        let pads = size(".gcc_except_table").unwrap_or(0);
+        assert!(pads > 100_000, "{id}: {pads} bytes of landing pads: built with panic = \"abort\"?");
+        // One crypto library: ring (rustls and the SDK's client), not aws-lc beside it.
+        let aws_lc = elf.windows(6).any(|w| w == b"AWS-LC" || w == b"aws-lc");
+        assert!(!aws_lc, "{id}: links aws-lc (a client crate's `default-https-client`?)");
+        report.push(format!("{id} {mb:.1} MB (landing pads {} KB)", pads / 1000));
+    }
+    println!("bootstraps: {}", report.join(", "));
+    Ok(())
+}
