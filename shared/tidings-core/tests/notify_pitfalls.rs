@@ -965,7 +965,10 @@ async fn a_notification_whose_stream_record_was_lost_is_swept_once_old_enough() 
     let records = w.feed.next_batch(1000).await.unwrap();
     w.feed.commit(&records).await.unwrap();
     assert_eq!(sweep::sweep(&w.deps).await.unwrap().redriven, 0, "too young");
+    assert_eq!(sweep::still_accepted(&w.deps, 1).await.unwrap(), 1, "left in the outbox");
     w.clock.advance(chrono::Duration::minutes(4));
+    assert_eq!(sweep::still_accepted(&w.deps, 1).await.unwrap(), 0, "accepted four minutes ago");
+    assert_eq!(sweep::still_accepted(&w.deps, 5).await.unwrap(), 1, "within the last five minutes");
     assert_eq!(sweep::sweep(&w.deps).await.unwrap().redriven, 0, "still younger than the age");
     assert_eq!(queued_requests(&w).await, 0);
     w.clock.advance(chrono::Duration::minutes(3));
@@ -983,6 +986,7 @@ async fn a_notification_whose_stream_record_was_lost_is_swept_once_old_enough() 
     assert_eq!(relay::redrive(&w.deps, &key).await.unwrap(), Redriven::NothingToDo, "no longer accepted");
     let view = api::get_notification(&w.deps, &w.t, &id).await.unwrap().unwrap();
     assert_ne!(view.status, NotificationStatus::Accepted);
+    assert_eq!(sweep::still_accepted(&w.deps, 10).await.unwrap(), 0, "relayed and handled");
 }
 
 /// Header injection (docs/templates.md, "Header fields"): a placeholder's value with a line

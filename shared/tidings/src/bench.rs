@@ -22,7 +22,6 @@ use tidings_core::gates::{self, GateStore};
 use tidings_core::keys;
 use tidings_core::lanes::{Lane, Urgency};
 use tidings_core::notify::api;
-use tidings_core::notify::model::NotificationStatus;
 use tidings_core::people::devices::{self, Device};
 use tidings_core::people::users::User;
 use tidings_core::ports::{
@@ -438,9 +437,7 @@ async fn campaign_once(
             let settle_by = Instant::now() + Duration::from_secs(10);
             loop {
                 let view = api::get_notification(&deps, &t, id).await?;
-                let ended = view
-                    .as_ref()
-                    .is_none_or(|v| !matches!(v.status, NotificationStatus::Accepted | NotificationStatus::Processing));
+                let ended = view.as_ref().is_none_or(|v| !v.status.is_open());
                 if ended || !all_sent || Instant::now() >= settle_by {
                     break view;
                 }

@@ -295,6 +295,12 @@ impl NotificationStatus {
         }
     }
 
+    /// Whether it has not ended yet: accepted, scheduled or processing (completed, completed
+    /// with failures, failed and cancelled are final).
+    pub fn is_open(self) -> bool {
+        matches!(self, NotificationStatus::Accepted | NotificationStatus::Scheduled | NotificationStatus::Processing)
+    }
+
     /// The status of a notification whose deliveries have all ended, from how many were sent
     /// (`sent` and beyond: delivered, opened, clicked) and how many failed or died.
     pub fn ended(sent: u64, failed_or_dead: u64) -> Self {

@@ -20,11 +20,12 @@ use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
 use super::relay::{Redriven, redrive};
-use super::watch::{MINUTE_MS, WATCH_SHARDS, watch_pk};
+use super::watch::{WATCH_SHARDS, watch_pk};
 use crate::deps::Deps;
 use crate::error::CoreResult;
 use crate::keys::NOTIFICATION_SK;
 use crate::ports::{Cond, Key, QueryOpts, Update};
+use crate::timers::{MINUTE_MS, minute_of};
 
 /// The most minutes one sweep reads (a sweep after a long pause catches up over a few ticks).
 pub const MINUTES_PER_SWEEP: i64 = 30;
@@ -47,12 +48,10 @@ pub struct SweepReport {
 /// One partition of a minute's watch entries: (entries read, notifications re-driven).
 async fn sweep_partition(deps: &Deps, pk: String) -> CoreResult<(u64, u64)> {
     let (mut checked, mut redriven) = (0, 0);
-    let mut cursor = None;
-    loop {
-        let page = deps.table.query(&pk, "", QueryOpts { limit: 100, cursor, descending: false }).await?;
-        for entry in &page.items {
+    let mut pages = Watched::new(pk);
+    while let Some(keys) = pages.next(deps).await? {
+        for key in keys {
             checked += 1;
-            let key = Key::new(entry.key.sk.clone(), NOTIFICATION_SK);
             match redrive(deps, &key).await {
                 Ok(Redriven::Queued) => redriven += 1,
                 Ok(Redriven::NothingToDo) => {}
@@ -62,10 +61,32 @@ async fn sweep_partition(deps: &Deps, pk: String) -> CoreResult<(u64, u64)> {
                 Err(e) => return Err(e),
             }
         }
-        cursor = page.next_cursor;
-        if cursor.is_none() {
-            return Ok((checked, redriven));
+    }
+    Ok((checked, redriven))
+}
+
+/// The keys of the notifications one watch partition names, a page at a time.
+struct Watched {
+    pk: String,
+    cursor: Option<String>,
+    done: bool,
+}
+
+impl Watched {
+    fn new(pk: String) -> Self {
+        Self { pk, cursor: None, done: false }
+    }
+
+    /// The next page's notification keys; `None` past the last page.
+    async fn next(&mut self, deps: &Deps) -> CoreResult<Option<Vec<Key>>> {
+        if self.done {
+            return Ok(None);
         }
+        let opts = QueryOpts { limit: 100, cursor: self.cursor.take(), descending: false };
+        let page = deps.table.query(&self.pk, "", opts).await?;
+        self.cursor = page.next_cursor;
+        self.done = self.cursor.is_none();
+        Ok(Some(page.items.into_iter().map(|entry| Key::new(entry.key.sk, NOTIFICATION_SK)).collect()))
     }
 }
 
@@ -73,26 +94,19 @@ async fn sweep_partition(deps: &Deps, pk: String) -> CoreResult<(u64, u64)> {
 /// `accepted`: in the outbox, not yet relayed to their queue (a process stopped before its relay
 /// ran leaves them so). For a report on what an earlier run left; the sweep re-drives them.
 pub async fn still_accepted(deps: &Deps, minutes: i64) -> CoreResult<u64> {
-    let now = deps.clock.now_ms().div_euclid(MINUTE_MS) * MINUTE_MS;
+    let now = minute_of(deps.clock.now_ms());
     let mut accepted = 0;
     for minute in (0..minutes.max(1)).map(|i| now - i * MINUTE_MS) {
         for shard in 0..WATCH_SHARDS {
-            let pk = watch_pk(minute, shard);
-            let mut cursor = None;
-            loop {
-                let page = deps.table.query(&pk, "", QueryOpts { limit: 100, cursor, descending: false }).await?;
-                for entry in &page.items {
-                    let key = Key::new(entry.key.sk.clone(), NOTIFICATION_SK);
+            let mut pages = Watched::new(watch_pk(minute, shard));
+            while let Some(keys) = pages.next(deps).await? {
+                for key in keys {
                     if let Some(item) = deps.table.get(&key).await?
                         && item.parse::<super::model::Notification>()?.status
                             == super::model::NotificationStatus::Accepted
                     {
                         accepted += 1;
                     }
-                }
-                cursor = page.next_cursor;
-                if cursor.is_none() {
-                    break;
                 }
             }
         }
@@ -106,7 +120,7 @@ pub async fn sweep(deps: &Deps) -> CoreResult<SweepReport> {
     let age_ms = i64::try_from(deps.config.relay_sweep_after.as_millis()).unwrap_or(i64::MAX);
     let now = deps.clock.now_ms();
     // The last minute all of whose notifications are older than the age.
-    let last = (now.saturating_sub(age_ms) - MINUTE_MS).div_euclid(MINUTE_MS) * MINUTE_MS;
+    let last = minute_of(now.saturating_sub(age_ms) - MINUTE_MS);
     let cursor_key = Key::new(CURSOR_PK, CURSOR_SK);
     let swept = deps.table.get(&cursor_key).await?.and_then(|i| i.i64("minute_ms"));
     let minute = match swept {

@@ -13,8 +13,6 @@ use crate::ports::{Cond, Item, Key, Write};
 
 /// Partitions of a minute's watch entries.
 pub const WATCH_SHARDS: u32 = 4;
-/// A minute, in the milliseconds watch entries are bucketed by.
-pub(crate) const MINUTE_MS: i64 = 60_000;
 /// Watch entries are kept a week (DynamoDB TTL); a sweep reads them long before.
 const KEEP_S: i64 = 7 * 24 * 3600;
 
@@ -28,7 +26,7 @@ pub(crate) fn watch_pk(minute_ms: i64, shard: u32) -> String {
 
 /// The watch entry of a notification accepted at `created_ms`, for the accept transaction.
 pub fn watch_write(t: &TenantId, notification_id: &str, created_ms: i64) -> Write {
-    let minute = created_ms.div_euclid(MINUTE_MS) * MINUTE_MS;
+    let minute = crate::timers::minute_of(created_ms);
     let key = Key::new(watch_pk(minute, shard_of(notification_id)), keys::notification_pk(t, notification_id));
     let mut attrs = crate::ports::Attrs::new();
     attrs.insert("ttl".into(), (created_ms / 1000 + KEEP_S).into());

@@ -43,11 +43,11 @@ use crate::inventory::{self, Settlement};
 use crate::outcome::Outcome;
 use crate::ports::{Cond, Key, OutMessage, QueryOpts, StoreError, Update};
 use crate::tasks::{Step, Task};
-use task::{MINUTE_MS, TimerItem, delay_until, send_message};
 pub use task::{
-    OPEN_BUCKETS_PK, TIMERS_QUEUE, TimerMessage, TimerTask, WRITE_AHEAD_MINUTES, bucket_of, durable_timer,
-    fits_queue_delay, schedule,
+    MINUTE_MS, OPEN_BUCKETS_PK, TIMERS_QUEUE, TimerMessage, TimerTask, WRITE_AHEAD_MINUTES, bucket_of, durable_timer,
+    fits_queue_delay, minute_of, schedule,
 };
+use task::{TimerItem, delay_until, send_message};
 
 /// How long a tick holds a bucket while it fires it.
 pub const BUCKET_LEASE: Duration = Duration::from_secs(120);
@@ -207,6 +207,15 @@ async fn run(deps: &Deps, task: &TimerTask) -> CoreResult<()> {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
+
+    #[test]
+    fn a_time_falls_in_the_minute_that_starts_at_or_before_it() {
+        assert_eq!(minute_of(0), 0);
+        assert_eq!(minute_of(59_999), 0);
+        assert_eq!(minute_of(60_000), 60_000);
+        assert_eq!(minute_of(1_764_999_123_456), 1_764_999_120_000);
+        assert_eq!(minute_of(-1), -60_000, "before 1970, still the minute's start");
+    }
 
     #[test]
     fn buckets_are_minutes_that_sort_as_time() {

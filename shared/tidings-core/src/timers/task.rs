@@ -21,7 +21,8 @@ pub const TIMERS_QUEUE: &str = "timers";
 pub const OPEN_BUCKETS_PK: &str = "TIMERS#OPEN";
 /// A bucket takes timers only while it is at least this many minutes ahead.
 pub const WRITE_AHEAD_MINUTES: i64 = 3;
-pub(super) const MINUTE_MS: i64 = 60_000;
+/// A minute, in milliseconds: the width of a timer bucket and of a relay watch partition.
+pub const MINUTE_MS: i64 = 60_000;
 
 /// What a timer does when it fires.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -130,6 +131,11 @@ pub async fn schedule(deps: &Deps, due_at: DateTime<Utc>, task: TimerTask) -> Co
     Ok(())
 }
 
+/// The start of the minute `ms` falls in (milliseconds since the epoch, before 1970 too).
+pub fn minute_of(ms: i64) -> i64 {
+    ms.div_euclid(MINUTE_MS) * MINUTE_MS
+}
+
 /// The minute bucket name of a time: `yyyyMMddHHmm`.
 pub fn bucket_of(ms: i64) -> String {
     DateTime::<Utc>::from_timestamp_millis(ms).unwrap_or_default().format("%Y%m%d%H%M").to_string()
@@ -148,7 +154,7 @@ pub fn bucket_of(ms: i64) -> String {
 pub async fn durable_timer(deps: &Deps, due_at: DateTime<Utc>, task: &TimerTask) -> CoreResult<Write> {
     let due_ms = due_at.timestamp_millis();
     let now_ms = deps.clock.now_ms();
-    let now_minute = now_ms.div_euclid(MINUTE_MS) * MINUTE_MS;
+    let now_minute = minute_of(now_ms);
     let bucket = bucket_of(due_ms.max(now_minute + WRITE_AHEAD_MINUTES * MINUTE_MS));
     if !deps.open_buckets.holds(&bucket, now_ms) {
         let index = Key::new(OPEN_BUCKETS_PK, bucket.clone());
