@@ -124,6 +124,12 @@ impl AwsBackend {
         &self.config
     }
 
+    /// The SDK configuration the clients were made from: loaded once at start-up, for any other
+    /// client a function makes (SSM's for the signing key, API Gateway's for live pushes).
+    pub fn sdk_config(&self) -> &SdkConfig {
+        &self.sdk
+    }
+
     /// The table through a client whose requests are not counted (see [`requests`]): for
     /// test support that is no part of the system's cost, such as the fake providers' record
     /// of what they were asked to send.

@@ -1,6 +1,7 @@
 //! Assembles the core's ports on AWS from the environment: what every Lambda `main` and
 //! `tidings serve --backend aws` call, so the wiring exists once.
 
+use aws_config::SdkConfig;
 use std::sync::Arc;
 
 use tidings_core::config::Settings;
@@ -137,13 +138,12 @@ fn management_endpoint(ws_endpoint: &str) -> String {
 
 /// Reads the signing keys (`kid:secret,...`) from the SSM SecureString parameter named by
 /// `TIDINGS_SIGNING_KEY_PARAM`, so the secret is never in the template or the environment.
-async fn signer_from_ssm(settings: &Settings) -> Result<tidings_core::signing::Signer, WiringError> {
+async fn signer_from_ssm(settings: &Settings, sdk: &SdkConfig) -> Result<tidings_core::signing::Signer, WiringError> {
     let Some(name) = settings.get("TIDINGS_SIGNING_KEY_PARAM") else { return Ok(Default::default()) };
     if settings.get("TIDINGS_SIGNING_KEYS").is_some() {
         return Ok(Default::default());
     }
-    let sdk = crate::load_sdk_config().await;
-    let conf = aws_sdk_ssm::config::Builder::from(&sdk).interceptor(crate::requests::RequestCounter).build();
+    let conf = aws_sdk_ssm::config::Builder::from(sdk).interceptor(crate::requests::RequestCounter).build();
     let out = aws_sdk_ssm::Client::from_conf(conf)
         .get_parameter()
         .name(name)
@@ -186,7 +186,7 @@ impl AwsPorts {
         }
         let region = std::env::var("AWS_REGION").unwrap_or_else(|_| "us-east-1".into());
         if needs.signer && !config.signer.is_configured() {
-            config.signer = signer_from_ssm(settings).await?;
+            config.signer = signer_from_ssm(settings, backend.sdk_config()).await?;
             if !config.signer.is_configured() {
                 return Err(WiringError::Secret(
                     "this function signs links and tokens: set TIDINGS_SIGNING_KEY_PARAM (an SSM parameter) or TIDINGS_SIGNING_KEYS".into(),
@@ -232,8 +232,7 @@ impl AwsPorts {
     pub async fn live_push(&self) -> Arc<dyn LivePush> {
         match &self.ws_endpoint {
             Some(endpoint) => {
-                let sdk = crate::load_sdk_config().await;
-                let conf = aws_sdk_apigatewaymanagement::config::Builder::from(&sdk)
+                let conf = aws_sdk_apigatewaymanagement::config::Builder::from(self.backend.sdk_config())
                     .endpoint_url(management_endpoint(endpoint))
                     .interceptor(crate::requests::RequestCounter)
                     .build();
