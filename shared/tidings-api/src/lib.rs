@@ -14,4 +14,4 @@ mod test_support;
 
 pub use routes::openapi::document as openapi;
 pub use routes::{app, app_with_limits};
-pub use state::{AppState, DevControl};
+pub use state::{AppParts, AppState, DevControl};

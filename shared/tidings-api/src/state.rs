@@ -23,8 +23,27 @@ pub trait DevControl: Send + Sync {
     }
 }
 
+/// What every handler can reach, behind one `Arc`: axum clones the state for every extractor
+/// and middleware of every request, and a clone of this is one count, not one per port.
 #[derive(Clone)]
-pub struct AppState {
+pub struct AppState(Arc<AppParts>);
+
+impl AppState {
+    pub fn new(parts: AppParts) -> Self {
+        Self(Arc::new(parts))
+    }
+}
+
+impl std::ops::Deref for AppState {
+    type Target = AppParts;
+
+    fn deref(&self) -> &AppParts {
+        &self.0
+    }
+}
+
+/// The parts of an [`AppState`].
+pub struct AppParts {
     pub deps: Deps,
     /// The queues this deployment uses (for `/v1/ops/queues`).
     pub queue_names: Arc<Vec<String>>,

@@ -13,7 +13,7 @@ use tower::ServiceExt;
 async fn state() -> AppState {
     let deps = TestWorld::builder().system_clock().build().deps;
     tenants::register_key(&deps, &TenantId::parse("acme").unwrap(), "test-key-acme").await.unwrap();
-    AppState { deps, queue_names: Arc::new(vec![]), dev: None, live: None }
+    AppState::new(tidings_api::AppParts { deps, queue_names: Arc::new(vec![]), dev: None, live: None })
 }
 
 fn fixture() -> String {

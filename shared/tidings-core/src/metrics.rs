@@ -13,7 +13,7 @@
 //! that crate must be the process's only recorder (its builder installs itself), so the API's
 //! own figures could not be read beside it, and it drops histogram values past 100 a flush.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -242,6 +242,32 @@ struct Cells {
     counters: BTreeMap<MetricKey, Arc<CounterCell>>,
     gauges: BTreeMap<MetricKey, Arc<GaugeCell>>,
     histograms: BTreeMap<MetricKey, Arc<HistogramCell>>,
+    /// The same cells by the `metrics` crate's own key. Every `counter!` or `histogram!` call
+    /// registers its metric again; this finds the cell without rendering the key into strings
+    /// (which was an allocation per label under this lock, several times per request).
+    seen: Seen,
+}
+
+#[derive(Default)]
+struct Seen {
+    counters: HashMap<Key, Arc<CounterCell>>,
+    gauges: HashMap<Key, Arc<GaugeCell>>,
+    histograms: HashMap<Key, Arc<HistogramCell>>,
+}
+
+/// The cell of `key`: found by the crate's key, else made (or found) by its rendered name.
+fn cell_of<C>(
+    seen: &mut HashMap<Key, Arc<C>>,
+    cells: &mut BTreeMap<MetricKey, Arc<C>>,
+    key: &Key,
+    make: impl FnOnce() -> Arc<C>,
+) -> Arc<C> {
+    if let Some(cell) = seen.get(key) {
+        return cell.clone();
+    }
+    let cell = cells.entry(key_of(key)).or_insert_with(make).clone();
+    seen.insert(key.clone(), cell.clone());
+    cell
 }
 
 /// An in-process recorder: atomics per metric, read by snapshots.
@@ -279,19 +305,20 @@ impl Recorder for LocalRecorder {
     fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
         let mut cells = self.cells.lock().unwrap_or_else(|p| p.into_inner());
         let started = self.started;
-        Counter::from_arc(
-            cells.counters.entry(key_of(key)).or_insert_with(|| Arc::new(CounterCell::new(started))).clone(),
-        )
+        let Cells { counters, seen, .. } = &mut *cells;
+        Counter::from_arc(cell_of(&mut seen.counters, counters, key, || Arc::new(CounterCell::new(started))))
     }
 
     fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
         let mut cells = self.cells.lock().unwrap_or_else(|p| p.into_inner());
-        Gauge::from_arc(cells.gauges.entry(key_of(key)).or_default().clone())
+        let Cells { gauges, seen, .. } = &mut *cells;
+        Gauge::from_arc(cell_of(&mut seen.gauges, gauges, key, Arc::default))
     }
 
     fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
         let mut cells = self.cells.lock().unwrap_or_else(|p| p.into_inner());
-        Histogram::from_arc(cells.histograms.entry(key_of(key)).or_default().clone())
+        let Cells { histograms, seen, .. } = &mut *cells;
+        Histogram::from_arc(cell_of(&mut seen.histograms, histograms, key, Arc::default))
     }
 }
 
@@ -853,6 +880,25 @@ mod tests {
         let later = r.report_at(Instant::now() + Duration::from_secs(12));
         assert_eq!(later.sends_per_s.get("email"), Some(&0.0));
         assert_eq!(later.sends_total.get("email"), Some(&380));
+    }
+
+    /// Each call registers its metric again (found by the crate's key): the counts of one name
+    /// and labels add up in one cell, whether the label values are static or made per call,
+    /// and other labels are another metric.
+    #[test]
+    fn a_metric_registered_again_counts_in_the_same_cell() {
+        let r = LocalRecorder::default();
+        metrics::with_local_recorder(&r, || {
+            for i in 0..10 {
+                let channel = if i % 2 == 0 { "email" } else { "sms" };
+                metrics::counter!("t_sent", "channel" => channel.to_owned()).increment(1);
+                metrics::counter!("t_sent", "channel" => "email").increment(1);
+            }
+        });
+        let counters = r.snapshot().counters;
+        let count = |c: &str| counters.iter().find(|(k, _)| k.label("channel") == Some(c)).map(|(_, v)| *v);
+        assert_eq!(counters.len(), 2, "{counters:?}");
+        assert_eq!((count("email"), count("sms")), (Some(15), Some(5)));
     }
 
     #[test]

@@ -188,7 +188,12 @@ pub fn ws_connections() -> ExitCode {
 
 async fn serve_api(ports: AwsPorts) -> Result<(), lambda_runtime::Error> {
     let queue_names: Vec<String> = tidings_lambda::ALL_QUEUES.iter().map(|q| (*q).to_owned()).collect();
-    let state = tidings_api::AppState { deps: ports.deps(), queue_names: Arc::new(queue_names), dev: None, live: None };
+    let state = tidings_api::AppState::new(tidings_api::AppParts {
+        deps: ports.deps(),
+        queue_names: Arc::new(queue_names),
+        dev: None,
+        live: None,
+    });
     // The rate buckets live in the table: shared by every instance of the function.
     let rates = ports.config.api_rates.clone();
     let limits = Arc::new(tidings_core::gates::api::ApiLimits::new(

@@ -217,12 +217,12 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let dev = backend.dev.clone().map(|providers| -> Arc<dyn DevControl> {
         Arc::new(Dev { providers, clock_moved, manual, deps: backend.deps.clone(), keyless })
     });
-    let state = AppState {
+    let state = AppState::new(tidings_api::AppParts {
         deps: backend.deps.clone(),
         queue_names: Arc::new(backend.queue_names.clone()),
         dev,
         live: Some(hub),
-    };
+    });
     // The API's rate buckets: in the table on AWS (shared with every other instance), in this
     // process on the embedded backend.
     let store = if aws { GateStore::Shared(backend.deps.table.clone()) } else { GateStore::Local };

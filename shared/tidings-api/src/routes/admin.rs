@@ -180,7 +180,7 @@ mod tests {
     async fn app() -> axum::Router {
         let deps = crate::test_support::memory_deps();
         tenants::register(&deps, "key-ops", KeySpec { role: Role::Operator, ..Default::default() }).await.unwrap();
-        crate::app(AppState { deps, queue_names: Arc::new(Vec::new()), dev: None, live: None })
+        crate::app(AppState::new(crate::AppParts { deps, queue_names: Arc::new(Vec::new()), dev: None, live: None }))
     }
 
     async fn call(app: &axum::Router, key: &str, method: Method, uri: &str, body: &str) -> (u16, Value) {

@@ -91,12 +91,12 @@ mod tests {
 
     async fn response(uri: &str) -> axum::response::Response {
         super::router()
-            .with_state(crate::AppState {
+            .with_state(crate::AppState::new(crate::AppParts {
                 deps: crate::test_support::memory_deps(),
                 queue_names: std::sync::Arc::new(Vec::new()),
                 dev: None,
                 live: None,
-            })
+            }))
             .oneshot(Request::get(uri).body(Body::empty()).unwrap())
             .await
             .unwrap()

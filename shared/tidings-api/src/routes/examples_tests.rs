@@ -48,7 +48,12 @@ async fn app() -> axum::Router {
     let providers =
         DevProviders { email: provider(Channel::Email), sms: provider(Channel::Sms), push: provider(Channel::Push) };
     let dev = ManualDev(providers, ManualClock::new(chrono::Utc::now()));
-    crate::app(crate::AppState { deps, queue_names: Arc::new(Vec::new()), dev: Some(Arc::new(dev)), live: None })
+    crate::app(crate::AppState::new(crate::AppParts {
+        deps,
+        queue_names: Arc::new(Vec::new()),
+        dev: Some(Arc::new(dev)),
+        live: None,
+    }))
 }
 
 async fn send(app: &axum::Router, method: &str, uri: &str, key: &str, body: &Value) -> (u16, Value) {

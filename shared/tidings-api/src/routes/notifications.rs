@@ -168,7 +168,7 @@ mod tests {
     async fn app() -> axum::Router {
         let deps = crate::test_support::memory_deps();
         tenants::register_key(&deps, &TenantId::parse("a").unwrap(), "key-a").await.unwrap();
-        crate::app(AppState { deps, queue_names: Arc::new(Vec::new()), dev: None, live: None })
+        crate::app(AppState::new(crate::AppParts { deps, queue_names: Arc::new(Vec::new()), dev: None, live: None }))
     }
 
     async fn call(app: &axum::Router, method: Method, uri: &str, key: Option<&str>, body: Value) -> (u16, Value) {

@@ -208,7 +208,12 @@ mod tests {
             deps.queues.send_to_dlq("sms-high", body.to_string()).await.unwrap();
         }
         let queues = Arc::new(vec!["sms-high".to_owned()]);
-        let app = crate::app(AppState { deps: deps.clone(), queue_names: queues, dev: None, live: None });
+        let app = crate::app(AppState::new(crate::AppParts {
+            deps: deps.clone(),
+            queue_names: queues,
+            dev: None,
+            live: None,
+        }));
 
         let (st, v) = get(&app, "key-ops", "/v1/ops/dlq/sms-high").await;
         assert_eq!(st, 200, "{v}");

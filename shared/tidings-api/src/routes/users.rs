@@ -187,7 +187,12 @@ mod tests {
         let deps = crate::test_support::memory_deps();
         tenants::register_key(&deps, &TenantId::parse("a").unwrap(), "key-a").await.unwrap();
         tenants::register_key(&deps, &TenantId::parse("b").unwrap(), "key-b").await.unwrap();
-        let state = AppState { deps: deps.clone(), queue_names: Arc::new(Vec::new()), dev: None, live: None };
+        let state = AppState::new(crate::AppParts {
+            deps: deps.clone(),
+            queue_names: Arc::new(Vec::new()),
+            dev: None,
+            live: None,
+        });
         (crate::app(state), deps)
     }
 
