@@ -296,7 +296,7 @@ async fn aws_providers_send_and_classify() {
     let receipt = env.backend.sms().send(&message(Channel::Sms, "+15555550100")).await.unwrap();
     assert!(!receipt.provider_message_id.is_empty(), "SNS answers a message id");
 
-    let sns: &aws_sdk_sns::Client = env.backend.sns_client();
+    let sns: aws_sdk_sns::Client = env.backend.sns_client();
     let app = sns
         .create_platform_application()
         .name(format!("tidings-conf-{}", run_id()))

@@ -2,7 +2,6 @@
 //! and the webhooks queue → the tenants' endpoints.
 //! Failed messages get their backoff as visibility and are reported in `batchItemFailures`.
 
-use tidings_functions::Function;
 use tidings_functions::lanes::{Channel, Lane, Urgency};
 
 /// Each external channel's two lanes, and the webhooks.
@@ -17,5 +16,5 @@ const LANES: [Lane; 7] = [
 ];
 
 fn main() -> std::process::ExitCode {
-    tidings_functions::serve_lanes(Function::ChannelWorker, &LANES)
+    tidings_functions::channel_worker(&LANES)
 }

@@ -1,7 +1,6 @@
 //! The `orchestrator` function: request queues → per user and channel: a delivery record and a channel task.
 //! Failed messages get their backoff as visibility and are reported in `batchItemFailures`.
 
-use tidings_functions::Function;
 use tidings_functions::lanes::{Lane, Priority};
 
 /// The request lanes, one per priority.
@@ -9,5 +8,5 @@ const LANES: [Lane; 3] =
     [Lane::Requests(Priority::High), Lane::Requests(Priority::Normal), Lane::Requests(Priority::Low)];
 
 fn main() -> std::process::ExitCode {
-    tidings_functions::serve_lanes(Function::Orchestrator, &LANES)
+    tidings_functions::orchestrator(&LANES)
 }

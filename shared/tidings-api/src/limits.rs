@@ -374,7 +374,7 @@ mod tests {
         tenants::register_key(&deps, &TenantId::parse("a").unwrap(), "key-a").await.unwrap();
         tenants::register_key(&deps, &TenantId::parse("b").unwrap(), "key-b").await.unwrap();
         let limits = Arc::new(ApiLimits::new(ApiRates::parse(rates).unwrap(), GateStore::Local));
-        let state = AppState::new(crate::AppParts { deps, queue_names: Arc::new(Vec::new()), dev: None, live: None });
+        let state = AppState::of(deps);
         crate::app_with_limits(state, limits)
     }
 

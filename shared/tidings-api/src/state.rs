@@ -32,6 +32,17 @@ impl AppState {
     pub fn new(parts: AppParts) -> Self {
         Self(Arc::new(parts))
     }
+
+    /// The state of `deps` alone: no dev hooks, no queues to list, no live hub (the Lambda
+    /// fixture's and the route tests' server).
+    pub fn of(deps: Deps) -> Self {
+        Self::new(AppParts { deps, queue_names: Arc::default(), dev: None, live: None })
+    }
+
+    /// [`AppState::of`] with the local-development hooks.
+    pub fn with_dev(deps: Deps, dev: Arc<dyn DevControl>) -> Self {
+        Self::new(AppParts { deps, queue_names: Arc::default(), dev: Some(dev), live: None })
+    }
 }
 
 impl std::ops::Deref for AppState {

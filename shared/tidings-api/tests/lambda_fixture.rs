@@ -2,7 +2,6 @@
 //! `lambda_http`, answered by the same axum app.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::sync::Arc;
 
 use http_body_util::BodyExt;
 use tidings_api::AppState;
@@ -13,7 +12,7 @@ use tower::ServiceExt;
 async fn state() -> AppState {
     let deps = TestWorld::builder().system_clock().build().deps;
     tenants::register_key(&deps, &TenantId::parse("acme").unwrap(), "test-key-acme").await.unwrap();
-    AppState::new(tidings_api::AppParts { deps, queue_names: Arc::new(vec![]), dev: None, live: None })
+    AppState::of(deps)
 }
 
 fn fixture() -> String {

@@ -74,16 +74,17 @@ pub async fn load_sdk_config() -> SdkConfig {
     sdk_defaults().load().await
 }
 
-/// The SDK clients, built once, and the configuration. Cheap to clone.
+/// The table's and the queues' SDK clients, built once, and the configuration. Cheap to clone.
+///
+/// The providers' clients (SES, SNS, End User Messaging) are made when a provider is asked
+/// for ([`AwsBackend::email`], ...), not here: a function that sends nothing never asks, so it
+/// does not link them (docs/deploy.md, "The functions' size").
 #[derive(Clone, Debug)]
 pub struct AwsBackend {
     config: AwsConfig,
     sdk: SdkConfig,
     dynamo: aws_sdk_dynamodb::Client,
     sqs: aws_sdk_sqs::Client,
-    sns: aws_sdk_sns::Client,
-    ses: aws_sdk_sesv2::Client,
-    sms_voice: aws_sdk_pinpointsmsvoicev2::Client,
 }
 
 impl AwsBackend {
@@ -110,13 +111,6 @@ impl AwsBackend {
                 aws_sdk_dynamodb::config::Builder::from(sdk).interceptor(counted).build(),
             ),
             sqs: aws_sdk_sqs::Client::from_conf(aws_sdk_sqs::config::Builder::from(sdk).interceptor(counted).build()),
-            sns: aws_sdk_sns::Client::from_conf(aws_sdk_sns::config::Builder::from(sdk).interceptor(counted).build()),
-            ses: aws_sdk_sesv2::Client::from_conf(
-                aws_sdk_sesv2::config::Builder::from(sdk).interceptor(counted).build(),
-            ),
-            sms_voice: aws_sdk_pinpointsmsvoicev2::Client::from_conf(
-                aws_sdk_pinpointsmsvoicev2::config::Builder::from(sdk).interceptor(counted).build(),
-            ),
         }
     }
 
@@ -152,19 +146,21 @@ impl AwsBackend {
     }
 
     pub fn email(&self) -> SesEmail {
-        SesEmail::new(self.ses.clone(), self.config.email_from.clone())
+        SesEmail::new(self.ses_client(), self.config.email_from.clone())
             .with_configuration_set(self.config.ses_configuration_set.clone())
     }
 
     pub fn sms(&self) -> SnsSms {
-        SnsSms::new(self.sns.clone())
+        SnsSms::new(self.sns_client())
     }
 
     /// SMS through End User Messaging, with the configured origination identity and
     /// configuration set.
     pub fn end_user_messaging_sms(&self) -> EndUserMessagingSms {
-        EndUserMessagingSms::new(self.sms_voice.clone())
-            .with_identity(self.config.sms_origination_identity.clone(), self.config.sms_configuration_set.clone())
+        EndUserMessagingSms::new(aws_sdk_pinpointsmsvoicev2::Client::from_conf(
+            aws_sdk_pinpointsmsvoicev2::config::Builder::from(&self.sdk).interceptor(requests::RequestCounter).build(),
+        ))
+        .with_identity(self.config.sms_origination_identity.clone(), self.config.sms_configuration_set.clone())
     }
 
     /// One of the SMS providers.
@@ -176,7 +172,7 @@ impl AwsBackend {
     }
 
     pub fn push(&self) -> SnsPush {
-        SnsPush::new(self.sns.clone())
+        SnsPush::new(self.sns_client())
             .with_platform_apps(self.config.sns_apns_arn.clone(), self.config.sns_fcm_arn.clone())
     }
 
@@ -193,10 +189,16 @@ impl AwsBackend {
     pub fn sqs_client(&self) -> &aws_sdk_sqs::Client {
         &self.sqs
     }
-    pub fn sns_client(&self) -> &aws_sdk_sns::Client {
-        &self.sns
+    /// A new SNS client (SMS and push); it shares the SDK configuration's HTTP connections.
+    pub fn sns_client(&self) -> aws_sdk_sns::Client {
+        aws_sdk_sns::Client::from_conf(
+            aws_sdk_sns::config::Builder::from(&self.sdk).interceptor(requests::RequestCounter).build(),
+        )
     }
-    pub fn ses_client(&self) -> &aws_sdk_sesv2::Client {
-        &self.ses
+    /// A new SES client; it shares the SDK configuration's HTTP connections.
+    pub fn ses_client(&self) -> aws_sdk_sesv2::Client {
+        aws_sdk_sesv2::Client::from_conf(
+            aws_sdk_sesv2::config::Builder::from(&self.sdk).interceptor(requests::RequestCounter).build(),
+        )
     }
 }

@@ -272,7 +272,7 @@ async fn query_pages_with_an_opaque_cursor() {
 
 // --- Providers ----------------------------------------------------------------------------------
 
-fn message(channel: Channel, to: &str) -> OutboundMessage {
+pub(crate) fn message(channel: Channel, to: &str) -> OutboundMessage {
     OutboundMessage {
         channel,
         to: to.into(),

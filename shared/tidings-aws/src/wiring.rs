@@ -6,10 +6,12 @@ use std::sync::Arc;
 
 use tidings_core::config::Settings;
 use tidings_core::inbox::live::{LivePush, NoLive};
-use tidings_core::ports::{ChangeFeed, Provider, Queues, SystemClock, Table};
+use tidings_core::ports::{
+    ChangeFeed, OutboundMessage, Platform, Provider, ProviderError, ProviderReceipt, Queues, SystemClock, Table,
+};
 use tidings_core::{CoreConfig, Deps, Providers};
 
-use crate::{AwsBackend, AwsConfig, BootstrapError, ConfigError, bootstrap};
+use crate::{AwsBackend, AwsConfig, ConfigError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum WiringError {
@@ -17,45 +19,85 @@ pub enum WiringError {
     Config(#[from] ConfigError),
     #[error(transparent)]
     Settings(#[from] tidings_core::config::ConfigError),
-    #[error(transparent)]
-    Bootstrap(#[from] BootstrapError),
     #[error("signing key: {0}")]
     Secret(String),
     #[error("{0}")]
     Setting(String),
 }
 
-/// The ports on AWS.
+/// The ports on AWS: the table and the queues, and what a function wires beyond them
+/// ([`AwsPorts::sending`], [`AwsPorts::signing`], [`AwsPorts::live_push`]).
+///
+/// Each of those is a step a function's entry takes or not, not a flag read at run time: a
+/// function that never takes a step never calls its SDK client, so the link drops the client
+/// (the reconcile function has no SES, SNS, End User Messaging or SSM code).
 #[derive(Clone)]
 pub struct AwsPorts {
     pub backend: AwsBackend,
     pub table: Arc<dyn Table>,
     pub queues: Arc<dyn Queues>,
+    /// The providers, once wired ([`AwsPorts::sending`]).
+    pub providers: Option<AwsProviders>,
+    /// Prefix of the queue ARNs in the SQS events the local runtime builds.
+    pub queue_arn_prefix: String,
+    /// The core's configuration, read once; its signing keys from `TIDINGS_SIGNING_KEYS`, or
+    /// from SSM once [`AwsPorts::signing`] has read them.
+    pub config: CoreConfig,
+    /// The WebSocket API's management endpoint (`TIDINGS_WS_ENDPOINT`), if live pushes go out.
+    pub ws_endpoint: Option<String>,
+    /// `TIDINGS_SIGNING_KEY_PARAM`: the SSM parameter holding the signing keys.
+    signing_key_param: Option<String>,
+    /// Whether `TIDINGS_PUBLIC_URL` is set (`config.public_url` has a default).
+    public_url_set: bool,
+}
+
+/// The channel providers on AWS, as configured.
+#[derive(Clone)]
+pub struct AwsProviders {
     pub email: Arc<dyn Provider>,
     /// The primary SMS provider (`TIDINGS_SMS_PRIMARY`).
     pub sms: Arc<dyn Provider>,
     /// The one SMS fails over to while the primary's breaker is open (`TIDINGS_SMS_SECONDARY`).
     pub sms_secondary: Option<Arc<dyn Provider>>,
     pub push: Arc<dyn Provider>,
-    /// Prefix of the queue ARNs in the SQS events the local runtime builds.
-    pub queue_arn_prefix: String,
-    /// The core's configuration, read once; its signing keys from SSM
-    /// (`TIDINGS_SIGNING_KEY_PARAM`) when `TIDINGS_SIGNING_KEYS` does not give them.
-    pub config: CoreConfig,
-    /// The WebSocket API's management endpoint (`TIDINGS_WS_ENDPOINT`), if live pushes go out.
-    pub ws_endpoint: Option<String>,
 }
 
-/// What a function needs at start-up beyond the table, the queues and the providers.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Needs {
-    /// The signing keys: from `TIDINGS_SIGNING_KEYS`, else the SSM parameter
-    /// `TIDINGS_SIGNING_KEY_PARAM` names. Without this need, SSM is never asked (a function's
-    /// policy may not allow it), and a function that has it refuses to start without a key.
-    pub signer: bool,
-    /// A public URL for the links it makes (`TIDINGS_PUBLIC_URL`): required, and refused when
-    /// it names a loopback or unspecified host, when running in Lambda.
-    pub public_url: bool,
+impl AwsProviders {
+    /// SES, and SNS or End User Messaging for SMS, SNS for push, with their clients.
+    pub fn new(backend: &AwsBackend) -> Self {
+        Self {
+            email: Arc::new(backend.email()),
+            sms: backend.sms_provider(backend.config().sms_primary),
+            sms_secondary: backend.config().sms_secondary.map(|p| backend.sms_provider(p)),
+            push: Arc::new(backend.push()),
+        }
+    }
+}
+
+/// The provider of a function that sends nothing (its entry did not take
+/// [`AwsPorts::sending`]): every call fails, transiently, so that a message routed to it by
+/// mistake goes back to its queue and on to the dead letters, not lost, and the log says why.
+struct Unwired;
+
+#[async_trait::async_trait]
+impl Provider for Unwired {
+    fn name(&self) -> &str {
+        "unwired"
+    }
+    async fn send(&self, _: &OutboundMessage) -> Result<ProviderReceipt, ProviderError> {
+        Err(unwired())
+    }
+    async fn register_device(&self, _: Platform, _: &str) -> Result<String, ProviderError> {
+        Err(unwired())
+    }
+    async fn unregister_device(&self, _: &str) -> Result<(), ProviderError> {
+        Err(unwired())
+    }
+}
+
+fn unwired() -> ProviderError {
+    tracing::error!("a provider was called in a function that sends nothing (tidings_functions wires none)");
+    ProviderError::transient("this function's providers are not wired: it sends nothing")
 }
 
 /// Whether the process runs under a Lambda Runtime API (on AWS, or a harness that plays it).
@@ -136,13 +178,9 @@ fn management_endpoint(ws_endpoint: &str) -> String {
     }
 }
 
-/// Reads the signing keys (`kid:secret,...`) from the SSM SecureString parameter named by
-/// `TIDINGS_SIGNING_KEY_PARAM`, so the secret is never in the template or the environment.
-async fn signer_from_ssm(settings: &Settings, sdk: &SdkConfig) -> Result<tidings_core::signing::Signer, WiringError> {
-    let Some(name) = settings.get("TIDINGS_SIGNING_KEY_PARAM") else { return Ok(Default::default()) };
-    if settings.get("TIDINGS_SIGNING_KEYS").is_some() {
-        return Ok(Default::default());
-    }
+/// Reads the signing keys (`kid:secret,...`) from the SSM SecureString parameter `name`
+/// (`TIDINGS_SIGNING_KEY_PARAM`), so the secret is never in the template or the environment.
+async fn signer_from_ssm(name: &str, sdk: &SdkConfig) -> Result<tidings_core::signing::Signer, WiringError> {
     let conf = aws_sdk_ssm::config::Builder::from(sdk).interceptor(crate::requests::RequestCounter).build();
     let out = aws_sdk_ssm::Client::from_conf(conf)
         .get_parameter()
@@ -160,51 +198,65 @@ async fn signer_from_ssm(settings: &Settings, sdk: &SdkConfig) -> Result<tidings
 }
 
 impl AwsPorts {
-    /// The ports the checked `settings` describe; with `bootstrap`, first creates the table and
-    /// the queues where missing (for an emulator; on AWS the SAM template owns them).
-    pub async fn from_settings(
-        settings: &Settings,
-        bootstrap_first: bool,
-        queue_names: &[String],
-        needs: Needs,
-    ) -> Result<Self, WiringError> {
-        let mut config = settings.core();
-        if needs.public_url && in_lambda() {
-            if settings.get("TIDINGS_PUBLIC_URL").is_none() {
+    /// The table and the queues the checked `settings` describe, and the core's configuration;
+    /// no provider and no SSM read yet.
+    pub async fn connect(settings: &Settings) -> Result<Self, WiringError> {
+        let backend = AwsBackend::from_config(AwsConfig::from_settings(settings)?).await;
+        Ok(Self::on(backend, settings))
+    }
+
+    /// [`AwsPorts::connect`] with a backend already made.
+    pub fn on(backend: AwsBackend, settings: &Settings) -> Self {
+        let region = std::env::var("AWS_REGION").unwrap_or_else(|_| "us-east-1".into());
+        Self {
+            table: Arc::new(backend.table()),
+            queues: Arc::new(backend.queues()),
+            providers: None,
+            ws_endpoint: settings.get("TIDINGS_WS_ENDPOINT").map(str::to_owned),
+            queue_arn_prefix: format!("arn:aws:sqs:{region}:000000000000:{}", backend.config().queue_prefix),
+            config: settings.core(),
+            signing_key_param: settings.get("TIDINGS_SIGNING_KEY_PARAM").map(str::to_owned),
+            public_url_set: settings.get("TIDINGS_PUBLIC_URL").is_some(),
+            backend,
+        }
+    }
+
+    /// With the providers ([`AwsProviders::new`]): for the functions that send or register
+    /// devices.
+    #[must_use]
+    pub fn sending(mut self) -> Self {
+        self.providers = Some(AwsProviders::new(&self.backend));
+        self
+    }
+
+    /// With the signing keys and a public URL for the links: for the functions that sign or
+    /// verify links and tokens. The keys come from `TIDINGS_SIGNING_KEYS`, else the SSM
+    /// parameter `TIDINGS_SIGNING_KEY_PARAM` names (a function that never takes this step
+    /// never asks SSM, which its policy may not allow); without a key the start fails. In
+    /// Lambda, `TIDINGS_PUBLIC_URL` is required and refused when it names a loopback or
+    /// unspecified host.
+    pub async fn signing(mut self) -> Result<Self, WiringError> {
+        if in_lambda() {
+            if !self.public_url_set {
                 return Err(WiringError::Setting(
                     "TIDINGS_PUBLIC_URL is not set: the links this function makes need it".into(),
                 ));
             }
-            if let Some(problem) = public_url_problem(&config.public_url) {
+            if let Some(problem) = public_url_problem(&self.config.public_url) {
                 return Err(WiringError::Setting(problem));
             }
         }
-        let backend = AwsBackend::from_config(AwsConfig::from_settings(settings)?).await;
-        if bootstrap_first {
-            let names: Vec<&str> = queue_names.iter().map(String::as_str).collect();
-            bootstrap(&backend, &names).await?;
-        }
-        let region = std::env::var("AWS_REGION").unwrap_or_else(|_| "us-east-1".into());
-        if needs.signer && !config.signer.is_configured() {
-            config.signer = signer_from_ssm(settings, backend.sdk_config()).await?;
-            if !config.signer.is_configured() {
+        if !self.config.signer.is_configured() {
+            if let Some(name) = &self.signing_key_param {
+                self.config.signer = signer_from_ssm(name, self.backend.sdk_config()).await?;
+            }
+            if !self.config.signer.is_configured() {
                 return Err(WiringError::Secret(
                     "this function signs links and tokens: set TIDINGS_SIGNING_KEY_PARAM (an SSM parameter) or TIDINGS_SIGNING_KEYS".into(),
                 ));
             }
         }
-        Ok(Self {
-            table: Arc::new(backend.table()),
-            queues: Arc::new(backend.queues()),
-            ws_endpoint: settings.get("TIDINGS_WS_ENDPOINT").map(str::to_owned),
-            email: Arc::new(backend.email()),
-            sms: backend.sms_provider(backend.config().sms_primary),
-            sms_secondary: backend.config().sms_secondary.map(|p| backend.sms_provider(p)),
-            push: Arc::new(backend.push()),
-            queue_arn_prefix: format!("arn:aws:sqs:{region}:000000000000:{}", backend.config().queue_prefix),
-            config,
-            backend,
-        })
+        Ok(self)
     }
 
     /// The core's dependencies, with the real providers and the system clock (Lambda).
@@ -216,11 +268,17 @@ impl AwsPorts {
     /// The providers behind the three gates (per-provider and per-tenant token buckets kept in
     /// the table, so every Lambda instance shares them; a circuit breaker per provider; SMS
     /// failing over to the secondary while the primary's breaker is open).
+    ///
+    /// A function that took no [`AwsPorts::sending`] step has [`Unwired`] providers.
     pub fn gated_providers(&self) -> Providers {
-        let raw = Providers { email: self.email.clone(), sms: self.sms.clone(), push: self.push.clone() };
+        let Some(p) = &self.providers else {
+            let unwired: Arc<dyn Provider> = Arc::new(Unwired);
+            return Providers { email: unwired.clone(), sms: unwired.clone(), push: unwired };
+        };
+        let raw = Providers { email: p.email.clone(), sms: p.sms.clone(), push: p.push.clone() };
         tidings_core::gates::wrap(
             &raw,
-            self.sms_secondary.clone(),
+            p.sms_secondary.clone(),
             &self.config.gates,
             tidings_core::gates::GateStore::Shared(self.table.clone()),
         )
@@ -257,7 +315,55 @@ impl AwsPorts {
 
 #[cfg(test)]
 mod tests {
-    use super::{endpoints_are_local_in, public_url_problem};
+    use super::{AwsPorts, endpoints_are_local_in, public_url_problem};
+    use tidings_core::config::Settings;
+    use tidings_core::ports::{Channel, Platform};
+
+    /// Ports on a backend whose SDK configuration is given, not read from this machine (no
+    /// request is made).
+    fn ports(pairs: &[(&str, &str)]) -> AwsPorts {
+        let settings = Settings::from_vars(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string()))).unwrap();
+        let sdk = aws_config::SdkConfig::builder()
+            .behavior_version(aws_config::BehaviorVersion::latest())
+            .region(aws_config::Region::new("us-east-1"))
+            .build();
+        let backend = crate::AwsBackend::from_sdk_config(&sdk, crate::AwsConfig::from_settings(&settings).unwrap());
+        AwsPorts::on(backend, &settings)
+    }
+
+    /// A function that takes no `sending` step (reconcile, the relay, the WebSocket function)
+    /// links no provider; were a message routed to one anyway, it fails transiently, back to
+    /// its queue and on to the dead letters, never counted as sent. With the step, the
+    /// configured providers answer.
+    #[tokio::test]
+    async fn without_the_sending_step_every_provider_refuses_for_now() {
+        let ports = ports(&[("TIDINGS_TABLE", "t"), ("TIDINGS_EMAIL_FROM", "shop@example.test")]);
+        let providers = ports.gated_providers();
+        for (channel, provider) in
+            [(Channel::Email, &providers.email), (Channel::Sms, &providers.sms), (Channel::Push, &providers.push)]
+        {
+            assert_eq!(provider.name(), "unwired", "{channel:?}");
+            let message = crate::mock_tests::message(channel, "someone@example.test");
+            let e = provider.send(&message).await.unwrap_err();
+            assert!(e.is_retryable(), "{channel:?}: {e}");
+        }
+        assert!(providers.push.register_device(Platform::Android, "token").await.unwrap_err().is_retryable());
+
+        let sending = ports.sending().gated_providers();
+        assert_ne!(sending.email.name(), "unwired");
+        assert_ne!(sending.push.name(), "unwired");
+    }
+
+    /// The signing step refuses to start without a key (SSM is not asked when no parameter
+    /// is named), and takes the keys the environment gives.
+    #[tokio::test]
+    async fn the_signing_step_needs_a_key() {
+        let e = ports(&[("TIDINGS_TABLE", "t")]).signing().await.err().unwrap();
+        assert!(e.to_string().contains("TIDINGS_SIGNING_KEY_PARAM"), "{e}");
+        let keys = ("TIDINGS_SIGNING_KEYS", "k1:0123456789abcdef0123456789abcdef");
+        let signed = ports(&[("TIDINGS_TABLE", "t"), keys]).signing().await.unwrap();
+        assert!(signed.config.signer.is_configured());
+    }
 
     fn vars(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()

@@ -3,9 +3,12 @@
 //! `cargo lambda build --bin <fn>` per function) compiles the shared crates once and each
 //! function's build after the first only links.
 //!
-//! Start-up reads only what the function needs: the signing keys (an SSM parameter) only in the
-//! functions that sign or verify links and tokens ([`Function::signs`]); a function whose policy
-//! in `template.yaml` has no `ssm:GetParameter` never asks for it.
+//! Start-up wires only what the function uses, and each entry names it: the providers (SES,
+//! SNS, End User Messaging) only where it sends or registers devices ([`AwsPorts::sending`]),
+//! the signing keys (an SSM parameter) only where it signs or verifies links and tokens
+//! ([`AwsPorts::signing`]; a function whose policy in `template.yaml` has no
+//! `ssm:GetParameter` never asks), live pushes only where they go out. These are calls, not
+//! flags: a function that does not make one does not link that client.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -14,7 +17,7 @@ use aws_lambda_events::apigw::{ApiGatewayProxyResponse, ApiGatewayWebsocketProxy
 use aws_lambda_events::dynamodb::Event as DynamoDbEvent;
 use lambda_runtime::{LambdaEvent, service_fn};
 use serde_json::Value;
-use tidings_aws::wiring::{AwsPorts, Needs};
+use tidings_aws::wiring::AwsPorts;
 
 /// The functions of `template.yaml`, by their binary names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,19 +57,11 @@ impl Function {
             Function::WsConnections => "ws-connections",
         }
     }
-
-    /// Whether the function signs or verifies links and tokens, and so needs the signing keys
-    /// and the public URL: the API (inbox tokens, tracking and unsubscribe links it verifies),
-    /// the orchestrator and the tick (emails get signed open, click and unsubscribe links when
-    /// their channel task is made: the tick makes those of deferred sends), the WebSocket
-    /// function (inbox tokens).
-    pub fn signs(self) -> bool {
-        matches!(self, Function::Api | Function::Orchestrator | Function::Tick | Function::WsConnections)
-    }
 }
 
-/// Runs `function` until the Lambda runtime stops it. A start-up error is printed and the process
-/// exits non-zero, which Lambda reports as an init error.
+/// Runs `function` until the Lambda runtime stops it: `serve` gets the table and the queues
+/// and wires what else it uses. A start-up error is printed and the process exits non-zero,
+/// which Lambda reports as an init error.
 ///
 /// Each function's `main` calls its own entry below ([`api`], [`outbox_relay`], ...) rather
 /// than one `match` on [`Function`]: the linker then keeps only the code that function can
@@ -96,9 +91,8 @@ where
         }
     };
     settings.warn_unknown();
-    let needs = Needs { signer: function.signs(), public_url: function.signs() };
     let started = runtime.block_on(async move {
-        let ports = AwsPorts::from_settings(&settings, false, &[], needs).await?;
+        let ports = AwsPorts::connect(&settings).await?;
         serve(ports).await
     });
     match started {
@@ -111,11 +105,14 @@ where
 }
 
 /// The `api` function.
+///
+/// It signs and verifies links and tokens (inbox tokens, tracking and unsubscribe links), and
+/// registers push devices with the provider.
 pub fn api() -> ExitCode {
-    run(Function::Api, serve_api)
+    run(Function::Api, |ports| async move { serve_api(ports.signing().await?.sending()).await })
 }
 
-/// The `outbox-relay` function.
+/// The `outbox-relay` function: the table, the queues and live pushes.
 pub fn outbox_relay() -> ExitCode {
     run(Function::OutboxRelay, serve_outbox_relay)
 }
@@ -131,12 +128,30 @@ pub mod lanes {
 /// record goes to its lane's handler; a record of a lane not in `lanes` is refused to its DLQ
 /// with the reason. A lane whose consumer is another function is a wiring error: the start
 /// fails, naming it.
-pub fn serve_lanes(function: Function, lanes: &'static [lanes::Lane]) -> ExitCode {
+///
+/// The orchestrator signs (emails get signed open, click and unsubscribe links when their
+/// channel task is made); the channel worker sends. Both have the providers: the lanes reach
+/// the whole engine, which removes dead push tokens at the provider.
+pub fn orchestrator(lanes: &'static [lanes::Lane]) -> ExitCode {
+    serve_lanes(Function::Orchestrator, lanes, |ports| async move { Ok(ports.signing().await?.sending()) })
+}
+
+/// The `channel-worker` function on `lanes` (see [`orchestrator`]).
+pub fn channel_worker(lanes: &'static [lanes::Lane]) -> ExitCode {
+    serve_lanes(Function::ChannelWorker, lanes, |ports| async move { Ok(ports.sending()) })
+}
+
+fn serve_lanes<W, Fut>(function: Function, lanes: &'static [lanes::Lane], wire: W) -> ExitCode
+where
+    W: FnOnce(AwsPorts) -> Fut,
+    Fut: std::future::Future<Output = Result<AwsPorts, tidings_aws::wiring::WiringError>>,
+{
     if let Some(lane) = lanes.iter().find(|l| l.consumer() != Some(function.name())) {
         refuse_lane(function, lane);
         return ExitCode::FAILURE;
     }
     run(function, move |ports| async move {
+        let ports = wire(ports).await?;
         tidings_lambda::serve_lanes(ports.deps(), ports.queue_prefix().to_owned(), lanes).await
     })
 }
@@ -149,9 +164,11 @@ fn refuse_lane(function: Function, lane: &lanes::Lane) {
     }
 }
 
-/// The `tick` function.
+/// The `tick` function. It signs: it makes the channel tasks of deferred sends, and their
+/// emails' links.
 pub fn tick() -> ExitCode {
     run(Function::Tick, |ports| async move {
+        let ports = ports.signing().await?.sending();
         tidings_lambda::serve_queue_and_schedule(ports.deps(), ports.queue_prefix().to_owned(), |deps| async move {
             Ok(tidings_core::schedules::every_minute(&deps).await?)
         })
@@ -162,6 +179,7 @@ pub fn tick() -> ExitCode {
 /// The `restock-scan` function.
 pub fn restock_scan() -> ExitCode {
     run(Function::RestockScan, |ports| async move {
+        let ports = ports.sending();
         tidings_lambda::serve_queue_and_schedule(ports.deps(), ports.queue_prefix().to_owned(), |deps| async move {
             let report = tidings_core::restock::scan(&deps).await?;
             tracing::info!(
@@ -176,14 +194,15 @@ pub fn restock_scan() -> ExitCode {
     })
 }
 
-/// The `reconcile` function.
+/// The `reconcile` function: the table and the queues only.
 pub fn reconcile() -> ExitCode {
     run(Function::Reconcile, serve_reconcile)
 }
 
-/// The `ws-connections` function.
+/// The `ws-connections` function. It verifies the inbox's tokens, and pushes what a client
+/// missed.
 pub fn ws_connections() -> ExitCode {
-    run(Function::WsConnections, serve_ws_connections)
+    run(Function::WsConnections, |ports| async move { serve_ws_connections(ports.signing().await?).await })
 }
 
 async fn serve_api(ports: AwsPorts) -> Result<(), lambda_runtime::Error> {

@@ -23,9 +23,17 @@ pub const ALL_QUEUES: &[&str] = tidings_core::messages::ALL_QUEUES;
 
 /// One tracing set-up for every function: JSON lines (CloudWatch), level from `TIDINGS_LOG`.
 pub fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("TIDINGS_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt().json().with_env_filter(filter).with_current_span(false).without_time().init();
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    // Targets and levels (`info,tidings_core=debug`), not `EnvFilter`'s span and field
+    // matchers: those need a regex engine in every function (docs/deploy.md, "The functions'
+    // size").
+    let filter = std::env::var("TIDINGS_LOG")
+        .ok()
+        .and_then(|v| v.parse::<tracing_subscriber::filter::Targets>().ok())
+        .unwrap_or_else(|| tracing_subscriber::filter::Targets::new().with_default(tracing::Level::INFO));
+    let format = tracing_subscriber::fmt::layer().json().with_current_span(false).without_time();
+    tracing_subscriber::registry().with(format).with(filter).init();
     tidings_core::metrics::install();
 }
 

@@ -210,26 +210,23 @@ impl Backend {
         if args.bootstrap {
             bootstrap_aws().await?;
         }
-        let b = tidings_aws::wiring::AwsPorts::from_settings(
-            crate::settings(),
-            false,
-            &[],
-            // The signer is the one `open` chose (the configured keys, else a local key file).
-            tidings_aws::wiring::Needs { signer: false, public_url: false },
-        )
-        .await?;
+        // The signer is the one `open` chose (the configured keys, else a local key file): no
+        // `signing` step.
+        let b = tidings_aws::wiring::AwsPorts::connect(crate::settings()).await?;
+        let real = tidings_aws::wiring::AwsProviders::new(&b.backend);
         let table = b.table.clone();
         // The fake providers' record is test support: its writes are not counted as the
         // system's AWS requests.
         let record: Arc<dyn Table> = Arc::new(b.backend.uncounted_table());
-        let dev = dev.then(|| dev_providers([b.email.clone(), b.sms.clone(), b.push.clone()], &record, &clock));
+        let dev =
+            dev.then(|| dev_providers([real.email.clone(), real.sms.clone(), real.push.clone()], &record, &clock));
         let providers = match &dev {
             Some(d) => Providers { email: d.email.clone(), sms: d.sms.clone(), push: d.push.clone() },
-            None => Providers { email: b.email.clone(), sms: b.sms.clone(), push: b.push.clone() },
+            None => Providers { email: real.email.clone(), sms: real.sms.clone(), push: real.push.clone() },
         };
         // The SMS failover provider (`TIDINGS_SMS_SECONDARY`); with `--dev` its sends are
         // recorded too (under its own name), while faults are injected into the primary only.
-        let secondary = b.sms_secondary.clone().map(|s| match &dev {
+        let secondary = real.sms_secondary.clone().map(|s| match &dev {
             Some(_) => Arc::new(DevProvider::new(Channel::Sms, s, record.clone(), clock.clone())) as Arc<dyn Provider>,
             None => s,
         });

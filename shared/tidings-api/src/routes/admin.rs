@@ -169,7 +169,6 @@ async fn revoke_key(
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-    use std::sync::Arc;
 
     use axum::http::Method;
     use serde_json::Value;
@@ -180,7 +179,7 @@ mod tests {
     async fn app() -> axum::Router {
         let deps = crate::test_support::memory_deps();
         tenants::register(&deps, "key-ops", KeySpec { role: Role::Operator, ..Default::default() }).await.unwrap();
-        crate::app(AppState::new(crate::AppParts { deps, queue_names: Arc::new(Vec::new()), dev: None, live: None }))
+        crate::app(AppState::of(deps))
     }
 
     async fn call(app: &axum::Router, key: &str, method: Method, uri: &str, body: &str) -> (u16, Value) {

@@ -91,12 +91,7 @@ mod tests {
 
     async fn response(uri: &str) -> axum::response::Response {
         super::router()
-            .with_state(crate::AppState::new(crate::AppParts {
-                deps: crate::test_support::memory_deps(),
-                queue_names: std::sync::Arc::new(Vec::new()),
-                dev: None,
-                live: None,
-            }))
+            .with_state(crate::AppState::of(crate::test_support::memory_deps()))
             .oneshot(Request::get(uri).body(Body::empty()).unwrap())
             .await
             .unwrap()

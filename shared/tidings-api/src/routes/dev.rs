@@ -325,12 +325,7 @@ mod tests {
             sms: provider(Channel::Sms),
             push: provider(Channel::Push),
         };
-        crate::app(crate::AppState::new(crate::AppParts {
-            deps,
-            queue_names: Arc::new(Vec::new()),
-            dev: Some(Arc::new(KeylessDev(providers))),
-            live: None,
-        }))
+        crate::app(crate::AppState::with_dev(deps, Arc::new(KeylessDev(providers))))
     }
 
     async fn call(method: &str, uri: &str, headers: &[(&str, &str)]) -> (u16, serde_json::Value) {

@@ -69,12 +69,7 @@ mod tests {
 
     async fn get(path: &str, if_none_match: Option<&str>) -> (StatusCode, HeaderMap, String) {
         let deps = crate::test_support::memory_deps();
-        let app = crate::app(crate::AppState::new(crate::AppParts {
-            deps,
-            queue_names: std::sync::Arc::new(Vec::new()),
-            dev: None,
-            live: None,
-        }));
+        let app = crate::app(crate::AppState::of(deps));
         let mut req = Request::get(path);
         if let Some(tag) = if_none_match {
             req = req.header(header::IF_NONE_MATCH, tag);

@@ -21,12 +21,7 @@ async fn app() -> axum::Router {
     let deps = crate::test_support::memory_deps();
     register_key(&deps, &TenantId::parse("a").unwrap(), "key-a").await.unwrap();
     tenants::register(&deps, "key-op", KeySpec { role: Role::Operator, ..Default::default() }).await.unwrap();
-    crate::app(crate::AppState::new(crate::AppParts {
-        deps,
-        queue_names: std::sync::Arc::new(Vec::new()),
-        dev: None,
-        live: None,
-    }))
+    crate::app(crate::AppState::of(deps))
 }
 
 async fn send(app: &axum::Router, req: Request<Body>) -> Answer {

@@ -48,12 +48,7 @@ async fn app() -> axum::Router {
     let providers =
         DevProviders { email: provider(Channel::Email), sms: provider(Channel::Sms), push: provider(Channel::Push) };
     let dev = ManualDev(providers, ManualClock::new(chrono::Utc::now()));
-    crate::app(crate::AppState::new(crate::AppParts {
-        deps,
-        queue_names: Arc::new(Vec::new()),
-        dev: Some(Arc::new(dev)),
-        live: None,
-    }))
+    crate::app(crate::AppState::with_dev(deps, Arc::new(dev)))
 }
 
 async fn send(app: &axum::Router, method: &str, uri: &str, key: &str, body: &Value) -> (u16, Value) {

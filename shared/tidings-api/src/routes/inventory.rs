@@ -299,7 +299,6 @@ async fn settle_finding(
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-    use std::sync::Arc;
 
     use axum::body::Body as HttpBody;
     use axum::http::{Method, Request};
@@ -318,7 +317,7 @@ mod tests {
         let deps = crate::test_support::deps_over(store);
         tenants::register_key(&deps, &TenantId::parse("a").unwrap(), "key-a").await.unwrap();
         tenants::register_key(&deps, &TenantId::parse("b").unwrap(), "key-b").await.unwrap();
-        crate::app(AppState::new(crate::AppParts { deps, queue_names: Arc::new(Vec::new()), dev: None, live: None }))
+        crate::app(AppState::of(deps))
     }
 
     async fn call(app: &axum::Router, key: &str, method: Method, uri: &str, body: Option<&str>) -> (u16, Value) {
@@ -490,12 +489,7 @@ mod tests {
         let deps = crate::test_support::deps_over(store);
         tenants::register_key(&deps, &TenantId::parse("a").unwrap(), "key-a").await.unwrap();
         tenants::register(&deps, "key-ops", KeySpec { role: Role::Operator, ..Default::default() }).await.unwrap();
-        let app = crate::app(AppState::new(crate::AppParts {
-            deps: deps.clone(),
-            queue_names: Arc::new(Vec::new()),
-            dev: None,
-            live: None,
-        }));
+        let app = crate::app(AppState::of(deps.clone()));
         call(&app, "key-a", Method::PUT, "/v1/inventory/1001", Some(r#"{"on_hand": 5}"#)).await;
         // A counter moved behind the ledger's back (a lost ledger write, say).
         let stock = Key::new("T#a#SKU#1001", "STOCK");

@@ -153,7 +153,6 @@ async fn verified(
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-    use std::sync::Arc;
 
     use axum::body::Body as HttpBody;
     use axum::http::{Method, Request};
@@ -168,7 +167,7 @@ mod tests {
     async fn app() -> axum::Router {
         let deps = crate::test_support::memory_deps();
         tenants::register_key(&deps, &TenantId::parse("a").unwrap(), "key-a").await.unwrap();
-        crate::app(AppState::new(crate::AppParts { deps, queue_names: Arc::new(Vec::new()), dev: None, live: None }))
+        crate::app(AppState::of(deps))
     }
 
     async fn call(app: &axum::Router, method: Method, uri: &str, key: Option<&str>, body: Value) -> (u16, Value) {

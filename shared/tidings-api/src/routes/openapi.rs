@@ -947,12 +947,7 @@ mod tests {
         use http_body_util::BodyExt;
         use tower::ServiceExt;
 
-        let state = crate::AppState::new(crate::AppParts {
-            deps: crate::test_support::memory_deps(),
-            queue_names: std::sync::Arc::new(Vec::new()),
-            dev: None,
-            live: None,
-        });
+        let state = crate::AppState::of(crate::test_support::memory_deps());
         let req = axum::http::Request::get("/openapi.json").body(Body::empty()).unwrap();
         let res = crate::app(state).oneshot(req).await.unwrap();
         assert_eq!(res.status(), 200);
@@ -979,12 +974,7 @@ mod tests {
         use http_body_util::BodyExt;
         use tower::ServiceExt;
 
-        let state = crate::AppState::new(crate::AppParts {
-            deps: crate::test_support::memory_deps(),
-            queue_names: std::sync::Arc::new(Vec::new()),
-            dev: None,
-            live: None,
-        });
+        let state = crate::AppState::of(crate::test_support::memory_deps());
         let app = crate::app(state);
         let get = |uri: &str| axum::http::Request::get(uri).body(Body::empty()).unwrap();
         let res = app.clone().oneshot(get("/docs")).await.unwrap();
@@ -1063,12 +1053,7 @@ mod tests {
 
         let deps = crate::test_support::memory_deps();
         tenants::register_key(&deps, &TenantId::parse("a").unwrap(), "key-a").await.unwrap();
-        let state = crate::AppState::new(crate::AppParts {
-            deps,
-            queue_names: std::sync::Arc::new(Vec::new()),
-            dev: None,
-            live: None,
-        });
+        let state = crate::AppState::of(deps);
         let app = crate::app(state);
         let call = |method: Method, uri: &str, body: Option<Value>| {
             let req = Request::builder()

@@ -175,7 +175,6 @@ pub(super) async fn not_erased(s: &AppState, t: &tidings_core::TenantId, user_id
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-    use std::sync::Arc;
 
     use axum::http::Method;
     use serde_json::{Value, json};
@@ -187,12 +186,7 @@ mod tests {
         let deps = crate::test_support::memory_deps();
         tenants::register_key(&deps, &TenantId::parse("a").unwrap(), "key-a").await.unwrap();
         tenants::register_key(&deps, &TenantId::parse("b").unwrap(), "key-b").await.unwrap();
-        let state = AppState::new(crate::AppParts {
-            deps: deps.clone(),
-            queue_names: Arc::new(Vec::new()),
-            dev: None,
-            live: None,
-        });
+        let state = AppState::of(deps.clone());
         (crate::app(state), deps)
     }
 
