@@ -2,7 +2,6 @@
 //! `lambda_http`, answered by the same axum app.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-
 use http_body_util::BodyExt;
 use tidings_api::AppState;
 use tidings_core::{TenantId, ops::tenants};

@@ -169,7 +169,6 @@ async fn revoke_key(
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-
     use axum::http::Method;
     use serde_json::Value;
     use tidings_core::ops::tenants::{self, KeySpec, Role};

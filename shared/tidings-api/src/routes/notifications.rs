@@ -153,7 +153,6 @@ async fn verified(
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-
     use axum::body::Body as HttpBody;
     use axum::http::{Method, Request};
     use http_body_util::BodyExt;

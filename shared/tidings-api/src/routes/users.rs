@@ -175,7 +175,6 @@ pub(super) async fn not_erased(s: &AppState, t: &tidings_core::TenantId, user_id
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-
     use axum::http::Method;
     use serde_json::{Value, json};
     use tidings_core::{Deps, TenantId, ops::tenants};
