@@ -85,6 +85,8 @@ pub struct AwsBackend {
     sdk: SdkConfig,
     dynamo: aws_sdk_dynamodb::Client,
     sqs: aws_sdk_sqs::Client,
+    /// Made when first asked for, then shared by SMS and push (and the instance's clones).
+    sns: std::sync::Arc<std::sync::OnceLock<aws_sdk_sns::Client>>,
 }
 
 impl AwsBackend {
@@ -111,6 +113,7 @@ impl AwsBackend {
                 aws_sdk_dynamodb::config::Builder::from(sdk).interceptor(counted).build(),
             ),
             sqs: aws_sdk_sqs::Client::from_conf(aws_sdk_sqs::config::Builder::from(sdk).interceptor(counted).build()),
+            sns: Default::default(),
         }
     }
 
@@ -189,11 +192,15 @@ impl AwsBackend {
     pub fn sqs_client(&self) -> &aws_sdk_sqs::Client {
         &self.sqs
     }
-    /// A new SNS client (SMS and push); it shares the SDK configuration's HTTP connections.
+    /// The SNS client (SMS and push), made at the first call.
     pub fn sns_client(&self) -> aws_sdk_sns::Client {
-        aws_sdk_sns::Client::from_conf(
-            aws_sdk_sns::config::Builder::from(&self.sdk).interceptor(requests::RequestCounter).build(),
-        )
+        self.sns
+            .get_or_init(|| {
+                aws_sdk_sns::Client::from_conf(
+                    aws_sdk_sns::config::Builder::from(&self.sdk).interceptor(requests::RequestCounter).build(),
+                )
+            })
+            .clone()
     }
     /// A new SES client; it shares the SDK configuration's HTTP connections.
     pub fn ses_client(&self) -> aws_sdk_sesv2::Client {
