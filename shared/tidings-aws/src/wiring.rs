@@ -54,22 +54,22 @@ pub struct AwsPorts {
 /// The channel providers on AWS, as configured.
 #[derive(Clone)]
 pub struct AwsProviders {
-    pub email: Arc<dyn Provider>,
-    /// The primary SMS provider (`TIDINGS_SMS_PRIMARY`).
-    pub sms: Arc<dyn Provider>,
+    /// SES for email, the primary SMS provider (`TIDINGS_SMS_PRIMARY`), SNS for push.
+    pub channels: Providers,
     /// The one SMS fails over to while the primary's breaker is open (`TIDINGS_SMS_SECONDARY`).
     pub sms_secondary: Option<Arc<dyn Provider>>,
-    pub push: Arc<dyn Provider>,
 }
 
 impl AwsProviders {
     /// SES, and SNS or End User Messaging for SMS, SNS for push, with their clients.
     pub fn new(backend: &AwsBackend) -> Self {
         Self {
-            email: Arc::new(backend.email()),
-            sms: backend.sms_provider(backend.config().sms_primary),
+            channels: Providers {
+                email: Arc::new(backend.email()),
+                sms: backend.sms_provider(backend.config().sms_primary),
+                push: Arc::new(backend.push()),
+            },
             sms_secondary: backend.config().sms_secondary.map(|p| backend.sms_provider(p)),
-            push: Arc::new(backend.push()),
         }
     }
 }
@@ -206,7 +206,7 @@ impl AwsPorts {
     }
 
     /// [`AwsPorts::connect`] with a backend already made.
-    pub fn on(backend: AwsBackend, settings: &Settings) -> Self {
+    fn on(backend: AwsBackend, settings: &Settings) -> Self {
         let region = std::env::var("AWS_REGION").unwrap_or_else(|_| "us-east-1".into());
         Self {
             table: Arc::new(backend.table()),
@@ -275,9 +275,8 @@ impl AwsPorts {
             let unwired: Arc<dyn Provider> = Arc::new(Unwired);
             return Providers { email: unwired.clone(), sms: unwired.clone(), push: unwired };
         };
-        let raw = Providers { email: p.email.clone(), sms: p.sms.clone(), push: p.push.clone() };
         tidings_core::gates::wrap(
-            &raw,
+            &p.channels,
             p.sms_secondary.clone(),
             &self.config.gates,
             tidings_core::gates::GateStore::Shared(self.table.clone()),

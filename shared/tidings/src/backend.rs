@@ -218,11 +218,11 @@ impl Backend {
         // The fake providers' record is test support: its writes are not counted as the
         // system's AWS requests.
         let record: Arc<dyn Table> = Arc::new(b.backend.uncounted_table());
-        let dev =
-            dev.then(|| dev_providers([real.email.clone(), real.sms.clone(), real.push.clone()], &record, &clock));
+        let raw = &real.channels;
+        let dev = dev.then(|| dev_providers([raw.email.clone(), raw.sms.clone(), raw.push.clone()], &record, &clock));
         let providers = match &dev {
             Some(d) => Providers { email: d.email.clone(), sms: d.sms.clone(), push: d.push.clone() },
-            None => Providers { email: real.email.clone(), sms: real.sms.clone(), push: real.push.clone() },
+            None => raw.clone(),
         };
         // The SMS failover provider (`TIDINGS_SMS_SECONDARY`); with `--dev` its sends are
         // recorded too (under its own name), while faults are injected into the primary only.
