@@ -486,7 +486,7 @@ impl PinpointFolder {
         }
         if let Some(d) = e.demographic {
             if let Some(tz) = d.timezone.filter(|z| !z.is_empty()) {
-                if tz.parse::<chrono_tz::Tz>().is_ok() {
+                if tidings_core::people::zones::Zone::named(&tz).is_some() {
                     latest(&mut folded.timezone, &date, tz);
                 } else {
                     *self.notes.dropped_timezones.get_or_insert(0) += 1;

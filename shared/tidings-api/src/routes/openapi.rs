@@ -5,6 +5,7 @@
 use axum::Json;
 use axum::Router;
 use axum::routing::get;
+use tidings_core::people::zones::Zone;
 use utoipa::openapi::path::Operation;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, OpenApi as Document, Ref, RefOr, ResponseBuilder};
@@ -538,8 +539,7 @@ fn constrain_bodies(schemas: &mut serde_json::Map<String, serde_json::Value>) {
     // `GMT0` and `Etc/GMT0` (aliases of `Etc/GMT`, which the server takes too) are left out:
     // client generators name enum members by letters and digits, and they are `GMT-0`'s and
     // `Etc/GMT-0`'s names there (openapi-python-client refuses the document).
-    let zones: Vec<&str> =
-        chrono_tz::TZ_VARIANTS.iter().map(|z| z.name()).filter(|z| !matches!(*z, "GMT0" | "Etc/GMT0")).collect();
+    let zones: Vec<String> = Zone::names().into_iter().filter(|z| !matches!(z.as_str(), "GMT0" | "Etc/GMT0")).collect();
     for schema in ["UserInput", "BatchUser"] {
         set(
             schemas,

@@ -33,9 +33,10 @@ use crate::error::CoreResult;
 use crate::ids::TenantId;
 use crate::keys;
 use crate::people::devices::Device;
-use crate::people::preferences::{Preferences, local_instant, zone_of};
+use crate::people::preferences::Preferences;
 use crate::people::suppression;
 use crate::people::users::User;
+use crate::people::zones::Zone;
 use crate::ports::{Channel, Key, Write};
 
 /// Why a delivery was suppressed (the delivery's `reason`).
@@ -175,7 +176,7 @@ pub async fn check(
         && let Some(send_at) = n.request.send_at
     {
         let wall = send_at.naive_utc();
-        let due = local_instant(zone_of(r.zone()), wall.date(), wall.time());
+        let due = Zone::of(r.zone()).instant(wall.date(), wall.time());
         if due > now {
             return Ok(Verdict::Defer(due, DeferReason::LocalTime));
         }
@@ -208,7 +209,7 @@ pub fn gate_reason(gate: &Write) -> SuppressReason {
 
 /// The item counting a user's sends on a channel for the day of `now` in the user's zone.
 pub fn cap_key(t: &TenantId, user_id: &str, zone: Option<&str>, channel: Channel, now: DateTime<Utc>) -> Key {
-    let local_day = now.with_timezone(&zone_of(zone)).date_naive();
+    let local_day = Zone::of(zone).local(now).date();
     keys::frequency_counter(t, user_id, &local_day.format("%Y%m%d").to_string(), channel)
 }
 

@@ -7,3 +7,4 @@ pub mod import;
 pub mod preferences;
 pub mod suppression;
 pub mod users;
+pub mod zones;

@@ -3,8 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use chrono::{DateTime, Duration, LocalResult, NaiveDate, NaiveTime, TimeZone, Utc};
-use chrono_tz::Tz;
+use chrono::{DateTime, Duration, NaiveTime, Utc};
 use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::deps::Deps;
@@ -12,6 +11,7 @@ use crate::error::{CoreError, CoreResult};
 use crate::ids::{TenantId, check_id};
 use crate::keys;
 use crate::notify::model::Category;
+use crate::people::zones::Zone;
 use crate::ports::{Channel, Cond, Item, attrs_of};
 
 /// Quiet hours, `HH:MM` wall-clock times in the user's zone. `start > end` wraps midnight
@@ -169,43 +169,24 @@ impl Preferences {
     pub fn quiet_until(&self, zone: Option<&str>, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
         let q = self.quiet_hours.as_ref()?;
         let (start, end) = (parse_hhmm(&q.start)?, parse_hhmm(&q.end)?);
-        quiet_window_end(zone_of(zone), start, end, now)
-    }
-}
-
-/// The user's zone: the IANA name, else UTC.
-pub fn zone_of(zone: Option<&str>) -> Tz {
-    zone.and_then(|z| z.parse::<Tz>().ok()).unwrap_or(Tz::UTC)
-}
-
-/// The UTC instant of a wall-clock time on a date in a zone. A time skipped by a DST jump
-/// moves forward by the gap (an hour); an ambiguous one takes the earlier instant.
-pub fn local_instant(tz: Tz, date: NaiveDate, time: NaiveTime) -> DateTime<Utc> {
-    let naive = date.and_time(time);
-    match tz.from_local_datetime(&naive) {
-        LocalResult::Single(t) => t.with_timezone(&Utc),
-        LocalResult::Ambiguous(a, _) => a.with_timezone(&Utc),
-        LocalResult::None => match tz.from_local_datetime(&(naive + Duration::hours(1))) {
-            LocalResult::Single(t) | LocalResult::Ambiguous(t, _) => t.with_timezone(&Utc),
-            LocalResult::None => Utc.from_utc_datetime(&naive),
-        },
+        quiet_window_end(&Zone::of(zone), start, end, now)
     }
 }
 
 /// The end of the quiet window `[start, end)` (wall clock in `tz`) containing `now`.
-pub fn quiet_window_end(tz: Tz, start: NaiveTime, end: NaiveTime, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
+pub fn quiet_window_end(tz: &Zone, start: NaiveTime, end: NaiveTime, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
     if start == end {
         return None;
     }
-    let local = now.with_timezone(&tz);
-    let (date, time) = (local.date_naive(), local.time());
+    let local = tz.local(now);
+    let (date, time) = (local.date(), local.time());
     let inside = if start < end { time >= start && time < end } else { time >= start || time < end };
     if !inside {
         return None;
     }
     // The window ends today when `end` is still ahead, else tomorrow (wrapping windows).
     let end_date = if time < end { date } else { date.succ_opt()? };
-    Some(local_instant(tz, end_date, end))
+    Some(tz.instant(end_date, end))
 }
 
 /// A user's preferences; `updated_at` always an RFC 3339 time (a record written before it was

@@ -67,7 +67,7 @@ impl UserInput {
             return Err(CoreError::invalid("locale", "not a language tag such as en or zh-CN"));
         }
         if let Some(tz) = &self.timezone
-            && tz.parse::<chrono_tz::Tz>().is_err()
+            && crate::people::zones::Zone::named(tz).is_none()
         {
             return Err(CoreError::invalid("timezone", "not an IANA time zone such as Asia/Shanghai"));
         }

@@ -27,8 +27,8 @@ use crate::ids::TenantId;
 use crate::notify::api::load;
 use crate::notify::model::{Notification, NotificationStatus};
 use crate::notify::{campaign, orchestrator, requests};
-use crate::people::preferences::{local_instant, zone_of};
 use crate::people::users;
+use crate::people::zones::Zone;
 
 /// The relay's part: sets the timers of a newly accepted scheduled notification.
 pub async fn on_scheduled(deps: &Deps, t: &TenantId, n: &Notification) -> CoreResult<()> {
@@ -48,9 +48,10 @@ pub async fn on_scheduled(deps: &Deps, t: &TenantId, n: &Notification) -> CoreRe
         // wall-clock time comes, and each member whose time has not come yet waits for it
         // (a deferred delivery and its timer; `policy::check`).
         let wall = send_at.naive_utc();
-        let earliest = chrono_tz::TZ_VARIANTS
+        let earliest = Zone::names()
             .iter()
-            .map(|tz| local_instant(*tz, wall.date(), wall.time()))
+            .filter_map(|name| Zone::named(name))
+            .map(|tz| tz.instant(wall.date(), wall.time()))
             .min()
             .unwrap_or(send_at);
         return timer::schedule(deps, earliest, task(None, 0, 1)).await;
@@ -75,7 +76,7 @@ async fn local_groups(
     let mut by_due: BTreeMap<DateTime<Utc>, Vec<String>> = BTreeMap::new();
     for user_id in n.request.user_ids() {
         let zone = users::get_user(deps, t, &user_id).await?.and_then(|u| u.timezone);
-        let due = local_instant(zone_of(zone.as_deref()), wall.date(), wall.time());
+        let due = Zone::of(zone.as_deref()).instant(wall.date(), wall.time());
         by_due.entry(due).or_default().push(user_id);
     }
     Ok(by_due.into_iter().collect())

@@ -30,8 +30,8 @@ use crate::keys;
 use crate::notify::model::{Notification, NotificationStatus};
 use crate::notify::orchestrator::{self, StepSend};
 use crate::notify::progress;
-use crate::people::preferences::{local_instant, zone_of};
 use crate::people::users::{self, User};
+use crate::people::zones::Zone;
 use crate::ports::{Channel, Cond, Item, QueryOpts, StoreError, Update, Write, attrs_of};
 use crate::timers::task::{self as timer, TimerTask};
 use crate::webhooks::{Event, EventType};
@@ -575,15 +575,15 @@ fn render_key(template: Option<&str>, params: &Value) -> CoreResult<String> {
 /// The next `at` (`HH:MM`) in the user's zone after now (on weekday `on`, if given).
 fn next_wall_time(ctx: &Ctx<'_>, at: &str, on: Option<chrono::Weekday>, now_ms: i64) -> i64 {
     let Some(time) = definition::parse_wall_time(at) else { return now_ms };
-    let tz = zone_of(ctx.user.as_ref().and_then(|u| u.timezone.as_deref()));
+    let tz = Zone::of(ctx.user.as_ref().and_then(|u| u.timezone.as_deref()));
     let now = DateTime::<Utc>::from_timestamp_millis(now_ms).unwrap_or_default();
-    let today = now.with_timezone(&tz).date_naive();
+    let today = tz.local(now).date();
     for days in 0..=8 {
         let date = today + ChronoDuration::days(days);
         if on.is_some_and(|w| date.weekday() != w) {
             continue;
         }
-        let due = local_instant(tz, date, time);
+        let due = tz.instant(date, time);
         if due > now {
             return due.timestamp_millis();
         }
