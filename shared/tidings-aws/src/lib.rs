@@ -46,6 +46,33 @@ pub mod wiring;
 #[cfg(test)]
 mod mock_tests;
 
+#[cfg(test)]
+mod lambda_config_tests {
+    use aws_types::os_shim_internal::Env;
+    use aws_types::service_config::{LoadServiceConfig, ServiceConfigKey};
+
+    use super::EnvEndpoints;
+
+    fn endpoint(env: &EnvEndpoints, service: &str) -> Option<String> {
+        let key =
+            ServiceConfigKey::builder().service_id(service).env("AWS_ENDPOINT_URL").profile("endpoint_url").build();
+        env.load_config(key.expect("a complete key"))
+    }
+
+    #[test]
+    fn a_services_own_endpoint_variable_wins_over_the_common_one() {
+        let env = EnvEndpoints(Env::from_slice(&[
+            ("AWS_ENDPOINT_URL", "http://127.0.0.1:5005"),
+            ("AWS_ENDPOINT_URL_DYNAMODB", "http://127.0.0.1:5006"),
+            ("AWS_ENDPOINT_URL_PINPOINT_SMS_VOICE_V2", "http://127.0.0.1:5007"),
+        ]));
+        assert_eq!(endpoint(&env, "DynamoDB").as_deref(), Some("http://127.0.0.1:5006"));
+        assert_eq!(endpoint(&env, "SQS").as_deref(), Some("http://127.0.0.1:5005"));
+        assert_eq!(endpoint(&env, "Pinpoint SMS Voice V2").as_deref(), Some("http://127.0.0.1:5007"));
+        assert_eq!(endpoint(&EnvEndpoints(Env::from_slice(&[])), "SQS"), None, "AWS's own endpoints");
+    }
+}
+
 pub use bootstrap::{BootstrapError, BootstrapReport, Bootstrapped, bootstrap, bootstrap_reporting};
 pub use config::{AwsConfig, ConfigError, RedriveMode, SmsProvider};
 pub use providers::{SNS_DELIVERY_KEY_ATTRIBUTE, SesEmail, SnsPush, SnsSms};
@@ -72,6 +99,54 @@ pub fn sdk_defaults() -> ConfigLoader {
 /// [`sdk_defaults`], loaded.
 pub async fn load_sdk_config() -> SdkConfig {
     sdk_defaults().load().await
+}
+
+/// The SDK's configuration in a Lambda function, from what Lambda puts in its environment and
+/// nothing else: the region (`AWS_REGION`, else `AWS_DEFAULT_REGION`), the function role's credentials
+/// (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`), and `AWS_ENDPOINT_URL`
+/// with its per-service variables (`AWS_ENDPOINT_URL_DYNAMODB`: emulators), with the retries
+/// and connect timeout the default loader sets. Not [`sdk_defaults`]' chains (profile files,
+/// IMDS, SSO, STS for web identity and assumed roles), which a function never uses: without
+/// them every function is about 0.5 MB smaller and reads no file at start-up
+/// (docs/deploy.md, "The functions' size"). A missing credential fails the first request,
+/// naming the variable.
+pub fn lambda_sdk_config() -> SdkConfig {
+    use aws_config::environment::EnvironmentVariableCredentialsProvider;
+    use aws_types::sdk_config::{RetryConfig, SharedCredentialsProvider, TimeoutConfig};
+    let http = aws_smithy_http_client::Builder::new().tls_provider(Provider::Rustls(CryptoMode::Ring)).build_https();
+    let mut sdk = SdkConfig::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(
+            ["AWS_REGION", "AWS_DEFAULT_REGION"]
+                .into_iter()
+                .find_map(|v| std::env::var(v).ok().filter(|r| !r.is_empty()))
+                .map(aws_config::Region::new),
+        )
+        .credentials_provider(SharedCredentialsProvider::new(EnvironmentVariableCredentialsProvider::new()))
+        .http_client(http)
+        .retry_config(RetryConfig::standard())
+        .timeout_config(TimeoutConfig::builder().connect_timeout(std::time::Duration::from_millis(3_100)).build())
+        .service_config(EnvEndpoints(aws_types::os_shim_internal::Env::real()));
+    if let Some(sleep) = aws_smithy_async::rt::sleep::default_async_sleep() {
+        sdk = sdk.sleep_impl(sleep);
+    }
+    sdk.build()
+}
+
+/// A service's settings from the environment as the SDK's loader reads them, without its
+/// profile files: `AWS_ENDPOINT_URL_<SERVICE>` (`AWS_ENDPOINT_URL_DYNAMODB`), else
+/// `AWS_ENDPOINT_URL`.
+#[derive(Debug)]
+struct EnvEndpoints(aws_types::os_shim_internal::Env);
+
+impl aws_types::service_config::LoadServiceConfig for EnvEndpoints {
+    fn load_config(&self, key: aws_types::service_config::ServiceConfigKey<'_>) -> Option<String> {
+        let (value, _) = aws_runtime::env_config::EnvConfigValue::new()
+            .env(key.env())
+            .service_id(key.service_id())
+            .load(&self.0, None)?;
+        Some(value.into_owned())
+    }
 }
 
 /// The table's and the queues' SDK clients, built once, and the configuration. Cheap to clone.

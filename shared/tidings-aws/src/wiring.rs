@@ -205,6 +205,14 @@ impl AwsPorts {
         Ok(Self::on(backend, settings))
     }
 
+    /// [`AwsPorts::connect`] for a Lambda function: the SDK configured from the function's
+    /// environment only ([`crate::lambda_sdk_config`]), without the default chains' profile
+    /// files, IMDS and STS, which the link then drops.
+    pub fn connect_in_lambda(settings: &Settings) -> Result<Self, WiringError> {
+        let backend = AwsBackend::from_sdk_config(&crate::lambda_sdk_config(), AwsConfig::from_settings(settings)?);
+        Ok(Self::on(backend, settings))
+    }
+
     /// [`AwsPorts::connect`] with a backend already made.
     fn on(backend: AwsBackend, settings: &Settings) -> Self {
         let region = std::env::var("AWS_REGION").unwrap_or_else(|_| "us-east-1".into());

@@ -16,6 +16,115 @@ use crate::tasks::{handle, handle_batch};
 use crate::timers::TimerStep;
 use crate::webhooks::WebhookStep;
 
+/// The lanes whose handlers a build links. A Lambda function names its own at compile time
+/// ([`Handlers`]), so that its link drops the handlers of every lane it never serves (the
+/// channel worker has no campaign planning, the tick no sending; docs/deploy.md, "The
+/// functions' size"); the local runtime and the tests link them all ([`Every`]). A message of
+/// a lane whose handler is not linked is refused to its dead letters with the reason.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaneHandlers {
+    pub requests: bool,
+    pub channel: bool,
+    pub webhooks: bool,
+    pub timers: bool,
+    pub stock_events: bool,
+}
+
+impl LaneHandlers {
+    pub const ALL: Self = Self { requests: true, channel: true, webhooks: true, timers: true, stock_events: true };
+    pub const NONE: Self =
+        Self { requests: false, channel: false, webhooks: false, timers: false, stock_events: false };
+
+    /// Whether `lane`'s handler is linked.
+    pub const fn has(self, lane: Lane) -> bool {
+        match lane {
+            Lane::Requests(_) => self.requests,
+            Lane::Channel(..) => self.channel,
+            Lane::Webhooks => self.webhooks,
+            Lane::Timers => self.timers,
+            Lane::StockEvents => self.stock_events,
+            Lane::InventoryReview | Lane::StreamFailures | Lane::ScheduleFailures => false,
+        }
+    }
+}
+
+/// A build's [`LaneHandlers`], as a type: a constant the compiler folds, so that the handlers
+/// left out are not reached, and not linked.
+pub trait Handlers: Send + Sync + 'static {
+    const LINKED: LaneHandlers;
+}
+
+/// Every lane's handler: the local runtime, the tests.
+#[derive(Debug)]
+pub enum Every {}
+
+impl Handlers for Every {
+    const LINKED: LaneHandlers = LaneHandlers::ALL;
+}
+
+/// The handlers of each function that consumes lanes: those of the lanes [`Lane::consumer`]
+/// gives it. The local runtime handles each queue with its consumer's, as Lambda does.
+pub mod consumers {
+    use super::{Handlers, LaneHandlers};
+
+    /// The orchestrator: requests (sends, campaigns, restock rounds planned).
+    #[derive(Debug)]
+    pub enum Orchestrator {}
+    impl Handlers for Orchestrator {
+        const LINKED: LaneHandlers = LaneHandlers { requests: true, ..LaneHandlers::NONE };
+    }
+
+    /// The channel worker: the channel lanes' sends and the webhooks' deliveries.
+    #[derive(Debug)]
+    pub enum ChannelWorker {}
+    impl Handlers for ChannelWorker {
+        const LINKED: LaneHandlers = LaneHandlers { channel: true, webhooks: true, ..LaneHandlers::NONE };
+    }
+
+    /// The tick: the timers.
+    #[derive(Debug)]
+    pub enum Tick {}
+    impl Handlers for Tick {
+        const LINKED: LaneHandlers = LaneHandlers { timers: true, ..LaneHandlers::NONE };
+    }
+
+    /// Restock-scan: the stock events.
+    #[derive(Debug)]
+    pub enum RestockScan {}
+    impl Handlers for RestockScan {
+        const LINKED: LaneHandlers = LaneHandlers { stock_events: true, ..LaneHandlers::NONE };
+    }
+
+    /// The handlers of the function named `function`, if it consumes lanes.
+    pub fn of(function: &str) -> Option<LaneHandlers> {
+        use crate::lanes::{CHANNEL_WORKER, ORCHESTRATOR, RESTOCK_SCAN, TICK};
+        match function {
+            ORCHESTRATOR => Some(Orchestrator::LINKED),
+            CHANNEL_WORKER => Some(ChannelWorker::LINKED),
+            TICK => Some(Tick::LINKED),
+            RESTOCK_SCAN => Some(RestockScan::LINKED),
+            _ => None,
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use crate::lanes::Lane;
+
+        #[test]
+        fn each_function_links_the_handlers_of_the_lanes_it_consumes_and_no_other() {
+            let lanes = Lane::ALL;
+            for function in ["orchestrator", "channel-worker", "tick", "restock-scan"] {
+                let linked = super::of(function).expect(function);
+                for lane in lanes {
+                    assert_eq!(linked.has(lane), lane.consumer() == Some(function), "{function}, {lane}");
+                }
+            }
+            assert_eq!(super::of("api"), None);
+        }
+    }
+}
+
 /// Routes a batch of messages of one queue: channel tasks are handled as a batch
 /// ([`crate::notify::worker::handle_channel_batch`]), the others one by one. One outcome per
 /// message, in order.
@@ -35,8 +144,18 @@ pub async fn dispatch_batch_until(
     messages: &[Received],
     deadline: Option<std::time::Instant>,
 ) -> Vec<Outcome> {
+    dispatch_batch_with::<Every>(deps, queue, messages, deadline).await
+}
+
+/// [`dispatch_batch_until`] with only the handlers of `H` linked.
+pub async fn dispatch_batch_with<H: Handlers>(
+    deps: &Deps,
+    queue: &str,
+    messages: &[Received],
+    deadline: Option<std::time::Instant>,
+) -> Vec<Outcome> {
     match Lane::from_name(queue) {
-        Some(lane) => route_batch(deps, lane, messages, deadline).await,
+        Some(lane) => route_batch_with::<H>(deps, lane, messages, deadline).await,
         None => messages.iter().map(|_| unknown(queue)).collect(),
     }
 }
@@ -53,8 +172,18 @@ pub async fn route_batch(
     messages: &[Received],
     deadline: Option<std::time::Instant>,
 ) -> Vec<Outcome> {
+    route_batch_with::<Every>(deps, lane, messages, deadline).await
+}
+
+/// [`route_batch`] with only the handlers of `H` linked.
+pub async fn route_batch_with<H: Handlers>(
+    deps: &Deps,
+    lane: Lane,
+    messages: &[Received],
+    deadline: Option<std::time::Instant>,
+) -> Vec<Outcome> {
     if let Lane::Channel(..) = lane {
-        return guarded(deps, lane, messages, deadline).await;
+        return guarded::<H>(deps, lane, messages, deadline).await;
     }
     // One by one (requests, timers, stock events). After the first, which always runs so a
     // batch always makes progress, a message is not started when the longest one so far would
@@ -68,7 +197,7 @@ pub async fn route_batch(
             continue;
         }
         let started = std::time::Instant::now();
-        outcomes.push(one_of(guarded(deps, lane, std::slice::from_ref(message), deadline).await));
+        outcomes.push(one_of(guarded::<H>(deps, lane, std::slice::from_ref(message), deadline).await));
         longest = longest.max(started.elapsed());
     }
     outcomes
@@ -88,7 +217,12 @@ fn one_of(outcomes: Vec<Outcome>) -> Outcome {
 /// the guard: the message is handled as if first received. A message received again while an
 /// earlier receive of it still runs in this process (its visibility ran out under a slow store)
 /// is not handled beside it, nor its marker judged: it comes back after [`RUNNING_AGAIN_AFTER`].
-async fn guarded(deps: &Deps, lane: Lane, messages: &[Received], deadline: Option<std::time::Instant>) -> Vec<Outcome> {
+async fn guarded<H: Handlers>(
+    deps: &Deps,
+    lane: Lane,
+    messages: &[Received],
+    deadline: Option<std::time::Instant>,
+) -> Vec<Outcome> {
     let ids: Vec<(&str, &str)> = messages.iter().map(|m| (m.message_id.as_str(), m.receipt.as_str())).collect();
     let (_running, already) = deps.attempts.running(lane.name(), &ids);
     if already.contains(&true) {
@@ -100,18 +234,18 @@ async fn guarded(deps: &Deps, lane: Lane, messages: &[Received], deadline: Optio
                 "received again while its earlier receive still runs here; retried later");
         }
         let batch: Vec<Received> = rest.iter().map(|&i| messages[i].clone()).collect();
-        let done = if batch.is_empty() { Vec::new() } else { under_markers(deps, lane, &batch, deadline).await };
+        let done = if batch.is_empty() { Vec::new() } else { under_markers::<H>(deps, lane, &batch, deadline).await };
         let mut outcomes = vec![Outcome::Retry(RUNNING_AGAIN_AFTER); messages.len()];
         for (i, outcome) in rest.into_iter().zip(done) {
             outcomes[i] = outcome;
         }
         return outcomes;
     }
-    under_markers(deps, lane, messages, deadline).await
+    under_markers::<H>(deps, lane, messages, deadline).await
 }
 
 /// [`guarded`]'s markers, for messages no other receive of which runs in this process.
-async fn under_markers(
+async fn under_markers<H: Handlers>(
     deps: &Deps,
     lane: Lane,
     messages: &[Received],
@@ -120,7 +254,7 @@ async fn under_markers(
     let table = deps.table.as_ref();
     if messages.iter().all(|m| m.receive_count < 2) {
         let _entry = deps.attempts.enter(table, messages.len()).await;
-        return run(deps, lane, messages, deadline).await;
+        return run::<H>(deps, lane, messages, deadline).await;
     }
     let mut outcomes: Vec<Option<Outcome>> = vec![None; messages.len()];
     let mut alone = Vec::new();
@@ -149,7 +283,7 @@ async fn under_markers(
         }
         if !go.is_empty() {
             let batch: Vec<Received> = go.iter().map(|&i| messages[i].clone()).collect();
-            let done = run(deps, lane, &batch, deadline).await;
+            let done = run::<H>(deps, lane, &batch, deadline).await;
             for (&i, outcome) in go.iter().zip(done) {
                 outcomes[i] = Some(outcome);
             }
@@ -178,7 +312,7 @@ async fn under_markers(
             }
             _ => None,
         };
-        outcomes[i] = Some(one_of(run(deps, lane, std::slice::from_ref(message), deadline).await));
+        outcomes[i] = Some(one_of(run::<H>(deps, lane, std::slice::from_ref(message), deadline).await));
         drop(entry);
         if let Some(key) = marked {
             unmark(deps, &key, message.receive_count).await;
@@ -298,13 +432,21 @@ async fn unmark(deps: &Deps, key: &Key, receive: u32) {
 }
 
 /// Runs the handler of `lane` on `messages` (one, or a channel lane's batch).
-async fn run(deps: &Deps, lane: Lane, messages: &[Received], deadline: Option<std::time::Instant>) -> Vec<Outcome> {
+async fn run<H: Handlers>(
+    deps: &Deps,
+    lane: Lane,
+    messages: &[Received],
+    deadline: Option<std::time::Instant>,
+) -> Vec<Outcome> {
     if let Lane::Channel(..) = lane {
+        if !H::LINKED.channel {
+            return messages.iter().map(|_| not_linked(lane)).collect();
+        }
         return handle_batch::<ChannelSend>(deps, messages, deadline).await;
     }
     let mut outcomes = Vec::with_capacity(messages.len());
     for message in messages {
-        outcomes.push(cut_off_at(deps, lane, message, deadline).await);
+        outcomes.push(cut_off_at::<H>(deps, lane, message, deadline).await);
     }
     outcomes
 }
@@ -314,13 +456,18 @@ async fn run(deps: &Deps, lane: Lane, messages: &[Received], deadline: Option<st
 /// there and retried, so the invocation still answers: cut off by Lambda instead, its
 /// environment would be killed and every message of the batch would wait out its visibility
 /// timeout.
-async fn cut_off_at(deps: &Deps, lane: Lane, message: &Received, deadline: Option<std::time::Instant>) -> Outcome {
+async fn cut_off_at<H: Handlers>(
+    deps: &Deps,
+    lane: Lane,
+    message: &Received,
+    deadline: Option<std::time::Instant>,
+) -> Outcome {
     let Some(d) = deadline else {
-        return handle_one(deps, lane, message).await;
+        return handle_one::<H>(deps, lane, message).await;
     };
     let started = std::time::Instant::now();
     let cut_off = tokio::time::Instant::from_std(d + CUT_OFF_AFTER);
-    match tokio::time::timeout_at(cut_off, handle_one(deps, lane, message)).await {
+    match tokio::time::timeout_at(cut_off, handle_one::<H>(deps, lane, message)).await {
         Ok(outcome) => outcome,
         Err(_) => {
             tracing::warn!(
@@ -353,19 +500,29 @@ pub async fn dispatch(deps: &Deps, queue: &str, message: &Received) -> Outcome {
 /// Routes a message to the handler of its lane, under its attempt marker if it is a redelivery
 /// ([`guarded`]).
 pub async fn route(deps: &Deps, lane: Lane, message: &Received) -> Outcome {
-    one_of(guarded(deps, lane, std::slice::from_ref(message), None).await)
+    one_of(guarded::<Every>(deps, lane, std::slice::from_ref(message), None).await)
 }
 
-/// A message's handler, unguarded.
-async fn handle_one(deps: &Deps, lane: Lane, message: &Received) -> Outcome {
+/// A message's handler, unguarded. Each arm's guard is a constant of `H`: an arm it leaves out
+/// is not reached, so its handler is not linked.
+async fn handle_one<H: Handlers>(deps: &Deps, lane: Lane, message: &Received) -> Outcome {
     match lane {
-        Lane::Requests(_) => handle::<Orchestrate>(deps, message).await,
-        Lane::Channel(..) => one_of(handle_batch::<ChannelSend>(deps, std::slice::from_ref(message), None).await),
-        Lane::StockEvents => handle::<StockEventStep>(deps, message).await,
-        Lane::Timers => handle::<TimerStep>(deps, message).await,
-        Lane::Webhooks => handle::<WebhookStep>(deps, message).await,
+        Lane::Requests(_) if H::LINKED.requests => handle::<Orchestrate>(deps, message).await,
+        Lane::Channel(..) if H::LINKED.channel => {
+            one_of(handle_batch::<ChannelSend>(deps, std::slice::from_ref(message), None).await)
+        }
+        Lane::StockEvents if H::LINKED.stock_events => handle::<StockEventStep>(deps, message).await,
+        Lane::Timers if H::LINKED.timers => handle::<TimerStep>(deps, message).await,
+        Lane::Webhooks if H::LINKED.webhooks => handle::<WebhookStep>(deps, message).await,
         Lane::InventoryReview | Lane::StreamFailures | Lane::ScheduleFailures => {
             Outcome::Reject(format!("nothing handles queue {lane}"))
         }
+        _ => not_linked(lane),
     }
+}
+
+/// The outcome of a message whose lane's handler this build does not link: to the dead
+/// letters, with the reason (a mapping that should not exist).
+fn not_linked(lane: Lane) -> Outcome {
+    Outcome::Reject(format!("this function does not handle queue {lane}"))
 }

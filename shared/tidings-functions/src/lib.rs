@@ -18,6 +18,7 @@ use aws_lambda_events::dynamodb::Event as DynamoDbEvent;
 use lambda_runtime::{LambdaEvent, service_fn};
 use serde_json::Value;
 use tidings_aws::wiring::AwsPorts;
+use tidings_core::router::{Handlers, consumers};
 
 /// The functions of `template.yaml`, by their binary names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -92,7 +93,7 @@ where
     };
     settings.warn_unknown();
     let started = runtime.block_on(async move {
-        let ports = AwsPorts::connect(&settings).await?;
+        let ports = AwsPorts::connect_in_lambda(&settings)?;
         serve(ports).await
     });
     match started {
@@ -133,15 +134,21 @@ pub mod lanes {
 /// channel task is made); the channel worker sends. Both have the providers: the lanes reach
 /// the whole engine, which removes dead push tokens at the provider.
 pub fn orchestrator(lanes: &'static [lanes::Lane]) -> ExitCode {
-    serve_lanes(Function::Orchestrator, lanes, |ports| async move { Ok(ports.signing().await?.sending()) })
+    serve_lanes::<consumers::Orchestrator, _, _>(Function::Orchestrator, lanes, |ports| async move {
+        Ok(ports.signing().await?.sending())
+    })
 }
 
 /// The `channel-worker` function on `lanes` (see [`orchestrator`]).
 pub fn channel_worker(lanes: &'static [lanes::Lane]) -> ExitCode {
-    serve_lanes(Function::ChannelWorker, lanes, |ports| async move { Ok(ports.sending()) })
+    serve_lanes::<consumers::ChannelWorker, _, _>(
+        Function::ChannelWorker,
+        lanes,
+        |ports| async move { Ok(ports.sending()) },
+    )
 }
 
-fn serve_lanes<W, Fut>(function: Function, lanes: &'static [lanes::Lane], wire: W) -> ExitCode
+fn serve_lanes<H: Handlers, W, Fut>(function: Function, lanes: &'static [lanes::Lane], wire: W) -> ExitCode
 where
     W: FnOnce(AwsPorts) -> Fut,
     Fut: std::future::Future<Output = Result<AwsPorts, tidings_aws::wiring::WiringError>>,
@@ -152,7 +159,7 @@ where
     }
     run(function, move |ports| async move {
         let ports = wire(ports).await?;
-        tidings_lambda::serve_lanes(ports.deps(), ports.queue_prefix().to_owned(), lanes).await
+        tidings_lambda::serve_lanes::<H>(ports.deps(), ports.queue_prefix().to_owned(), lanes).await
     })
 }
 
@@ -169,7 +176,8 @@ fn refuse_lane(function: Function, lane: &lanes::Lane) {
 pub fn tick() -> ExitCode {
     run(Function::Tick, |ports| async move {
         let ports = ports.signing().await?.sending();
-        tidings_lambda::serve_queue_and_schedule(ports.deps(), ports.queue_prefix().to_owned(), |deps| async move {
+        let prefix = ports.queue_prefix().to_owned();
+        tidings_lambda::serve_queue_and_schedule::<consumers::Tick, _, _>(ports.deps(), prefix, |deps| async move {
             Ok(tidings_core::schedules::every_minute(&deps).await?)
         })
         .await
@@ -180,16 +188,21 @@ pub fn tick() -> ExitCode {
 pub fn restock_scan() -> ExitCode {
     run(Function::RestockScan, |ports| async move {
         let ports = ports.sending();
-        tidings_lambda::serve_queue_and_schedule(ports.deps(), ports.queue_prefix().to_owned(), |deps| async move {
-            let report = tidings_core::restock::scan(&deps).await?;
-            tracing::info!(
-                skus = report.skus_checked,
-                queued = report.rounds_queued,
-                expired = report.expired,
-                "scanned"
-            );
-            Ok(serde_json::to_value(report)?)
-        })
+        let prefix = ports.queue_prefix().to_owned();
+        tidings_lambda::serve_queue_and_schedule::<consumers::RestockScan, _, _>(
+            ports.deps(),
+            prefix,
+            |deps| async move {
+                let report = tidings_core::restock::scan(&deps).await?;
+                tracing::info!(
+                    skus = report.skus_checked,
+                    queued = report.rounds_queued,
+                    expired = report.expired,
+                    "scanned"
+                );
+                Ok(serde_json::to_value(report)?)
+            },
+        )
         .await
     })
 }

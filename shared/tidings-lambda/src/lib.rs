@@ -15,7 +15,7 @@ use tidings_core::messages::settle_batch;
 use tidings_core::notify::relay;
 use tidings_core::ports::table::stored;
 use tidings_core::ports::{Attrs, ChangeRecord, Clock, Key, OutMessage, Received, SystemClock};
-use tidings_core::router::dispatch_batch_until;
+use tidings_core::router::{Every, Handlers, dispatch_batch_with};
 use tracing::{error, warn};
 
 /// Every queue of a deployment, by logical name.
@@ -108,13 +108,13 @@ pub fn sqs_message_of(r: &Received, queue_arn: &str) -> SqsMessage {
 /// retry sets the message's visibility to its backoff and is reported in `batchItemFailures`;
 /// a malformed message goes to the DLQ with its reason and the batch goes on.
 pub async fn handle_sqs_event(deps: &Deps, queue: &str, event: SqsEvent) -> SqsBatchResponse {
-    handle_sqs_event_until(deps, queue, event, None).await
+    handle_sqs_event_until::<Every>(deps, queue, event, None).await
 }
 
 /// [`handle_sqs_event`] that starts no provider call it could not finish by `deadline` (see
 /// [`tidings_core::router::dispatch_batch_until`]): those messages are handed back, not cut
-/// off.
-pub async fn handle_sqs_event_until(
+/// off. Only the handlers of `H` are linked ([`tidings_core::router::Handlers`]).
+pub async fn handle_sqs_event_until<H: Handlers>(
     deps: &Deps,
     queue: &str,
     event: SqsEvent,
@@ -123,7 +123,7 @@ pub async fn handle_sqs_event_until(
     let mut response = SqsBatchResponse::default();
     let started = std::time::Instant::now();
     let messages: Vec<Received> = event.records.iter().map(received_of).collect();
-    let outcomes = dispatch_batch_until(deps, queue, &messages, deadline).await;
+    let outcomes = dispatch_batch_with::<H>(deps, queue, &messages, deadline).await;
     let processed = settle_batch(deps.queues.as_ref(), queue, &messages, outcomes, deps.clock.now(), false).await;
     tidings_core::metrics::record_busy(queue, started.elapsed());
     response.batch_item_failures.extend(failures_of(&messages, processed));
@@ -142,7 +142,7 @@ fn failures_of(messages: &[Received], processed: Vec<bool>) -> impl Iterator<Ite
 /// Handles an SQS batch as a Lambda function receives it: each record's queue is named by its
 /// `eventSourceARN` (physical name = `prefix` + logical name).
 pub async fn handle_sqs_batch(deps: &Deps, prefix: &str, event: SqsEvent) -> SqsBatchResponse {
-    handle_sqs_batch_until(deps, prefix, event, None).await
+    handle_sqs_batch_until::<Every>(deps, prefix, event, None).await
 }
 
 /// Room kept at the end of an invocation for what follows the last provider call: a gate's
@@ -157,8 +157,8 @@ pub fn send_deadline(deadline_ms: u64) -> std::time::Instant {
     std::time::Instant::now() + left.saturating_sub(DEADLINE_ROOM)
 }
 
-/// [`handle_sqs_batch`] with a deadline for its provider calls.
-pub async fn handle_sqs_batch_until(
+/// [`handle_sqs_batch`] with a deadline for its provider calls and the handlers of `H`.
+pub async fn handle_sqs_batch_until<H: Handlers>(
     deps: &Deps,
     prefix: &str,
     event: SqsEvent,
@@ -173,14 +173,14 @@ pub async fn handle_sqs_batch_until(
     for (queue, event) in by_queue {
         response
             .batch_item_failures
-            .extend(handle_sqs_event_until(deps, &queue, event, deadline).await.batch_item_failures);
+            .extend(handle_sqs_event_until::<H>(deps, &queue, event, deadline).await.batch_item_failures);
     }
     response
 }
 
 /// [`handle_sqs_batch_until`] for a function that serves only `lanes`: a record from any other
 /// queue is refused, to that queue's DLQ with the reason (a mapping that should not exist).
-pub async fn handle_lanes_batch_until(
+pub async fn handle_lanes_batch_until<H: Handlers>(
     deps: &Deps,
     prefix: &str,
     lanes: &[Lane],
@@ -197,7 +197,7 @@ pub async fn handle_lanes_batch_until(
             refused.entry(queue).or_default().push(received_of(&record));
         }
     }
-    let mut response = handle_sqs_batch_until(deps, prefix, served, deadline).await;
+    let mut response = handle_sqs_batch_until::<H>(deps, prefix, served, deadline).await;
     for (queue, messages) in refused {
         let reason = format!("this function does not serve queue {queue}");
         let outcomes = messages.iter().map(|_| tidings_core::outcome::Outcome::Reject(reason.clone())).collect();
@@ -209,13 +209,18 @@ pub async fn handle_lanes_batch_until(
 
 /// Runs a Lambda function that consumes SQS batches of `lanes` (the orchestrator, the channel
 /// worker): every record goes to its lane's handler, failures are reported as
-/// `batchItemFailures`, a record of another lane is refused ([`handle_lanes_batch_until`]).
-pub async fn serve_lanes(deps: Deps, prefix: String, lanes: &'static [Lane]) -> Result<(), lambda_runtime::Error> {
+/// `batchItemFailures`, a record of another lane is refused ([`handle_lanes_batch_until`]). Only
+/// the handlers of `H` are linked.
+pub async fn serve_lanes<H: Handlers>(
+    deps: Deps,
+    prefix: String,
+    lanes: &'static [Lane],
+) -> Result<(), lambda_runtime::Error> {
     lambda_runtime::run(lambda_runtime::service_fn(|event: lambda_runtime::LambdaEvent<SqsEvent>| {
         let (deps, prefix) = (deps.clone(), prefix.clone());
         async move {
             let deadline = send_deadline(event.context.deadline);
-            let response = handle_lanes_batch_until(&deps, &prefix, lanes, event.payload, Some(deadline)).await;
+            let response = handle_lanes_batch_until::<H>(&deps, &prefix, lanes, event.payload, Some(deadline)).await;
             flush_metrics();
             Ok::<_, lambda_runtime::Error>(response)
         }
@@ -235,12 +240,13 @@ where
     F: FnOnce(Deps) -> Fut,
     Fut: std::future::Future<Output = Result<Value, lambda_runtime::Error>>,
 {
-    handle_queue_or_schedule_until(deps, prefix, payload, None, on_schedule).await
+    handle_queue_or_schedule_until::<Every, _, _>(deps, prefix, payload, None, on_schedule).await
 }
 
 /// [`handle_queue_or_schedule`] whose SQS batches keep to `deadline` (see
-/// [`handle_sqs_batch_until`]): what would not end before it is handed back.
-pub async fn handle_queue_or_schedule_until<F, Fut>(
+/// [`handle_sqs_batch_until`]): what would not end before it is handed back. Only the handlers
+/// of `H` are linked.
+pub async fn handle_queue_or_schedule_until<H: Handlers, F, Fut>(
     deps: Deps,
     prefix: &str,
     payload: Value,
@@ -253,13 +259,14 @@ where
 {
     if payload.get("Records").is_some() {
         let batch: SqsEvent = serde_json::from_value(payload)?;
-        return Ok(serde_json::to_value(handle_sqs_batch_until(&deps, prefix, batch, deadline).await)?);
+        return Ok(serde_json::to_value(handle_sqs_batch_until::<H>(&deps, prefix, batch, deadline).await)?);
     }
     on_schedule(deps).await
 }
 
-/// Runs a Lambda function with two triggers (see [`handle_queue_or_schedule`]).
-pub async fn serve_queue_and_schedule<F, Fut>(
+/// Runs a Lambda function with two triggers (see [`handle_queue_or_schedule`]), with the
+/// handlers of `H`.
+pub async fn serve_queue_and_schedule<H: Handlers, F, Fut>(
     deps: Deps,
     prefix: String,
     on_schedule: F,
@@ -273,7 +280,8 @@ where
         async move {
             let deadline = send_deadline(event.context.deadline);
             let answer =
-                handle_queue_or_schedule_until(deps, &prefix, event.payload, Some(deadline), on_schedule).await;
+                handle_queue_or_schedule_until::<H, _, _>(deps, &prefix, event.payload, Some(deadline), on_schedule)
+                    .await;
             flush_metrics();
             answer
         }

@@ -225,10 +225,27 @@ async fn queue_loop(deps: Deps, queue: String, arn: String, stop: watch::Receive
         // No room kept after it: a record made late only lets a message show again early, and
         // its delivery's claim turns the second receive away.
         let deadline = received_at + visibility;
+        // As its consumer's Lambda function, with that function's handlers only.
         let function = roles::consumer_of(&queue);
-        let response =
-            roles::acting_as(function, tidings_lambda::handle_sqs_event_until(&deps, &queue, event, Some(deadline)))
-                .await;
+        let response = roles::acting_as(function, async {
+            use tidings_core::router::{Every, consumers};
+            use tidings_lambda::handle_sqs_event_until as handle;
+            let deadline = Some(deadline);
+            match function {
+                tidings_core::lanes::ORCHESTRATOR => {
+                    handle::<consumers::Orchestrator>(&deps, &queue, event, deadline).await
+                }
+                tidings_core::lanes::CHANNEL_WORKER => {
+                    handle::<consumers::ChannelWorker>(&deps, &queue, event, deadline).await
+                }
+                tidings_core::lanes::TICK => handle::<consumers::Tick>(&deps, &queue, event, deadline).await,
+                tidings_core::lanes::RESTOCK_SCAN => {
+                    handle::<consumers::RestockScan>(&deps, &queue, event, deadline).await
+                }
+                _ => handle::<Every>(&deps, &queue, event, deadline).await,
+            }
+        })
+        .await;
         busy.decrement(1.0);
         // What Lambda's event source mapping does: delete what did not fail. A message shown
         // again while this receive still ran is deleted by the latest receipt, the only one
