@@ -6,9 +6,12 @@
 //! - **countries** (SMS pumping): `TIDINGS_SMS_COUNTRIES="+86,+44,US,CA"` lists where SMS may
 //!   go (any category): E.164 prefixes, or ISO 3166 country codes, the country derived from the
 //!   number by libphonenumber's metadata (`US` and `CA` rather than `+1`, which also takes in
-//!   the Caribbean's premium-rate ranges). Another number is `suppressed` with reason
-//!   `country_not_allowed`, so a script requesting codes for premium-rate ranges abroad earns
-//!   nothing. Empty: all.
+//!   the Caribbean's premium-rate ranges) when the user's phone is written, and stored with it
+//!   (`phone_country`). Another number is `suppressed` with reason `country_not_allowed`, so a
+//!   script requesting codes for premium-rate ranges abroad earns nothing. A number stored
+//!   before its country was recorded passes when every country of its calling code is allowed
+//!   (`+86` under `CN`), and else is suppressed, logged, until the user is written again.
+//!   Empty: all.
 //! - **per-number limits**: `TIDINGS_SMS_NUMBER_LIMITS="5/1h,10/1d"` caps transactional SMS to
 //!   one number per fixed window (`s`, `m`, `h`, `d`). Beyond it the delivery is `suppressed`
 //!   with reason `number_rate_limited`. Each window is a counter item, counted in the same
@@ -73,7 +76,7 @@ impl AbuseGuard {
         let [countries, numbers, ips, devices] = SETTINGS.map(|name| get(name).unwrap_or_default());
         let mut guard = AbuseGuard::default();
         for prefix in countries.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            if prefix.parse::<phonenumber::country::Id>().is_ok() {
+            if crate::people::calling_codes::is_region(prefix) {
                 guard.regions.push(prefix.to_owned());
                 continue;
             }
@@ -91,19 +94,35 @@ impl AbuseGuard {
         Ok(guard)
     }
 
-    /// Whether an SMS may go to `number` at all.
-    pub fn allows_country(&self, number: &str) -> bool {
+    /// Whether an SMS may go to `number` at all; `country` is the one recorded with it when it
+    /// was written (`User::phone_country`).
+    pub fn allows_country(&self, number: &str, country: Option<&str>) -> bool {
         if self.countries.is_empty() && self.regions.is_empty() {
             return true;
         }
         if self.countries.iter().any(|p| number.starts_with(p.as_str())) {
             return true;
         }
-        !self.regions.is_empty()
-            && phonenumber::parse(None, number)
-                .ok()
-                .and_then(|n| n.country().id())
-                .is_some_and(|id| self.regions.iter().any(|r| r == id.as_ref()))
+        if self.regions.is_empty() {
+            return false;
+        }
+        let allowed = |region: &str| self.regions.iter().any(|r| r == region);
+        match country {
+            Some(country) => allowed(country),
+            // Stored before its country was recorded: its calling code's countries decide when
+            // they agree.
+            None => {
+                let every =
+                    crate::people::calling_codes::regions_of(number).is_some_and(|r| r.iter().all(|c| allowed(c)));
+                if !every {
+                    tracing::warn!(
+                        "an SMS number stored without its country is refused by TIDINGS_SMS_COUNTRIES; \
+                         writing the user again records it"
+                    );
+                }
+                every
+            }
+        }
     }
 
     /// The counter writes that count one transactional SMS of `notification_id` to `number`
@@ -265,22 +284,36 @@ mod tests {
     #[test]
     fn countries_are_prefixes_and_empty_allows_all() {
         let g = sms("+86,+1", "");
-        assert!(g.allows_country("+8613800001234"));
-        assert!(g.allows_country("+14155550100"));
-        assert!(!g.allows_country("+88212345678"));
-        assert!(AbuseGuard::default().allows_country("+88212345678"));
+        assert!(g.allows_country("+8613800001234", Some("CN")));
+        assert!(g.allows_country("+14155550100", None));
+        assert!(!g.allows_country("+88212345678", None));
+        assert!(AbuseGuard::default().allows_country("+88212345678", None));
     }
 
     #[test]
     fn countries_may_be_named_and_are_derived_from_the_number() {
         let g = sms("US,+86", "");
         assert_eq!(g.regions, vec!["US"]);
-        assert!(g.allows_country("+14155550100"), "San Francisco");
-        assert!(!g.allows_country("+18765550100"), "Jamaica shares +1");
-        assert!(g.allows_country("+8613800001234"));
-        assert!(!g.allows_country("+447911123456"));
+        let country = |n: &str| crate::people::users::e164_and_country(n).and_then(|(_, c)| c);
+        assert_eq!(country("+14155550100").as_deref(), Some("US"), "San Francisco");
+        assert_eq!(country("+18765550100").as_deref(), Some("JM"), "Jamaica shares +1");
+        assert!(g.allows_country("+14155550100", country("+14155550100").as_deref()));
+        assert!(!g.allows_country("+18765550100", country("+18765550100").as_deref()));
+        assert!(g.allows_country("+8613800001234", country("+8613800001234").as_deref()));
+        assert!(!g.allows_country("+447911123456", country("+447911123456").as_deref()));
         let e = guard(&[("TIDINGS_SMS_COUNTRIES", "USA")]).unwrap_err();
         assert!(e.contains("\"USA\""), "{e}");
+    }
+
+    #[test]
+    fn a_number_stored_without_its_country_passes_only_when_its_codes_countries_all_do() {
+        let g = sms("US,CN,RU", "");
+        assert!(g.allows_country("+8613800001234", None), "+86 is China's alone");
+        assert!(!g.allows_country("+14155550100", None), "+1 is also Jamaica's: not known to be the US");
+        assert!(!g.allows_country("+77012345678", None), "+7 is also Kazakhstan's");
+        assert!(!g.allows_country("+447911123456", None));
+        assert!(sms("RU,KZ", "").allows_country("+77012345678", None), "both of +7's countries");
+        assert!(!g.allows_country("+88212345678", None), "a code of no country");
     }
 
     #[test]

@@ -166,7 +166,9 @@ pub async fn check(
     if matches!(channel, Channel::Email | Channel::Sms) && suppression::is_suppressed(deps, t, channel, &to).await? {
         return Ok(Verdict::Suppress(SuppressReason::AddressSuppressed));
     }
-    if channel == Channel::Sms && !deps.config.abuse.allows_country(&to) {
+    if channel == Channel::Sms
+        && !deps.config.abuse.allows_country(&to, r.user.and_then(|u| u.phone_country.as_deref()))
+    {
         return Ok(Verdict::Suppress(SuppressReason::CountryNotAllowed));
     }
     let now = deps.clock.now();

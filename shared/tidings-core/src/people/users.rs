@@ -18,6 +18,12 @@ pub struct User {
     pub email: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phone: Option<String>,
+    /// The phone number's country (ISO 3166, `US`, `GG`), as libphonenumber's metadata places
+    /// it when the number is written; what `TIDINGS_SMS_COUNTRIES`' countries are checked
+    /// against at each send. Set by Tidings, never given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(read_only, example = "US")]
+    pub phone_country: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub locale: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -44,6 +50,10 @@ pub struct UserInput {
     pub timezone: Option<String>,
     #[serde(default)]
     pub tags: Vec<String>,
+    /// The phone's country: never given (not a field of the body); [`UserInput::validate`]
+    /// sets it from the phone, whatever it held.
+    #[serde(skip)]
+    pub phone_country: Option<String>,
 }
 
 impl UserInput {
@@ -54,10 +64,13 @@ impl UserInput {
         {
             return Err(CoreError::invalid("email", "not one email address, e.g. alice@example.com"));
         }
+        self.phone_country = None;
         if let Some(phone) = &self.phone {
-            self.phone = Some(e164(phone).ok_or_else(|| {
+            let (number, country) = e164_and_country(phone).ok_or_else(|| {
                 CoreError::invalid("phone", "not a valid phone number in E.164 form, e.g. +8613800001234")
-            })?);
+            })?;
+            self.phone = Some(number);
+            self.phone_country = country;
         }
         if let Some(locale) = &self.locale
             && (locale.is_empty()
@@ -90,14 +103,21 @@ pub fn is_email(address: &str) -> bool {
 /// The E.164 form of a number given with its country code (`+1 415 555 0100` →
 /// `+14155550100`), when it is a valid number of a country's numbering plan.
 pub fn e164(number: &str) -> Option<String> {
+    e164_and_country(number).map(|(number, _)| number)
+}
+
+/// [`e164`], and the number's country (`None` for a code of no country, `+800`).
+pub fn e164_and_country(number: &str) -> Option<(String, Option<String>)> {
     // The parser skips what it does not understand (`ext`, a second number after a comma).
     let plain = number.chars().all(|c| c.is_ascii_digit() || matches!(c, ' ' | '-' | '(' | ')' | '.' | '+'));
     if !plain || !number.trim_start().starts_with('+') || number.matches('+').count() != 1 {
         return None;
     }
     let parsed = phonenumber::parse(None, number).ok()?;
-    (parsed.is_valid() && parsed.extension().is_none())
-        .then(|| parsed.format().mode(phonenumber::Mode::E164).to_string())
+    (parsed.is_valid() && parsed.extension().is_none()).then(|| {
+        let country = parsed.country().id().map(|id| id.as_ref().to_owned());
+        (parsed.format().mode(phonenumber::Mode::E164).to_string(), country)
+    })
 }
 
 /// The hidden revision of a stored user: `put_user` writes only over the revision it read, so
@@ -128,6 +148,7 @@ fn user_of(deps: &Deps, user_id: &str, input: UserInput) -> User {
         user_id: user_id.to_owned(),
         email: input.email,
         phone: input.phone,
+        phone_country: input.phone_country,
         locale: input.locale,
         timezone: input.timezone,
         tags,
@@ -232,7 +253,7 @@ impl BatchUser {
 
     fn into_input(self) -> (String, UserInput) {
         let BatchUser { user_id, email, phone, locale, timezone, tags } = self;
-        (user_id, UserInput { email, phone, locale, timezone, tags })
+        (user_id, UserInput { email, phone, locale, timezone, tags, phone_country: None })
     }
 }
 
@@ -269,9 +290,11 @@ pub struct BatchOutcome {
 }
 
 /// Whether the stored user holds what `user` says (contacts and tags; not when it was written).
+/// The phone's country counts: a user stored before Tidings recorded it is written again.
 fn same_contacts(stored: &User, user: &User) -> bool {
     stored.email == user.email
         && stored.phone == user.phone
+        && stored.phone_country == user.phone_country
         && stored.locale == user.locale
         && stored.timezone == user.timezone
         && stored.tags == user.tags
