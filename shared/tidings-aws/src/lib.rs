@@ -34,6 +34,7 @@ macro_rules! client {
 mod bootstrap;
 mod config;
 mod error;
+pub mod http_client;
 pub mod live;
 mod providers;
 mod queues;
@@ -45,33 +46,6 @@ pub mod wiring;
 
 #[cfg(test)]
 mod mock_tests;
-
-#[cfg(test)]
-mod lambda_config_tests {
-    use aws_types::os_shim_internal::Env;
-    use aws_types::service_config::{LoadServiceConfig, ServiceConfigKey};
-
-    use super::EnvEndpoints;
-
-    fn endpoint(env: &EnvEndpoints, service: &str) -> Option<String> {
-        let key =
-            ServiceConfigKey::builder().service_id(service).env("AWS_ENDPOINT_URL").profile("endpoint_url").build();
-        env.load_config(key.expect("a complete key"))
-    }
-
-    #[test]
-    fn a_services_own_endpoint_variable_wins_over_the_common_one() {
-        let env = EnvEndpoints(Env::from_slice(&[
-            ("AWS_ENDPOINT_URL", "http://127.0.0.1:5005"),
-            ("AWS_ENDPOINT_URL_DYNAMODB", "http://127.0.0.1:5006"),
-            ("AWS_ENDPOINT_URL_PINPOINT_SMS_VOICE_V2", "http://127.0.0.1:5007"),
-        ]));
-        assert_eq!(endpoint(&env, "DynamoDB").as_deref(), Some("http://127.0.0.1:5006"));
-        assert_eq!(endpoint(&env, "SQS").as_deref(), Some("http://127.0.0.1:5005"));
-        assert_eq!(endpoint(&env, "Pinpoint SMS Voice V2").as_deref(), Some("http://127.0.0.1:5007"));
-        assert_eq!(endpoint(&EnvEndpoints(Env::from_slice(&[])), "SQS"), None, "AWS's own endpoints");
-    }
-}
 
 pub use bootstrap::{BootstrapError, BootstrapReport, Bootstrapped, bootstrap, bootstrap_reporting};
 pub use config::{AwsConfig, ConfigError, RedriveMode, SmsProvider};
@@ -85,15 +59,14 @@ pub use table::{
 };
 
 use aws_config::{BehaviorVersion, ConfigLoader, SdkConfig};
-use aws_smithy_http_client::tls::{Provider, rustls_provider::CryptoMode};
 
 /// The SDK's configuration loader (region, credentials, `AWS_ENDPOINT_URL` from the
-/// environment) with the one HTTP client every SDK client here shares: hyper over rustls with
-/// ring, the crypto library the rest of the build links already. (The SDK's default client
-/// would bring aws-lc beside it: about 2 MB more of every function.)
+/// environment) with the one HTTP client every SDK client here shares ([`http_client`]):
+/// reqwest's, HTTP/1.1 over rustls with ring, the crypto library the rest of the build links
+/// already. (The SDK's default client would bring aws-lc beside it, about 2 MB more of every
+/// function, and its hyper client HTTP/2, 0.5 MB more.)
 pub fn sdk_defaults() -> ConfigLoader {
-    let http = aws_smithy_http_client::Builder::new().tls_provider(Provider::Rustls(CryptoMode::Ring)).build_https();
-    aws_config::defaults(BehaviorVersion::latest()).http_client(http)
+    aws_config::defaults(BehaviorVersion::latest()).http_client(http_client::shared())
 }
 
 /// [`sdk_defaults`], loaded.
@@ -113,7 +86,6 @@ pub async fn load_sdk_config() -> SdkConfig {
 pub fn lambda_sdk_config() -> SdkConfig {
     use aws_config::environment::EnvironmentVariableCredentialsProvider;
     use aws_types::sdk_config::{RetryConfig, SharedCredentialsProvider, TimeoutConfig};
-    let http = aws_smithy_http_client::Builder::new().tls_provider(Provider::Rustls(CryptoMode::Ring)).build_https();
     let mut sdk = SdkConfig::builder()
         .behavior_version(BehaviorVersion::latest())
         .region(
@@ -123,7 +95,7 @@ pub fn lambda_sdk_config() -> SdkConfig {
                 .map(aws_config::Region::new),
         )
         .credentials_provider(SharedCredentialsProvider::new(EnvironmentVariableCredentialsProvider::new()))
-        .http_client(http)
+        .http_client(http_client::shared())
         .retry_config(RetryConfig::standard())
         .timeout_config(TimeoutConfig::builder().connect_timeout(std::time::Duration::from_millis(3_100)).build())
         .service_config(EnvEndpoints(aws_types::os_shim_internal::Env::real()));
@@ -282,5 +254,32 @@ impl AwsBackend {
         aws_sdk_sesv2::Client::from_conf(
             aws_sdk_sesv2::config::Builder::from(&self.sdk).interceptor(requests::RequestCounter).build(),
         )
+    }
+}
+
+#[cfg(test)]
+mod lambda_config_tests {
+    use aws_types::os_shim_internal::Env;
+    use aws_types::service_config::{LoadServiceConfig, ServiceConfigKey};
+
+    use super::EnvEndpoints;
+
+    fn endpoint(env: &EnvEndpoints, service: &str) -> Option<String> {
+        let key =
+            ServiceConfigKey::builder().service_id(service).env("AWS_ENDPOINT_URL").profile("endpoint_url").build();
+        env.load_config(key.expect("a complete key"))
+    }
+
+    #[test]
+    fn a_services_own_endpoint_variable_wins_over_the_common_one() {
+        let env = EnvEndpoints(Env::from_slice(&[
+            ("AWS_ENDPOINT_URL", "http://127.0.0.1:5005"),
+            ("AWS_ENDPOINT_URL_DYNAMODB", "http://127.0.0.1:5006"),
+            ("AWS_ENDPOINT_URL_PINPOINT_SMS_VOICE_V2", "http://127.0.0.1:5007"),
+        ]));
+        assert_eq!(endpoint(&env, "DynamoDB").as_deref(), Some("http://127.0.0.1:5006"));
+        assert_eq!(endpoint(&env, "SQS").as_deref(), Some("http://127.0.0.1:5005"));
+        assert_eq!(endpoint(&env, "Pinpoint SMS Voice V2").as_deref(), Some("http://127.0.0.1:5007"));
+        assert_eq!(endpoint(&EnvEndpoints(Env::from_slice(&[])), "SQS"), None, "AWS's own endpoints");
     }
 }
