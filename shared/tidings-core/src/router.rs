@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use futures::future::BoxFuture;
+
 use crate::attempts::{ALONE_WAIT, KEEP_S, Marker};
 use crate::deps::Deps;
 use crate::keys;
@@ -439,10 +441,7 @@ async fn run<H: Handlers>(
     deadline: Option<std::time::Instant>,
 ) -> Vec<Outcome> {
     if let Lane::Channel(..) = lane {
-        if !H::LINKED.channel {
-            return messages.iter().map(|_| not_linked(lane)).collect();
-        }
-        return handle_batch::<ChannelSend>(deps, messages, deadline).await;
+        return channel_batch::<H>(deps, lane, messages, deadline).await;
     }
     let mut outcomes = Vec::with_capacity(messages.len());
     for message in messages {
@@ -503,21 +502,39 @@ pub async fn route(deps: &Deps, lane: Lane, message: &Received) -> Outcome {
     one_of(guarded::<Every>(deps, lane, std::slice::from_ref(message), None).await)
 }
 
+/// A channel lane's batch, sent if `H` links the channel handler. Not an `async fn`: an
+/// `async fn`'s state machine keeps every future it could await, reachable or not, so the
+/// choice is made here, before any future is made, where the compiler folds `H`'s constant and
+/// drops the branch not taken with everything only it reaches (the same for [`handle_one`]).
+fn channel_batch<'a, H: Handlers>(
+    deps: &'a Deps,
+    lane: Lane,
+    messages: &'a [Received],
+    deadline: Option<std::time::Instant>,
+) -> BoxFuture<'a, Vec<Outcome>> {
+    if H::LINKED.channel {
+        Box::pin(handle_batch::<ChannelSend>(deps, messages, deadline))
+    } else {
+        Box::pin(std::future::ready(messages.iter().map(|_| not_linked(lane)).collect()))
+    }
+}
+
 /// A message's handler, unguarded. Each arm's guard is a constant of `H`: an arm it leaves out
-/// is not reached, so its handler is not linked.
-async fn handle_one<H: Handlers>(deps: &Deps, lane: Lane, message: &Received) -> Outcome {
+/// is not reached, so its handler is not linked ([`channel_batch`] says why this is not an
+/// `async fn`).
+fn handle_one<'a, H: Handlers>(deps: &'a Deps, lane: Lane, message: &'a Received) -> BoxFuture<'a, Outcome> {
     match lane {
-        Lane::Requests(_) if H::LINKED.requests => handle::<Orchestrate>(deps, message).await,
+        Lane::Requests(_) if H::LINKED.requests => Box::pin(handle::<Orchestrate>(deps, message)),
         Lane::Channel(..) if H::LINKED.channel => {
-            one_of(handle_batch::<ChannelSend>(deps, std::slice::from_ref(message), None).await)
+            Box::pin(async move { one_of(channel_batch::<H>(deps, lane, std::slice::from_ref(message), None).await) })
         }
-        Lane::StockEvents if H::LINKED.stock_events => handle::<StockEventStep>(deps, message).await,
-        Lane::Timers if H::LINKED.timers => handle::<TimerStep>(deps, message).await,
-        Lane::Webhooks if H::LINKED.webhooks => handle::<WebhookStep>(deps, message).await,
+        Lane::StockEvents if H::LINKED.stock_events => Box::pin(handle::<StockEventStep>(deps, message)),
+        Lane::Timers if H::LINKED.timers => Box::pin(handle::<TimerStep>(deps, message)),
+        Lane::Webhooks if H::LINKED.webhooks => Box::pin(handle::<WebhookStep>(deps, message)),
         Lane::InventoryReview | Lane::StreamFailures | Lane::ScheduleFailures => {
-            Outcome::Reject(format!("nothing handles queue {lane}"))
+            Box::pin(std::future::ready(Outcome::Reject(format!("nothing handles queue {lane}"))))
         }
-        _ => not_linked(lane),
+        _ => Box::pin(std::future::ready(not_linked(lane))),
     }
 }
 

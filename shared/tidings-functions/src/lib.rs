@@ -131,12 +131,15 @@ pub mod lanes {
 /// fails, naming it.
 ///
 /// The orchestrator signs (emails get signed open, click and unsubscribe links when their
-/// channel task is made); the channel worker sends. Both have the providers: the lanes reach
-/// the whole engine, which removes dead push tokens at the provider.
+/// channel task is made); the channel worker sends, and removes dead push tokens at the
+/// provider. Each links only its lanes' handlers ([`consumers`]), so only the channel worker
+/// reaches a provider and only it has them.
 pub fn orchestrator(lanes: &'static [lanes::Lane]) -> ExitCode {
-    serve_lanes::<consumers::Orchestrator, _, _>(Function::Orchestrator, lanes, |ports| async move {
-        Ok(ports.signing().await?.sending())
-    })
+    serve_lanes::<consumers::Orchestrator, _, _>(
+        Function::Orchestrator,
+        lanes,
+        |ports| async move { ports.signing().await },
+    )
 }
 
 /// The `channel-worker` function on `lanes` (see [`orchestrator`]).
@@ -172,10 +175,10 @@ fn refuse_lane(function: Function, lane: &lanes::Lane) {
 }
 
 /// The `tick` function. It signs: it makes the channel tasks of deferred sends, and their
-/// emails' links.
+/// emails' links. It sends nothing itself (the channel worker does).
 pub fn tick() -> ExitCode {
     run(Function::Tick, |ports| async move {
-        let ports = ports.signing().await?.sending();
+        let ports = ports.signing().await?;
         let prefix = ports.queue_prefix().to_owned();
         tidings_lambda::serve_queue_and_schedule::<consumers::Tick, _, _>(ports.deps(), prefix, |deps| async move {
             Ok(tidings_core::schedules::every_minute(&deps).await?)
@@ -184,10 +187,9 @@ pub fn tick() -> ExitCode {
     })
 }
 
-/// The `restock-scan` function.
+/// The `restock-scan` function: the table and the queues; it sends nothing itself.
 pub fn restock_scan() -> ExitCode {
     run(Function::RestockScan, |ports| async move {
-        let ports = ports.sending();
         let prefix = ports.queue_prefix().to_owned();
         tidings_lambda::serve_queue_and_schedule::<consumers::RestockScan, _, _>(
             ports.deps(),
