@@ -94,17 +94,24 @@ pub fn the_bootstraps_are_built_for_size_and_unwind() -> anyhow::Result<()> {
         // One crypto library: ring (rustls and the SDK's client), not aws-lc beside it.
         let aws_lc = elf.windows(6).any(|w| w == b"AWS-LC" || w == b"aws-lc");
         assert!(!aws_lc, "{id}: links aws-lc (a client crate's `default-https-client`?)");
-        // Only the functions wired with the providers (`AwsPorts::sending`: the API, the channel
-        // worker) reach code that calls one: the sends and the removal of a dead push token,
-        // known here by their log lines. Another function reaching them would find no provider
-        // (`Unwired`) and fail those messages again and again.
-        let calls_providers = ["permanent failure; not retried", "invalid push token deleted"]
-            .map(|line| elf.windows(line.len()).any(|w| w == line.as_bytes()));
-        let sends = matches!(id.as_str(), "ApiFunction" | "ChannelWorkerFunction");
+        // Only the channel worker, wired with the providers (`AwsPorts::sending`), reaches code
+        // that sends: the sends and the removal of a dead push token, known here by their log
+        // lines, and the email and SMS providers' requests (SES's `SendEmail`, End User
+        // Messaging's `SendTextMessage`, SNS's SMS attributes). Another function reaching them
+        // would find no provider (`Unwired`) and fail those messages again and again. The API
+        // registers push devices (`AwsPorts::registering`: SNS alone) and sends nothing.
+        let has = |text: &str| elf.windows(text.len()).any(|w| w == text.as_bytes());
+        let calls_providers = ["permanent failure; not retried", "invalid push token deleted"].map(has);
+        let email_and_sms =
+            ["SendEmailRequestSerializer", "SendTextMessageRequestSerializer", "AWS.SNS.SMS.SMSType"].map(has);
         if id == "ChannelWorkerFunction" {
             assert_eq!(calls_providers, [true, true], "{id}: the log lines are no longer in the binary");
-        } else if !sends {
-            assert_eq!(calls_providers, [false, false], "{id} reaches a provider call but has no providers");
+            assert_eq!(email_and_sms, [true; 3], "{id}: the providers' requests are no longer in the binary");
+        } else {
+            // The API may remove a device the provider calls invalid; it sends nothing.
+            let expected = [false, id == "ApiFunction" && calls_providers[1]];
+            assert_eq!(calls_providers, expected, "{id} reaches a provider call but has no providers");
+            assert_eq!(email_and_sms, [false; 3], "{id} links an email or SMS provider but sends nothing");
         }
         report.push(format!("{id} {mb:.1} MB (landing pads {} KB, relocations {relocations} B)", pads / 1000));
     }

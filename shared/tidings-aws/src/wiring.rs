@@ -237,6 +237,19 @@ impl AwsPorts {
         self
     }
 
+    /// With only the push provider (SNS), for a function that registers and removes devices
+    /// and sends nothing (the API): email and SMS stay [`Unwired`], so the function does not
+    /// link SES or End User Messaging.
+    #[must_use]
+    pub fn registering(mut self) -> Self {
+        let unwired: Arc<dyn Provider> = Arc::new(Unwired);
+        self.providers = Some(AwsProviders {
+            channels: Providers { email: unwired.clone(), sms: unwired, push: Arc::new(self.backend.push()) },
+            sms_secondary: None,
+        });
+        self
+    }
+
     /// With the signing keys and a public URL for the links: for the functions that sign or
     /// verify links and tokens. The keys come from `TIDINGS_SIGNING_KEYS`, else the SSM
     /// parameter `TIDINGS_SIGNING_KEY_PARAM` names (a function that never takes this step
@@ -356,9 +369,15 @@ mod tests {
         }
         assert!(providers.push.register_device(Platform::Android, "token").await.unwrap_err().is_retryable());
 
-        let sending = ports.sending().gated_providers();
+        let sending = ports.clone().sending().gated_providers();
         assert_ne!(sending.email.name(), "unwired");
         assert_ne!(sending.push.name(), "unwired");
+
+        // The API's step: push, to register devices; email and SMS never sent from there.
+        let registering = ports.registering().gated_providers();
+        assert_eq!(registering.email.name(), "unwired");
+        assert_eq!(registering.sms.name(), "unwired");
+        assert_eq!(registering.push.name(), sending.push.name());
     }
 
     /// The signing step refuses to start without a key (SSM is not asked when no parameter

@@ -97,32 +97,33 @@ pub mod consumers {
         const LINKED: LaneHandlers = LaneHandlers { stock_events: true, ..LaneHandlers::NONE };
     }
 
-    /// The handlers of the function named `function`, if it consumes lanes.
-    pub fn of(function: &str) -> Option<LaneHandlers> {
-        use crate::lanes::{CHANNEL_WORKER, ORCHESTRATOR, RESTOCK_SCAN, TICK};
-        match function {
-            ORCHESTRATOR => Some(Orchestrator::LINKED),
-            CHANNEL_WORKER => Some(ChannelWorker::LINKED),
-            TICK => Some(Tick::LINKED),
-            RESTOCK_SCAN => Some(RestockScan::LINKED),
-            _ => None,
-        }
-    }
-
     #[cfg(test)]
     mod tests {
+        use super::{ChannelWorker, Handlers, LaneHandlers, Orchestrator, RestockScan, Tick};
         use crate::lanes::Lane;
+
+        /// The handlers of the function named `function`, if it consumes lanes.
+        fn of(function: &str) -> Option<LaneHandlers> {
+            use crate::lanes::{CHANNEL_WORKER, ORCHESTRATOR, RESTOCK_SCAN, TICK};
+            match function {
+                ORCHESTRATOR => Some(Orchestrator::LINKED),
+                CHANNEL_WORKER => Some(ChannelWorker::LINKED),
+                TICK => Some(Tick::LINKED),
+                RESTOCK_SCAN => Some(RestockScan::LINKED),
+                _ => None,
+            }
+        }
 
         #[test]
         fn each_function_links_the_handlers_of_the_lanes_it_consumes_and_no_other() {
             let lanes = Lane::ALL;
             for function in ["orchestrator", "channel-worker", "tick", "restock-scan"] {
-                let linked = super::of(function).expect(function);
+                let linked = of(function).expect(function);
                 for lane in lanes {
                     assert_eq!(linked.has(lane), lane.consumer() == Some(function), "{function}, {lane}");
                 }
             }
-            assert_eq!(super::of("api"), None);
+            assert_eq!(of("api"), None);
         }
     }
 }
@@ -525,7 +526,8 @@ fn channel_batch<'a, H: Handlers>(
 fn handle_one<'a, H: Handlers>(deps: &'a Deps, lane: Lane, message: &'a Received) -> BoxFuture<'a, Outcome> {
     match lane {
         Lane::Requests(_) if H::LINKED.requests => Box::pin(handle::<Orchestrate>(deps, message)),
-        Lane::Channel(..) if H::LINKED.channel => {
+        // `channel_batch` is the guard: it refuses the lane when `H` does not link its handler.
+        Lane::Channel(..) => {
             Box::pin(async move { one_of(channel_batch::<H>(deps, lane, std::slice::from_ref(message), None).await) })
         }
         Lane::StockEvents if H::LINKED.stock_events => Box::pin(handle::<StockEventStep>(deps, message)),

@@ -4,7 +4,8 @@
 //! function's build after the first only links.
 //!
 //! Start-up wires only what the function uses, and each entry names it: the providers (SES,
-//! SNS, End User Messaging) only where it sends or registers devices ([`AwsPorts::sending`]),
+//! SNS, End User Messaging) only where it sends ([`AwsPorts::sending`]), SNS's push alone where
+//! it registers devices ([`AwsPorts::registering`]),
 //! the signing keys (an SSM parameter) only where it signs or verifies links and tokens
 //! ([`AwsPorts::signing`]; a function whose policy in `template.yaml` has no
 //! `ssm:GetParameter` never asks), live pushes only where they go out. These are calls, not
@@ -108,9 +109,9 @@ where
 /// The `api` function.
 ///
 /// It signs and verifies links and tokens (inbox tokens, tracking and unsubscribe links), and
-/// registers push devices with the provider.
+/// registers push devices with the provider (SNS); it sends nothing.
 pub fn api() -> ExitCode {
-    run(Function::Api, |ports| async move { serve_api(ports.signing().await?.sending()).await })
+    run(Function::Api, |ports| async move { serve_api(ports.signing().await?.registering()).await })
 }
 
 /// The `outbox-relay` function: the table, the queues and live pushes.
@@ -235,7 +236,63 @@ async fn serve_api(ports: AwsPorts) -> Result<(), lambda_runtime::Error> {
         tidings_core::gates::GateStore::Shared(ports.table.clone()),
     ));
     let app = tidings_api::app_with_limits(state, limits).layer(axum::middleware::map_request(source_ip));
-    lambda_http::run(app).await
+    lambda_http::run(lambda_http::service_fn(move |req: lambda_http::Request| {
+        use lambda_http::Service;
+        // The router is always ready (axum's `Router::poll_ready`), and never fails.
+        let answer = app.clone().call(req);
+        async move {
+            match answer.await {
+                Ok(res) => Ok::<_, lambda_http::Error>(Answer(res)),
+                Err(never) => match never {},
+            }
+        }
+    }))
+    .await
+}
+
+/// An answer of the router as API Gateway takes it: the body whole, as text when it is UTF-8
+/// (API Gateway passes it on as it is) and as base64 when it is not (gzipped files).
+///
+/// `lambda_http`'s own conversion (`impl IntoResponse for Response<B>`) picks text or binary by
+/// the content type and decodes text in the charset the type names through `encoding_rs`,
+/// whose tables were 0.28 MB of this function for charsets this API never answers in (every
+/// text it writes is UTF-8), and it panics on a body that fails to be read, where this answers
+/// the problem of a 500.
+struct Answer(axum::response::Response);
+
+impl lambda_http::IntoResponse for Answer {
+    fn into_response(
+        self,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = lambda_http::Response<lambda_http::Body>> + Send>> {
+        let (parts, body) = self.0.into_parts();
+        Box::pin(async move {
+            match axum::body::to_bytes(body, usize::MAX).await {
+                Ok(bytes) => lambda_http::Response::from_parts(parts, lambda_body(bytes.to_vec())),
+                Err(e) => {
+                    tracing::error!(error = %e, "the answer's body could not be read");
+                    let (parts, body) =
+                        axum::response::IntoResponse::into_response(tidings_api::problem::Problem::new(
+                            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                            "internal",
+                            "the answer could not be written: try again",
+                        ))
+                        .into_parts();
+                    let bytes = axum::body::to_bytes(body, usize::MAX).await.unwrap_or_default();
+                    lambda_http::Response::from_parts(parts, lambda_body(bytes.to_vec()))
+                }
+            }
+        })
+    }
+}
+
+fn lambda_body(bytes: Vec<u8>) -> lambda_http::Body {
+    if bytes.is_empty() {
+        return lambda_http::Body::Empty;
+    }
+    match String::from_utf8(bytes) {
+        Ok(text) => lambda_http::Body::Text(text),
+        Err(e) => lambda_http::Body::Binary(e.into_bytes()),
+    }
 }
 
 /// The client's address as API Gateway saw it (`requestContext.http.sourceIp`), for the public
@@ -309,6 +366,41 @@ async fn serve_ws_connections(ports: AwsPorts) -> Result<(), lambda_runtime::Err
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
+
+    /// Every answer reaches API Gateway with its bytes as they were written: UTF-8 as text
+    /// (JSON, problems, HTML whatever their type says), anything else (a gzipped file) as
+    /// binary, which lambda_http sends base64-encoded; no body, no body.
+    #[tokio::test]
+    async fn answers_go_to_api_gateway_as_written() {
+        use axum::response::IntoResponse;
+        use lambda_http::{Body, IntoResponse as _};
+        let gzipped: &[u8] = &[0x1f, 0x8b, 0x08, 0x00, 0xff, 0xfe];
+        let cases = [
+            (
+                (axum::http::StatusCode::CREATED, axum::Json(serde_json::json!({"é": "ü"}))).into_response(),
+                Body::Text(r#"{"é":"ü"}"#.into()),
+            ),
+            (
+                ([("content-type", "text/html; charset=windows-1252")], "<p>ok</p>").into_response(),
+                Body::Text("<p>ok</p>".into()),
+            ),
+            (
+                ([("content-type", "application/json"), ("content-encoding", "gzip")], gzipped).into_response(),
+                Body::Binary(gzipped.to_vec()),
+            ),
+            (
+                ([("content-type", "application/octet-stream")], "plain bytes").into_response(),
+                Body::Text("plain bytes".into()),
+            ),
+            (axum::http::StatusCode::NO_CONTENT.into_response(), Body::Empty),
+        ];
+        for (res, body) in cases {
+            let status = res.status();
+            let answered = super::Answer(res).into_response().await;
+            assert_eq!(answered.status(), status);
+            assert_eq!(answered.body(), &body, "{status}");
+        }
+    }
 
     /// The public routes' limits key on the address API Gateway saw, from the event itself.
     #[tokio::test]

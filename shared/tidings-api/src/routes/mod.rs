@@ -94,9 +94,7 @@ fn no_route(path: &str) -> Problem {
 /// Whether `path` matches a path of the OpenAPI document (`{param}` matches one segment).
 fn is_route(path: &str) -> bool {
     static TEMPLATES: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
-    let templates = TEMPLATES.get_or_init(|| {
-        openapi::document()["paths"].as_object().map(|p| p.keys().cloned().collect()).unwrap_or_default()
-    });
+    let templates = TEMPLATES.get_or_init(openapi::served_paths);
     let segments: Vec<&str> = path.split('/').collect();
     templates.iter().any(|t| {
         let parts: Vec<&str> = t.split('/').collect();

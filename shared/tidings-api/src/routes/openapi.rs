@@ -2,7 +2,6 @@
 //! attributes and the types' `ToSchema` derives, served at `GET /openapi.json`. Schemathesis
 //! fuzzes `tidings serve` with it in the test command (`infra/test.sh`).
 
-use axum::Json;
 use axum::Router;
 use axum::routing::get;
 use tidings_core::people::zones::Zone;
@@ -706,11 +705,62 @@ fn keys_sorted(value: serde_json::Value) -> serde_json::Value {
     }
 }
 
+/// The committed `openapi.json`, gzipped by the build (`build.rs`): what `GET /openapi.json`
+/// serves. Only `tidings openapi` builds the document from the handlers' annotations (and
+/// writes that file), so the server carries the text, not the code that makes it;
+/// `the_committed_openapi_json_is_the_served_document` keeps the two equal.
+const DOCUMENT_GZ: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/openapi.json.gz"));
+
+/// The served document, inflated once (for a client that does not take gzip, and the 404's
+/// list of routes).
+fn document_text() -> Option<&'static [u8]> {
+    static PLAIN: std::sync::OnceLock<Option<Vec<u8>>> = std::sync::OnceLock::new();
+    PLAIN.get_or_init(|| inflate(DOCUMENT_GZ).ok()).as_deref()
+}
+
+/// The paths of the served document (`/v1/users/{user_id}`, ...).
+pub(super) fn served_paths() -> Vec<String> {
+    #[derive(serde::Deserialize)]
+    struct Paths {
+        paths: serde_json::Map<String, serde_json::Value>,
+    }
+    document_text()
+        .and_then(|text| serde_json::from_slice::<Paths>(text).ok())
+        .map(|d| d.paths.into_iter().map(|(path, _)| path).collect())
+        .unwrap_or_default()
+}
+
+fn inflate(gzipped: &[u8]) -> std::io::Result<Vec<u8>> {
+    let mut plain = Vec::with_capacity(gzipped.len() * 8);
+    std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(gzipped), &mut plain)?;
+    Ok(plain)
+}
+
+/// `GET /openapi.json`: gzipped to a client that asks for gzip, plain to one that does not ask
+/// (tools that read the document seldom inflate an answer they did not ask to be coded).
+async fn openapi_json(headers: axum::http::HeaderMap) -> axum::response::Response {
+    use axum::http::header;
+    use axum::response::IntoResponse;
+    let common = [(header::CONTENT_TYPE, "application/json"), (header::VARY, "accept-encoding")];
+    if headers.contains_key(header::ACCEPT_ENCODING) && takes_gzip(&headers) {
+        return (common, [(header::CONTENT_ENCODING, "gzip")], DOCUMENT_GZ).into_response();
+    }
+    match document_text() {
+        Some(text) => (common, text).into_response(),
+        None => unavailable(),
+    }
+}
+
+fn unavailable() -> axum::response::Response {
+    use axum::response::IntoResponse;
+    Problem::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, "internal", "the API reference is unavailable")
+        .into_response()
+}
+
 pub(super) fn router() -> Router<AppState> {
-    let doc = document();
     Router::new()
         .route("/healthz", get(healthz))
-        .route("/openapi.json", get(move || async move { Json(doc) }))
+        .route("/openapi.json", get(openapi_json))
         .route("/docs", get(docs_page))
         .route("/docs/", get(docs_page))
         .route("/docs/{*file}", get(docs_file))
@@ -768,12 +818,9 @@ async fn docs_file(
     if takes_gzip(&headers) {
         return (common, [(header::CONTENT_ENCODING, "gzip")], gzipped).into_response();
     }
-    let mut plain = Vec::with_capacity(gzipped.len() * 4);
-    match std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(gzipped), &mut plain) {
-        Ok(_) => (common, plain).into_response(),
-        Err(_) => {
-            Problem::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "the docs page is unavailable").into_response()
-        }
+    match inflate(gzipped) {
+        Ok(plain) => (common, plain).into_response(),
+        Err(_) => unavailable(),
     }
 }
 
@@ -964,6 +1011,23 @@ mod tests {
             panic!("openapi.json differs from the served document at {first}; {regenerate}");
         }
         assert_eq!(std::fs::read_to_string(path).unwrap(), super::document_json().unwrap(), "formatting; {regenerate}");
+
+        // A client that asks for gzip gets the same document gzipped; one that refuses it, plain.
+        for (accept, gzipped) in [("gzip, deflate, br", true), ("identity", false), ("gzip;q=0", false)] {
+            let state = crate::AppState::of(crate::test_support::memory_deps());
+            let req = axum::http::Request::get("/openapi.json").header("accept-encoding", accept).body(Body::empty());
+            let res = crate::app(state).oneshot(req.unwrap()).await.unwrap();
+            assert_eq!(res.status(), 200, "{accept}");
+            assert_eq!(res.headers().get("content-encoding").is_some(), gzipped, "{accept}");
+            assert_eq!(res.headers()["content-type"], "application/json");
+            let bytes = res.into_body().collect().await.unwrap().to_bytes();
+            let text = if gzipped { super::inflate(&bytes).unwrap() } else { bytes.to_vec() };
+            assert_eq!(serde_json::from_slice::<serde_json::Value>(&text).unwrap(), served, "{accept}");
+        }
+        // The 404's list of routes is the document's.
+        let paths = super::served_paths();
+        assert_eq!(paths.len(), served["paths"].as_object().unwrap().len());
+        assert!(paths.iter().any(|p| p == "/v1/users/{user_id}"), "{paths:?}");
     }
 
     /// `GET /docs` is the reference page, without a key: HTML that loads the document and

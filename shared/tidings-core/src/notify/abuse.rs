@@ -114,10 +114,13 @@ impl AbuseGuard {
             None => {
                 let every =
                     crate::people::calling_codes::regions_of(number).is_some_and(|r| r.iter().all(|c| allowed(c)));
-                if !every {
+                // Once per process, not per send: a campaign to many such numbers would repeat
+                // it; each refused send says why itself (`country_not_allowed`).
+                static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+                if !every && !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
                     tracing::warn!(
                         "an SMS number stored without its country is refused by TIDINGS_SMS_COUNTRIES; \
-                         writing the user again records it"
+                         writing the user again records it (said once per process)"
                     );
                 }
                 every

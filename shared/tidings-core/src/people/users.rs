@@ -50,27 +50,24 @@ pub struct UserInput {
     pub timezone: Option<String>,
     #[serde(default)]
     pub tags: Vec<String>,
-    /// The phone's country: never given (not a field of the body); [`UserInput::validate`]
-    /// sets it from the phone, whatever it held.
-    #[serde(skip)]
-    pub phone_country: Option<String>,
 }
 
 impl UserInput {
-    /// Checks every field and puts the phone number in its E.164 form (`+14155550100`).
-    fn validate(&mut self) -> CoreResult<()> {
+    /// Checks every field and puts the phone number in its E.164 form (`+14155550100`); the
+    /// phone's country, when it has one (`User::phone_country`).
+    fn validate(&mut self) -> CoreResult<Option<String>> {
         if let Some(email) = &self.email
             && !is_email(email)
         {
             return Err(CoreError::invalid("email", "not one email address, e.g. alice@example.com"));
         }
-        self.phone_country = None;
+        let mut phone_country = None;
         if let Some(phone) = &self.phone {
             let (number, country) = e164_and_country(phone).ok_or_else(|| {
                 CoreError::invalid("phone", "not a valid phone number in E.164 form, e.g. +8613800001234")
             })?;
             self.phone = Some(number);
-            self.phone_country = country;
+            phone_country = country;
         }
         if let Some(locale) = &self.locale
             && (locale.is_empty()
@@ -90,7 +87,7 @@ impl UserInput {
         if self.tags.len() > 50 {
             return Err(CoreError::invalid("tags", "at most 50 tags"));
         }
-        Ok(())
+        Ok(phone_country)
     }
 }
 
@@ -130,14 +127,14 @@ const REVISION: &str = "rev";
 pub async fn put_user(deps: &Deps, t: &TenantId, user_id: &str, input: UserInput) -> CoreResult<User> {
     check_id("user_id", user_id)?;
     let mut input = input;
-    input.validate()?;
-    let user = user_of(deps, user_id, input);
+    let phone_country = input.validate()?;
+    let user = user_of(deps, user_id, input, phone_country);
     write_user(deps, t, &user).await?;
     Ok(user)
 }
 
 /// The user to store from checked input: tags once each, in their first order.
-fn user_of(deps: &Deps, user_id: &str, input: UserInput) -> User {
+fn user_of(deps: &Deps, user_id: &str, input: UserInput, phone_country: Option<String>) -> User {
     let mut tags = Vec::with_capacity(input.tags.len());
     for tag in input.tags {
         if !tags.contains(&tag) {
@@ -148,7 +145,7 @@ fn user_of(deps: &Deps, user_id: &str, input: UserInput) -> User {
         user_id: user_id.to_owned(),
         email: input.email,
         phone: input.phone,
-        phone_country: input.phone_country,
+        phone_country,
         locale: input.locale,
         timezone: input.timezone,
         tags,
@@ -253,7 +250,7 @@ impl BatchUser {
 
     fn into_input(self) -> (String, UserInput) {
         let BatchUser { user_id, email, phone, locale, timezone, tags } = self;
-        (user_id, UserInput { email, phone, locale, timezone, tags, phone_country: None })
+        (user_id, UserInput { email, phone, locale, timezone, tags })
     }
 }
 
@@ -320,14 +317,14 @@ pub async fn put_users(deps: &Deps, t: &TenantId, users: Vec<(usize, BatchUser)>
     let mut seen: std::collections::HashMap<String, usize> = std::collections::HashMap::with_capacity(users.len());
     for (index, batch_user) in users {
         let (user_id, mut input) = batch_user.into_input();
-        if let Err(e) = check_id("user_id", &user_id).and_then(|()| input.validate()) {
-            let (field, detail) = match e {
-                CoreError::Invalid { field, detail } => (field, detail),
-                other => return Err(other),
-            };
-            outcome.errors.push(BatchError::new(index, &field, detail));
-            continue;
-        }
+        let phone_country = match check_id("user_id", &user_id).and_then(|()| input.validate()) {
+            Ok(country) => country,
+            Err(CoreError::Invalid { field, detail }) => {
+                outcome.errors.push(BatchError::new(index, &field, detail));
+                continue;
+            }
+            Err(other) => return Err(other),
+        };
         if let Some(first) = seen.get(&user_id) {
             outcome.errors.push(BatchError::new(
                 index,
@@ -337,7 +334,7 @@ pub async fn put_users(deps: &Deps, t: &TenantId, users: Vec<(usize, BatchUser)>
             continue;
         }
         seen.insert(user_id.clone(), index);
-        checked.push(user_of(deps, &user_id, input));
+        checked.push(user_of(deps, &user_id, input, phone_country));
     }
     let mut read_keys = Vec::with_capacity(checked.len() * 2);
     for user in &checked {
@@ -481,8 +478,11 @@ mod tests {
             assert_eq!(field_of(input), Some("phone".into()), "{bad:?}");
         }
         let mut input = UserInput { phone: Some("+1 (415) 555-0100".into()), ..UserInput::default() };
-        assert!(input.validate().is_ok());
+        assert_eq!(input.validate().unwrap().as_deref(), Some("US"));
         assert_eq!(input.phone.as_deref(), Some("+14155550100"));
+        let mut input = UserInput { phone: Some("+800 1234 5678".into()), ..UserInput::default() };
+        assert_eq!(input.validate().unwrap(), None, "a code of no country");
+        assert_eq!(UserInput::default().validate().unwrap(), None, "no phone");
         assert_eq!(e164("+8613800001234").as_deref(), Some("+8613800001234"));
     }
 }

@@ -44,6 +44,11 @@ impl Zone {
         names
     }
 
+    /// Every zone of the database, each looked up once (in the database's order).
+    pub fn all() -> impl Iterator<Item = Zone> {
+        jiff::tz::db().available().filter_map(|name| Self::named(name.as_str()))
+    }
+
     /// The wall-clock time in this zone at `at`.
     pub fn local(&self, at: DateTime<Utc>) -> NaiveDateTime {
         let offset = jiff::Timestamp::from_second(at.timestamp()).map(|ts| self.0.to_offset(ts).seconds()).unwrap_or(0);
@@ -105,6 +110,9 @@ mod tests {
         assert!(names.windows(2).all(|w| w[0] < w[1]), "sorted, once each");
         assert!(names.iter().all(|n| Zone::named(n).is_some()), "every listed name is taken");
         assert!(!names.iter().any(|n| n == "Factory"));
+        let mut all: Vec<String> = Zone::all().filter_map(|z| z.0.iana_name().map(str::to_owned)).collect();
+        all.sort_unstable();
+        assert_eq!(all, names, "every zone, once, the same as the names");
     }
 
     #[test]

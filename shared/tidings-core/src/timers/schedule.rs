@@ -48,12 +48,7 @@ pub async fn on_scheduled(deps: &Deps, t: &TenantId, n: &Notification) -> CoreRe
         // wall-clock time comes, and each member whose time has not come yet waits for it
         // (a deferred delivery and its timer; `policy::check`).
         let wall = send_at.naive_utc();
-        let earliest = Zone::names()
-            .iter()
-            .filter_map(|name| Zone::named(name))
-            .map(|tz| tz.instant(wall.date(), wall.time()))
-            .min()
-            .unwrap_or(send_at);
+        let earliest = Zone::all().map(|tz| tz.instant(wall.date(), wall.time())).min().unwrap_or(send_at);
         return timer::schedule(deps, earliest, task(None, 0, 1)).await;
     }
     let groups = local_groups(deps, t, n, send_at).await?;
