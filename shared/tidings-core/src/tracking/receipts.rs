@@ -22,15 +22,16 @@
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
-use rsa::RsaPublicKey;
-use rsa::pkcs1v15::{Signature, VerifyingKey};
-use rsa::pkcs8::DecodePublicKey;
-use rsa::signature::Verifier;
+use ring::signature::{self, UnparsedPublicKey, VerificationAlgorithm};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tracing::{info, warn};
 use x509_cert::Certificate;
-use x509_cert::der::{DecodePem, Encode};
+use x509_cert::der::DecodePem;
+use x509_cert::der::oid::ObjectIdentifier;
+
+/// `rsaEncryption` (RFC 8017, A.1): the key of SNS's signing certificates.
+const RSA_ENCRYPTION: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.1");
 
 use crate::deps::Deps;
 use crate::error::CoreResult;
@@ -212,25 +213,28 @@ impl SnsMessage {
         Ok(out)
     }
 
-    /// Verifies the signature against a PEM certificate.
+    /// Verifies the signature against a PEM certificate: RSA (PKCS #1 v1.5, 2048 to 8192
+    /// bits) over the canonical string, with SHA-1 (`SignatureVersion` 1) or SHA-256 (2).
     pub fn verify_with_cert(&self, cert_pem: &str) -> Result<(), VerifyError> {
         let cert =
             Certificate::from_pem(cert_pem.as_bytes()).map_err(|e| VerifyError::BadCertificate(e.to_string()))?;
-        let spki = cert
-            .tbs_certificate
-            .subject_public_key_info
-            .to_der()
-            .map_err(|e| VerifyError::BadCertificate(e.to_string()))?;
-        let key = RsaPublicKey::from_public_key_der(&spki).map_err(|e| VerifyError::BadCertificate(e.to_string()))?;
-        let canonical = self.canonical()?;
-        let sig = B64.decode(self.signature.trim()).map_err(|_| VerifyError::BadSignature)?;
-        let sig = Signature::try_from(sig.as_slice()).map_err(|_| VerifyError::BadSignature)?;
-        let ok = match self.signature_version.as_str() {
-            "1" => VerifyingKey::<sha1::Sha1>::new(key).verify(canonical.as_bytes(), &sig).is_ok(),
-            "2" => VerifyingKey::<sha2::Sha256>::new(key).verify(canonical.as_bytes(), &sig).is_ok(),
+        let spki = &cert.tbs_certificate.subject_public_key_info;
+        if spki.algorithm.oid != RSA_ENCRYPTION {
+            return Err(VerifyError::BadCertificate(format!("a key of {}, not RSA", spki.algorithm.oid)));
+        }
+        // The subject's RSAPublicKey (RFC 8017, A.1.1), as ring reads it.
+        let key = spki
+            .subject_public_key
+            .as_bytes()
+            .ok_or_else(|| VerifyError::BadCertificate("a public key of a partial byte".into()))?;
+        let algorithm: &'static dyn VerificationAlgorithm = match self.signature_version.as_str() {
+            "1" => &signature::RSA_PKCS1_2048_8192_SHA1_FOR_LEGACY_USE_ONLY,
+            "2" => &signature::RSA_PKCS1_2048_8192_SHA256,
             v => return Err(VerifyError::UnsupportedVersion(v.chars().take(10).collect())),
         };
-        if ok { Ok(()) } else { Err(VerifyError::BadSignature) }
+        let canonical = self.canonical()?;
+        let sig = B64.decode(self.signature.trim()).map_err(|_| VerifyError::BadSignature)?;
+        UnparsedPublicKey::new(algorithm, key).verify(canonical.as_bytes(), &sig).map_err(|_| VerifyError::BadSignature)
     }
 }
 
@@ -559,6 +563,12 @@ mod tests {
         }
         let m = SnsMessage { signature_version: "3".into(), ..signed("2") };
         assert!(matches!(m.verify_with_cert(CERT), Err(VerifyError::UnsupportedVersion(_))));
+        // Signed with SHA-256 but said to be version 1 (SHA-1): not verified.
+        let m = SnsMessage { signature_version: "1".into(), ..signed("2") };
+        assert_eq!(m.verify_with_cert(CERT), Err(VerifyError::BadSignature));
+        // A certificate of another key type is refused as such.
+        let ec = include_str!("../../../../tests/fixtures/sns/test-ec-cert.pem");
+        assert!(matches!(signed("2").verify_with_cert(ec), Err(VerifyError::BadCertificate(_))));
     }
 
     #[test]
