@@ -114,6 +114,9 @@ pub fn the_bootstraps_are_built_for_size_and_unwind() -> anyhow::Result<()> {
             assert_eq!(calls_providers, expected, "{id} reaches a provider call but has no providers");
             assert_eq!(email_and_sms, [false; 3], "{id} links an email or SMS provider but sends nothing");
         }
+        // The console and the development hooks are `tidings serve`'s (`deployed_app`): no
+        // function carries the console's charts or the hooks' routes.
+        assert!(!has("uPlot") && !has("/dev/clock/advance"), "{id} links the console or the /dev routes");
         report.push(format!("{id} {mb:.1} MB (landing pads {} KB, relocations {relocations} B)", pads / 1000));
     }
     println!("bootstraps: {}", report.join(", "));

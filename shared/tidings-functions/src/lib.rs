@@ -235,7 +235,7 @@ async fn serve_api(ports: AwsPorts) -> Result<(), lambda_runtime::Error> {
         rates,
         tidings_core::gates::GateStore::Shared(ports.table.clone()),
     ));
-    let app = tidings_api::app_with_limits(state, limits).layer(axum::middleware::map_request(source_ip));
+    let app = tidings_api::deployed_app(state, limits).layer(axum::middleware::map_request(source_ip));
     lambda_http::run(lambda_http::service_fn(move |req: lambda_http::Request| {
         use lambda_http::Service;
         // The router is always ready (axum's `Router::poll_ready`), and never fails.

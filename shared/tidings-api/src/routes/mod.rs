@@ -38,10 +38,28 @@ pub fn app(state: AppState) -> Router {
     app_with_limits(state, std::sync::Arc::new(tidings_core::gates::api::ApiLimits::off()))
 }
 
-/// The whole API behind its rate limits (`crate::limits`): what `tidings serve` and the `api`
-/// function run.
+/// The whole API behind its rate limits (`crate::limits`), with the local-development hooks
+/// (`/dev/*`) and the console when the state has them (`tidings serve --dev`): what `tidings
+/// serve` runs.
 pub fn app_with_limits(state: AppState, limits: std::sync::Arc<tidings_core::gates::api::ApiLimits>) -> Router {
-    let mut router = Router::new()
+    let mut router = routes();
+    if state.dev.is_some() {
+        router = router.merge(dev::router()).merge(console::router());
+    }
+    finish(router, state, limits)
+}
+
+/// What a deployment serves (the `api` function): the API behind its rate limits, never the
+/// development hooks or the console, whatever the state holds. A choice made by the caller, not
+/// read from the state, so that the function does not link them (their handlers and the
+/// console's page and scripts).
+pub fn deployed_app(state: AppState, limits: std::sync::Arc<tidings_core::gates::api::ApiLimits>) -> Router {
+    finish(routes(), state, limits)
+}
+
+/// Every route of the API proper.
+fn routes() -> Router<AppState> {
+    Router::new()
         .merge(openapi::router())
         .merge(elements::router())
         .merge(users::router())
@@ -60,10 +78,15 @@ pub fn app_with_limits(state: AppState, limits: std::sync::Arc<tidings_core::gat
         .merge(webhooks::router())
         .merge(workflows::router())
         .merge(me::router())
-        .merge(site::router());
-    if state.dev.is_some() {
-        router = router.merge(dev::router()).merge(console::router());
-    }
+        .merge(site::router())
+}
+
+/// The fallbacks and the layers every request passes.
+fn finish(
+    router: Router<AppState>,
+    state: AppState,
+    limits: std::sync::Arc<tidings_core::gates::api::ApiLimits>,
+) -> Router {
     router
         .fallback(|uri: axum::http::Uri| async move { no_route(uri.path()) })
         .method_not_allowed_fallback(|| async {
