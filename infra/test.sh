@@ -48,6 +48,14 @@ export TIDINGS_TEST_PYTHON="$PWD/infra/.venv/bin/python"
 
 echo "== the deploy build: sam build, one arm64 bootstrap per function (the end-to-end suite runs them)"
 bash infra/sam.sh
+# The tests run the bootstraps sam build copied into .aws-sam/build, not cargo's arm64 build
+# directory (3-4 GB). Where the disk is short for the debug builds to come, that directory goes:
+# the next `make test` then builds the functions from the start (15 minutes) instead of reusing it.
+avail_kb=$(df -Pk . | awk 'NR==2 {print $4}')
+if [ "$avail_kb" -lt $(( 12 * 1024 * 1024 )) ]; then
+    echo "== disk: $(( avail_kb / 1024 / 1024 )) GB free after sam build; removing target/aarch64-unknown-linux-gnu and target/lambda"
+    rm -rf target/aarch64-unknown-linux-gnu target/lambda
+fi
 
 echo "== build (the tidings binary with the AWS backend and crash points, for the end-to-end tests)"
 cargo build --locked -p tidings --features aws,crash-points
