@@ -73,10 +73,11 @@ fn link(body: &str, kind: &str) -> anyhow::Result<String> {
     Ok(format!("{marker}{}", tail.split('"').next().unwrap_or_default()))
 }
 
-/// Every open and click answered by an API environment that is stopped as soon as it answers
-/// is recorded: the route queued it before answering, and the timers' function applied it.
+/// Every open and click answered by an environment of the `public-api` function (API Gateway's
+/// routes for `/t/...`) that is stopped as soon as it answers is recorded: the route queued it
+/// before answering, and the timers' function applied it.
 pub async fn opens_and_clicks_under_environments_frozen_after_answering_are_all_recorded() -> anyhow::Result<()> {
-    let s = Stack::start(Options { never_thawed: vec!["api"], ..Options::default() }).await?;
+    let s = Stack::start(Options { never_thawed: vec!["api", "public-api"], ..Options::default() }).await?;
     let readers = ["r0@example.com", "r1@example.com", "r2@example.com", "r3@example.com"];
     shop(&s, &readers).await?;
     let users = ["u0", "u1", "u2", "u3"];
@@ -110,9 +111,11 @@ pub async fn opens_and_clicks_under_environments_frozen_after_answering_are_all_
     .await?;
     let view = ok(&s, "GET", &format!("/v1/notifications/{id}"), None).await?;
     assert_eq!(view["counts"]["delivered"], 4, "each counted once: {view}");
-    // Every API environment was stopped once it answered: no answer left work behind it.
-    let api = s.stats()["api"].clone();
-    assert!(api.cold_starts as u64 >= api.invocations, "the api was thawed: {api:?}");
+    // Every environment of the public routes answered the 3 opens and 4 clicks and was stopped
+    // once it answered: no answer left work behind it.
+    let public = s.stats()["public-api"].clone();
+    assert!(public.invocations >= 7, "the opens and clicks went to the public-api function: {public:?}");
+    assert!(public.cold_starts as u64 >= public.invocations, "the public-api was thawed: {public:?}");
     assert!(s.refused().is_empty(), "{:?}", s.refused());
     Ok(())
 }

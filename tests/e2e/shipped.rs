@@ -359,9 +359,17 @@ pub async fn a_day_of_a_shop_through_the_function_binaries() -> anyhow::Result<(
     eprintln!("requests by function: {}", serde_json::to_string_pretty(&requests)?);
     eprintln!("functions: {}", serde_json::to_string_pretty(&s.stats())?);
     println!("lambda budget: {}", s.budget());
-    for f in
-        ["api", "outbox-relay", "orchestrator", "channel-worker", "tick", "reconcile", "restock-scan", "ws-connections"]
-    {
+    for f in [
+        "api",
+        "public-api",
+        "outbox-relay",
+        "orchestrator",
+        "channel-worker",
+        "tick",
+        "reconcile",
+        "restock-scan",
+        "ws-connections",
+    ] {
         assert!(requests.contains_key(f), "{f} made no request: {requests:?}");
     }
     assert_eq!(s.stream_given_up.load(std::sync::atomic::Ordering::SeqCst), 0, "no stream record was given up");

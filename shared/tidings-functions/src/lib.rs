@@ -24,9 +24,12 @@ use tidings_core::router::{Handlers, consumers};
 /// The functions of `template.yaml`, by their binary names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Function {
-    /// The HTTP API behind API Gateway (HTTP API, payload 2.0): the axum router `tidings serve`
-    /// serves locally.
+    /// The HTTP API behind API Gateway (HTTP API, payload 2.0): the shop's routes of the axum
+    /// router `tidings serve` serves locally.
     Api,
+    /// The buyers' routes of the same HTTP API (tracking, unsubscribe, the preferences page,
+    /// `/v1/me`, the site elements), behind their own API Gateway routes.
+    PublicApi,
     /// The table's stream (filtered to new notifications, campaign pages, stock items and inbox
     /// messages) → request queues and live pushes.
     OutboxRelay,
@@ -50,6 +53,7 @@ impl Function {
     pub fn name(self) -> &'static str {
         match self {
             Function::Api => "api",
+            Function::PublicApi => "public-api",
             Function::OutboxRelay => "outbox-relay",
             Function::Orchestrator => "orchestrator",
             Function::ChannelWorker => "channel-worker",
@@ -108,10 +112,20 @@ where
 
 /// The `api` function.
 ///
-/// It signs and verifies links and tokens (inbox tokens, tracking and unsubscribe links), and
+/// It signs the inbox's user tokens and
 /// registers push devices with the provider (SNS); it sends nothing.
 pub fn api() -> ExitCode {
-    run(Function::Api, |ports| async move { serve_api(ports.signing().await?.registering()).await })
+    run(Function::Api, |ports| async move {
+        serve_http(ports.signing().await?.registering(), tidings_api::deployed_app).await
+    })
+}
+
+/// The `public-api` function: the routes a buyer or a provider reaches without an API key.
+///
+/// It verifies links and tokens (signing keys), and holds no provider: it registers no device
+/// and sends nothing.
+pub fn public_api() -> ExitCode {
+    run(Function::PublicApi, |ports| async move { serve_http(ports.signing().await?, tidings_api::public_app).await })
 }
 
 /// The `outbox-relay` function: the table, the queues and live pushes.
@@ -221,7 +235,11 @@ pub fn ws_connections() -> ExitCode {
     run(Function::WsConnections, |ports| async move { serve_ws_connections(ports.signing().await?).await })
 }
 
-async fn serve_api(ports: AwsPorts) -> Result<(), lambda_runtime::Error> {
+/// Serves `app`'s routes (the [`api`]'s or the [`public_api`]'s) to API Gateway.
+async fn serve_http<A>(ports: AwsPorts, app: A) -> Result<(), lambda_runtime::Error>
+where
+    A: FnOnce(tidings_api::AppState, Arc<tidings_core::gates::api::ApiLimits>) -> axum::Router,
+{
     let queue_names: Vec<String> = tidings_lambda::ALL_QUEUES.iter().map(|q| (*q).to_owned()).collect();
     let state = tidings_api::AppState::new(tidings_api::AppParts {
         deps: ports.deps(),
@@ -235,7 +253,7 @@ async fn serve_api(ports: AwsPorts) -> Result<(), lambda_runtime::Error> {
         rates,
         tidings_core::gates::GateStore::Shared(ports.table.clone()),
     ));
-    let app = tidings_api::deployed_app(state, limits).layer(axum::middleware::map_request(source_ip));
+    let app = app(state, limits).layer(axum::middleware::map_request(source_ip));
     lambda_http::run(lambda_http::service_fn(move |req: lambda_http::Request| {
         use lambda_http::Service;
         // The router is always ready (axum's `Router::poll_ready`), and never fails.

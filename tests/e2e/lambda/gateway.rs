@@ -1,5 +1,6 @@
-//! API Gateway in front of the functions: the HTTP API (payload format 2.0) for the `api`
-//! function, and the WebSocket API of the inbox's live feed (`$connect`, `$disconnect`,
+//! API Gateway in front of the functions: the HTTP API (payload format 2.0), whose routes
+//! (`template.yaml`'s `HttpApi` events) send each request to the `api` or the `public-api`
+//! function as API Gateway picks among them, and the WebSocket API of the inbox's live feed (`$connect`, `$disconnect`,
 //! `$default`) for `ws-connections`, with its `@connections` management endpoint.
 
 use std::collections::BTreeMap;
@@ -25,8 +26,107 @@ const MAX_PAYLOAD: usize = 6 * 1024 * 1024;
 
 #[derive(Clone)]
 pub struct HttpApi {
-    pub function: Arc<Function>,
+    pub routes: Arc<Vec<Route<Arc<Function>>>>,
     pub api_id: String,
+}
+
+/// One segment of a route's path.
+#[derive(Clone, Debug, PartialEq)]
+enum Segment {
+    Literal(String),
+    /// `{name}`: one segment.
+    Variable(String),
+    /// `{name+}`: the rest of the path, at least one segment.
+    Greedy(String),
+}
+
+/// How specifically a route matches a request: no greedy variable, its literal segments, a
+/// method rather than `ANY`; the greater wins.
+type Specificity = (bool, usize, bool);
+
+/// A route of the HTTP API (`ANY /t/{proxy+}`) and what it invokes (the function; its binary's
+/// name where no function runs).
+#[derive(Clone)]
+pub struct Route<F> {
+    /// `ANY` or a method, as the template writes it.
+    method: String,
+    path: String,
+    segments: Vec<Segment>,
+    pub function: F,
+}
+
+impl<F> Route<F> {
+    pub fn new(method: &str, path: &str, function: F) -> Self {
+        let segments = path
+            .split('/')
+            .filter(|s| !s.is_empty())
+            .map(|s| match s.strip_prefix('{').and_then(|s| s.strip_suffix('}')) {
+                Some(name) => match name.strip_suffix('+') {
+                    Some(name) => Segment::Greedy(name.to_owned()),
+                    None => Segment::Variable(name.to_owned()),
+                },
+                None => Segment::Literal(s.to_owned()),
+            })
+            .collect();
+        Route { method: method.to_uppercase(), path: path.to_owned(), segments, function }
+    }
+
+    /// `ANY /t/{proxy+}`: the event's `routeKey`.
+    pub fn key(&self) -> String {
+        format!("{} {}", self.method, self.path)
+    }
+
+    /// How specifically this route matches `method` and `path`, and the path's parameters; `None`
+    /// when it does not. API Gateway takes the most specific: a route without a greedy variable
+    /// over one with, more literal segments over fewer, a method over `ANY`.
+    fn matching(&self, method: &Method, path: &str) -> Option<(Specificity, BTreeMap<String, String>)> {
+        let specific = self.method != "ANY";
+        if specific && self.method != method.as_str() {
+            return None;
+        }
+        let parts: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+        let mut params = BTreeMap::new();
+        let (mut literals, mut greedy) = (0, false);
+        for (i, segment) in self.segments.iter().enumerate() {
+            match segment {
+                Segment::Literal(l) => {
+                    if parts.get(i) != Some(&l.as_str()) {
+                        return None;
+                    }
+                    literals += 1;
+                }
+                Segment::Variable(name) => {
+                    params.insert(name.clone(), (*parts.get(i)?).to_owned());
+                }
+                Segment::Greedy(name) => {
+                    if parts.len() <= i {
+                        return None;
+                    }
+                    params.insert(name.clone(), parts[i..].join("/"));
+                    greedy = true;
+                    break;
+                }
+            }
+        }
+        if !greedy && parts.len() != self.segments.len() {
+            return None;
+        }
+        Some(((!greedy, literals, specific), params))
+    }
+}
+
+/// The route API Gateway sends `method` `path` to, with the path's parameters; `None` when no
+/// route matches (API Gateway answers 404 itself).
+pub fn route_of<'r, F>(
+    routes: &'r [Route<F>],
+    method: &Method,
+    path: &str,
+) -> Option<(&'r Route<F>, BTreeMap<String, String>)> {
+    routes
+        .iter()
+        .filter_map(|r| r.matching(method, path).map(|(rank, params)| (rank, r, params)))
+        .max_by_key(|(rank, _, _)| *rank)
+        .map(|(_, r, params)| (r, params))
 }
 
 fn now() -> (String, i64) {
@@ -35,7 +135,15 @@ fn now() -> (String, i64) {
 }
 
 /// The payload-2.0 event for a request.
-pub fn http_event(api_id: &str, method: &Method, uri: &Uri, headers: &HeaderMap, body: &[u8]) -> Value {
+pub fn http_event(
+    api_id: &str,
+    route: (&str, &BTreeMap<String, String>),
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Value {
+    let (route_key, path_parameters) = route;
     let mut joined: BTreeMap<String, String> = BTreeMap::new();
     let mut cookies = Vec::new();
     for (k, v) in headers {
@@ -58,16 +166,16 @@ pub fn http_event(api_id: &str, method: &Method, uri: &Uri, headers: &HeaderMap,
     let path = uri.path().to_owned();
     json!({
         "version": "2.0",
-        "routeKey": if path == "/" { "ANY /" } else { "ANY /{proxy+}" },
+        "routeKey": route_key,
         "rawPath": path,
         "rawQueryString": query,
         "cookies": if cookies.is_empty() { Value::Null } else { json!(cookies) },
         "headers": joined,
         "queryStringParameters": if params.is_empty() { Value::Null } else { json!(params) },
-        "pathParameters": if path == "/" { Value::Null } else { json!({"proxy": path.trim_start_matches('/')}) },
+        "pathParameters": if path_parameters.is_empty() { Value::Null } else { json!(path_parameters) },
         "requestContext": {
             "accountId": ACCOUNT, "apiId": api_id, "domainName": format!("{api_id}.execute-api.us-east-1.amazonaws.com"),
-            "domainPrefix": api_id, "requestId": uuid::Uuid::new_v4().to_string(), "routeKey": if path == "/" { "ANY /" } else { "ANY /{proxy+}" },
+            "domainPrefix": api_id, "requestId": uuid::Uuid::new_v4().to_string(), "routeKey": route_key,
             "stage": "$default", "time": time, "timeEpoch": epoch,
             "http": {"method": method.as_str(), "path": path, "protocol": "HTTP/1.1",
                      "sourceIp": headers.get("x-harness-source-ip").and_then(|v| v.to_str().ok()).unwrap_or("127.0.0.1"),
@@ -117,8 +225,11 @@ async fn proxy(State(api): State<HttpApi>, method: Method, uri: Uri, headers: He
     if body.len() > MAX_PAYLOAD {
         return (StatusCode::PAYLOAD_TOO_LARGE, "{\"message\":\"Request Entity Too Large\"}").into_response();
     }
-    let event = http_event(&api.api_id, &method, &uri, &headers, &body);
-    match api.function.invoke(Function::json(&event)).await {
+    let Some((route, params)) = route_of(&api.routes, &method, uri.path()) else {
+        return (StatusCode::NOT_FOUND, "{\"message\":\"Not Found\"}").into_response();
+    };
+    let event = http_event(&api.api_id, (&route.key(), &params), &method, &uri, &headers, &body);
+    match route.function.invoke(Function::json(&event)).await {
         Ok(inv) => match inv.payload {
             Ok(payload) => http_response(&payload),
             Err(_) if inv.timed_out => {
@@ -252,4 +363,121 @@ async fn manage(
 pub fn ws_router(api: WebSocketApi) -> Router {
     let stage = format!("/{}", api.stage);
     Router::new().route(&stage, get(connect)).route("/{stage}/@connections/{id}", any(manage)).with_state(api)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::collections::BTreeMap;
+
+    use axum::body::Body;
+    use axum::http::{Method, Request};
+    use http_body_util::BodyExt;
+    use serde_json::Value;
+    use tower::ServiceExt;
+
+    use super::{Route, route_of};
+    use crate::lambda::template::{self, Source};
+
+    fn picked(routes: &[Route<&'static str>], method: Method, path: &str) -> Option<(String, Value)> {
+        route_of(routes, &method, path)
+            .map(|(r, params)| (format!("{} {}", r.function, r.key()), serde_json::json!(params)))
+    }
+
+    /// The harness picks a route as API Gateway's HTTP API does: a literal segment over a
+    /// variable, a variable over a greedy tail, a method over `ANY`; a greedy tail takes one
+    /// segment at least, so `/t` is not `/t/{proxy+}`'s.
+    #[test]
+    fn the_gateway_picks_the_most_specific_route() {
+        let routes = [
+            Route::new("ANY", "/{proxy+}", "api"),
+            Route::new("ANY", "/", "api"),
+            Route::new("ANY", "/t/{proxy+}", "public"),
+            Route::new("ANY", "/v1/me/{proxy+}", "public"),
+            Route::new("GET", "/v1/x/{id}", "get-x"),
+            Route::new("ANY", "/v1/x/{id}", "any-x"),
+        ];
+        let p = |m, path| picked(&routes, m, path).map(|(r, _)| r);
+        assert_eq!(p(Method::GET, "/t/o/abc").as_deref(), Some("public ANY /t/{proxy+}"));
+        assert_eq!(picked(&routes, Method::GET, "/t/o/abc").unwrap().1, serde_json::json!({"proxy": "o/abc"}));
+        assert_eq!(p(Method::GET, "/t").as_deref(), Some("api ANY /{proxy+}"));
+        assert_eq!(p(Method::GET, "/").as_deref(), Some("api ANY /"));
+        assert_eq!(p(Method::POST, "/v1/me/inbox/read-all").as_deref(), Some("public ANY /v1/me/{proxy+}"));
+        assert_eq!(p(Method::GET, "/v1/meter").as_deref(), Some("api ANY /{proxy+}"));
+        assert_eq!(p(Method::GET, "/v1/x/7").as_deref(), Some("get-x GET /v1/x/{id}"));
+        assert_eq!(picked(&routes, Method::GET, "/v1/x/7").unwrap().1, serde_json::json!({"id": "7"}));
+        assert_eq!(p(Method::PUT, "/v1/x/7").as_deref(), Some("any-x ANY /v1/x/{id}"));
+        assert_eq!(p(Method::PUT, "/v1/x/7/y").as_deref(), Some("api ANY /{proxy+}"));
+        assert_eq!(picked(&routes[2..], Method::GET, "/v1/users"), None);
+    }
+
+    /// Every path and method of the committed reference, sent through `template.yaml`'s routes,
+    /// reaches a function whose router has that route: the `api` function's
+    /// (`tidings_api::deployed_app`) or the `public-api` function's (`public_app`). A route
+    /// added to one router but routed by the template to the other fails here, as it would fail
+    /// deployed (a 404 `no_route`, or a 405).
+    #[tokio::test]
+    async fn every_path_of_the_reference_reaches_a_function_that_serves_it() {
+        let spec = template::stack_for_tests().unwrap();
+        let routes: Vec<Route<String>> = spec
+            .functions
+            .iter()
+            .flat_map(|f| {
+                f.sources.values().filter_map(|s| match s {
+                    Source::HttpApi { method, path } => Some(Route::new(method, path, f.binary.clone())),
+                    _ => None,
+                })
+            })
+            .collect();
+        let binaries: std::collections::BTreeSet<&str> = routes.iter().map(|r| r.function.as_str()).collect();
+        assert_eq!(binaries, ["api", "public-api"].into(), "the functions behind the HTTP API");
+
+        let store = tidings_embedded::EmbeddedStore::in_memory().unwrap();
+        let deps = tidings_embedded::test_world::TestWorld::builder().system_clock().store(store).build().deps;
+        let state = tidings_api::AppState::of(deps);
+        let limits = || std::sync::Arc::new(tidings_core::gates::api::ApiLimits::off());
+        let api = tidings_api::deployed_app(state.clone(), limits());
+        let public = tidings_api::public_app(state, limits());
+
+        let reference: Value = serde_json::from_str(include_str!("../../../openapi.json")).unwrap();
+        let mut checked = BTreeMap::<String, usize>::new();
+        for (path, operations) in reference["paths"].as_object().unwrap() {
+            if path.starts_with("/dev/") || path == "/v1/ws" {
+                // `tidings serve --dev` only; the live feed, which on AWS is the WebSocket API's
+                // (the api answers it `no_route`, naming that)
+                continue;
+            }
+            let concrete: String =
+                path.split('/').map(|s| if s.starts_with('{') { "x1" } else { s }).collect::<Vec<_>>().join("/");
+            for method in operations.as_object().unwrap().keys() {
+                let method: Method = method.to_uppercase().parse().unwrap();
+                let (route, _) = route_of(&routes, &method, &concrete)
+                    .unwrap_or_else(|| panic!("{method} {path}: no route of template.yaml takes it"));
+                let app = if route.function == "public-api" { &public } else { &api };
+                let req = Request::builder().method(method.clone()).uri(&concrete).body(Body::empty()).unwrap();
+                let res = app.clone().oneshot(req).await.unwrap();
+                let status = res.status().as_u16();
+                let body = res.into_body().collect().await.unwrap().to_bytes();
+                let problem: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                assert!(
+                    status != 405 && problem["code"] != "no_route",
+                    "{method} {path}: routed to {} ({}), whose router does not have it: {status} {problem}",
+                    route.function,
+                    route.key(),
+                );
+                *checked.entry(route.function.clone()).or_default() += 1;
+            }
+        }
+        // Both functions serve some of the reference; tracking, unsubscribe and `/v1/me` are the
+        // public one's, the providers' callbacks the api's.
+        assert!(checked.get("api").copied().unwrap_or(0) > 40, "{checked:?}");
+        assert!(checked.get("public-api").copied().unwrap_or(0) >= 10, "{checked:?}");
+        for (method, path) in [(Method::GET, "/t/o/x1"), (Method::POST, "/u/x1"), (Method::GET, "/v1/me/inbox")] {
+            assert_eq!(route_of(&routes, &method, path).unwrap().0.function, "public-api", "{method} {path}");
+        }
+        for (method, path) in [(Method::GET, "/v1/users"), (Method::POST, "/v1/callbacks/ses"), (Method::GET, "/")] {
+            assert_eq!(route_of(&routes, &method, path).unwrap().0.function, "api", "{method} {path}");
+        }
+    }
 }

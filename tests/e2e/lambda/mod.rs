@@ -389,7 +389,7 @@ impl Stack {
             }
         }
 
-        let mut api_url = String::new();
+        let mut http_routes = Vec::new();
         let stream_given_up = Arc::new(std::sync::atomic::AtomicU64::new(0));
         for f in &spec.functions {
             let function = functions[&f.binary].clone();
@@ -444,19 +444,18 @@ impl Stack {
                             tokio::spawn(sources::schedule(function.clone(), rule, every, stop_rx.clone()));
                         }
                     }
-                    Source::HttpApi => {
-                        if api_url.is_empty() {
-                            api_url = serve(gateway::http_router(gateway::HttpApi {
-                                function: function.clone(),
-                                api_id: format!("http{stack}"),
-                            }))
-                            .await?;
-                        }
+                    Source::HttpApi { method, path } => {
+                        http_routes.push(gateway::Route::new(method, path, function.clone()));
                     }
                 }
             }
         }
-        anyhow::ensure!(!api_url.is_empty(), "no function has an HttpApi event");
+        anyhow::ensure!(!http_routes.is_empty(), "no function has an HttpApi event");
+        let api_url = serve(gateway::http_router(gateway::HttpApi {
+            routes: Arc::new(http_routes),
+            api_id: format!("http{stack}"),
+        }))
+        .await?;
         Ok(Self {
             spec,
             api: api_url,

@@ -869,19 +869,7 @@ mod tests {
     /// identity and configuration set, or the account's choice); no other function may.
     #[test]
     fn only_the_channel_worker_may_send_sms_through_end_user_messaging() {
-        let template = super::super::template::decode().unwrap();
-        let parameters = BTreeMap::from([
-            ("PublicUrl".to_owned(), "https://notify.shop.example".to_owned()),
-            ("EmailFrom".to_owned(), "no-reply@shop.example".to_owned()),
-        ]);
-        let other = BTreeMap::from([
-            ("InboxWebSocketApi".to_owned(), "ws1".to_owned()),
-            ("InboxWebSocketStage".to_owned(), "live".to_owned()),
-            ("HttpApi".to_owned(), "http1".to_owned()),
-            ("Table.StreamArn".to_owned(), "arn:aws:dynamodb:us-east-1:123456789012:table/t/stream/1".to_owned()),
-        ]);
-        let names = super::super::template::Names { stack: "s", parameters: &parameters, other };
-        let spec = super::super::template::stack(&template, &names).unwrap();
+        let spec = super::super::template::stack_for_tests().unwrap();
         let mut headers = HeaderMap::new();
         headers.insert("x-amz-target", "PinpointSMSVoiceV2.SendTextMessage".parse().unwrap());
         let requests = [

@@ -51,7 +51,11 @@ pub enum Source {
     Schedule {
         expression: String,
     },
-    HttpApi,
+    /// A route of the HTTP API: `ANY` or a method, and a path (`/{proxy+}`, `/t/{proxy+}`).
+    HttpApi {
+        method: String,
+        path: String,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -378,7 +382,7 @@ pub fn stack(template: &Value, names: &Names<'_>) -> anyhow::Result<StackSpec> {
                             }
                         }
                         Some("Schedule") => Source::Schedule { expression: scalar(&p["Schedule"]) },
-                        Some("HttpApi") => Source::HttpApi,
+                        Some("HttpApi") => Source::HttpApi { method: scalar(&p["Method"]), path: scalar(&p["Path"]) },
                         other => bail!("{logical}.{name}: event type {other:?} not known to the harness"),
                     };
                     sources.insert(name.clone(), source);
@@ -469,4 +473,22 @@ fn queue_logical_of(template: &Value, names: &Names<'_>, arn: &str) -> anyhow::R
         }
     }
     bail!("no queue has the ARN {arn}")
+}
+
+/// The stack `template.yaml` makes under fixed names (stack `s`, a shop's parameters, the APIs
+/// `http1` and `ws1`): for the tests that read the template's functions without starting them.
+#[cfg(test)]
+pub fn stack_for_tests() -> anyhow::Result<StackSpec> {
+    let template = decode()?;
+    let parameters = BTreeMap::from([
+        ("PublicUrl".to_owned(), "https://notify.shop.example".to_owned()),
+        ("EmailFrom".to_owned(), "no-reply@shop.example".to_owned()),
+    ]);
+    let other = BTreeMap::from([
+        ("InboxWebSocketApi".to_owned(), "ws1".to_owned()),
+        ("InboxWebSocketStage".to_owned(), "live".to_owned()),
+        ("HttpApi".to_owned(), "http1".to_owned()),
+        ("Table.StreamArn".to_owned(), "arn:aws:dynamodb:us-east-1:123456789012:table/t/stream/1".to_owned()),
+    ]);
+    stack(&template, &Names { stack: "s", parameters: &parameters, other })
 }

@@ -40,33 +40,48 @@ pub fn app(state: AppState) -> Router {
 
 /// The whole API behind its rate limits (`crate::limits`), with the local-development hooks
 /// (`/dev/*`) and the console when the state has them (`tidings serve --dev`): what `tidings
-/// serve` runs.
+/// serve` runs, the shop's routes and the buyers' in one router.
 pub fn app_with_limits(state: AppState, limits: std::sync::Arc<tidings_core::gates::api::ApiLimits>) -> Router {
-    let mut router = routes();
+    // On Lambda the buyers' routes are another function's: what they call is counted as its.
+    let public = public_routes().layer(axum::middleware::from_fn(|req, next: axum::middleware::Next| {
+        tidings_core::roles::acting_as("public-api", next.run(req))
+    }));
+    let mut router = shop_routes().merge(public);
     if state.dev.is_some() {
         router = router.merge(dev::router()).merge(console::router());
     }
     finish(router, state, limits)
 }
 
-/// What a deployment serves (the `api` function): the API behind its rate limits, never the
-/// development hooks or the console, whatever the state holds. A choice made by the caller, not
-/// read from the state, so that the function does not link them (their handlers and the
-/// console's page and scripts).
+/// What the `api` function serves: the shop's routes (every one behind an API key, and the
+/// reference) behind the rate limits, never the development hooks or the console, whatever the
+/// state holds. A choice made by the caller, not read from the state, so that the function does
+/// not link them (their handlers and the console's page and scripts), nor the buyers' routes,
+/// which API Gateway sends to the `public-api` function ([`public_app`]).
 pub fn deployed_app(state: AppState, limits: std::sync::Arc<tidings_core::gates::api::ApiLimits>) -> Router {
-    finish(routes(), state, limits)
+    finish(shop_routes(), state, limits)
 }
 
-/// Every route of the API proper.
-fn routes() -> Router<AppState> {
+/// What the `public-api` function serves: the routes a buyer's browser or mail client and the
+/// shop's own pages reach without an API key (the signed token or the user token is the
+/// credential): tracking, unsubscribe, the preferences page, `/v1/me` and the site elements'
+/// script. Their own function, behind their own API Gateway routes (`template.yaml`), holds none
+/// of the shop's rights (keys, redrives, devices, providers) and starts smaller. The providers'
+/// callbacks stay with the `api`, which has SNS (a dead push endpoint is deleted there).
+pub fn public_app(state: AppState, limits: std::sync::Arc<tidings_core::gates::api::ApiLimits>) -> Router {
+    finish(public_routes(), state, limits)
+}
+
+/// The shop's routes, the providers' callbacks and the reference.
+fn shop_routes() -> Router<AppState> {
     Router::new()
         .merge(openapi::router())
-        .merge(elements::router())
+        .merge(callbacks::router())
         .merge(users::router())
         .merge(preferences::router())
         .merge(devices::router())
-        .merge(callbacks::router())
-        .merge(tracking::router())
+        .merge(tracking::settings_router())
+        .merge(site::settings_router())
         .merge(templates::router())
         .merge(notifications::router())
         .merge(inbox::router())
@@ -77,8 +92,11 @@ fn routes() -> Router<AppState> {
         .merge(admin::router())
         .merge(webhooks::router())
         .merge(workflows::router())
-        .merge(me::router())
-        .merge(site::router())
+}
+
+/// The buyers' routes ([`public_app`]).
+fn public_routes() -> Router<AppState> {
+    Router::new().merge(elements::router()).merge(tracking::router()).merge(me::router()).merge(site::router())
 }
 
 /// The fallbacks and the layers every request passes.

@@ -24,10 +24,14 @@ use crate::state::AppState;
 #[openapi(paths(put_allowed_origins, get_allowed_origins, preferences_page, save_preferences_page))]
 pub(super) struct Api;
 
+/// The buyers' route: the hosted preferences page.
 pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/v1/settings/allowed-origins", get(get_allowed_origins).put(put_allowed_origins))
-        .route("/p/{token}", get(preferences_page).post(save_preferences_page))
+    Router::new().route("/p/{token}", get(preferences_page).post(save_preferences_page))
+}
+
+/// The shop's setting: the origins whose pages may call `/v1/me`.
+pub fn settings_router() -> Router<AppState> {
+    Router::new().route("/v1/settings/allowed-origins", get(get_allowed_origins).put(put_allowed_origins))
 }
 
 /// Replaces the origins whose pages get CORS answers from the `/v1/me` routes (with a user

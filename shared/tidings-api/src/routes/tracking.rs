@@ -19,12 +19,17 @@ use crate::state::AppState;
 #[openapi(paths(open, click, unsubscribe_page, unsubscribe, put_link_hosts, get_link_hosts))]
 pub(super) struct Api;
 
+/// The buyers' routes: the open pixel, the click redirect, the unsubscribe page.
 pub fn router() -> Router<AppState> {
     Router::new()
         .route("/t/o/{token}", get(open))
         .route("/t/c/{token}", get(click))
         .route("/u/{token}", get(unsubscribe_page).post(unsubscribe))
-        .route("/v1/settings/link-hosts", get(get_link_hosts).put(put_link_hosts))
+}
+
+/// The shop's setting: the hosts a tracked link may lead to.
+pub fn settings_router() -> Router<AppState> {
+    Router::new().route("/v1/settings/link-hosts", get(get_link_hosts).put(put_link_hosts))
 }
 
 /// Replaces the hosts a tracked link may lead to: `shop.example`, or `*.shop.example` for its
