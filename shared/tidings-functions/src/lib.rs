@@ -112,17 +112,17 @@ where
 
 /// The `api` function.
 ///
-/// It signs the inbox's user tokens and
-/// registers push devices with the provider (SNS); it sends nothing.
+/// It signs the inbox's user tokens and registers push devices with the provider (SNS), which
+/// also deletes a dead push endpoint a push-service callback names; it sends nothing.
 pub fn api() -> ExitCode {
     run(Function::Api, |ports| async move {
         serve_http(ports.signing().await?.registering(), tidings_api::deployed_app).await
     })
 }
 
-/// The `public-api` function: the routes a buyer or a provider reaches without an API key.
+/// The `public-api` function: the buyers' routes, which need no API key.
 ///
-/// It verifies links and tokens (signing keys), and holds no provider: it registers no device
+/// It verifies links and tokens (signing keys) and holds no provider: it registers no device
 /// and sends nothing.
 pub fn public_api() -> ExitCode {
     run(Function::PublicApi, |ports| async move { serve_http(ports.signing().await?, tidings_api::public_app).await })

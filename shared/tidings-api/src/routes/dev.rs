@@ -315,6 +315,11 @@ mod tests {
     }
 
     fn app() -> axum::Router {
+        crate::app(dev_state())
+    }
+
+    /// A state with keyless development hooks over a fresh in-memory store.
+    fn dev_state() -> crate::AppState {
         let deps = crate::test_support::memory_deps();
         let provider = |c: Channel| {
             let inner = deps.providers.for_channel(c).unwrap().clone();
@@ -325,43 +330,19 @@ mod tests {
             sms: provider(Channel::Sms),
             push: provider(Channel::Push),
         };
-        crate::app(crate::AppState::with_dev(deps, Arc::new(KeylessDev(providers))))
+        crate::AppState::with_dev(deps, Arc::new(KeylessDev(providers)))
     }
 
     /// A deployment's app has neither the development hooks nor the console, even given a
     /// state that holds them; `tidings serve --dev`'s has both.
     #[tokio::test]
     async fn a_deployment_serves_no_development_hook_and_no_console() {
-        let state = || {
-            let deps = crate::test_support::memory_deps();
-            let providers = DevProviders {
-                email: Arc::new(DevProvider::new(
-                    Channel::Email,
-                    deps.providers.email.clone(),
-                    deps.table.clone(),
-                    deps.clock.clone(),
-                )),
-                sms: Arc::new(DevProvider::new(
-                    Channel::Sms,
-                    deps.providers.sms.clone(),
-                    deps.table.clone(),
-                    deps.clock.clone(),
-                )),
-                push: Arc::new(DevProvider::new(
-                    Channel::Push,
-                    deps.providers.push.clone(),
-                    deps.table.clone(),
-                    deps.clock.clone(),
-                )),
-            };
-            crate::AppState::with_dev(deps, Arc::new(KeylessDev(providers)))
-        };
         let off = || Arc::new(tidings_core::gates::api::ApiLimits::off());
         for uri in ["/dev/deliveries", "/", "/console/uPlot.min.css"] {
             let get = || Request::get(uri).header("host", "localhost").body(Body::empty()).unwrap();
-            let served = crate::app_with_limits(state(), off()).oneshot(get()).await.unwrap();
+            let served = crate::app_with_limits(dev_state(), off()).oneshot(get()).await.unwrap();
             assert_eq!(served.status(), 200, "{uri} under tidings serve --dev");
-            let deployed = crate::deployed_app(state(), off()).oneshot(get()).await.unwrap();
+            let deployed = crate::deployed_app(dev_state(), off()).oneshot(get()).await.unwrap();
             assert_eq!(deployed.status(), 404, "{uri} in a deployment");
         }
     }
