@@ -650,6 +650,26 @@ impl Settings {
         }
     }
 
+    /// Settings each valid alone that work against each other where this process runs the
+    /// queues itself (`tidings serve`; on Lambda the function's timeout bounds a batch, not the
+    /// visibility): a provider timeout not below the visibility lets a batch start no more than
+    /// its first sends (each must end before the batch's messages show again) and hands the rest
+    /// back to the queue, so a campaign crawls.
+    pub fn local_doubts(&self) -> Vec<String> {
+        let core = self.core();
+        let mut doubts = Vec::new();
+        if core.provider_timeout >= core.visibility {
+            doubts.push(format!(
+                "TIDINGS_PROVIDER_TIMEOUT_MS ({} ms) is not below TIDINGS_VISIBILITY_S ({} s): a batch \
+                 starts only its first sends and hands the rest back to their queue; raise the visibility \
+                 above the timeout",
+                core.provider_timeout.as_millis(),
+                core.visibility.as_secs()
+            ));
+        }
+        doubts
+    }
+
     /// The value `name` is set to, untrimmed, even when empty.
     pub fn raw(&self, name: &str) -> Option<&str> {
         debug_assert!(variable(name).is_some(), "{name} is not in config::VARIABLES");
@@ -1086,6 +1106,21 @@ mod tests {
 
     fn settings(pairs: &[(&str, &str)]) -> Result<Settings, ConfigError> {
         Settings::from_vars(pairs.iter().copied())
+    }
+
+    #[test]
+    fn a_provider_timeout_beyond_the_visibility_is_doubted() {
+        assert!(settings(&[]).unwrap().local_doubts().is_empty(), "the defaults agree");
+        let fine = settings(&[("TIDINGS_PROVIDER_TIMEOUT_MS", "20000"), ("TIDINGS_VISIBILITY_S", "30")]).unwrap();
+        assert!(fine.local_doubts().is_empty());
+        let doubts = settings(&[("TIDINGS_PROVIDER_TIMEOUT_MS", "20000"), ("TIDINGS_VISIBILITY_S", "8")])
+            .unwrap()
+            .local_doubts();
+        assert_eq!(doubts.len(), 1, "{doubts:?}");
+        assert!(
+            doubts[0].contains("TIDINGS_PROVIDER_TIMEOUT_MS (20000 ms)") && doubts[0].contains("(8 s)"),
+            "{doubts:?}"
+        );
     }
 
     #[test]

@@ -237,6 +237,9 @@ async fn main() -> anyhow::Result<()> {
     };
     init_tracing(&settings, matches!(cli.command, Command::Bench { .. }));
     settings.warn_unknown();
+    for doubt in settings.local_doubts() {
+        tracing::warn!("{doubt}");
+    }
     tidings_core::crash::arm(settings.get("TIDINGS_CRASH_AT"));
     let _ = SETTINGS.set(settings);
     let data_dir_from = data_dir_source(&matches);
