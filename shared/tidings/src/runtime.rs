@@ -180,23 +180,15 @@ pub fn batch_size(queue: &str) -> usize {
     (crate::settings().number("TIDINGS_BATCH_LOW") as usize).clamp(1, 1000)
 }
 
-/// How long the first receive of a batch waits for a message: SQS's longest long poll, as
-/// Lambda's pollers use. A message that arrives is returned at once all the same; an idle
-/// queue costs one receive in 20 s per worker instead of one a second (with two workers on
-/// each of the sixteen consumed queues, 32 receives a second of an idle `tidings serve`
-/// against SQS before, 1.6 now). The stop does not wait for it ([`queue_loop`]).
-const LONG_POLL: Duration = Duration::from_secs(20);
-
-/// One batch, as a Lambda poller assembles it: the first receive long-polls (up to
-/// [`LONG_POLL`]), the next ones take what is there at once, until the batch is full or the
-/// queue has no more.
+/// One batch, as a Lambda poller assembles it: the first receive long-polls (up to 1 s), the
+/// next ones take what is there at once, until the batch is full or the queue has no more.
 async fn receive_batch(
     deps: &Deps,
     queue: &str,
     size: usize,
     visibility: Duration,
 ) -> Result<Vec<tidings_core::ports::Received>, tidings_core::ports::QueueError> {
-    let mut batch = deps.queues.receive(queue, size, visibility, LONG_POLL).await?;
+    let mut batch = deps.queues.receive(queue, size, visibility, Duration::from_secs(1)).await?;
     while !batch.is_empty() && batch.len() < size {
         let more = deps.queues.receive(queue, size - batch.len(), visibility, Duration::ZERO).await?;
         if more.is_empty() {
@@ -207,21 +199,12 @@ async fn receive_batch(
     Ok(batch)
 }
 
-async fn queue_loop(deps: Deps, queue: String, arn: String, mut stop: watch::Receiver<bool>) {
+async fn queue_loop(deps: Deps, queue: String, arn: String, stop: watch::Receiver<bool>) {
     let visibility = deps.config.visibility;
     let size = batch_size(&queue);
     while !*stop.borrow() {
-        // A stop (or its sender gone) ends the long poll at once: messages it had taken show
-        // again after their visibility, as when a Lambda poller stops.
-        let receiving = roles::acting_as(roles::EVENT_SOURCE, receive_batch(&deps, &queue, size, visibility));
-        let received = tokio::select! {
-            r = receiving => r,
-            changed = stop.changed() => match changed {
-                Ok(()) => continue,
-                Err(_) => return,
-            },
-        };
-        let received = match received {
+        let received = match roles::acting_as(roles::EVENT_SOURCE, receive_batch(&deps, &queue, size, visibility)).await
+        {
             Ok(m) => m,
             Err(e) => {
                 warn!(error = %e, queue, "receive failed");
