@@ -64,20 +64,31 @@ impl Problem {
     }
 }
 
-impl IntoResponse for Problem {
-    fn into_response(self) -> Response {
+impl Problem {
+    /// The answer's head (status, content type, `WWW-Authenticate`, `Retry-After`) and its
+    /// JSON body: what [`IntoResponse`] sends, for a caller that needs the bytes themselves
+    /// (the Lambda functions' answer when a body could not be read).
+    pub fn into_head_and_body(self) -> (axum::http::response::Parts, Vec<u8>) {
         let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let body = serde_json::to_vec(&self).unwrap_or_default();
-        let mut res = (status, body).into_response();
-        res.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        let (mut head, ()) = Response::new(()).into_parts();
+        head.status = status;
+        head.headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
         // RFC 9110, 11.6.1: a 401 says which scheme it asks for.
         if status == StatusCode::UNAUTHORIZED {
-            res.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            head.headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         if let Some(secs) = self.retry_after_s {
-            res.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+            head.headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
-        res
+        (head, body)
+    }
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        let (head, body) = self.into_head_and_body();
+        Response::from_parts(head, axum::body::Body::from(body))
     }
 }
 

@@ -95,6 +95,14 @@ impl Provider for Unwired {
     }
 }
 
+impl Unwired {
+    /// Every channel [`Unwired`] but push, which `push` is when given.
+    fn providers(push: Option<Arc<dyn Provider>>) -> Providers {
+        let unwired: Arc<dyn Provider> = Arc::new(Unwired);
+        Providers { email: unwired.clone(), sms: unwired.clone(), push: push.unwrap_or(unwired) }
+    }
+}
+
 fn unwired() -> ProviderError {
     tracing::error!("a provider was called in a function that sends nothing (tidings_functions wires none)");
     ProviderError::transient("this function's providers are not wired: it sends nothing")
@@ -242,11 +250,8 @@ impl AwsPorts {
     /// link SES or End User Messaging.
     #[must_use]
     pub fn registering(mut self) -> Self {
-        let unwired: Arc<dyn Provider> = Arc::new(Unwired);
-        self.providers = Some(AwsProviders {
-            channels: Providers { email: unwired.clone(), sms: unwired, push: Arc::new(self.backend.push()) },
-            sms_secondary: None,
-        });
+        let push: Arc<dyn Provider> = Arc::new(self.backend.push());
+        self.providers = Some(AwsProviders { channels: Unwired::providers(Some(push)), sms_secondary: None });
         self
     }
 
@@ -293,8 +298,7 @@ impl AwsPorts {
     /// A function that took no [`AwsPorts::sending`] step has [`Unwired`] providers.
     pub fn gated_providers(&self) -> Providers {
         let Some(p) = &self.providers else {
-            let unwired: Arc<dyn Provider> = Arc::new(Unwired);
-            return Providers { email: unwired.clone(), sms: unwired.clone(), push: unwired };
+            return Unwired::providers(None);
         };
         tidings_core::gates::wrap(
             &p.channels,

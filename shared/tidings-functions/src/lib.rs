@@ -285,18 +285,17 @@ impl lambda_http::IntoResponse for Answer {
         let (parts, body) = self.0.into_parts();
         Box::pin(async move {
             match axum::body::to_bytes(body, usize::MAX).await {
-                Ok(bytes) => lambda_http::Response::from_parts(parts, lambda_body(bytes.to_vec())),
+                // The buffer itself when the body was one piece (no copy).
+                Ok(bytes) => lambda_http::Response::from_parts(parts, lambda_body(Vec::from(bytes))),
                 Err(e) => {
                     tracing::error!(error = %e, "the answer's body could not be read");
-                    let (parts, body) =
-                        axum::response::IntoResponse::into_response(tidings_api::problem::Problem::new(
-                            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-                            "internal",
-                            "the answer could not be written: try again",
-                        ))
-                        .into_parts();
-                    let bytes = axum::body::to_bytes(body, usize::MAX).await.unwrap_or_default();
-                    lambda_http::Response::from_parts(parts, lambda_body(bytes.to_vec()))
+                    let (head, body) = tidings_api::problem::Problem::new(
+                        axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                        "internal",
+                        "the answer could not be written: try again",
+                    )
+                    .into_head_and_body();
+                    lambda_http::Response::from_parts(head, lambda_body(body))
                 }
             }
         })
@@ -418,6 +417,28 @@ mod tests {
             assert_eq!(answered.status(), status);
             assert_eq!(answered.body(), &body, "{status}");
         }
+    }
+
+    /// A body that fails while it is read (a stream cut off) is no panic and no empty 200: API
+    /// Gateway gets the problem of a 500, whole, with its content type.
+    #[tokio::test]
+    async fn a_body_that_cannot_be_read_is_answered_with_a_problem() {
+        use lambda_http::{Body, IntoResponse as _};
+        let cut = futures::stream::iter([
+            Ok(axum::body::Bytes::from_static(b"{\"half\":")),
+            Err(std::io::Error::other("cut off")),
+        ]);
+        let res = axum::http::Response::builder()
+            .status(200)
+            .header("content-type", "application/json")
+            .body(axum::body::Body::from_stream(cut))
+            .unwrap();
+        let answered = super::Answer(res).into_response().await;
+        assert_eq!(answered.status(), 500);
+        assert_eq!(answered.headers()["content-type"], "application/problem+json");
+        let Body::Text(text) = answered.body() else { panic!("{:?}", answered.body()) };
+        let problem: serde_json::Value = serde_json::from_str(text).unwrap();
+        assert_eq!((problem["status"].as_u64(), problem["code"].as_str()), (Some(500), Some("internal")), "{problem}");
     }
 
     /// The public routes' limits key on the address API Gateway saw, from the event itself.
