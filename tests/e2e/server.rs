@@ -123,11 +123,14 @@ impl Default for Options {
     }
 }
 
+/// How long a scheduled job run through `/dev/schedules/{name}/run` may take to answer.
+const SCHEDULED_RUN_PATIENCE: Duration = Duration::from_secs(120);
+
 impl Options {
     /// On the emulators a provider call is a call to moto and a write to DynamoDB Local (the
     /// dev provider's record), which a loaded run has held past the default 5 s: there the
     /// provider gets 20 s, and the messages a visibility of 30 s to hold such a call. A test that
-    /// expects every send to go uses it.
+    /// expects every send to go uses it, and one that lets a message die after few receives.
     pub fn patient_provider(&mut self, backend: Backend) {
         if backend == Backend::Aws {
             self.env.retain(|(k, _)| !matches!(*k, "TIDINGS_PROVIDER_TIMEOUT_MS" | "TIDINGS_VISIBILITY_S"));
@@ -358,6 +361,12 @@ impl Server {
     ) -> anyhow::Result<(u16, Value)> {
         let url = format!("{}{}", self.base, path);
         let mut req = self.http.request(method.parse()?, url).header("authorization", format!("Bearer {key}"));
+        if path.starts_with("/dev/schedules/") {
+            // A scheduled job run by hand answers when it has run, as its function would: on
+            // the emulators of a loaded run the tick (every hold, sweep and timer it finds) has
+            // taken past the client's 30 s.
+            req = req.timeout(SCHEDULED_RUN_PATIENCE);
+        }
         if let Some(b) = body {
             req = req.json(&b);
         }
