@@ -382,7 +382,7 @@ async fn serve_ws_connections(ports: AwsPorts) -> Result<(), lambda_runtime::Err
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
+    #![allow(clippy::unwrap_used, clippy::panic)]
 
     /// Every answer reaches API Gateway with its bytes as they were written: UTF-8 as text
     /// (JSON, problems, HTML whatever their type says), anything else (a gzipped file) as
