@@ -116,6 +116,14 @@ pub fn the_bootstraps_are_built_for_size_and_unwind() -> anyhow::Result<()> {
             assert_eq!(calls_providers, expected, "{id} reaches a provider call but has no providers");
             assert_eq!(email_and_sms, [false; 3], "{id} links an email or SMS provider but sends nothing");
         }
+        // Phone numbers are checked against tables written at build time with a small regex
+        // engine (`people::phones`): no function links the `phonenumber` crate's run-time
+        // metadata or the Unicode regex engine its patterns were compiled with (2 MB of the API),
+        // known here by their source paths (panic locations).
+        assert!(
+            !has("/phonenumber-") && !has("/regex-syntax-"),
+            "{id} links the phonenumber crate or the regex crate's parser (regex-syntax)"
+        );
         // The console and the development hooks are `tidings serve`'s (`deployed_app`): no
         // function carries the console's charts or the hooks' routes.
         assert!(!has("uPlot") && !has("/dev/clock/advance"), "{id} links the console or the /dev routes");

@@ -62,9 +62,7 @@ impl Problem {
     pub fn unauthorized(detail: &str) -> Self {
         Problem::new(StatusCode::UNAUTHORIZED, "unauthorized", detail).with_field("Authorization")
     }
-}
 
-impl Problem {
     /// The answer's head (status, content type, `WWW-Authenticate`, `Retry-After`) and its
     /// JSON body: what [`IntoResponse`] sends, for a caller that needs the bytes themselves
     /// (the Lambda functions' answer when a body could not be read).

@@ -656,15 +656,16 @@ impl Settings {
     /// its first sends (each must end before the batch's messages show again) and hands the rest
     /// back to the queue, so a campaign crawls.
     pub fn local_doubts(&self) -> Vec<String> {
-        let core = self.core();
+        // The two settings alone: `core()` would also parse the signing keys.
+        let (provider_timeout, visibility) = (self.provider_timeout(), self.visibility());
         let mut doubts = Vec::new();
-        if core.provider_timeout >= core.visibility {
+        if provider_timeout >= visibility {
             doubts.push(format!(
                 "TIDINGS_PROVIDER_TIMEOUT_MS ({} ms) is not below TIDINGS_VISIBILITY_S ({} s): a batch \
                  starts only its first sends and hands the rest back to their queue; raise the visibility \
                  above the timeout",
-                core.provider_timeout.as_millis(),
-                core.visibility.as_secs()
+                provider_timeout.as_millis(),
+                visibility.as_secs()
             ));
         }
         doubts
@@ -753,6 +754,16 @@ impl Settings {
         shown
     }
 
+    /// How long a provider call may take (`TIDINGS_PROVIDER_TIMEOUT_MS`).
+    fn provider_timeout(&self) -> Duration {
+        Duration::from_millis(self.number("TIDINGS_PROVIDER_TIMEOUT_MS"))
+    }
+
+    /// A received message's visibility timeout (`TIDINGS_VISIBILITY_S`), at least a second.
+    fn visibility(&self) -> Duration {
+        Duration::from_secs(self.number("TIDINGS_VISIBILITY_S").max(1))
+    }
+
     /// The core's configuration.
     pub fn core(&self) -> CoreConfig {
         let ms = |name| Duration::from_millis(self.number(name));
@@ -763,8 +774,8 @@ impl Settings {
             set_aside_after_crashes: self.number("TIDINGS_SET_ASIDE_AFTER_CRASHES") as u32,
             delivery_lease: ms("TIDINGS_DELIVERY_LEASE_MS"),
             marketing_lease: ms("TIDINGS_MARKETING_LEASE_MS"),
-            provider_timeout: ms("TIDINGS_PROVIDER_TIMEOUT_MS"),
-            visibility: Duration::from_secs(self.number("TIDINGS_VISIBILITY_S").max(1)),
+            provider_timeout: self.provider_timeout(),
+            visibility: self.visibility(),
             // Set by the process, not by a setting (see the field).
             detached_expiry_messages: false,
             signer: self.get("TIDINGS_SIGNING_KEYS").map(Signer::parse).unwrap_or_default(),

@@ -5,6 +5,7 @@ pub mod calling_codes;
 pub mod devices;
 pub mod erasure;
 pub mod import;
+pub mod phones;
 pub mod preferences;
 pub mod suppression;
 pub mod users;

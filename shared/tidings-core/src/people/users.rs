@@ -110,11 +110,7 @@ pub fn e164_and_country(number: &str) -> Option<(String, Option<String>)> {
     if !plain || !number.trim_start().starts_with('+') || number.matches('+').count() != 1 {
         return None;
     }
-    let parsed = phonenumber::parse(None, number).ok()?;
-    (parsed.is_valid() && parsed.extension().is_none()).then(|| {
-        let country = parsed.country().id().map(|id| id.as_ref().to_owned());
-        (parsed.format().mode(phonenumber::Mode::E164).to_string(), country)
-    })
+    crate::people::phones::e164_and_country(number)
 }
 
 /// The hidden revision of a stored user: `put_user` writes only over the revision it read, so
