@@ -58,13 +58,18 @@ struct Compiled {
 /// The shortest and longest national significant numbers libphonenumber accepts.
 const MIN_NSN: usize = 2;
 const MAX_NSN: usize = 17;
+/// More digits than any valid number is written with: a code (3), the longest national prefix
+/// and carrier code the metadata strips (under 10) and the longest national number.
+const MAX_DIGITS: usize = 3 + 10 + MAX_NSN;
 
 /// The E.164 form of `number` and its region (`None` for a code of no country), when it is a
 /// valid number; `number` starts with `+` (see the module).
 pub(crate) fn e164_and_country(number: &str) -> Option<(String, Option<String>)> {
     let digits: String = number.chars().filter(char::is_ascii_digit).collect();
     // The parser's viability check: three digits at least; then more than two after the `+`.
-    if digits.len() <= MIN_NSN || digits.starts_with('0') {
+    // And never more than a code, a national prefix with a carrier code and the longest national
+    // number could make: the patterns are not run over a tenant's megabyte of digits.
+    if digits.len() <= MIN_NSN || digits.len() > MAX_DIGITS || digits.starts_with('0') {
         return None;
     }
     let (index, rest) = (1..=3).find_map(|n| {
@@ -165,12 +170,10 @@ fn strip_national_prefix(region: &Region, patterns: &Compiled, national: &str) -
             }
             transformed
         }
-        _ => {
-            if viable && !matches(&region.general, general, &national[whole.start()..]) {
-                return national.to_owned();
-            }
-            national[whole.end()..].to_owned()
-        }
+        // Without a transform the crate strips what the pattern matched whatever is left (its
+        // check of the general pattern reads the number from the match's start, which is the
+        // whole number here); libphonenumber's Java compares what follows the prefix.
+        _ => national[whole.end()..].to_owned(),
     }
 }
 
@@ -298,6 +301,11 @@ mod tests {
             }
         }
         out.extend(["+", "+0", "+00", "+1", "+12", "+123", "+000000", "+999 123456", "+80012345678"].map(String::from));
+        // Long strings of digits: more than any number is written with.
+        for n in [25, 29, 30, 31, 40, 200] {
+            out.push(format!("+54 0343 15{}", "6".repeat(n - 9)));
+            out.push(format!("+1{}", "2".repeat(n - 1)));
+        }
         out
     }
 
