@@ -361,6 +361,8 @@ pub async fn a_day_of_a_shop_through_the_function_binaries() -> anyhow::Result<(
     println!("lambda budget: {}", s.budget());
     for f in [
         "api",
+        "commerce-api",
+        "messages-api",
         "public-api",
         "outbox-relay",
         "orchestrator",

@@ -13,5 +13,5 @@ pub mod state;
 mod test_support;
 
 pub use routes::openapi::document as openapi;
-pub use routes::{app, app_with_limits, deployed_app, public_app};
+pub use routes::{app, app_with_limits, commerce_app, deployed_app, messages_app, public_app};
 pub use state::{AppParts, AppState, DevControl};

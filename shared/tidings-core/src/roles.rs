@@ -1,7 +1,8 @@
 //! Which Lambda function a piece of work belongs to, when one process plays all of them (the
-//! local runtime): the runtime runs each handler "as" its function, and the AWS adapters' request
-//! counter labels every request with it. `tests/e2e/iam.rs` compares what each function was seen
-//! to call with what `template.yaml` grants it.
+//! local runtime): the runtime runs each handler "as" its function (the HTTP routes as the API
+//! function that serves them on Lambda), and the AWS adapters' request counter labels every
+//! request with it. What each function may call is checked on its binary, behind the proxy that
+//! enforces `template.yaml`'s statements (`tests/e2e/lambda/proxy.rs`).
 //!
 //! On Lambda a process is one function and nothing is set (the metric then has no such label;
 //! the local metrics read it as `unattributed`).

@@ -25,8 +25,12 @@ use tidings_core::router::{Handlers, consumers};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Function {
     /// The HTTP API behind API Gateway (HTTP API, payload 2.0): the shop's routes of the axum
-    /// router `tidings serve` serves locally.
+    /// router `tidings serve` serves locally, but for the commerce and message routes.
     Api,
+    /// The stock and order routes of the same HTTP API, behind their own API Gateway routes.
+    CommerceApi,
+    /// The template, notification and workflow routes of the same HTTP API.
+    MessagesApi,
     /// The buyers' routes of the same HTTP API (tracking, unsubscribe, the preferences page,
     /// `/v1/me`, the site elements), behind their own API Gateway routes.
     PublicApi,
@@ -53,6 +57,8 @@ impl Function {
     pub fn name(self) -> &'static str {
         match self {
             Function::Api => "api",
+            Function::CommerceApi => "commerce-api",
+            Function::MessagesApi => "messages-api",
             Function::PublicApi => "public-api",
             Function::OutboxRelay => "outbox-relay",
             Function::Orchestrator => "orchestrator",
@@ -118,6 +124,22 @@ pub fn api() -> ExitCode {
     run(Function::Api, |ports| async move {
         serve_http(ports.signing().await?.registering(), tidings_api::deployed_app).await
     })
+}
+
+/// The `commerce-api` function: stock and orders.
+///
+/// It signs nothing, registers no device and sends nothing: the table and the queues (an
+/// order's hold schedules its expiry on the timers queue).
+pub fn commerce_api() -> ExitCode {
+    run(Function::CommerceApi, |ports| async move { serve_http(ports, tidings_api::commerce_app).await })
+}
+
+/// The `messages-api` function: templates, notifications and workflows.
+///
+/// It signs nothing (the orchestrator signs a message's links when it makes its channel task),
+/// registers no device and sends nothing: the table and the queues.
+pub fn messages_api() -> ExitCode {
+    run(Function::MessagesApi, |ports| async move { serve_http(ports, tidings_api::messages_app).await })
 }
 
 /// The `public-api` function: the buyers' routes, which need no API key.
@@ -235,7 +257,8 @@ pub fn ws_connections() -> ExitCode {
     run(Function::WsConnections, |ports| async move { serve_ws_connections(ports.signing().await?).await })
 }
 
-/// Serves `app`'s routes (the [`api`]'s or the [`public_api`]'s) to API Gateway.
+/// Serves `app`'s routes (the [`api`]'s, the [`commerce_api`]'s, the [`messages_api`]'s or the
+/// [`public_api`]'s) to API Gateway.
 async fn serve_http<A>(ports: AwsPorts, app: A) -> Result<(), lambda_runtime::Error>
 where
     A: FnOnce(tidings_api::AppState, Arc<tidings_core::gates::api::ApiLimits>) -> axum::Router,

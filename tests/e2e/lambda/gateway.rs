@@ -1,7 +1,8 @@
 //! API Gateway in front of the functions: the HTTP API (payload format 2.0), whose routes
-//! (`template.yaml`'s `HttpApi` events) send each request to the `api` or the `public-api`
-//! function as API Gateway picks among them, and the WebSocket API of the inbox's live feed (`$connect`, `$disconnect`,
-//! `$default`) for `ws-connections`, with its `@connections` management endpoint.
+//! (`template.yaml`'s `HttpApi` events) send each request to the `api`, `commerce-api`,
+//! `messages-api` or `public-api` function as API Gateway picks among them, and the WebSocket
+//! API of the inbox's live feed (`$connect`, `$disconnect`, `$default`) for `ws-connections`,
+//! with its `@connections` management endpoint.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -414,8 +415,9 @@ mod tests {
 
     /// Every path and method of the committed reference, sent through `template.yaml`'s routes,
     /// reaches a function whose router has that route: the `api` function's
-    /// (`tidings_api::deployed_app`) or the `public-api` function's (`public_app`). A route
-    /// added to one router but routed by the template to the other fails here, as it would fail
+    /// (`tidings_api::deployed_app`), the `commerce-api`'s (`commerce_app`), the
+    /// `messages-api`'s (`messages_app`) or the `public-api`'s (`public_app`). A route
+    /// added to one router but routed by the template to another fails here, as it would fail
     /// deployed (a 404 `no_route`, or a 405).
     #[tokio::test]
     async fn every_path_of_the_reference_reaches_a_function_that_serves_it() {
@@ -431,14 +433,23 @@ mod tests {
             })
             .collect();
         let binaries: std::collections::BTreeSet<&str> = routes.iter().map(|r| r.function.as_str()).collect();
-        assert_eq!(binaries, ["api", "public-api"].into(), "the functions behind the HTTP API");
+        assert_eq!(
+            binaries,
+            ["api", "commerce-api", "messages-api", "public-api"].into(),
+            "the functions behind the HTTP API"
+        );
 
         let store = tidings_embedded::EmbeddedStore::in_memory().unwrap();
         let deps = tidings_embedded::test_world::TestWorld::builder().system_clock().store(store).build().deps;
         let state = tidings_api::AppState::of(deps);
         let limits = || std::sync::Arc::new(tidings_core::gates::api::ApiLimits::off());
-        let api = tidings_api::deployed_app(state.clone(), limits());
-        let public = tidings_api::public_app(state, limits());
+        let apps: BTreeMap<&str, axum::Router> = [
+            ("api", tidings_api::deployed_app(state.clone(), limits())),
+            ("commerce-api", tidings_api::commerce_app(state.clone(), limits())),
+            ("messages-api", tidings_api::messages_app(state.clone(), limits())),
+            ("public-api", tidings_api::public_app(state, limits())),
+        ]
+        .into();
 
         let reference: Value = serde_json::from_str(include_str!("../../../openapi.json")).unwrap();
         let mut checked = BTreeMap::<String, usize>::new();
@@ -454,7 +465,7 @@ mod tests {
                 let method: Method = method.to_uppercase().parse().unwrap();
                 let (route, _) = route_of(&routes, &method, &concrete)
                     .unwrap_or_else(|| panic!("{method} {path}: no route of template.yaml takes it"));
-                let app = if route.function == "public-api" { &public } else { &api };
+                let app = &apps[route.function.as_str()];
                 let req = Request::builder().method(method.clone()).uri(&concrete).body(Body::empty()).unwrap();
                 let res = app.clone().oneshot(req).await.unwrap();
                 let status = res.status().as_u16();
@@ -469,15 +480,29 @@ mod tests {
                 *checked.entry(route.function.clone()).or_default() += 1;
             }
         }
-        // Both functions serve some of the reference; tracking, unsubscribe and `/v1/me` are the
-        // public one's, the providers' callbacks the api's.
-        assert!(checked.get("api").copied().unwrap_or(0) > 40, "{checked:?}");
+        // Each function serves some of the reference; tracking, unsubscribe and `/v1/me` are the
+        // public one's, the providers' callbacks the api's, a user's stock subscriptions the
+        // commerce function's, a notification's runs the messages function's.
+        assert!(checked.get("api").copied().unwrap_or(0) > 30, "{checked:?}");
+        assert!(checked.get("commerce-api").copied().unwrap_or(0) >= 15, "{checked:?}");
+        assert!(checked.get("messages-api").copied().unwrap_or(0) >= 10, "{checked:?}");
         assert!(checked.get("public-api").copied().unwrap_or(0) >= 10, "{checked:?}");
         for (method, path) in [(Method::GET, "/t/o/x1"), (Method::POST, "/u/x1"), (Method::GET, "/v1/me/inbox")] {
             assert_eq!(route_of(&routes, &method, path).unwrap().0.function, "public-api", "{method} {path}");
         }
-        for (method, path) in [(Method::GET, "/v1/users"), (Method::POST, "/v1/callbacks/ses"), (Method::GET, "/")] {
-            assert_eq!(route_of(&routes, &method, path).unwrap().0.function, "api", "{method} {path}");
+        for (method, path, function) in [
+            (Method::GET, "/v1/users", "api"),
+            (Method::POST, "/v1/callbacks/ses", "api"),
+            (Method::GET, "/", "api"),
+            (Method::GET, "/v1/users/x1/inbox", "api"),
+            (Method::GET, "/v1/users/x1/stock-subscriptions", "commerce-api"),
+            (Method::POST, "/v1/orders", "commerce-api"),
+            (Method::POST, "/v1/ops/reconcile", "commerce-api"),
+            (Method::GET, "/v1/ops/queues", "api"),
+            (Method::GET, "/v1/notifications/x1/runs", "messages-api"),
+            (Method::POST, "/v1/templates", "messages-api"),
+        ] {
+            assert_eq!(route_of(&routes, &method, path).unwrap().0.function, function, "{method} {path}");
         }
     }
 }

@@ -40,39 +40,62 @@ pub fn app(state: AppState) -> Router {
 
 /// The whole API behind its rate limits (`crate::limits`), with the local-development hooks
 /// (`/dev/*`) and the console when the state has them (`tidings serve --dev`): what `tidings
-/// serve` runs, the shop's routes and the buyers' in one router.
+/// serve` runs, every function's routes in one router.
 pub fn app_with_limits(state: AppState, limits: std::sync::Arc<tidings_core::gates::api::ApiLimits>) -> Router {
-    // On Lambda the buyers' routes are another function's: what they call is counted as its.
-    let public = public_routes().layer(axum::middleware::from_fn(|req, next: axum::middleware::Next| {
-        tidings_core::roles::acting_as("public-api", next.run(req))
-    }));
-    let mut router = shop_routes().merge(public);
+    // On Lambda these routes are other functions': what they call is counted as theirs.
+    let as_function = |function: &'static str, routes: Router<AppState>| {
+        routes.layer(axum::middleware::from_fn(move |req, next: axum::middleware::Next| {
+            tidings_core::roles::acting_as(function, next.run(req))
+        }))
+    };
+    let mut router = shop_routes()
+        .merge(as_function("commerce-api", commerce_routes()))
+        .merge(as_function("messages-api", message_routes()))
+        .merge(as_function("public-api", public_routes()));
     if state.dev.is_some() {
         router = router.merge(dev::router()).merge(console::router());
     }
     finish(router, state, limits)
 }
 
-/// What the `api` function serves: the shop's routes (every one behind an API key, and the
-/// reference) behind the rate limits, never the development hooks or the console, whatever the
-/// state holds. A choice made by the caller, not read from the state, so that the function does
-/// not link them (their handlers and the console's page and scripts), nor the buyers' routes,
-/// which API Gateway sends to the `public-api` function ([`public_app`]).
+// What each HTTP function of `template.yaml` serves. Each is a choice made by the caller, not
+// read from the state, so that a function links only its own routes' handlers (and never the
+// development hooks or the console, whatever the state holds); API Gateway sends each path to
+// the function that has it (`template.yaml`'s `HttpApi` events; the gateway test of
+// `tests/e2e/lambda` sends every path of the reference through them).
+
+/// What the `api` function serves: the shop's routes for its users, their preferences, devices
+/// and inboxes, its settings, keys, webhooks and operations, the providers' callbacks and the
+/// reference, every one but the reference behind an API key, all behind the rate limits.
 pub fn deployed_app(state: AppState, limits: std::sync::Arc<tidings_core::gates::api::ApiLimits>) -> Router {
     finish(shop_routes(), state, limits)
+}
+
+/// What the `commerce-api` function serves: stock (locations, inventory, adjustments, incoming
+/// stock, the ledger), orders and their holds, stock subscriptions and events, restock notices
+/// and analytics, reconciliation and its findings. It signs nothing and holds no provider.
+pub fn commerce_app(state: AppState, limits: std::sync::Arc<tidings_core::gates::api::ApiLimits>) -> Router {
+    finish(commerce_routes(), state, limits)
+}
+
+/// What the `messages-api` function serves: templates and their previews, notifications
+/// (sends, campaigns, their deliveries, cancels and workflow runs) and workflows. It signs
+/// nothing (the orchestrator signs a message's links) and holds no provider.
+pub fn messages_app(state: AppState, limits: std::sync::Arc<tidings_core::gates::api::ApiLimits>) -> Router {
+    finish(message_routes(), state, limits)
 }
 
 /// What the `public-api` function serves: the routes a buyer's browser or mail client and the
 /// shop's own pages reach without an API key (the signed token or the user token is the
 /// credential): tracking, unsubscribe, the preferences page, `/v1/me` and the site elements'
-/// script. Their own function, behind their own API Gateway routes (`template.yaml`), holds none
-/// of the shop's rights (keys, redrives, devices, providers) and starts smaller. The providers'
-/// callbacks stay with the `api`, which has SNS (a dead push endpoint is deleted there).
+/// script. It holds none of the shop's rights (keys, redrives, devices, providers). The
+/// providers' callbacks stay with the `api`, which has SNS (a dead push endpoint is deleted
+/// there).
 pub fn public_app(state: AppState, limits: std::sync::Arc<tidings_core::gates::api::ApiLimits>) -> Router {
     finish(public_routes(), state, limits)
 }
 
-/// The shop's routes, the providers' callbacks and the reference.
+/// The `api` function's routes ([`deployed_app`]).
 fn shop_routes() -> Router<AppState> {
     Router::new()
         .merge(openapi::router())
@@ -82,16 +105,21 @@ fn shop_routes() -> Router<AppState> {
         .merge(devices::router())
         .merge(tracking::settings_router())
         .merge(site::settings_router())
-        .merge(templates::router())
-        .merge(notifications::router())
         .merge(inbox::router())
         .merge(live::router())
-        .merge(inventory::router())
-        .merge(restock::router())
         .merge(ops::router())
         .merge(admin::router())
         .merge(webhooks::router())
-        .merge(workflows::router())
+}
+
+/// The `commerce-api` function's routes ([`commerce_app`]).
+fn commerce_routes() -> Router<AppState> {
+    Router::new().merge(inventory::router()).merge(restock::router())
+}
+
+/// The `messages-api` function's routes ([`messages_app`]).
+fn message_routes() -> Router<AppState> {
+    Router::new().merge(templates::router()).merge(notifications::router()).merge(workflows::router())
 }
 
 /// The buyers' routes ([`public_app`]).

@@ -11,11 +11,16 @@ include!(concat!(env!("OUT_DIR"), "/calling_codes.rs"));
 
 /// The regions of the calling code `number` (E.164, `+` and digits) starts with.
 pub fn regions_of(number: &str) -> Option<&'static [&'static str]> {
-    let digits = number.strip_prefix('+')?;
-    (1..=3)
-        .filter_map(|n| digits.get(..n))
-        .filter_map(|code| code.parse::<u16>().ok())
-        .find_map(|code| CALLING_CODES.binary_search_by_key(&code, |(c, _)| *c).ok().map(|i| CALLING_CODES[i].1))
+    split_code(number.strip_prefix('+')?).map(|(i, _)| CALLING_CODES[i].1)
+}
+
+/// The calling code `digits` start with, as its index in [`CALLING_CODES`] (the same index in
+/// `people::phones`' table, written by the same loop), and the digits after it.
+pub(crate) fn split_code(digits: &str) -> Option<(usize, &str)> {
+    (1..=3).find_map(|n| {
+        let code = digits.get(..n)?.parse::<u16>().ok()?;
+        CALLING_CODES.binary_search_by_key(&code, |(c, _)| *c).ok().map(|i| (i, &digits[n..]))
+    })
 }
 
 /// Whether `region` is a region of some calling code (`US`, `GG`; not `001`).

@@ -18,6 +18,8 @@ use std::sync::OnceLock;
 
 use regex_lite::{Regex, RegexBuilder};
 
+use super::calling_codes::split_code;
+
 include!(concat!(env!("OUT_DIR"), "/phone_metadata.rs"));
 
 /// A calling code and its regions, in the order libphonenumber tries them.
@@ -72,10 +74,7 @@ pub(crate) fn e164_and_country(number: &str) -> Option<(String, Option<String>)>
     if digits.len() <= MIN_NSN || digits.len() > MAX_DIGITS || digits.starts_with('0') {
         return None;
     }
-    let (index, rest) = (1..=3).find_map(|n| {
-        let code = digits[..n].parse::<u16>().ok()?;
-        CODES.binary_search_by_key(&code, |c| c.code).ok().map(|i| (i, &digits[n..]))
-    })?;
+    let (index, rest) = split_code(&digits)?;
     let code = &CODES[index];
     let mut national = rest.to_owned();
     if let Some(r) = source_for(index, national.trim_start_matches('0')) {
@@ -95,14 +94,15 @@ pub(crate) fn e164_and_country(number: &str) -> Option<(String, Option<String>)>
     }
     // The national number as the crate keeps it: its leading zeros, then a number below 2^56.
     let significant = national.trim_start_matches('0');
-    let value = significant.parse::<u64>().ok().filter(|v| *v < 1 << 56)?;
+    significant.parse::<u64>().ok().filter(|v| *v < 1 << 56)?;
     let r = source_for(index, &national)?;
     if !is_valid_in(&code.regions[r], compiled(index, r), &national) {
         return None;
     }
-    // The country, as the crate finds it: from the digits without the leading zeros.
-    let country =
-        source_for(index, &value.to_string()).map(|r| code.regions[r].id).filter(|id| *id != "001").map(str::to_owned);
+    // The country, as the crate finds it: from the digits without the leading zeros (nearly
+    // always the national number itself, whose region is known).
+    let country = if significant == national { Some(r) } else { source_for(index, significant) };
+    let country = country.map(|r| code.regions[r].id).filter(|id| *id != "001").map(str::to_owned);
     Some((format!("+{}{national}", code.code), country))
 }
 
@@ -240,6 +240,19 @@ mod tests {
             regions += 1;
         }
         assert!(regions > 200, "{regions} regions");
+    }
+
+    #[test]
+    fn a_code_has_the_same_index_in_both_tables() {
+        use crate::people::calling_codes::CALLING_CODES;
+        assert_eq!(CODES.len(), CALLING_CODES.len());
+        for (code, (number, regions)) in CODES.iter().zip(CALLING_CODES) {
+            assert_eq!(code.code, *number);
+            let mut ids: Vec<&str> = code.regions.iter().map(|r| r.id).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            assert_eq!(ids, *regions, "+{number}");
+        }
     }
 
     /// Numbers to ask both: each region's example numbers, written with spaces, parentheses,
