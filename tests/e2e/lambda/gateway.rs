@@ -500,6 +500,8 @@ mod tests {
             (Method::POST, "/v1/ops/reconcile", "commerce-api"),
             (Method::GET, "/v1/ops/queues", "api"),
             (Method::GET, "/v1/notifications/x1/runs", "messages-api"),
+            (Method::POST, "/v1/notifications", "messages-api"),
+            (Method::GET, "/v1/notifications/x1", "messages-api"),
             (Method::POST, "/v1/templates", "messages-api"),
         ] {
             assert_eq!(route_of(&routes, &method, path).unwrap().0.function, function, "{method} {path}");
