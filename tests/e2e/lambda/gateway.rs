@@ -487,10 +487,10 @@ mod tests {
         assert!(checked.get("commerce-api").copied().unwrap_or(0) >= 15, "{checked:?}");
         assert!(checked.get("messages-api").copied().unwrap_or(0) >= 10, "{checked:?}");
         assert!(checked.get("public-api").copied().unwrap_or(0) >= 10, "{checked:?}");
-        for (method, path) in [(Method::GET, "/t/o/x1"), (Method::POST, "/u/x1"), (Method::GET, "/v1/me/inbox")] {
-            assert_eq!(route_of(&routes, &method, path).unwrap().0.function, "public-api", "{method} {path}");
-        }
         for (method, path, function) in [
+            (Method::GET, "/t/o/x1", "public-api"),
+            (Method::POST, "/u/x1", "public-api"),
+            (Method::GET, "/v1/me/inbox", "public-api"),
             (Method::GET, "/v1/users", "api"),
             (Method::POST, "/v1/callbacks/ses", "api"),
             (Method::GET, "/", "api"),
