@@ -764,14 +764,16 @@ pub async fn campaigns_through_the_function_binaries_within_their_cost_budgets()
     Ok(())
 }
 
-/// The function API Gateway sends `POST /v1/notifications` and `GET /v1/notifications/{id}` to
-/// (`template.yaml`).
-const NOTIFICATIONS_FUNCTION: &str = "messages-api";
-
 /// One campaign of the cost scenario: sent to every member once, its cost printed; what is over
 /// its budgets.
 async fn campaign_cost(s: &Stack, members: usize, n: usize, case: &CostCase) -> anyhow::Result<Vec<String>> {
     let CostCase { category, channel, .. } = *case;
+    // The function API Gateway sends the notification routes to (`template.yaml`).
+    let served_by = crate::lambda::gateway::function_serving("POST", "/v1/notifications")?;
+    anyhow::ensure!(
+        crate::lambda::gateway::function_serving("GET", "/v1/notifications/x")? == served_by,
+        "the notification routes are served by one function"
+    );
     let before = s.requests();
     let units_before = s.units_by();
     let sent_before = s.sends().len();
@@ -801,7 +803,7 @@ async fn campaign_cost(s: &Stack, members: usize, n: usize, case: &CostCase) -> 
     let mut billed = 0u64;
     let mut breakdown: BTreeMap<String, u64> = BTreeMap::new();
     for (function, ops) in &after {
-        let ops = if function == NOTIFICATIONS_FUNCTION { accepted.get(function).unwrap_or(ops) } else { ops };
+        let ops = if *function == served_by { accepted.get(function).unwrap_or(ops) } else { ops };
         for (op, n) in ops {
             let n = n - before.get(function).and_then(|o| o.get(op)).copied().unwrap_or(0);
             if n == 0 || op.starts_with("DynamoDBStreams.") {
@@ -825,7 +827,7 @@ async fn campaign_cost(s: &Stack, members: usize, n: usize, case: &CostCase) -> 
     // routes is left out, its acceptance (a fixed cost of the campaign, whatever its size) and
     // the test's polls after it alike.
     let mut units: BTreeMap<String, (f64, f64)> = BTreeMap::new();
-    let served = format!("{NOTIFICATIONS_FUNCTION} ");
+    let served = format!("{served_by} ");
     for (k, (w, r)) in &s.units_by() {
         let (w0, r0) = units_before.get(k).copied().unwrap_or_default();
         let (w, r) = (w - w0, r - r0);

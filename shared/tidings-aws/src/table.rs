@@ -579,6 +579,9 @@ impl DynamoTable {
     }
 }
 
+/// Queries of one [`Table::query_many`] in flight at once.
+const QUERIES_IN_FLIGHT: usize = 16;
+
 #[async_trait]
 impl Table for DynamoTable {
     async fn get(&self, key: &Key) -> Result<Option<Item>, StoreError> {
@@ -730,6 +733,19 @@ impl Table for DynamoTable {
                 start_of(pk, &after, opts.descending, |sk| sk.starts_with(sk_prefix), |sk| sk < sk_prefix)
             });
         self.run_query(key_cond, x, opts, start).await
+    }
+
+    async fn query_many(&self, queries: &[(String, String)], limit: usize) -> Result<Vec<Page>, StoreError> {
+        use futures::{StreamExt, TryStreamExt};
+        // A query is one partition's: several in flight at once, a few at a time.
+        type Querying<'a> = std::pin::Pin<Box<dyn Future<Output = Result<Page, StoreError>> + Send + 'a>>;
+        let each: Vec<Querying<'_>> = queries
+            .iter()
+            .map(|(pk, prefix)| -> Querying<'_> {
+                Box::pin(self.query(pk, prefix, QueryOpts { limit, cursor: None, descending: false }))
+            })
+            .collect();
+        futures::stream::iter(each).buffered(QUERIES_IN_FLIGHT).try_collect().await
     }
 
     async fn query_range(&self, pk: &str, from: &str, to: &str, opts: QueryOpts) -> Result<Page, StoreError> {

@@ -88,4 +88,7 @@ impl Table for Timed {
     async fn query_range(&self, pk: &str, from: &str, to: &str, opts: QueryOpts) -> Result<Page, StoreError> {
         timed("query", self.0.query_range(pk, from, to, opts)).await
     }
+    async fn query_many(&self, queries: &[(String, String)], limit: usize) -> Result<Vec<Page>, StoreError> {
+        timed("query", self.0.query_many(queries, limit)).await
+    }
 }

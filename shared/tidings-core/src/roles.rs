@@ -25,6 +25,12 @@ pub const STARTUP: &str = "startup";
 /// CloudWatch has them).
 pub const LOCAL_RUNTIME: &str = "local-runtime";
 
+/// The HTTP functions that serve part of the routes `tidings serve` answers in one router: the
+/// role of their part there, and their binary's name (`tidings_functions::Function::name`).
+pub const COMMERCE_API: &str = "commerce-api";
+pub const MESSAGES_API: &str = "messages-api";
+pub const PUBLIC_API: &str = "public-api";
+
 /// Runs `work` as `role`; requests it makes are counted for that role.
 pub async fn acting_as<F: Future>(role: &'static str, work: F) -> F::Output {
     ROLE.scope(role, work).await

@@ -108,7 +108,7 @@ impl Around for Stalls {
             }
             Call::Put(item, _) => self.marker_write(&item.key),
             Call::Update(key) | Call::Delete(key) => self.marker_write(key),
-            Call::Transact(_) | Call::Query(_) => Ok(()),
+            Call::Transact(_) | Call::Query(..) | Call::QueryMany(_) => Ok(()),
         }
     }
 }

@@ -26,7 +26,7 @@ use tidings_core::ports::{
 };
 use tidings_core::{CoreConfig, Deps, TenantId, keys, templates};
 use tidings_embedded::EmbeddedStore;
-use tidings_embedded::test_world::TestWorld;
+use tidings_embedded::test_world::{Around, Call, TestWorld, Wrapped};
 
 /// A push provider that counts what it accepted per user, and answers 429 to the users in
 /// `throttle` (each as often as its count says).
@@ -600,4 +600,70 @@ async fn a_run_that_lost_its_page_lease_creates_no_batch() {
     let packed = pack(&w.t, &n, 0, 0, sends, "now");
     let written = write_batches(&w.store, &w.t, &id, w.deps.clock.now_ms(), &theirs.unwrap(), packed).await.unwrap();
     assert_eq!(written.len(), 1, "the holder creates its batch");
+}
+
+/// Counts the device reads of the table it wraps: queries of a user's devices asked one by
+/// one, and `query_many` calls with how many queries they carried.
+#[derive(Default)]
+struct DeviceReads {
+    one_by_one: std::sync::atomic::AtomicUsize,
+    many_calls: std::sync::atomic::AtomicUsize,
+    many_queries: std::sync::atomic::AtomicUsize,
+}
+
+impl DeviceReads {
+    fn load(n: &std::sync::atomic::AtomicUsize) -> usize {
+        n.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+#[async_trait]
+impl Around for DeviceReads {
+    async fn before(&self, call: Call<'_>) -> Result<(), tidings_core::ports::StoreError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        match call {
+            Call::Query(_, prefix) if prefix == keys::DEVICE_SK_PREFIX => {
+                self.one_by_one.fetch_add(1, SeqCst);
+            }
+            Call::QueryMany(queries) => {
+                self.many_calls.fetch_add(1, SeqCst);
+                self.many_queries.fetch_add(queries.len(), SeqCst);
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// A push campaign reads its members' devices once per page (for planning) and once per send
+/// batch (after its claim, for the sends), never user by user; the sends go to every device a
+/// member has when the batch is sent (a member's second device gets it too, a device removed
+/// after planning does not).
+#[tokio::test]
+async fn a_push_campaign_reads_devices_per_page_and_per_batch_not_per_user() {
+    let mut w = world(100);
+    let reachable = members(&w, 120, "vip").await;
+    let second = DeviceInput { user_id: "u0001".into(), platform: Platform::Android, token: "tok-1b".into() };
+    devices::register(&w.deps, &w.t, second).await.unwrap();
+    let reads = Arc::new(Wrapped::new(w.deps.table.clone(), DeviceReads::default()));
+    w.deps.table = reads.clone();
+    let reads = &reads.around;
+    let accepted = api::accept(&w.deps, &w.t, campaign("sale-devices", "vip")).await.unwrap();
+    let id = accepted.notification_id;
+    expand(&w).await;
+    let planned = DeviceReads::load(&reads.many_queries);
+    assert_eq!(planned, 120, "planning asked every member's devices once, in pages");
+    // u0002 removes its only device after planning, before its batch is sent.
+    devices::unregister(&w.deps, &w.t, "tok-2").await.unwrap();
+    drain(&w).await;
+    assert_eq!(DeviceReads::load(&reads.one_by_one), 0, "no member's devices were read alone");
+    let made = batches(&w, &id).await;
+    // Pages of 100 (two), then one read per batch of the members it sends to.
+    assert_eq!(DeviceReads::load(&reads.many_calls), 2 + made.len(), "{made:?}");
+    assert_eq!(DeviceReads::load(&reads.many_queries), planned + reachable);
+    let sends = w.push.sends.lock().unwrap().clone();
+    assert_eq!(sends.get("u0001"), Some(&2), "both devices of u0001");
+    assert_eq!(sends.get("u0002"), None, "the device removed before the send");
+    assert_eq!(w.push.total() as usize, reachable - 1 + 1);
+    assert_eq!(w.push.users(), reachable - 1);
 }

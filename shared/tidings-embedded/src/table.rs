@@ -98,6 +98,27 @@ impl Table for EmbeddedStore {
         self.with_reader(move |conn| query_page(conn, &pk, &prefix, after.as_deref(), descending, limit)).await
     }
 
+    async fn query_many(&self, queries: &[(String, String)], limit: usize) -> Result<Vec<Page>, StoreError> {
+        if queries.is_empty() {
+            return Ok(Vec::new());
+        }
+        let limit = match limit {
+            0 => DEFAULT_LIMIT,
+            n => n.min(MAX_LIMIT),
+        };
+        let queries = queries.to_vec();
+        self.with_reader(move |conn| {
+            // One read transaction, as `get_many`: each query beginning its own would start a
+            // snapshot and read the index's upper pages again after every commit of the writer.
+            run_cached(conn, "BEGIN", [])?;
+            let pages: Result<Vec<Page>, StoreError> =
+                queries.iter().map(|(pk, prefix)| query_page(conn, pk, prefix, None, false, limit)).collect();
+            run_cached(conn, "COMMIT", [])?;
+            pages
+        })
+        .await
+    }
+
     async fn query_range(&self, pk: &str, from: &str, to: &str, opts: QueryOpts) -> Result<Page, StoreError> {
         let limit = match opts.limit {
             0 => DEFAULT_LIMIT,

@@ -260,7 +260,10 @@ pub enum Call<'a> {
     Update(&'a Key),
     Delete(&'a Key),
     Transact(&'a [Write]),
-    Query(&'a str),
+    /// A query's partition and its prefix (a range query's: its lower bound).
+    Query(&'a str, &'a str),
+    /// The partitions and prefixes of a `query_many`.
+    QueryMany(&'a [(String, String)]),
 }
 
 impl Call<'_> {
@@ -337,15 +340,21 @@ impl<A: Around + 'static> tidings_core::ports::Table for Wrapped<A> {
         done
     }
     async fn query(&self, pk: &str, sk_prefix: &str, opts: QueryOpts) -> Result<Page, StoreError> {
-        self.around.before(Call::Query(pk)).await?;
+        self.around.before(Call::Query(pk, sk_prefix)).await?;
         let got = self.inner.query(pk, sk_prefix, opts).await;
-        self.around.after(Call::Query(pk)).await;
+        self.around.after(Call::Query(pk, sk_prefix)).await;
         got
     }
     async fn query_range(&self, pk: &str, from: &str, to: &str, opts: QueryOpts) -> Result<Page, StoreError> {
-        self.around.before(Call::Query(pk)).await?;
+        self.around.before(Call::Query(pk, from)).await?;
         let got = self.inner.query_range(pk, from, to, opts).await;
-        self.around.after(Call::Query(pk)).await;
+        self.around.after(Call::Query(pk, from)).await;
+        got
+    }
+    async fn query_many(&self, queries: &[(String, String)], limit: usize) -> Result<Vec<Page>, StoreError> {
+        self.around.before(Call::QueryMany(queries)).await?;
+        let got = self.inner.query_many(queries, limit).await;
+        self.around.after(Call::QueryMany(queries)).await;
         got
     }
 }

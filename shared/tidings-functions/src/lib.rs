@@ -57,9 +57,9 @@ impl Function {
     pub fn name(self) -> &'static str {
         match self {
             Function::Api => "api",
-            Function::CommerceApi => "commerce-api",
-            Function::MessagesApi => "messages-api",
-            Function::PublicApi => "public-api",
+            Function::CommerceApi => tidings_core::roles::COMMERCE_API,
+            Function::MessagesApi => tidings_core::roles::MESSAGES_API,
+            Function::PublicApi => tidings_core::roles::PUBLIC_API,
             Function::OutboxRelay => "outbox-relay",
             Function::Orchestrator => "orchestrator",
             Function::ChannelWorker => "channel-worker",

@@ -116,6 +116,31 @@ impl<F> Route<F> {
     }
 }
 
+/// `template.yaml`'s HTTP API routes, each to the binary of its function.
+pub fn template_routes() -> anyhow::Result<Vec<Route<String>>> {
+    use super::template::{self, Source};
+    let spec = template::stack_for_tests()?;
+    Ok(spec
+        .functions
+        .iter()
+        .flat_map(|f| {
+            f.sources.values().filter_map(|s| match s {
+                Source::HttpApi { method, path } => Some(Route::new(method, path, f.binary.clone())),
+                _ => None,
+            })
+        })
+        .collect())
+}
+
+/// The binary of the function API Gateway sends `method` `path` to, as `template.yaml` routes it.
+pub fn function_serving(method: &str, path: &str) -> anyhow::Result<String> {
+    let method = Method::from_bytes(method.as_bytes())?;
+    let routes = template_routes()?;
+    let (route, _) = route_of(&routes, &method, path)
+        .ok_or_else(|| anyhow::anyhow!("no route of template.yaml has {method} {path}"))?;
+    Ok(route.function.clone())
+}
+
 /// The route API Gateway sends `method` `path` to, with the path's parameters; `None` when no
 /// route matches (API Gateway answers 404 itself).
 pub fn route_of<'r, F>(
@@ -378,8 +403,7 @@ mod tests {
     use serde_json::Value;
     use tower::ServiceExt;
 
-    use super::{Route, route_of};
-    use crate::lambda::template::{self, Source};
+    use super::{Route, route_of, template_routes};
 
     fn picked(routes: &[Route<&'static str>], method: Method, path: &str) -> Option<(String, Value)> {
         route_of(routes, &method, path)
@@ -421,17 +445,7 @@ mod tests {
     /// deployed (a 404 `no_route`, or a 405).
     #[tokio::test]
     async fn every_path_of_the_reference_reaches_a_function_that_serves_it() {
-        let spec = template::stack_for_tests().unwrap();
-        let routes: Vec<Route<String>> = spec
-            .functions
-            .iter()
-            .flat_map(|f| {
-                f.sources.values().filter_map(|s| match s {
-                    Source::HttpApi { method, path } => Some(Route::new(method, path, f.binary.clone())),
-                    _ => None,
-                })
-            })
-            .collect();
+        let routes = template_routes().unwrap();
         let binaries: std::collections::BTreeSet<&str> = routes.iter().map(|r| r.function.as_str()).collect();
         assert_eq!(
             binaries,

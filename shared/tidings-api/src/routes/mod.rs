@@ -3,6 +3,7 @@
 use axum::Router;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
+use tidings_core::roles;
 
 use crate::problem::Problem;
 use crate::state::AppState;
@@ -45,13 +46,13 @@ pub fn app_with_limits(state: AppState, limits: std::sync::Arc<tidings_core::gat
     // On Lambda these routes are other functions': what they call is counted as theirs.
     let as_function = |function: &'static str, routes: Router<AppState>| {
         routes.layer(axum::middleware::from_fn(move |req, next: axum::middleware::Next| {
-            tidings_core::roles::acting_as(function, next.run(req))
+            roles::acting_as(function, next.run(req))
         }))
     };
     let mut router = shop_routes()
-        .merge(as_function("commerce-api", commerce_routes()))
-        .merge(as_function("messages-api", message_routes()))
-        .merge(as_function("public-api", public_routes()));
+        .merge(as_function(roles::COMMERCE_API, commerce_routes()))
+        .merge(as_function(roles::MESSAGES_API, message_routes()))
+        .merge(as_function(roles::PUBLIC_API, public_routes()));
     if state.dev.is_some() {
         router = router.merge(dev::router()).merge(console::router());
     }

@@ -172,6 +172,9 @@ pub struct PageWriter {
     /// Items read at once before the page is planned ([`PageWriter::prefetch`]): `get` answers
     /// them from here (`None`: known absent).
     prefetched: Mutex<std::collections::HashMap<Key, Option<Item>>>,
+    /// First pages of queries read at once ([`PageWriter::prefetch_queries`]), by partition,
+    /// prefix and limit: the first `query` asking one is answered from here.
+    prefetched_queries: Mutex<std::collections::HashMap<(String, String, usize), Page>>,
 }
 
 impl PageWriter {
@@ -185,6 +188,7 @@ impl PageWriter {
             now_ms,
             units: Mutex::new(Vec::new()),
             prefetched: Mutex::new(Default::default()),
+            prefetched_queries: Mutex::new(Default::default()),
         }
     }
 
@@ -201,6 +205,20 @@ impl PageWriter {
         let mut map = self.prefetched.lock().unwrap_or_else(|p| p.into_inner());
         for (key, item) in keys.into_iter().zip(got) {
             map.insert(key, item);
+        }
+        Ok(())
+    }
+
+    /// Runs `queries` at once (one `query_many`: the users' devices of a page in one read
+    /// instead of one each), for the planning code's first `query` of each with this `limit`.
+    pub async fn prefetch_queries(&self, queries: Vec<(String, String)>, limit: usize) -> Result<(), StoreError> {
+        let mut got = Vec::with_capacity(queries.len());
+        for chunk in queries.chunks(1000) {
+            got.extend(self.inner.query_many(chunk, limit).await?);
+        }
+        let mut map = self.prefetched_queries.lock().unwrap_or_else(|p| p.into_inner());
+        for ((pk, prefix), page) in queries.into_iter().zip(got) {
+            map.insert((pk, prefix, limit), page);
         }
         Ok(())
     }
@@ -418,6 +436,16 @@ impl Table for PageWriter {
     }
 
     async fn query(&self, pk: &str, sk_prefix: &str, opts: QueryOpts) -> Result<Page, StoreError> {
+        if opts.cursor.is_none() && !opts.descending {
+            let found = self.prefetched_queries.lock().unwrap_or_else(|p| p.into_inner()).remove(&(
+                pk.to_owned(),
+                sk_prefix.to_owned(),
+                opts.limit,
+            ));
+            if let Some(page) = found {
+                return Ok(page);
+            }
+        }
         self.inner.query(pk, sk_prefix, opts).await
     }
 

@@ -102,6 +102,11 @@ async fn plan_page(
         deps.clock.now_ms(),
     ));
     writer.prefetch(prefetch_keys(deps, t, n, users)).await?;
+    // The users' devices in one read, when push may be used (`devices_if_push`).
+    if n.request.channels.as_ref().is_none_or(|c| c.contains(&Channel::Push)) {
+        let queries = users.iter().map(|(user_id, _)| devices::query_of(t, user_id)).collect();
+        writer.prefetch_queries(queries, devices::QUERY_LIMIT).await?;
+    }
     // The send batches an earlier run of this page made (docs/delivery.md, "Send batches").
     let made = batch::page_batches(deps.table.as_ref(), t, &n.notification_id, page).await?;
     let page_deps = Deps { table: writer.clone(), ..deps.clone() };

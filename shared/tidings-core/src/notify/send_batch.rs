@@ -30,7 +30,7 @@ use crate::error::CoreResult;
 use crate::ids::TenantId;
 use crate::keys;
 use crate::outcome::Outcome;
-use crate::ports::{Cond, Key, StoreError, Update, Write};
+use crate::ports::{Channel, Cond, Key, StoreError, Update, Write};
 use crate::retry::backoff;
 use crate::tasks::Task;
 
@@ -116,10 +116,22 @@ async fn deliver(
             }
         }
     }
-    // Step 3: the sends.
+    // Step 3: the sends. A push batch's devices are read at once after the claim (one read of
+    // the batch's users, not one each); a failed read leaves each send to read its own.
+    let devices = match b.channel {
+        Channel::Push => {
+            let users: Vec<&str> = to_send.iter().map(|(_, task)| task.user_id.as_str()).collect();
+            crate::people::devices::list_many(deps, t, &users)
+                .await
+                .inspect_err(|e| warn!(error = %e, "a send batch's devices could not be read at once"))
+                .ok()
+        }
+        _ => None,
+    };
     let claimed: Vec<Claimed<'_>> = to_send
         .iter()
-        .map(|(i, task)| Claimed {
+        .enumerate()
+        .map(|(n, (i, task))| Claimed {
             index: *i,
             t,
             task,
@@ -127,6 +139,7 @@ async fn deliver(
             key: key.clone(),
             page: batch.page,
             attempts: entries.get(*i).map_or(1, |e| e.attempts.saturating_add(1)),
+            devices: devices.as_ref().and_then(|d| d.get(n)).map(Vec::as_slice),
         })
         .collect();
     let sending = super::fence::enter([(t, b.notification_id.as_str())]);

@@ -256,7 +256,16 @@ async fn select_batch<'a>(deps: &Deps, tasks: &'a [Task<ChannelTask>]) -> CoreRe
         }
         let receive_count = tasks.get(index).map_or(1, |m| m.receive_count);
         let page = progress::page_of(&item);
-        selected.push(Claimed { index, t, task, receive_count, key, page, attempts: d.attempts.saturating_add(1) });
+        selected.push(Claimed {
+            index,
+            t,
+            task,
+            receive_count,
+            key,
+            page,
+            attempts: d.attempts.saturating_add(1),
+            devices: None,
+        });
     }
     Ok(selected)
 }
@@ -275,6 +284,9 @@ pub(super) struct Claimed<'a> {
     pub(super) page: u64,
     /// Its attempts, this one included.
     pub(super) attempts: u32,
+    /// A push's devices, read after the claim with the other sends of its batch (`None`: read
+    /// right before its provider call).
+    pub(super) devices: Option<&'a [crate::people::devices::Device]>,
 }
 
 impl Claimed<'_> {
@@ -344,7 +356,7 @@ async fn claim_one<'a>(
     };
     let page = progress::page_of(&item);
     let d: Delivery = item.parse()?;
-    Ok(Ok(Claimed { index: 0, t, task, receive_count, key, page, attempts: d.attempts }))
+    Ok(Ok(Claimed { index: 0, t, task, receive_count, key, page, attempts: d.attempts, devices: None }))
 }
 
 /// The claims of a batch's selected deliveries: the ones claimed. Each claim is a conditional
@@ -512,7 +524,7 @@ pub(super) async fn send_all(
                     }
                 }
                 match deps.providers.for_channel(c.task.channel) {
-                    Some(provider) => match call_provider(deps, c.t, c.task, provider.as_ref(), c.attempts).await {
+                    Some(provider) => match call_provider(deps, c, provider.as_ref()).await {
                         Ok(Err(e)) if let Some(wait) = crate::gates::gate_refusal(&e) => Attempt::Gated(wait),
                         Ok(result) => Attempt::Called(provider.name().to_owned(), result),
                         Err(crate::gates::Elapsed::AtGate) => Attempt::Gated(Duration::from_secs(1)),
@@ -532,11 +544,10 @@ pub(super) async fn send_all(
 /// got past the gates.
 async fn call_provider(
     deps: &Deps,
-    t: &TenantId,
-    task: &ChannelTask,
+    c: &Claimed<'_>,
     provider: &dyn crate::ports::Provider,
-    attempt: u32,
 ) -> Result<Result<ProviderReceipt, ProviderError>, crate::gates::Elapsed> {
+    let (t, task, attempt) = (c.t, c.task, c.attempts);
     // Every provider is called from here: header fields are made one line here, once, whatever
     // rendered them (docs/templates.md, "Header fields").
     let message = OutboundMessage {
@@ -564,7 +575,7 @@ async fn call_provider(
     let result = crate::gates::within(
         deps.config.provider_timeout,
         gate_limit,
-        crate::people::devices::send(deps, t, provider, &message),
+        crate::people::devices::send(deps, t, provider, &message, c.devices),
     )
     .await?;
     if result.is_ok()

@@ -246,19 +246,38 @@ pub async fn by_address(deps: &Deps, address: &str) -> CoreResult<Option<(Tenant
     Ok((device.address == address).then_some((t, device)))
 }
 
+/// Devices read per query of [`list`].
+pub const QUERY_LIMIT: usize = 100;
+
+/// The first query [`list`] makes for a user (its partition and prefix), to ask ahead with
+/// [`crate::ports::Table::query_many`].
+pub fn query_of(t: &TenantId, user_id: &str) -> (String, String) {
+    (keys::user_pk(t, user_id), keys::DEVICE_SK_PREFIX.to_owned())
+}
+
+/// The devices of several users, in the order asked: one read of every user's first page
+/// (a user with more devices than that has the rest read with [`list`]).
+pub async fn list_many(deps: &Deps, t: &TenantId, user_ids: &[&str]) -> CoreResult<Vec<Vec<Device>>> {
+    let queries: Vec<(String, String)> = user_ids.iter().map(|u| query_of(t, u)).collect();
+    let pages = deps.table.query_many(&queries, QUERY_LIMIT).await?;
+    let mut out = Vec::with_capacity(pages.len());
+    for (user_id, page) in user_ids.iter().zip(pages) {
+        if page.next_cursor.is_some() {
+            out.push(list(deps, t, user_id).await?);
+            continue;
+        }
+        out.push(page.items.iter().map(|i| i.parse()).collect::<Result<_, _>>()?);
+    }
+    Ok(out)
+}
+
 /// The user's devices.
 pub async fn list(deps: &Deps, t: &TenantId, user_id: &str) -> CoreResult<Vec<Device>> {
     let mut out = Vec::new();
     let mut cursor = None;
+    let (pk, prefix) = query_of(t, user_id);
     loop {
-        let page = deps
-            .table
-            .query(
-                &keys::user_pk(t, user_id),
-                keys::DEVICE_SK_PREFIX,
-                QueryOpts { limit: 100, cursor, descending: false },
-            )
-            .await?;
+        let page = deps.table.query(&pk, &prefix, QueryOpts { limit: QUERY_LIMIT, cursor, descending: false }).await?;
         for item in &page.items {
             out.push(item.parse()?);
         }
@@ -296,7 +315,8 @@ pub async fn remove_invalid(deps: &Deps, t: &TenantId, device: &Device) -> CoreR
     Ok(())
 }
 
-/// Sends a message through its provider; a push goes to every device of the user.
+/// Sends a message through its provider; a push goes to every device of the user (`known`:
+/// its devices as read just before, by the caller; else they are read here).
 ///
 /// A device answered as gone (`InvalidToken`) is deleted at once and the others still get it.
 /// The send counts as accepted when any device accepted it (the user has it; the collapse id,
@@ -307,17 +327,25 @@ pub async fn send(
     t: &TenantId,
     provider: &dyn Provider,
     message: &OutboundMessage,
+    known: Option<&[Device]>,
 ) -> Result<ProviderReceipt, ProviderError> {
     if message.channel != Channel::Push {
         return provider.send(message).await;
     }
-    let devices = list(deps, t, &message.user_id)
-        .await
-        .map_err(|e| ProviderError::transient(format!("devices could not be read: {e}")))?;
+    let read;
+    let devices = match known {
+        Some(devices) => devices,
+        None => {
+            read = list(deps, t, &message.user_id)
+                .await
+                .map_err(|e| ProviderError::transient(format!("devices could not be read: {e}")))?;
+            &read[..]
+        }
+    };
     let mut accepted = Vec::new();
     let mut transient = None;
     let mut permanent = None;
-    for device in &devices {
+    for device in devices {
         let mut m = message.clone();
         m.to = device.address.clone();
         match provider.send(&m).await {

@@ -94,7 +94,9 @@ pub(crate) fn e164_and_country(number: &str) -> Option<(String, Option<String>)>
     }
     // The national number as the crate keeps it: its leading zeros, then a number below 2^56.
     let significant = national.trim_start_matches('0');
-    significant.parse::<u64>().ok().filter(|v| *v < 1 << 56)?;
+    if !significant.parse::<u64>().is_ok_and(|v| v < 1 << 56) {
+        return None;
+    }
     let r = source_for(index, &national)?;
     if !is_valid_in(&code.regions[r], compiled(index, r), &national) {
         return None;

@@ -334,6 +334,18 @@ pub trait Table: Send + Sync + 'static {
     /// Items of one partition whose sort key starts with `sk_prefix`, in sort-key order.
     async fn query(&self, pk: &str, sk_prefix: &str, opts: QueryOpts) -> Result<Page, StoreError>;
 
+    /// The first page of several queries at once: for each `(pk, sk_prefix)`, what
+    /// [`Table::query`] answers with `limit` and no cursor, in the order asked. The default asks
+    /// them one by one; the embedded store answers them in one read transaction (one snapshot,
+    /// its pages read once), DynamoDB with several queries in flight.
+    async fn query_many(&self, queries: &[(String, String)], limit: usize) -> Result<Vec<Page>, StoreError> {
+        let mut out = Vec::with_capacity(queries.len());
+        for (pk, prefix) in queries {
+            out.push(self.query(pk, prefix, QueryOpts { limit, cursor: None, descending: false }).await?);
+        }
+        Ok(out)
+    }
+
     /// Items of one partition whose sort key is between `from` and `to`, both included (byte
     /// order, DynamoDB's `BETWEEN`; an empty `from` is the partition's start), in sort-key order;
     /// an empty page when `from > to`. The
