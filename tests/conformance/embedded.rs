@@ -69,6 +69,7 @@ macro_rules! queue_case {
 table_case!(item_round_trip);
 table_case!(get_many_in_order);
 table_case!(query_many_in_order);
+table_case!(update_each_alone);
 table_case!(null_attributes_are_not_stored);
 table_case!(conditional_put_conflict);
 table_case!(update_upsert_and_add);

@@ -13,7 +13,7 @@ use aws_sdk_dynamodb::types::{
     AttributeValue, ConditionCheck, Delete, KeysAndAttributes, Put, ReturnValue, TransactWriteItem, Update as DynUpdate,
 };
 use serde_json::Value;
-use tidings_core::ports::{Attrs, CmpOp, Cond, Item, Key, Page, QueryOpts, StoreError, Table, Update, Write};
+use tidings_core::ports::{Attrs, CmpOp, Cond, Item, Key, Page, QueryOpts, StoreError, Table, Update, Updating, Write};
 use tidings_core::retry::backoff;
 
 use crate::error::{Kind, classify};
@@ -579,8 +579,8 @@ impl DynamoTable {
     }
 }
 
-/// Queries of one [`Table::query_many`] in flight at once.
-const QUERIES_IN_FLIGHT: usize = 16;
+/// Requests of one [`Table::query_many`] or [`Table::update_each`] in flight at once.
+const IN_FLIGHT: usize = 16;
 
 #[async_trait]
 impl Table for DynamoTable {
@@ -745,7 +745,15 @@ impl Table for DynamoTable {
                 Box::pin(self.query(pk, prefix, QueryOpts { limit, cursor: None, descending: false }))
             })
             .collect();
-        futures::stream::iter(each).buffered(QUERIES_IN_FLIGHT).try_collect().await
+        futures::stream::iter(each).buffered(IN_FLIGHT).try_collect().await
+    }
+
+    async fn update_each(&self, updates: Vec<Updating>) -> Result<Vec<Result<Item, StoreError>>, StoreError> {
+        use futures::StreamExt;
+        // Each its own UpdateItem (a transaction would cost twice and fail as one), a few in
+        // flight at once.
+        let each = updates.into_iter().map(|u| async move { self.update(&u.key, u.updates, u.cond).await });
+        Ok(futures::stream::iter(each).buffered(IN_FLIGHT).collect().await)
     }
 
     async fn query_range(&self, pk: &str, from: &str, to: &str, opts: QueryOpts) -> Result<Page, StoreError> {

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tidings_core::ports::{Cond, Item, Key, QueryOpts, StoreError, Table, Update, Write};
+use tidings_core::ports::{Cond, Item, Key, QueryOpts, StoreError, Table, Update, Updating, Write};
 
 use crate::{attrs, run_id};
 
@@ -93,6 +93,41 @@ pub async fn query_many_in_order(t: &dyn Table) {
         }
     }
     assert!(t.query_many(&[], 2).await.unwrap().is_empty());
+}
+
+/// Updates each on its own: one answer per update in order, the item after it; a failed
+/// condition fails that update alone and leaves its item as it was; the others are made.
+pub async fn update_each_alone(t: &dyn Table) {
+    let pk = format!("ueach-{}", run_id());
+    // Counters of a cap of 2, as frequency caps count: c0 at 0 (absent), c1 at 1, c2 at 2.
+    t.put(item(&pk, "c1", json!({"n": 1})), Cond::Always).await.unwrap();
+    t.put(item(&pk, "c2", json!({"n": 2})), Cond::Always).await.unwrap();
+    t.put(item(&pk, "c4", json!({"n": 5})), Cond::Always).await.unwrap();
+    let count = |sk: &str| Updating {
+        key: key(&pk, sk),
+        updates: vec![Update::add("n", 1), Update::set("mark", true)],
+        cond: Cond::Or(vec![Cond::AttrNotExists("n".into()), Cond::lt("n", 2)]),
+    };
+    let asked = vec![count("c2"), count("c0"), count("c1"), count("c4"), count("c3")];
+    let answers = t.update_each(asked).await.unwrap();
+    assert_eq!(answers.len(), 5, "one answer per update");
+    let after = |i: usize| -> Option<i64> { answers[i].as_ref().ok().and_then(|item| item.i64("n")) };
+    assert!(answers[0].as_ref().is_err_and(StoreError::is_condition_failed), "c2 full: {:?}", answers[0]);
+    assert_eq!(after(1), Some(1), "c0 made by its update: {:?}", answers[1]);
+    assert_eq!(after(2), Some(2), "c1 counted: {:?}", answers[2]);
+    assert!(answers[3].as_ref().is_err_and(StoreError::is_condition_failed), "c4 over the cap: {:?}", answers[3]);
+    assert_eq!(after(4), Some(1), "c3 made: {:?}", answers[4]);
+    assert_eq!(answers[2].as_ref().unwrap().key, key(&pk, "c1"), "the answer names its item");
+    // What is stored: the failed update left nothing of itself (no mark), the others all.
+    let c2 = t.get(&key(&pk, "c2")).await.unwrap().unwrap();
+    assert_eq!((c2.i64("n"), c2.attrs.contains_key("mark")), (Some(2), false), "c2 untouched");
+    let c4 = t.get(&key(&pk, "c4")).await.unwrap().unwrap();
+    assert_eq!((c4.i64("n"), c4.attrs.contains_key("mark")), (Some(5), false), "c4 untouched");
+    for (sk, n) in [("c0", 1), ("c1", 2), ("c3", 1)] {
+        let got = t.get(&key(&pk, sk)).await.unwrap().unwrap();
+        assert_eq!((got.i64("n"), got.attrs.get("mark")), (Some(n), Some(&json!(true))), "{sk} as answered");
+    }
+    assert!(t.update_each(Vec::new()).await.unwrap().is_empty());
 }
 
 /// Put, get, delete; values of every JSON shape come back as they were put.

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 pub use crate::config::CoreConfig;
 pub use crate::ports::Providers;
-use crate::ports::{Clock, Cond, Item, Key, Page, QueryOpts, Queues, StoreError, Table, Update, Write};
+use crate::ports::{Clock, Cond, Item, Key, Page, QueryOpts, Queues, StoreError, Table, Update, Updating, Write};
 
 /// Everything the core uses.
 #[derive(Clone)]
@@ -78,6 +78,9 @@ impl Table for Timed {
     }
     async fn delete(&self, key: &Key, cond: Cond) -> Result<(), StoreError> {
         timed("write", self.0.delete(key, cond)).await
+    }
+    async fn update_each(&self, updates: Vec<Updating>) -> Result<Vec<Result<Item, StoreError>>, StoreError> {
+        timed("write", self.0.update_each(updates)).await
     }
     async fn transact(&self, writes: Vec<Write>) -> Result<(), StoreError> {
         timed("transact", self.0.transact(writes)).await

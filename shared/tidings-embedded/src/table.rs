@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, params};
 use serde_json::Value;
-use tidings_core::ports::{Attrs, Cond, Item, Key, Page, QueryOpts, StoreError, Table, Update, Write};
+use tidings_core::ports::{Attrs, Cond, Item, Key, Page, QueryOpts, StoreError, Table, Update, Updating, Write};
 
 use crate::{EmbeddedStore, db_err};
 
@@ -67,6 +67,57 @@ impl Table for EmbeddedStore {
         self.write_all(vec![Write::Delete { key: key.clone(), cond }]).await.map(|_| ())
     }
 
+    async fn update_each(&self, updates: Vec<Updating>) -> Result<Vec<Result<Item, StoreError>>, StoreError> {
+        if updates.is_empty() {
+            return Ok(Vec::new());
+        }
+        let writes: Vec<Write> =
+            updates.into_iter().map(|u| Write::Update { key: u.key, updates: u.updates, cond: u.cond }).collect();
+        let checked: Vec<Result<(), StoreError>> = writes.iter().map(validate).collect();
+        let (answers, appended) = self
+            .with_conn(move |conn, inner| {
+                // One request to the writer: each update under its own savepoint, so a failed
+                // condition undoes that update alone; all of them under one, so a failed
+                // statement answers none and leaves none.
+                let filter = inner.stream_filter.get().copied();
+                run_cached(conn, "SAVEPOINT update_each", [])?;
+                let applied = (|| {
+                    let mut answers = Vec::with_capacity(writes.len());
+                    let mut appended = false;
+                    for (write, checked) in writes.into_iter().zip(checked) {
+                        let key = write.key().clone();
+                        if let Err(e) = checked {
+                            answers.push(Err(e));
+                            continue;
+                        }
+                        run_cached(conn, "SAVEPOINT update_one", [])?;
+                        let applied = apply_write(conn, write, 0, filter);
+                        if applied.is_err() {
+                            run_cached(conn, "ROLLBACK TO update_one", [])?;
+                        }
+                        run_cached(conn, "RELEASE update_one", [])?;
+                        answers.push(applied.and_then(|(after, changed)| {
+                            appended |= changed;
+                            after.map(|attrs| Item::new(key.clone(), attrs)).ok_or_else(|| {
+                                StoreError::Corrupt(format!("{}/{}: update left no item", key.pk, key.sk))
+                            })
+                        }));
+                    }
+                    Ok::<_, StoreError>((answers, appended))
+                })();
+                if applied.is_err() {
+                    run_cached(conn, "ROLLBACK TO update_each", [])?;
+                }
+                run_cached(conn, "RELEASE update_each", [])?;
+                applied
+            })
+            .await?;
+        if appended {
+            self.inner.changes.notify_waiters();
+        }
+        Ok(answers)
+    }
+
     async fn transact(&self, writes: Vec<Write>) -> Result<(), StoreError> {
         if writes.is_empty() {
             return Err(StoreError::Invalid("a transaction needs at least one write".into()));
@@ -84,10 +135,7 @@ impl Table for EmbeddedStore {
     }
 
     async fn query(&self, pk: &str, sk_prefix: &str, opts: QueryOpts) -> Result<Page, StoreError> {
-        let limit = match opts.limit {
-            0 => DEFAULT_LIMIT,
-            n => n.min(MAX_LIMIT),
-        };
+        let limit = page_limit(opts.limit);
         let after = match &opts.cursor {
             None => None,
             Some(c) => Some(decode_cursor(c)?),
@@ -102,10 +150,7 @@ impl Table for EmbeddedStore {
         if queries.is_empty() {
             return Ok(Vec::new());
         }
-        let limit = match limit {
-            0 => DEFAULT_LIMIT,
-            n => n.min(MAX_LIMIT),
-        };
+        let limit = page_limit(limit);
         let queries = queries.to_vec();
         self.with_reader(move |conn| {
             // One read transaction, as `get_many`: each query beginning its own would start a
@@ -120,10 +165,7 @@ impl Table for EmbeddedStore {
     }
 
     async fn query_range(&self, pk: &str, from: &str, to: &str, opts: QueryOpts) -> Result<Page, StoreError> {
-        let limit = match opts.limit {
-            0 => DEFAULT_LIMIT,
-            n => n.min(MAX_LIMIT),
-        };
+        let limit = page_limit(opts.limit);
         let after = match &opts.cursor {
             None => None,
             Some(c) => Some(decode_cursor(c)?),
@@ -339,6 +381,14 @@ fn encode_cursor(sk: &str) -> String {
 
 /// Any hex string is a position in the partition (bytes that are not UTF-8 read as U+FFFD):
 /// the query compares it with the sort keys, so a cursor the server never gave pages too.
+/// A query's page size: the default for 0, at most the largest.
+fn page_limit(limit: usize) -> usize {
+    match limit {
+        0 => DEFAULT_LIMIT,
+        n => n.min(MAX_LIMIT),
+    }
+}
+
 fn decode_cursor(cursor: &str) -> Result<String, StoreError> {
     hex::decode(cursor)
         .map(|b| String::from_utf8_lossy(&b).into_owned())

@@ -27,7 +27,7 @@ use crate::error::CoreResult;
 use crate::ids::TenantId;
 use crate::keys;
 use crate::ports::table::MAX_TRANSACTION_WRITES;
-use crate::ports::{Attrs, Cond, Item, Key, Page, QueryOpts, StoreError, Table, Update, Write, attrs_of};
+use crate::ports::{Attrs, Cond, Item, Key, Page, QueryOpts, StoreError, Table, Update, Updating, Write, attrs_of};
 
 /// A queued page of a campaign: the item whose insert the relay turns into a request task.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -72,6 +72,20 @@ pub async fn queue_page(deps: &Deps, t: &TenantId, n: &Notification, page: u64, 
 }
 
 /// The marker of a finished page. Its `expanded` and `pages` add up with the counters.
+/// `read` over `items` a thousand at a time (a page's reads, within the port's bulk bounds),
+/// its answers in the items' order.
+async fn in_chunks<'a, T, R, F, Fut>(items: &'a [T], read: F) -> Result<Vec<R>, StoreError>
+where
+    F: Fn(&'a [T]) -> Fut,
+    Fut: std::future::Future<Output = Result<Vec<R>, StoreError>>,
+{
+    let mut got = Vec::with_capacity(items.len());
+    for chunk in items.chunks(1000) {
+        got.extend(read(chunk).await?);
+    }
+    Ok(got)
+}
+
 fn done_key(t: &TenantId, notification_id: &str, page: u64) -> Key {
     Key::new(keys::notification_pk(t, notification_id), format!("{}{page:08}#done", keys::COUNTER_PREFIX))
 }
@@ -198,10 +212,7 @@ impl PageWriter {
     /// one by one a few milliseconds later; the caps are checked again by the writes'
     /// conditions.
     pub async fn prefetch(&self, keys: Vec<Key>) -> Result<(), StoreError> {
-        let mut got = Vec::with_capacity(keys.len());
-        for chunk in keys.chunks(1000) {
-            got.extend(self.inner.get_many(chunk).await?);
-        }
+        let got = in_chunks(&keys, |chunk| self.inner.get_many(chunk)).await?;
         let mut map = self.prefetched.lock().unwrap_or_else(|p| p.into_inner());
         for (key, item) in keys.into_iter().zip(got) {
             map.insert(key, item);
@@ -212,10 +223,7 @@ impl PageWriter {
     /// Runs `queries` at once (one `query_many`: the users' devices of a page in one read
     /// instead of one each), for the planning code's first `query` of each with this `limit`.
     pub async fn prefetch_queries(&self, queries: Vec<(String, String)>, limit: usize) -> Result<(), StoreError> {
-        let mut got = Vec::with_capacity(queries.len());
-        for chunk in queries.chunks(1000) {
-            got.extend(self.inner.query_many(chunk, limit).await?);
-        }
+        let got = in_chunks(&queries, |chunk| self.inner.query_many(chunk, limit)).await?;
         let mut map = self.prefetched_queries.lock().unwrap_or_else(|p| p.into_inner());
         for ((pk, prefix), page) in queries.into_iter().zip(got) {
             map.insert((pk, prefix, limit), page);
@@ -387,6 +395,10 @@ impl Table for PageWriter {
 
     async fn update(&self, key: &Key, updates: Vec<Update>, cond: Cond) -> Result<Item, StoreError> {
         self.inner.update(key, updates, cond).await
+    }
+
+    async fn update_each(&self, updates: Vec<Updating>) -> Result<Vec<Result<Item, StoreError>>, StoreError> {
+        self.inner.update_each(updates).await
     }
 
     async fn delete(&self, key: &Key, cond: Cond) -> Result<(), StoreError> {

@@ -22,7 +22,7 @@ use crate::inbox;
 use crate::keys;
 use crate::people::users::{self, User};
 use crate::people::{devices, preferences};
-use crate::ports::{Channel, Cond, Item, Key, OutMessage, StoreError, Update, Write, attrs_of};
+use crate::ports::{Channel, Cond, Item, Key, OutMessage, StoreError, Update, Updating, Write, attrs_of};
 use crate::templates::{self, Template};
 use crate::timers::task::{self as timer, TimerTask};
 use crate::tracking::LinkHosts;
@@ -103,7 +103,7 @@ async fn plan_page(
     ));
     writer.prefetch(prefetch_keys(deps, t, n, users)).await?;
     // The users' devices in one read, when push may be used (`devices_if_push`).
-    if n.request.channels.as_ref().is_none_or(|c| c.contains(&Channel::Push)) {
+    if may_push(n) {
         let queries = users.iter().map(|(user_id, _)| devices::query_of(t, user_id)).collect();
         writer.prefetch_queries(queries, devices::QUERY_LIMIT).await?;
     }
@@ -119,13 +119,23 @@ async fn plan_page(
             Box::pin(plan_user(&page_deps, t, n, user_id, user.as_ref(), template, hosts, Some(made_ref)))
         })
         .collect();
-    let planned: Vec<Vec<Planned>> =
+    let made_plans: Vec<Vec<Planned>> =
         futures::stream::iter(plans).buffer_unordered(PLAN_CONCURRENCY).try_collect().await?;
+    // The batched sends' caps, counted for the whole page at once (a full one's suppressed
+    // delivery is held by the writer, so before its flush).
+    let (mut planned, mut gated) = (Vec::new(), Vec::new());
+    for p in made_plans.into_iter().flatten() {
+        match p {
+            Planned::Gated(g) => gated.push(*g),
+            other => planned.push(other),
+        }
+    }
+    planned.extend(count_gates(&page_deps, t, n, gated).await?);
     let skip = writer.flush().await?;
     let mut tasks: BTreeMap<String, Vec<OutMessage>> = BTreeMap::new();
     let mut batched: BTreeMap<String, Vec<ChannelTask>> = BTreeMap::new();
     let mut requeued: BTreeMap<Key, (String, Vec<ChannelTask>)> = BTreeMap::new();
-    for planned in planned.into_iter().flatten() {
+    for planned in planned {
         match planned {
             Planned::Task(queue, task) => {
                 if skip.contains(&keys::delivery(t, &task.notification_id, &task.user_id, task.channel)) {
@@ -138,7 +148,7 @@ async fn plan_page(
             Planned::Requeue(key, queue, task) => {
                 requeued.entry(key).or_insert_with(|| (queue, Vec::new())).1.push(task)
             }
-            Planned::Defer(_) => {}
+            Planned::Defer(_) | Planned::Gated(_) => {}
         }
     }
     // The page's new send batches, created with their counters; the pending ones of an earlier
@@ -224,6 +234,9 @@ enum Planned {
     Task(String, ChannelTask),
     /// A marketing send for the page's new send batches (`super::batch`); its cap is counted.
     Batch(String, ChannelTask),
+    /// A marketing send for the page's new send batches whose gates (its frequency cap) are
+    /// still to be counted: the page counts them all at once ([`count_gates`]).
+    Gated(Box<Gated>),
     /// A member of a send batch an earlier run made, still `pending`: rendered again for the
     /// batch's message.
     Requeue(Key, String, ChannelTask),
@@ -479,10 +492,15 @@ async fn devices_if_push(
     n: &Notification,
     user_id: &str,
 ) -> CoreResult<Vec<devices::Device>> {
-    if n.request.channels.as_ref().is_some_and(|c| !c.contains(&Channel::Push)) {
+    if !may_push(n) {
         return Ok(Vec::new());
     }
     devices::list(deps, t, user_id).await
+}
+
+/// Whether the notification may go by push: it names no channels, or push among them.
+fn may_push(n: &Notification) -> bool {
+    n.request.channels.as_ref().is_none_or(|c| c.contains(&Channel::Push))
 }
 
 /// The channels to try for a user: the request's, else what the user can receive (an address
@@ -653,54 +671,99 @@ async fn plan_delivery(p: &Planning<'_>) -> CoreResult<Option<Planned>> {
         && deferred.is_none()
         && let Content::Task(queue, task) = content
     {
-        return batch_planned(deps, t, n, key, delivery, writes, queue, task).await;
+        return batch_planned(key, delivery, writes, queue, task).map(Some);
     }
     Ok(write_planned(deps, t, n, key, delivery, deferred, writes, content)
         .await?
         .map(|(q, task)| Planned::Task(q, task)))
 }
 
-/// A marketing send for the page's send batches: its gates (the frequency cap) counted first,
-/// each by a single conditional update, not in the page's transaction (docs/delivery.md,
-/// "Send batches"). The cap remembers the notification it counted: a retried page that finds
-/// the mark counted it already. A cap reached suppresses the delivery (a `D#` item).
-#[allow(clippy::too_many_arguments)]
-async fn batch_planned(
-    deps: &Deps,
-    t: &TenantId,
-    n: &Notification,
+/// A marketing send for the page's send batches, its gates (the frequency cap) to count.
+struct Gated {
     key: Key,
-    mut delivery: Delivery,
+    delivery: Delivery,
+    /// The gates not counted yet, in order, each with the reason a full one gives.
+    gates: std::collections::VecDeque<(Updating, policy::SuppressReason)>,
+    queue: String,
+    task: ChannelTask,
+}
+
+/// A marketing send for the page's send batches: its gates are counted by the page
+/// ([`count_gates`]), not in the page's transaction (docs/delivery.md, "Send batches").
+fn batch_planned(
+    key: Key,
+    delivery: Delivery,
     writes: Vec<Write>,
     queue: String,
     task: ChannelTask,
-) -> CoreResult<Option<Planned>> {
-    let mark = policy::cap_mark(n);
+) -> CoreResult<Planned> {
+    let mut gates = std::collections::VecDeque::with_capacity(writes.len());
     for gate in writes {
         let reason = policy::gate_reason(&gate);
-        let Write::Update { key: gate_key, updates, cond } = gate else {
+        let Write::Update { key, updates, cond } = gate else {
             return Err(StoreError::Invalid("a gate that is not an update".into()).into());
         };
-        match deps.table.update(&gate_key, updates, cond).await {
-            Ok(_) => {}
-            Err(StoreError::ConditionFailed { .. }) => {
-                // Counted by an earlier run of this page, or full.
-                let ours = deps.table.update(&gate_key, vec![Update::set(&mark, true)], Cond::AttrExists(mark.clone()));
-                match ours.await {
-                    Ok(_) => {}
-                    Err(StoreError::ConditionFailed { .. }) => {
-                        delivery.status = DeliveryStatus::Suppressed;
-                        delivery.reason = Some(reason.as_str().into());
-                        write_final(deps, t, n, key, &delivery, None).await?;
-                        return Ok(None);
-                    }
-                    Err(e) => return Err(e.into()),
+        gates.push_back((Updating { key, updates, cond }, reason));
+    }
+    Ok(Planned::Gated(Box::new(Gated { key, delivery, gates, queue, task })))
+}
+
+/// Counts the gates of a page's batched sends: each a single conditional update, all of a
+/// round in one request ([`crate::ports::Table::update_each`]), the sends' first gates first,
+/// then the second gates of those that passed, and so on. The cap remembers the notification
+/// it counted: a gate that fails but carries the mark was counted by an earlier run of the
+/// page. A gate full without it suppresses the delivery (a `D#` item, held by the page's
+/// writer). The sends that pass every gate go to the page's send batches.
+async fn count_gates(deps: &Deps, t: &TenantId, n: &Notification, gated: Vec<Gated>) -> CoreResult<Vec<Planned>> {
+    let mark = policy::cap_mark(n);
+    let mut passed = Vec::with_capacity(gated.len());
+    let mut open = gated;
+    while !open.is_empty() {
+        let mut asked = Vec::with_capacity(open.len());
+        let mut counting = Vec::with_capacity(open.len());
+        for mut g in open {
+            match g.gates.pop_front() {
+                Some((gate, reason)) => {
+                    counting.push((gate.key.clone(), reason, g));
+                    asked.push(gate);
                 }
+                None => passed.push(Planned::Batch(g.queue, g.task)),
             }
-            Err(e) => return Err(e.into()),
+        }
+        open = Vec::with_capacity(counting.len());
+        let mut full = Vec::new();
+        for (answer, counted) in deps.table.update_each(asked).await?.into_iter().zip(counting) {
+            match answer {
+                Ok(_) => open.push(counted.2),
+                Err(StoreError::ConditionFailed { .. }) => full.push(counted),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if full.is_empty() {
+            continue;
+        }
+        // Counted by an earlier run of this page, or full.
+        let ours = full
+            .iter()
+            .map(|(key, ..)| Updating {
+                key: key.clone(),
+                updates: vec![Update::set(&mark, true)],
+                cond: Cond::AttrExists(mark.clone()),
+            })
+            .collect();
+        for (answer, (_, reason, mut g)) in deps.table.update_each(ours).await?.into_iter().zip(full) {
+            match answer {
+                Ok(_) => open.push(g),
+                Err(StoreError::ConditionFailed { .. }) => {
+                    g.delivery.status = DeliveryStatus::Suppressed;
+                    g.delivery.reason = Some(reason.as_str().into());
+                    write_final(deps, t, n, g.key, &g.delivery, None).await?;
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
     }
-    Ok(Some(Planned::Batch(queue, task)))
+    Ok(passed)
 }
 
 /// Where planning a delivery starts, from its record.

@@ -11,6 +11,6 @@ pub use provider::{
 };
 pub use queue::{OutMessage, QueueError, QueueStats, Queues, Received};
 pub use table::{
-    Attrs, ChangeFeed, ChangeRecord, CmpOp, Cond, Item, Key, Page, QueryOpts, StoreError, Table, Update, Write,
-    attrs_of,
+    Attrs, ChangeFeed, ChangeRecord, CmpOp, Cond, Item, Key, Page, QueryOpts, StoreError, Table, Update, Updating,
+    Write, attrs_of,
 };

@@ -300,6 +300,14 @@ impl StoreError {
     }
 }
 
+/// One update of [`Table::update_each`].
+#[derive(Clone, Debug)]
+pub struct Updating {
+    pub key: Key,
+    pub updates: Vec<Update>,
+    pub cond: Cond,
+}
+
 /// The most writes in one transaction (DynamoDB's limit).
 pub const MAX_TRANSACTION_WRITES: usize = 100;
 
@@ -327,6 +335,19 @@ pub trait Table: Send + Sync + 'static {
     async fn update(&self, key: &Key, updates: Vec<Update>, cond: Cond) -> Result<Item, StoreError>;
 
     async fn delete(&self, key: &Key, cond: Cond) -> Result<(), StoreError>;
+
+    /// Several updates, each on its own (not a transaction): one answer per update, in the
+    /// order asked, the item after it or why it was not made (a failed condition fails that
+    /// update alone). The outer error: none was answered. The default makes them one by one;
+    /// the embedded store in one request to its writer (each under its own savepoint),
+    /// DynamoDB with several `UpdateItem`s in flight. A key may be asked once.
+    async fn update_each(&self, updates: Vec<Updating>) -> Result<Vec<Result<Item, StoreError>>, StoreError> {
+        let mut out = Vec::with_capacity(updates.len());
+        for u in updates {
+            out.push(self.update(&u.key, u.updates, u.cond).await);
+        }
+        Ok(out)
+    }
 
     /// All writes or none. At most [`MAX_TRANSACTION_WRITES`], each on a different key.
     async fn transact(&self, writes: Vec<Write>) -> Result<(), StoreError>;
