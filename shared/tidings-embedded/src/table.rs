@@ -80,8 +80,7 @@ impl Table for EmbeddedStore {
                 // condition undoes that update alone; all of them under one, so a failed
                 // statement answers none and leaves none.
                 let filter = inner.stream_filter.get().copied();
-                run_cached(conn, "SAVEPOINT update_each", [])?;
-                let applied = (|| {
+                within(conn, &UPDATE_EACH, || {
                     let mut answers = Vec::with_capacity(writes.len());
                     let mut appended = false;
                     for (write, checked) in writes.into_iter().zip(checked) {
@@ -90,12 +89,7 @@ impl Table for EmbeddedStore {
                             answers.push(Err(e));
                             continue;
                         }
-                        run_cached(conn, "SAVEPOINT update_one", [])?;
-                        let applied = apply_write(conn, write, 0, filter);
-                        if applied.is_err() {
-                            run_cached(conn, "ROLLBACK TO update_one", [])?;
-                        }
-                        run_cached(conn, "RELEASE update_one", [])?;
+                        let applied = within(conn, &UPDATE_ONE, || apply_write(conn, write, 0, filter))?;
                         answers.push(applied.and_then(|(after, changed)| {
                             appended |= changed;
                             after.map(|attrs| Item::new(key.clone(), attrs)).ok_or_else(|| {
@@ -103,13 +97,8 @@ impl Table for EmbeddedStore {
                             })
                         }));
                     }
-                    Ok::<_, StoreError>((answers, appended))
-                })();
-                if applied.is_err() {
-                    run_cached(conn, "ROLLBACK TO update_each", [])?;
-                }
-                run_cached(conn, "RELEASE update_each", [])?;
-                applied
+                    Ok((answers, appended))
+                })?
             })
             .await?;
         if appended {
@@ -188,9 +177,8 @@ impl EmbeddedStore {
                 // A savepoint: inside the writer's group transaction (see writer.rs), a failure
                 // rolls back this request's writes only. Its statements are cached: preparing
                 // them again for every request was a tenth of an order's writing.
-                run_cached(conn, "SAVEPOINT write_all", [])?;
                 let filter = inner.stream_filter.get().copied();
-                let applied = (|| {
+                within(conn, &WRITE_ALL, || {
                     let mut after = Vec::with_capacity(writes.len());
                     let mut appended = false;
                     for (index, write) in writes.into_iter().enumerate() {
@@ -198,13 +186,8 @@ impl EmbeddedStore {
                         appended |= changed;
                         after.push(new);
                     }
-                    Ok::<_, StoreError>((after, appended))
-                })();
-                if applied.is_err() {
-                    run_cached(conn, "ROLLBACK TO write_all", [])?;
-                }
-                run_cached(conn, "RELEASE write_all", [])?;
-                applied
+                    Ok((after, appended))
+                })?
             })
             .await?;
         if appended {
@@ -212,6 +195,36 @@ impl EmbeddedStore {
         }
         Ok(after)
     }
+}
+
+/// A savepoint's three statements (cached as any other).
+struct Savepoint {
+    begin: &'static str,
+    undo: &'static str,
+    release: &'static str,
+}
+
+const WRITE_ALL: Savepoint =
+    Savepoint { begin: "SAVEPOINT write_all", undo: "ROLLBACK TO write_all", release: "RELEASE write_all" };
+const UPDATE_EACH: Savepoint =
+    Savepoint { begin: "SAVEPOINT update_each", undo: "ROLLBACK TO update_each", release: "RELEASE update_each" };
+const UPDATE_ONE: Savepoint =
+    Savepoint { begin: "SAVEPOINT update_one", undo: "ROLLBACK TO update_one", release: "RELEASE update_one" };
+
+/// Runs `f` under a savepoint: what it wrote stays when it answers `Ok`, is undone when it
+/// answers `Err`. The outer error: a statement of the savepoint failed.
+fn within<T>(
+    conn: &Connection,
+    savepoint: &Savepoint,
+    f: impl FnOnce() -> Result<T, StoreError>,
+) -> Result<Result<T, StoreError>, StoreError> {
+    run_cached(conn, savepoint.begin, [])?;
+    let applied = f();
+    if applied.is_err() {
+        run_cached(conn, savepoint.undo, [])?;
+    }
+    run_cached(conn, savepoint.release, [])?;
+    Ok(applied)
 }
 
 /// Runs a statement through the connection's statement cache; the rows it changed.
