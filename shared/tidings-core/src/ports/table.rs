@@ -50,8 +50,10 @@ impl Item {
     }
 
     /// Deserializes the attributes into a typed record.
+    /// Read in place: the attributes are not copied into a JSON object first.
     pub fn parse<T: serde::de::DeserializeOwned>(&self) -> Result<T, StoreError> {
-        serde_json::from_value(Value::Object(self.attrs.clone()))
+        let fields = self.attrs.iter().map(|(name, value)| (name.as_str(), value));
+        T::deserialize(serde::de::value::MapDeserializer::<_, serde_json::Error>::new(fields))
             .map_err(|e| StoreError::Corrupt(format!("{}/{}: {e}", self.key.pk, self.key.sk)))
     }
 }
