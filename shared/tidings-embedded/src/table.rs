@@ -57,10 +57,7 @@ impl Table for EmbeddedStore {
     async fn update(&self, key: &Key, updates: Vec<Update>, cond: Cond) -> Result<Item, StoreError> {
         let key = key.clone();
         let mut after = self.write_all(vec![Write::Update { key: key.clone(), updates, cond }]).await?;
-        match after.pop().flatten() {
-            Some(attrs) => Ok(Item::new(key, attrs)),
-            None => Err(StoreError::Corrupt(format!("{}/{}: update left no item", key.pk, key.sk))),
-        }
+        updated(key, after.pop().flatten())
     }
 
     async fn delete(&self, key: &Key, cond: Cond) -> Result<(), StoreError> {
@@ -92,9 +89,7 @@ impl Table for EmbeddedStore {
                         let applied = within(conn, &UPDATE_ONE, || apply_write(conn, write, 0, filter))?;
                         answers.push(applied.and_then(|(after, changed)| {
                             appended |= changed;
-                            after.map(|attrs| Item::new(key.clone(), attrs)).ok_or_else(|| {
-                                StoreError::Corrupt(format!("{}/{}: update left no item", key.pk, key.sk))
-                            })
+                            updated(key, after)
                         }));
                     }
                     Ok((answers, appended))
@@ -194,6 +189,14 @@ impl EmbeddedStore {
             self.inner.changes.notify_waiters();
         }
         Ok(after)
+    }
+}
+
+/// The item an update left (an update always leaves one).
+fn updated(key: Key, after: Option<Attrs>) -> Result<Item, StoreError> {
+    match after {
+        Some(attrs) => Ok(Item::new(key, attrs)),
+        None => Err(StoreError::Corrupt(format!("{}/{}: update left no item", key.pk, key.sk))),
     }
 }
 

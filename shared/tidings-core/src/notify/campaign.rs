@@ -71,7 +71,6 @@ pub async fn queue_page(deps: &Deps, t: &TenantId, n: &Notification, page: u64, 
     }
 }
 
-/// The marker of a finished page. Its `expanded` and `pages` add up with the counters.
 /// `read` over `items` a thousand at a time (a page's reads, within the port's bulk bounds),
 /// its answers in the items' order.
 async fn in_chunks<'a, T, R, F, Fut>(items: &'a [T], read: F) -> Result<Vec<R>, StoreError>
@@ -86,6 +85,7 @@ where
     Ok(got)
 }
 
+/// The marker of a finished page. Its `expanded` and `pages` add up with the counters.
 fn done_key(t: &TenantId, notification_id: &str, page: u64) -> Key {
     Key::new(keys::notification_pk(t, notification_id), format!("{}{page:08}#done", keys::COUNTER_PREFIX))
 }
