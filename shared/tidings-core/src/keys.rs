@@ -12,6 +12,7 @@
 //! | template | `T#t#TPL#{id}` | `TPL` |
 //! | idempotency record | `T#t#IDEM#{scope}#{key}` | `IDEM` |
 //! | notification (the outbox) | `T#t#N#{id}` | `N` |
+//! | a notification's cancel (read by the cancel fence before each send) | `T#t#N#{id}` | `CANCELLED` |
 //! | delivery | `T#t#N#{id}` | `D#{user}#{channel}` |
 //! | progress counters of a notification | `T#t#N#{id}` | `C#{page:08}#{shard}` |
 //! | campaign page task (an outbox entry) | `T#t#N#{id}` | `P#{page:08}` |
@@ -105,6 +106,13 @@ pub fn notification_pk(t: &TenantId, id: &str) -> String {
 
 pub fn notification(t: &TenantId, id: &str) -> Key {
     Key::new(notification_pk(t, id), NOTIFICATION_SK)
+}
+
+/// The mark a cancel writes with the notification's `cancelled` status, in one transaction: the
+/// cancel fence reads this small item before each send instead of the notification record
+/// (`crate::notify::fence`).
+pub fn cancel_mark(t: &TenantId, id: &str) -> Key {
+    Key::new(notification_pk(t, id), "CANCELLED")
 }
 
 pub fn delivery(t: &TenantId, notification_id: &str, user_id: &str, channel: Channel) -> Key {

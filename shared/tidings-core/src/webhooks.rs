@@ -469,8 +469,59 @@ pub async fn event_writes(deps: &Deps, t: &TenantId, events: Vec<Event>) -> Resu
     events.iter().filter(|e| wanted.contains(&e.kind)).map(|e| event_write(t, e, now_ms)).collect()
 }
 
-/// The delivery event of a status change, if it is one: `sent`, `delivered`, `opened`,
+/// The delivery event type of a status change, if it is one: `sent`, `delivered`, `opened`,
 /// `clicked`, `bounced` (failed after it was sent: a receipt), `failed` (failed or dead before).
+pub fn delivery_event_type(
+    from: crate::notify::model::DeliveryStatus,
+    to: crate::notify::model::DeliveryStatus,
+) -> Option<EventType> {
+    use crate::notify::model::DeliveryStatus as S;
+    Some(match to {
+        S::Sent => EventType::DeliverySent,
+        S::Delivered => EventType::DeliveryDelivered,
+        S::Opened => EventType::DeliveryOpened,
+        S::Clicked => EventType::DeliveryClicked,
+        S::Failed if matches!(from, S::Sent | S::Delivered | S::Opened | S::Clicked) => EventType::DeliveryBounced,
+        S::Failed | S::Dead => EventType::DeliveryFailed,
+        _ => return None,
+    })
+}
+
+/// A delivery's status change, for [`delivery_event_writes`].
+pub struct DeliveryChange<'a> {
+    pub notification_id: &'a str,
+    pub user_id: &'a str,
+    /// The delivery's sort key: `D#{user}#{channel}`, or a workflow step's `D#{user}#{channel}#{step}`.
+    pub delivery_sk: String,
+    pub from: crate::notify::model::DeliveryStatus,
+    pub to: crate::notify::model::DeliveryStatus,
+}
+
+/// The outbox writes of the delivery events among `changes` that some endpoint of the tenant
+/// subscribes to. The endpoints are read only when a change is an event, and an event (its id a
+/// SHA-256, its timestamp and data formatted) is made only when it is wanted: a campaign's
+/// sends to a tenant with no endpoint make none.
+pub async fn delivery_event_writes(
+    deps: &Deps,
+    t: &TenantId,
+    changes: Vec<DeliveryChange<'_>>,
+) -> Result<Vec<Write>, StoreError> {
+    let typed: Vec<(EventType, DeliveryChange<'_>)> =
+        changes.into_iter().filter_map(|c| Some((delivery_event_type(c.from, c.to)?, c))).collect();
+    if typed.is_empty() {
+        return Ok(Vec::new());
+    }
+    let wanted = subscribed(deps, t).await?;
+    let now_ms = deps.clock.now_ms();
+    typed
+        .into_iter()
+        .filter(|(kind, _)| wanted.contains(kind))
+        .filter_map(|(_, c)| delivery_event(deps, t, c.notification_id, c.user_id, &c.delivery_sk, c.from, c.to))
+        .map(|e| event_write(t, &e, now_ms))
+        .collect()
+}
+
+/// The delivery event of a status change, if it is one ([`delivery_event_type`]).
 pub fn delivery_event(
     deps: &Deps,
     t: &TenantId,
@@ -480,16 +531,7 @@ pub fn delivery_event(
     from: crate::notify::model::DeliveryStatus,
     to: crate::notify::model::DeliveryStatus,
 ) -> Option<Event> {
-    use crate::notify::model::DeliveryStatus as S;
-    let kind = match to {
-        S::Sent => EventType::DeliverySent,
-        S::Delivered => EventType::DeliveryDelivered,
-        S::Opened => EventType::DeliveryOpened,
-        S::Clicked => EventType::DeliveryClicked,
-        S::Failed if matches!(from, S::Sent | S::Delivered | S::Opened | S::Clicked) => EventType::DeliveryBounced,
-        S::Failed | S::Dead => EventType::DeliveryFailed,
-        _ => return None,
-    };
+    let kind = delivery_event_type(from, to)?;
     // `D#{user}#{channel}`, or a workflow step's `D#{user}#{channel}#{step}`.
     let rest = delivery_sk.strip_prefix("D#").and_then(|r| r.strip_prefix(user_id)).unwrap_or_default();
     let mut parts = rest.trim_start_matches('#').split('#');

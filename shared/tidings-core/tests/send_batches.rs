@@ -206,6 +206,48 @@ async fn a_push_campaign_goes_out_in_batches_once_each_with_exact_progress() {
     assert_eq!(ds.items.len(), 230 - reachable, "only the suppressed have a delivery item");
 }
 
+/// A batch's sends are told to the endpoints subscribed to `delivery.sent`, one event per member
+/// sent, recorded with the batch's outcomes; a tenant whose endpoint wants another type gets
+/// none (the events are made only when wanted: `webhooks::delivery_event_writes`).
+#[tokio::test]
+async fn a_batchs_sends_are_told_to_the_endpoints_that_want_them_only() {
+    use tidings_core::webhooks::{self, EVENT_SK, EndpointInput, EventType};
+    let w = world(100);
+    let audit = w.store.change_feed("audit");
+    let reachable = members(&w, 30, "vip").await;
+    let endpoint =
+        |events: Vec<EventType>| EndpointInput { url: "https://93.184.216.34/hooks".into(), events, rate_limit: None };
+    let events_written = || async {
+        let records = audit.next_batch(10_000).await.unwrap();
+        audit.commit(&records).await.unwrap();
+        records
+            .into_iter()
+            .filter(|r| r.key.sk == EVENT_SK && r.is_insert())
+            .map(|r| r.new.unwrap().get("event").cloned().unwrap())
+            .collect::<Vec<_>>()
+    };
+    let other = webhooks::create(&w.deps, &w.t, endpoint(vec![EventType::OrderExpired])).await.unwrap();
+    api::accept(&w.deps, &w.t, campaign("told-none", "vip")).await.unwrap();
+    drain(&w).await;
+    assert_eq!(w.push.total() as usize, reachable);
+    assert!(events_written().await.is_empty(), "no endpoint wants delivery.sent: no event");
+
+    webhooks::delete(&w.deps, &w.t, &other.endpoint.endpoint_id).await.unwrap();
+    webhooks::create(&w.deps, &w.t, endpoint(vec![EventType::DeliverySent])).await.unwrap();
+    let id = api::accept(&w.deps, &w.t, campaign("told-all", "vip")).await.unwrap().notification_id;
+    drain(&w).await;
+    let events = events_written().await;
+    assert_eq!(events.len(), reachable, "one per member sent: {events:?}");
+    let mut told: Vec<&str> = events.iter().filter_map(|e| e["data"]["user_id"].as_str()).collect();
+    told.sort_unstable();
+    told.dedup();
+    assert_eq!(told.len(), reachable, "each member once");
+    for e in &events {
+        assert_eq!((e["type"].as_str(), e["data"]["channel"].as_str()), (Some("delivery.sent"), Some("push")), "{e}");
+        assert_eq!(e["data"]["notification_id"].as_str(), Some(id.as_str()), "{e}");
+    }
+}
+
 #[tokio::test]
 async fn the_deliveries_list_shows_batch_entries_in_user_order_and_pages_them() {
     let w = world(40);

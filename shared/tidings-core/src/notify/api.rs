@@ -418,9 +418,16 @@ pub async fn cancel(deps: &Deps, t: &TenantId, id: &str) -> CoreResult<Notificat
     }
     let key = keys::notification(t, id);
     let cond = Cond::And(vec![Cond::Exists, Cond::is_in("status", ["accepted", "scheduled", "processing"])]);
-    match deps.table.update(&key, vec![Update::set("status", "cancelled")], cond).await {
-        Ok(_) => {}
-        Err(StoreError::ConditionFailed { .. }) => {
+    // The status and the mark the sends' fence reads, together.
+    let mark =
+        Item::new(keys::cancel_mark(t, id), attrs_of(&serde_json::json!({ "cancelled_ms": deps.clock.now_ms() }))?);
+    let writes = vec![
+        Write::Update { key, updates: vec![Update::set("status", "cancelled")], cond },
+        Write::Put { item: mark, cond: Cond::Always },
+    ];
+    match deps.table.transact(writes).await {
+        Ok(()) => {}
+        Err(StoreError::ConditionFailed { index: 0 }) => {
             let Some(view) = get_notification(deps, t, id).await? else {
                 return Err(CoreError::NotFound { what: "notification" });
             };

@@ -214,6 +214,7 @@ impl PageWriter {
     pub async fn prefetch(&self, keys: Vec<Key>) -> Result<(), StoreError> {
         let got = in_chunks(&keys, |chunk| self.inner.get_many(chunk)).await?;
         let mut map = self.prefetched.lock().unwrap_or_else(|p| p.into_inner());
+        map.reserve(keys.len());
         for (key, item) in keys.into_iter().zip(got) {
             map.insert(key, item);
         }
@@ -225,6 +226,7 @@ impl PageWriter {
     pub async fn prefetch_queries(&self, queries: Vec<(String, String)>, limit: usize) -> Result<(), StoreError> {
         let got = in_chunks(&queries, |chunk| self.inner.query_many(chunk, limit)).await?;
         let mut map = self.prefetched_queries.lock().unwrap_or_else(|p| p.into_inner());
+        map.reserve(queries.len());
         for ((pk, prefix), page) in queries.into_iter().zip(got) {
             map.insert((pk, prefix, limit), page);
         }

@@ -3,9 +3,10 @@
 //!
 //! Two halves, one per side:
 //! - **the send** ([`cancelled`]): right before its provider call, each claimed send reads its
-//!   notification's status fresh (a strongly consistent read that started after the send asked,
-//!   never an older answer), and a cancelled one is not sent (its delivery is closed as
-//!   `suppressed`, `cancelled`). The reads are shared: per notification and process one read is
+//!   notification's cancel mark fresh (a strongly consistent read that started after the send
+//!   asked, never an older answer; the cancel writes the mark with the `cancelled` status in one
+//!   transaction, and the mark is a few bytes where the notification record is kilobytes), and
+//!   a cancelled one is not sent (its delivery is closed as `suppressed`, `cancelled`). The reads are shared: per notification and process one read is
 //!   in flight at a time, and it answers every send that asked before it started; a cancelled
 //!   status is final and is kept. A campaign of a million sends costs far fewer reads than
 //!   sends, and none of its writes change.
@@ -70,8 +71,7 @@ pub async fn cancelled(deps: &Deps, t: &TenantId, notification_id: &str) -> Core
         return Ok(was_cancelled);
     }
     let started = next_seq();
-    let item = deps.table.get(&keys::notification(t, notification_id)).await?;
-    let is_cancelled = item.as_ref().and_then(|i| i.str("status")) == Some("cancelled");
+    let is_cancelled = deps.table.get(&keys::cancel_mark(t, notification_id)).await?.is_some();
     *last = Some((started, is_cancelled));
     Ok(is_cancelled)
 }

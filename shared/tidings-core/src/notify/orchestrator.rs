@@ -188,8 +188,8 @@ async fn plan_page(
 }
 
 /// What planning a page will read, item by item: each user's preferences, and per channel the
-/// delivery, the address's suppression and the frequency counter of the day (a transactional
-/// SMS: its number's counters).
+/// delivery, the address's suppression and the frequency counter of the day (not for a
+/// batched send: [`count_gates`] counts it; a transactional SMS: its number's counters).
 fn prefetch_keys(deps: &Deps, t: &TenantId, n: &Notification, users: &[(String, Option<User>)]) -> Vec<Key> {
     let channels: Vec<Channel> = match &n.request.channels {
         Some(c) => c.clone(),
@@ -212,7 +212,10 @@ fn prefetch_keys(deps: &Deps, t: &TenantId, n: &Notification, users: &[(String, 
             {
                 keys.push(crate::people::suppression::key_of(t, channel, &address));
             }
-            if marketing && channel != Channel::Inapp {
+            // A cap is read ahead only for a send that counts it in the delivery's transaction
+            // (`PageWriter::transact` decides a full one on what was read); a batched send's cap
+            // is counted by its own conditional update (`count_gates`), which reads nothing.
+            if marketing && channel != Channel::Inapp && !batch::batchable(n.request.category(), channel) {
                 keys.push(policy::cap_key(t, user_id, r.zone(), channel, now));
             }
             // A transactional SMS counts against its number's limits instead (none configured:

@@ -109,17 +109,23 @@ fn transition_parts(tr: Transition<'_>) -> (Write, Option<(Key, &'static str, &'
 /// The webhook events of transitions (`crate::webhooks`), put in the same transaction as the
 /// status changes they tell of: none, and no read, when no transition is an event.
 async fn webhook_writes(deps: &Deps, trs: &[Transition<'_>]) -> Result<Vec<Write>, StoreError> {
-    let mut by_tenant: std::collections::BTreeMap<&str, (&TenantId, Vec<crate::webhooks::Event>)> = Default::default();
+    type Changes<'a> = (&'a TenantId, Vec<crate::webhooks::DeliveryChange<'a>>);
+    let mut by_tenant: std::collections::BTreeMap<&str, Changes<'_>> = Default::default();
     for tr in trs {
-        if let Some(e) =
-            crate::webhooks::delivery_event(deps, tr.t, tr.notification_id, tr.user_id, &tr.key.sk, tr.from, tr.to)
-        {
-            by_tenant.entry(tr.t.as_str()).or_insert_with(|| (tr.t, Vec::new())).1.push(e);
+        if crate::webhooks::delivery_event_type(tr.from, tr.to).is_some() {
+            let change = crate::webhooks::DeliveryChange {
+                notification_id: tr.notification_id,
+                user_id: tr.user_id,
+                delivery_sk: tr.key.sk.clone(),
+                from: tr.from,
+                to: tr.to,
+            };
+            by_tenant.entry(tr.t.as_str()).or_insert_with(|| (tr.t, Vec::new())).1.push(change);
         }
     }
     let mut writes = Vec::new();
-    for (_, (t, events)) in by_tenant {
-        writes.extend(crate::webhooks::event_writes(deps, t, events).await?);
+    for (_, (t, changes)) in by_tenant {
+        writes.extend(crate::webhooks::delivery_event_writes(deps, t, changes).await?);
     }
     Ok(writes)
 }

@@ -56,26 +56,22 @@ async fn deliver(
     let t = &b.tenant;
     let key = super::batch::key_of(b)?;
     let now_ms = deps.clock.now_ms();
-    let Some(item) = deps.table.get(&key).await? else {
-        warn!(batch = %b.batch, "send batch without a batch record; dropped");
-        return Ok(Outcome::Done);
-    };
-    let seen: SendBatch = item.parse()?;
-    if seen.status == BatchStatus::Done {
-        return Ok(Outcome::Done);
-    }
     // Step 1: a cancelled campaign's batch is closed without a send.
     if super::campaign::status(deps, t, &b.notification_id).await? == Some(NotificationStatus::Cancelled) {
+        let Some(item) = deps.table.get(&key).await? else { return Ok(missing(&key.sk)) };
+        let seen: SendBatch = item.parse()?;
         return match seen.status {
+            BatchStatus::Done => Ok(Outcome::Done),
             BatchStatus::Sending => already_claimed(deps, t, &key, now_ms).await,
-            _ => {
+            BatchStatus::Pending | BatchStatus::Dead => {
                 let close = Close { to: DeliveryStatus::Suppressed, reason: "cancelled", last_error: None };
                 close_open(deps, t, &key, &seen, close).await?;
                 Ok(Outcome::Done)
             }
         };
     }
-    // Step 2: the claim.
+    // Step 2: the claim, without reading the batch first: the claim's answer is the batch, and
+    // a claim that fails reads it to say why (done, claimed elsewhere, or missing).
     let lease = deps.config.marketing_lease.as_millis() as i64;
     let claim = vec![
         Update::set("status", BatchStatus::Sending.as_str()),
@@ -212,6 +208,12 @@ async fn deliver(
     })
 }
 
+/// A batch message whose batch record is not there: nothing to send by (dropped).
+fn missing(batch: &str) -> Outcome {
+    warn!(batch, "send batch without a batch record; dropped");
+    Outcome::Done
+}
+
 /// Users of the batch's open entries erased since the notification was accepted
 /// (`crate::people::erasure`): one read of their erasure records.
 async fn erased_users(
@@ -302,17 +304,14 @@ async fn record(
             changes.push((counter.clone(), from, -1));
             changes.push((counter, to, 1));
         }
-        let sk = keys::delivery(t, &was.notification_id, &after.user_id, was.channel).sk;
-        if let Some(e) = crate::webhooks::delivery_event(
-            deps,
-            t,
-            &was.notification_id,
-            &after.user_id,
-            &sk,
-            before.status,
-            after.status,
-        ) {
-            events.push(e);
+        if crate::webhooks::delivery_event_type(before.status, after.status).is_some() {
+            events.push(crate::webhooks::DeliveryChange {
+                notification_id: &was.notification_id,
+                user_id: &after.user_id,
+                delivery_sk: keys::delivery(t, &was.notification_id, &after.user_id, was.channel).sk,
+                from: before.status,
+                to: after.status,
+            });
         }
     }
     let entries = serde_json::to_value(&entries).map_err(|e| StoreError::Corrupt(e.to_string()))?;
@@ -325,7 +324,7 @@ async fn record(
     let cond = Cond::And(vec![Cond::eq("status", was.status.as_str()), Cond::eq("claims", i64::from(was.claims))]);
     let mut writes = vec![Write::Update { key: key.clone(), updates, cond }];
     writes.extend(progress::counter_writes(changes, deps.clock.now_ms()));
-    writes.extend(crate::webhooks::event_writes(deps, t, events).await?);
+    writes.extend(crate::webhooks::delivery_event_writes(deps, t, events).await?);
     match progress::transact_retrying(deps.table.as_ref(), writes).await {
         Ok(()) => Ok(true),
         Err(StoreError::ConditionFailed { index: 0 }) => Ok(false),
@@ -370,7 +369,7 @@ pub(super) async fn close_open(
 /// out belonged to a worker that stopped between its claim and its record: its open entries
 /// are closed `failed` (`outcome_unknown`), not sent (marketing is at most once).
 async fn already_claimed(deps: &Deps, t: &TenantId, key: &Key, now_ms: i64) -> CoreResult<Outcome> {
-    let Some(item) = deps.table.get(key).await? else { return Ok(Outcome::Done) };
+    let Some(item) = deps.table.get(key).await? else { return Ok(missing(&key.sk)) };
     let batch: SendBatch = item.parse()?;
     match batch.status {
         BatchStatus::Done => Ok(Outcome::Done),
