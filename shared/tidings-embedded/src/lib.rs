@@ -179,6 +179,8 @@ pub(crate) struct Inner {
     pub(crate) queues: RwLock<HashMap<String, queues::QueueSpec>>,
     /// Per queue, the fairness group a receive served last: the next starts after it.
     pub(crate) turns: Mutex<HashMap<String, String>>,
+    /// Per queue, when a receive may next find a message (`queues::DueTimes`).
+    pub(crate) due: queues::DueTimes,
     /// Which items' changes are recorded (all when unset): see [`EmbeddedStore::set_stream_filter`].
     pub(crate) stream_filter: std::sync::OnceLock<StreamFilter>,
     /// Read-only connections of a store in a file (none in memory: reads then use `conn`).
@@ -358,6 +360,7 @@ impl EmbeddedStore {
                 messages: Mutex::new(HashMap::new()),
                 queues: RwLock::new(declared),
                 turns: Mutex::new(HashMap::new()),
+                due: queues::DueTimes::default(),
                 stream_filter: std::sync::OnceLock::new(),
                 readers: std::sync::OnceLock::new(),
                 writer: std::sync::OnceLock::new(),

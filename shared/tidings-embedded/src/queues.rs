@@ -36,8 +36,43 @@ const MAX_VISIBILITY: Duration = Duration::from_secs(12 * 60 * 60);
 /// The longest long-poll wait (SQS's limit).
 const MAX_WAIT: Duration = Duration::from_secs(20);
 /// How often a long poll looks again even without a signal (messages become visible as time
-/// passes, and a manual clock moves without telling anyone).
+/// passes, and a manual clock moves without telling anyone). A look that [`DueTimes`] says
+/// would find nothing costs no receive.
 const POLL_EVERY: Duration = Duration::from_millis(50);
+/// How long a queue's due time is trusted without a receive: another process writing into the
+/// same file is seen within this.
+const TRUST_DUE_FOR: Duration = Duration::from_secs(1);
+
+/// When each queue may next have a message to receive, as its last empty receive found (the
+/// earliest `visible_at_ms` of its messages, on the store's clock), lowered by every send,
+/// visibility change and redrive to it, each on the writer's connection right after its
+/// statement: the long polls of idle workers look at it every `POLL_EVERY` and run a receive
+/// (a writer transaction) only when something may be due, instead of twenty receives a second
+/// each. A queue without an entry (none yet, or older than `TRUST_DUE_FOR`) is received.
+#[derive(Default)]
+pub(crate) struct DueTimes(std::sync::Mutex<HashMap<String, (i64, std::time::Instant)>>);
+
+impl DueTimes {
+    /// Whether a receive of `queue` at `now_ms` may find a message.
+    fn may_have(&self, queue: &str, now_ms: i64) -> bool {
+        let map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        map.get(queue).is_none_or(|&(due, seen)| due <= now_ms || seen.elapsed() >= TRUST_DUE_FOR)
+    }
+
+    /// An empty receive found nothing due before `due_ms` (`i64::MAX`: no message at all).
+    fn found(&self, queue: &str, due_ms: i64) {
+        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        map.insert(queue.to_owned(), (due_ms, std::time::Instant::now()));
+    }
+
+    /// A message of `queue` is visible from `at_ms`.
+    fn lower(&self, queue: &str, at_ms: i64) {
+        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((due, _)) = map.get_mut(queue) {
+            *due = (*due).min(at_ms);
+        }
+    }
+}
 
 /// A queue to declare: its logical name and how many receives a message gets before it moves
 /// to the DLQ `{name}-dlq` (SQS's `maxReceiveCount`).
@@ -212,8 +247,11 @@ impl EmbeddedStore {
                 // Deficit round robin by group: each group with a message due gets an equal
                 // share of what is left of the receive, in turn after the group served last;
                 // a group that has less gives its share to the others in the next round.
-                let mut active: Vec<(String, (i64, i64))> =
-                    due_groups(&tx, &queue, now, after.as_deref(), max)?.into_iter().map(|g| (g, START)).collect();
+                let (due, next_due) = due_groups(&tx, &queue, now, after.as_deref(), max)?;
+                if due.is_empty() {
+                    inner.due.found(&queue, next_due);
+                }
+                let mut active: Vec<(String, (i64, i64))> = due.into_iter().map(|g| (g, START)).collect();
                 let mut served = None;
                 while taking.got.len() < max && !active.is_empty() {
                     let share = (max - taking.got.len()).div_ceil(active.len());
@@ -253,15 +291,17 @@ const START: (i64, i64) = (i64::MIN, i64::MIN);
 
 /// The groups of `queue` with a message due, in turn: those after `after` in order, then from
 /// the first round to `after` itself (served last, so last in turn); at most `max`. One seek to
-/// find each group and one to see whether it has a message due, whatever its backlog.
+/// find each group and one for its earliest message, whatever its backlog. With no group due,
+/// also when the queue's first message comes due (`i64::MAX`: it has none).
 fn due_groups(
     tx: &Connection,
     queue: &str,
     now: i64,
     after: Option<&str>,
     max: usize,
-) -> Result<Vec<String>, QueueError> {
+) -> Result<(Vec<String>, i64), QueueError> {
     let mut groups = Vec::new();
+    let mut next_due = i64::MAX;
     let mut at: Option<String> = after.map(str::to_owned);
     let mut wrapped = after.is_none();
     loop {
@@ -285,13 +325,13 @@ fn due_groups(
         if wrapped && after.is_some_and(|a| group.as_str() > a) {
             break;
         }
-        let due: bool = tx
-            .prepare_cached(
-                "SELECT EXISTS (SELECT 1 FROM messages WHERE queue = ?1 AND grp = ?2 AND visible_at_ms <= ?3)",
-            )
-            .and_then(|mut stmt| stmt.query_row(params![queue, group, now], |r| r.get(0)))
+        let earliest: Option<i64> = tx
+            .prepare_cached("SELECT MIN(visible_at_ms) FROM messages WHERE queue = ?1 AND grp = ?2")
+            .and_then(|mut stmt| stmt.query_row(params![queue, group], |r| r.get(0)))
             .map_err(q_err)?;
-        if due {
+        let earliest = earliest.unwrap_or(i64::MAX);
+        next_due = next_due.min(earliest);
+        if earliest <= now {
             groups.push(group.clone());
             if groups.len() >= max {
                 break;
@@ -299,7 +339,7 @@ fn due_groups(
         }
         at = Some(group);
     }
-    Ok(groups)
+    Ok((groups, next_due))
 }
 
 /// A receive in progress: what it took so far, in one savepoint.
@@ -408,8 +448,9 @@ impl Queues for EmbeddedStore {
                     .map_err(q_err)?;
                 for m in messages {
                     let group = m.group.unwrap_or_default();
-                    stmt.execute(params![new_id(), queue, m.body, now.saturating_add(ms(m.delay)), now, group])
-                        .map_err(q_err)?;
+                    let visible_at = now.saturating_add(ms(m.delay));
+                    stmt.execute(params![new_id(), queue, m.body, visible_at, now, group]).map_err(q_err)?;
+                    inner.due.lower(&queue, visible_at);
                 }
             }
             tx.commit().map_err(q_err)
@@ -442,7 +483,11 @@ impl Queues for EmbeddedStore {
             let notified = signal.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let got = self.receive_now(queue, &spec, max, visibility).await?;
+            let got = if self.inner.due.may_have(queue, self.inner.clock.now_ms()) {
+                self.receive_now(queue, &spec, max, visibility).await?
+            } else {
+                Vec::new()
+            };
             let now = tokio::time::Instant::now();
             if !got.is_empty() || now >= deadline {
                 return Ok(got);
@@ -465,12 +510,15 @@ impl Queues for EmbeddedStore {
         let n = self
             .with_conn(move |conn, inner| {
                 let at = inner.clock.now_ms().saturating_add(ms(visibility));
-                let Some(seq) = seq_of(&receipt) else { return Ok(0) };
-                conn.prepare_cached(
-                    "UPDATE messages SET visible_at_ms = ?1 WHERE seq = ?2 AND queue = ?3 AND receipt = ?4",
-                )
-                .and_then(|mut stmt| stmt.execute(params![at, seq, queue, receipt]))
-                .map_err(q_err)
+                let Some(seq) = seq_of(&receipt) else { return Ok::<_, QueueError>(0) };
+                let n = conn
+                    .prepare_cached(
+                        "UPDATE messages SET visible_at_ms = ?1 WHERE seq = ?2 AND queue = ?3 AND receipt = ?4",
+                    )
+                    .and_then(|mut stmt| stmt.execute(params![at, seq, queue, receipt]))
+                    .map_err(q_err)?;
+                inner.due.lower(&queue, at);
+                Ok(n)
             })
             .await?;
         if n == 0 {
@@ -557,12 +605,15 @@ impl Queues for EmbeddedStore {
         let n = self
             .with_conn_offloaded(move |conn, inner| {
                 let now = inner.clock.now_ms();
-                conn.execute(
-                    "UPDATE messages SET queue = ?1, receive_count = 0, visible_at_ms = ?2, receipt = NULL
-                     WHERE queue = ?3",
-                    params![queue, now, dlq],
-                )
-                .map_err(q_err)
+                let n = conn
+                    .execute(
+                        "UPDATE messages SET queue = ?1, receive_count = 0, visible_at_ms = ?2, receipt = NULL
+                         WHERE queue = ?3",
+                        params![queue, now, dlq],
+                    )
+                    .map_err(q_err)?;
+                inner.due.lower(&queue, now);
+                Ok::<_, QueueError>(n)
             })
             .await?;
         if n > 0 {
@@ -655,16 +706,12 @@ mod tests {
             vec![text("q"), text("a")],
         );
         assert_eq!(next, ["SEARCH messages USING COVERING INDEX messages_in_turn (queue=? AND grp>?)"]);
-        let due = plan_of(
+        let earliest = plan_of(
             &store,
-            "SELECT EXISTS (SELECT 1 FROM messages WHERE queue = ?1 AND grp = ?2 AND visible_at_ms <= ?3)",
-            vec![text("q"), text("a"), Value::Integer(0)],
+            "SELECT MIN(visible_at_ms) FROM messages WHERE queue = ?1 AND grp = ?2",
+            vec![text("q"), text("a")],
         );
-        assert!(
-            due.iter().any(|l| l
-                == "SEARCH messages USING COVERING INDEX messages_in_turn (queue=? AND grp=? AND visible_at_ms<?)"),
-            "{due:?}"
-        );
+        assert_eq!(earliest, ["SEARCH messages USING COVERING INDEX messages_in_turn (queue=? AND grp=?)"]);
         let take = plan_of(
             &store,
             "SELECT seq, id, body, receive_count, sent_at_ms, visible_at_ms FROM messages
@@ -744,6 +791,64 @@ mod tests {
         clock.advance(chrono::Duration::seconds(61));
         let got = store.receive("q", 10, Duration::from_secs(600), Duration::ZERO).await.unwrap();
         assert_eq!(groups_of(&got), ["a"; 5]);
+    }
+
+    /// An idle long poll runs a receive (a job of the writer's) only when a message may be due:
+    /// a second's wait on a queue whose one message is delayed a minute costs at most two
+    /// receives, not twenty; a message sent while it waits is found at once, one whose
+    /// visibility runs out or another's delay passes (a manual clock moves without a signal)
+    /// at the next look, and a redriven one at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_idle_long_poll_receives_only_when_a_message_may_be_due() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = std::sync::Arc::new(tidings_core::ports::ManualClock::new(chrono::Utc::now()));
+        let store = EmbeddedStore::open_with_clock(&dir.path().join("q.db"), clock.clone()).unwrap();
+        store.declare_queue(QueueConfig::new("q", 2)).unwrap();
+        let jobs = |store: &EmbeddedStore| store.inner.writer.get().unwrap().sent();
+        store.send_batch("q", vec![OutMessage::delayed("later", Duration::from_secs(60))]).await.unwrap();
+        let before = jobs(&store);
+        let got = store.receive("q", 10, Duration::from_secs(30), Duration::from_secs(1)).await.unwrap();
+        assert!(got.is_empty());
+        let receives = jobs(&store) - before;
+        assert!(receives <= 2, "{receives} receives in a second's wait with nothing due");
+
+        // Sent while a poll waits: found at once.
+        let waiting = tokio::spawn({
+            let store = store.clone();
+            async move { store.receive("q", 10, Duration::from_secs(30), Duration::from_secs(5)).await.unwrap() }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let sent = std::time::Instant::now();
+        store.send_batch("q", vec![OutMessage::new("now")]).await.unwrap();
+        let got = waiting.await.unwrap();
+        assert_eq!(got.iter().map(|m| m.body.as_str()).collect::<Vec<_>>(), ["now"]);
+        assert!(sent.elapsed() < Duration::from_millis(500), "found {:?} after its send", sent.elapsed());
+
+        // Its visibility (30 s) and the other's delay (60 s) run out on the manual clock while a
+        // poll waits: both found, with no signal.
+        let waiting = tokio::spawn({
+            let store = store.clone();
+            async move { store.receive("q", 10, Duration::from_secs(30), Duration::from_secs(5)).await.unwrap() }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        clock.advance(chrono::Duration::seconds(61));
+        let mut got: Vec<(String, u32)> =
+            waiting.await.unwrap().into_iter().map(|m| (m.body, m.receive_count)).collect();
+        got.sort();
+        assert_eq!(got, [("later".to_owned(), 1), ("now".to_owned(), 2)]);
+
+        // Received twice, "now" moves to the DLQ at its next look; a redrive brings it back at once.
+        clock.advance(chrono::Duration::seconds(31));
+        let got = store.receive("q", 10, Duration::from_secs(30), Duration::ZERO).await.unwrap();
+        assert_eq!(got.iter().map(|m| m.body.as_str()).collect::<Vec<_>>(), ["later"]);
+        let waiting = tokio::spawn({
+            let store = store.clone();
+            async move { store.receive("q", 10, Duration::from_secs(30), Duration::from_secs(5)).await.unwrap() }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(store.redrive("q").await.unwrap(), 1);
+        let got = waiting.await.unwrap();
+        assert_eq!(got.iter().map(|m| m.body.as_str()).collect::<Vec<_>>(), ["now"]);
     }
 
     /// A store an older version made (no group column, the index by visibility alone) opens:

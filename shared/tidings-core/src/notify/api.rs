@@ -425,7 +425,9 @@ pub async fn cancel(deps: &Deps, t: &TenantId, id: &str) -> CoreResult<Notificat
         Write::Update { key, updates: vec![Update::set("status", "cancelled")], cond },
         Write::Put { item: mark, cond: Cond::Always },
     ];
-    match deps.table.transact(writes).await {
+    // A transaction on a record that moves while a campaign runs may meet a conflict on
+    // DynamoDB (where a single update would have waited its turn): tried again.
+    match super::progress::transact_retrying(deps.table.as_ref(), writes).await {
         Ok(()) => {}
         Err(StoreError::ConditionFailed { index: 0 }) => {
             let Some(view) = get_notification(deps, t, id).await? else {
