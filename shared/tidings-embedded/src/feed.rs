@@ -88,13 +88,10 @@ fn read_after(conn: &Connection, consumer: &str, max: usize) -> Result<Vec<Chang
     let mut out = Vec::new();
     for row in rows {
         let (seq, pk, sk, old, new) = row.map_err(db_err)?;
-        let what = format!("change {seq} of {pk}/{sk}");
-        out.push(ChangeRecord {
-            seq: format_seq(seq),
-            key: Key::new(pk, sk),
-            old: old.map(|j| parse_attrs(&what, &j)).transpose()?,
-            new: new.map(|j| parse_attrs(&what, &j)).transpose()?,
-        });
+        let what = format_args!("change {seq} of {pk}/{sk}");
+        let old = old.map(|j| parse_attrs(&what, &j)).transpose()?;
+        let new = new.map(|j| parse_attrs(&what, &j)).transpose()?;
+        out.push(ChangeRecord { seq: format_seq(seq), key: Key::new(pk, sk), old, new });
     }
     Ok(out)
 }

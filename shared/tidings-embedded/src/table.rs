@@ -357,7 +357,9 @@ pub(crate) fn to_json(attrs: &Attrs) -> Result<String, StoreError> {
     serde_json::to_string(attrs).map_err(|e| StoreError::Corrupt(e.to_string()))
 }
 
-pub(crate) fn parse_attrs(what: &str, json: &str) -> Result<Attrs, StoreError> {
+/// An item's attributes from their JSON; `what` names the item in an error only (formatted
+/// then, not for every read).
+pub(crate) fn parse_attrs(what: &dyn std::fmt::Display, json: &str) -> Result<Attrs, StoreError> {
     match serde_json::from_str::<Value>(json) {
         Ok(Value::Object(map)) => Ok(map),
         Ok(_) => Err(StoreError::Corrupt(format!("{what}: not an object"))),
@@ -370,7 +372,7 @@ fn read_attrs(conn: &Connection, key: &Key) -> Result<Option<Attrs>, StoreError>
         .prepare_cached("SELECT attrs FROM items WHERE pk = ?1 AND sk = ?2")
         .and_then(|mut stmt| stmt.query_row(params![key.pk, key.sk], |r| r.get(0)).optional())
         .map_err(db_err)?;
-    json.map(|j| parse_attrs(&format!("{}/{}", key.pk, key.sk), &j)).transpose()
+    json.map(|j| parse_attrs(&format_args!("{}/{}", key.pk, key.sk), &j)).transpose()
 }
 
 /// The smallest string greater than every string that starts with `prefix` (`None` when the
@@ -457,34 +459,52 @@ fn query_page(
     // One bound on each side, so that SQLite seeks to the cursor: given both `sk >= prefix`
     // and `sk > cursor` it may start at the prefix and step over every earlier page (a
     // million-user segment read page by page became quadratic).
-    let upper = prefix_upper_bound(prefix);
-    let mut sql = String::from("SELECT sk, attrs FROM items WHERE pk = ?1");
-    let mut args: Vec<rusqlite::types::Value> = vec![pk.to_owned().into()];
-    let mut lower = Some((">=", prefix.to_owned()));
-    let mut upper = upper.map(|u| ("<", u));
+    let mut upper = prefix_upper_bound(prefix);
+    let mut lower = prefix.to_owned();
+    let mut strict = false;
     if let Some(after) = after {
         if descending {
-            if upper.as_ref().is_none_or(|(_, u)| after < u.as_str()) {
-                upper = Some(("<", after.to_owned()));
+            if upper.as_ref().is_none_or(|u| after < u.as_str()) {
+                upper = Some(after.to_owned());
             }
         } else if after >= prefix {
-            lower = Some((">", after.to_owned()));
+            (lower, strict) = (after.to_owned(), true);
         }
     }
-    for (op, bound) in lower.into_iter().chain(upper) {
-        args.push(bound.into());
-        sql.push_str(&format!(" AND sk {op} ?{}", args.len()));
-    }
-    sql.push_str(if descending { " ORDER BY sk DESC" } else { " ORDER BY sk ASC" });
+    let mut args: Vec<rusqlite::types::Value> = vec![pk.to_owned().into(), lower.into()];
+    let bounded = upper.is_some();
+    args.extend(upper.map(Into::into));
     // One more than asked, to know whether there is a next page.
     args.push(i64::try_from(limit + 1).unwrap_or(i64::MAX).into());
-    sql.push_str(&format!(" LIMIT ?{}", args.len()));
-
-    let mut stmt = conn.prepare_cached(&sql).map_err(db_err)?;
+    let mut stmt = conn.prepare_cached(query_sql(strict, bounded, descending)).map_err(db_err)?;
     let rows = stmt
         .query_map(rusqlite::params_from_iter(args), |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
         .map_err(db_err)?;
     page_of(pk, rows, limit, |sk| sk.starts_with(prefix))
+}
+
+/// The statement of a query page: `sk` above its lower bound (`>` past a cursor, else `>=` the
+/// prefix), below its upper bound when it has one, in either order, `LIMIT` last. Written out,
+/// one text per shape, so no query formats its statement.
+fn query_sql(strict: bool, bounded: bool, descending: bool) -> &'static str {
+    match (strict, bounded, descending) {
+        (false, false, false) => "SELECT sk, attrs FROM items WHERE pk = ?1 AND sk >= ?2 ORDER BY sk ASC LIMIT ?3",
+        (false, false, true) => "SELECT sk, attrs FROM items WHERE pk = ?1 AND sk >= ?2 ORDER BY sk DESC LIMIT ?3",
+        (false, true, false) => {
+            "SELECT sk, attrs FROM items WHERE pk = ?1 AND sk >= ?2 AND sk < ?3 ORDER BY sk ASC LIMIT ?4"
+        }
+        (false, true, true) => {
+            "SELECT sk, attrs FROM items WHERE pk = ?1 AND sk >= ?2 AND sk < ?3 ORDER BY sk DESC LIMIT ?4"
+        }
+        (true, false, false) => "SELECT sk, attrs FROM items WHERE pk = ?1 AND sk > ?2 ORDER BY sk ASC LIMIT ?3",
+        (true, false, true) => "SELECT sk, attrs FROM items WHERE pk = ?1 AND sk > ?2 ORDER BY sk DESC LIMIT ?3",
+        (true, true, false) => {
+            "SELECT sk, attrs FROM items WHERE pk = ?1 AND sk > ?2 AND sk < ?3 ORDER BY sk ASC LIMIT ?4"
+        }
+        (true, true, true) => {
+            "SELECT sk, attrs FROM items WHERE pk = ?1 AND sk > ?2 AND sk < ?3 ORDER BY sk DESC LIMIT ?4"
+        }
+    }
 }
 
 /// A page of `limit` items from rows of one more than that (`(sk, attrs)` in order), the
@@ -506,7 +526,7 @@ fn page_of(
             more = true;
             break;
         }
-        let attrs = parse_attrs(&format!("{pk}/{sk}"), &json)?;
+        let attrs = parse_attrs(&format_args!("{pk}/{sk}"), &json)?;
         items.push(Item::new(Key::new(pk, sk), attrs));
     }
     let next_cursor = if more { items.last().map(|i| encode_cursor(&i.key.sk)) } else { None };
