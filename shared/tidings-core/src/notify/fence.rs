@@ -6,10 +6,11 @@
 //!   notification's cancel mark fresh (a strongly consistent read that started after the send
 //!   asked, never an older answer; the cancel writes the mark with the `cancelled` status in one
 //!   transaction, and the mark is a few bytes where the notification record is kilobytes), and
-//!   a cancelled one is not sent (its delivery is closed as `suppressed`, `cancelled`). The reads are shared: per notification and process one read is
-//!   in flight at a time, and it answers every send that asked before it started; a cancelled
-//!   status is final and is kept. A campaign of a million sends costs far fewer reads than
-//!   sends, and none of its writes change.
+//!   a cancelled one is not sent (its delivery is closed as `suppressed`, `cancelled`). The
+//!   reads are shared: per notification and process one read is in flight at a time, and it
+//!   answers every send that asked before it started; a cancelled answer is final and is kept.
+//!   A campaign of a million sends costs far fewer reads than sends, and none of its writes
+//!   change.
 //! - **the cancel** ([`wait_for_sends`]): after its write, the cancel waits for the sends of
 //!   the notification that had started their check before the write (they hold a [`Guard`]
 //!   from before their check to after their record), at most a bound. A send that starts its
